@@ -1,0 +1,75 @@
+"""The oracle: interpret any Program in numpy, node by node, with each primitive's reference code.
+
+precision="float64" computes every floating value in float64 (casts between floating types are
+then exact no-ops): the yardstick that compiled float32 results and PyTorch are compared with.
+precision="float32" computes float32 values in float32 and rounds bfloat16/float16 values to their
+own precision after every primitive, as a float32 machine would.
+"""
+import numpy as np
+
+from .. import dtypes, pytree
+from ..errors import MicaError
+from ..ops import OPS
+
+
+def round_bf16(a):
+    """Round float32 values to the nearest bfloat16 (ties to even), kept in float32."""
+    a = np.array(a, dtype=np.float32, copy=True)
+    bits = a.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(a), a, rounded)
+
+
+class Run:
+    """What a primitive's reference code may ask of the interpreter."""
+
+    def __init__(self, precision, seed, offset):
+        if precision not in ("float64", "float32"):
+            raise MicaError(f"precision must be 'float64' or 'float32', got {precision!r}")
+        self.precision = precision
+        self.rng = (int(seed), int(offset))
+
+    def np(self, dtype):
+        """numpy type in which values of `dtype` are computed."""
+        if dtype.kind == "float":
+            return np.float64 if self.precision == "float64" or dtype is dtypes.float64 else np.float32
+        return dtype.np_storage
+
+    def coerce(self, array, dtype):
+        a = np.asarray(array).astype(self.np(dtype), copy=False)
+        if self.precision == "float32":
+            if dtype is dtypes.bfloat16:
+                a = round_bf16(a)
+            elif dtype is dtypes.float16:
+                a = a.astype(np.float16).astype(np.float32)
+        return a
+
+
+def run(program, *args, precision="float64", seed=0, offset=0):
+    """Run `program` on numpy arrays shaped like its inputs; returns numpy results in the program's
+    output structure. `seed` and `offset` key the random streams (dropout)."""
+    r = Run(precision, seed, offset)
+    graph = program.graph
+    inputs = program.flatten_args(args)
+    last_use = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            last_use[v.id] = i
+    keep = {v.id for v in graph.outputs}
+    env = {}
+    for i, node in enumerate(graph.nodes):
+        if node.op == "input":
+            v = node.out
+            env[v.id] = r.coerce(inputs[node.attrs["index"]], v.dtype)
+            continue
+        result = OPS[node.op].ref([env[v.id] for v in node.inputs], node.attrs, r)
+        results = result if isinstance(result, tuple) else (result,)
+        assert len(results) == len(node.outputs), node.op
+        for v, a in zip(node.outputs, results):
+            a = r.coerce(a, v.dtype)
+            assert a.shape == v.shape, (node.op, a.shape, v.shape)
+            env[v.id] = a
+        for v in node.inputs:
+            if last_use.get(v.id) == i and v.id not in keep:
+                env.pop(v.id, None)
+    return pytree.unflatten(program.out_tree, [env[v.id] for v in graph.outputs])

@@ -1,0 +1,1 @@
+"""The PyTorch side of side-by-side comparisons (torch is an optional, test/benchmark dependency)."""

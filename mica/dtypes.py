@@ -1,0 +1,133 @@
+"""Element types, shape specs (`mica.f32[4, 8]`) and PyTorch's type-promotion rule."""
+import numpy as np
+
+from .errors import ShapeError
+
+
+class DType:
+    """An element type. Indexing it with a shape gives a Spec: `f32[4, 8]`."""
+
+    __slots__ = ("name", "short", "itemsize", "kind", "rank", "np_storage")
+
+    def __init__(self, name, short, itemsize, kind, rank, np_storage):
+        self.name = name            # PyTorch's name: float32, bfloat16, ...
+        self.short = short          # IR name: f32, bf16, ...
+        self.itemsize = itemsize
+        self.kind = kind            # "bool" | "int" | "float"
+        self.rank = rank            # order of promotion within a kind
+        self.np_storage = np_storage  # numpy dtype used to hold values outside the compiled program
+
+    @property
+    def is_floating_point(self):
+        return self.kind == "float"
+
+    def __getitem__(self, shape):
+        if not isinstance(shape, tuple):
+            shape = (shape,)
+        return Spec(shape, self)
+
+    def __repr__(self):
+        return f"mica.{self.name}"
+
+    def __reduce__(self):
+        return (by_name, (self.name,))
+
+
+bool_ = DType("bool", "b8", 1, "bool", 0, np.dtype(np.bool_))
+int32 = DType("int32", "i32", 4, "int", 2, np.dtype(np.int32))
+int64 = DType("int64", "i64", 8, "int", 3, np.dtype(np.int64))
+float16 = DType("float16", "f16", 2, "float", 1, np.dtype(np.float16))
+bfloat16 = DType("bfloat16", "bf16", 2, "float", 1, np.dtype(np.float32))  # numpy has no bf16: held widened
+float32 = DType("float32", "f32", 4, "float", 2, np.dtype(np.float32))
+float64 = DType("float64", "f64", 8, "float", 3, np.dtype(np.float64))
+
+ALL = (bool_, int32, int64, float16, bfloat16, float32, float64)
+_BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {
+    "bool": bool_, "long": int64, "int": int32, "float": float32, "half": float16, "double": float64}
+DEFAULT_FLOAT = float32
+DEFAULT_INT = int64
+
+
+def by_name(name):
+    return _BY_NAME[name]
+
+
+def as_dtype(x):
+    """A DType from a DType, a name, a numpy dtype or a torch dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in _BY_NAME:
+        return _BY_NAME[x]
+    text = str(x)
+    if text.startswith("torch."):
+        return _BY_NAME[text[6:]]
+    try:
+        npd = np.dtype(x)
+    except TypeError:
+        raise TypeError(f"{x!r} is not an element type Mica knows; use one of "
+                        + ", ".join(d.name for d in ALL)) from None
+    for d in (bool_, int32, int64, float16, float32, float64):
+        if d.np_storage == npd:
+            return d
+    if npd.kind == "i" or npd.kind == "u":
+        return int64
+    raise TypeError(f"numpy dtype {npd} has no Mica element type")
+
+
+class Spec:
+    """The static type of one program input or output: a shape and an element type."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        shape = tuple(shape)
+        for s in shape:
+            if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
+                raise ShapeError(f"a shape holds non-negative integers; got {shape!r}")
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = as_dtype(dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def numel(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self):
+        return self.numel * self.dtype.itemsize
+
+    def __eq__(self, other):
+        return isinstance(other, Spec) and other.shape == self.shape and other.dtype is self.dtype
+
+    def __hash__(self):
+        return hash((self.shape, self.dtype.name))
+
+    def __repr__(self):
+        return f"{self.dtype.short}[{', '.join(map(str, self.shape))}]"
+
+    @classmethod
+    def of(cls, array):
+        """The Spec of a numpy array (or anything with .shape and .dtype)."""
+        return cls(array.shape, as_dtype(array.dtype))
+
+
+def promote(a, b):
+    """The common type of two element types, as torch.promote_types gives it."""
+    if a is b:
+        return a
+    order = {"bool": 0, "int": 1, "float": 2}
+    if order[a.kind] != order[b.kind]:
+        return a if order[a.kind] > order[b.kind] else b
+    if {a, b} == {float16, bfloat16}:
+        return float32
+    return a if a.rank >= b.rank else b
+
+
+def category(dtype):
+    return {"bool": 0, "int": 1, "float": 2}[dtype.kind]

@@ -1,0 +1,38 @@
+"""The exceptions a user can meet. Each carries one sentence and, where known, the user's file:line."""
+
+
+class MicaError(Exception):
+    """Base class of every error Mica raises on purpose."""
+
+    def __init__(self, message, loc=None):
+        self.sentence = message
+        self.loc = loc
+        super().__init__(f"{message} ({format_loc(loc)})" if loc else message)
+
+
+class ShapeError(MicaError):
+    """A verb was given operands whose shapes or dtypes do not fit together."""
+
+
+class TraceError(MicaError):
+    """A verb was used where no trace is active, or with a value it cannot take."""
+
+
+class GradError(MicaError):
+    """Differentiation was asked for something that has no derivative here."""
+
+
+def format_loc(loc):
+    """'model.py:41' style text for a (path, line) pair; the path is shown relative when short."""
+    if not loc:
+        return "?"
+    import os
+
+    path, line = loc
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    except ValueError:
+        pass
+    return f"{path}:{line}"

@@ -1,0 +1,103 @@
+"""Reverse-mode differentiation of the graph being traced: Graph -> Graph.
+
+`grad(loss, wrt)` walks the nodes that lie between `wrt` and `loss` in reverse, applies each
+primitive's VJP rule (written with verbs, so the backward nodes are ordinary, shape-checked,
+hash-consed nodes carrying the forward node's source line), and sums the cotangents of values
+with several uses — a tied embedding gets both of its roads.
+"""
+from . import pytree
+from .errors import GradError, TraceError
+from .ops import OPS
+from .tensor import Tensor, current, user_location
+
+
+def _is_tensor(x):
+    return isinstance(x, Tensor)
+
+
+def grad(loss, wrt, grad_output=None):
+    """Gradients of `loss` with respect to every Tensor in the pytree `wrt`, in the same structure."""
+    ctx = current("mica.grad")
+    if not isinstance(loss, Tensor):
+        raise TraceError(f"mica.grad: the loss must be a traced Tensor, got {type(loss).__name__}",
+                         user_location())
+    if loss.dtype.kind != "float":
+        raise GradError(f"mica.grad: the loss must be floating, got {loss.value.spec!r}", user_location())
+    leaves, treedef = pytree.flatten(wrt, is_leaf=_is_tensor)
+    for x in leaves:
+        if not isinstance(x, Tensor):
+            raise TraceError(f"mica.grad: wrt must hold traced Tensors, found {type(x).__name__}",
+                             user_location())
+    from . import verbs as F
+
+    if grad_output is None:
+        if loss.numel() != 1:
+            raise GradError(f"mica.grad: the loss {loss.value.spec!r} is not a scalar; pass grad_output",
+                            user_location())
+        seed = F.ones_like(loss)
+    else:
+        seed = F.as_tensor(grad_output, loss.dtype)
+        if seed.shape != loss.shape:
+            raise GradError(f"mica.grad: grad_output {seed.value.spec!r} must match the loss "
+                            f"{loss.value.spec!r}", user_location())
+
+    graph = ctx.graph
+    loss_v = loss.value
+    end = graph.nodes.index(loss_v.node) + 1
+    nodes = graph.nodes[:end]
+    targets = {x.value.id for x in leaves}
+
+    # Values that depend on some target, then those of them the loss depends on.
+    depends = set(targets)
+    for n in nodes:
+        if any(v.id in depends for v in n.inputs):
+            depends.update(o.id for o in n.outputs if o.dtype.kind == "float")
+    relevant = {loss_v.id} & depends
+    for n in reversed(nodes):
+        if any(o.id in relevant for o in n.outputs):
+            relevant.update(v.id for v in n.inputs if v.id in depends)
+
+    cts = {loss_v.id: seed}
+    saved_loc = ctx.loc_override
+    try:
+        for n in reversed(nodes):
+            outs_ct = [cts.get(o.id) for o in n.outputs]
+            if all(c is None for c in outs_ct):
+                continue
+            need = [v.id in relevant for v in n.inputs]
+            if not any(need):
+                continue
+            opdef = OPS[n.op]
+            if opdef.vjp is None:
+                raise GradError(f"mica.grad: {n.op} has no derivative here (a second derivative of a "
+                                "row-wise kernel, or a non-differentiable op on the path)", n.loc)
+            ctx.loc_override = n.loc
+            ins = [Tensor(v, ctx) for v in n.inputs]
+            outs = [Tensor(v, ctx) for v in n.outputs]
+            grads = opdef.vjp(outs_ct, outs, ins, n.attrs, need)
+            for v, g, nd in zip(n.inputs, grads, need):
+                if not nd or g is None:
+                    continue
+                assert g.shape == v.shape, (n.op, g.shape, v.shape)
+                if g.dtype is not v.dtype:
+                    g = F.to(g, v.dtype)
+                prev = cts.get(v.id)
+                cts[v.id] = g if prev is None else prev + g
+    finally:
+        ctx.loc_override = saved_loc
+
+    out = []
+    for x in leaves:
+        g = cts.get(x.value.id)
+        out.append(g if g is not None else F.zeros_like(x))
+    return pytree.unflatten(treedef, out)
+
+
+def value_and_grad(fn, argnums=0, has_aux=False):
+    """fn -> a function returning (fn(*args), gradients of it with respect to args[argnums])."""
+    def wrapped(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        loss = result[0] if has_aux else result
+        wrt = args[argnums] if isinstance(argnums, int) else tuple(args[i] for i in argnums)
+        return result, grad(loss, wrt)
+    return wrapped

@@ -1,0 +1,392 @@
+"""Modules as PyTorch writes them, over a functional core.
+
+A Module declares Parameters (shape, element type, initializer) and submodules; it holds no
+values. `model.init(seed)` draws initial values (a dict in `named_parameters` order), and inside a
+trace `mica.nn.functional_call(model, params, *args)` (or `with model.bind(params):`) makes every
+`self.weight` read the traced Tensor for that parameter. Names follow PyTorch's `state_dict()`.
+"""
+import contextlib
+import fnmatch
+import math
+
+import numpy as np
+
+from .. import dtypes, verbs as F
+from ..dtypes import Spec, as_dtype
+from ..errors import MicaError
+from . import init as initializers
+
+_BOUND = [{}]  # id(Parameter) -> Tensor, for the innermost bind()
+
+
+class Parameter:
+    """A trainable tensor's declaration: shape, element type and initializer (values live outside)."""
+
+    def __init__(self, data=None, *, shape=None, dtype=None, init=None):
+        if data is not None:
+            arr = np.asarray(data)
+            shape = arr.shape
+            dtype = dtype or (as_dtype(arr.dtype) if arr.dtype.kind == "f" else dtypes.float32)
+            init = init or initializers.Constant(arr)
+        if shape is None:
+            raise MicaError("a Parameter needs initial data or a shape")
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = as_dtype(dtype or dtypes.float32)
+        self.init = init or initializers.zeros()
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def dim(self):
+        return self.ndim
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    @property
+    def spec(self):
+        return Spec(self.shape, self.dtype)
+
+    def __repr__(self):
+        return f"Parameter({self.spec!r}, init={self.init!r})"
+
+
+class Module:
+    def __init__(self):
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "training", True)
+
+    # ---- attribute registry, as torch.nn.Module keeps it -------------------------------------------
+    def __setattr__(self, name, value):
+        if "_parameters" not in self.__dict__:
+            raise MicaError(f"{type(self).__name__}.__init__ must call super().__init__() before "
+                            "assigning attributes")
+        for table in (self._parameters, self._modules, self._buffers):
+            if name in table and not isinstance(value, (Parameter, Module)) and value is not None:
+                del table[name]
+        if isinstance(value, Parameter):
+            self._modules.pop(name, None)
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._parameters.pop(name, None)
+            self._modules[name] = value
+        elif value is None and name in self._parameters:
+            self._parameters[name] = None
+        elif value is None and name in self._modules:
+            self._modules[name] = None
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        if "_parameters" in d and name in d["_parameters"]:
+            p = d["_parameters"][name]
+            if p is None:
+                return None
+            return _BOUND[-1].get(id(p), p)
+        if "_modules" in d and name in d["_modules"]:
+            return d["_modules"][name]
+        if "_buffers" in d and name in d["_buffers"]:
+            buf = d["_buffers"][name]
+            return F.tensor(buf) if F.in_trace() else buf
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def register_buffer(self, name, array, persistent=True):
+        self._buffers[name] = np.asarray(array)
+
+    def register_parameter(self, name, param):
+        setattr(self, name, param)
+
+    def add_module(self, name, module):
+        self._modules[name] = module
+
+    # ---- traversal -------------------------------------------------------------------------------
+    def named_modules(self, prefix="", memo=None):
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is not None:
+                yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def modules(self):
+        return (m for _, m in self.named_modules())
+
+    def children(self):
+        return (m for m in self._modules.values() if m is not None)
+
+    def named_parameters(self, prefix="", remove_duplicate=True):
+        """(name, Parameter) in PyTorch's order; a shared (tied) parameter appears once, under its
+        first name, unless remove_duplicate=False."""
+        seen = set()
+        for mprefix, m in self.named_modules(prefix, memo=None if remove_duplicate else _NoMemo()):
+            for name, p in m._parameters.items():
+                if p is None or (remove_duplicate and id(p) in seen):
+                    continue
+                seen.add(id(p))
+                yield (f"{mprefix}.{name}" if mprefix else name), p
+
+    def parameters(self):
+        return (p for _, p in self.named_parameters())
+
+    def apply(self, fn):
+        """Call fn on every submodule, then on this module (torch.nn.Module.apply)."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def train(self, mode=True):
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def to(self, dtype=None, *args, **kwargs):
+        for a in (dtype, *args):
+            if a is not None and not isinstance(a, str):
+                for p in self.parameters():
+                    if p.dtype.kind == "float":
+                        p.dtype = as_dtype(a)
+        return self
+
+    def float(self):
+        return self.to(dtypes.float32)
+
+    def bfloat16(self):
+        return self.to(dtypes.bfloat16)
+
+    def half(self):
+        return self.to(dtypes.float16)
+
+    def double(self):
+        return self.to(dtypes.float64)
+
+    # ---- values ----------------------------------------------------------------------------------
+    def param_specs(self):
+        """{name: Spec} for every parameter (tied ones once): the parameter pytree's signature."""
+        return {n: p.spec for n, p in self.named_parameters()}
+
+    def num_parameters(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def init(self, seed=0, overrides=None):
+        """Initial values {name: array}, drawn by each parameter's initializer from a stream keyed by
+        (seed, name). `overrides` maps a name or glob pattern to an initializer."""
+        overrides = overrides or {}
+        out = {}
+        for name, p in self.named_parameters():
+            init = p.init
+            for pattern, o in overrides.items():
+                if name == pattern or fnmatch.fnmatchcase(name, pattern):
+                    init = o
+            values = init.sample(p.shape, initializers.stream(seed, name))
+            out[name] = np.asarray(values, dtype=np.float64).astype(p.dtype.np_storage)
+        return out
+
+    def state_dict(self, params):
+        """Every state_dict() key PyTorch would give this module tree (tied parameters under each
+        of their names), with values from `params`."""
+        by_id = {id(p): n for n, p in self.named_parameters()}
+        out = {}
+        for mprefix, m in self.named_modules(memo=_NoMemo()):
+            for name, p in m._parameters.items():
+                if p is not None:
+                    out[f"{mprefix}.{name}" if mprefix else name] = params[by_id[id(p)]]
+            for name, b in m._buffers.items():
+                out[f"{mprefix}.{name}" if mprefix else name] = b
+        return out
+
+    @contextlib.contextmanager
+    def bind(self, params):
+        """Inside a trace: make each parameter attribute read the Tensor params[name]."""
+        table = dict(_BOUND[-1])
+        for name, p in self.named_parameters():
+            if name not in params:
+                raise MicaError(f"bind: no value given for parameter {name!r}")
+            table[id(p)] = params[name]
+        _BOUND.append(table)
+        try:
+            yield self
+        finally:
+            _BOUND.pop()
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+
+    def extra_repr(self):
+        return ""
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, m in self._modules.items():
+            lines.append(f"  ({name}): " + repr(m).replace("\n", "\n  "))
+        return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
+
+
+class _NoMemo(set):
+    """A memo that remembers nothing: walks shared submodules under every name (state_dict)."""
+
+    def add(self, item):
+        pass
+
+
+def functional_call(module, params, *args, **kwargs):
+    """Call `module` with its parameters read from `params` ({name: Tensor})."""
+    with module.bind(params):
+        return module(*args, **kwargs)
+
+
+# ---- the layers ---------------------------------------------------------------------------------------
+
+class Linear(Module):
+    def __init__(self, in_features, out_features, bias=True, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(shape=(out_features, in_features), dtype=dtype,
+                                init=initializers.fan_in_uniform(in_features))
+        self.bias = Parameter(shape=(out_features,), dtype=dtype,
+                              init=initializers.fan_in_uniform(in_features)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self._parameters['bias'] is not None}"
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings, embedding_dim, dtype=None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = Parameter(shape=(num_embeddings, embedding_dim), dtype=dtype, init=initializers.normal())
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+def _shape(normalized_shape):
+    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=None):
+        super().__init__()
+        self.normalized_shape, self.eps = _shape(normalized_shape), eps
+        self.weight = Parameter(shape=self.normalized_shape, dtype=dtype, init=initializers.ones()) \
+            if elementwise_affine else None
+        self.bias = Parameter(shape=self.normalized_shape, dtype=dtype, init=initializers.zeros()) \
+            if elementwise_affine and bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Module):
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=None):
+        super().__init__()
+        self.normalized_shape, self.eps = _shape(normalized_shape), eps
+        self.weight = Parameter(shape=self.normalized_shape, dtype=dtype, init=initializers.ones()) \
+            if elementwise_affine else None
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class Dropout(Module):
+    def __init__(self, p=0.5, inplace=False):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)
+
+
+class GELU(Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        return F.gelu(x, approximate=self.approximate)
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return F.relu(x)
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x
+
+
+class ModuleList(Module):
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        self._modules[str(len(self._modules))] = module
+        return self
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class ModuleDict(Module):
+    def __init__(self, modules=None):
+        super().__init__()
+        for k, m in (modules or {}).items():
+            self._modules[k] = m
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        self._modules[key] = module
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def values(self):
+        return self._modules.values()
+
+
+class Sequential(ModuleList):
+    def __init__(self, *modules):
+        super().__init__(modules)
+
+    def forward(self, x):
+        for m in self:
+            x = m(x)
+        return x

@@ -1,0 +1,45 @@
+"""One record per primitive.
+
+An OpDef holds everything about a primitive: its shape and type rule (`infer`, raising ShapeError),
+its numpy reference implementation (`ref`, the oracle's arithmetic), its vector-Jacobian product
+written with Mica's own verbs (`vjp`), and its family, which tells a backend how to lower it.
+Adding a primitive touches one family module and one row of the op test table.
+"""
+
+
+class OpDef:
+    __slots__ = ("name", "infer", "ref", "vjp", "family", "attrs_doc")
+
+    def __init__(self, name, infer, ref, vjp, family):
+        self.name = name
+        self.infer = infer    # infer(specs, **attrs) -> [(shape, dtype), ...]
+        self.ref = ref        # ref(arrays, attrs, run) -> array or tuple of arrays
+        self.vjp = vjp        # vjp(cotangents, outs, ins, attrs, needed) -> [Tensor|None per input]
+        self.family = family  # "source" | "elementwise" | "reduce" | "shape" | "matmul" | "kernel"
+
+    def __repr__(self):
+        return f"OpDef({self.name}, {self.family})"
+
+
+OPS = {}
+
+
+def defop(name, *, infer, ref, vjp=None, family):
+    if name in OPS:
+        raise ValueError(f"primitive {name} is defined twice")
+    OPS[name] = OpDef(name, infer, ref, vjp, family)
+    return OPS[name]
+
+
+class _LazyVerbs:
+    """The verbs module, imported on first use: VJP rules are written with verbs, which need ops."""
+
+    def __getattr__(self, name):
+        from .. import verbs
+
+        return getattr(verbs, name)
+
+
+F = _LazyVerbs()
+
+from . import elementwise, reduce, shape, matmul, nn  # noqa: E402,F401  (each registers its family)

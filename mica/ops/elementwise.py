@@ -1,0 +1,254 @@
+"""Elementwise primitives: sources (constants, iota), casts, unary and binary maps, where.
+
+Binary and ternary maps broadcast their operands numpy-style; their operands share one element
+type (the verbs insert casts by PyTorch's promotion rule first). VJPs sum gradients back to each
+operand's shape.
+"""
+import math
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import ShapeError
+from . import F, defop
+
+# ---- shape rules --------------------------------------------------------------------------------
+
+
+def broadcast_shapes(op, *shapes):
+    ndim = max(len(s) for s in shapes)
+    out = []
+    for i in range(ndim):
+        size = 1
+        for s in shapes:
+            d = s[i - ndim + len(s)] if i - ndim + len(s) >= 0 else 1
+            if d != 1:
+                if size != 1 and size != d:
+                    raise ShapeError(f"{op}: shapes " + " and ".join(str(list(s)) for s in shapes)
+                                     + f" do not broadcast (dimension {i - ndim}: {size} vs {d})")
+                size = d
+        out.append(size)
+    return tuple(out)
+
+
+def _same_dtype(op, specs):
+    first = specs[0].dtype
+    for s in specs[1:]:
+        if s.dtype is not first:
+            raise ShapeError(f"{op}: operands must share an element type, got "
+                             + ", ".join(repr(s) for s in specs))
+    return first
+
+
+def _map_rule(kinds, result=None):
+    """Shape rule for an elementwise map whose operands must be of `kinds` ("float", "int", "bool")."""
+    def infer(specs, **attrs):
+        op = infer.op
+        dt = _same_dtype(op, specs)
+        if dt.kind not in kinds:
+            raise ShapeError(f"{op} takes {' or '.join(kinds)} tensors, got {specs[0]!r}")
+        return [(broadcast_shapes(op, *(s.shape for s in specs)), result or dt)]
+    return infer
+
+
+# ---- sources ------------------------------------------------------------------------------------
+
+def _const_infer(specs, value, dtype):
+    return [((), dtype)]
+
+
+def _const_ref(args, attrs, run):
+    return np.asarray(attrs["value"], dtype=run.np(attrs["dtype"]))
+
+
+defop("const", infer=_const_infer, ref=_const_ref, family="source")
+
+
+def _literal_infer(specs, data, shape, dtype):
+    return [(shape, dtype)]
+
+
+def _literal_ref(args, attrs, run):
+    dt = attrs["dtype"]
+    arr = np.frombuffer(attrs["data"], dtype=dt.np_storage).reshape(attrs["shape"])
+    return arr.astype(run.np(dt))
+
+
+defop("literal", infer=_literal_infer, ref=_literal_ref, family="source")
+
+
+def _iota_infer(specs, n, dtype):
+    return [((n,), dtype)]
+
+
+defop("iota", infer=_iota_infer, ref=lambda a, at, run: np.arange(at["n"]).astype(run.np(at["dtype"])),
+      family="source")
+
+
+def _rng_ref(args, attrs, run):
+    return np.asarray(run.rng, dtype=np.int64)
+
+
+defop("rng_key", infer=lambda specs: [((2,), dtypes.int64)], ref=_rng_ref, family="source")
+defop("input", infer=lambda specs, index: [], ref=None, family="source")
+
+
+# ---- casts --------------------------------------------------------------------------------------
+
+def _cast_infer(specs, dtype):
+    return [(specs[0].shape, dtype)]
+
+
+def _cast_ref(args, attrs, run):
+    x, dt = args[0], attrs["dtype"]
+    if dt.kind == "int" and x.dtype.kind == "f":
+        x = np.trunc(x)
+    return x.astype(run.np(dt))
+
+
+def _cast_vjp(cts, outs, ins, attrs, need):
+    x = ins[0]
+    if x.dtype.kind != "float":
+        return [None]
+    return [F.to(cts[0], x.dtype)]
+
+
+defop("cast", infer=_cast_infer, ref=_cast_ref, vjp=_cast_vjp, family="elementwise")
+
+
+# ---- unary maps ---------------------------------------------------------------------------------
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _np_erf(x):
+    return _erf(x.astype(np.float64)).astype(np.float64).astype(x.dtype)
+
+
+def _sigmoid(x):
+    # 1/(1+exp(-x)) overflows exp for very negative x; this form stays finite for both signs.
+    with np.errstate(over="ignore"):
+        return np.where(x >= 0, 1 / (1 + np.exp(-x)), np.exp(x) / (1 + np.exp(x))).astype(x.dtype)
+
+
+def _unary(name, fn, vjp, kinds=("float",)):
+    infer = _map_rule(kinds)
+    infer.op = name
+    defop(name, infer=infer, ref=lambda a, at, run: np.asarray(fn(a[0])), vjp=vjp, family="elementwise")
+
+
+def _relu_grad(cts, outs, ins, attrs, need):
+    return [F.where(outs[0] > 0, cts[0], 0.0)]
+
+
+def _abs_grad(cts, outs, ins, attrs, need):
+    x = ins[0]
+    return [cts[0] * F.where(x > 0, 1.0, F.where(x < 0, -1.0, 0.0)).to(x.dtype)]
+
+
+_unary("neg", np.negative, lambda c, o, i, a, n: [-c[0]], kinds=("float", "int"))
+_unary("exp", np.exp, lambda c, o, i, a, n: [c[0] * o[0]])
+_unary("log", np.log, lambda c, o, i, a, n: [c[0] / i[0]])
+_unary("tanh", np.tanh, lambda c, o, i, a, n: [c[0] * (1 - o[0] * o[0])])
+_unary("sqrt", np.sqrt, lambda c, o, i, a, n: [c[0] / (2 * o[0])])
+_unary("rsqrt", lambda x: 1 / np.sqrt(x), lambda c, o, i, a, n: [-0.5 * c[0] * o[0] * o[0] * o[0]])
+_unary("sin", np.sin, lambda c, o, i, a, n: [c[0] * F.cos(i[0])])
+_unary("cos", np.cos, lambda c, o, i, a, n: [-c[0] * F.sin(i[0])])
+_unary("erf", _np_erf, lambda c, o, i, a, n: [c[0] * (2 / math.sqrt(math.pi)) * F.exp(-i[0] * i[0])])
+_unary("sigmoid", _sigmoid, lambda c, o, i, a, n: [c[0] * o[0] * (1 - o[0])])
+_unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), _relu_grad, kinds=("float", "int"))
+_unary("abs", np.abs, _abs_grad, kinds=("float", "int"))
+_unary("logical_not", np.logical_not, None, kinds=("bool",))
+_unary("detach", lambda x: x, lambda c, o, i, a, n: [None], kinds=("float", "int", "bool"))
+
+
+# ---- binary maps --------------------------------------------------------------------------------
+
+def _binary(name, fn, vjp, kinds=("float", "int"), result=None):
+    infer = _map_rule(kinds, result)
+    infer.op = name
+    defop(name, infer=infer, ref=lambda a, at, run: np.asarray(fn(a[0], a[1])), vjp=vjp, family="elementwise")
+
+
+def _sum_to(g, x):
+    return F.sum_to(g, x.shape)
+
+
+def _add_vjp(c, o, i, a, n):
+    return [_sum_to(c[0], i[0]) if n[0] else None, _sum_to(c[0], i[1]) if n[1] else None]
+
+
+def _sub_vjp(c, o, i, a, n):
+    return [_sum_to(c[0], i[0]) if n[0] else None, _sum_to(-c[0], i[1]) if n[1] else None]
+
+
+def _mul_vjp(c, o, i, a, n):
+    return [_sum_to(c[0] * i[1], i[0]) if n[0] else None, _sum_to(c[0] * i[0], i[1]) if n[1] else None]
+
+
+def _div_vjp(c, o, i, a, n):
+    return [_sum_to(c[0] / i[1], i[0]) if n[0] else None,
+            _sum_to(-c[0] * o[0] / i[1], i[1]) if n[1] else None]
+
+
+def _pow_vjp(c, o, i, a, n):
+    x, e = i
+    gx = _sum_to(c[0] * e * F.pow(x, e - 1), x) if n[0] else None
+    # d/de x**e = x**e log x; PyTorch defines it as 0 where x == 0 (and e >= 0), so do we.
+    ge = _sum_to(c[0] * F.where(x == 0, 0.0, o[0] * F.log(x)), e) if n[1] else None
+    return [gx, ge]
+
+
+def _minmax_vjp(pick):
+    def vjp(c, o, i, a, n):
+        x, y = i
+        # Ties share the gradient equally, as PyTorch's maximum/minimum do.
+        wx = F.where(pick(x, y), 1.0, F.where(x == y, 0.5, 0.0)).to(c[0].dtype)
+        return [_sum_to(c[0] * wx, x) if n[0] else None, _sum_to(c[0] * (1 - wx), y) if n[1] else None]
+    return vjp
+
+
+def _np_pow(x, e):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.power(x, e)
+
+
+def _np_div(x, y):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.divide(x, y)
+
+
+_binary("add", np.add, _add_vjp, kinds=("float", "int", "bool"))
+_binary("sub", np.subtract, _sub_vjp)
+_binary("mul", np.multiply, _mul_vjp, kinds=("float", "int", "bool"))
+_binary("div", _np_div, _div_vjp, kinds=("float",))
+_binary("pow", _np_pow, _pow_vjp, kinds=("float",))
+_binary("maximum", np.maximum, _minmax_vjp(lambda x, y: x > y))
+_binary("minimum", np.minimum, _minmax_vjp(lambda x, y: x < y))
+for _name, _fn in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
+                   ("eq", np.equal), ("ne", np.not_equal)):
+    _binary(_name, _fn, None, kinds=("float", "int", "bool"), result=dtypes.bool_)
+_binary("logical_and", np.logical_and, None, kinds=("bool",))
+_binary("logical_or", np.logical_or, None, kinds=("bool",))
+
+
+# ---- where --------------------------------------------------------------------------------------
+
+def _where_infer(specs):
+    c, x, y = specs
+    if c.dtype is not dtypes.bool_:
+        raise ShapeError(f"where: the condition must be a bool tensor, got {c!r}")
+    dt = _same_dtype("where", [x, y])
+    return [(broadcast_shapes("where", c.shape, x.shape, y.shape), dt)]
+
+
+def _where_vjp(c, o, i, a, n):
+    cond, x, y = i
+    g = c[0]
+    zero = F.zeros_like(g)
+    return [None, _sum_to(F.where(cond, g, zero), x) if n[1] else None,
+            _sum_to(F.where(cond, zero, g), y) if n[2] else None]
+
+
+defop("where", infer=_where_infer, ref=lambda a, at, run: np.where(a[0], a[1], a[2]),
+      vjp=_where_vjp, family="elementwise")

@@ -1,0 +1,7 @@
+"""Optimizers, gradient clipping and schedules, built from the verbs so they compile into the step."""
+from .adamw import AdamW, adamw, nanogpt_param_groups  # noqa: F401
+from .base import Optimizer  # noqa: F401
+from .clip import clip_grad_norm  # noqa: F401
+from .muon import QUINTIC_COEFFICIENTS, SEED_COEFFICIENTS, Muon, muon, zeropower_via_newtonschulz  # noqa: F401
+from .schedules import cosine, cosine_with_warmup, stable_then_decay  # noqa: F401
+from .sgd import SGD, sgd  # noqa: F401

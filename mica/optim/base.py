@@ -1,0 +1,80 @@
+"""What every optimizer shares: parameter groups over a {name: tensor} dict, state handling."""
+import numpy as np
+
+from ..dtypes import Spec
+from ..errors import MicaError
+
+
+class Optimizer:
+    """A functional optimizer. `init(params)` gives its state (numpy, outside a trace);
+    `update(params, grads, state, lr=..., lr_scale=...)` runs inside a trace and returns
+    (new_params, new_state). Only parameters named by a group are updated."""
+
+    defaults = {}
+
+    def __init__(self, param_groups=None, **hyper):
+        unknown = set(hyper) - set(self.defaults)
+        if unknown:
+            raise MicaError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
+                            f"known: {sorted(self.defaults)}")
+        self.hyper = {**self.defaults, **hyper}
+        self.param_groups = param_groups
+
+    def groups(self, names):
+        """[(group hyperparameters, [names])], checking that no parameter is in two groups."""
+        if self.param_groups is None:
+            return [(dict(self.hyper), list(names))]
+        out, owner = [], {}
+        for i, g in enumerate(self.param_groups):
+            sel = g.get("params")
+            if callable(sel):
+                chosen = [n for n in names if sel(n)]
+            else:
+                chosen = list(sel)
+                missing = [n for n in chosen if n not in names]
+                if missing:
+                    raise MicaError(f"{type(self).__name__}: group {i} names unknown parameter {missing[0]!r}")
+            for n in chosen:
+                if n in owner:
+                    raise MicaError(f"{type(self).__name__}: parameter {n!r} is in groups {owner[n]} and {i}")
+                owner[n] = i
+            out.append(({**self.hyper, **{k: v for k, v in g.items() if k != "params"}}, chosen))
+        return out
+
+    def managed(self, names):
+        return [n for _, ns in self.groups(names) for n in ns]
+
+    def init(self, params):
+        return self._init({n: np.asarray(params[n]) for n in self.managed(list(params))})
+
+    def state_specs(self, param_specs):
+        """The state's signature from the parameters' Specs (for tracing without values)."""
+        from .. import pytree
+
+        fake = {n: np.zeros(param_specs[n].shape, param_specs[n].dtype.np_storage)
+                for n in self.managed(list(param_specs))}
+        return pytree.tree_map(Spec.of, self._init(fake))
+
+    def update(self, params, grads, state, lr=None, lr_scale=None):
+        new_params = dict(params)
+        new_state = self._update(new_params, grads, state, self._group_lrs(params, lr, lr_scale))
+        return new_params, new_state
+
+    def _group_lrs(self, params, lr, lr_scale):
+        result = []
+        for hyper, names in self.groups(list(params)):
+            g_lr = hyper["lr"] if lr is None else lr
+            if lr_scale is not None:
+                g_lr = g_lr * lr_scale
+            result.append((hyper, names, g_lr))
+        return result
+
+    def _init(self, params):
+        raise NotImplementedError
+
+    def _update(self, params, grads, state, groups):
+        raise NotImplementedError
+
+
+def zeros_like_tree(params):
+    return {n: np.zeros_like(a) for n, a in params.items()}

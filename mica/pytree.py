@@ -1,0 +1,111 @@
+"""Nested dicts, lists and tuples of leaves ("pytrees"), flattened in a fixed order and rebuilt.
+
+Dicts keep their insertion order (a model's parameters stay in PyTorch's order); None is an empty
+subtree. What counts as a leaf is the caller's choice.
+"""
+
+
+class TreeDef:
+    __slots__ = ("kind", "meta", "children")
+
+    def __init__(self, kind, meta, children):
+        self.kind = kind          # "leaf" | "none" | "dict" | "list" | "tuple" | "namedtuple"
+        self.meta = meta          # dict keys, namedtuple class
+        self.children = children  # tuple of TreeDef
+
+    @property
+    def num_leaves(self):
+        if self.kind == "leaf":
+            return 1
+        return sum(c.num_leaves for c in self.children)
+
+    def __eq__(self, other):
+        return (isinstance(other, TreeDef) and self.kind == other.kind and self.meta == other.meta
+                and self.children == other.children)
+
+    def __hash__(self):
+        return hash((self.kind, self.meta, self.children))
+
+    def __repr__(self):
+        return f"TreeDef({unflatten(self, ['*'] * self.num_leaves)!r})"
+
+
+_LEAF = TreeDef("leaf", None, ())
+_NONE = TreeDef("none", None, ())
+
+
+def flatten(tree, is_leaf=None):
+    """(leaves, treedef). Containers are dict, list, tuple and namedtuple; everything else is a leaf."""
+    leaves = []
+
+    def walk(node):
+        if is_leaf is not None and is_leaf(node):
+            leaves.append(node)
+            return _LEAF
+        if node is None:
+            return _NONE
+        if isinstance(node, dict):
+            keys = tuple(node.keys())
+            return TreeDef("dict", keys, tuple(walk(node[k]) for k in keys))
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return TreeDef("namedtuple", type(node), tuple(walk(c) for c in node))
+        if isinstance(node, (list, tuple)):
+            return TreeDef(type(node).__name__ if type(node) in (list, tuple) else "list", None,
+                           tuple(walk(c) for c in node))
+        leaves.append(node)
+        return _LEAF
+
+    treedef = walk(tree)
+    return leaves, treedef
+
+
+def unflatten(treedef, leaves):
+    it = iter(leaves)
+
+    def build(td):
+        if td.kind == "leaf":
+            return next(it)
+        if td.kind == "none":
+            return None
+        kids = [build(c) for c in td.children]
+        if td.kind == "dict":
+            return dict(zip(td.meta, kids))
+        if td.kind == "list":
+            return kids
+        if td.kind == "tuple":
+            return tuple(kids)
+        return td.meta(*kids)
+
+    out = build(treedef)
+    rest = list(it)
+    if rest:
+        raise ValueError(f"unflatten was given {len(rest)} leaves too many")
+    return out
+
+
+def tree_map(fn, tree, *rest, is_leaf=None):
+    leaves, td = flatten(tree, is_leaf)
+    others = [flatten(r, is_leaf)[0] for r in rest]
+    return unflatten(td, [fn(x, *(o[i] for o in others)) for i, x in enumerate(leaves)])
+
+
+def leaf_paths(tree, is_leaf=None, prefix=""):
+    """A readable path for each leaf, in flatten order: "params['wte']", "args[1]"."""
+    paths = []
+
+    def walk(node, path):
+        if is_leaf is not None and is_leaf(node):
+            paths.append(path)
+        elif node is None:
+            return
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}[{k!r}]")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        else:
+            paths.append(path)
+
+    walk(tree, prefix)
+    return paths

@@ -1,0 +1,310 @@
+"""The symbolic Tensor users hold while a function is traced, and the trace context behind it.
+
+A Tensor is a handle to one Value of the graph being built. Verbs called on Tensors append nodes;
+in-place methods (`add_`, `mul_`, ...) point the handle at a new Value, so code written in
+PyTorch's in-place style stays functional underneath.
+"""
+import os
+import sys
+
+from . import dtypes
+from .errors import MicaError, ShapeError, TraceError
+from .ops import OPS
+
+_PKG = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_USER_DIRS = (os.path.join(_PKG, "models") + os.sep,)
+
+
+def _is_internal(path):
+    return path.startswith(_PKG) and not path.startswith(_USER_DIRS)
+
+
+def user_location():
+    """(path, line) of the innermost frame that belongs to the user, not to Mica's own verbs."""
+    f = sys._getframe(1)
+    while f is not None:
+        path = f.f_code.co_filename
+        if not path.startswith("<") and not _is_internal(os.path.abspath(path)):
+            return (path, f.f_lineno)
+        f = f.f_back
+    return None
+
+
+class TraceContext:
+    """State of one running trace: the graph, the random-stream counter, a location override."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.random_streams = 0
+        self.loc_override = None
+        self.open = True
+
+    def loc(self):
+        return self.loc_override if self.loc_override is not None else user_location()
+
+    def rng(self):
+        """The program's random key input (seed, offset), created on first use."""
+        g = self.graph
+        if g.rng is None:
+            node = g.add("rng_key", (), {}, [((2,), dtypes.int64)], None, cse=False)
+            g.rng = node.out
+        return Tensor(g.rng, self)
+
+    def next_stream(self):
+        self.random_streams += 1
+        return self.random_streams - 1
+
+
+_STACK = []
+
+
+def current(verb):
+    if not _STACK:
+        verb = verb if verb.startswith("mica.") else f"mica.{verb}"
+        raise TraceError(f"{verb} works on traced Tensors and was called outside a trace; "
+                         "call it inside a function given to mica.trace or mica.compile",
+                         user_location())
+    return _STACK[-1]
+
+
+def in_trace():
+    return bool(_STACK)
+
+
+def emit(op, inputs, **attrs):
+    """Append primitive `op` to the active graph; returns a Tensor, or a tuple for several outputs."""
+    ctx = current(op)
+    opdef = OPS[op]
+    vals = []
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            raise TraceError(f"{op} expects Tensors, got {type(t).__name__}", ctx.loc())
+        vals.append(t.value)
+    try:
+        out_types = opdef.infer([v.spec for v in vals], **attrs)
+    except ShapeError as e:
+        if e.loc is None:
+            raise ShapeError(e.sentence, ctx.loc()) from None
+        raise
+    node = ctx.graph.add(op, vals, attrs, out_types, ctx.loc())
+    outs = tuple(Tensor(v, ctx) for v in node.outputs)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def fail(message):
+    """Raise a ShapeError at the user's line."""
+    raise ShapeError(message, _STACK[-1].loc() if _STACK else user_location())
+
+
+class Tensor:
+    """A traced value: static shape and element type, no data until the program runs."""
+
+    __slots__ = ("_value", "_ctx")
+    __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
+
+    def __init__(self, value, ctx):
+        self._value = value
+        self._ctx = ctx
+
+    @property
+    def value(self):
+        if not self._ctx.open or not _STACK or _STACK[-1] is not self._ctx:
+            raise TraceError("this Tensor belongs to a trace that has finished (or to another trace); "
+                             "Tensors cannot be kept between traces — return values instead",
+                             user_location())
+        return self._value
+
+    def _rebind(self, other):
+        """In-place update: this handle now names `other`'s value (same shape and type required)."""
+        if other.shape != self.shape:
+            fail(f"in-place update of a {self._value.spec!r} tensor with a result of shape "
+                 f"{list(other.shape)}; in-place results must keep the shape")
+        if other.dtype is not self.dtype:
+            other = other.to(self.dtype)
+        self._value = other.value
+        return self
+
+    # ---- static facts -------------------------------------------------------------------------
+    @property
+    def shape(self):
+        return self._value.shape
+
+    @property
+    def dtype(self):
+        return self._value.dtype
+
+    @property
+    def ndim(self):
+        return len(self._value.shape)
+
+    def dim(self):
+        return self.ndim
+
+    def size(self, dim=None):
+        if dim is None:
+            return self.shape
+        return self.shape[F.canon_dim(dim, self.ndim, "size")]
+
+    def numel(self):
+        return self._value.numel
+
+    def is_floating_point(self):
+        return self.dtype.kind == "float"
+
+    @property
+    def device(self):
+        return "mica"
+
+    def __repr__(self):
+        return f"Tensor({self._value.spec!r}, %{self._value.id})"
+
+    def __hash__(self):
+        return id(self)
+
+    def __len__(self):
+        if not self.shape:
+            raise TraceError("len() of a 0-d tensor", user_location())
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(F.unbind(self, 0))
+
+    def __bool__(self):
+        raise TraceError("a traced Tensor has no value while tracing, so it cannot decide an `if` or "
+                         "`while`; use mica.where(condition, a, b) to choose between values",
+                         user_location())
+
+    def __float__(self):
+        raise TraceError("a traced Tensor has no value while tracing, so float()/int()/.item() cannot "
+                         "read it; return it from the traced function to see its value", user_location())
+
+    __int__ = __index__ = item = tolist = __float__
+
+    # ---- arithmetic ---------------------------------------------------------------------------
+    def __add__(self, o): return F.add(self, o)
+    def __radd__(self, o): return F.add(o, self)
+    def __sub__(self, o): return F.sub(self, o)
+    def __rsub__(self, o): return F.sub(o, self)
+    def __mul__(self, o): return F.mul(self, o)
+    def __rmul__(self, o): return F.mul(o, self)
+    def __truediv__(self, o): return F.div(self, o)
+    def __rtruediv__(self, o): return F.div(o, self)
+    def __pow__(self, o): return F.pow(self, o)
+    def __rpow__(self, o): return F.pow(o, self)
+    def __matmul__(self, o): return F.matmul(self, o)
+    def __rmatmul__(self, o): return F.matmul(o, self)
+    def __neg__(self): return F.neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return F.abs(self)
+    def __lt__(self, o): return F.lt(self, o)
+    def __le__(self, o): return F.le(self, o)
+    def __gt__(self, o): return F.gt(self, o)
+    def __ge__(self, o): return F.ge(self, o)
+    def __eq__(self, o): return F.eq(self, o)
+    def __ne__(self, o): return F.ne(self, o)
+    def __invert__(self): return F.logical_not(self)
+    def __and__(self, o): return F.logical_and(self, o)
+    def __or__(self, o): return F.logical_or(self, o)
+    def __getitem__(self, index): return F.getitem(self, index)
+
+    # ---- in-place forms, as PyTorch's optimizers write them ------------------------------------
+    def add_(self, other, alpha=1): return self._rebind(F.add(self, other, alpha=alpha))
+    def sub_(self, other, alpha=1): return self._rebind(F.sub(self, other, alpha=alpha))
+    def mul_(self, other): return self._rebind(F.mul(self, other))
+    def div_(self, other): return self._rebind(F.div(self, other))
+    def lerp_(self, end, weight): return self._rebind(F.lerp(self, end, weight))
+    def addcmul_(self, t1, t2, value=1): return self._rebind(F.addcmul(self, t1, t2, value=value))
+    def addcdiv_(self, t1, t2, value=1): return self._rebind(F.addcdiv(self, t1, t2, value=value))
+    def clamp_(self, min=None, max=None): return self._rebind(F.clamp(self, min, max))
+    def zero_(self): return self._rebind(F.zeros_like(self))
+    def fill_(self, v): return self._rebind(F.full_like(self, v))
+    def copy_(self, src): return self._rebind(F.expand(F.as_tensor(src), self.shape))
+    def masked_fill_(self, mask, value): return self._rebind(F.masked_fill(self, mask, value))
+
+    # ---- methods named as torch.Tensor's ------------------------------------------------------
+    def add(self, other, alpha=1): return F.add(self, other, alpha=alpha)
+    def sub(self, other, alpha=1): return F.sub(self, other, alpha=alpha)
+    def mul(self, other): return F.mul(self, other)
+    def div(self, other): return F.div(self, other)
+    def pow(self, e): return F.pow(self, e)
+    def matmul(self, o): return F.matmul(self, o)
+    def lerp(self, end, weight): return F.lerp(self, end, weight)
+    def addcmul(self, t1, t2, value=1): return F.addcmul(self, t1, t2, value=value)
+    def addcdiv(self, t1, t2, value=1): return F.addcdiv(self, t1, t2, value=value)
+    def neg(self): return F.neg(self)
+    def exp(self): return F.exp(self)
+    def log(self): return F.log(self)
+    def tanh(self): return F.tanh(self)
+    def sqrt(self): return F.sqrt(self)
+    def rsqrt(self): return F.rsqrt(self)
+    def sin(self): return F.sin(self)
+    def cos(self): return F.cos(self)
+    def erf(self): return F.erf(self)
+    def sigmoid(self): return F.sigmoid(self)
+    def relu(self): return F.relu(self)
+    def abs(self): return F.abs(self)
+    def square(self): return F.square(self)
+    def clamp(self, min=None, max=None): return F.clamp(self, min, max)
+    clip = clamp
+    def maximum(self, o): return F.maximum(self, o)
+    def minimum(self, o): return F.minimum(self, o)
+    def softmax(self, dim): return F.softmax(self, dim)
+    def log_softmax(self, dim): return F.log_softmax(self, dim)
+    def masked_fill(self, mask, value): return F.masked_fill(self, mask, value)
+    def sum(self, dim=None, keepdim=False, dtype=None): return F.sum(self, dim, keepdim, dtype=dtype)
+    def mean(self, dim=None, keepdim=False, dtype=None): return F.mean(self, dim, keepdim, dtype=dtype)
+    def max(self, dim=None, keepdim=False): return F.max(self, dim, keepdim)
+    def min(self, dim=None, keepdim=False): return F.min(self, dim, keepdim)
+    def amax(self, dim=(), keepdim=False): return F.amax(self, dim, keepdim)
+    def argmax(self, dim=None, keepdim=False): return F.argmax(self, dim, keepdim)
+    def var(self, dim=None, unbiased=True, keepdim=False, correction=None):
+        return F.var(self, dim, unbiased=unbiased, keepdim=keepdim, correction=correction)
+    def norm(self, p="fro", dim=None, keepdim=False): return F.norm(self, p, dim, keepdim)
+    def view(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], dtypes.DType):
+            raise TraceError("view(dtype) reinterprets bits, which Mica does not do; use .to(dtype)",
+                             user_location())
+        return F.reshape(self, *shape)
+    def reshape(self, *shape): return F.reshape(self, *shape)
+    def view_as(self, other): return F.reshape(self, other.shape)
+    def reshape_as(self, other): return F.reshape(self, other.shape)
+    def flatten(self, start_dim=0, end_dim=-1): return F.flatten(self, start_dim, end_dim)
+    def unflatten(self, dim, sizes): return F.unflatten(self, dim, sizes)
+    def transpose(self, dim0, dim1): return F.transpose(self, dim0, dim1)
+    def permute(self, *dims): return F.permute(self, *dims)
+    def t(self): return F.transpose(self, 0, 1) if self.ndim == 2 else self
+    @property
+    def T(self): return F.permute(self, *reversed(range(self.ndim)))
+    @property
+    def mT(self): return F.transpose(self, -2, -1)
+    def contiguous(self, memory_format=None): return self
+    def clone(self, memory_format=None): return self
+    def detach(self): return F.detach(self)
+    def unsqueeze(self, dim): return F.unsqueeze(self, dim)
+    def squeeze(self, dim=None): return F.squeeze(self, dim)
+    def expand(self, *sizes): return F.expand(self, *sizes)
+    def expand_as(self, other): return F.expand(self, other.shape)
+    def repeat(self, *sizes): return F.repeat(self, *sizes)
+    def split(self, split_size, dim=0): return F.split(self, split_size, dim)
+    def chunk(self, chunks, dim=0): return F.chunk(self, chunks, dim)
+    def unbind(self, dim=0): return F.unbind(self, dim)
+    def to(self, *args, dtype=None, **kwargs): return F.to(self, *args, dtype=dtype, **kwargs)
+    def type(self, dtype): return F.to(self, dtype)
+    def type_as(self, other): return F.to(self, other.dtype)
+    def float(self): return F.to(self, dtypes.float32)
+    def double(self): return F.to(self, dtypes.float64)
+    def half(self): return F.to(self, dtypes.float16)
+    def bfloat16(self): return F.to(self, dtypes.bfloat16)
+    def long(self): return F.to(self, dtypes.int64)
+    def int(self): return F.to(self, dtypes.int32)
+    def bool(self): return F.to(self, dtypes.bool_)
+    def new_zeros(self, *size, dtype=None): return F.zeros(*size, dtype=dtype or self.dtype)
+    def new_ones(self, *size, dtype=None): return F.ones(*size, dtype=dtype or self.dtype)
+    def new_full(self, size, value, dtype=None): return F.full(size, value, dtype=dtype or self.dtype)
+    def tril(self, diagonal=0): return F.tril(self, diagonal)
+    def triu(self, diagonal=0): return F.triu(self, diagonal)
+
+
+from . import verbs as F  # noqa: E402  (verbs build on Tensor; Tensor's methods call them)
+
+__all__ = ["Tensor", "TraceContext", "emit", "current", "user_location", "fail", "MicaError"]

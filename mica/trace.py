@@ -1,0 +1,110 @@
+"""mica.trace: run a Python function once on symbolic Tensors and keep the graph it built."""
+import numpy as np
+
+from . import pytree
+from .dtypes import Spec
+from .errors import TraceError
+from .ir import Graph
+from .tensor import _STACK, Tensor, TraceContext, user_location
+
+
+def _is_spec_leaf(x):
+    return isinstance(x, Spec) or (hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, Tensor))
+
+
+def to_spec(x):
+    return x if isinstance(x, Spec) else Spec.of(np.asarray(x) if not hasattr(x, "shape") else x)
+
+
+class Program:
+    """A traced program: its graph, and the pytree signature of its inputs and outputs."""
+
+    def __init__(self, graph, in_tree, out_tree, name, static):
+        self.graph = graph
+        self.in_tree = in_tree      # TreeDef of the argument tuple; leaves are inputs (or statics)
+        self.out_tree = out_tree    # TreeDef of the result
+        self.name = name
+        self._static = static       # per argument leaf: None for an input, else the static value
+
+    @property
+    def ir(self):
+        """The graph as text, one node per line with the user's file:line beside it."""
+        return self.graph.text()
+
+    @property
+    def inputs(self):
+        """The arguments' structure with a Spec at each traced input (static values as given)."""
+        specs = iter(v.spec for v in self.graph.inputs)
+        leaves = [next(specs) if s is None else s for s in self._static]
+        return pytree.unflatten(self.in_tree, leaves)
+
+    @property
+    def outputs(self):
+        return pytree.unflatten(self.out_tree, [v.spec for v in self.graph.outputs])
+
+    @property
+    def input_names(self):
+        return list(self.graph.input_names)
+
+    @property
+    def uses_rng(self):
+        return self.graph.rng is not None
+
+    def flatten_args(self, args):
+        """The input leaves of a call's arguments, checked against the traced signature."""
+        leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
+        if tree != self.in_tree:
+            raise TraceError(f"{self.name}: the arguments' structure differs from the traced one "
+                             f"({tree} vs {self.in_tree})")
+        out = [x for x, s in zip(leaves, self._static) if s is None]
+        for x, v, name in zip(out, self.graph.inputs, self.graph.input_names):
+            shape = tuple(np.shape(x))
+            if shape != v.shape:
+                raise TraceError(f"{self.name}: argument {name} has shape {list(shape)} but the program "
+                                 f"was traced for {v.spec!r}")
+        return out
+
+    def __repr__(self):
+        return f"<mica.Program {self.name}: {len(self.graph.nodes)} nodes>"
+
+
+def trace(fn, *specs, name=None):
+    """Trace `fn` on symbolic inputs described by `specs` (Specs, arrays or pytrees of them).
+
+    Leaves that are neither Specs nor arrays (ints, strings, ...) are passed to `fn` unchanged as
+    static values. Returns a Program.
+    """
+    graph = Graph()
+    ctx = TraceContext(graph)
+    leaves, in_tree = pytree.flatten(tuple(specs), is_leaf=_is_spec_leaf)
+    paths = pytree.leaf_paths(tuple(specs), is_leaf=_is_spec_leaf, prefix="args")
+    loc = user_location()
+    args, static = [], []
+    for leaf, path in zip(leaves, paths):
+        if _is_spec_leaf(leaf):
+            args.append(Tensor(graph.add_input(to_spec(leaf), path, loc), ctx))
+            static.append(None)
+        else:
+            args.append(leaf)
+            static.append(leaf)
+    call_args = pytree.unflatten(in_tree, args)
+    _STACK.append(ctx)
+    try:
+        result = fn(*call_args)
+        from . import verbs as F
+
+        out_leaves, out_tree = pytree.flatten(result, is_leaf=lambda x: isinstance(x, Tensor))
+        values = []
+        for x in out_leaves:
+            if not isinstance(x, Tensor):
+                if F.is_scalar(x):
+                    x = F.as_tensor(x)
+                else:
+                    raise TraceError(f"a traced function must return Tensors (in dicts, lists, tuples); "
+                                     f"got {type(x).__name__}", loc)
+            values.append(x.value)
+    finally:
+        _STACK.pop()
+        ctx.open = False
+    graph.outputs = values
+    return Program(graph, in_tree, out_tree, name or getattr(fn, "__name__", "program"), static)

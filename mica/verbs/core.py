@@ -1,0 +1,501 @@
+"""Verbs for values and arithmetic, with PyTorch's names, defaults, promotion and broadcasting.
+
+Every verb checks its operands and emits primitives (mica.ops). Python scalars are welcome
+wherever PyTorch takes them; they become constants of the promoted type.
+"""
+import builtins
+import collections
+import math
+import numbers
+import sys
+
+import numpy as np
+
+from .. import dtypes
+from ..dtypes import DType, as_dtype, category, promote
+from ..errors import ShapeError, TraceError
+from ..ops.elementwise import broadcast_shapes
+from ..tensor import Tensor, current, emit, fail, in_trace, user_location
+
+# ---- operands -----------------------------------------------------------------------------------
+
+
+def is_scalar(x):
+    return isinstance(x, (bool, numbers.Number, np.number, np.bool_)) and not isinstance(x, complex)
+
+
+def scalar_dtype(x):
+    if isinstance(x, (bool, np.bool_)):
+        return dtypes.bool_
+    if isinstance(x, (numbers.Integral, np.integer)):
+        return dtypes.int64
+    return dtypes.float32
+
+
+def const(value, dtype):
+    """A 0-d constant of `dtype`."""
+    dtype = as_dtype(dtype)
+    if dtype.kind == "float":
+        value = float(value)
+    elif dtype.kind == "int":
+        value = int(value)
+    else:
+        value = bool(value)
+    return emit("const", [], value=value, dtype=dtype)
+
+
+def _calling_verb():
+    """'mica.<name>' of the public verb that is running (for messages)."""
+    f = sys._getframe(2)
+    while f is not None and (f.f_code.co_name.startswith("_") or f.f_code.co_name in ("as_tensor", "<lambda>")):
+        f = f.f_back
+    return f"mica.{f.f_code.co_name}" if f is not None else "mica"
+
+
+def as_tensor(x, dtype=None, verb=None):
+    """A Tensor from a Tensor, a Python scalar or a numpy array (a literal constant)."""
+    if isinstance(x, Tensor):
+        return x if dtype is None or x.dtype is as_dtype(dtype) else to(x, dtype)
+    verb = verb or _calling_verb()
+    current(verb)
+    if is_scalar(x):
+        return const(x, dtype or scalar_dtype(x))
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return tensor(x, dtype=dtype)
+    raise TraceError(f"{verb} cannot take a {type(x).__name__} ({x!r:.60}); pass a Tensor or a number",
+                     user_location())
+
+
+def canon_dim(dim, ndim, verb):
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TraceError(f"{verb}: dim must be an int, got {dim!r}", user_location())
+    n = builtins.max(ndim, 1)
+    if not -n <= dim < n:
+        fail(f"{verb}: dim {dim} is out of range for a tensor of {ndim} dims")
+    return int(dim) % n
+
+
+def result_type(*operands):
+    """PyTorch's promotion: dimensioned tensors outrank 0-d tensors, which outrank Python numbers,
+    except that a higher category (bool < int < float) always wins."""
+    dim_t = zero_t = wrapped_t = None
+
+    def merge(cur, dt):
+        return dt if cur is None else promote(cur, dt)
+
+    for x in operands:
+        if isinstance(x, Tensor):
+            if x.ndim:
+                dim_t = merge(dim_t, x.dtype)
+            else:
+                zero_t = merge(zero_t, x.dtype)
+        elif is_scalar(x):
+            wrapped_t = merge(wrapped_t, scalar_dtype(x))
+
+    def combine(higher, lower):
+        if higher is None:
+            return lower
+        if lower is None or higher.kind == "float":
+            return higher
+        if higher is dtypes.bool_ or lower.kind == "float":
+            return promote(higher, lower)
+        return higher
+
+    return combine(dim_t, combine(zero_t, wrapped_t))
+
+
+def _binary(op, a, b, compute=None, out_kinds=None):
+    verb = op
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        current(verb)
+        raise TraceError(f"{verb} needs at least one Tensor operand", user_location())
+    for x in (a, b):
+        if not isinstance(x, Tensor) and not is_scalar(x):
+            raise TraceError(f"{verb} cannot take a {type(x).__name__} ({x!r:.60}); pass a Tensor or a number",
+                             user_location())
+    dt = compute or result_type(a, b)
+    return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])
+
+
+def _floating(dt):
+    return dt if dt.kind == "float" else dtypes.DEFAULT_FLOAT
+
+
+# ---- arithmetic -----------------------------------------------------------------------------------
+
+def _scaled(input, other, alpha):
+    """alpha * other in the promoted type of (input, other), as PyTorch's add/sub(alpha=) compute it."""
+    if is_scalar(alpha) and alpha == 1:
+        return other
+    dt = result_type(input, other)
+    return mul(as_tensor(other, dt), alpha)
+
+
+def add(input, other, alpha=1):
+    return _binary("add", input, _scaled(input, other, alpha))
+
+
+def sub(input, other, alpha=1):
+    other = _scaled(input, other, alpha)
+    if result_type(input, other) is dtypes.bool_:
+        fail("sub: subtracting bool tensors is not defined; use logical_xor or cast to int")
+    return _binary("sub", input, other)
+
+
+def mul(input, other):
+    return _binary("mul", input, other)
+
+
+def div(input, other, rounding_mode=None):
+    if rounding_mode is not None:
+        raise TraceError("div: rounding_mode is not supported; use true division", user_location())
+    return _binary("div", input, other, compute=_floating(result_type(input, other)))
+
+
+true_divide = divide = div
+multiply = mul
+subtract = sub
+
+
+def pow(input, exponent):
+    if isinstance(input, Tensor) and is_scalar(exponent) and exponent == 2:
+        return mul(input, input)
+    return _binary("pow", input, exponent, compute=_floating(result_type(input, exponent)))
+
+
+def maximum(input, other):
+    return _binary("maximum", input, other)
+
+
+def minimum(input, other):
+    return _binary("minimum", input, other)
+
+
+def square(input):
+    return mul(input, input)
+
+
+def _compare(op):
+    def verb(input, other):
+        return _binary(op, input, other)
+    verb.__name__ = op
+    return verb
+
+
+lt, le, gt, ge, eq, ne = (_compare(o) for o in ("lt", "le", "gt", "ge", "eq", "ne"))
+less, less_equal, greater, greater_equal, equal, not_equal = lt, le, gt, ge, eq, ne
+
+
+def logical_and(input, other):
+    return _binary("logical_and", input, other, compute=dtypes.bool_)
+
+
+def logical_or(input, other):
+    return _binary("logical_or", input, other, compute=dtypes.bool_)
+
+
+def logical_not(input):
+    return emit("logical_not", [to(as_tensor(input), dtypes.bool_)])
+
+
+def _unary(op, floating=True):
+    def verb(input):
+        x = as_tensor(input, verb=op) if isinstance(input, Tensor) else _need_tensor(op, input)
+        if floating and x.dtype.kind != "float":
+            x = to(x, dtypes.DEFAULT_FLOAT)
+        return emit(op, [x])
+    verb.__name__ = op
+    return verb
+
+
+def _need_tensor(verb, x):
+    current(verb)
+    raise TraceError(f"{verb} takes a Tensor, got {type(x).__name__} ({x!r:.60})", user_location())
+
+
+exp, log, tanh, sqrt, rsqrt, sin, cos, erf, sigmoid = (
+    _unary(o) for o in ("exp", "log", "tanh", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid"))
+neg = _unary("neg", floating=False)
+abs = _unary("abs", floating=False)
+negative = neg
+
+
+def relu(input, inplace=False):
+    return emit("relu", [as_tensor(input)])
+
+
+def silu(input, inplace=False):
+    return input * sigmoid(input)
+
+
+def gelu(input, approximate="none"):
+    """GELU with the exact erf form (default) or the tanh approximation, as torch.nn.functional.gelu."""
+    x = input
+    if approximate == "none":
+        return x * 0.5 * (1 + erf(x * (1 / math.sqrt(2))))
+    if approximate == "tanh":
+        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * (x * x * x))
+        return 0.5 * x * (1 + tanh(inner))
+    raise TraceError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}", user_location())
+
+
+def clamp(input, min=None, max=None):
+    x = as_tensor(input)
+    if min is None and max is None:
+        fail("clamp: give at least one of min and max")
+    out = x
+    if min is not None:
+        out = where(lt(out, min), as_tensor(min, x.dtype) if is_scalar(min) else min, out)
+    if max is not None:
+        out = where(gt(out, max), as_tensor(max, x.dtype) if is_scalar(max) else max, out)
+    return out
+
+
+clip = clamp
+
+
+def lerp(input, end, weight):
+    """start + weight * (end - start), evaluated as PyTorch does for accuracy near weight = 1."""
+    diff = sub(end, input)
+    if is_scalar(weight):
+        if builtins.abs(weight) < 0.5:
+            return add(input, mul(weight, diff))
+        return sub(end, mul(diff, 1 - weight))
+    return where(lt(abs(weight), 0.5), add(input, mul(weight, diff)), sub(end, mul(diff, sub(1, weight))))
+
+
+def addcmul(input, tensor1, tensor2, value=1):
+    return add(input, mul(mul(value, tensor1), tensor2))
+
+
+def addcdiv(input, tensor1, tensor2, value=1):
+    return add(input, div(mul(value, tensor1), tensor2))
+
+
+def where(condition, input, other):
+    c = as_tensor(condition)
+    if c.dtype is not dtypes.bool_:
+        fail(f"where: the condition must be a bool tensor, got {c.dtype.name}")
+    dt = result_type(input, other)
+    return emit("where", [c, as_tensor(input, dt), as_tensor(other, dt)])
+
+
+def masked_fill(input, mask, value):
+    return where(mask, as_tensor(value, input.dtype) if is_scalar(value) else to(value, input.dtype), input)
+
+
+def detach(input):
+    return emit("detach", [as_tensor(input)])
+
+
+def to(input, *args, dtype=None, **kwargs):
+    """Cast to an element type; device names and copy/non_blocking flags are accepted and ignored."""
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype = a.dtype
+        elif isinstance(a, DType) or (a is not None and str(a).startswith("torch.")):
+            dtype = a
+        elif not isinstance(a, (str, bool)):
+            raise TraceError(f"to: cannot interpret {a!r}; pass an element type such as mica.float32",
+                             user_location())
+    if dtype is None:
+        return input
+    dtype = as_dtype(dtype)
+    x = as_tensor(input)
+    if x.dtype is dtype:
+        return x
+    return emit("cast", [x], dtype=dtype)
+
+
+# ---- reductions -------------------------------------------------------------------------------------
+
+def _axes(x, dim, verb):
+    if dim is None or dim == ():
+        return tuple(range(x.ndim))
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    axes = tuple(sorted({canon_dim(d, x.ndim, verb) for d in dims}))
+    if x.ndim == 0:
+        return ()
+    return axes
+
+
+def sum(input, dim=None, keepdim=False, dtype=None):
+    x = as_tensor(input)
+    if dtype is not None:
+        x = to(x, dtype)
+    elif x.dtype.kind != "float":
+        x = to(x, dtypes.int64)
+    axes = _axes(x, dim, "sum")
+    if not axes:
+        return x
+    return emit("sum", [x], axes=axes, keepdim=bool(keepdim))
+
+
+def mean(input, dim=None, keepdim=False, dtype=None):
+    x = as_tensor(input)
+    if dtype is not None:
+        x = to(x, dtype)
+    if x.dtype.kind != "float":
+        fail(f"mean: needs a floating tensor, got {x.dtype.name}; cast with .float() first")
+    axes = _axes(x, dim, "mean")
+    count = math.prod(x.shape[a] for a in axes)
+    return sum(x, axes, keepdim) / count if axes else x
+
+
+MaxResult = collections.namedtuple("max", ["values", "indices"])
+MinResult = collections.namedtuple("min", ["values", "indices"])
+
+
+def amax(input, dim=(), keepdim=False):
+    x = as_tensor(input)
+    axes = _axes(x, dim, "amax")
+    if not axes:
+        return x
+    return emit("max", [x], axes=axes, keepdim=bool(keepdim))
+
+
+def amin(input, dim=(), keepdim=False):
+    return neg(amax(neg(input), dim, keepdim))
+
+
+def max(input, dim=None, keepdim=False):
+    """max(x) is the largest element; max(x, dim) gives (values, indices), as in PyTorch.
+    max(x, y) with a Tensor second argument is the elementwise maximum."""
+    if isinstance(dim, Tensor):
+        return maximum(input, dim)
+    x = as_tensor(input)
+    if dim is None:
+        return amax(x)
+    d = canon_dim(dim, x.ndim, "max")
+    return MaxResult(amax(x, d, keepdim), argmax(x, d, keepdim))
+
+
+def min(input, dim=None, keepdim=False):
+    if isinstance(dim, Tensor):
+        return minimum(input, dim)
+    x = as_tensor(input)
+    if dim is None:
+        return amin(x)
+    d = canon_dim(dim, x.ndim, "min")
+    return MinResult(amin(x, d, keepdim), argmax(neg(x), d, keepdim))
+
+
+def argmax(input, dim=None, keepdim=False):
+    x = as_tensor(input)
+    if dim is None:
+        return emit("argmax", [x.reshape(-1)], axis=0, keepdim=False)
+    return emit("argmax", [x], axis=canon_dim(dim, x.ndim, "argmax"), keepdim=bool(keepdim))
+
+
+def argmin(input, dim=None, keepdim=False):
+    return argmax(neg(input), dim, keepdim)
+
+
+def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
+    x = as_tensor(input)
+    if correction is None:
+        correction = 1 if unbiased else 0
+    axes = _axes(x, dim, "var")
+    n = math.prod(x.shape[a] for a in axes)
+    d = x - mean(x, axes, keepdim=True)
+    return sum(d * d, axes, keepdim) / builtins.max(n - correction, 0)
+
+
+def norm(input, p="fro", dim=None, keepdim=False):
+    x = as_tensor(input)
+    if p in ("fro", 2, 2.0):
+        return sqrt(sum(x * x, dim, keepdim))
+    if p in (float("inf"), "inf"):
+        return amax(abs(x), dim if dim is not None else (), keepdim)
+    if p == 1:
+        return sum(abs(x), dim, keepdim)
+    return pow(sum(pow(abs(x), p), dim, keepdim), 1.0 / p)
+
+
+# ---- constants ------------------------------------------------------------------------------------
+
+def _size(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    for s in size:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
+            raise ShapeError(f"a size must be non-negative ints, got {tuple(size)!r}", user_location())
+    return tuple(int(s) for s in size)
+
+
+def full(size, fill_value, dtype=None, **_device):
+    """A constant tensor. Outside a trace it returns a numpy array (for initial values)."""
+    size = _size((size,) if isinstance(size, (int, np.integer)) else tuple(size))
+    dtype = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
+    if not in_trace():
+        return np.full(size, fill_value, dtype=dtype.np_storage)
+    return expand(const(fill_value, dtype), size)
+
+
+def zeros(*size, dtype=None, **_device):
+    return full(_size(size), 0, dtype or dtypes.DEFAULT_FLOAT)
+
+
+def ones(*size, dtype=None, **_device):
+    return full(_size(size), 1, dtype or dtypes.DEFAULT_FLOAT)
+
+
+def full_like(input, fill_value, dtype=None):
+    return full(input.shape, fill_value, dtype or input.dtype)
+
+
+def zeros_like(input, dtype=None):
+    return full(input.shape, 0, dtype or input.dtype)
+
+
+def ones_like(input, dtype=None):
+    return full(input.shape, 1, dtype or input.dtype)
+
+
+def arange(start, end=None, step=1, dtype=None, **_device):
+    """PyTorch's arange: int64 for integer bounds, float32 otherwise; values start + i*step."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        fail("arange: step must be non-zero")
+    n = builtins.max(0, math.ceil((end - start) / step))
+    floats = any(isinstance(v, float) for v in (start, end, step))
+    dtype = as_dtype(dtype) if dtype is not None else (dtypes.DEFAULT_FLOAT if floats else dtypes.int64)
+    if not in_trace():
+        return (start + np.arange(n, dtype=np.float64 if dtype.kind == "float" else np.int64) * step
+                ).astype(dtype.np_storage)
+    if dtype.kind == "float":
+        # Like PyTorch on the CPU, values are formed in double and rounded once.
+        i = emit("iota", [], n=n, dtype=dtypes.float64)
+        return to(i * float(step) + float(start), dtype)
+    i = emit("iota", [], n=n, dtype=dtypes.int64)
+    if step != 1:
+        i = i * int(step)
+    if start != 0:
+        i = i + int(start)
+    return to(i, dtype)
+
+
+def linspace(start, end, steps, dtype=None, **_device):
+    """PyTorch's linspace: the first half stepped from start, the second half back from end, in the
+    element type's own arithmetic."""
+    dtype = as_dtype(dtype) if dtype is not None else dtypes.DEFAULT_FLOAT
+    t = np.float64 if dtype is dtypes.float64 else np.float32
+    step = (t(end) - t(start)) / t(steps - 1) if steps > 1 else t(0)
+    i = np.arange(steps).astype(t)
+    vals = np.where(i < steps // 2, t(start) + step * i, t(end) - step * (t(steps - 1) - i))
+    return tensor(vals, dtype=dtype)
+
+
+def tensor(data, dtype=None, **_device):
+    """A literal constant from numpy data, stored in the program."""
+    arr = np.asarray(data)
+    dt = as_dtype(dtype) if dtype is not None else (
+        dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
+    if not in_trace():
+        return arr.astype(dt.np_storage)
+    arr = np.ascontiguousarray(arr.astype(dt.np_storage))
+    return emit("literal", [], data=arr.tobytes(), shape=tuple(arr.shape), dtype=dt)
+
+
+from .shape import expand  # noqa: E402  (shape verbs build on these)

@@ -1,0 +1,227 @@
+"""Verbs of torch.nn.functional: products, normalizations, softmax, losses, attention, dropout."""
+import math
+import numbers
+
+from .. import dtypes
+from ..errors import TraceError
+from ..ops.elementwise import broadcast_shapes
+from ..ops.philox import threshold
+from ..tensor import current, emit, fail, user_location
+from .core import add, as_tensor, gelu, relu, sigmoid, silu, tanh, to, where  # noqa: F401
+from .core import sum as _sum
+from .shape import expand, reshape, transpose, unsqueeze, squeeze
+
+
+def matmul(input, other):
+    """PyTorch's matmul: 1-d operands are promoted and squeezed, batch dims broadcast."""
+    a, b = as_tensor(input), as_tensor(other)
+    if a.ndim == 0 or b.ndim == 0:
+        fail(f"matmul: both operands need at least 1 dim, got {a.value.spec!r} and {b.value.spec!r}")
+    if a.dtype is not b.dtype:
+        fail(f"matmul: operands must have one element type, got {a.value.spec!r} and {b.value.spec!r}")
+    if a.ndim == 1 and b.ndim == 1:
+        if a.shape != b.shape:
+            fail(f"matmul: vectors {a.value.spec!r} and {b.value.spec!r} differ in length")
+        return reshape(emit("matmul", [reshape(a, (1, -1)), reshape(b, (-1, 1))]), ())
+    if a.ndim == 1:
+        return squeeze(matmul(unsqueeze(a, 0), b), -2)
+    if b.ndim == 1:
+        return squeeze(matmul(a, unsqueeze(b, -1)), -1)
+    if a.shape[-1] != b.shape[-2]:
+        fail(f"matmul: cannot multiply {a.value.spec!r} by {b.value.spec!r}: inner sizes "
+             f"{a.shape[-1]} and {b.shape[-2]} differ")
+    if b.ndim == 2 and a.ndim > 2:
+        # [..., M, K] @ [K, N]: fold the batch into rows, as PyTorch does, so it stays one product.
+        out = emit("matmul", [reshape(a, (-1, a.shape[-1])), b])
+        return reshape(out, a.shape[:-1] + (b.shape[-1],))
+    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    a = expand(a, batch + a.shape[-2:])
+    b = expand(b, batch + b.shape[-2:])
+    return emit("matmul", [a, b])
+
+
+mm = bmm = matmul
+
+
+def linear(input, weight, bias=None):
+    """y = x @ weight.T + bias, with weight [out_features, in_features]."""
+    y = matmul(input, transpose(weight, -1, -2) if as_tensor(weight).ndim == 2 else weight)
+    return y if bias is None else add(y, bias)
+
+
+def _floating_input(x, verb):
+    x = as_tensor(x, verb=verb)
+    if x.dtype.kind != "float":
+        fail(f"{verb}: needs a floating tensor, got {x.value.spec!r}; cast with .float() first")
+    return x
+
+
+def _rowwise(op, input, dim, dtype):
+    x = as_tensor(input)
+    if dtype is not None:
+        x = to(x, dtype)
+    x = _floating_input(x, op)
+    if dim is None:
+        raise TraceError(f"{op}: give the dim to normalize over (PyTorch's implicit dim is deprecated)",
+                         user_location())
+    if x.ndim == 0:
+        return emit(op, [reshape(x, (1,))]).reshape(())
+    from .core import canon_dim
+
+    d = canon_dim(dim, x.ndim, op)
+    if d == x.ndim - 1:
+        return emit(op, [x])
+    return transpose(emit(op, [transpose(x, d, -1)]), d, -1)
+
+
+def softmax(input, dim=None, dtype=None):
+    return _rowwise("softmax", input, dim, dtype)
+
+
+def log_softmax(input, dim=None, dtype=None):
+    return _rowwise("log_softmax", input, dim, dtype)
+
+
+def _normalized(x, normalized_shape, verb):
+    if isinstance(normalized_shape, numbers.Integral):
+        normalized_shape = (int(normalized_shape),)
+    normalized_shape = tuple(int(s) for s in normalized_shape)
+    k = len(normalized_shape)
+    if k == 0 or k > x.ndim or x.shape[x.ndim - k:] != normalized_shape:
+        fail(f"{verb}: normalized_shape {list(normalized_shape)} does not match the trailing dims "
+             f"of {x.value.spec!r}")
+    return k
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    x = _floating_input(input, "layer_norm")
+    k = _normalized(x, normalized_shape, "layer_norm")
+    params = [as_tensor(p) for p in (weight, bias) if p is not None]
+    y, _mean, _rstd = emit("layer_norm", [x, *params], eps=float(eps), ndims=k,
+                           has_weight=weight is not None, has_bias=bias is not None)
+    return y
+
+
+_FINFO_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """RMS norm; eps=None means the element type's machine epsilon, as in PyTorch."""
+    x = _floating_input(input, "rms_norm")
+    k = _normalized(x, normalized_shape, "rms_norm")
+    if eps is None:
+        eps = _FINFO_EPS[x.dtype.name]
+    params = [as_tensor(weight)] if weight is not None else []
+    y, _rstd = emit("rms_norm", [x, *params], eps=float(eps), ndims=k, has_weight=weight is not None)
+    return y
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    if padding_idx is not None or max_norm is not None or scale_grad_by_freq:
+        raise TraceError("embedding: padding_idx, max_norm and scale_grad_by_freq are not supported",
+                         user_location())
+    idx = as_tensor(input)
+    if idx.dtype.kind != "int":
+        fail(f"embedding: indices must be integers, got {idx.value.spec!r}")
+    return emit("embedding", [idx, as_tensor(weight)])
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0):
+    """Cross-entropy from logits and class indices: input (N, C), (C,) or (N, C, d1, ...)."""
+    x = _floating_input(input, "cross_entropy")
+    t = as_tensor(target)
+    if weight is not None or label_smoothing or size_average is not None or reduce is not None:
+        raise TraceError("cross_entropy: class weights, label_smoothing and the legacy size_average/"
+                         "reduce flags are not supported", user_location())
+    if t.dtype.kind != "int":
+        fail(f"cross_entropy: targets must be class indices (integers), got {t.value.spec!r}")
+    if reduction not in ("mean", "sum", "none"):
+        fail(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if x.ndim == 1:
+        x, t_shape = reshape(x, (1, -1)), ()
+        if t.ndim != 0:
+            fail(f"cross_entropy: logits {x.value.spec!r} need a 0-d target, got {t.value.spec!r}")
+        t = reshape(t, (1,))
+    else:
+        t_shape = (x.shape[0],) + x.shape[2:]
+        if t.shape != t_shape:
+            fail(f"cross_entropy: logits {x.value.spec!r} need targets of shape {list(t_shape)}, "
+                 f"got {t.value.spec!r}")
+        if x.ndim > 2:
+            perm = (0,) + tuple(range(2, x.ndim)) + (1,)
+            x = reshape(x.permute(*perm), (-1, x.shape[1]))
+        t = reshape(t, (-1,))
+    losses, _lse = emit("cross_entropy", [x, to(t, dtypes.int64)], ignore_index=int(ignore_index))
+    if reduction == "none":
+        return reshape(losses, t_shape)
+    total = _sum(losses)
+    if reduction == "sum":
+        return total
+    count = _sum(to(t != ignore_index, x.dtype))
+    return total / count
+
+
+def nll_loss(input, target, ignore_index=-100, reduction="mean"):
+    x = _floating_input(input, "nll_loss")
+    t = as_tensor(target)
+    picked = -_sum(x * to(unsqueeze(t, 1) == reshape(_iota(x.shape[1]), (1, -1)), x.dtype), 1)
+    valid = to(t != ignore_index, x.dtype)
+    picked = picked * valid
+    if reduction == "none":
+        return picked
+    return _sum(picked) if reduction == "sum" else _sum(picked) / _sum(valid)
+
+
+def _iota(n):
+    return emit("iota", [], n=n, dtype=dtypes.int64)
+
+
+def dropout(input, p=0.5, training=True, inplace=False):
+    """Inverted dropout with a counter-based mask: keyed by the program's seed and offset, this
+    call site's stream, and the element index (the same on every thread count and backend)."""
+    x = _floating_input(input, "dropout")
+    if not 0.0 <= p <= 1.0:
+        fail(f"dropout: probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return x * 0.0
+    ctx = current("dropout")
+    return emit("dropout", [x, ctx.rng()], p=float(p), stream=ctx.next_stream(), threshold=threshold(p))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """softmax(q @ k^T * scale [+ mask]) @ v, with PyTorch's signature and its top-left causal mask."""
+    q, k, v = (_floating_input(t, "scaled_dot_product_attention") for t in (query, key, value))
+    if enable_gqa:
+        raise TraceError("scaled_dot_product_attention: enable_gqa is not supported", user_location())
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        fail("scaled_dot_product_attention: q, k and v need at least 2 dims")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        fail(f"scaled_dot_product_attention: q {q.value.spec!r}, k {k.value.spec!r} and v {v.value.spec!r} "
+             "must be [..., L, E], [..., S, E] and [..., S, Ev]")
+    if attn_mask is not None and is_causal:
+        fail("scaled_dot_product_attention: give attn_mask or is_causal=True, not both")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    batch = broadcast_shapes("scaled_dot_product_attention", q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v = (expand(t, batch + t.shape[-2:]) for t in (q, k, v))
+    if attn_mask is not None:
+        from .core import masked_fill
+
+        scores = matmul(q, transpose(k, -2, -1)) * scale
+        mask = as_tensor(attn_mask)
+        scores = masked_fill(scores, ~mask, float("-inf")) if mask.dtype is dtypes.bool_ else scores + mask
+        probs = softmax(scores, -1)
+        return matmul(dropout(probs, dropout_p) if dropout_p else probs, v)
+    attrs = dict(causal=bool(is_causal), scale=scale, dropout_p=float(dropout_p), stream=-1,
+                 threshold=threshold(dropout_p))
+    inputs = [q, k, v]
+    if dropout_p:
+        ctx = current("scaled_dot_product_attention")
+        attrs["stream"] = ctx.next_stream()
+        inputs.append(ctx.rng())
+    out, _lse = emit("attention", inputs, **attrs)
+    return out

@@ -1,0 +1,320 @@
+"""Verbs that move data without arithmetic: views, permutations, indexing, splitting, joining."""
+import math
+
+import numpy as np
+
+from .. import dtypes
+from ..tensor import Tensor, emit, fail
+from .core import as_tensor, canon_dim, result_type, to, where
+
+
+def _shape_args(shape, verb):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            fail(f"{verb}: sizes must be ints, got {tuple(shape)!r}")
+    return tuple(int(s) for s in shape)
+
+
+def reshape(input, *shape):
+    x = as_tensor(input)
+    shape = _shape_args(shape, "view")
+    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+        fail(f"view: at most one -1 may stand in a shape, got {list(shape)}")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or x.numel() % known:
+            fail(f"view: cannot view {x.value.spec!r} as shape {list(shape)}")
+        shape = tuple(x.numel() // known if s == -1 else s for s in shape)
+    if shape == x.shape:
+        return x
+    return emit("reshape", [x], shape=shape)
+
+
+view = reshape
+
+
+def permute(input, *dims):
+    x = as_tensor(input)
+    dims = _shape_args(dims, "permute")
+    if len(dims) != x.ndim:
+        fail(f"permute: {list(dims)} names {len(dims)} dims but the tensor has {x.ndim}")
+    perm = tuple(canon_dim(d, x.ndim, "permute") for d in dims)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return emit("permute", [x], perm=perm)
+
+
+def transpose(input, dim0, dim1):
+    x = as_tensor(input)
+    if x.ndim < 2:
+        return x
+    perm = list(range(x.ndim))
+    a, b = canon_dim(dim0, x.ndim, "transpose"), canon_dim(dim1, x.ndim, "transpose")
+    perm[a], perm[b] = perm[b], perm[a]
+    return permute(x, *perm)
+
+
+swapaxes = transpose
+
+
+def expand(input, *sizes):
+    x = as_tensor(input)
+    sizes = _shape_args(sizes, "expand")
+    if len(sizes) < x.ndim:
+        fail(f"expand: {list(sizes)} has fewer dims than {x.value.spec!r}")
+    lead = len(sizes) - x.ndim
+    shape = []
+    for i, s in enumerate(sizes):
+        if s == -1:
+            if i < lead:
+                fail(f"expand: -1 cannot stand for a new leading dim in {list(sizes)}")
+            s = x.shape[i - lead]
+        shape.append(s)
+    shape = tuple(shape)
+    if shape == x.shape:
+        return x
+    src = reshape(x, (1,) * lead + x.shape) if lead else x
+    return emit("expand", [src], shape=shape)
+
+
+broadcast_to = expand
+
+
+def sum_to(g, shape):
+    """Sum a broadcast gradient back to `shape` (the adjoint of broadcasting)."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1)
+    from .core import sum as _sum
+
+    return reshape(_sum(g, axes, keepdim=True), shape) if axes else reshape(g, shape)
+
+
+def slice_(x, starts, stops, steps):
+    if tuple(starts) == (0,) * x.ndim and tuple(stops) == x.shape and tuple(steps) == (1,) * x.ndim:
+        return x
+    return emit("slice", [x], starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+
+
+def pad_into(x, shape, starts, steps):
+    return emit("pad", [x], shape=tuple(shape), starts=tuple(starts), steps=tuple(steps))
+
+
+def narrow(input, dim, start, length):
+    x = as_tensor(input)
+    d = canon_dim(dim, x.ndim, "narrow")
+    if start < 0:
+        start += x.shape[d]
+    if not 0 <= start <= start + length <= x.shape[d]:
+        fail(f"narrow: {start}+{length} does not fit dim {dim} of size {x.shape[d]}")
+    starts, stops = [0] * x.ndim, list(x.shape)
+    starts[d], stops[d] = start, start + length
+    return slice_(x, starts, stops, [1] * x.ndim)
+
+
+def unsqueeze(input, dim):
+    x = as_tensor(input)
+    d = canon_dim(dim, x.ndim + 1, "unsqueeze")
+    return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
+
+
+def squeeze(input, dim=None):
+    x = as_tensor(input)
+    if dim is None:
+        dims = {i for i, s in enumerate(x.shape) if s == 1}
+    else:
+        dims = {canon_dim(d, x.ndim, "squeeze") for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+        dims = {d for d in dims if x.shape[d] == 1}
+    return reshape(x, tuple(s for i, s in enumerate(x.shape) if i not in dims))
+
+
+def flatten(input, start_dim=0, end_dim=-1):
+    x = as_tensor(input)
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    a, b = canon_dim(start_dim, x.ndim, "flatten"), canon_dim(end_dim, x.ndim, "flatten")
+    return reshape(x, x.shape[:a] + (math.prod(x.shape[a:b + 1]),) + x.shape[b + 1:])
+
+
+def unflatten(input, dim, sizes):
+    x = as_tensor(input)
+    d = canon_dim(dim, x.ndim, "unflatten")
+    return reshape(x, x.shape[:d] + _shape_args(tuple(sizes), "unflatten") + x.shape[d + 1:]) if -1 not in sizes \
+        else reshape(x, x.shape[:d] + tuple(sizes) + x.shape[d + 1:])
+
+
+def split(tensor, split_size_or_sections, dim=0):
+    x = as_tensor(tensor)
+    d = canon_dim(dim, x.ndim, "split")
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        size = int(split_size_or_sections)
+        if size <= 0:
+            fail(f"split: split_size must be positive, got {size}")
+        sizes = [size] * (n // size) + ([n % size] if n % size else [])
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != n:
+            fail(f"split: sections {sizes} add up to {sum(sizes)}, not the {n} of dim {dim}")
+    out, start = [], 0
+    for s in sizes:
+        out.append(narrow(x, d, start, s))
+        start += s
+    return tuple(out)
+
+
+def chunk(input, chunks, dim=0):
+    x = as_tensor(input)
+    d = canon_dim(dim, x.ndim, "chunk")
+    if chunks <= 0:
+        fail(f"chunk: chunks must be positive, got {chunks}")
+    return split(x, max(1, -(-x.shape[d] // chunks)), d)
+
+
+def unbind(input, dim=0):
+    x = as_tensor(input)
+    d = canon_dim(dim, x.ndim, "unbind")
+    return tuple(squeeze(t, d) for t in split(x, 1, d))
+
+
+def cat(tensors, dim=0):
+    ts = [as_tensor(t) for t in tensors]
+    if not ts:
+        fail("cat: needs at least one tensor")
+    dt = result_type(*ts)
+    ts = [to(t, dt) for t in ts]
+    d = canon_dim(dim, ts[0].ndim, "cat")
+    ts = [t for t in ts if t.shape[d] or len(ts) == 1] or ts[:1]
+    if len(ts) == 1:
+        return ts[0]
+    return emit("concat", ts, axis=d)
+
+
+concat = concatenate = cat
+
+
+def stack(tensors, dim=0):
+    ts = [as_tensor(t) for t in tensors]
+    if not ts:
+        fail("stack: needs at least one tensor")
+    if len({t.shape for t in ts}) != 1:
+        fail("stack: tensors must have one shape, got " + ", ".join(repr(t.value.spec) for t in ts))
+    d = canon_dim(dim, ts[0].ndim + 1, "stack")
+    return cat([unsqueeze(t, d) for t in ts], d)
+
+
+def repeat(input, *sizes):
+    x = as_tensor(input)
+    sizes = _shape_args(sizes, "repeat")
+    if len(sizes) < x.ndim:
+        fail(f"repeat: {list(sizes)} has fewer dims than the tensor's {x.ndim}")
+    x = reshape(x, (1,) * (len(sizes) - x.ndim) + x.shape)
+    inter = reshape(x, tuple(v for s in x.shape for v in (1, s)))
+    big = expand(inter, tuple(v for r, s in zip(sizes, x.shape) for v in (r, s)))
+    return reshape(big, tuple(r * s for r, s in zip(sizes, x.shape)))
+
+
+def _triangle(x, diagonal, lower):
+    x = as_tensor(x)
+    if x.ndim < 2:
+        fail(f"{'tril' if lower else 'triu'}: needs at least 2 dims, got {x.value.spec!r}")
+    rows, cols = x.shape[-2:]
+    r = reshape(emit("iota", [], n=rows, dtype=dtypes.int64), (rows, 1))
+    c = reshape(emit("iota", [], n=cols, dtype=dtypes.int64), (1, cols))
+    keep = (c - r <= diagonal) if lower else (c - r >= diagonal)
+    return where(keep, x, 0)
+
+
+def tril(input, diagonal=0):
+    return _triangle(input, diagonal, True)
+
+
+def triu(input, diagonal=0):
+    return _triangle(input, diagonal, False)
+
+
+def eye(n, m=None, dtype=None, **_device):
+    """Identity matrix [n, m]; outside a trace a numpy array."""
+    from .core import in_trace
+
+    m = n if m is None else m
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.DEFAULT_FLOAT
+    if not in_trace():
+        return np.eye(n, m, dtype=dt.np_storage)
+    r = reshape(emit("iota", [], n=n, dtype=dtypes.int64), (n, 1))
+    c = reshape(emit("iota", [], n=m, dtype=dtypes.int64), (1, m))
+    return to(r == c, dt)
+
+
+def outer(input, vec2):
+    a, b = as_tensor(input), as_tensor(vec2)
+    if a.ndim != 1 or b.ndim != 1:
+        fail(f"outer: needs two 1-d tensors, got {a.value.spec!r} and {b.value.spec!r}")
+    return reshape(a, (-1, 1)) * reshape(b, (1, -1))
+
+
+ger = outer
+
+
+# ---- indexing ------------------------------------------------------------------------------------
+
+def getitem(x, index):
+    """Basic indexing (ints, slices with positive steps, None, ...) and one list of ints."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    for it in index:
+        if isinstance(it, Tensor):
+            fail("indexing with a Tensor is not supported; use mica.where, masked_fill or embedding")
+        if not (it is None or it is Ellipsis or isinstance(it, (int, np.integer, slice, list))):
+            fail(f"cannot index with {type(it).__name__} {it!r}")
+    used = sum(1 for it in index if it is not None and it is not Ellipsis)
+    if used > x.ndim:
+        fail(f"too many indices ({used}) for a tensor of {x.ndim} dims")
+    if sum(1 for it in index if it is Ellipsis) > 1:
+        fail("an index may hold at most one Ellipsis (...)")
+    if Ellipsis in index:
+        k = index.index(Ellipsis)
+        index = index[:k] + (slice(None),) * (x.ndim - used) + index[k + 1:]
+    else:
+        index = index + (slice(None),) * (x.ndim - used)
+    if sum(1 for it in index if isinstance(it, list)) > 1:
+        fail("only one list index at a time is supported")
+
+    starts, stops, steps, out_shape, pick = [], [], [], [], None
+    d = 0
+    for it in index:
+        if it is None:
+            out_shape.append(1)
+            continue
+        size = x.shape[d]
+        if isinstance(it, slice):
+            b, e, s = it.indices(size)
+            if s <= 0:
+                fail(f"slices need a positive step, got {s}")
+            e = max(e, b)
+            starts.append(b), stops.append(e), steps.append(s)
+            out_shape.append(len(range(b, e, s)))
+        elif isinstance(it, list):
+            idx = [int(i) for i in it]
+            for i in idx:
+                if not -size <= i < size:
+                    fail(f"index {i} is out of range for dim {d} of size {size}")
+            starts.append(0), stops.append(size), steps.append(1)
+            pick = (len(out_shape), [i % size for i in idx])
+            out_shape.append(size)
+        else:
+            i = int(it)
+            if not -size <= i < size:
+                fail(f"index {i} is out of range for dim {d} of size {size}")
+            i %= size
+            starts.append(i), stops.append(i + 1), steps.append(1)
+        d += 1
+    y = reshape(slice_(x, starts, stops, steps), tuple(out_shape))
+    if pick is not None:
+        axis, idx = pick
+        y = cat([narrow(y, axis, i, 1) for i in idx], axis) if idx else narrow(y, axis, 0, 0)
+    return y

@@ -1,0 +1,26 @@
+"""Shared test helpers: random inputs, torch conversions, relative errors."""
+import numpy as np
+
+import mica
+
+
+def rel_err(a, b):
+    """||a - b|| / max(||b||, tiny), over whole arrays."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    denom = max(np.linalg.norm(b.ravel()), 1e-300)
+    return float(np.linalg.norm((a - b).ravel()) / denom)
+
+
+def to_torch(x, requires_grad=False):
+    import torch
+
+    t = torch.from_numpy(np.array(x, copy=True))
+    if requires_grad and t.is_floating_point():
+        t.requires_grad_(True)
+    return t
+
+
+def spec_of(a):
+    return mica.Spec(a.shape, mica.dtypes.as_dtype(a.dtype))

@@ -1,0 +1,27 @@
+"""The `mica` command as a user runs it."""
+import subprocess
+import sys
+
+
+def _mica(*args):
+    return subprocess.run([sys.executable, "-m", "mica.cli", *args], capture_output=True, text=True)
+
+
+def test_inspect_counts_parameters_like_nanogpt():
+    r = _mica("inspect", "--n_layer=6", "--n_head=6", "--n_embd=384", "--block_size=256", "--vocab_size=65",
+              "--bias=False")
+    assert r.returncode == 0, r.stderr
+    assert "number of parameters: 10.65M" in r.stdout
+
+
+def test_inspect_prints_the_step_ir():
+    r = _mica("inspect", "--ir", "--n_layer=1", "--n_head=2", "--n_embd=8", "--block_size=4", "--vocab_size=7")
+    assert r.returncode == 0, r.stderr
+    assert " = attention_backward " in r.stdout and "gpt.py:" in r.stdout
+
+
+def test_unknown_setting_names_the_nearest_one():
+    r = _mica("inspect", "--n_layr=3")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "mica: error: unknown model setting 'n_layr'; did you mean 'n_layer'?"
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,152 @@
+"""Modules: PyTorch's parameter names and order, initializers, and the tutorial model."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mica
+import mica.nn as nn
+from helpers import rel_err, to_torch
+from mica.models.tutorial import TutorialConfig, TutorialModel, make_step, specs
+
+
+class Net(nn.Module):
+    def __init__(self, lib):
+        super().__init__()
+        self.emb = lib.Embedding(10, 6)
+        self.blocks = lib.ModuleList([lib.Sequential(lib.Linear(6, 8), lib.ReLU(), lib.Linear(8, 6, bias=False))
+                                      for _ in range(2)])
+        self.norms = lib.ModuleDict({"ln": lib.LayerNorm(6, bias=False), "rms": lib.RMSNorm(6)})
+        self.head = lib.Linear(6, 10)
+
+
+
+def _torch_net():
+    m = torch.nn.Module()
+    t = torch.nn
+    m.emb = t.Embedding(10, 6)
+    m.blocks = t.ModuleList([t.Sequential(t.Linear(6, 8), t.ReLU(), t.Linear(8, 6, bias=False)) for _ in range(2)])
+    m.norms = t.ModuleDict({"ln": t.LayerNorm(6, bias=False), "rms": t.RMSNorm(6)})
+    m.head = t.Linear(6, 10)
+    return m
+
+
+def test_names_and_order_equal_torch_state_dict():
+    net = Net(nn)
+    tnet = _torch_net()
+    params = net.init(seed=0)
+    assert list(net.state_dict(params)) == list(tnet.state_dict())
+    assert {n: p.shape for n, p in net.named_parameters()} == {n: tuple(p.shape) for n, p in tnet.named_parameters()}
+
+
+def test_layers_compute_as_torch_layers():
+    net = Net(nn)
+    params = {n: a.astype(np.float64) for n, a in net.init(seed=1).items()}
+    params = {n: a + 0.1 * np.random.default_rng(2).standard_normal(a.shape) for n, a in params.items()}
+    tnet = _torch_net().double()
+    tnet.load_state_dict({n: to_torch(a) for n, a in params.items()})
+
+    def forward(p, idx):
+        with net.bind(p):
+            x = net.emb(idx)
+            for b in net.blocks:
+                x = x + b(x)
+            return net.head(net.norms["rms"](net.norms["ln"](x)))
+
+    idx = np.random.default_rng(3).integers(0, 10, (2, 5))
+    got = mica.reference.run(mica.trace(forward, net.double().param_specs(), mica.i64[2, 5]), params, idx)
+    x = tnet.emb(to_torch(idx))
+    for b in tnet.blocks:
+        x = x + b(x)
+    want = tnet.head(tnet.norms["rms"](tnet.norms["ln"](x)))
+    assert rel_err(got, want.detach().numpy()) < 1e-12
+
+
+def test_default_initializers_follow_torch_distributions():
+    params = nn.Linear(400, 300).init(seed=0)
+    bound = 1 / math.sqrt(400)
+    w = params["weight"]
+    assert w.dtype == np.float32 and w.shape == (300, 400)
+    assert -bound <= w.min() and w.max() <= bound and abs(w.std() - bound / math.sqrt(3)) < 1e-3
+    emb = nn.Embedding(1000, 50).init(seed=0)["weight"]
+    assert abs(emb.std() - 1.0) < 0.02
+
+
+def test_overrides_and_per_parameter_streams():
+    net = Net(nn)
+    base = net.init(seed=5)
+    over = net.init(seed=5, overrides={"blocks.*.0.weight": nn.init.zeros(), "head.bias": nn.init.constant(3.0)})
+    assert np.all(over["blocks.0.0.weight"] == 0) and np.all(over["blocks.1.0.weight"] == 0)
+    assert np.all(over["head.bias"] == 3.0)
+    np.testing.assert_array_equal(over["emb.weight"], base["emb.weight"])  # others untouched
+
+
+def test_module_dtype_conversion():
+    emb = nn.Embedding(10, 4).bfloat16()
+    assert emb.param_specs()["weight"] == mica.bf16[10, 4]
+
+
+def test_parameter_attributes_outside_a_trace_are_declarations():
+    lin = nn.Linear(3, 2)
+    assert lin.weight.shape == (2, 3) and lin.bias.numel() == 2
+    with pytest.raises(mica.MicaError, match="no value given"):
+        with lin.bind({}):
+            pass
+
+
+def _torch_tutorial_loss(p, tokens, targets, cfg):
+    B, T, C = cfg.batch, cfg.seq, cfg.dim
+    x = p["e"][tokens].reshape(B * T, C)
+    mask = torch.zeros(T, T, dtype=torch.float64).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), -math.inf)
+    for i in range(cfg.n_blocks):
+        g = lambda k: p[f"blocks.{i}.{k}"]  # noqa: E731
+        a = torch.nn.functional.rms_norm(x, (C,), g("g1"))
+        q, k, v = (a @ g(w) for w in ("wq", "wk", "wv"))
+        sc = q.view(B, T, C) @ k.view(B, T, C).transpose(1, 2) * (1 / math.sqrt(C)) + mask
+        o = (torch.softmax(sc, -1) @ v.view(B, T, C)).view(B * T, C)
+        x = x + o @ g("wo")
+        h = torch.nn.functional.gelu(torch.nn.functional.rms_norm(x, (C,), g("g2")) @ g("w1"), approximate="tanh")
+        x = x + h @ g("w2")
+    logits = torch.nn.functional.rms_norm(x, (C,), p["gf"]) @ p["e"].T
+    return torch.nn.functional.cross_entropy(logits, targets.view(-1))
+
+
+def test_tutorial_model_gradients_match_torch():
+    cfg = TutorialConfig(dropout=0.0)
+    model = TutorialModel(cfg)
+    params = {n: a.astype(np.float64) for n, a in model.init(seed=0).items()}
+    rng = np.random.default_rng(1)
+    params = {n: a + 0.1 * rng.standard_normal(a.shape) for n, a in params.items()}
+    tokens, targets = rng.integers(0, 5, (2, 3)), rng.integers(0, 5, (2, 3))
+
+    def loss_and_grads(p, tok, tgt):
+        return mica.value_and_grad(lambda p: nn.functional_call(model, p, tok, tgt))(p)
+
+    prog = mica.trace(loss_and_grads, {n: mica.f64[a.shape] for n, a in params.items()}, mica.i64[2, 3], mica.i64[2, 3])
+    loss, grads = mica.reference.run(prog, params, tokens, targets)
+    tp = {n: to_torch(a, requires_grad=True) for n, a in params.items()}
+    tloss = _torch_tutorial_loss(tp, to_torch(tokens), to_torch(targets), cfg)
+    tloss.backward()
+    assert rel_err(loss, tloss.item()) < 1e-12
+    for n in params:
+        assert rel_err(grads[n], tp[n].grad.numpy()) < 1e-10, n
+    # the tied embedding collects both roads: the lookup and the head
+    assert np.count_nonzero(grads["e"]) == grads["e"].size
+
+
+def test_tutorial_training_follows_its_schedule_and_learns():
+    model = TutorialModel(TutorialConfig(steps=30))
+    step, opt = make_step(model)
+    prog = mica.trace(step, *specs(model, opt))
+    params = model.init(0)
+    state = opt.init(params)
+    rng = np.random.default_rng(0)
+    tokens, targets = rng.integers(0, 5, (2, 3)), rng.integers(0, 5, (2, 3))
+    losses, alphas = [], []
+    for i in range(30):
+        params, state, m = mica.reference.run(prog, params, state, tokens, targets, precision="float32", offset=i)
+        losses.append(float(m["loss"]))
+        alphas.append(float(m["alpha"]))
+    assert alphas[0] == 0.0625 and alphas[15] == pytest.approx(0.03125)
+    assert losses[-1] < 0.5 * losses[0]

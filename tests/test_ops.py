@@ -1,0 +1,267 @@
+"""The op table: every verb's forward and gradient against PyTorch in float64, on random inputs,
+in at least two shapes (broadcast and batched among them), plus the VJP inner-product check
+<J v, u> = <v, J^T u> with central finite differences on the oracle.
+
+Each case is written once, as a function of a namespace `m`: run with `m = mica` it traces Mica's
+verbs, with `m = torch` (and torch.nn.functional) it runs PyTorch. The same line means the same
+thing in both, which is the point.
+"""
+import zlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import mica
+from helpers import rel_err, spec_of, to_torch
+
+
+class TorchNS:
+    """torch.nn.functional first, then torch: one namespace with PyTorch's verbs."""
+
+    def __getattr__(self, name):
+        return getattr(TF, name) if hasattr(TF, name) else getattr(torch, name)
+
+
+T = TorchNS()
+
+
+class In:
+    def __init__(self, shape, kind="float", high=None):
+        self.shape, self.kind, self.high = tuple(shape), kind, high
+
+    def draw(self, rng):
+        if self.kind == "float":
+            return rng.standard_normal(self.shape)
+        if self.kind == "pos":
+            return rng.uniform(0.5, 2.0, self.shape)
+        if self.kind == "int":
+            return rng.integers(0, self.high, self.shape).astype(np.int64)
+        if self.kind == "bool":
+            return rng.random(self.shape) < 0.5
+        raise ValueError(self.kind)
+
+
+def Fl(*s): return In(s)
+def Pos(*s): return In(s, "pos")
+def Int(*s, high): return In(s, "int", high)
+def Bool(*s): return In(s, "bool")
+
+
+def case(name, fn, inputs, fwd_tol=1e-12, grad_tol=1e-10, grad=True):
+    return pytest.param(fn, inputs, fwd_tol, grad_tol, grad, id=name)
+
+
+CASES = [
+    # arithmetic, with broadcasting and Python scalars
+    case("add_same", lambda m, a, b: a + b, [Fl(3, 4), Fl(3, 4)]),
+    case("add_broadcast", lambda m, a, b: m.add(a, b, alpha=0.5), [Fl(2, 3, 4), Fl(4)]),
+    case("add_scalar", lambda m, a: 2.5 + a + 1, [Fl(5)]),
+    case("sub_broadcast", lambda m, a, b: a - b, [Fl(3, 1), Fl(1, 4)]),
+    case("rsub_scalar", lambda m, a: 1 - a, [Fl(2, 3)]),
+    case("mul_broadcast", lambda m, a, b: a * b, [Fl(2, 3, 4), Fl(3, 1)]),
+    case("mul_scalar", lambda m, a: a * 3.0, [Fl(4, 2)]),
+    case("div_broadcast", lambda m, a, b: a / b, [Fl(2, 3), Pos(3)]),
+    case("rdiv_scalar", lambda m, a: 2.0 / a, [Pos(4, 3)]),
+    case("pow_scalar_exp", lambda m, a: a ** 3, [Fl(3, 4)]),
+    case("pow_fractional", lambda m, a: a ** 1.7, [Pos(2, 5)]),
+    case("pow_tensor_tensor", lambda m, a, b: a ** b, [Pos(3, 4), Fl(4)]),
+    case("rpow_scalar_base", lambda m, a: 0.9 ** a, [Fl(6)]),
+    case("neg", lambda m, a: -a, [Fl(2, 3, 4)]),
+    case("square", lambda m, a: a.square(), [Fl(7)]),
+    case("maximum", lambda m, a, b: m.maximum(a, b), [Fl(3, 4), Fl(4)]),
+    case("minimum", lambda m, a, b: m.minimum(a, b), [Fl(2, 1, 3), Fl(2, 3)]),
+    case("clamp", lambda m, a: m.clamp(a, -0.5, 0.7), [Fl(4, 5)]),
+    case("clamp_max_only", lambda m, a: a.clamp(max=0.2), [Fl(10)]),
+    case("lerp_small_weight", lambda m, a, b: m.lerp(a, b, 0.1), [Fl(3, 4), Fl(3, 4)]),
+    case("lerp_large_weight", lambda m, a, b: a.lerp(b, 0.95), [Fl(5), Fl(2, 5)]),
+    case("addcmul", lambda m, a, b, c: m.addcmul(a, b, c, value=0.3), [Fl(3, 4), Fl(3, 4), Fl(4)]),
+    case("addcdiv", lambda m, a, b, c: m.addcdiv(a, b, c, value=-0.2), [Fl(2, 3), Fl(2, 3), Pos(2, 3)]),
+    # unary maps
+    case("exp", lambda m, a: m.exp(a), [Fl(3, 4)]),
+    case("exp_method_batched", lambda m, a: a.exp(), [Fl(2, 3, 4)]),
+    case("log", lambda m, a: m.log(a), [Pos(3, 4)]),
+    case("log_method", lambda m, a: a.log(), [Pos(2, 2, 5)]),
+    case("tanh", lambda m, a: m.tanh(a), [Fl(3, 4)]),
+    case("tanh_batched", lambda m, a: a.tanh(), [Fl(2, 3, 2)]),
+    case("sqrt", lambda m, a: m.sqrt(a), [Pos(3, 4)]),
+    case("sqrt_method", lambda m, a: a.sqrt(), [Pos(6)]),
+    case("rsqrt", lambda m, a: m.rsqrt(a), [Pos(3, 4)]),
+    case("rsqrt_method", lambda m, a: a.rsqrt() * 2, [Pos(2, 3, 1)]),
+    case("sin", lambda m, a: m.sin(a), [Fl(3, 4)]),
+    case("sin_method", lambda m, a: a.sin(), [Fl(8)]),
+    case("cos", lambda m, a: m.cos(a), [Fl(3, 4)]),
+    case("cos_method", lambda m, a: a.cos(), [Fl(2, 4, 2)]),
+    case("erf", lambda m, a: m.erf(a), [Fl(3, 4)]),
+    case("erf_batched", lambda m, a: a.erf(), [Fl(2, 3, 3)]),
+    case("sigmoid", lambda m, a: m.sigmoid(a * 4), [Fl(3, 4)]),
+    case("sigmoid_method", lambda m, a: a.sigmoid(), [Fl(5, 2)]),
+    case("relu", lambda m, a: m.relu(a), [Fl(3, 4)]),
+    case("relu_method", lambda m, a: a.relu(), [Fl(2, 3, 4)]),
+    case("relu_square", lambda m, a: a.relu().square(), [Fl(4, 6)]),
+    case("abs", lambda m, a: a.abs(), [Fl(3, 5)]),
+    case("gelu_exact", lambda m, a: m.gelu(a), [Fl(3, 4)]),
+    case("gelu_exact_batched", lambda m, a: m.gelu(a, approximate="none"), [Fl(2, 3, 5)]),
+    case("gelu_tanh", lambda m, a: m.gelu(a, approximate="tanh"), [Fl(3, 4)]),
+    case("gelu_tanh_batched", lambda m, a: m.gelu(a * 3, approximate="tanh"), [Fl(2, 2, 6)]),
+    case("silu", lambda m, a: m.silu(a), [Fl(4, 4)]),
+    # products
+    case("matmul_2d", lambda m, a, b: a @ b, [Fl(3, 4), Fl(4, 5)]),
+    case("matmul_batched_weight", lambda m, a, b: m.matmul(a, b), [Fl(2, 3, 4), Fl(4, 5)]),
+    case("matmul_batched_broadcast", lambda m, a, b: a @ b, [Fl(2, 1, 3, 4), Fl(3, 4, 2)]),
+    case("matmul_vector_right", lambda m, a, b: a @ b, [Fl(3, 4), Fl(4)]),
+    case("matmul_vector_left", lambda m, a, b: a @ b, [Fl(4), Fl(2, 4, 3)]),
+    case("matmul_dot", lambda m, a, b: a @ b, [Fl(5), Fl(5)]),
+    case("linear_bias", lambda m, x, w, b: m.linear(x, w, b), [Fl(2, 3, 4), Fl(5, 4), Fl(5)]),
+    case("linear_nobias", lambda m, x, w: m.linear(x, w), [Fl(6, 4), Fl(3, 4)]),
+    case("outer", lambda m, a, b: m.outer(a, b), [Fl(3), Fl(4)]),
+    # reductions
+    case("sum_all", lambda m, a: a.sum(), [Fl(3, 4)]),
+    case("sum_dim_keepdim", lambda m, a: a.sum(1, keepdim=True), [Fl(2, 3, 4)]),
+    case("sum_dims", lambda m, a: m.sum(a, dim=(0, 2)), [Fl(2, 3, 4)]),
+    case("mean_all", lambda m, a: a.mean(), [Fl(3, 4)]),
+    case("mean_dim", lambda m, a: a.mean(-1, keepdim=True), [Fl(2, 3, 4)]),
+    case("max_all", lambda m, a: a.max(), [Fl(3, 4)]),
+    case("max_dim_values", lambda m, a: a.max(1).values, [Fl(2, 5, 3)]),
+    case("max_dim_keepdim", lambda m, a: a.max(dim=-1, keepdim=True)[0] * 2, [Fl(4, 6)]),
+    case("max_dim_indices", lambda m, a: a.max(1).indices, [Fl(3, 7)], grad=False),
+    case("amax_dims", lambda m, a: m.amax(a, dim=(0, 2)), [Fl(3, 2, 4)]),
+    case("min_dim", lambda m, a: a.min(0).values, [Fl(4, 3)]),
+    case("argmax", lambda m, a: a.argmax(-1), [Fl(3, 5)], grad=False),
+    case("var", lambda m, a: a.var(-1, keepdim=True), [Fl(3, 6)]),
+    case("norm_fro", lambda m, a: a.norm(), [Fl(3, 4)]),
+    case("norm_dims_keepdim", lambda m, a: a.norm(dim=(-2, -1), keepdim=True), [Fl(2, 3, 4)]),
+    # shape
+    case("view", lambda m, a: a.view(4, 3) * m.arange(3, dtype=m.float64), [Fl(2, 6)]),
+    case("view_infer", lambda m, a: a.view(-1, 2)[:, :1], [Fl(2, 3, 4)]),
+    case("reshape", lambda m, a: a.reshape(3, -1).exp(), [Fl(6, 2)]),
+    case("transpose", lambda m, a: a.transpose(0, 2) * m.arange(4, dtype=m.float64).view(1, 1, 4), [Fl(4, 3, 2)]),
+    case("T", lambda m, a: a.T @ a, [Fl(3, 4)]),
+    case("mT", lambda m, a: a.mT.exp() * m.arange(3, dtype=m.float64), [Fl(2, 3, 3)]),
+    case("permute_contiguous", lambda m, a: a.permute(2, 0, 1).contiguous().view(4, 6).tanh(), [Fl(2, 3, 4)]),
+    case("split_size", lambda m, a: (lambda p: p[0] * 2 + p[1] * p[2][:, :1])(a.split(2, dim=1)), [Fl(3, 5)]),
+    case("split_sections", lambda m, a: (lambda p: p[0].sum(-1) + p[1].exp().sum(-1))(a.split([1, 3], dim=-1)),
+         [Fl(2, 3, 4)]),
+    case("chunk", lambda m, a: (lambda p: p[0] * p[1].sin())(a.chunk(2, dim=-1)), [Fl(3, 6)]),
+    case("chunk_dim0", lambda m, a: (lambda p: p[0] - 3 * p[1])(a.chunk(2, 0)), [Fl(4, 3)]),
+    case("slice_basic", lambda m, a: a[:, :3] * 2, [Fl(4, 5)]),
+    case("slice_step_batched", lambda m, a: a[1:, ::2, 1] + a[:-1, 1::2, 0], [Fl(3, 4, 2)]),
+    case("index_none", lambda m, a, b: a[None] * b[:, None], [Fl(3, 4), Fl(3, 4)]),
+    case("index_ellipsis", lambda m, a: a[..., -1] + a[0, ...].sum(), [Fl(2, 3, 4)]),
+    case("index_list", lambda m, a: a[:, [-1], :].exp(), [Fl(2, 3, 4)]),
+    case("unsqueeze_squeeze", lambda m, a: a.unsqueeze(1).squeeze(1) * a.unsqueeze(-1).squeeze(), [Fl(3, 4)]),
+    case("flatten", lambda m, a: a.flatten(1) @ m.ones(12, 2, dtype=m.float64), [Fl(2, 3, 4)]),
+    case("expand", lambda m, a: a.expand(2, 3, 4) * m.arange(4, dtype=m.float64), [Fl(3, 1)]),
+    case("repeat", lambda m, a: a.repeat(2, 3).sin(), [Fl(2, 3)]),
+    case("cat", lambda m, a, b: m.cat([a, b.exp()], dim=1), [Fl(2, 3), Fl(2, 4)]),
+    case("cat_batched", lambda m, a, b: m.cat((a, b), -1), [Fl(2, 2, 3), Fl(2, 2, 1)]),
+    case("stack", lambda m, a, b: m.stack([a, b * 2], dim=0), [Fl(3, 4), Fl(3, 4)]),
+    case("stack_last", lambda m, a, b: m.stack([a, b], -1).sum(0), [Fl(2, 3), Fl(2, 3)]),
+    case("tril", lambda m, a: m.tril(a), [Fl(4, 4)]),
+    case("triu_batched", lambda m, a: m.triu(a, 1), [Fl(2, 3, 5)]),
+    # selection
+    case("where", lambda m, c, a, b: m.where(c, a, b), [Bool(3, 4), Fl(3, 4), Fl(4)]),
+    case("where_scalar", lambda m, c, a: m.where(c, a, 0.0), [Bool(2, 3), Fl(2, 3)]),
+    case("where_compare", lambda m, a, b: m.where(a > b, a, b * 2), [Fl(3, 4), Fl(3, 4)]),
+    case("masked_fill", lambda m, a, c: a.masked_fill(c, -1.5), [Fl(3, 4), Bool(4)]),
+    case("masked_fill_fn", lambda m, a, c: m.masked_fill(a, c, 0.0), [Fl(2, 3, 4), Bool(2, 3, 4)]),
+    case("compare_ops", lambda m, a, b: ((a < b) | (a >= 0.5)).float() + (a != b).double(), [Fl(3, 4), Fl(4)],
+         grad=False),
+    # casts, constants, ranges
+    case("float_double", lambda m, a: a.float().double() * 2, [Fl(3, 4)], fwd_tol=1e-6, grad_tol=1e-6),
+    case("to_type_as", lambda m, a, b: a.to(m.float32).type_as(b) + b, [Fl(3), Fl(3)], fwd_tol=1e-6, grad_tol=1e-6),
+    case("bfloat16_roundtrip", lambda m, a: a.bfloat16().to(m.float64) * 3, [Fl(4, 2)], fwd_tol=1e-2, grad_tol=1e-2),
+    case("zeros_ones_full", lambda m, a: a + m.ones(3, 4, dtype=m.float64) - m.zeros(4, dtype=m.float64)
+         + m.full((3, 4), 2.5, dtype=m.float64), [Fl(3, 4)]),
+    case("arange_float", lambda m, a: a * m.arange(0.5, 3.0, 0.5, dtype=m.float64), [Fl(2, 5)]),
+    case("arange_long", lambda m, a: a + m.arange(4).double(), [Fl(3, 4)]),
+    # row-wise verbs of torch.nn.functional
+    case("softmax_last", lambda m, a: m.softmax(a, -1), [Fl(3, 5)]),
+    case("softmax_dim1_batched", lambda m, a: m.softmax(a * 3, dim=1), [Fl(2, 4, 3)]),
+    case("log_softmax", lambda m, a: m.log_softmax(a, -1), [Fl(4, 6)]),
+    case("log_softmax_dim0", lambda m, a: a.log_softmax(0), [Fl(5, 3)]),
+    case("layer_norm_affine", lambda m, x, w, b: m.layer_norm(x, (6,), w, b), [Fl(2, 3, 6), Fl(6), Fl(6)]),
+    case("layer_norm_plain", lambda m, x: m.layer_norm(x, [6], eps=1e-3), [Fl(4, 6)]),
+    case("layer_norm_weight_only", lambda m, x, w: m.layer_norm(x, (5,), w), [Fl(3, 5), Fl(5)]),
+    case("layer_norm_2d_shape", lambda m, x, w, b: m.layer_norm(x, (3, 4), w, b), [Fl(2, 3, 4), Fl(3, 4), Fl(3, 4)]),
+    case("rms_norm_weight", lambda m, x, w: m.rms_norm(x, (6,), w), [Fl(2, 3, 6), Fl(6)]),
+    case("rms_norm_plain_eps_none", lambda m, x: m.rms_norm(x, (x.size(-1),)), [Fl(5, 4)]),
+    case("rms_norm_eps", lambda m, x, w: m.rms_norm(x, [3, 4], w, eps=1e-2), [Fl(2, 3, 4), Fl(3, 4)]),
+    case("embedding", lambda m, i, w: m.embedding(i, w), [Int(2, 5, high=7), Fl(7, 3)]),
+    case("embedding_repeat_idx", lambda m, i, w: m.embedding(i, w).sum(0), [Int(12, high=3), Fl(3, 4)]),
+    case("cross_entropy_mean", lambda m, x, t: m.cross_entropy(x, t), [Fl(6, 5), Int(6, high=5)]),
+    case("cross_entropy_sum", lambda m, x, t: m.cross_entropy(x * 2, t, reduction="sum"), [Fl(4, 7), Int(4, high=7)]),
+    case("cross_entropy_none_3d", lambda m, x, t: m.cross_entropy(x, t, reduction="none"),
+         [Fl(2, 4, 3), Int(2, 3, high=4)]),
+    case("cross_entropy_ignore", lambda m, x, t: m.cross_entropy(x, t - 1, ignore_index=-1), [Fl(8, 4), Int(8, high=5)]),
+    case("cross_entropy_1d", lambda m, x, t: m.cross_entropy(x, t[0]), [Fl(5), Int(1, high=5)]),
+    case("sdpa", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v), [Fl(2, 4, 3), Fl(2, 5, 3), Fl(2, 5, 2)]),
+    case("sdpa_causal_heads", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, is_causal=True),
+         [Fl(2, 3, 5, 4), Fl(2, 3, 5, 4), Fl(2, 3, 5, 4)]),
+    case("sdpa_causal_scale_rect", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.12),
+         [Fl(1, 2, 4, 8), Fl(1, 2, 6, 8), Fl(1, 2, 6, 3)]),
+    case("sdpa_broadcast_batch", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v),
+         [Fl(2, 3, 4, 2), Fl(1, 3, 5, 2), Fl(3, 5, 2)]),
+    case("sdpa_bool_mask", lambda m, q, k, v, c: m.scaled_dot_product_attention(q, k, v, attn_mask=c | m.eye(4, 5, dtype=m.bool)),
+         [Fl(2, 4, 3), Fl(2, 5, 3), Fl(2, 5, 3), Bool(4, 5)]),
+    case("sdpa_float_mask", lambda m, q, k, v, b: m.scaled_dot_product_attention(q, k, v, attn_mask=b),
+         [Fl(3, 4), Fl(5, 4), Fl(5, 2), Fl(3, 5)]),
+]
+
+
+def _run_torch(fn, arrays, cot_seed):
+    targs = [to_torch(a, requires_grad=True) for a in arrays]
+    out = fn(T, *targs)
+    return targs, out
+
+
+@pytest.mark.parametrize("fn,inputs,fwd_tol,grad_tol,grad", CASES)
+def test_op(request, fn, inputs, fwd_tol, grad_tol, grad):
+    rng = np.random.default_rng(zlib.crc32(request.node.callspec.id.encode()))
+    arrays = [i.draw(rng) for i in inputs]
+    specs = [spec_of(a) for a in arrays]
+    targs, tout = _run_torch(fn, arrays, 0)
+    expected = tout.detach().numpy()
+    floats = [k for k, a in enumerate(arrays) if a.dtype.kind == "f"]
+    differentiable = grad and floats and tout.is_floating_point()
+
+    # forward, on the float64 oracle
+    forward = mica.trace(lambda *xs: fn(mica, *xs), *specs)
+    got = mica.reference.run(forward, *arrays)
+    assert got.shape == expected.shape
+    if expected.dtype.kind == "f":
+        assert rel_err(got, expected) <= fwd_tol
+    else:
+        np.testing.assert_array_equal(got, expected)
+    if not differentiable:
+        return
+
+    # gradient, against torch.autograd with the same cotangent u
+    u = np.asarray(rng.standard_normal(expected.shape))
+    tgrads = torch.autograd.grad(tout, [targs[k] for k in floats], to_torch(u), allow_unused=True)
+
+    def with_grads(*xs):
+        *args, cot = xs
+        out = fn(mica, *args)
+        return out, mica.grad(out, [args[k] for k in floats], grad_output=cot)
+
+    program = mica.trace(with_grads, *specs, spec_of(u))
+    _, grads = mica.reference.run(program, *arrays, u)
+    for k, g, tg in zip(floats, grads, tgrads):
+        want = np.zeros_like(arrays[k]) if tg is None else tg.numpy()
+        assert rel_err(g, want) <= grad_tol, f"gradient of input {k}"
+
+    # VJP inner product: <J v, u> (central differences on the oracle) = <v, J^T u> (mica.grad)
+    vs = {k: rng.standard_normal(arrays[k].shape) for k in floats}
+    h = 1e-6
+
+    def shifted(s):
+        args = [a + s * vs[k] if k in vs else a for k, a in enumerate(arrays)]
+        return mica.reference.run(forward, *args)
+
+    jv = (shifted(h) - shifted(-h)) / (2 * h)
+    lhs = float(np.sum(jv * u))
+    rhs = float(sum(np.sum(g * vs[k]) for k, g in zip(floats, grads)))
+    scale = max(abs(lhs), abs(rhs), float(np.linalg.norm(jv.ravel()) * np.linalg.norm(u.ravel())) * 1e-3, 1e-12)
+    assert abs(lhs - rhs) <= 1e-6 * scale, (lhs, rhs)

@@ -1,0 +1,222 @@
+"""Optimizers, clipping and schedules against PyTorch's, step for step, in float64."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mica
+from helpers import rel_err, to_torch
+from mica.bench.torch_gpt import TorchGPT
+from mica.models.gpt import GPT, GPTConfig, loss_fn
+from mica.optim import QUINTIC_COEFFICIENTS, SEED_COEFFICIENTS
+
+
+def _tree_specs(tree):
+    return mica.pytree.tree_map(lambda a: mica.Spec(np.shape(a), mica.dtypes.as_dtype(np.asarray(a).dtype)), tree)
+
+
+def test_five_adamw_steps_of_nanogpt_match_torch():
+    """nanoGPT's loop: warmup+cosine lr, AdamW over its two groups, clipping at 1.0."""
+    cfg = GPTConfig(block_size=8, vocab_size=13, n_layer=2, n_head=2, n_embd=16, bias=True)
+    model = GPT(cfg)
+    params = {n: a.astype(np.float64) for n, a in model.init(seed=1).items()}
+    groups = mica.optim.nanogpt_param_groups(params, weight_decay=0.1)
+    opt = mica.optim.adamw(lr=6e-4, betas=(0.9, 0.95), param_groups=groups)
+    state = opt.init(params)
+    sched = dict(learning_rate=1e-2, warmup_iters=2, lr_decay_iters=4, min_lr=1e-3)
+
+    def step(params, state, idx, targets):
+        loss, grads = mica.value_and_grad(loss_fn(model))(params, idx, targets)
+        norm = mica.optim.clip_grad_norm(grads, 1.0)
+        lr = mica.optim.cosine_with_warmup(state["step"], **sched)
+        params, state = opt.update(params, grads, state, lr=lr)
+        return params, state, loss, norm
+
+    B, T = 2, 8
+    prog = mica.trace(step, _tree_specs(params), _tree_specs(state), mica.i64[B, T], mica.i64[B, T])
+
+    tmodel = TorchGPT(cfg).double().load_arrays(params)
+    topt = tmodel.nanogpt_optimizer(0.1, 6e-4, (0.9, 0.95))
+    rng = np.random.default_rng(0)
+    for it in range(5):
+        idx, targets = rng.integers(0, 13, (B, T)), rng.integers(0, 13, (B, T))
+        params, state, loss, norm = mica.reference.run(prog, params, state, idx, targets)
+        for g in topt.param_groups:
+            g["lr"] = mica.optim.cosine_with_warmup(it, **sched)
+        _, tloss = tmodel(to_torch(idx), to_torch(targets))
+        tloss.backward()
+        tnorm = torch.nn.utils.clip_grad_norm_(tmodel.parameters(), 1.0)
+        topt.step()
+        topt.zero_grad(set_to_none=True)
+        assert rel_err(loss, tloss.item()) < 1e-10
+        assert rel_err(norm, tnorm.item()) < 1e-10
+    assert int(state["step"]) == 5
+    for name, p in tmodel.named_parameters():
+        assert rel_err(params[name], p.detach().numpy()) < 1e-10, name
+        assert rel_err(state["exp_avg_sq"][name], topt.state[p]["exp_avg_sq"].numpy()) < 1e-10, name
+
+
+def _torch_newton_schulz(G, coefficients):
+    """The speedrun seed's orthogonalization, in the input's own precision (float64 here)."""
+    X = G
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for a, b, c in coefficients:
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def _torch_muon_step(params, grads, moms, lr, wd, mu, coefficients):
+    with torch.no_grad():
+        for p, g, m in zip(params, grads, moms):
+            g = g.clone()
+            m.lerp_(g, 1 - mu)
+            update = g.lerp_(m, mu)
+            update = _torch_newton_schulz(update, coefficients)
+            update *= max(1, g.size(-2) / g.size(-1)) ** 0.5
+            p.mul_(1 - lr * wd)
+            p.add_(update, alpha=-lr)
+
+
+@pytest.mark.parametrize("coefficients", [SEED_COEFFICIENTS, QUINTIC_COEFFICIENTS], ids=["seed_x12", "quintic_x5"])
+def test_five_muon_steps_match_torch(coefficients):
+    rng = np.random.default_rng(2)
+    shapes = {"wide": (4, 7), "tall": (9, 5), "square": (6, 6)}
+    params = {n: rng.standard_normal(s) * 0.3 for n, s in shapes.items()}
+    opt = mica.optim.muon(lr=0.025, weight_decay=0.0125, ns_coefficients=coefficients)
+    state = opt.init(params)
+
+    def loss_of(p, x):
+        h = mica.tanh(x @ p["wide"])           # [3, 7]
+        h = h @ p["wide"].T @ p["square"][:4, :4].T
+        return (h.square().sum() + (p["tall"] @ p["square"][:5, :5]).sin().sum())
+
+    def step(p, s, x, lr_scale):
+        loss, g = mica.value_and_grad(loss_of)(p, x)
+        p, s = opt.update(p, g, s, lr_scale=lr_scale)
+        return p, s, loss
+
+    prog = mica.trace(step, _tree_specs(params), _tree_specs(state), mica.f64[3, 4], mica.f64[()])
+    tparams = {n: to_torch(a, requires_grad=True) for n, a in params.items()}
+    tmoms = {n: torch.zeros_like(t) for n, t in tparams.items()}
+    for it in range(5):
+        x = rng.standard_normal((3, 4))
+        scale = mica.optim.stable_then_decay(it, 5, cooldown_frac=0.6)
+        params, state, loss = mica.reference.run(prog, params, state, x, np.float64(scale))
+        tx = to_torch(x)
+        h = torch.tanh(tx @ tparams["wide"]) @ tparams["wide"].T @ tparams["square"][:4, :4].T
+        tloss = h.square().sum() + (tparams["tall"] @ tparams["square"][:5, :5]).sin().sum()
+        names = list(tparams)
+        tgrads = torch.autograd.grad(tloss, [tparams[n] for n in names])
+        assert rel_err(loss, tloss.item()) < 1e-10
+        _torch_muon_step([tparams[n] for n in names], tgrads, [tmoms[n] for n in names],
+                         0.025 * scale, 0.0125, 0.95, coefficients)
+    for n in params:
+        assert rel_err(params[n], tparams[n].detach().numpy()) < 1e-10, n
+        assert rel_err(state["momentum"][n], tmoms[n].numpy()) < 1e-10, n
+
+
+def test_newton_schulz_orthogonalizes():
+    """Run in bf16 as the seed does (the float32 oracle rounds every bf16 value): singular values
+    of the result land near 1 for the quintic coefficients."""
+    rng = np.random.default_rng(0)
+    G = rng.standard_normal((16, 32)).astype(np.float32)
+    prog = mica.trace(lambda g: mica.optim.zeropower_via_newtonschulz(g, QUINTIC_COEFFICIENTS).float(),
+                      mica.f32[16, 32])
+    X = mica.reference.run(prog, G, precision="float32")
+    s = np.linalg.svd(X.astype(np.float64), compute_uv=False)
+    assert 0.5 < s.min() and s.max() < 1.3
+
+
+@pytest.mark.parametrize("nesterov,dampening", [(True, 0.0), (False, 0.1)])
+def test_sgd_momentum_matches_torch(nesterov, dampening):
+    rng = np.random.default_rng(3)
+    params = {"w": rng.standard_normal((5, 3)), "b": rng.standard_normal(3)}
+    opt = mica.optim.sgd(lr=0.1, momentum=0.9, dampening=dampening, weight_decay=0.01, nesterov=nesterov)
+    state = opt.init(params)
+
+    def step(p, s, x):
+        loss, g = mica.value_and_grad(lambda p, x: ((x @ p["w"] + p["b"]).tanh() ** 2).mean())(p, x)
+        return (*opt.update(p, g, s), loss)
+
+    prog = mica.trace(step, _tree_specs(params), _tree_specs(state), mica.f64[4, 5])
+    tp = {n: to_torch(a, requires_grad=True) for n, a in params.items()}
+    topt = torch.optim.SGD([tp["w"], tp["b"]], lr=0.1, momentum=0.9, dampening=dampening, weight_decay=0.01,
+                           nesterov=nesterov)
+    for _ in range(4):
+        x = rng.standard_normal((4, 5))
+        params, state, loss = mica.reference.run(prog, params, state, x)
+        tloss = ((to_torch(x) @ tp["w"] + tp["b"]).tanh() ** 2).mean()
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert rel_err(loss, tloss.item()) < 1e-12
+    for n in params:
+        assert rel_err(params[n], tp[n].detach().numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_grad_norm_matches_torch(max_norm):
+    rng = np.random.default_rng(4)
+    grads = {"a": rng.standard_normal((3, 4)), "b": rng.standard_normal(5)}
+
+    def clip(g):
+        norm = mica.optim.clip_grad_norm(g, max_norm)
+        return g, norm
+
+    out, norm = mica.reference.run(mica.trace(clip, _tree_specs(grads)), grads)
+    tg = [to_torch(grads["a"]), to_torch(grads["b"])]
+    tparams = [torch.zeros_like(t, requires_grad=True) for t in tg]
+    for p, g in zip(tparams, tg):
+        p.grad = g.clone()
+    tnorm = torch.nn.utils.clip_grad_norm_(tparams, max_norm)
+    assert rel_err(norm, tnorm.item()) < 1e-14
+    assert rel_err(out["a"], tparams[0].grad.numpy()) < 1e-14
+    assert rel_err(out["b"], tparams[1].grad.numpy()) < 1e-14
+
+
+def test_schedules_traced_equal_python():
+    cfg = dict(learning_rate=1e-3, warmup_iters=10, lr_decay_iters=50, min_lr=1e-4)
+    prog = mica.trace(lambda it: (mica.optim.cosine_with_warmup(it, **cfg), mica.optim.stable_then_decay(it, 60)),
+                      mica.i64[()])
+    for it in [0, 1, 9, 10, 11, 30, 49, 50, 51, 59]:
+        lr, eta = mica.reference.run(prog, np.int64(it))
+        assert lr == pytest.approx(mica.optim.cosine_with_warmup(it, **cfg), rel=1e-15)
+        assert eta == pytest.approx(mica.optim.stable_then_decay(it, 60), rel=1e-15)
+    # nanoGPT's numbers: lr at the end of warmup and at the middle of the decay
+    assert mica.optim.cosine_with_warmup(9, **cfg) == pytest.approx(1e-3 * 10 / 11)
+    assert mica.optim.cosine_with_warmup(30, **cfg) == pytest.approx(1e-4 + 0.5 * (1 + math.cos(math.pi / 2)) * 9e-4)
+
+
+def test_gradient_accumulation_is_addition():
+    """Two micro-batches' gradients added equal the gradient of the summed loss."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 3))
+
+    def loss(w, x):
+        return (x @ w).tanh().sum()
+
+    def accumulated(w, x1, x2):
+        g1 = mica.grad(loss(w, x1), w)
+        g2 = mica.grad(loss(w, x2), w)
+        return g1 + g2, mica.grad(loss(w, x1) + loss(w, x2), w)
+
+    prog = mica.trace(accumulated, mica.f64[4, 3], mica.f64[2, 4], mica.f64[2, 4])
+    a, b = mica.reference.run(prog, w, rng.standard_normal((2, 4)), rng.standard_normal((2, 4)))
+    assert rel_err(a, b) < 1e-14
+
+
+def test_optimizer_groups_are_checked():
+    params = {"a": np.zeros((2, 2)), "b": np.zeros(2)}
+    with pytest.raises(mica.MicaError, match="groups 0 and 1"):
+        mica.optim.adamw(param_groups=[{"params": ["a"]}, {"params": ["a", "b"]}]).init(params)
+    with pytest.raises(mica.MicaError, match="unknown parameter 'c'"):
+        mica.optim.adamw(param_groups=[{"params": ["c"]}]).init(params)
+    with pytest.raises(mica.MicaError, match="matrices only"):
+        mica.optim.muon().init(params)

@@ -1,0 +1,165 @@
+"""Tracing: signatures, pytrees, the IR text, and the errors a user meets."""
+import os
+
+import numpy as np
+import pytest
+
+import mica
+from helpers import rel_err
+
+
+def _line_of(marker):
+    """Line number in this file of the line containing `marker`."""
+    with open(__file__) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "_line_of(" not in line:
+                return i
+    raise AssertionError(marker)
+
+
+def test_specs_of_every_dtype():
+    specs = [mica.f32[4, 8], mica.bf16[2], mica.f16[3, 1], mica.i32[5], mica.i64[2, 3], mica.f64[()]]
+    prog = mica.trace(lambda *xs: [x for x in xs], *specs)
+    assert prog.inputs == tuple(specs)
+    assert prog.outputs == list(specs)
+    assert repr(mica.f32[4, 8]) == "f32[4, 8]" and mica.i64[2, 3].dtype is mica.int64
+
+
+def test_pytree_arguments_and_results():
+    def fn(batch, params):
+        h = batch["x"] @ params[0]["w"] + params[1]
+        return {"out": h, "parts": (h.sum(), [batch["n"] * 2])}
+
+    specs = ({"x": mica.f32[2, 3], "n": mica.i32[4]}, [{"w": mica.f32[3, 5]}, mica.f32[5]])
+    prog = mica.trace(fn, *specs)
+    assert prog.inputs == specs
+    assert prog.outputs == {"out": mica.f32[2, 5], "parts": (mica.f32[()], [mica.i32[4]])}
+    assert prog.input_names == ["args[0]['x']", "args[0]['n']", "args[1][0]['w']", "args[1][1]"]
+    rng = np.random.default_rng(0)
+    x, w, b, n = rng.standard_normal((2, 3)), rng.standard_normal((3, 5)), rng.standard_normal(5), np.arange(4)
+    out = mica.reference.run(prog, {"x": x, "n": n}, [{"w": w}, b])
+    assert rel_err(out["out"], x @ w + b) < 1e-14
+    assert out["parts"][1][0].dtype == np.int32 and list(out["parts"][1][0]) == [0, 2, 4, 6]
+
+
+def test_static_arguments_pass_through():
+    prog = mica.trace(lambda x, k, name: x * k, mica.f32[3], 4, "scale")
+    assert prog.inputs == (mica.f32[3], 4, "scale")
+    assert list(mica.reference.run(prog, np.ones(3, np.float32), 4, "scale")) == [4, 4, 4]
+
+
+def test_ir_prints_one_node_per_line_with_the_users_line():
+    def fn(x, w):
+        h = x @ w  # the product
+        return mica.gelu(h)
+
+    prog = mica.trace(fn, mica.f32[768, 128], mica.f32[128, 384])
+    lines = prog.ir.splitlines()
+    product = next(l for l in lines if " = matmul " in l)
+    assert product.startswith("%2:f32[768, 384] = matmul %0, %1")
+    assert product.rstrip().endswith(f"# test_trace.py:{_line_of('# the product')}")
+    assert any(" = erf " in l for l in lines)
+    assert lines[-1].startswith("return %")
+
+
+def test_common_subexpressions_are_built_once():
+    def fn(x):
+        return x.exp() + x.exp(), (x * 2) * (x * 2)
+
+    prog = mica.trace(fn, mica.f32[3])
+    ops = [n.op for n in prog.graph.nodes]
+    assert ops.count("exp") == 1 and ops.count("mul") == 2
+
+
+def test_shape_error_names_verb_shapes_file_and_line():
+    def fn(x, w):
+        return x @ w  # wrong inner size
+
+    with pytest.raises(mica.ShapeError) as e:
+        mica.trace(fn, mica.f32[4, 8], mica.f32[7, 3])
+    msg = str(e.value)
+    assert "matmul" in msg and "f32[4, 8]" in msg and "f32[7, 3]" in msg
+    assert f"test_trace.py:{_line_of('# wrong inner size')}" in msg
+    assert e.value.loc[0] == os.path.abspath(__file__)
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (lambda x, y: x + y, "do not broadcast"),
+    (lambda x, y: x.view(5, 5), "cannot view"),
+    (lambda x, y: mica.layer_norm(x, (3,)), "normalized_shape"),
+    (lambda x, y: x.transpose(0, 4), "out of range"),
+    (lambda x, y: mica.cat([x, y], 0), "cat"),
+    (lambda x, y: x[5], "out of range"),
+    (lambda x, y: mica.cross_entropy(x, y), "cross_entropy"),
+])
+def test_shape_errors_are_sentences(bad, needle):
+    with pytest.raises(mica.ShapeError, match=needle) as e:
+        mica.trace(bad, mica.f32[4, 6], mica.f32[3, 5])
+    assert "test_trace.py:" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_dtype_mismatch_is_a_shape_error():
+    with pytest.raises(mica.ShapeError, match="one element type"):
+        mica.trace(lambda a, b: a @ b, mica.f32[2, 3], mica.bf16[3, 2])
+    with pytest.raises(mica.ShapeError, match="integers"):
+        mica.trace(lambda i, w: mica.embedding(i, w), mica.f32[3], mica.f32[4, 2])
+
+
+def test_verbs_outside_a_trace_say_so():
+    with pytest.raises(mica.TraceError, match="outside a trace"):
+        mica.exp(np.ones(3))
+    with pytest.raises(mica.TraceError, match="outside a trace"):
+        mica.softmax(np.ones(3), -1)
+    # constructors give initial values outside a trace, as torch.zeros would
+    assert mica.ones(2, 3).shape == (2, 3) and mica.zeros(4).dtype == np.float32
+
+
+def test_values_a_verb_cannot_take_get_a_sentence():
+    with pytest.raises(mica.TraceError, match="cannot take a str"):
+        mica.trace(lambda x: x + "one", mica.f32[3])
+    with pytest.raises(mica.TraceError, match="mica.where"):
+        mica.trace(lambda x: x if x.sum() > 0 else -x, mica.f32[3])
+    with pytest.raises(mica.TraceError, match="cannot read"):
+        mica.trace(lambda x: float(x.sum()), mica.f32[3])
+    with pytest.raises(mica.TraceError, match="Tensor"):
+        mica.trace(lambda x: mica.matmul(x, [[1.0]]).sum() + mica.exp("x"), mica.f32[1, 1])
+
+
+def test_tensors_cannot_escape_a_trace():
+    kept = []
+    mica.trace(lambda x: kept.append(x) or x, mica.f32[3])
+    with pytest.raises(mica.TraceError, match="finished"):
+        mica.trace(lambda y: y + kept[0], mica.f32[3])
+
+
+def test_oracle_checks_argument_shapes():
+    prog = mica.trace(lambda d: d["a"] * 2, {"a": mica.f32[3]})
+    with pytest.raises(mica.TraceError, match=r"args\[0\]\['a'\] has shape \[4\]"):
+        mica.reference.run(prog, {"a": np.ones(4)})
+
+
+def test_in_place_methods_rebind_the_handle():
+    def fn(p, g):
+        p.mul_(0.5).add_(g, alpha=-2.0)
+        return p
+
+    prog = mica.trace(fn, mica.f64[3], mica.f64[3])
+    p, g = np.array([1.0, 2.0, 3.0]), np.array([0.5, 0.25, 1.0])
+    assert list(mica.reference.run(prog, p, g)) == list(p * 0.5 - 2 * g)
+
+
+def test_type_promotion_follows_torch():
+    import torch
+
+    cases = [(mica.f32[2], 2), (mica.i64[2], 2.5), (mica.i32[2], mica.i64[()]), (mica.bf16[2], mica.f32[()]),
+             (mica.bf16[2], mica.f16[2]), (mica.b8[2], 3), (mica.i32[2], mica.f64[()]), (mica.f16[()], 1.5)]
+    tmap = {"float32": torch.float32, "int64": torch.int64, "int32": torch.int32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16, "bool": torch.bool, "float64": torch.float64}
+    for a, b in cases:
+        ta = torch.zeros(a.shape, dtype=tmap[a.dtype.name])
+        tb = torch.zeros(b.shape, dtype=tmap[b.dtype.name]) if isinstance(b, mica.Spec) else b
+        want = (ta + tb).dtype
+        specs = (a, b) if isinstance(b, mica.Spec) else (a,)
+        prog = mica.trace(lambda x, y=b: x + y, *specs)
+        assert tmap[prog.outputs.dtype.name] == want, (a, b)
