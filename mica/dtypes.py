@@ -22,6 +22,8 @@ class DType:
         return self.kind == "float"
 
     def __getitem__(self, shape):
+        if isinstance(shape, list):
+            shape = tuple(shape)
         if not isinstance(shape, tuple):
             shape = (shape,)
         return Spec(shape, self)
