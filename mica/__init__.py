@@ -9,7 +9,7 @@ from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
 from .errors import GradError, MicaError, ShapeError, TraceError
 from .grad import grad, value_and_grad
 from .tensor import Tensor
-from .trace import Program, trace
+from .trace import Program, compile, trace  # noqa: A004
 from .verbs import (
     abs, add, addcdiv, addcmul, amax, amin, arange, argmax, argmin, as_tensor, cat, chunk, clamp, clip,
     concat, cos, cross_entropy, detach, div, dropout, embedding, eq, erf, eye, exp, expand, flatten, full,

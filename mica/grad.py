@@ -89,8 +89,17 @@ def grad(loss, wrt, grad_output=None):
     out = []
     for x in leaves:
         g = cts.get(x.value.id)
-        out.append(g if g is not None else F.zeros_like(x))
+        g = g if g is not None else F.zeros_like(x)
+        out.append(g)
+        mark_role(graph, g, "gradient")
+        if x.value.node.op == "input":
+            mark_role(graph, x, "parameter")
     return pytree.unflatten(treedef, out)
+
+
+def mark_role(graph, tensor, role):
+    """Record what a value is (for the memory plan's classes); the first role given stands."""
+    graph.roles.setdefault(tensor.value.id, role)
 
 
 def value_and_grad(fn, argnums=0, has_aux=False):

@@ -78,6 +78,8 @@ class Graph:
         self.input_names = []     # readable path of each input: "params['wte.weight']"
         self.outputs = []         # Values the program returns, in flattened order
         self.rng = None           # the Value holding (seed, offset) when any random op is used
+        self.roles = {}           # value id -> "parameter" | "gradient" | "optimizer state"
+        self.updates = {}         # value id of a new state value -> value id of the one it replaces
         self._cons = {}
         self._next_id = 0
 

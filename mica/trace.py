@@ -64,6 +64,14 @@ class Program:
                                  f"was traced for {v.spec!r}")
         return out
 
+    def lower(self, target="cpu", opt_level=2, max_threads=None):
+        """Schedule, plan memory and render source for `target`; `.build()` the result."""
+        if target != "cpu":
+            raise TraceError(f"target {target!r} is not available yet; use target='cpu'")
+        from .backends import c
+
+        return c.lower(self, opt_level=opt_level, max_threads=max_threads)
+
     def __repr__(self):
         return f"<mica.Program {self.name}: {len(self.graph.nodes)} nodes>"
 
@@ -108,3 +116,8 @@ def trace(fn, *specs, name=None):
         ctx.open = False
     graph.outputs = values
     return Program(graph, in_tree, out_tree, name or getattr(fn, "__name__", "program"), static)
+
+
+def compile(fn, *specs, target="cpu", opt_level=2, max_threads=None, name=None):
+    """Trace `fn`, lower it for `target` and build it: returns a callable Executable."""
+    return trace(fn, *specs, name=name).lower(target, opt_level=opt_level, max_threads=max_threads).build()

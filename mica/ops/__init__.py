@@ -8,14 +8,17 @@ Adding a primitive touches one family module and one row of the op test table.
 
 
 class OpDef:
-    __slots__ = ("name", "infer", "ref", "vjp", "family", "attrs_doc")
+    __slots__ = ("name", "infer", "ref", "vjp", "family", "c")
 
-    def __init__(self, name, infer, ref, vjp, family):
+    def __init__(self, name, infer, ref, vjp, family, c):
         self.name = name
         self.infer = infer    # infer(specs, **attrs) -> [(shape, dtype), ...]
         self.ref = ref        # ref(arrays, attrs, run) -> array or tuple of arrays
         self.vjp = vjp        # vjp(cotangents, outs, ins, attrs, needed) -> [Tensor|None per input]
         self.family = family  # "source" | "elementwise" | "reduce" | "shape" | "matmul" | "kernel"
+        # C lowering: for elementwise ops an expression template ({0}, {1}: operands; {T}: the C
+        # compute type; {S}: f32 or f64), for kernels the hand-written function's name stem
+        self.c = c
 
     def __repr__(self):
         return f"OpDef({self.name}, {self.family})"
@@ -24,10 +27,10 @@ class OpDef:
 OPS = {}
 
 
-def defop(name, *, infer, ref, vjp=None, family):
+def defop(name, *, infer, ref, vjp=None, family, c=None):
     if name in OPS:
         raise ValueError(f"primitive {name} is defined twice")
-    OPS[name] = OpDef(name, infer, ref, vjp, family)
+    OPS[name] = OpDef(name, infer, ref, vjp, family, c)
     return OPS[name]
 
 

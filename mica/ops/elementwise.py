@@ -131,10 +131,10 @@ def _sigmoid(x):
         return np.where(x >= 0, 1 / (1 + np.exp(-x)), np.exp(x) / (1 + np.exp(x))).astype(x.dtype)
 
 
-def _unary(name, fn, vjp, kinds=("float",)):
+def _unary(name, fn, vjp, c, kinds=("float",)):
     infer = _map_rule(kinds)
     infer.op = name
-    defop(name, infer=infer, ref=lambda a, at, run: np.asarray(fn(a[0])), vjp=vjp, family="elementwise")
+    defop(name, infer=infer, ref=lambda a, at, run: np.asarray(fn(a[0])), vjp=vjp, family="elementwise", c=c)
 
 
 def _relu_grad(cts, outs, ins, attrs, need):
@@ -146,28 +146,33 @@ def _abs_grad(cts, outs, ins, attrs, need):
     return [cts[0] * F.where(x > 0, 1.0, F.where(x < 0, -1.0, 0.0)).to(x.dtype)]
 
 
-_unary("neg", np.negative, lambda c, o, i, a, n: [-c[0]], kinds=("float", "int"))
-_unary("exp", np.exp, lambda c, o, i, a, n: [c[0] * o[0]])
-_unary("log", np.log, lambda c, o, i, a, n: [c[0] / i[0]])
-_unary("tanh", np.tanh, lambda c, o, i, a, n: [c[0] * (1 - o[0] * o[0])])
-_unary("sqrt", np.sqrt, lambda c, o, i, a, n: [c[0] / (2 * o[0])])
-_unary("rsqrt", lambda x: 1 / np.sqrt(x), lambda c, o, i, a, n: [-0.5 * c[0] * o[0] * o[0] * o[0]])
-_unary("sin", np.sin, lambda c, o, i, a, n: [c[0] * F.cos(i[0])])
-_unary("cos", np.cos, lambda c, o, i, a, n: [-c[0] * F.sin(i[0])])
-_unary("erf", _np_erf, lambda c, o, i, a, n: [c[0] * (2 / math.sqrt(math.pi)) * F.exp(-i[0] * i[0])])
-_unary("sigmoid", _sigmoid, lambda c, o, i, a, n: [c[0] * o[0] * (1 - o[0])])
-_unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), _relu_grad, kinds=("float", "int"))
-_unary("abs", np.abs, _abs_grad, kinds=("float", "int"))
-_unary("logical_not", np.logical_not, None, kinds=("bool",))
-_unary("detach", lambda x: x, lambda c, o, i, a, n: [None], kinds=("float", "int", "bool"))
+_unary("neg", np.negative, lambda c, o, i, a, n: [-c[0]], "(-{0})", kinds=("float", "int"))
+_unary("exp", np.exp, lambda c, o, i, a, n: [c[0] * o[0]], "mica_exp_{S}({0})")
+_unary("log", np.log, lambda c, o, i, a, n: [c[0] / i[0]], "mica_log_{S}({0})")
+_unary("tanh", np.tanh, lambda c, o, i, a, n: [c[0] * (1 - o[0] * o[0])], "mica_tanh_{S}({0})")
+_unary("sqrt", np.sqrt, lambda c, o, i, a, n: [c[0] / (2 * o[0])], "mica_sqrt_{S}({0})")
+_unary("rsqrt", lambda x: 1 / np.sqrt(x), lambda c, o, i, a, n: [-0.5 * c[0] * o[0] * o[0] * o[0]],
+       "(({T})1 / mica_sqrt_{S}({0}))")
+_unary("sin", np.sin, lambda c, o, i, a, n: [c[0] * F.cos(i[0])], "mica_sin_{S}({0})")
+_unary("cos", np.cos, lambda c, o, i, a, n: [-c[0] * F.sin(i[0])], "mica_cos_{S}({0})")
+_unary("erf", _np_erf, lambda c, o, i, a, n: [c[0] * (2 / math.sqrt(math.pi)) * F.exp(-i[0] * i[0])],
+       "mica_erf_{S}({0})")
+_unary("sigmoid", _sigmoid, lambda c, o, i, a, n: [c[0] * o[0] * (1 - o[0])],
+       "(({T})1 / (({T})1 + mica_exp_{S}(-{0})))")
+_unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), _relu_grad, "({0} < 0 ? ({T})0 : {0})",
+       kinds=("float", "int"))
+_unary("abs", np.abs, _abs_grad, "({0} < 0 ? -{0} : {0})", kinds=("float", "int"))
+_unary("logical_not", np.logical_not, None, "(!{0})", kinds=("bool",))
+_unary("detach", lambda x: x, lambda c, o, i, a, n: [None], "{0}", kinds=("float", "int", "bool"))
 
 
 # ---- binary maps --------------------------------------------------------------------------------
 
-def _binary(name, fn, vjp, kinds=("float", "int"), result=None):
+def _binary(name, fn, vjp, c, kinds=("float", "int"), result=None):
     infer = _map_rule(kinds, result)
     infer.op = name
-    defop(name, infer=infer, ref=lambda a, at, run: np.asarray(fn(a[0], a[1])), vjp=vjp, family="elementwise")
+    defop(name, infer=infer, ref=lambda a, at, run: np.asarray(fn(a[0], a[1])), vjp=vjp, family="elementwise",
+          c=c)
 
 
 def _sum_to(g, x):
@@ -218,18 +223,18 @@ def _np_div(x, y):
         return np.divide(x, y)
 
 
-_binary("add", np.add, _add_vjp, kinds=("float", "int", "bool"))
-_binary("sub", np.subtract, _sub_vjp)
-_binary("mul", np.multiply, _mul_vjp, kinds=("float", "int", "bool"))
-_binary("div", _np_div, _div_vjp, kinds=("float",))
-_binary("pow", _np_pow, _pow_vjp, kinds=("float",))
-_binary("maximum", np.maximum, _minmax_vjp(lambda x, y: x > y))
-_binary("minimum", np.minimum, _minmax_vjp(lambda x, y: x < y))
-for _name, _fn in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
-                   ("eq", np.equal), ("ne", np.not_equal)):
-    _binary(_name, _fn, None, kinds=("float", "int", "bool"), result=dtypes.bool_)
-_binary("logical_and", np.logical_and, None, kinds=("bool",))
-_binary("logical_or", np.logical_or, None, kinds=("bool",))
+_binary("add", np.add, _add_vjp, "({0} + {1})", kinds=("float", "int", "bool"))
+_binary("sub", np.subtract, _sub_vjp, "({0} - {1})")
+_binary("mul", np.multiply, _mul_vjp, "({0} * {1})", kinds=("float", "int", "bool"))
+_binary("div", _np_div, _div_vjp, "({0} / {1})", kinds=("float",))
+_binary("pow", _np_pow, _pow_vjp, "mica_pow_{S}({0}, {1})", kinds=("float",))
+_binary("maximum", np.maximum, _minmax_vjp(lambda x, y: x > y), "(({0} > {1} || {0} != {0}) ? {0} : {1})")
+_binary("minimum", np.minimum, _minmax_vjp(lambda x, y: x < y), "(({0} < {1} || {0} != {0}) ? {0} : {1})")
+for _name, _fn, _c in (("lt", np.less, "<"), ("le", np.less_equal, "<="), ("gt", np.greater, ">"),
+                       ("ge", np.greater_equal, ">="), ("eq", np.equal, "=="), ("ne", np.not_equal, "!=")):
+    _binary(_name, _fn, None, "({0} %s {1})" % _c, kinds=("float", "int", "bool"), result=dtypes.bool_)
+_binary("logical_and", np.logical_and, None, "({0} && {1})", kinds=("bool",))
+_binary("logical_or", np.logical_or, None, "({0} || {1})", kinds=("bool",))
 
 
 # ---- where --------------------------------------------------------------------------------------
@@ -251,4 +256,4 @@ def _where_vjp(c, o, i, a, n):
 
 
 defop("where", infer=_where_infer, ref=lambda a, at, run: np.where(a[0], a[1], a[2]),
-      vjp=_where_vjp, family="elementwise")
+      vjp=_where_vjp, family="elementwise", c="({0} ? {1} : {2})")

@@ -58,6 +58,8 @@ class Optimizer:
     def update(self, params, grads, state, lr=None, lr_scale=None):
         new_params = dict(params)
         new_state = self._update(new_params, grads, state, self._group_lrs(params, lr, lr_scale))
+        _record_updates(params, new_params, "parameter")
+        _record_updates(state, new_state, "optimizer state")
         return new_params, new_state
 
     def _group_lrs(self, params, lr, lr_scale):
@@ -74,6 +76,26 @@ class Optimizer:
 
     def _update(self, params, grads, state, groups):
         raise NotImplementedError
+
+
+def _record_updates(old, new, role):
+    """Tell the compiler which new values replace which inputs, so the memory plan updates in place."""
+    from .. import pytree
+    from ..grad import mark_role
+    from ..tensor import Tensor, current
+
+    is_t = lambda x: isinstance(x, Tensor)  # noqa: E731
+    old_leaves, old_tree = pytree.flatten(old, is_leaf=is_t)
+    new_leaves, new_tree = pytree.flatten(new, is_leaf=is_t)
+    if old_tree != new_tree:
+        return
+    graph = current("optimizer update").graph
+    for o, n in zip(old_leaves, new_leaves):
+        if is_t(o) and is_t(n):
+            mark_role(graph, o, role)
+            mark_role(graph, n, role)
+            if o.value.node.op == "input":
+                graph.updates.setdefault(n.value.id, o.value.id)
 
 
 def zeros_like_tree(params):

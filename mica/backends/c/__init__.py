@@ -1,0 +1,114 @@
+"""The CPU backend: Program -> (simplify, fuse, plan memory) -> C source -> shared library.
+
+    lowered = program.lower("cpu", opt_level=2)   # schedule, memory plan, source; nothing built
+    exe = lowered.build()                           # gcc, cached by hash
+    loss, grads = exe(params, idx, targets, threads=2)
+"""
+import ctypes
+import os
+
+import numpy as np
+
+from ... import pytree
+from ...backends.reference import round_bf16
+from ...dtypes import bfloat16, float16
+from ...errors import MicaError
+from ...passes import fuse, memory, simplify
+from . import build as _build
+from . import calls
+from .emit import Emitter
+
+
+def default_max_threads():
+    return max(8, os.cpu_count() or 1)
+
+
+class Lowered:
+    """A Program lowered for the CPU: its schedule, exact memory plan and C source."""
+
+    def __init__(self, program, opt_level=2, max_threads=None):
+        if opt_level not in (0, 1, 2):
+            raise MicaError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
+        self.program = program
+        self.opt_level = opt_level
+        self.max_threads = max_threads or default_max_threads()
+        self.graph = simplify.simplify(program.graph)
+        self.schedule = fuse.build(self.graph, fuse=opt_level > 0)
+        self.plan = memory.plan(self.schedule, calls.scratch, self.max_threads)
+        self.memory_report = self.plan.report(program.name)
+        self.source = Emitter(self.schedule, self.plan, program.name).source(self.max_threads, self.memory_report)
+
+    def build(self):
+        return Executable(self, _build.build(self.source, self.opt_level, self.program.name))
+
+
+def _to_storage(array, dtype):
+    a = np.asarray(array)
+    if dtype is bfloat16:
+        bits = round_bf16(a.astype(np.float32)).view(np.uint32) >> 16
+        return bits.astype(np.uint16)
+    if dtype is float16:
+        return a.astype(np.float16)
+    return a.astype(dtype.np_storage)
+
+
+def _from_storage(a, dtype):
+    if dtype is bfloat16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a
+
+
+_STORAGE_NP = {"bfloat16": np.dtype(np.uint16), "float16": np.dtype(np.float16)}
+
+
+class Executable:
+    """A compiled program loaded in this process: call it with numpy arrays."""
+
+    def __init__(self, lowered, library):
+        self.lowered = lowered
+        self.library = library
+        self.source = lowered.source
+        self.memory_report = lowered.memory_report
+        self._lib = lib = ctypes.CDLL(library)
+        lib.mica_arena_bytes.restype = ctypes.c_int64
+        lib.mica_arena_new.restype = ctypes.c_void_p
+        lib.mica_arena_free.argtypes = [ctypes.c_void_p]
+        lib.mica_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        lib.mica_error.restype = ctypes.c_char_p
+        self.arena_bytes = lib.mica_arena_bytes()
+        self._arena = lib.mica_arena_new()
+        if not self._arena:
+            raise MicaError(f"could not allocate the program's arena of {self.arena_bytes:,} bytes")
+        self._mem = np.ctypeslib.as_array((ctypes.c_uint8 * self.arena_bytes).from_address(self._arena))
+
+    def __del__(self):
+        lib, arena = getattr(self, "_lib", None), getattr(self, "_arena", None)
+        if lib is not None and arena:
+            lib.mica_arena_free(arena)
+            self._arena = None
+
+    def _buffer(self, buf):
+        storage = _STORAGE_NP.get(buf.dtype.name, buf.dtype.np_storage)
+        return self._mem[buf.offset:buf.offset + buf.nbytes].view(storage)
+
+    def _read(self, view):
+        flat = self._buffer(view.src)
+        size = flat.itemsize
+        arr = np.lib.stride_tricks.as_strided(flat[view.offset:], shape=view.shape,
+                                              strides=[s * size for s in view.strides])
+        return _from_storage(np.array(arr), view.dtype)
+
+    def __call__(self, *args, threads=None, seed=0, offset=0):
+        program, schedule = self.lowered.program, self.lowered.schedule
+        leaves = program.flatten_args(args)
+        for view, x in zip(schedule.inputs, leaves):
+            self._buffer(view.src)[...] = _to_storage(x, view.dtype).reshape(-1)
+        threads = threads or min(os.cpu_count() or 1, self.lowered.max_threads)
+        rc = self._lib.mica_run(self._arena, int(threads), int(seed), int(offset))
+        if rc != 0:
+            raise MicaError(self._lib.mica_error().decode())
+        return pytree.unflatten(program.out_tree, [self._read(v) for v in schedule.outputs])
+
+
+def lower(program, opt_level=2, max_threads=None):
+    return Lowered(program, opt_level, max_threads)

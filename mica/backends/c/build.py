@@ -1,0 +1,66 @@
+"""Build generated C into a shared library, cached by the source's hash and the flags."""
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+from ...errors import MicaError
+from .emit import RUNTIME_DIR, RUNTIME_HEADERS
+
+BASE_FLAGS = ["-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
+              "-mprefer-vector-width=256", "-std=gnu11", "-Wno-unused-function", "-Wno-unused-variable"]
+GCC_OPT = {0: "-O1", 1: "-O2", 2: "-O3"}
+
+
+def cache_dir():
+    root = os.environ.get("MICA_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                         os.path.expanduser("~/.cache"), "mica")
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+def compiler():
+    cc = os.environ.get("CC") or "gcc"
+    path = shutil.which(cc)
+    if path is None:
+        raise MicaError(f"no C compiler found ({cc!r} is not on PATH): install gcc (apt install gcc) or set CC")
+    return path
+
+
+def flags(opt_level):
+    return [GCC_OPT.get(opt_level, "-O3")] + BASE_FLAGS
+
+
+def _headers_digest():
+    h = hashlib.sha256()
+    for name in RUNTIME_HEADERS:
+        with open(os.path.join(RUNTIME_DIR, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def build(source, opt_level, name="program"):
+    """Compile `source` to a shared library (cached); returns its path."""
+    cc = compiler()
+    fl = flags(opt_level)
+    key = hashlib.sha256("\0".join([source, cc, *fl, _headers_digest()]).encode()).hexdigest()[:24]
+    out_dir = os.path.join(cache_dir(), key)
+    lib = os.path.join(out_dir, "libmica_program.so")
+    if os.path.exists(lib):
+        return lib
+    os.makedirs(out_dir, exist_ok=True)
+    src = os.path.join(out_dir, "program.c")
+    with open(src, "w") as f:
+        f.write(source)
+    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
+        tmp_path = tmp.name
+    cmd = [cc, *fl, "-shared", "-I", RUNTIME_DIR, src, "-o", tmp_path, "-lm"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        os.unlink(tmp_path)
+        first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
+        raise MicaError(f"the C compiler failed on the generated program for {name} ({first}); "
+                        f"the source is at {src}")
+    os.replace(tmp_path, lib)
+    return lib

@@ -1,0 +1,145 @@
+"""Calls of the hand-written kernels (mica_kernels.h, mica_gemm.h): arguments and scratch needs."""
+import math
+
+from ... import dtypes
+from ...errors import MicaError
+from ...passes.schedule import Call, Gemm
+from . import ctypes_ as ct
+
+GEMM_THREAD_FLOATS = 384 * 96 + 8 * 32  # MICA_KC * MICA_MC + the largest MR * NR (mica_gemm.h)
+
+
+def packed_b_floats(K, N):
+    """Shared packed copy of a product's right operand: KC x N rounded up to the widest panel."""
+    return max(min(K, 384), 1) * (-(-N // 32) * 32)
+
+
+def _attn_dims(view):
+    """(B, H, T, D, stride_b, stride_h, stride_t) of a [..., T, D] view with unit last stride."""
+    shape, strides = list(view.shape), list(view.strides)
+    while len(shape) < 4:
+        shape.insert(0, 1)
+        strides.insert(0, 0)
+    if len(shape) > 4:
+        raise MicaError("attention over more than two batch dims is not supported by the CPU backend")
+    return shape[0], shape[1], shape[2], shape[3], strides[0], strides[1], strides[2]
+
+
+def scratch(kernel):
+    """(shared bytes, per-thread bytes) of workspace the kernel needs."""
+    if isinstance(kernel, Gemm):
+        if kernel.out.dtype is dtypes.float32:
+            K, N = kernel.a.shape[-1], kernel.b.shape[-1]
+            return packed_b_floats(K, N) * 4, GEMM_THREAD_FLOATS * 4
+        return 0, 0
+    if not isinstance(kernel, Call):
+        return 0, 0
+    size = kernel.inputs[0].dtype.itemsize
+    if kernel.op == "cross_entropy":
+        return 0, kernel.inputs[0].shape[-1] * size
+    if kernel.op in ("attention", "attention_backward"):
+        q, k, v = kernel.inputs[:3] if kernel.op == "attention" else kernel.inputs[1:4]
+        S, E, Ev = k.shape[-2], q.shape[-1], v.shape[-1]
+        return 0, (2 * E * S + 2 * Ev * S + 4 * S + E + Ev) * size
+    if kernel.op == "embedding_backward":
+        count, V = kernel.inputs[1].numel, kernel.attrs["num_embeddings"]
+        return (count + V + 1) * 8, 0
+    return 0, 0
+
+
+def _rows(view, ndims):
+    return math.prod(view.shape[:len(view.shape) - ndims]), math.prod(view.shape[len(view.shape) - ndims:])
+
+
+def call_lines(e, kernel):
+    """C statements calling the hand-written kernel for `kernel` (a Call)."""
+    op, a = kernel.op, kernel.attrs
+    ins, outs = kernel.inputs, kernel.outputs
+    dt = ins[0].dtype if op != "embedding" else ins[1].dtype
+    if dt not in (dtypes.float32, dtypes.float64):
+        raise MicaError(f"{op} on {dt.name} is not supported by the CPU backend yet; cast to float32 first")
+    s = ct.suffix(dt)
+    p = e.ptr
+    null = "NULL"
+    if op == "layer_norm":
+        rows, n = _rows(ins[0], a["ndims"])
+        rest = list(ins[1:])
+        w = p(rest.pop(0)) if a["has_weight"] else null
+        b = p(rest.pop(0)) if a["has_bias"] else null
+        return [f"mica_layer_norm_{s}({p(ins[0])}, {w}, {b}, {p(outs[0])}, {p(outs[1])}, {p(outs[2])}, "
+                f"{rows}, {n}, {ct.const(a['eps'], dt)});"]
+    if op == "layer_norm_backward":
+        rows, n = _rows(ins[1], a["ndims"])
+        w = p(ins[2]) if a["has_weight"] else null
+        rest = list(outs[1:])
+        dw = p(rest.pop(0)) if a["has_weight"] else null
+        db = p(rest.pop(0)) if a["has_bias"] else null
+        return [f"mica_layer_norm_backward_{s}({p(ins[0])}, {p(ins[1])}, {w}, {p(ins[-2])}, {p(ins[-1])}, "
+                f"{p(outs[0])}, {dw}, {db}, {rows}, {n});"]
+    if op == "rms_norm":
+        rows, n = _rows(ins[0], a["ndims"])
+        w = p(ins[1]) if a["has_weight"] else null
+        return [f"mica_rms_norm_{s}({p(ins[0])}, {w}, {p(outs[0])}, {p(outs[1])}, {rows}, {n}, "
+                f"{ct.const(a['eps'], dt)});"]
+    if op == "rms_norm_backward":
+        rows, n = _rows(ins[1], a["ndims"])
+        w = p(ins[2]) if a["has_weight"] else null
+        dw = p(outs[1]) if a["has_weight"] else null
+        return [f"mica_rms_norm_backward_{s}({p(ins[0])}, {p(ins[1])}, {w}, {p(ins[-1])}, {p(outs[0])}, {dw}, "
+                f"{rows}, {n});"]
+    if op in ("softmax", "log_softmax"):
+        rows, n = _rows(ins[0], 1)
+        return [f"mica_{op}_{s}({p(ins[0])}, {p(outs[0])}, {rows}, {n});"]
+    if op in ("softmax_backward", "log_softmax_backward"):
+        rows, n = _rows(ins[1], 1)
+        return [f"mica_{op}_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {rows}, {n});"]
+    if op == "cross_entropy":
+        rows, n = ins[0].shape
+        return [f"mica_cross_entropy_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {p(outs[1])}, {rows}, {n}, "
+                f"{a['ignore_index']}LL, ({ct.ctype(dt)} *)scratch);"]
+    if op == "cross_entropy_backward":
+        rows, n = ins[1].shape
+        return [f"mica_cross_entropy_backward_{s}({p(ins[0])}, {p(ins[1])}, {p(ins[2])}, {p(ins[3])}, "
+                f"{p(outs[0])}, {rows}, {n}, {a['ignore_index']}LL);"]
+    if op == "embedding":
+        count = ins[0].numel
+        V, D = ins[1].shape
+        return [f"mica_embedding_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D});"]
+    if op == "embedding_backward":
+        count = ins[1].numel
+        V, D = outs[0].shape
+        return [f"mica_embedding_backward_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D}, "
+                "(int64_t *)work);"]
+    if op in ("attention", "attention_backward"):
+        return _attention(e, kernel, s, dt)
+    raise MicaError(f"the CPU backend has no kernel for {op}")
+
+
+def _attention(e, kernel, s, dt):
+    a, p = kernel.attrs, e.ptr
+    fwd = kernel.op == "attention"
+    q, k, v = kernel.inputs[:3] if fwd else kernel.inputs[1:4]
+    o = kernel.outputs[0] if fwd else kernel.inputs[4]
+    B, H, L, E, qsb, qsh, qst = _attn_dims(q)
+    _, _, S, _, ksb, ksh, kst = _attn_dims(k)
+    _, _, _, Ev, vsb, vsh, vst = _attn_dims(v)
+    _, _, _, _, osb, osh, ost = _attn_dims(o)
+    rng = e.rng_pointer() if a["dropout_p"] else "NULL"
+    slot = 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
+    lines = [
+        "mica_attn_shape shape = {",
+        f"    {B}, {H}, {L}, {S}, {E}, {Ev},",
+        f"    {qsb}, {qsh}, {qst}, {ksb}, {ksh}, {kst}, {vsb}, {vsh}, {vst}, {osb}, {osh}, {ost},",
+        f"    {int(a['causal'])}, {a['scale']!r}, {a['dropout_p']!r}, {max(a['stream'], 0)}u, {a['threshold']}u, {rng}}};",
+    ]
+    if fwd:
+        lines.append(f"mica_attention_{s}(&shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, {p(kernel.outputs[1])}, "
+                     f"({ct.ctype(dt)} *)scratch, {slot});")
+    else:
+        g = kernel.inputs[0]
+        _, _, _, _, gsb, gsh, gst = _attn_dims(g)
+        dq, dk, dv = kernel.outputs
+        lines.append(f"mica_attention_backward_{s}(&shape, {p(g)}, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
+                     f"{p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
+                     f"({ct.ctype(dt)} *)scratch, {slot});")
+    return ["{"] + ["    " + x for x in lines] + ["}"]

@@ -1,0 +1,81 @@
+"""C spellings of Mica's element types and constants."""
+import math
+
+import numpy as np
+
+from ... import dtypes
+from ...backends.reference import round_bf16
+
+COMPUTE = {"float32": "float", "float64": "double", "bfloat16": "float", "float16": "float",
+           "int32": "int32_t", "int64": "int64_t", "bool": "mica_bool"}
+STORAGE = {**COMPUTE, "bfloat16": "mica_bf16", "float16": "mica_f16"}
+
+
+def ctype(dtype):
+    """The C type arithmetic on `dtype` values is done in."""
+    return COMPUTE[dtype.name]
+
+
+def stype(dtype):
+    """The C type `dtype` values are stored as."""
+    return STORAGE[dtype.name]
+
+
+def suffix(dtype):
+    """f64 for double math, f32 for everything else floating."""
+    return "f64" if dtype is dtypes.float64 else "f32"
+
+
+def load(dtype, ref):
+    if dtype is dtypes.bfloat16:
+        return f"mica_bf16_load({ref})"
+    if dtype is dtypes.float16:
+        return f"(float)({ref})"
+    return ref
+
+
+def store(dtype, value):
+    if dtype is dtypes.bfloat16:
+        return f"mica_bf16_store({value})"
+    if dtype is dtypes.float16:
+        return f"(mica_f16)({value})"
+    return value
+
+
+def rounded(dtype, expr):
+    """Values of a half type are rounded to it after every operation, as the oracle does."""
+    if dtype is dtypes.bfloat16:
+        return f"mica_round_bf16({expr})"
+    if dtype is dtypes.float16:
+        return f"mica_round_f16({expr})"
+    return expr
+
+
+def _float_literal(x, single):
+    """The shortest decimal that reads back as exactly this float (or double)."""
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "(-INFINITY)"
+    if single:
+        text = np.format_float_positional(np.float32(x), unique=True, trim="0") if 1e-4 <= abs(x) < 1e7 or x == 0 \
+            else np.format_float_scientific(np.float32(x), unique=True, trim="0")
+        return f"{text}f" if x >= 0 else f"({text}f)"
+    text = repr(float(x))
+    return text if x >= 0 else f"({text})"
+
+
+def const(value, dtype):
+    """An exact C literal for `value` as an element of `dtype`."""
+    if dtype.kind == "bool":
+        return "1" if value else "0"
+    if dtype.kind == "int":
+        return f"((int64_t){int(value)}LL)" if dtype is dtypes.int64 else f"((int32_t){int(value)})"
+    if dtype is dtypes.float64:
+        return _float_literal(float(value), False)
+    v = np.float32(value)
+    if dtype is dtypes.bfloat16:
+        v = round_bf16(v)
+    elif dtype is dtypes.float16:
+        v = np.float32(np.float16(v))
+    return _float_literal(float(v), True)

@@ -1,0 +1,354 @@
+/* Hand-written kernels for Mica's row-wise primitives, each with its backward: layer and RMS
+ * norm, softmax, log-softmax, cross-entropy, causal attention, embedding. Defined for float and
+ * double by one macro each.
+ *
+ * Parallel over outputs only (rows, columns, or (batch, head) pairs); every sum runs in a fixed
+ * order (mica_sum_* lanes for rows, lane-by-index accumulation for columns), so results are
+ * bitwise identical for any thread count.
+ */
+#ifndef MICA_KERNELS_H
+#define MICA_KERNELS_H
+#include "mica_runtime.h"
+
+#define MICA_PAR_ROWS(rows, n) if ((double)(rows) * (n) > 32768.0)
+
+/* column sums of an [rows, n] expression, canonical order per column (lanes by row index) */
+#define MICA_COLUMN_SUMS(T, S, rows, n, out, EXPR)                                                  \
+    _Pragma("omp parallel for schedule(static) if ((double)(rows) * (n) > 32768.0)")               \
+    for (int64_t c0 = 0; c0 < (n); c0 += 64) {                                                     \
+        int64_t cw = (n) - c0 < 64 ? (n) - c0 : 64;                                                \
+        T acc[MICA_LANES][64], tot[64];                                                            \
+        for (int64_t b0 = 0; b0 < (rows) || b0 == 0; b0 += MICA_BLOCK) {                          \
+            int64_t b1 = (rows) - b0 < MICA_BLOCK ? (rows) : b0 + MICA_BLOCK;                      \
+            for (int l = 0; l < MICA_LANES; l++) for (int64_t c = 0; c < cw; c++) acc[l][c] = 0;   \
+            for (int64_t r = b0; r < b1; r++) {                                                    \
+                T *a = acc[(r - b0) & (MICA_LANES - 1)];                                           \
+                for (int64_t c = 0; c < cw; c++) { int64_t j = c0 + c; a[c] = a[c] + (EXPR); }     \
+            }                                                                                      \
+            for (int64_t c = 0; c < cw; c++) {                                                     \
+                T lanes[MICA_LANES];                                                               \
+                for (int l = 0; l < MICA_LANES; l++) lanes[l] = acc[l][c];                         \
+                tot[c] = b0 == 0 ? MICA_TREE8(lanes) : tot[c] + MICA_TREE8(lanes);                \
+            }                                                                                      \
+            if ((rows) == 0) break;                                                                \
+        }                                                                                          \
+        for (int64_t c = 0; c < cw; c++) (out)[c0 + c] = tot[c];                                   \
+    }
+
+#define MICA_DEFINE_KERNELS(T, S)                                                                  \
+/* ---- layer norm ------------------------------------------------------------------------- */ \
+static void mica_layer_norm_##S(const T *x, const T *w, const T *b, T *y, T *mean, T *rstd,        \
+                                int64_t rows, int64_t n, T eps) {                                  \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *xr = x + r * n;                                                                   \
+        T *yr = y + r * n;                                                                         \
+        T mu = mica_sum_##S(xr, n) / (T)n, var;                                                    \
+        MICA_SUM_EXPR(T, n, var, (xr[j] - mu) * (xr[j] - mu));                                     \
+        T rs = (T)1 / mica_sqrt_##S(var / (T)n + eps);                                             \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+            T v = (xr[j] - mu) * rs;                                                               \
+            if (w) v = v * w[j];                                                                   \
+            if (b) v = v + b[j];                                                                   \
+            yr[j] = v;                                                                             \
+        }                                                                                          \
+        mean[r] = mu;                                                                              \
+        rstd[r] = rs;                                                                              \
+    }                                                                                              \
+}                                                                                                  \
+static void mica_layer_norm_backward_##S(const T *g, const T *x, const T *w, const T *mean,        \
+                                         const T *rstd, T *dx, T *dw, T *db, int64_t rows,         \
+                                         int64_t n) {                                              \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *gr = g + r * n, *xr = x + r * n;                                                  \
+        T *dr = dx + r * n;                                                                        \
+        T mu = mean[r], rs = rstd[r];                                                              \
+        for (int64_t j = 0; j < n; j++) dr[j] = w ? gr[j] * w[j] : gr[j];                          \
+        T a = mica_sum_##S(dr, n) / (T)n, c;                                                       \
+        MICA_SUM_EXPR(T, n, c, dr[j] * ((xr[j] - mu) * rs));                                       \
+        c = c / (T)n;                                                                              \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+            T xh = (xr[j] - mu) * rs;                                                              \
+            dr[j] = rs * ((dr[j] - a) - xh * c);                                                   \
+        }                                                                                          \
+    }                                                                                              \
+    if (dw) { MICA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * ((x[r * n + j] - mean[r]) * rstd[r])) } \
+    if (db) { MICA_COLUMN_SUMS(T, S, rows, n, db, g[r * n + j]) }                                  \
+}                                                                                                  \
+/* ---- RMS norm --------------------------------------------------------------------------- */ \
+static void mica_rms_norm_##S(const T *x, const T *w, T *y, T *rstd, int64_t rows, int64_t n,      \
+                              T eps) {                                                             \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *xr = x + r * n;                                                                   \
+        T *yr = y + r * n;                                                                         \
+        T ms;                                                                                      \
+        MICA_SUM_EXPR(T, n, ms, xr[j] * xr[j]);                                                    \
+        T rs = (T)1 / mica_sqrt_##S(ms / (T)n + eps);                                              \
+        for (int64_t j = 0; j < n; j++) yr[j] = w ? (xr[j] * rs) * w[j] : xr[j] * rs;              \
+        rstd[r] = rs;                                                                              \
+    }                                                                                              \
+}                                                                                                  \
+static void mica_rms_norm_backward_##S(const T *g, const T *x, const T *w, const T *rstd, T *dx,   \
+                                       T *dw, int64_t rows, int64_t n) {                           \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *gr = g + r * n, *xr = x + r * n;                                                  \
+        T *dr = dx + r * n;                                                                        \
+        T rs = rstd[r];                                                                            \
+        for (int64_t j = 0; j < n; j++) { T gx = w ? gr[j] * w[j] : gr[j]; dr[j] = gx * (xr[j] * rs); } \
+        T c = mica_sum_##S(dr, n) / (T)n;                                                          \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+            T gx = w ? gr[j] * w[j] : gr[j];                                                       \
+            dr[j] = rs * (gx - (xr[j] * rs) * c);                                                  \
+        }                                                                                          \
+    }                                                                                              \
+    if (dw) { MICA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * (x[r * n + j] * rstd[r])) }       \
+}                                                                                                  \
+/* ---- softmax and log-softmax over rows ----------------------------------------------------- */ \
+static inline T mica_row_max_##S(const T *x, int64_t n) {                                          \
+    T m = x[0];                                                                                    \
+    for (int64_t j = 1; j < n; j++) m = mica_max_##S(m, x[j]);                                     \
+    return m;                                                                                      \
+}                                                                                                  \
+static void mica_softmax_##S(const T *x, T *y, int64_t rows, int64_t n) {                          \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *xr = x + r * n;                                                                   \
+        T *yr = y + r * n;                                                                         \
+        T m = mica_row_max_##S(xr, n);                                                             \
+        for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                           \
+        T s = mica_sum_##S(yr, n);                                                                 \
+        for (int64_t j = 0; j < n; j++) yr[j] = yr[j] / s;                                         \
+    }                                                                                              \
+}                                                                                                  \
+static void mica_softmax_backward_##S(const T *g, const T *y, T *dx, int64_t rows, int64_t n) {    \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *gr = g + r * n, *yr = y + r * n;                                                  \
+        T *dr = dx + r * n;                                                                        \
+        for (int64_t j = 0; j < n; j++) dr[j] = gr[j] * yr[j];                                     \
+        T dot = mica_sum_##S(dr, n);                                                               \
+        for (int64_t j = 0; j < n; j++) dr[j] = yr[j] * (gr[j] - dot);                             \
+    }                                                                                              \
+}                                                                                                  \
+static void mica_log_softmax_##S(const T *x, T *y, int64_t rows, int64_t n) {                      \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *xr = x + r * n;                                                                   \
+        T *yr = y + r * n;                                                                         \
+        T m = mica_row_max_##S(xr, n);                                                             \
+        for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                           \
+        T lse = mica_log_##S(mica_sum_##S(yr, n));                                                 \
+        for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) - lse;                                 \
+    }                                                                                              \
+}                                                                                                  \
+static void mica_log_softmax_backward_##S(const T *g, const T *y, T *dx, int64_t rows, int64_t n) {\
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *gr = g + r * n, *yr = y + r * n;                                                  \
+        T *dr = dx + r * n;                                                                        \
+        T s = mica_sum_##S(gr, n);                                                                 \
+        for (int64_t j = 0; j < n; j++) dr[j] = gr[j] - mica_exp_##S(yr[j]) * s;                   \
+    }                                                                                              \
+}                                                                                                  \
+/* ---- cross-entropy over rows of logits ------------------------------------------------------- */ \
+static void mica_cross_entropy_##S(const T *x, const int64_t *t, T *loss, T *lse, int64_t rows,    \
+                                   int64_t n, int64_t ignore, T *scratch) {                        \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *xr = x + r * n;                                                                   \
+        T *e = scratch + (int64_t)omp_get_thread_num() * n;                                        \
+        T m = mica_row_max_##S(xr, n);                                                             \
+        for (int64_t j = 0; j < n; j++) e[j] = mica_exp_##S(xr[j] - m);                            \
+        T l = m + mica_log_##S(mica_sum_##S(e, n));                                                \
+        int64_t k = t[r];                                                                          \
+        lse[r] = l;                                                                                \
+        if (k == ignore) { loss[r] = 0; continue; }                                                \
+        if (k < 0 || k >= n) { mica_fail("cross_entropy: target %lld is out of range for %lld classes", k, n); loss[r] = 0; continue; } \
+        loss[r] = l - xr[k];                                                                       \
+    }                                                                                              \
+}                                                                                                  \
+static void mica_cross_entropy_backward_##S(const T *g, const T *x, const int64_t *t, const T *lse,\
+                                            T *dx, int64_t rows, int64_t n, int64_t ignore) {      \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+        const T *xr = x + r * n;                                                                   \
+        T *dr = dx + r * n;                                                                        \
+        int64_t k = t[r];                                                                          \
+        T gr = k == ignore ? (T)0 : g[r], l = lse[r];                                              \
+        for (int64_t j = 0; j < n; j++) dr[j] = mica_exp_##S(xr[j] - l) * gr;                      \
+        if (k != ignore && k >= 0 && k < n) dr[k] = (mica_exp_##S(xr[k] - l) - (T)1) * gr;         \
+    }                                                                                              \
+}                                                                                                  \
+/* ---- embedding ----------------------------------------------------------------------------- */ \
+static void mica_embedding_##S(const int64_t *idx, const T *w, T *y, int64_t count, int64_t V,     \
+                               int64_t D) {                                                        \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(count, D)")                          \
+    for (int64_t i = 0; i < count; i++) {                                                          \
+        int64_t k = idx[i];                                                                        \
+        if (k < 0 || k >= V) { mica_fail("embedding: index %lld is out of range for %lld embeddings", k, V); continue; } \
+        memcpy(y + i * D, w + k * D, sizeof(T) * D);                                               \
+    }                                                                                              \
+}                                                                                                  \
+/* dw[v] = sum of g[i] over positions i with idx[i] == v, in increasing i (the oracle's order);    \
+ * `order` (count + V + 1 int64) holds the positions bucketed by row */                           \
+static void mica_embedding_backward_##S(const T *g, const int64_t *idx, T *dw, int64_t count,      \
+                                        int64_t V, int64_t D, int64_t *order) {                    \
+    int64_t *start = order + count;                                                                \
+    for (int64_t v = 0; v <= V; v++) start[v] = 0;                                                 \
+    for (int64_t i = 0; i < count; i++) {                                                          \
+        int64_t k = idx[i];                                                                        \
+        if (k < 0 || k >= V) { mica_fail("embedding: index %lld is out of range for %lld embeddings", k, V); return; } \
+        start[k + 1]++;                                                                            \
+    }                                                                                              \
+    for (int64_t v = 0; v < V; v++) start[v + 1] += start[v];                                      \
+    for (int64_t i = 0; i < count; i++) order[start[idx[i]]++] = i;                                \
+    for (int64_t v = V; v > 0; v--) start[v] = start[v - 1];                                       \
+    start[0] = 0;                                                                                  \
+    _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(V, D)")                              \
+    for (int64_t v = 0; v < V; v++) {                                                              \
+        T *out = dw + v * D;                                                                       \
+        for (int64_t d = 0; d < D; d++) out[d] = 0;                                                \
+        for (int64_t p = start[v]; p < start[v + 1]; p++) {                                        \
+            const T *gi = g + order[p] * D;                                                        \
+            for (int64_t d = 0; d < D; d++) out[d] = out[d] + gi[d];                               \
+        }                                                                                          \
+    }                                                                                              \
+}
+
+MICA_DEFINE_KERNELS(float, f32)
+MICA_DEFINE_KERNELS(double, f64)
+
+/* ---- attention ----------------------------------------------------------------------------------
+ * q [BH, L, E], k [BH, S, E], v [BH, S, Ev] given by strides (bh index split as b * H + h),
+ * the last dim contiguous. Causal masks j > i (top-left aligned, as PyTorch). Dot products over
+ * the head dim run in increasing index; softmax sums use the canonical lanes. Per-thread scratch:
+ * mica_attention_scratch(S, E, Ev) elements. */
+typedef struct {
+    int64_t B, H, L, S, E, Ev;
+    int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;
+    int causal;
+    double scale, dropout_p;
+    uint32_t stream, threshold;
+    const int64_t *rng;
+} mica_attn_shape;
+
+static inline int64_t mica_attention_scratch(int64_t S, int64_t E, int64_t Ev) {
+    return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev;
+}
+
+#define MICA_DEFINE_ATTENTION(T, S_)                                                               \
+static void mica_attention_##S_(const mica_attn_shape *a, const T *q, const T *k, const T *v,      \
+                                T *o, T *lse, T *scratch, int64_t slot) {                          \
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;                                        \
+    const T scale = (T)a->scale, keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                     \
+    _Pragma("omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)")      \
+    for (int64_t bh = 0; bh < a->B * a->H; bh++) {                                                 \
+        int64_t b = bh / a->H, h = bh % a->H;                                                      \
+        const T *qb = q + b * a->q_sb + h * a->q_sh, *kb = k + b * a->k_sb + h * a->k_sh;          \
+        const T *vb = v + b * a->v_sb + h * a->v_sh;                                               \
+        T *ob = o + b * a->o_sb + h * a->o_sh;                                                     \
+        T *kt = scratch + (int64_t)omp_get_thread_num() * slot, *s = kt + E * S, *p = s + S;       \
+        for (int64_t j = 0; j < S; j++)                                                            \
+            for (int64_t d = 0; d < E; d++) kt[d * S + j] = kb[j * a->k_st + d];                   \
+        for (int64_t i = 0; i < L; i++) {                                                          \
+            const T *qi = qb + i * a->q_st;                                                        \
+            int64_t n = a->causal ? (i + 1 < S ? i + 1 : S) : S;                                   \
+            for (int64_t j = 0; j < n; j++) s[j] = 0;                                              \
+            for (int64_t d = 0; d < E; d++) {                                                      \
+                T qd = qi[d];                                                                      \
+                const T *kr = kt + d * S;                                                          \
+                for (int64_t j = 0; j < n; j++) s[j] = s[j] + qd * kr[j];                          \
+            }                                                                                      \
+            for (int64_t j = 0; j < n; j++) s[j] = s[j] * scale;                                   \
+            T m = mica_row_max_##S_(s, n);                                                         \
+            for (int64_t j = 0; j < n; j++) p[j] = mica_exp_##S_(s[j] - m);                        \
+            T l = mica_sum_##S_(p, n);                                                             \
+            lse[bh * L + i] = m + mica_log_##S_(l);                                                \
+            for (int64_t j = 0; j < n; j++) p[j] = p[j] / l;                                       \
+            if (a->dropout_p > 0) {                                                                \
+                uint64_t base = ((uint64_t)bh * L + i) * S;                                        \
+                for (int64_t j = 0; j < n; j++)                                                    \
+                    p[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? p[j] * keep_scale : (T)0; \
+            }                                                                                      \
+            T *oi = ob + i * a->o_st;                                                              \
+            for (int64_t e = 0; e < Ev; e++) oi[e] = 0;                                            \
+            for (int64_t j = 0; j < n; j++) {                                                      \
+                T pj = p[j];                                                                       \
+                const T *vj = vb + j * a->v_st;                                                    \
+                for (int64_t e = 0; e < Ev; e++) oi[e] = oi[e] + pj * vj[e];                       \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+}                                                                                                  \
+/* gradients of q, k, v, written dense [BH, L or S, E or Ev]; g (the output's gradient) by its own strides */       \
+static void mica_attention_backward_##S_(const mica_attn_shape *a, const T *g, const T *q,         \
+                                         const T *k, const T *v, const T *o, const T *lse, T *dq,  \
+                                         T *dk, T *dv, int64_t g_sb, int64_t g_sh, int64_t g_st,   \
+                                         T *scratch, int64_t slot) {                               \
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;                                        \
+    const T scale = (T)a->scale, keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                     \
+    _Pragma("omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)")      \
+    for (int64_t bh = 0; bh < a->B * a->H; bh++) {                                                 \
+        int64_t b = bh / a->H, h = bh % a->H;                                                      \
+        const T *qb = q + b * a->q_sb + h * a->q_sh, *kb = k + b * a->k_sb + h * a->k_sh;          \
+        const T *vb = v + b * a->v_sb + h * a->v_sh, *ob = o + b * a->o_sb + h * a->o_sh;          \
+        const T *gb = g + b * g_sb + h * g_sh;                                                     \
+        T *dqb = dq + bh * L * E, *dkb = dk + bh * S * E, *dvb = dv + bh * S * Ev;                 \
+        T *kt = scratch + (int64_t)omp_get_thread_num() * slot, *vt = kt + E * S;                  \
+        T *dka = vt + Ev * S, *dva = dka + E * S, *s = dva + Ev * S, *p = s + S, *dp = p + S;       \
+        for (int64_t j = 0; j < S; j++) {                                                          \
+            for (int64_t d = 0; d < E; d++) { kt[d * S + j] = kb[j * a->k_st + d]; dka[j * E + d] = 0; } \
+            for (int64_t e = 0; e < Ev; e++) { vt[e * S + j] = vb[j * a->v_st + e]; dva[j * Ev + e] = 0; } \
+        }                                                                                          \
+        for (int64_t i = 0; i < L; i++) {                                                          \
+            const T *qi = qb + i * a->q_st, *gi = gb + i * g_st, *oi = ob + i * a->o_st;           \
+            int64_t n = a->causal ? (i + 1 < S ? i + 1 : S) : S;                                   \
+            for (int64_t j = 0; j < n; j++) { s[j] = 0; dp[j] = 0; }                               \
+            for (int64_t d = 0; d < E; d++) {                                                      \
+                T qd = qi[d];                                                                      \
+                const T *kr = kt + d * S;                                                          \
+                for (int64_t j = 0; j < n; j++) s[j] = s[j] + qd * kr[j];                          \
+            }                                                                                      \
+            T li = lse[bh * L + i];                                                                \
+            for (int64_t j = 0; j < n; j++) p[j] = mica_exp_##S_(s[j] * scale - li);               \
+            for (int64_t e = 0; e < Ev; e++) {                                                     \
+                T ge = gi[e];                                                                      \
+                const T *vr = vt + e * S;                                                          \
+                for (int64_t j = 0; j < n; j++) dp[j] = dp[j] + ge * vr[j];                        \
+            }                                                                                      \
+            T D = 0;                                                                               \
+            for (int64_t e = 0; e < Ev; e++) D = D + gi[e] * oi[e];                                \
+            uint64_t base = ((uint64_t)bh * L + i) * S;                                            \
+            for (int64_t j = 0; j < n; j++) {                                                      \
+                T pd = p[j], dpj = dp[j];                                                          \
+                if (a->dropout_p > 0) {                                                            \
+                    int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);               \
+                    pd = kept ? p[j] * keep_scale : (T)0;                                          \
+                    dpj = kept ? dpj * keep_scale : (T)0;                                          \
+                }                                                                                  \
+                T *dvj = dva + j * Ev;                                                             \
+                for (int64_t e = 0; e < Ev; e++) dvj[e] = dvj[e] + pd * gi[e];                     \
+                s[j] = (p[j] * (dpj - D)) * scale; /* dS */                                        \
+            }                                                                                      \
+            T *dqi = dqb + i * E;                                                                  \
+            for (int64_t d = 0; d < E; d++) dqi[d] = 0;                                            \
+            for (int64_t j = 0; j < n; j++) {                                                      \
+                T ds = s[j];                                                                       \
+                const T *kj = kb + j * a->k_st;                                                    \
+                T *dkj = dka + j * E;                                                              \
+                for (int64_t d = 0; d < E; d++) { dqi[d] = dqi[d] + ds * kj[d]; dkj[d] = dkj[d] + ds * qi[d]; } \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t j = 0; j < S; j++) {                                                          \
+            for (int64_t d = 0; d < E; d++) dkb[j * E + d] = dka[j * E + d];                       \
+            for (int64_t e = 0; e < Ev; e++) dvb[j * Ev + e] = dva[j * Ev + e];                    \
+        }                                                                                          \
+    }                                                                                              \
+}
+
+MICA_DEFINE_ATTENTION(float, f32)
+MICA_DEFINE_ATTENTION(double, f64)
+#endif

@@ -1,0 +1,1 @@
+"""Graph passes between tracing and a backend: simplify, then (per backend) fuse and plan memory."""

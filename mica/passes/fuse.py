@@ -1,0 +1,340 @@
+"""Fusion: turn a simplified Graph into a Schedule of kernels.
+
+- Shape primitives (reshape, permute, slice, expand) become strided Views: no kernel, no copy.
+- Elementwise nodes of one output shape join one loop while nothing outside has read them yet;
+  a value gets a buffer only when something outside its loop (or the caller) reads it.
+- A reduction absorbs the elementwise loop that feeds it when nothing else reads that loop, so
+  `sum(x * x)` is one pass over memory.
+- Products become Gemm kernels reading (possibly transposed) Views; row-wise primitives call
+  hand-written kernels; pad and concat are copies.
+
+With `fuse=False` (opt_level 0) every elementwise node is its own loop and every reduction reads a
+buffer: the same arithmetic in the same order, so the same bits.
+"""
+import math
+
+import numpy as np
+
+from ..ops import OPS
+from .schedule import (Buffer, Call, Const, Copy, Expr, Gemm, Iota, Literal, Loop, Reduce, Schedule,
+                       View)
+
+VIEW_OPS = {"reshape", "permute", "slice", "expand"}
+ROLE_CLASS = {"parameter": "parameters", "gradient": "gradients", "optimizer state": "optimizer state"}
+STRIDED_CALL_INPUTS = {"attention": 3, "attention_backward": 6}  # inputs that may be strided views
+
+
+def _is_elementwise(node):
+    return OPS[node.op].family == "elementwise"
+
+
+def _broadcast_view(view, shape):
+    """View of `view` read at every index of `shape` (numpy broadcasting, right-aligned)."""
+    lead = len(shape) - len(view.shape)
+    v = View(view.src, (1,) * lead + view.shape, (0,) * lead + view.strides, view.offset)
+    return v.expand(shape) if v.shape != tuple(shape) else v
+
+
+def _load_expr(view):
+    if isinstance(view.src, Const):
+        return Expr("const", view.dtype, value=view.src.value)
+    return Expr("load", view.dtype, view=view)
+
+
+class _Groups:
+    """Union-find over elementwise nodes; a group is open until something outside reads it."""
+
+    def __init__(self):
+        self.parent = {}
+        self.open = {}
+        self.members = {}
+
+    def find(self, n):
+        while self.parent[n] != n:
+            self.parent[n] = self.parent[self.parent[n]]
+            n = self.parent[n]
+        return n
+
+    def new(self, n):
+        self.parent[n] = n
+        self.open[n] = True
+        self.members[n] = [n]
+
+    def merge(self, a, b):
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return a
+        self.parent[b] = a
+        self.members[a] += self.members.pop(b)
+        self.open[a] = self.open[a] and self.open.pop(b)
+        return a
+
+
+def build(graph, fuse=True):
+    nodes = graph.nodes
+    index = {id(n): i for i, n in enumerate(nodes)}
+    consumers = graph.consumers()
+    out_ids = {v.id for v in graph.outputs}
+
+    groups = _Groups()
+    absorbed = {}  # index of a reduce node -> group root it absorbs
+
+    def producer_group(v):
+        n = v.node
+        if _is_elementwise(n) and index[id(n)] in groups.parent:
+            return groups.find(index[id(n)])
+        return None
+
+    for i, node in enumerate(nodes):
+        if _is_elementwise(node):
+            groups.new(i)
+            if not fuse:
+                continue
+            for v in node.inputs:
+                g = producer_group(v)
+                if g is None:
+                    continue
+                if groups.open[g] and v.shape == node.out.shape:
+                    groups.merge(g, i)
+                else:
+                    groups.open[g] = False
+            continue
+        for v in node.inputs:
+            g = producer_group(v)
+            if g is None:
+                continue
+            if fuse and node.op in ("sum", "max") and groups.open[g] and _absorbable(
+                    g, groups, nodes, node, consumers, out_ids):
+                absorbed[i] = g
+            groups.open[g] = False
+
+    absorbed_groups = set(absorbed.values())
+    last_member = {}
+    for i, node in enumerate(nodes):
+        if i in groups.parent:
+            last_member[groups.find(i)] = i
+
+    builder = _Builder(graph, groups, absorbed, absorbed_groups, consumers, out_ids, index)
+    for i, node in enumerate(nodes):
+        builder.visit(i, node, last_member)
+    return builder.finish()
+
+
+def _absorbable(g, groups, nodes, reduce_node, consumers, out_ids):
+    members = set(groups.members[g])
+    for m in members:
+        if "dropout" == nodes[m].op:
+            return False
+        for v in nodes[m].outputs:
+            if v.id in out_ids:
+                return False
+            for c in consumers.get(v.id, []):
+                if c is not reduce_node and not (c in [nodes[k] for k in members]):
+                    return False
+    return True
+
+
+class _Builder:
+    def __init__(self, graph, groups, absorbed, absorbed_groups, consumers, out_ids, index):
+        self.graph = graph
+        self.groups = groups
+        self.absorbed = absorbed
+        self.absorbed_groups = absorbed_groups
+        self.consumers = consumers
+        self.out_ids = out_ids
+        self.index = index
+        self.s = Schedule()
+        self.loc = {}  # value id -> View
+
+    # ---- classes and buffers -------------------------------------------------------------------
+    def cls_of(self, v):
+        role = self.graph.roles.get(v.id)
+        if role in ROLE_CLASS:
+            return ROLE_CLASS[role]
+        return "io" if v.id in self.out_ids else "activations"
+
+    def new_buffer_for(self, v):
+        b = self.s.new_buffer(v.numel, v.dtype, self.cls_of(v), name=f"%{v.id}")
+        view = View.of(b, v.shape)
+        self.loc[v.id] = view
+        return view
+
+    def dense(self, v, name, loc):
+        """A dense view of value v, copying it when its view is strided."""
+        view = self.loc[v.id]
+        if view.is_dense() and isinstance(view.src, Buffer):
+            return view
+        out = View.of(self.s.new_buffer(v.numel, v.dtype, "activations", name=f"%{v.id} (dense)"), v.shape)
+        self._copy_loop(view, out, f"copy {name}", loc)
+        return out
+
+    def _copy_loop(self, src_view, out_view, name, loc):
+        exprs = [_load_expr(src_view)]
+        self.s.kernels.append(Loop(name, loc, out_view.shape, exprs, [(out_view, 0)]))
+
+    # ---- visiting nodes --------------------------------------------------------------------------
+    def visit(self, i, node, last_member):
+        op = node.op
+        if op == "input":
+            v = node.out
+            cls = ROLE_CLASS.get(self.graph.roles.get(v.id), "io")
+            b = self.s.new_buffer(v.numel, v.dtype, cls, name=self.graph.input_names[node.attrs["index"]])
+            b.persistent = True
+            self.loc[v.id] = View.of(b, v.shape)
+            self.s.inputs.append(self.loc[v.id])
+            self.s.input_names.append(b.name)
+        elif op == "rng_key":
+            b = self.s.new_buffer(2, node.out.dtype, "io", name="rng (seed, offset)")
+            b.persistent = True
+            self.s.rng = b
+            self.loc[node.out.id] = View.of(b, (2,))
+        elif op == "const":
+            self.loc[node.out.id] = View.of(Const(node.attrs["value"], node.attrs["dtype"]), ())
+        elif op == "iota":
+            self.loc[node.out.id] = View.of(Iota(node.attrs["dtype"]), node.out.shape)
+        elif op == "literal":
+            lit = Literal(len(self.s.literals), node.attrs["data"], node.attrs["dtype"], node.out.numel)
+            self.s.literals.append(lit)
+            self.loc[node.out.id] = View.of(lit, node.out.shape)
+        elif op in VIEW_OPS:
+            self.view_op(node)
+        elif i in self.groups.parent:
+            root = self.groups.find(i)
+            if last_member.get(root) == i and root not in self.absorbed_groups:
+                self.loop(root)
+        elif op in ("sum", "max", "argmax"):
+            self.reduce(i, node)
+        elif op == "matmul":
+            self.gemm(node)
+        elif op in ("pad", "concat"):
+            out = self.new_buffer_for(node.out)
+            self.s.kernels.append(Copy(op, node.loc, op, [self.loc[v.id] for v in node.inputs], out, node.attrs))
+        else:
+            self.call(node)
+
+    def view_op(self, node):
+        v, a = node.inputs[0], node.attrs
+        src = self.loc[v.id]
+        if node.op == "reshape":
+            out = src.reshape(a["shape"])
+            if out is None:
+                out = self.dense(v, "reshape", node.loc).reshape(a["shape"])
+        elif node.op == "permute":
+            out = src.permute(a["perm"])
+        elif node.op == "slice":
+            out = src.slice(a["starts"], a["stops"], a["steps"])
+        else:
+            out = src.expand(a["shape"])
+        self.loc[node.out.id] = out
+
+    def loop(self, root):
+        members = sorted(self.groups.members[root])
+        nodes = [self.graph.nodes[m] for m in members]
+        shape = nodes[0].out.shape
+        exprs, stores = self._exprs(nodes, shape)
+        local = {}
+        for n in nodes:
+            local[n.out.id] = stores.pop(0)
+        kernel_stores = []
+        member_set = {id(n) for n in nodes}
+        for n in nodes:
+            v = n.out
+            outside = v.id in self.out_ids or any(id(c) not in member_set for c in self.consumers.get(v.id, []))
+            if outside:
+                kernel_stores.append((self.new_buffer_for(v), local[v.id]))
+        name = ", ".join(dict.fromkeys(n.op for n in nodes))
+        self.s.kernels.append(Loop(name, nodes[-1].loc, shape, exprs, kernel_stores))
+
+    def _exprs(self, nodes, shape):
+        """Expressions for elementwise `nodes` over iteration `shape`; returns (exprs, result index
+        per node). Inputs from outside become (deduplicated) loads of broadcast views."""
+        exprs, local, loads = [], {}, {}
+        results = []
+
+        def load(v):
+            view = _broadcast_view(self.loc[v.id], shape)
+            if isinstance(view.src, Const):
+                key = ("const", view.src.value, view.src.dtype.name)
+                if key not in loads:
+                    exprs.append(Expr("const", view.src.dtype, value=view.src.value))
+                    loads[key] = len(exprs) - 1
+                return loads[key]
+            key = (id(view.src), view.strides, view.offset)
+            if key not in loads:
+                exprs.append(Expr("load", view.dtype, view=view))
+                loads[key] = len(exprs) - 1
+            return loads[key]
+
+        for n in nodes:
+            args = []
+            for v in n.inputs:
+                if n.op == "dropout" and v is n.inputs[1]:
+                    continue  # the random key is read by the kernel itself
+                args.append(local[v.id] if v.id in local else load(v))
+            exprs.append(Expr("op", n.out.dtype, op=n.op, args=args, attrs=n.attrs))
+            local[n.out.id] = len(exprs) - 1
+            results.append(len(exprs) - 1)
+        return exprs, results
+
+    def reduce(self, i, node):
+        x = node.inputs[0]
+        if i in self.absorbed:
+            members = sorted(self.groups.members[self.absorbed[i]])
+            nodes = [self.graph.nodes[m] for m in members]
+            exprs, results = self._exprs(nodes, x.shape)
+            result = results[[n.out.id for n in nodes].index(x.id)]
+            name = ", ".join(dict.fromkeys(n.op for n in nodes)) + f" -> {node.op}"
+        else:
+            exprs = [_load_expr(_broadcast_view(self.loc[x.id], x.shape))]
+            result, name = 0, node.op
+        a = node.attrs
+        axes = a["axes"] if "axes" in a else (a["axis"],)
+        out = self.new_buffer_for(node.out)
+        self.s.kernels.append(Reduce(name, node.loc, x.shape, axes, node.op, exprs, result, out))
+
+    def gemm(self, node):
+        a, b = (self._gemm_operand(v, node) for v in node.inputs)
+        out = self.new_buffer_for(node.out)
+        self.s.kernels.append(Gemm("matmul", node.loc, a, b, out))
+
+    def _gemm_operand(self, v, node):
+        view = self.loc[v.id]
+        if isinstance(view.src, (Buffer, Literal)):
+            r, c = view.shape[-2:]
+            sr, sc = view.strides[-2:]
+            if (sc == 1 and (sr >= c or r == 1)) or (sr == 1 and (sc >= r or c == 1)):
+                return view
+        if isinstance(view.src, Literal):
+            pass
+        out = View.of(self.s.new_buffer(v.numel, v.dtype, "activations", name=f"%{v.id} (dense)"), v.shape)
+        self._copy_loop(_broadcast_view(view, v.shape), out, "copy matmul operand", node.loc)
+        return out
+
+    def call(self, node):
+        strided = STRIDED_CALL_INPUTS.get(node.op, 0)
+        inputs = []
+        for k, v in enumerate(node.inputs):
+            view = self.loc[v.id]
+            if k < strided and isinstance(view.src, Buffer) and view.strides[-1] == 1:
+                inputs.append(view)
+            else:
+                inputs.append(self.dense(v, node.op, node.loc))
+        outputs = [self.new_buffer_for(v) for v in node.outputs]
+        self.s.kernels.append(Call(node.op, node.loc, node.op, inputs, outputs, node.attrs))
+
+    def finish(self):
+        s = self.s
+        for v in self.graph.outputs:
+            view = self.loc[v.id]
+            if not isinstance(view.src, Buffer):
+                buf = View.of(s.new_buffer(v.numel, v.dtype, "io", name=f"%{v.id}"), v.shape)
+                self._copy_loop(_broadcast_view(view, v.shape), buf, "materialize output", None)
+                view = buf
+            view.src.persistent = True
+            s.outputs.append(view)
+        s.updates = []
+        for new_id, old_id in self.graph.updates.items():
+            new, old = self.loc.get(new_id), self.loc.get(old_id)
+            if new is not None and old is not None and new.is_whole() and old.is_whole() and new.src is not old.src:
+                s.updates.append((new.src, old.src))
+        return s
