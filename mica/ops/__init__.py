@@ -16,8 +16,8 @@ class OpDef:
         self.ref = ref        # ref(arrays, attrs, run) -> array or tuple of arrays
         self.vjp = vjp        # vjp(cotangents, outs, ins, attrs, needed) -> [Tensor|None per input]
         self.family = family  # "source" | "elementwise" | "reduce" | "shape" | "matmul" | "kernel"
-        # C lowering: for elementwise ops an expression template ({0}, {1}: operands; {T}: the C
-        # compute type; {S}: f32 or f64), for kernels the hand-written function's name stem
+        # C lowering of an elementwise op: an expression template ({0}, {1}: operands; {T}: the C
+        # compute type; {S}: f32 or f64), or a function of the node's attributes giving one
         self.c = c
 
     def __repr__(self):

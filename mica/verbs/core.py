@@ -230,13 +230,12 @@ def silu(input, inplace=False):
 
 def gelu(input, approximate="none"):
     """GELU with the exact erf form (default) or the tanh approximation, as torch.nn.functional.gelu."""
-    x = input
-    if approximate == "none":
-        return x * 0.5 * (1 + erf(x * (1 / math.sqrt(2))))
-    if approximate == "tanh":
-        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * (x * x * x))
-        return 0.5 * x * (1 + tanh(inner))
-    raise TraceError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}", user_location())
+    if approximate not in ("none", "tanh"):
+        raise TraceError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}", user_location())
+    x = as_tensor(input)
+    if x.dtype.kind != "float":
+        x = to(x, dtypes.DEFAULT_FLOAT)
+    return emit("gelu", [x], approximate=approximate)
 
 
 def clamp(input, min=None, max=None):

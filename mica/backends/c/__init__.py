@@ -38,8 +38,9 @@ class Lowered:
         self.memory_report = self.plan.report(program.name)
         self.source = Emitter(self.schedule, self.plan, program.name).source(self.max_threads, self.memory_report)
 
-    def build(self):
-        return Executable(self, _build.build(self.source, self.opt_level, self.program.name))
+    def build(self, profile=False):
+        """Compile (cached) and load; `profile=True` times every kernel (Executable.profile())."""
+        return Executable(self, _build.build(self.source, self.opt_level, self.program.name, profile))
 
 
 def _to_storage(array, dtype):
@@ -75,6 +76,8 @@ class Executable:
         lib.mica_arena_free.argtypes = [ctypes.c_void_p]
         lib.mica_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
         lib.mica_error.restype = ctypes.c_char_p
+        lib.mica_kernel_label.restype = ctypes.c_char_p
+        lib.mica_kernel_time.restype = ctypes.c_double
         self.arena_bytes = lib.mica_arena_bytes()
         self._arena = lib.mica_arena_new()
         if not self._arena:
@@ -99,15 +102,45 @@ class Executable:
         return _from_storage(np.array(arr), view.dtype)
 
     def __call__(self, *args, threads=None, seed=0, offset=0):
-        program, schedule = self.lowered.program, self.lowered.schedule
-        leaves = program.flatten_args(args)
-        for view, x in zip(schedule.inputs, leaves):
+        """Copy the arguments in, run once, return the results (numpy, in the program's structure)."""
+        self.load(*args)
+        self.run(threads=threads, seed=seed, offset=offset)
+        return self.results()
+
+    def load(self, *args):
+        """Copy every argument into the arena."""
+        leaves = self.lowered.program.flatten_args(args)
+        for view, x in zip(self.lowered.schedule.inputs, leaves):
             self._buffer(view.src)[...] = _to_storage(x, view.dtype).reshape(-1)
+
+    def set_input(self, index, array):
+        """Overwrite one input (by its flat index) — e.g. the next batch between steps."""
+        view = self.lowered.schedule.inputs[index]
+        self._buffer(view.src)[...] = _to_storage(array, view.dtype).reshape(-1)
+
+    def run(self, threads=None, seed=0, offset=0):
+        """Run once over what is in the arena. State updated in place stays there for the next run."""
         threads = threads or min(os.cpu_count() or 1, self.lowered.max_threads)
         rc = self._lib.mica_run(self._arena, int(threads), int(seed), int(offset))
         if rc != 0:
             raise MicaError(self._lib.mica_error().decode())
-        return pytree.unflatten(program.out_tree, [self._read(v) for v in schedule.outputs])
+
+    def results(self):
+        schedule = self.lowered.schedule
+        return pytree.unflatten(self.lowered.program.out_tree, [self._read(v) for v in schedule.outputs])
+
+    @property
+    def state_in_place(self):
+        """True when every state input is updated where it lies (so run() can be repeated)."""
+        g = self.lowered.graph
+        updated = set(g.updates.values())
+        return bool(updated) and all(new.root() is old for new, old in self.lowered.schedule.updates) and \
+            len(self.lowered.schedule.updates) == len(updated)
+
+    def profile(self):
+        """[(kernel label, seconds)] accumulated since load (needs build(profile=True))."""
+        lib = self._lib
+        return [(lib.mica_kernel_label(k).decode(), lib.mica_kernel_time(k)) for k in range(lib.mica_kernel_count())]
 
 
 def lower(program, opt_level=2, max_threads=None):

@@ -8,7 +8,7 @@ import tempfile
 from ...errors import MicaError
 from .emit import RUNTIME_DIR, RUNTIME_HEADERS
 
-BASE_FLAGS = ["-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
+BASE_FLAGS = ["-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC",
               "-mprefer-vector-width=256", "-std=gnu11", "-Wno-unused-function", "-Wno-unused-variable"]
 GCC_OPT = {0: "-O1", 1: "-O2", 2: "-O3"}
 
@@ -40,10 +40,11 @@ def _headers_digest():
     return h.hexdigest()
 
 
-def build(source, opt_level, name="program"):
-    """Compile `source` to a shared library (cached); returns its path."""
+def build(source, opt_level, name="program", profile=False):
+    """Compile `source` to a shared library (cached); returns its path. `profile` times every
+    kernel (mica_kernel_time)."""
     cc = compiler()
-    fl = flags(opt_level)
+    fl = flags(opt_level) + (["-DMICA_PROFILE"] if profile else [])
     key = hashlib.sha256("\0".join([source, cc, *fl, _headers_digest()]).encode()).hexdigest()[:24]
     out_dir = os.path.join(cache_dir(), key)
     lib = os.path.join(out_dir, "libmica_program.so")

@@ -14,6 +14,19 @@ def packed_b_floats(K, N):
     return max(min(K, 384), 1) * (-(-N // 32) * 32)
 
 
+def _tile_work_bound(K, N):
+    kc = max(min(K, 384), 1)
+    return kc * (-(-N // 32) * 32) + kc * 96 + 256
+
+
+def attention_slot(dtype, L, S, E, Ev):
+    """Per-thread scratch elements of the attention kernels (mica_attention_slot_f32 in C)."""
+    if dtype is dtypes.float32:
+        pairs = [(E, S), (S, Ev), (L, Ev), (Ev, S), (S, E), (L, E)]
+        return 2 * L * S + max(_tile_work_bound(k, n) for k, n in pairs)
+    return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
+
+
 def _attn_dims(view):
     """(B, H, T, D, stride_b, stride_h, stride_t) of a [..., T, D] view with unit last stride."""
     shape, strides = list(view.shape), list(view.strides)
@@ -39,8 +52,8 @@ def scratch(kernel):
         return 0, kernel.inputs[0].shape[-1] * size
     if kernel.op in ("attention", "attention_backward"):
         q, k, v = kernel.inputs[:3] if kernel.op == "attention" else kernel.inputs[1:4]
-        S, E, Ev = k.shape[-2], q.shape[-1], v.shape[-1]
-        return 0, (2 * E * S + 2 * Ev * S + 4 * S + E + Ev) * size
+        L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+        return 0, attention_slot(q.dtype, L, S, E, Ev) * size
     if kernel.op == "embedding_backward":
         count, V = kernel.inputs[1].numel, kernel.attrs["num_embeddings"]
         return (count + V + 1) * 8, 0
@@ -125,7 +138,7 @@ def _attention(e, kernel, s, dt):
     _, _, _, Ev, vsb, vsh, vst = _attn_dims(v)
     _, _, _, _, osb, osh, ost = _attn_dims(o)
     rng = e.rng_pointer() if a["dropout_p"] else "NULL"
-    slot = 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
+    slot = attention_slot(dt, L, S, E, Ev)
     lines = [
         "mica_attn_shape shape = {",
         f"    {B}, {H}, {L}, {S}, {E}, {Ev},",

@@ -150,7 +150,21 @@ class Emitter:
             out.append("")
             fail_after.append(isinstance(kern, Call) and kern.op in ("cross_entropy", "cross_entropy_backward",
                                                                         "embedding", "embedding_backward"))
+        names = ", ".join('"k%d %s"' % (k, kern.name.replace('"', "'")) for k, kern in enumerate(s.kernels))
         out += [
+            "/* per-kernel wall time, when built with -DMICA_PROFILE (mica bench --profile) */",
+            f"#define MICA_KERNELS {len(s.kernels)}",
+            f"static const char *mica_kernel_name[MICA_KERNELS + 1] = {{{names}{', ' if names else ''}0}};",
+            "static double mica_kernel_seconds[MICA_KERNELS + 1];",
+            "int mica_kernel_count(void) { return MICA_KERNELS; }",
+            "const char *mica_kernel_label(int k) { return mica_kernel_name[k]; }",
+            "double mica_kernel_time(int k) { return mica_kernel_seconds[k]; }",
+            "#ifdef MICA_PROFILE",
+            "#define MICA_TIMED(k, call) do { double t0_ = omp_get_wtime(); call; mica_kernel_seconds[k] += omp_get_wtime() - t0_; } while (0)",
+            "#else",
+            "#define MICA_TIMED(k, call) call",
+            "#endif",
+            "",
             "int64_t mica_arena_bytes(void) { return MICA_ARENA_BYTES; }",
             "int mica_max_threads(void) { return MICA_MAX_THREADS; }",
             "const char *mica_error(void) { return mica_error_text; }",
@@ -177,7 +191,7 @@ class Emitter:
         else:
             out.append("    (void)seed; (void)offset;")
         for k, fails in enumerate(fail_after):
-            out.append(f"    k{k}(A);" + (" if (mica_failed) return 1;" if fails else ""))
+            out.append(f"    MICA_TIMED({k}, k{k}(A));" + (" if (mica_failed) return 1;" if fails else ""))
         out += ["    return 0;", "}", ""]
         return "\n".join(out)
 

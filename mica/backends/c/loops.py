@@ -86,6 +86,8 @@ class ExprWriter:
             scale = ct.const(1.0 / (1.0 - x.attrs["p"]), x.dtype)
             return ct.rounded(x.dtype, f"({keep} ? {args[0]} * {scale} : ({ct.ctype(x.dtype)})0)")
         tmpl = OPS[x.op].c
+        if callable(tmpl):
+            tmpl = tmpl(x.attrs)
         src_dtype = self.exprs[x.args[0]].dtype if x.args else x.dtype
         t = ct.ctype(x.dtype if x.dtype.kind != "bool" else src_dtype)
         expr = tmpl.format(*args, T=t, S=ct.suffix(src_dtype))

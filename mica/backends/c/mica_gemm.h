@@ -174,12 +174,16 @@ static void mica_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
                        const float *B, int64_t ldb, int tb, float beta, float *C, int64_t ldc,
                        float *packed, float *scratch) {
     int64_t npanel = (N + MICA_NR - 1) / MICA_NR, mblocks = (M + MICA_MC - 1) / MICA_MC;
-    /* balanced row blocks (multiples of MR) and enough column groups for at least 8 tiles */
-    int64_t mstep = ((M + mblocks - 1) / (mblocks ? mblocks : 1) + MICA_MR - 1) / MICA_MR * MICA_MR;
-    int64_t pgroup = npanel * mblocks / 8;
-    pgroup = pgroup < 1 ? 1 : pgroup > 8 ? 8 : pgroup;
-    int64_t ngroups = (npanel + pgroup - 1) / pgroup;
     int parallel = (double)M * N * (K ? K : 1) > 262144.0;
+    /* Tiles: balanced row blocks (multiples of MR), each with all column panels when there are
+     * enough row blocks to go round the threads, else split into column groups. The tiling only
+     * decides who computes an element, never how, so it may depend on the thread count. */
+    int64_t mstep = ((M + mblocks - 1) / (mblocks ? mblocks : 1) + MICA_MR - 1) / MICA_MR * MICA_MR;
+    int threads = parallel ? omp_get_max_threads() : 1;
+    int64_t ngroups = mblocks >= 2 * threads ? 1 : (2 * threads + mblocks - 1) / mblocks;
+    ngroups = ngroups > npanel ? npanel : ngroups;
+    int64_t pgroup = (npanel + ngroups - 1) / (ngroups ? ngroups : 1);
+    ngroups = (npanel + pgroup - 1) / (pgroup ? pgroup : 1);
     for (int64_t k0 = 0; k0 < K || (K == 0 && k0 == 0); k0 += MICA_KC) {
         int64_t kc = K - k0 < MICA_KC ? K - k0 : MICA_KC;
         float b_eff = k0 == 0 ? beta : 1.0f;

@@ -142,6 +142,24 @@ static inline float mica_erf_f32(float x) {
     return a <= 1.0f ? small : (x != x ? x : big);
 }
 
+/* GELU and its slope, exact (erf) and tanh forms, in the same arithmetic as PyTorch's CPU code */
+#define MICA_DEFINE_GELU(T, S)                                                                     \
+    static inline T mica_gelu_##S(T x) { return x * (T)0.5 * ((T)1 + mica_erf_##S(x * (T)0.7071067811865476)); } \
+    static inline T mica_gelu_grad_##S(T g, T x) {                                                 \
+        T cdf = (T)0.5 * ((T)1 + mica_erf_##S(x * (T)0.7071067811865476));                        \
+        return g * (cdf + x * (mica_exp_##S((T)-0.5 * x * x) * (T)0.3989422804014327));           \
+    }                                                                                              \
+    static inline T mica_gelu_tanh_##S(T x) {                                                      \
+        T inner = (T)0.7978845608028654 * (x + (T)0.044715 * (x * x * x));                         \
+        return (T)0.5 * x * ((T)1 + mica_tanh_##S(inner));                                        \
+    }                                                                                              \
+    static inline T mica_gelu_tanh_grad_##S(T g, T x) {                                            \
+        T x2 = x * x, th = mica_tanh_##S((T)0.7978845608028654 * (x + (T)0.044715 * (x2 * x)));    \
+        T slope = (T)0.5 * ((T)1 + th) +                                                           \
+                  ((T)0.5 * x) * ((T)1 - th * th) * (T)0.7978845608028654 * ((T)1 + (T)0.134145 * x2); \
+        return g * slope;                                                                          \
+    }
+
 static inline float mica_sqrt_f32(float x) { return sqrtf(x); }
 static inline float mica_sin_f32(float x) { return sinf(x); }
 static inline float mica_cos_f32(float x) { return cosf(x); }
@@ -155,6 +173,9 @@ static inline double mica_sqrt_f64(double x) { return sqrt(x); }
 static inline double mica_sin_f64(double x) { return sin(x); }
 static inline double mica_cos_f64(double x) { return cos(x); }
 static inline double mica_pow_f64(double x, double y) { return pow(x, y); }
+
+MICA_DEFINE_GELU(float, f32)
+MICA_DEFINE_GELU(double, f64)
 
 /* ---- counter-based random bits: Philox4x32-10 -------------------------------------------------- */
 static inline uint32_t mica_philox_word(uint64_t seed, uint32_t offset, uint32_t stream, uint64_t index) {

@@ -1,0 +1,176 @@
+"""One training step, side by side: Mica's compiled step against PyTorch eager and torch.compile.
+
+Every configuration is warmed up, then the rounds alternate (the order rotating each round) so
+drift and neighbours touch all configurations alike; each round times a window of steps and
+reports the time per step. Results: medians, ranges, the ratio to PyTorch's fastest mode, and the
+step's product FLOPs against the machine's measured sgemm ceiling.
+"""
+import math
+import os
+import statistics
+import time
+
+import numpy as np
+
+import mica
+from ..models.gpt import GPT, GPTConfig, loss_fn
+from ..passes.schedule import Call, Gemm
+
+CONFIGS = {
+    # nanoGPT's CPU line from its README
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, vocab_size=65),
+    # config/train_shakespeare_char.py
+    "shakespeare_char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, vocab_size=65),
+}
+
+
+def step_flops(schedule):
+    """Multiply-add FLOPs of every product the compiled step runs (attention's included)."""
+    total = 0
+    for k in schedule.kernels:
+        if isinstance(k, Gemm):
+            total += 2 * math.prod(k.a.shape) * k.b.shape[-1]
+        elif isinstance(k, Call) and k.op in ("attention", "attention_backward"):
+            q = k.inputs[0] if k.op == "attention" else k.inputs[1]
+            kk = k.inputs[1] if k.op == "attention" else k.inputs[2]
+            bh, L, E = math.prod(q.shape[:-2]), q.shape[-2], q.shape[-1]
+            S = kk.shape[-2]
+            total += (2 if k.op == "attention" else 5) * 2 * bh * L * S * E
+    return total
+
+
+def mica_step(cfg, batch_size, lr=1e-3, weight_decay=0.1, grad_clip=1.0, opt_level=2, profile=False):
+    """A compiled nanoGPT step (forward, backward, clipping, AdamW) with its state resident."""
+    model = GPT(cfg)
+    params = model.init(1337)
+    opt = mica.optim.adamw(lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay,
+                           param_groups=mica.optim.nanogpt_param_groups(params, weight_decay))
+    state = opt.init(params)
+
+    def step(p, s, x, y):
+        loss, g = mica.value_and_grad(loss_fn(model))(p, x, y)
+        mica.optim.clip_grad_norm(g, grad_clip)
+        p, s = opt.update(p, g, s)
+        return p, s, loss
+
+    specs = model.param_specs()
+    batch = mica.i64[batch_size, cfg.block_size]
+    lowered = mica.trace(step, specs, opt.state_specs(specs), batch, batch).lower("cpu", opt_level=opt_level)
+    exe = lowered.build(profile=profile)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg.vocab_size, (batch_size, cfg.block_size))
+    exe.load(params, state, x, np.roll(x, -1, axis=1))
+    return exe
+
+
+def torch_step(cfg, batch_size, mode, lr=1e-3, weight_decay=0.1, grad_clip=1.0):
+    import torch
+
+    from .torch_gpt import TorchGPT
+
+    torch.manual_seed(1337)
+    model = TorchGPT(cfg)
+    opt = model.nanogpt_optimizer(weight_decay, lr, (0.9, 0.99))
+    fwd = torch.compile(model) if mode == "compile" else model
+    x = torch.randint(0, cfg.vocab_size, (batch_size, cfg.block_size))
+    y = torch.roll(x, -1, dims=1)
+
+    def run():
+        _, loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return run
+
+
+def sgemm_ceiling(threads, n=1024, reps=10):
+    """GFLOP/s of the best of numpy/torch's BLAS on an n x n x n product: the machine's ceiling."""
+    best = 0.0
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(3):
+            a @ b
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9)
+    except ImportError:
+        pass
+    return best
+
+
+def run(config="cpu", rounds=5, steps=20, warmup=10, threads=2, modes=("mica", "eager", "compile"), log=print):
+    import torch
+
+    torch.set_num_threads(threads)
+    c = CONFIGS[config]
+    cfg = GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
+                    n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
+    B = c["batch_size"]
+    runners = {}
+    exe = None
+    for mode in modes:
+        t0 = time.perf_counter()
+        if mode == "mica":
+            exe = mica_step(cfg, B)
+            runners[mode] = lambda: exe.run(threads=threads)
+        else:
+            runners[mode] = torch_step(cfg, B, mode)
+        for _ in range(warmup):
+            runners[mode]()
+        log(f"{mode}: ready in {time.perf_counter() - t0:.1f} s (build/compile and {warmup} warm-up steps)")
+    times = {m: [] for m in modes}
+    for r in range(rounds):
+        order = list(modes[r % len(modes):]) + list(modes[:r % len(modes)])
+        for mode in order:
+            fn = runners[mode]
+            t = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[mode].append((time.perf_counter() - t) / steps * 1000)
+        log(f"round {r + 1}: " + ", ".join(f"{m} {times[m][-1]:.1f} ms" for m in modes))
+    result = {"config": config, "threads": threads, "rounds": rounds, "steps": steps, "times_ms": times}
+    med = {m: statistics.median(v) for m, v in times.items()}
+    result["median_ms"] = med
+    torch_modes = [m for m in modes if m != "mica"]
+    if "mica" in modes and torch_modes:
+        fastest = min(torch_modes, key=lambda m: med[m])
+        result["fastest_torch"] = fastest
+        result["ratio"] = med["mica"] / med[fastest]
+    if exe is not None:
+        flops = step_flops(exe.lowered.schedule)
+        result["product_gflop_per_step"] = flops / 1e9
+        result["mica_gflops"] = flops / (med["mica"] / 1000) / 1e9
+        result["sgemm_ceiling_gflops"] = sgemm_ceiling(threads)
+    return result
+
+
+def table(result):
+    lines = [f"config {result['config']}, {result['threads']} threads, {result['rounds']} rounds x "
+             f"{result['steps']} steps", "", "| configuration | median ms/step | range |", "|---|---|---|"]
+    for m, v in result["times_ms"].items():
+        lines.append(f"| {m} | {statistics.median(v):.1f} | {min(v):.1f} – {max(v):.1f} |")
+    if "ratio" in result:
+        lines.append("")
+        lines.append(f"Mica / PyTorch {result['fastest_torch']} (fastest): {result['ratio']:.2f}x")
+    if "mica_gflops" in result:
+        lines.append(f"Mica products: {result['product_gflop_per_step']:.2f} GFLOP/step at "
+                     f"{result['mica_gflops']:.0f} GFLOP/s; measured sgemm ceiling "
+                     f"{result['sgemm_ceiling_gflops']:.0f} GFLOP/s "
+                     f"({100 * result['mica_gflops'] / max(result['sgemm_ceiling_gflops'], 1e-9):.0f}%)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    res = run(config=sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    print(table(res))
+    os.environ.get("MICA_BENCH_JSON") and open(os.environ["MICA_BENCH_JSON"], "w").write(__import__("json").dumps(res))
