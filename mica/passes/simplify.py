@@ -62,6 +62,20 @@ class _Rebuilder:
         n = self.new.add(op, inputs, attrs, [(v.shape, v.dtype) for v in node.outputs], loc)
         return n.outputs
 
+    def permute(self, v, perm, loc):
+        if v.node.op == "permute":
+            inner = v.node.attrs["perm"]
+            perm = tuple(inner[p] for p in perm)
+            v = v.node.inputs[0]
+        if perm == tuple(range(len(perm))):
+            return v
+        shape = tuple(v.shape[p] for p in perm)
+        return self.new.add("permute", (v,), {"perm": perm}, [(shape, v.dtype)], loc).out
+
+    def matmul(self, a, b, loc):
+        shape = a.shape[:-1] + (b.shape[-1],)
+        return self.new.add("matmul", (a, b), {}, [(shape, a.dtype)], loc).out
+
     def const(self, value, dtype, loc):
         return self.new.add("const", (), {"value": value, "dtype": dtype}, [((), dtype)], loc).out
 
@@ -94,6 +108,13 @@ class _Rebuilder:
         if op == "permute":
             if list(a["perm"]) == sorted(a["perm"]):
                 return [ins[0]]
+            perm, x = tuple(a["perm"]), ins[0]
+            swap = tuple(range(len(perm) - 2)) + (len(perm) - 1, len(perm) - 2)
+            if perm == swap and x.node.op == "matmul":
+                # (A B)^T = B^T A^T, summed over k in the same order: the product is born in the
+                # layout its reader wants (a weight's gradient in the weight's own layout)
+                xa, xb = x.node.inputs
+                return [self.matmul(self.permute(xb, swap, loc), self.permute(xa, swap, loc), loc)]
             if ins[0].node.op == "permute":
                 inner = ins[0].node.attrs["perm"]
                 perm = tuple(inner[p] for p in a["perm"])

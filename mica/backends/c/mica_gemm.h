@@ -29,42 +29,58 @@
 #define MICA_KC 384
 #define MICA_MC 96
 
+/* Pack op(B)[k0:k0+kc, n0:n0+nc] into column panels of NR, zero padded, and op(A)[m0:m0+mc,
+ * k0:k0+kc] into row panels of MR. Memory is always read along its stored rows: a transposed
+ * operand is walked one stored row at a time and scattered into the panels. */
 static void mica_pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc, int64_t n0, int64_t nc,
                         float *restrict out) {
-    for (int64_t j = 0; j < nc; j += MICA_NR) {
-        int64_t w = nc - j < MICA_NR ? nc - j : MICA_NR;
-        for (int64_t k = 0; k < kc; k++) {
-            float *dst = out + k * MICA_NR;
-            if (!tb) {
+    int64_t panels = (nc + MICA_NR - 1) / MICA_NR;
+    if (!tb) {
+        for (int64_t p = 0; p < panels; p++) {
+            int64_t j = p * MICA_NR, w = nc - j < MICA_NR ? nc - j : MICA_NR;
+            float *dst = out + p * kc * MICA_NR;
+            for (int64_t k = 0; k < kc; k++) {
                 const float *src = B + (k0 + k) * ldb + n0 + j;
-                for (int64_t c = 0; c < w; c++) dst[c] = src[c];
-            } else {
-                const float *src = B + (n0 + j) * ldb + k0 + k;
-                for (int64_t c = 0; c < w; c++) dst[c] = src[c * ldb];
+                for (int64_t c = 0; c < w; c++) dst[k * MICA_NR + c] = src[c];
+                for (int64_t c = w; c < MICA_NR; c++) dst[k * MICA_NR + c] = 0.0f;
             }
-            for (int64_t c = w; c < MICA_NR; c++) dst[c] = 0.0f;
         }
-        out += kc * MICA_NR;
+        return;
+    }
+    for (int64_t n = 0; n < panels * MICA_NR; n++) {
+        float *dst = out + (n / MICA_NR) * kc * MICA_NR + n % MICA_NR;
+        if (n < nc) {
+            const float *src = B + (n0 + n) * ldb + k0;
+            for (int64_t k = 0; k < kc; k++) dst[k * MICA_NR] = src[k];
+        } else {
+            for (int64_t k = 0; k < kc; k++) dst[k * MICA_NR] = 0.0f;
+        }
     }
 }
 
-/* pack op(A)[m0:m0+mc, k0:k0+kc] into row panels of MR, zero padded */
 static void mica_pack_a(const float *A, int64_t lda, int ta, int64_t m0, int64_t mc, int64_t k0, int64_t kc,
                         float *restrict out) {
-    for (int64_t i = 0; i < mc; i += MICA_MR) {
-        int64_t h = mc - i < MICA_MR ? mc - i : MICA_MR;
-        for (int64_t k = 0; k < kc; k++) {
-            float *dst = out + k * MICA_MR;
-            if (!ta) {
-                const float *src = A + (m0 + i) * lda + k0 + k;
-                for (int64_t r = 0; r < h; r++) dst[r] = src[r * lda];
+    int64_t panels = (mc + MICA_MR - 1) / MICA_MR;
+    if (!ta) {
+        for (int64_t m = 0; m < panels * MICA_MR; m++) {
+            float *dst = out + (m / MICA_MR) * kc * MICA_MR + m % MICA_MR;
+            if (m < mc) {
+                const float *src = A + (m0 + m) * lda + k0;
+                for (int64_t k = 0; k < kc; k++) dst[k * MICA_MR] = src[k];
             } else {
-                const float *src = A + (k0 + k) * lda + m0 + i;
-                for (int64_t r = 0; r < h; r++) dst[r] = src[r];
+                for (int64_t k = 0; k < kc; k++) dst[k * MICA_MR] = 0.0f;
             }
+        }
+        return;
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const float *src = A + (k0 + k) * lda + m0;
+        for (int64_t p = 0; p < panels; p++) {
+            float *dst = out + p * kc * MICA_MR + k * MICA_MR;
+            int64_t i = p * MICA_MR, h = mc - i < MICA_MR ? mc - i : MICA_MR;
+            for (int64_t r = 0; r < h; r++) dst[r] = src[i + r];
             for (int64_t r = h; r < MICA_MR; r++) dst[r] = 0.0f;
         }
-        out += kc * MICA_MR;
     }
 }
 
