@@ -64,13 +64,14 @@ class Program:
                                  f"was traced for {v.spec!r}")
         return out
 
-    def lower(self, target="cpu", opt_level=2, max_threads=None):
-        """Schedule, plan memory and render source for `target`; `.build()` the result."""
+    def lower(self, target="cpu", opt_level=2, max_threads=None, blas=None):
+        """Schedule, plan memory and render source for `target`; `.build()` the result.
+        `blas`: 'openblas' (default) or 'own' (Mica's own product kernel)."""
         if target != "cpu":
             raise TraceError(f"target {target!r} is not available yet; use target='cpu'")
         from .backends import c
 
-        return c.lower(self, opt_level=opt_level, max_threads=max_threads)
+        return c.lower(self, opt_level=opt_level, max_threads=max_threads, blas=blas)
 
     def __repr__(self):
         return f"<mica.Program {self.name}: {len(self.graph.nodes)} nodes>"

@@ -39,9 +39,10 @@ def gpt_step():
     return program, params, state, batch
 
 
-def test_training_step_matches_the_float64_oracle(gpt_step):
+@pytest.mark.parametrize("blas", ["openblas", "own"])
+def test_training_step_matches_the_float64_oracle(gpt_step, blas):
     program, params, state, batch = gpt_step
-    exe = program.lower("cpu", opt_level=2).build()
+    exe = program.lower("cpu", opt_level=2, blas=blas).build()
     new_params, new_state, m = exe(params, state, *batch, threads=2)
     want_params, want_state, want = mica.reference.run(program, params, state, *batch)
     assert rel_err(m["loss"], want["loss"]) < 1e-5
@@ -53,11 +54,12 @@ def test_training_step_matches_the_float64_oracle(gpt_step):
     assert int(new_state["step"]) == 1
 
 
-def test_bitwise_identical_across_threads_and_opt_levels(gpt_step):
+@pytest.mark.parametrize("blas", ["openblas", "own"])
+def test_bitwise_identical_across_threads_and_opt_levels(gpt_step, blas):
     program, params, state, batch = gpt_step
     runs = []
     for opt_level in (0, 2):
-        exe = program.lower("cpu", opt_level=opt_level).build()
+        exe = program.lower("cpu", opt_level=opt_level, blas=blas).build()
         for threads in (1, 2, 4):
             p, s, m = exe(params, state, *batch, threads=threads)
             leaves = mica.pytree.flatten((p, s, m))[0]
@@ -99,7 +101,7 @@ def test_several_steps_stay_with_the_oracle_and_dropout_is_deterministic():
 
 def test_the_source_is_readable(gpt_step):
     source = gpt_step[0].lower("cpu").source
-    assert "mica_layer_norm_f32" in source and "mica_attention_f32" in source and "mica_sgemm" in source
+    assert "mica_layer_norm_f32" in source and "mica_attention_f32" in source and "mica_blas_sgemm" in source
     assert "(gpt.py:" in source          # the user's line beside each kernel
     assert "activations:" in source      # buffers named by class
 

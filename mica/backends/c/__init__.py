@@ -26,21 +26,24 @@ def default_max_threads():
 class Lowered:
     """A Program lowered for the CPU: its schedule, exact memory plan and C source."""
 
-    def __init__(self, program, opt_level=2, max_threads=None):
+    def __init__(self, program, opt_level=2, max_threads=None, blas=None):
         if opt_level not in (0, 1, 2):
             raise MicaError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
+        self.blas = blas or os.environ.get("MICA_BLAS", "openblas")
+        _build.blas_flags(self.blas)  # a missing library is an error now, not after the build
         self.program = program
         self.opt_level = opt_level
         self.max_threads = max_threads or default_max_threads()
         self.graph = simplify.simplify(program.graph)
         self.schedule = fuse.build(self.graph, fuse=opt_level > 0)
-        self.plan = memory.plan(self.schedule, calls.scratch, self.max_threads)
+        self.plan = memory.plan(self.schedule, lambda k: calls.scratch(k, self.blas), self.max_threads)
         self.memory_report = self.plan.report(program.name)
-        self.source = Emitter(self.schedule, self.plan, program.name).source(self.max_threads, self.memory_report)
+        self.source = Emitter(self.schedule, self.plan, program.name, self.blas).source(self.max_threads,
+                                                                                       self.memory_report)
 
     def build(self, profile=False):
         """Compile (cached) and load; `profile=True` times every kernel (Executable.profile())."""
-        return Executable(self, _build.build(self.source, self.opt_level, self.program.name, profile))
+        return Executable(self, _build.build(self.source, self.opt_level, self.program.name, profile, self.blas))
 
 
 def _to_storage(array, dtype):
@@ -143,5 +146,5 @@ class Executable:
         return [(lib.mica_kernel_label(k).decode(), lib.mica_kernel_time(k)) for k in range(lib.mica_kernel_count())]
 
 
-def lower(program, opt_level=2, max_threads=None):
-    return Lowered(program, opt_level, max_threads)
+def lower(program, opt_level=2, max_threads=None, blas=None):
+    return Lowered(program, opt_level, max_threads, blas)

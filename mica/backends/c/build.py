@@ -32,6 +32,21 @@ def flags(opt_level):
     return [GCC_OPT.get(opt_level, "-O3")] + BASE_FLAGS
 
 
+def blas_flags(blas):
+    """Compile and link flags for the product library."""
+    if blas == "own":
+        return [], []
+    if blas != "openblas":
+        raise MicaError(f"unknown BLAS {blas!r}; use 'openblas' or 'own'")
+    try:
+        import scipy_openblas32
+    except ImportError:
+        raise MicaError("OpenBLAS is not installed: pip install scipy-openblas32 (or lower with blas='own' "
+                        "to use Mica's own product kernel)") from None
+    lib = scipy_openblas32.get_lib_dir()
+    return ["-DMICA_OPENBLAS"], ["-L", lib, "-l" + scipy_openblas32.get_library(), f"-Wl,-rpath,{lib}"]
+
+
 def _headers_digest():
     h = hashlib.sha256()
     for name in RUNTIME_HEADERS:
@@ -40,12 +55,13 @@ def _headers_digest():
     return h.hexdigest()
 
 
-def build(source, opt_level, name="program", profile=False):
+def build(source, opt_level, name="program", profile=False, blas="openblas"):
     """Compile `source` to a shared library (cached); returns its path. `profile` times every
     kernel (mica_kernel_time)."""
     cc = compiler()
-    fl = flags(opt_level) + (["-DMICA_PROFILE"] if profile else [])
-    key = hashlib.sha256("\0".join([source, cc, *fl, _headers_digest()]).encode()).hexdigest()[:24]
+    cflags, ldflags = blas_flags(blas)
+    fl = flags(opt_level) + cflags + (["-DMICA_PROFILE"] if profile else [])
+    key = hashlib.sha256("\0".join([source, cc, *fl, *ldflags, _headers_digest()]).encode()).hexdigest()[:24]
     out_dir = os.path.join(cache_dir(), key)
     lib = os.path.join(out_dir, "libmica_program.so")
     if os.path.exists(lib):
@@ -56,7 +72,7 @@ def build(source, opt_level, name="program", profile=False):
         f.write(source)
     with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
-    cmd = [cc, *fl, "-shared", "-I", RUNTIME_DIR, src, "-o", tmp_path, "-lm"]
+    cmd = [cc, *fl, "-shared", "-I", RUNTIME_DIR, src, "-o", tmp_path, *ldflags, "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         os.unlink(tmp_path)

@@ -14,16 +14,10 @@ def packed_b_floats(K, N):
     return max(min(K, 384), 1) * (-(-N // 32) * 32)
 
 
-def _tile_work_bound(K, N):
-    kc = max(min(K, 384), 1)
-    return kc * (-(-N // 32) * 32) + kc * 96 + 256
-
-
 def attention_slot(dtype, L, S, E, Ev):
     """Per-thread scratch elements of the attention kernels (mica_attention_slot_f32 in C)."""
     if dtype is dtypes.float32:
-        pairs = [(E, S), (S, Ev), (L, Ev), (Ev, S), (S, E), (L, E)]
-        return 2 * L * S + max(_tile_work_bound(k, n) for k, n in pairs)
+        return E * S + Ev * S + 2 * L * S
     return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
 
 
@@ -38,10 +32,10 @@ def _attn_dims(view):
     return shape[0], shape[1], shape[2], shape[3], strides[0], strides[1], strides[2]
 
 
-def scratch(kernel):
+def scratch(kernel, blas="openblas"):
     """(shared bytes, per-thread bytes) of workspace the kernel needs."""
     if isinstance(kernel, Gemm):
-        if kernel.out.dtype is dtypes.float32:
+        if kernel.out.dtype is dtypes.float32 and blas == "own":
             K, N = kernel.a.shape[-1], kernel.b.shape[-1]
             return packed_b_floats(K, N) * 4, GEMM_THREAD_FLOATS * 4
         return 0, 0

@@ -240,6 +240,96 @@ static void mica_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
     }
 }
 
+/* C[M,N] = alpha * op(A)[M,K] @ B[K,N] for small operands that sit in L1: no packing. A is read
+ * as A[i*lda + k] (ta = 0) or A[k*lda + i] (ta = 1); B row-major with unit column stride. Each
+ * element is one fused multiply-add chain over k in increasing order. */
+#define MICA_AN(i, k) A[(i) * lda + (k)]
+#define MICA_AT(i, k) A[(k) * lda + (i)]
+static void mica_small_gemm_n(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float *C, int64_t ldc) {
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; j + 16 <= N; j += 16) {
+        for (int64_t i = 0; i < M; i += 6) {
+            int64_t h = M - i < 6 ? M - i : 6;
+            int64_t r1 = i + (h > 1 ? 1 : 0), r2 = i + (h > 2 ? 2 : 0), r3 = i + (h > 3 ? 3 : 0);
+            int64_t r4 = i + (h > 4 ? 4 : 0), r5 = i + (h > 5 ? 5 : 0);
+            __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+            __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+            __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k++) {
+                __m256 b0 = _mm256_loadu_ps(B + k * ldb + j), b1 = _mm256_loadu_ps(B + k * ldb + j + 8), x;
+                x = _mm256_set1_ps(MICA_AN(i, k)); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
+                x = _mm256_set1_ps(MICA_AN(r1, k)); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
+                x = _mm256_set1_ps(MICA_AN(r2, k)); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
+                x = _mm256_set1_ps(MICA_AN(r3, k)); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
+                x = _mm256_set1_ps(MICA_AN(r4, k)); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
+                x = _mm256_set1_ps(MICA_AN(r5, k)); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+            }
+            __m256 al = _mm256_set1_ps(alpha);
+            __m256 rows[12] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+            for (int64_t r = 0; r < h; r++) {
+                _mm256_storeu_ps(C + (i + r) * ldc + j, _mm256_mul_ps(al, rows[2 * r]));
+                _mm256_storeu_ps(C + (i + r) * ldc + j + 8, _mm256_mul_ps(al, rows[2 * r + 1]));
+            }
+        }
+    }
+#endif
+    for (; j < N; j++)
+        for (int64_t i = 0; i < M; i++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc = fmaf(MICA_AN(i, k), B[k * ldb + j], acc);
+            C[i * ldc + j] = alpha * acc;
+        }
+}
+
+static void mica_small_gemm_t(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float *C, int64_t ldc) {
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; j + 16 <= N; j += 16) {
+        for (int64_t i = 0; i < M; i += 6) {
+            int64_t h = M - i < 6 ? M - i : 6;
+            int64_t r1 = i + (h > 1 ? 1 : 0), r2 = i + (h > 2 ? 2 : 0), r3 = i + (h > 3 ? 3 : 0);
+            int64_t r4 = i + (h > 4 ? 4 : 0), r5 = i + (h > 5 ? 5 : 0);
+            __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+            __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+            __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k++) {
+                __m256 b0 = _mm256_loadu_ps(B + k * ldb + j), b1 = _mm256_loadu_ps(B + k * ldb + j + 8), x;
+                x = _mm256_set1_ps(MICA_AT(i, k)); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
+                x = _mm256_set1_ps(MICA_AT(r1, k)); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
+                x = _mm256_set1_ps(MICA_AT(r2, k)); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
+                x = _mm256_set1_ps(MICA_AT(r3, k)); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
+                x = _mm256_set1_ps(MICA_AT(r4, k)); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
+                x = _mm256_set1_ps(MICA_AT(r5, k)); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+            }
+            __m256 al = _mm256_set1_ps(alpha);
+            __m256 rows[12] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+            for (int64_t r = 0; r < h; r++) {
+                _mm256_storeu_ps(C + (i + r) * ldc + j, _mm256_mul_ps(al, rows[2 * r]));
+                _mm256_storeu_ps(C + (i + r) * ldc + j + 8, _mm256_mul_ps(al, rows[2 * r + 1]));
+            }
+        }
+    }
+#endif
+    for (; j < N; j++)
+        for (int64_t i = 0; i < M; i++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc = fmaf(MICA_AT(i, k), B[k * ldb + j], acc);
+            C[i * ldc + j] = alpha * acc;
+        }
+}
+
+#undef MICA_AN
+#undef MICA_AT
+
+static void mica_small_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, int ta,
+                            const float *B, int64_t ldb, float *C, int64_t ldc) {
+    if (ta) mica_small_gemm_t(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+    else mica_small_gemm_n(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+}
+
 /* double precision: straightforward, each element summed over k in increasing order */
 static void mica_dgemm(int64_t M, int64_t N, int64_t K, const double *A, int64_t lda, int ta,
                        const double *B, int64_t ldb, int tb, double beta, double *C, int64_t ldc) {

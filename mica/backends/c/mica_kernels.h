@@ -352,37 +352,18 @@ static void mica_attention_backward_##S_(const mica_attn_shape *a, const T *g, c
 
 MICA_DEFINE_ATTENTION(double, f64)
 
-/* float attention: per (batch, head), the five products run through Mica's own blocked product
- * (one thread each, fixed order) and the row work between them is vectorized.
+/* float attention: per (batch, head), in blocks of 16 query rows. K and V are transposed once per
+ * head into scratch; every product runs through mica_small_gemm (no packing, one fused chain per
+ * element over the contraction index). With a causal mask, a row block only visits the keys it
+ * can see, and the key blocks of dK and dV only the queries that see them.
  * Per-thread scratch: mica_attention_slot_f32(L, S, E, Ev) floats. */
-static inline int64_t mica_tile_work_bound(int64_t K, int64_t N) {
-    int64_t kc = K < MICA_KC ? K : MICA_KC;
-    if (kc < 1) kc = 1;
-    return kc * ((N + 31) / 32 * 32) + kc * MICA_MC + 256;
-}
+#define MICA_ATTN_ROWS 16
 static inline int64_t mica_attention_slot_f32(int64_t L, int64_t S, int64_t E, int64_t Ev) {
-    int64_t w = mica_tile_work_bound(E, S), t;
-    t = mica_tile_work_bound(S, Ev); w = t > w ? t : w;
-    t = mica_tile_work_bound(L, Ev); w = t > w ? t : w;
-    t = mica_tile_work_bound(Ev, S); w = t > w ? t : w;
-    t = mica_tile_work_bound(S, E); w = t > w ? t : w;
-    t = mica_tile_work_bound(L, E); w = t > w ? t : w;
-    return 2 * L * S + w;
+    return E * S + Ev * S + 2 * L * S;
 }
 
-/* p[i][0..S) = softmax row i of s (causal: j > i are zero), lse[i] stored; returns nothing */
-static inline void mica_attn_softmax_rows(float *p, const float *s, int64_t L, int64_t S, int causal, float *lse) {
-    for (int64_t i = 0; i < L; i++) {
-        const float *si = s + i * S;
-        float *pi = p + i * S;
-        int64_t n = causal ? (i + 1 < S ? i + 1 : S) : S;
-        float m = mica_row_max_f32(si, n);
-        for (int64_t j = 0; j < n; j++) pi[j] = mica_exp_f32(si[j] - m);
-        float l = mica_sum_f32(pi, n);
-        lse[i] = m + mica_log_f32(l);
-        for (int64_t j = 0; j < n; j++) pi[j] = pi[j] / l;
-        for (int64_t j = n; j < S; j++) pi[j] = 0.0f;
-    }
+static inline int64_t mica_attn_visible(const mica_attn_shape *a, int64_t i1) {
+    return a->causal ? (i1 < a->S ? i1 : a->S) : a->S;
 }
 
 static void mica_attention_f32(const mica_attn_shape *a, const float *q, const float *k, const float *v,
@@ -395,18 +376,29 @@ static void mica_attention_f32(const mica_attn_shape *a, const float *q, const f
         const float *qb = q + b * a->q_sb + h * a->q_sh, *kb = k + b * a->k_sb + h * a->k_sh;
         const float *vb = v + b * a->v_sb + h * a->v_sh;
         float *ob = o + b * a->o_sb + h * a->o_sh;
-        float *s = scratch + (int64_t)omp_get_thread_num() * slot, *p = s + L * S, *work = p + L * S;
-        mica_sgemm_tile(L, S, E, scale, qb, a->q_st, 0, kb, a->k_st, 1, 0.0f, s, S, work);
-        mica_attn_softmax_rows(p, s, L, S, a->causal, lse + bh * L);
-        if (a->dropout_p > 0) {
-            for (int64_t i = 0; i < L; i++) {
-                uint64_t base = ((uint64_t)bh * L + i) * S;
-                float *pi = p + i * S;
-                for (int64_t j = 0; j < S; j++)
-                    pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : 0.0f;
+        float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *p = kt + E * S;
+        for (int64_t j = 0; j < S; j++)
+            for (int64_t d = 0; d < E; d++) kt[d * S + j] = kb[j * a->k_st + d];
+        for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
+            int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
+            mica_small_gemm(rows, n, E, scale, qb + i0 * a->q_st, a->q_st, 0, kt, S, p, S);
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t i = i0 + r, m_ = a->causal ? (i + 1 < S ? i + 1 : S) : S;
+                float *pi = p + r * S;
+                float m = mica_row_max_f32(pi, m_);
+                for (int64_t j = 0; j < m_; j++) pi[j] = mica_exp_f32(pi[j] - m);
+                float l = mica_sum_f32(pi, m_);
+                lse[bh * L + i] = m + mica_log_f32(l);
+                for (int64_t j = 0; j < m_; j++) pi[j] = pi[j] / l;
+                for (int64_t j = m_; j < n; j++) pi[j] = 0.0f;
+                if (a->dropout_p > 0) {
+                    uint64_t base = ((uint64_t)bh * L + i) * S;
+                    for (int64_t j = 0; j < m_; j++)
+                        pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : 0.0f;
+                }
             }
+            mica_small_gemm(rows, Ev, n, 1.0f, p, S, 0, vb, a->v_st, ob + i0 * a->o_st, a->o_st);
         }
-        mica_sgemm_tile(L, Ev, S, 1.0f, p, S, 0, vb, a->v_st, 0, 0.0f, ob, a->o_st, work);
     }
 }
 
@@ -422,48 +414,48 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
         const float *qb = q + b * a->q_sb + h * a->q_sh, *kb = k + b * a->k_sb + h * a->k_sh;
         const float *vb = v + b * a->v_sb + h * a->v_sh, *ob = o + b * a->o_sb + h * a->o_sh;
         const float *gb = g + b * g_sb + h * g_sh;
-        float *s = scratch + (int64_t)omp_get_thread_num() * slot, *dp = s + L * S, *work = dp + L * S;
-        /* P = exp(scale * Q K^T - lse), masked; kept in s */
-        mica_sgemm_tile(L, S, E, scale, qb, a->q_st, 0, kb, a->k_st, 1, 0.0f, s, S, work);
-        for (int64_t i = 0; i < L; i++) {
-            float *si = s + i * S, li = lse[bh * L + i];
-            int64_t n = a->causal ? (i + 1 < S ? i + 1 : S) : S;
-            for (int64_t j = 0; j < n; j++) si[j] = mica_exp_f32(si[j] - li);
-            for (int64_t j = n; j < S; j++) si[j] = 0.0f;
-        }
-        /* dPd = dO V^T */
-        mica_sgemm_tile(L, S, Ev, 1.0f, gb, g_st, 0, vb, a->v_st, 1, 0.0f, dp, S, work);
-        if (a->dropout_p > 0) {
-            /* dV = Pd^T dO needs the dropped P: build it in dp's place after using dPd */
-            for (int64_t i = 0; i < L; i++) {
-                uint64_t base = ((uint64_t)bh * L + i) * S;
-                for (int64_t j = 0; j < S; j++) {
-                    int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);
-                    dp[i * S + j] = kept ? dp[i * S + j] * keep_scale : 0.0f;
-                }
-            }
-        }
-        /* dS = P (dP - D) scale, D_i = dO_i . O_i; dp becomes dS, s keeps P */
-        for (int64_t i = 0; i < L; i++) {
-            const float *gi = gb + i * g_st, *oi = ob + i * a->o_st;
-            float D = 0.0f;
-            for (int64_t e = 0; e < Ev; e++) D = D + gi[e] * oi[e];
-            float *si = s + i * S, *di = dp + i * S;
-            for (int64_t j = 0; j < S; j++) di[j] = (si[j] * (di[j] - D)) * scale;
+        float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *vt = kt + E * S;
+        float *pd = vt + Ev * S, *ds = pd + L * S;  /* dropped P and dS, [L, S] */
+        for (int64_t j = 0; j < S; j++) {
+            for (int64_t d = 0; d < E; d++) kt[d * S + j] = kb[j * a->k_st + d];
+            for (int64_t e = 0; e < Ev; e++) vt[e * S + j] = vb[j * a->v_st + e];
         }
         float *dqb = dq + bh * L * E, *dkb = dk + bh * S * E, *dvb = dv + bh * S * Ev;
-        mica_sgemm_tile(L, E, S, 1.0f, dp, S, 0, kb, a->k_st, 0, 0.0f, dqb, E, work);
-        mica_sgemm_tile(S, E, L, 1.0f, dp, S, 1, qb, a->q_st, 0, 0.0f, dkb, E, work);
-        /* dV = Pd^T dO, with P dropped as the forward dropped it */
-        if (a->dropout_p > 0) {
-            for (int64_t i = 0; i < L; i++) {
+        for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
+            int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
+            float *pb = pd + i0 * S, *db = ds + i0 * S;
+            mica_small_gemm(rows, n, E, scale, qb + i0 * a->q_st, a->q_st, 0, kt, S, pb, S);       /* scores */
+            mica_small_gemm(rows, n, Ev, 1.0f, gb + i0 * g_st, g_st, 0, vt, S, db, S);             /* dPd */
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t i = i0 + r, m_ = a->causal ? (i + 1 < S ? i + 1 : S) : S;
+                float *pi = pb + r * S, *di = db + r * S, li = lse[bh * L + i];
+                const float *gi = gb + i * g_st, *oi = ob + i * a->o_st;
+                float D = 0.0f;
+                for (int64_t e = 0; e < Ev; e++) D = D + gi[e] * oi[e];
                 uint64_t base = ((uint64_t)bh * L + i) * S;
-                float *si = s + i * S;
-                for (int64_t j = 0; j < S; j++)
-                    si[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? si[j] * keep_scale : 0.0f;
+                for (int64_t j = 0; j < m_; j++) {
+                    float pj = mica_exp_f32(pi[j] - li), dpj = di[j];
+                    if (a->dropout_p > 0) {
+                        int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);
+                        dpj = kept ? dpj * keep_scale : 0.0f;
+                        pi[j] = kept ? pj * keep_scale : 0.0f;
+                    } else {
+                        pi[j] = pj;
+                    }
+                    di[j] = (pj * (dpj - D)) * scale;
+                }
+                for (int64_t j = m_; j < n; j++) { pi[j] = 0.0f; di[j] = 0.0f; }
             }
+            mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, a->k_st, dqb + i0 * E, E);            /* dQ */
         }
-        mica_sgemm_tile(S, Ev, L, 1.0f, s, S, 1, gb, g_st, 0, 0.0f, dvb, Ev, work);
+        for (int64_t j0 = 0; j0 < S; j0 += MICA_ATTN_ROWS) {
+            int64_t cols = S - j0 < MICA_ATTN_ROWS ? S - j0 : MICA_ATTN_ROWS;
+            int64_t first = a->causal ? (j0 < L ? j0 : L) : 0;   /* queries before j0 cannot see these keys */
+            mica_small_gemm(cols, E, L - first, 1.0f, ds + first * S + j0, S, 1, qb + first * a->q_st, a->q_st,
+                            dkb + j0 * E, E);                                                         /* dK */
+            mica_small_gemm(cols, Ev, L - first, 1.0f, pd + first * S + j0, S, 1, gb + first * g_st, g_st,
+                            dvb + j0 * Ev, Ev);                                                       /* dV */
+        }
     }
 }
 #endif

@@ -113,7 +113,8 @@ static inline float mica_tanh_f32(float x) {
     return a < 0.625f ? small : big;
 }
 
-static inline float mica_erf_f32(float x) {
+/* erf(x) given e = exp(-x*x) (callers that also need the normal density share one exp) */
+static inline float mica_erf_core_f32(float x, float e) {
     float a = mica_abs_f32(x), z = x * x;
     float p = -9.67848914e-6f; /* erf(x) = x * E(x^2) on |x| <= 1 */
     p = p * z + 1.12694633e-4f;
@@ -136,18 +137,20 @@ static inline float mica_erf_f32(float x) {
     g = g * t + 3.76832804e-3f;
     g = g * t + 5.63634188e-1f;
     g = g * t + 3.01715312e-5f;
-    float big = 1.0f - mica_exp_f32(-z) * g;
+    float big = 1.0f - e * g;
     big = a >= 4.0f ? 1.0f : big;
     big = mica_copysign_f32(big, x);
     return a <= 1.0f ? small : (x != x ? x : big);
 }
+static inline float mica_erf_f32(float x) { return mica_erf_core_f32(x, mica_exp_f32(-(x * x))); }
 
 /* GELU and its slope, exact (erf) and tanh forms, in the same arithmetic as PyTorch's CPU code */
 #define MICA_DEFINE_GELU(T, S)                                                                     \
     static inline T mica_gelu_##S(T x) { return x * (T)0.5 * ((T)1 + mica_erf_##S(x * (T)0.7071067811865476)); } \
     static inline T mica_gelu_grad_##S(T g, T x) {                                                 \
-        T cdf = (T)0.5 * ((T)1 + mica_erf_##S(x * (T)0.7071067811865476));                        \
-        return g * (cdf + x * (mica_exp_##S((T)-0.5 * x * x) * (T)0.3989422804014327));           \
+        T y = x * (T)0.7071067811865476, e = mica_exp_##S(-(y * y)); /* exp(-x^2/2), shared */      \
+        T cdf = (T)0.5 * ((T)1 + mica_erf_core_##S(y, e));                                         \
+        return g * (cdf + x * (e * (T)0.3989422804014327));                                       \
     }                                                                                              \
     static inline T mica_gelu_tanh_##S(T x) {                                                      \
         T inner = (T)0.7978845608028654 * (x + (T)0.044715 * (x * x * x));                         \
@@ -169,6 +172,7 @@ static inline double mica_exp_f64(double x) { return exp(x); }
 static inline double mica_log_f64(double x) { return log(x); }
 static inline double mica_tanh_f64(double x) { return tanh(x); }
 static inline double mica_erf_f64(double x) { return erf(x); }
+static inline double mica_erf_core_f64(double x, double e) { (void)e; return erf(x); }
 static inline double mica_sqrt_f64(double x) { return sqrt(x); }
 static inline double mica_sin_f64(double x) { return sin(x); }
 static inline double mica_cos_f64(double x) { return cos(x); }
