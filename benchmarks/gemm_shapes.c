@@ -20,7 +20,7 @@ static int shapes[][5] = {
 #define NS (int)(sizeof shapes / sizeof shapes[0])
 
 static void tiled(sgemm_fn f, int M, int N, int K, int ta, int tb) {
-    int lda = ta ? M : K, ldb = tb ? K : N, tiles = 8;
+    int lda = ta ? M : K, ldb = tb ? K : N, tiles = getenv("TILES") ? atoi(getenv("TILES")) : 8;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < tiles; t++) {
         int m0 = M * t / tiles, m1 = M * (t + 1) / tiles;

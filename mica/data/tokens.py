@@ -1,0 +1,82 @@
+"""Token files. Two layouts, both uint16 tokens:
+
+- nanoGPT's `.bin`: the raw tokens, nothing else;
+- the speedrun's shard: a header of 256 int32 (magic 20240520, version 1, token count, zeros)
+  followed by the tokens.
+
+`open_tokens` reads either (memory-mapped) and checks it; every problem is one sentence.
+"""
+import os
+
+import numpy as np
+
+from ..errors import MicaError
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+HEADER_INTS = 256
+
+
+def write_bin(path, tokens):
+    _atomic_write(path, np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+def write_shard(path, tokens):
+    tokens = np.asarray(tokens, dtype=np.uint16)
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, len(tokens))
+    _atomic_write(path, header.tobytes() + tokens.tobytes())
+
+
+def _atomic_write(path, data):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def token_layout(path):
+    """('shard', header bytes) or ('bin', 0): a file that starts with the shard magic is a shard."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) >= 4 and int(np.frombuffer(head[:4], np.int32)[0]) == SHARD_MAGIC:
+        return "shard", HEADER_INTS * 4
+    return "bin", 0
+
+
+def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
+    """The tokens of a .bin or shard file as a read-only uint16 memory map, checked: the file
+    exists and is whole, a shard's header agrees with its size, every token is below vocab_size,
+    and there are at least min_tokens of them."""
+    if not os.path.exists(path):
+        raise MicaError(f"{what} {path} does not exist; prepare the data first (mica prepare ...)")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise MicaError(f"{what} {path} is empty")
+    layout, offset = token_layout(path)
+    if layout == "shard":
+        if size < offset:
+            raise MicaError(f"{what} {path} is a truncated shard: {size} bytes, shorter than its 1024-byte header")
+        header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+        if int(header[1]) != SHARD_VERSION:
+            raise MicaError(f"{what} {path} is a shard of version {int(header[1])}; only version {SHARD_VERSION} "
+                            "is known")
+        count = int(header[2])
+        if size - offset != 2 * count:
+            raise MicaError(f"{what} {path} claims {count:,} tokens in its header but holds "
+                            f"{(size - offset) / 2:,.1f}: the file is truncated or corrupt")
+    elif size % 2:
+        raise MicaError(f"{what} {path} has an odd number of bytes ({size:,}), so it is not a file of uint16 "
+                        "tokens; was it written completely?")
+    tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=offset)
+    if len(tokens) < min_tokens:
+        raise MicaError(f"{what} {path} holds {len(tokens):,} tokens, fewer than the {min_tokens:,} one batch row "
+                        "needs (block_size + 1); use a smaller block_size or more data")
+    if vocab_size is not None and len(tokens):
+        top = int(tokens.max())
+        if top >= vocab_size:
+            where = int(np.argmax(tokens >= vocab_size))
+            raise MicaError(f"{what} {path} holds token id {top} (first bad one at position {where:,}), but the "
+                            f"vocabulary has only {vocab_size} entries")
+    return tokens

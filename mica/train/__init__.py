@@ -1,0 +1,1 @@
+"""`mica train`: nanoGPT's configuration, the compiled programs, and the native trainer."""

@@ -1,0 +1,120 @@
+"""Build the native trainer (the C runtime linked with the three generated programs) and write
+the manifest that tells it where everything lives."""
+import hashlib
+import os
+import subprocess
+import tempfile
+
+from .. import pytree
+from ..backends.c import build as cbuild
+from ..errors import MicaError
+
+RUNTIME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "trainer.c")
+PROGRAMS = ("train", "eval", "logits")
+
+
+def build_trainer(programs, opt_level=2, log=print):
+    """Lower the programs, compile and link them with the runtime (cached); returns
+    (executable path, {name: Lowered})."""
+    lowered = {name: programs[name].lower("cpu", opt_level=opt_level) for name in PROGRAMS}
+    blas = lowered["train"].blas
+    cflags, ldflags = cbuild.blas_flags(blas)
+    flags = cbuild.flags(opt_level) + cflags
+    sources = {name: lowered[name].c_source(api=f"{name}_") for name in PROGRAMS}
+    with open(RUNTIME) as f:
+        runtime = f.read()
+    cc = cbuild.compiler()
+    key = hashlib.sha256("\0".join([*sources.values(), runtime, cc, *flags, *ldflags,
+                                    cbuild._headers_digest()]).encode()).hexdigest()[:24]
+    out_dir = os.path.join(cbuild.cache_dir(), "trainer-" + key)
+    exe = os.path.join(out_dir, "mica-trainer")
+    if os.path.exists(exe):
+        return exe, lowered
+    os.makedirs(out_dir, exist_ok=True)
+    log(f"compiling the trainer ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} kernels) ...")
+    objects = []
+    for name, src in sources.items():
+        path = os.path.join(out_dir, f"{name}.c")
+        with open(path, "w") as f:
+            f.write(src)
+        obj = path[:-2] + ".o"
+        _run([cc, *flags, "-c", "-I", cbuild.RUNTIME_DIR, path, "-o", obj], name)
+        objects.append(obj)
+    fd, tmp = tempfile.mkstemp(dir=out_dir)
+    os.close(fd)
+    _run([cc, *flags, "-I", cbuild.RUNTIME_DIR, RUNTIME, *objects, "-o", tmp, *ldflags, "-lm"], "trainer")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, exe)
+    return exe, lowered
+
+
+def _run(cmd, what):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
+        raise MicaError(f"the C compiler failed on the {what} program ({first})")
+
+
+def _input_offsets(lowered):
+    """{input name: byte offset in its arena}."""
+    return {name: view.src.offset for name, view in zip(lowered.program.input_names, lowered.schedule.inputs)}
+
+
+def _output_offsets(lowered):
+    """The flat list of (byte offset, view) of each output."""
+    out = []
+    for view in lowered.schedule.outputs:
+        out.append((view.src.root().offset + view.offset * view.dtype.itemsize, view))
+    return out
+
+
+def state_slots(lowered, param_names):
+    """[(kind, tensor name, train input name)] for parameters and optimizer state, in order."""
+    slots = [(0, n, f"params[{n!r}]") for n in param_names]
+    for name in lowered["train"].program.input_names:
+        if name.startswith("opt_state["):
+            inner = name[len("opt_state"):]
+            parts = [p.strip("[]'") for p in inner.split("][")]
+            slots.append((1, "optimizer." + ".".join(parts), name))
+    return slots
+
+
+def check_in_place(lowered):
+    """Every state input of the train program must be updated where it lies (the trainer runs the
+    same arena step after step)."""
+    sched = lowered.schedule
+    inputs = {id(v.src): n for n, v in zip(lowered.program.input_names, sched.inputs)}
+    n_state = sum(1 for n in lowered.program.input_names if n.startswith(("params[", "opt_state[")))
+    outs = [v for v in sched.outputs][:n_state]
+    for name, view in zip([n for n in lowered.program.input_names if n.startswith(("params[", "opt_state["))], outs):
+        src = sched.inputs[lowered.program.input_names.index(name)].src
+        if view.src.root() is not src:
+            raise MicaError(f"internal: {name} is not updated in place ({inputs.get(id(view.src), 'a new buffer')})")
+
+
+def write_manifest(path, settings, slots, lowered, loads=()):
+    """The trainer's manifest: settings, then a `slot` line per state tensor and its offsets."""
+    tr, ev, lg = (_input_offsets(lowered[n]) for n in PROGRAMS)
+    outs = _output_offsets(lowered["train"])
+    lines = [f"{k} {v}" for k, v in settings.items()]
+    lines += [f"train.x {tr['x']}", f"train.y {tr['y']}", f"train.iter {tr['iter_num']}",
+              f"train.loss {outs[-2][0]}", f"train.lr {outs[-1][0]}",
+              f"eval.x {ev['x']}", f"eval.y {ev['y']}", f"eval.loss {_output_offsets(lowered['eval'])[0][0]}",
+              f"logits.idx {lg['idx']}", f"logits.out {_output_offsets(lowered['logits'])[0][0]}"]
+    views = dict(zip(lowered["train"].program.input_names, lowered["train"].schedule.inputs))
+    codes = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32"}
+    for kind, tensor, input_name in slots:
+        v = views[input_name]
+        eval_off = ev.get(input_name, -1)
+        logits_off = lg.get(input_name, -1)
+        shape = " ".join(str(s) for s in v.shape)
+        lines.append(f"slot {kind} {tr[input_name]} {eval_off} {logits_off} {v.src.nbytes} {codes[v.dtype.name]} "
+                     f"{len(v.shape)} {shape} {tensor}".replace("  ", " "))
+    for index, offset in loads:
+        lines.append(f"load {index} {offset}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def flat_names(tree):
+    return pytree.leaf_paths(tree)

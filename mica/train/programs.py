@@ -1,0 +1,122 @@
+"""The three programs a training run compiles, from a nanoGPT configuration.
+
+- train: one optimizer step — the micro-batches' forward and backward (loss / accumulation
+  steps, gradients summed as nanoGPT's .backward() accumulates them), clipping, the learning
+  rate from the iteration number (warmup + cosine, or constant), AdamW over nanoGPT's groups;
+  parameters and optimizer state are updated in place;
+- eval: the loss of one batch with dropout off (estimate_loss);
+- logits: every position's logits for one window (sampling).
+"""
+import math
+
+import mica
+from ..models.gpt import GPT, GPTConfig, loss_fn
+
+
+def model_config(cfg, vocab_size):
+    return GPTConfig(block_size=cfg["block_size"], vocab_size=vocab_size, n_layer=cfg["n_layer"],
+                     n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
+
+
+def optimizer(cfg, param_specs):
+    groups = mica.optim.nanogpt_param_groups(param_specs, cfg["weight_decay"])
+    return mica.optim.adamw(lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
+                            weight_decay=cfg["weight_decay"], param_groups=groups)
+
+
+def learning_rate(cfg, iter_num):
+    if not cfg["decay_lr"]:
+        return mica.as_tensor(float(cfg["learning_rate"]), mica.float64)
+    return mica.optim.cosine_with_warmup(iter_num, cfg["learning_rate"], cfg["warmup_iters"],
+                                         cfg["lr_decay_iters"], cfg["min_lr"])
+
+
+def build(cfg, vocab_size):
+    """{name: Program} for train, eval and logits, plus the model."""
+    model = GPT(model_config(cfg, vocab_size))
+    specs = model.param_specs()
+    opt = optimizer(cfg, specs)
+    accum, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
+    objective = loss_fn(model)
+
+    def train(params, opt_state, x, y, iter_num):
+        grads, loss = None, None
+        for micro in range(accum):
+            loss, g = mica.value_and_grad(lambda p: objective(p, x[micro], y[micro]) / accum)(params)
+            grads = g if grads is None else {n: grads[n] + g[n] for n in grads}
+        if cfg["grad_clip"] != 0.0:
+            mica.optim.clip_grad_norm(grads, cfg["grad_clip"])
+        lr = learning_rate(cfg, iter_num)
+        params, opt_state = opt.update(params, grads, opt_state, lr=lr)
+        return params, opt_state, {"loss": loss * accum, "lr": lr}
+
+    def evaluate(params, x, y):
+        return objective(params, x, y)
+
+    def logits(params, idx):
+        out, _ = mica.nn.functional_call(model, params, idx)
+        return out
+
+    model.train()
+    batch = mica.i64[accum, B, T]
+    train_prog = mica.trace(train, specs, opt.state_specs(specs), batch, batch, mica.i64[()], name="train")
+    model.eval()
+    eval_prog = mica.trace(evaluate, specs, mica.i64[B, T], mica.i64[B, T], name="eval")
+    logits_model = GPT(model_config(cfg, vocab_size))
+    logits_model.eval()
+
+    def all_logits(params, idx):
+        with logits_model.bind(params):
+            return _all_position_logits(logits_model, idx)
+
+    logits_prog = mica.trace(all_logits, specs, mica.i64[1, T], name="logits")
+    return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
+
+
+def _all_position_logits(model, idx):
+    """nanoGPT's forward without targets keeps only the last position; sampling one window at a
+    time needs every position (the window is padded on the right)."""
+    t = idx.size(1)
+    tr = model.transformer
+    x = tr.drop(tr.wte(idx) + tr.wpe(mica.arange(0, t, dtype=mica.long)))
+    for block in tr.h:
+        x = block(x)
+    return model.lm_head(tr.ln_f(x))
+
+
+def flops_per_iter(cfg, model):
+    """nanoGPT's estimate_mfu numerator: 6N + 12 L H Q T per token, for one iteration."""
+    N = model.get_num_params()
+    L, H, Q, T = cfg["n_layer"], cfg["n_head"], cfg["n_embd"] // cfg["n_head"], cfg["block_size"]
+    per_token = 6 * N + 12 * L * H * Q * T
+    return per_token * T * cfg["batch_size"] * cfg["gradient_accumulation_steps"]
+
+
+def peak_flops():
+    """This machine's float32 product ceiling (GFLOP/s of a 1024^3 numpy product), cached: the
+    denominator of the mfu nanoGPT's log line prints (nanoGPT's is an A100's bf16 peak)."""
+    import json
+    import os
+    import time
+
+    import numpy as np
+
+    from ..backends.c.build import cache_dir
+
+    path = os.path.join(cache_dir(), "peak_flops.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["flops"]
+    except (OSError, ValueError, KeyError):
+        pass
+    a = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    a @ a
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    flops = 2 * 1024 ** 3 / best
+    with open(path, "w") as f:
+        json.dump({"flops": flops}, f)
+    return flops

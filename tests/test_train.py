@@ -1,0 +1,88 @@
+"""mica prepare / train / sample as a user runs them: nanoGPT's numbers, exact resume, sampling."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mica.train import checkpoint
+
+SHAKESPEARE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt")
+if not os.path.exists(SHAKESPEARE):
+    SHAKESPEARE = "/work/shared/data/tinyshakespeare.txt"
+
+TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
+        "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--lr_decay_iters=40"]
+
+
+def mica(*args, cwd, check=True):
+    r = subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=cwd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise AssertionError(f"mica {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    r = mica("prepare", "shakespeare-char", "--input", SHAKESPEARE, cwd=d)
+    return d, r.stdout
+
+
+def test_prepare_reproduces_nanogpts_numbers(workdir):
+    d, out = workdir
+    assert "vocab size: 65" in out
+    assert "train has 1,003,854 tokens" in out and "val has 111,540 tokens" in out
+    meta = json.load(open(d / "data" / "shakespeare_char" / "meta.json"))
+    assert meta["vocab_size"] == 65 and meta["itos"][0] == "\n"
+    train = np.fromfile(d / "data" / "shakespeare_char" / "train.bin", dtype=np.uint16)
+    text = open(SHAKESPEARE).read()
+    assert "".join(meta["itos"][i] for i in train[:200]) == text[:200]
+
+
+def _losses(stdout):
+    return re.findall(r"^(iter \d+: loss [\d.]+|step \d+: train loss [\d.]+, val loss [\d.]+)", stdout, re.M)
+
+
+def test_resume_continues_bitwise_exactly(workdir):
+    d, _ = workdir
+    common = ["shakespeare_char", *TINY, "--eval_interval=4", "--always_save_checkpoint=True", "--dropout=0.1"]
+    straight = mica("train", *common, "--max_iters=12", "--out_dir=straight", cwd=d).stdout
+    mica("train", *common, "--max_iters=8", "--out_dir=resumed", cwd=d)
+    resumed = mica("train", *common, "--max_iters=12", "--out_dir=resumed", "--init_from=resume", cwd=d).stdout
+    after = [line for line in _losses(straight) if int(re.search(r"\d+", line).group()) >= 8]
+    assert len(after) == 2 + 5  # the evaluations at steps 8 and 12, iterations 8..12
+    assert _losses(resumed) == after
+    a = checkpoint.SafeTensors(str(d / "straight" / "ckpt.safetensors"))
+    b = checkpoint.SafeTensors(str(d / "resumed" / "ckpt.safetensors"))
+    assert a.names == b.names and a.metadata["iter_num"] == b.metadata["iter_num"] == "12"
+    for name in a.names:
+        assert a.read(name).tobytes() == b.read(name).tobytes(), name
+
+
+def test_sample_produces_text_of_the_asked_length(workdir):
+    d, _ = workdir
+    mica("train", "shakespeare_char", *TINY, "--max_iters=4", "--eval_interval=2", "--always_save_checkpoint=True",
+         "--out_dir=sampled", cwd=d)
+    out = mica("sample", "--out_dir=sampled", "--start=ROMEO:", "--num_samples=3", "--max_new_tokens=40", cwd=d).stdout
+    samples = out.split("---------------\n")[:-1]
+    assert len(samples) == 3
+    for s in samples:
+        assert s.startswith("ROMEO:") and len(s) == len("ROMEO:") + 40 + 1  # the text, then print's newline
+    again = mica("sample", "--out_dir=sampled", "--start=ROMEO:", "--num_samples=3", "--max_new_tokens=40",
+                 cwd=d).stdout
+    assert again == out  # seeded
+
+
+def test_metrics_and_checkpoint_layout(workdir):
+    d, _ = workdir
+    lines = [json.loads(line) for line in open(d / "straight" / "metrics.jsonl")]
+    assert any("val_loss" in m for m in lines) and any("lr" in m for m in lines)
+    st = checkpoint.SafeTensors(str(d / "straight" / "ckpt.safetensors"))
+    assert "transformer.wte.weight" in st.names and "optimizer.exp_avg.transformer.wte.weight" in st.names
+    assert "optimizer.step" in st.names
+    cfg = json.loads(st.metadata["config"])
+    assert cfg["n_layer"] == 2 and cfg["dataset"] == "shakespeare_char"
