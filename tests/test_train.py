@@ -86,3 +86,52 @@ def test_metrics_and_checkpoint_layout(workdir):
     assert "optimizer.step" in st.names
     cfg = json.loads(st.metadata["config"])
     assert cfg["n_layer"] == 2 and cfg["dataset"] == "shakespeare_char"
+
+
+def test_trainer_agrees_with_pytorch_from_a_shared_start(workdir):
+    """Method B: PyTorch's initial weights and one batch order on both sides, no dropout."""
+    from mica.bench import check
+
+    d, _ = workdir
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        v = check.method_b("shakespeare_char", TINY, iters=20, out_dir="check-b", threads=2, log=lambda *a: None)
+    finally:
+        os.chdir(cwd)
+    assert len(v["mica"]) == 21
+    assert v["relative_difference"][0] < 1e-5, v["relative_difference"][:3]
+    assert max(v["relative_difference"][1:]) < 0.01
+    assert v["passed"]
+
+
+def test_plot_writes_a_png(workdir):
+    d, _ = workdir
+    r = mica("plot", "straight", cwd=d)
+    png = d / "straight" / "loss.png"
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stdout
+
+
+def test_export_to_nanogpt_and_import_back(workdir):
+    import torch
+
+    from mica.bench.torch_gpt import TorchGPT
+    from mica.models.gpt import GPTConfig
+
+    d, _ = workdir
+    mica("export", "straight", "--to", "exported.pt", cwd=d)
+    ck = torch.load(d / "exported.pt", weights_only=False)
+    args = ck["model_args"]
+    assert args["n_layer"] == 2 and args["vocab_size"] == 65 and ck["iter_num"] == 12
+    model = TorchGPT(GPTConfig(**{k: args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias",
+                                                          "vocab_size", "dropout")}))
+    model.load_state_dict(ck["model"])  # nanoGPT's keys, the tie under both names
+    assert len(ck["optimizer"]["state"]) == len(list(model.parameters()))
+    mica("import", "exported.pt", "--out_dir", "imported", cwd=d)
+    a = checkpoint.SafeTensors(str(d / "straight" / "ckpt.safetensors"))
+    b = checkpoint.SafeTensors(str(d / "imported" / "ckpt.safetensors"))
+    for name in a.names:
+        if not name.startswith("data."):
+            assert np.array_equal(a.read(name), b.read(name)), name
+    out = mica("sample", "--out_dir=imported", "--num_samples=1", "--max_new_tokens=10", cwd=d).stdout
+    assert out.endswith("---------------\n")

@@ -66,7 +66,12 @@ def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
         if size - offset != 2 * count:
             raise MicaError(f"{what} {path} claims {count:,} tokens in its header but holds "
                             f"{(size - offset) / 2:,.1f}: the file is truncated or corrupt")
-    elif size % 2:
+    elif size >= HEADER_INTS * 4:
+        header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+        if int(header[1]) == SHARD_VERSION and 2 * int(header[2]) == size - HEADER_INTS * 4 and not header[3:].any():
+            raise MicaError(f"{what} {path} looks like a shard (version 1, token count {int(header[2]):,}) but "
+                            f"its magic number is {int(header[0])}, not {SHARD_MAGIC}: the header is corrupt")
+    if layout == "bin" and size % 2:
         raise MicaError(f"{what} {path} has an odd number of bytes ({size:,}), so it is not a file of uint16 "
                         "tokens; was it written completely?")
     tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=offset)

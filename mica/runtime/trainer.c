@@ -301,6 +301,8 @@ static int train(void) {
     if (S.resume) {
         iter = S.resume_iter;
         best_val_loss = S.resume_best;
+    }
+    if (S.resume && S.n_resume_next) {
         memcpy(rng, S.resume_rng, sizeof rng);
         if (S.n_resume_next != rows) die(2, "the checkpoint's batch does not match this configuration");
         memcpy(next, S.resume_next, rows * 8);
@@ -324,6 +326,15 @@ static int train(void) {
                 if (S.slots[i].kind == 0 && S.slots[i].eval_off >= 0)
                     memcpy(ev + S.slots[i].eval_off, tr + S.slots[i].train_off, S.slots[i].nbytes);
             double lt = estimate_split(ev, &train), lv = estimate_split(ev, &val);
+            if (!isfinite(lt) || !isfinite(lv)) {
+                fprintf(stderr, "mica: error: the evaluated loss is not finite at step %ld (train %g, val %g); "
+                        "training stopped without saving. The last good checkpoint (if any) is %s/ckpt.safetensors, "
+                        "untouched.\n", iter, fabs(lt), fabs(lv), S.out_dir);
+                fprintf(metrics, "{\"step\": %ld, \"train_loss\": null, \"val_loss\": null, \"stopped\": "
+                        "\"non-finite loss\"}\n", iter);
+                fclose(metrics);
+                return 3;
+            }
             printf("step %ld: train loss %.4f, val loss %.4f\n", iter, lt, lv);
             fflush(stdout);
             fprintf(metrics, "{\"step\": %ld, \"train_loss\": %.9g, \"val_loss\": %.9g}\n", iter, lt, lv);
@@ -341,7 +352,8 @@ static int train(void) {
         int64_t *x = (int64_t *)(tr + S.tr_x), *y = (int64_t *)(tr + S.tr_y);
         fill_batch(&train, next, rows, x, y);
         *(int64_t *)(tr + S.tr_iter) = iter;
-        for (int64_t r = 0; r < rows; r++) next[r] = draw_offset(&train, 1);
+        if (iter < S.max_iters) /* the batch after the last one is never used: not drawn */
+            for (int64_t r = 0; r < rows; r++) next[r] = draw_offset(&train, 1);
         if (train_run(tr, (int)S.threads, S.seed, iter) != 0) die(2, "%s", train_error());
         float loss = *(float *)(tr + S.tr_loss);
         double lr = *(double *)(tr + S.tr_lr);
@@ -349,6 +361,7 @@ static int train(void) {
         t0 = t1;
         if (!isfinite(loss)) {
             clear_progress();
+            fflush(stdout);
             fprintf(stderr, "mica: error: the loss is %s at iter %ld; training stopped. The last good checkpoint "
                     "(if any) is %s/ckpt.safetensors, untouched.\n", isnan(loss) ? "nan" : "infinite", iter, S.out_dir);
             fprintf(metrics, "{\"iter\": %ld, \"loss\": null, \"stopped\": \"non-finite loss\"}\n", iter);

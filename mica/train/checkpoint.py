@@ -65,7 +65,9 @@ def write(path, tensors, metadata=None):
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a)
+        if not a.flags.c_contiguous:
+            a = a.copy()  # (np.ascontiguousarray would turn a 0-d array into 1-d)
         if a.dtype not in CODES:
             raise MicaError(f"cannot store tensor {name!r} of dtype {a.dtype} in safetensors")
         header[name] = {"dtype": CODES[a.dtype], "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}

@@ -107,19 +107,18 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
             if saved.get(k, cfg[k]) != cfg[k]:
                 raise MicaError(f"the checkpoint in {out_dir} was trained with {k}={saved[k]!r}, not {cfg[k]!r}; "
                                 "resume with the same model settings")
-        missing = [name for name in by_name if name not in st.tensors]
-        if missing or "data.next_offsets" not in st.tensors:
-            raise MicaError(f"checkpoint {path} lacks {missing[0] if missing else 'data.next_offsets'}; it was "
-                            "not written by mica train")
         md = st.metadata
         try:
-            settings.update(resume=1, resume_iter=int(md["iter_num"]), resume_best=float(md["best_val_loss"]),
-                            resume_rng=md["rng"])
+            settings.update(resume=1, resume_iter=int(md["iter_num"]), resume_best=float(md["best_val_loss"]))
         except (KeyError, ValueError):
-            raise MicaError(f"checkpoint {path} has no training position (iter_num, rng) in its metadata") from None
-        nxt = st.read("data.next_offsets")
-        settings["resume_next"] = " ".join(str(int(x)) for x in nxt)
-        return _loads(path, by_name, settings, st=st)
+            raise MicaError(f"checkpoint {path} has no iter_num / best_val_loss in its metadata") from None
+        if "data.next_offsets" in st.tensors and "rng" in md:
+            settings["resume_rng"] = md["rng"]
+            settings["resume_next"] = " ".join(str(int(x)) for x in st.read("data.next_offsets"))
+        else:
+            log("note: the checkpoint holds no data position (an imported one?): batches start afresh from the seed")
+        has_state = all(name in st.tensors for name in by_name)
+        return _loads(path, by_name, settings, st=st, params_only=not has_state)
     if init.endswith(".safetensors"):
         log(f"initializing from weights in {init}")
         return _loads(init, by_name, settings, params_only=True)

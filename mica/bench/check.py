@@ -1,0 +1,97 @@
+"""Do both sides train the same model? The report's two methods.
+
+Method B, one shared start: initial weights made by PyTorch's side (nanoGPT's init), one recorded
+batch order, no dropout, float32. Passes when the step-0 losses agree within 1e-5 (relative) and
+every later step within 1%.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from ..data import tokens as tok
+from ..errors import MicaError
+from ..train import checkpoint
+from ..train import config as config_mod
+from ..train import run as train_run
+
+
+def _mica_losses(out_dir):
+    losses = {}
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            if "iter" in m and m.get("loss") is not None:
+                losses[m["iter"]] = m["loss"]
+    return [losses[i] for i in sorted(losses)]
+
+
+def method_b(config=None, overrides=(), iters=100, out_dir="check-b", threads=None, log=print):
+    """Run both sides from one start on one batch order; returns the verdict (and writes it, with
+    the curves, under out_dir)."""
+    from . import torch_train
+
+    cfg = config_mod.load(config, [*overrides, "--dropout=0.0", "--device=cpu"])
+    folder, (train_path, _) = train_run.data_files(cfg)
+    vocab, _ = train_run.vocab_size(folder, log)
+    data = tok.open_tokens(train_path, vocab, cfg["block_size"] + 1, "training data")
+    os.makedirs(out_dir, exist_ok=True)
+    init = os.path.join(out_dir, "shared_start.safetensors")
+    checkpoint.write(init, torch_train.nanogpt_init(cfg, vocab), {"made_by": "PyTorch, nanoGPT's init"})
+    rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"] * (iters + 1)
+    offsets = np.random.default_rng(cfg["seed"]).integers(0, len(data) - cfg["block_size"], rows)
+    order = os.path.join(out_dir, "batch_order.txt")
+    np.savetxt(order, offsets, fmt="%d")
+    mica_dir = os.path.join(out_dir, "mica")
+    metrics = os.path.join(mica_dir, "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.unlink(metrics)
+    args = [*overrides, "--dropout=0.0", "--device=cpu", f"--out_dir={mica_dir}", f"--init_from={init}",
+            f"--batch_order={order}", f"--max_iters={iters}", f"--eval_interval={iters + 1}", "--eval_iters=1",
+            "--log_interval=1", "--always_save_checkpoint=False"]
+    if threads:
+        args.append(f"--threads={threads}")
+    cmd = [sys.executable, "-m", "mica.cli", "train", *([config] if config else []), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise MicaError(f"the Mica side failed: {r.stderr.strip()}")
+    mica_losses = _mica_losses(mica_dir)
+    torch_losses = torch_train.train_losses(cfg, vocab, checkpoint_arrays(init), data, offsets, iters, threads)
+    rel = [abs(a - b) / abs(b) for a, b in zip(mica_losses, torch_losses)]
+    verdict = {
+        "method": "b", "iters": iters, "mica": mica_losses, "pytorch": torch_losses, "relative_difference": rel,
+        "step0_ok": rel[0] < 1e-5, "later_ok": all(r < 0.01 for r in rel[1:]),
+    }
+    verdict["passed"] = bool(len(rel) == iters + 1 and verdict["step0_ok"] and verdict["later_ok"])
+    with open(os.path.join(out_dir, "verdict.json"), "w") as f:
+        json.dump(verdict, f, indent=1)
+    _plot(out_dir, {"Mica": mica_losses, "PyTorch": torch_losses}, "method B: one shared start")
+    return verdict
+
+
+def checkpoint_arrays(path):
+    st = checkpoint.SafeTensors(path)
+    return {n: st.read(n) for n in st.names}
+
+
+def _plot(out_dir, curves, title):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, ys in curves.items():
+        ax.plot(range(len(ys)), ys, label=name, lw=1)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("training loss")
+    ax.set_title(title)
+    ax.legend()
+    path = os.path.join(out_dir, "curves.png")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
