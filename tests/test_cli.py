@@ -23,5 +23,5 @@ def test_inspect_prints_the_step_ir():
 def test_unknown_setting_names_the_nearest_one():
     r = _mica("inspect", "--n_layr=3")
     assert r.returncode == 2
-    assert r.stderr.strip() == "mica: error: unknown model setting 'n_layr'; did you mean 'n_layer'?"
+    assert r.stderr.strip() == "mica: error: unknown setting 'n_layr'; did you mean 'n_layer'?"
     assert "Traceback" not in r.stderr
