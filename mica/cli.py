@@ -134,6 +134,43 @@ def cmd_inspect(args, extra):
     return 0
 
 
+def cmd_bench(args, extra):
+    from .bench import protocol
+
+    res = protocol.bench(model=args.model, data_dir=args.data_dir, rounds=args.rounds, warmup=args.warmup,
+                         window=args.window, threads=args.threads, opt_levels=args.opt_levels,
+                         torch_modes=args.modes, out=args.out)
+    print(protocol.table(res))
+    print(f"raw numbers: {args.out}/bench-{args.model}.json; charts: {args.out}/steps-{args.model}.png, "
+          f"{args.out}/losses-{args.model}.png")
+    return 0
+
+
+def cmd_check(args, extra):
+    from .bench import check
+
+    if args.method == "b":
+        v = check.method_b("shakespeare_char", [f"--{k}={val}" for k, val in _model_flags(args.model).items()]
+                           + [f"--data_dir={args.data_dir}"], iters=args.iters, out_dir=args.out,
+                           threads=args.threads)
+        print(f"method B: step-0 difference {v['relative_difference'][0]:.2e} (needs < 1e-5), largest later "
+              f"{max(v['relative_difference'][1:] or [0]):.2%} (needs < 1%): {'PASS' if v['passed'] else 'FAIL'}")
+    else:
+        v = check.method_a(args.model, iters=args.iters, eval_every=args.eval_every, eval_batches=args.eval_batches,
+                           data_dir=args.data_dir, out_dir=args.out, threads=args.threads)
+        worst = max((r["difference"] - r["larger_range"] for r in v["evaluations"] if r["judged"]), default=0)
+        print(f"method A: {len(v['seeds'])} seeds a side, {len(v['evaluations'])} evaluations; "
+              f"{'PASS' if v['passed'] else 'FAIL'} (largest excess of a median gap over the ranges: {worst:.4f})")
+    print(f"verdict and curves in {args.out}/")
+    return 0 if v["passed"] else 1
+
+
+def _model_flags(model):
+    from .bench.protocol import MODELS
+
+    return {k: v for k, v in MODELS[model].items()}
+
+
 def parser():
     p = argparse.ArgumentParser(prog="mica", description="Mica: a compiler for training programs.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
@@ -157,13 +194,26 @@ def parser():
     im.add_argument("--out_dir", required=True)
     ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
-    for name in ("bench", "check"):
-        if name in COMMANDS:
-            COMMANDS[name][1](sub)
+    be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
+    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char"])
+    be.add_argument("--data_dir", default="data/shakespeare_char")
+    be.add_argument("--rounds", type=int, default=5)
+    be.add_argument("--warmup", type=int, default=20, help="steps never measured")
+    be.add_argument("--window", type=int, default=100, help="steps measured")
+    be.add_argument("--threads", type=int, default=0)
+    be.add_argument("--opt_levels", type=int, nargs="+", default=[2])
+    be.add_argument("--modes", nargs="+", default=["eager", "default", "reduce-overhead", "max-autotune"])
+    be.add_argument("--out", default="bench")
+    ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
+    ch.add_argument("--method", required=True, choices=["a", "b"])
+    ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char"])
+    ch.add_argument("--data_dir", default="data/shakespeare_char")
+    ch.add_argument("--iters", type=int, default=200)
+    ch.add_argument("--eval_every", type=int, default=50)
+    ch.add_argument("--eval_batches", type=int, default=20)
+    ch.add_argument("--threads", type=int, default=0)
+    ch.add_argument("--out", default=None)
     return p
-
-
-COMMANDS = {}
 
 
 def main(argv=None):
@@ -181,8 +231,10 @@ def main(argv=None):
         return 0
     handlers = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "plot": cmd_plot,
                 "export": cmd_export, "import": cmd_import, "inspect": cmd_inspect}
-    handlers.update({k: v[0] for k, v in COMMANDS.items()})
-    if args.command in ("train", "sample", "inspect", "bench", "check"):
+    handlers.update(bench=cmd_bench, check=cmd_check)
+    if args.command == "check" and args.out is None:
+        args.out = f"check-{args.method}"
+    if args.command in ("train", "sample", "inspect"):
         extra = [a for a in argv[argv.index(args.command) + 1:] if a != "--ir"]
     try:
         return handlers[args.command](args, extra)

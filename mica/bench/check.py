@@ -95,3 +95,56 @@ def _plot(out_dir, curves, title):
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+STEP = __import__("re").compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", __import__("re").M)
+
+
+def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=range(1337, 1342),
+             data_dir="data/shakespeare_char", out_dir="check-a", threads=None, log=print):
+    """Families of runs: each side trains with every seed; at every evaluation after the first
+    quarter the two sides' median validation losses must differ by no more than the larger of
+    the two families' ranges."""
+    from .protocol import MODELS
+
+    os.makedirs(out_dir, exist_ok=True)
+    settings = {**MODELS[model], "max_iters": iters, "eval_interval": eval_every, "eval_iters": eval_batches,
+                "log_interval": eval_every, "always_save_checkpoint": False, "device": "cpu", "data_dir": data_dir}
+    if threads:
+        settings["threads"] = threads
+    curves = {"mica": {}, "pytorch": {}}
+    for seed in seeds:
+        s = {**settings, "seed": seed, "out_dir": os.path.join(out_dir, f"mica-{seed}")}
+        cmd = [sys.executable, "-m", "mica.cli", "train", *[f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}"
+                                                           for k, v in s.items()]]
+        curves["mica"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "Mica", seed)
+        cfg = {**MODELS[model], "seed": seed}
+        cmd = [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", "eager",
+               "--iters", str(iters), "--every", str(eval_every), "--eval_every", str(eval_every),
+               "--eval_batches", str(eval_batches), "--config", json.dumps(cfg)] + (
+            ["--threads", str(threads)] if threads else [])
+        curves["pytorch"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "PyTorch", seed)
+        log(f"seed {seed}: done")
+    steps = sorted(set.intersection(*(set(c) for side in curves.values() for c in side.values())))
+    rows = []
+    for st in steps:
+        m = [curves["mica"][s][st] for s in seeds]
+        t = [curves["pytorch"][s][st] for s in seeds]
+        med_m, med_t = float(np.median(m)), float(np.median(t))
+        spread = max(max(m) - min(m), max(t) - min(t))
+        judged = st >= iters / 4
+        rows.append({"step": st, "mica_median": med_m, "pytorch_median": med_t, "difference": abs(med_m - med_t),
+                     "larger_range": spread, "judged": judged, "ok": (not judged) or abs(med_m - med_t) <= spread})
+    verdict = {"method": "a", "seeds": list(seeds), "evaluations": rows, "curves": curves,
+               "passed": bool(rows) and all(r["ok"] for r in rows)}
+    with open(os.path.join(out_dir, "verdict.json"), "w") as f:
+        json.dump(verdict, f, indent=1, default=str)
+    _plot(out_dir, {"Mica (median)": [r["mica_median"] for r in rows],
+                    "PyTorch (median)": [r["pytorch_median"] for r in rows]}, "method A: validation loss per evaluation")
+    return verdict
+
+
+def _evals(r, side, seed):
+    if r.returncode != 0:
+        raise MicaError(f"the {side} run with seed {seed} failed: {r.stderr.strip()[-300:]}")
+    return {int(m.group(1)): float(m.group(3)) for m in STEP.finditer(r.stdout)}

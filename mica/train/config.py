@@ -54,6 +54,7 @@ MICA_DEFAULTS = {
     "opt_level": 2,
     "batch_order": "",     # a file of recorded batch offsets to train on instead of random ones
     "data_dir": "",        # default: data/<dataset>
+    "time_every_iter": False,  # record every iteration's time in metrics.jsonl (mica bench)
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters

@@ -70,7 +70,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
                     eval_interval=cfg["eval_interval"], eval_iters=cfg["eval_iters"],
                     log_interval=cfg["log_interval"], eval_only=int(cfg["eval_only"]),
                     always_save=int(cfg["always_save_checkpoint"]), seed=cfg["seed"],
-                    threads=cfg["threads"] or os.cpu_count() or 1,
+                    threads=cfg["threads"] or os.cpu_count() or 1, time_every_iter=int(cfg["time_every_iter"]),
                     flops_per_iter=programs.flops_per_iter(cfg, model), peak_flops=programs.peak_flops())
     settings["train_data"] = f"{os.path.abspath(train_path)} {tok.token_layout(train_path)[1]}"
     settings["val_data"] = f"{os.path.abspath(val_path)} {tok.token_layout(val_path)[1]}"

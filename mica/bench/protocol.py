@@ -1,0 +1,255 @@
+"""`mica bench`: the technical report's measurement protocol, on the CPU.
+
+Each configuration (Mica's trainer at an opt level; PyTorch eager or a torch.compile mode) runs as
+its own process, training nanoGPT's loop on the same data. One outside clock (this process) stamps
+every line each program prints as it arrives; both print a line every ten steps right after a read
+that waits for the work. A run's step time is the stamp of its line at the end of the warm-up to
+the stamp at the end of the window, over the window's steps. Every configuration runs once,
+discarded, then once per round, the order rotating each round. Mica's own clock (its per-step
+times) must agree with the outside clock within 1% or the run is void.
+
+Also recorded per run: peak resident memory (VmHWM, read while it runs), time to the first step,
+the shared libraries it opened (/proc/PID/maps) and their size on disk.
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+LINE = re.compile(r"^iter (\d+): loss ([-\d.naif]+)")
+
+MODELS = {
+    # nanoGPT's README CPU line on shakespeare_char
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, bias=False,
+                learning_rate=1e-3, max_iters=2000, lr_decay_iters=2000, min_lr=1e-4, beta2=0.99, warmup_iters=100,
+                gradient_accumulation_steps=1, weight_decay=0.1, grad_clip=1.0),
+    # config/train_shakespeare_char.py (dropout off so both sides do the same work)
+    "shakespeare_char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.0,
+                             bias=False, learning_rate=1e-3, max_iters=5000, lr_decay_iters=5000, min_lr=1e-4,
+                             beta2=0.99, warmup_iters=100, gradient_accumulation_steps=1, weight_decay=0.1,
+                             grad_clip=1.0),
+}
+
+
+def _sample_proc(pid, out, stop):
+    """Poll /proc while the process lives: peak RSS (kB) and the shared objects it maps."""
+    libs, peak = set(), 0
+    while not stop.is_set():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.split()[-1] if len(line.split()) >= 6 else ""
+                    if ".so" in path:
+                        libs.add(path)
+        except (OSError, ValueError):
+            break
+        stop.wait(0.05)
+    out["peak_rss_kb"], out["libraries"] = peak, sorted(libs)
+
+
+def run_once(cmd, env, warmup, window, every=10, log=None):
+    """Run one program; returns the stamps and what it needed. Raises on failure (recorded)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
+    info, stop = {}, threading.Event()
+    sampler = threading.Thread(target=_sample_proc, args=(proc.pid, info, stop), daemon=True)
+    sampler.start()
+    stamps, losses = {}, {}
+    for line in proc.stdout:
+        t = time.perf_counter()
+        m = LINE.match(line)
+        if m:
+            it = int(m.group(1))
+            stamps[it] = t
+            losses[it] = float(m.group(2))
+    err = proc.stderr.read()
+    proc.wait()
+    stop.set()
+    sampler.join()
+    if proc.returncode != 0 or warmup not in stamps or warmup + window not in stamps:
+        raise RuntimeError(err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}")
+    first = min(stamps)
+    return {"step_ms": (stamps[warmup + window] - stamps[warmup]) / window * 1000,
+            "first_step_s": stamps[first] - start, "losses": losses, **info}
+
+
+def _footprint(paths):
+    total = 0
+    for p in paths:
+        try:
+            total += os.path.getsize(p)
+        except OSError:
+            pass
+    return total
+
+
+def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level):
+    settings = {**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
+                "log_interval": 10, "always_save_checkpoint": False, "out_dir": out_dir, "device": "cpu",
+                "data_dir": data_dir, "threads": threads, "opt_level": opt_level, "time_every_iter": True}
+    return [sys.executable, "-m", "mica.cli", "train", *[f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}"
+                                                        for k, v in settings.items()]]
+
+
+def _torch_cmd(model, data_dir, mode, iters, threads):
+    cfg = {**MODELS[model], "seed": 1337}
+    return [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", mode, "--iters", str(iters),
+            "--every", "10", "--threads", str(threads), "--config", json.dumps(cfg)]
+
+
+def _mica_own_ms(out_dir, warmup, window):
+    """Mica's own clock over the window, from its per-iteration times in metrics.jsonl."""
+    times = {}
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            if "iter" in m and "time_ms" in m:
+                times[m["iter"]] = m["time_ms"]
+    steps = range(warmup + 1, warmup + window + 1)
+    if not all(i in times for i in steps):
+        return None
+    return sum(times[i] for i in steps) / window
+
+
+def bench(model="cpu", data_dir="data/shakespeare_char", rounds=5, warmup=20, window=100, threads=None,
+          opt_levels=(2,), torch_modes=("eager", "default", "reduce-overhead", "max-autotune"), out="bench",
+          log=print):
+    threads = threads or os.cpu_count() or 1
+    iters = warmup + window
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    configs = {f"mica O{o}": ("mica", o) for o in opt_levels}
+    configs.update({f"pytorch {m}": ("torch", m) for m in torch_modes})
+    runs = {name: [] for name in configs}
+    failures, extras = {}, {}
+
+    def once(name):
+        kind, arg = configs[name]
+        if kind == "mica":
+            run_dir = os.path.join(out, name.replace(" ", "_"))
+            if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+                os.unlink(os.path.join(run_dir, "metrics.jsonl"))
+            r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg), env, warmup, window)
+            own = _mica_own_ms(run_dir, warmup, window)
+            r["own_step_ms"] = own
+            r["void"] = own is None or abs(own - r["step_ms"]) / r["step_ms"] > 0.01
+        else:
+            r = run_once(_torch_cmd(model, data_dir, arg, iters, threads), env, warmup, window)
+        return r
+
+    for name in list(configs):  # one discarded run each: builds, caches, compiles
+        try:
+            r = once(name)
+            extras[name] = {"first_step_s_cold": r["first_step_s"]}
+            log(f"{name}: discarded first run {r['step_ms']:.1f} ms/step")
+        except Exception as e:  # a mode that fails is recorded, not dropped
+            failures[name] = str(e)
+            log(f"{name}: failed ({e})")
+    live = [n for n in configs if n not in failures]
+    for k in range(rounds):
+        order = live[k % len(live):] + live[:k % len(live)]
+        for name in order:
+            try:
+                runs[name].append(once(name))
+            except Exception as e:
+                failures.setdefault(name, str(e))
+        log(f"round {k + 1}: " + ", ".join(f"{n} {runs[n][-1]['step_ms']:.1f}" for n in order if runs[n]))
+    result = summarize(model, threads, rounds, warmup, window, runs, failures, extras)
+    with open(os.path.join(out, f"bench-{model}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    charts(result, runs, out)
+    return result
+
+
+def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
+    res = {"model": model, "threads": threads, "rounds": rounds, "warmup": warmup, "window": window,
+           "date": time.strftime("%Y-%m-%d"), "configs": {}, "failures": failures}
+    for name, rs in runs.items():
+        if not rs:
+            continue
+        times = [r["step_ms"] for r in rs]
+        c = {"step_ms": times, "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+             "peak_rss_mb": max(r.get("peak_rss_kb", 0) for r in rs) / 1024,
+             "first_step_s": statistics.median(r["first_step_s"] for r in rs),
+             "libraries": rs[0].get("libraries", []),
+             "footprint_mb": _footprint(rs[0].get("libraries", [])) / 2 ** 20, **extras.get(name, {})}
+        if "own_step_ms" in rs[0]:
+            c["own_step_ms"] = [r["own_step_ms"] for r in rs]
+            c["void_runs"] = sum(1 for r in rs if r["void"])
+        res["configs"][name] = c
+    torch = {n: c for n, c in res["configs"].items() if n.startswith("pytorch")}
+    micas = {n: c for n, c in res["configs"].items() if n.startswith("mica")}
+    if torch and micas:
+        fastest = min(torch, key=lambda n: torch[n]["median_ms"])
+        res["fastest_pytorch"] = fastest
+        for n, c in micas.items():
+            t = torch[fastest]
+            ratio = c["median_ms"] / t["median_ms"]
+            if c["max_ms"] < t["min_ms"]:
+                verdict = "faster"
+            elif ratio < 1.05:
+                verdict = "level"
+            else:
+                verdict = "slower"
+            c.update(verdict=verdict, ratio=ratio, rss_ratio=c["peak_rss_mb"] / max(t["peak_rss_mb"], 1e-9))
+    return res
+
+
+def table(res):
+    lines = [f"model {res['model']}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
+             f"{res['window']}, {res['rounds']} rounds, {res['date']}", "",
+             "| configuration | median ms/step | range | peak RSS MB | first step s | libraries (MB on disk) | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for name, c in res["configs"].items():
+        verdict = f"{c['verdict']} ({c['ratio']:.2f}x)" if "verdict" in c else ""
+        if c.get("void_runs"):
+            verdict += f", {c['void_runs']} void"
+        lines.append(f"| {name} | {c['median_ms']:.1f} | {c['min_ms']:.1f} – {c['max_ms']:.1f} | "
+                     f"{c['peak_rss_mb']:.0f} | {c['first_step_s']:.1f} | {len(c['libraries'])} "
+                     f"({c['footprint_mb']:.0f}) | {verdict} |")
+    for name, why in res["failures"].items():
+        lines.append(f"| {name} | failed: {why[:80]} | | | | | |")
+    if "fastest_pytorch" in res:
+        lines.append("")
+        lines.append(f"PyTorch's fastest mode as measured: {res['fastest_pytorch']}.")
+    return "\n".join(lines)
+
+
+def charts(res, runs, out):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = list(res["configs"])
+    med = [res["configs"][n]["median_ms"] for n in names]
+    lo = [res["configs"][n]["median_ms"] - res["configs"][n]["min_ms"] for n in names]
+    hi = [res["configs"][n]["max_ms"] - res["configs"][n]["median_ms"] for n in names]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, med, yerr=[lo, hi], capsize=4)
+    ax.set_ylabel("ms per step (median, range)")
+    ax.set_title(f"{res['model']}: one training step")
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.savefig(os.path.join(out, f"steps-{res['model']}.png"), dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for n in names:
+        if runs[n]:
+            ls = runs[n][0]["losses"]
+            xs = sorted(ls)
+            ax.plot(xs, [ls[x] for x in xs], label=n, lw=1)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("training loss")
+    ax.legend()
+    fig.savefig(os.path.join(out, f"losses-{res['model']}.png"), dpi=120, bbox_inches="tight")
+    plt.close(fig)

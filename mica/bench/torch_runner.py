@@ -1,0 +1,90 @@
+"""The PyTorch side of `mica bench`, run as its own process: nanoGPT's loop over the project's
+TorchGPT in one mode (eager, or torch.compile's default / reduce-overhead / max-autotune), on the
+same data files as Mica. Every `every` iterations it reads the loss (which waits for the work)
+and prints nanoGPT's line, so an outside clock can stamp it.
+
+    python -m mica.bench.torch_runner --data DIR --mode eager --iters 120 --every 10 [--key=value]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--mode", default="eager", choices=["eager", "default", "reduce-overhead", "max-autotune"])
+    p.add_argument("--iters", type=int, default=120)
+    p.add_argument("--every", type=int, default=10)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--config", default="{}", help="JSON of nanoGPT settings")
+    p.add_argument("--eval_every", type=int, default=0, help="estimate_loss every this many steps (0: never)")
+    p.add_argument("--eval_batches", type=int, default=20)
+    a = p.parse_args(argv)
+    import torch
+
+    from ..train import config as config_mod
+    from .torch_train import get_lr, model_config
+    from .torch_gpt import TorchGPT
+
+    cfg = {**config_mod.DEFAULTS, **json.loads(a.config)}
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    with open(os.path.join(a.data, "meta.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    splits = {s: np.memmap(os.path.join(a.data, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
+    data = splits["train"]
+    torch.manual_seed(cfg["seed"])
+    model = TorchGPT(model_config(cfg, vocab))
+    opt = model.nanogpt_optimizer(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]))
+    fwd = model if a.mode == "eager" else torch.compile(model, mode=None if a.mode == "default" else a.mode)
+    B, T, accum = cfg["batch_size"], cfg["block_size"], cfg["gradient_accumulation_steps"]
+    gen = torch.Generator().manual_seed(cfg["seed"])
+
+    def get_batch(split="train"):
+        d = splits[split]
+        ix = torch.randint(len(d) - T, (B,), generator=gen)
+        x = torch.stack([torch.from_numpy(d[i:i + T].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(d[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
+        return x, y
+
+    @torch.no_grad()
+    def estimate_loss():
+        model.eval()
+        out = {}
+        for split in ("train", "val"):
+            out[split] = float(np.mean([model(*get_batch(split))[1].item() for _ in range(a.eval_batches)]))
+        model.train()
+        return out
+
+    X, Y = get_batch()
+    t0 = time.time()
+    for it in range(a.iters + 1):
+        if a.eval_every and it % a.eval_every == 0:
+            losses = estimate_loss()
+            print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
+        for g in opt.param_groups:
+            g["lr"] = get_lr(cfg, it)
+        for _ in range(accum):
+            _, loss = fwd(X, Y)
+            loss = loss / accum
+            X, Y = get_batch()
+            loss.backward()
+        if cfg["grad_clip"] != 0.0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if it % a.every == 0:
+            lossf = loss.item() * accum  # waits for the work
+            t1 = time.time()
+            print(f"iter {it}: loss {lossf:.4f}, time {(t1 - t0) * 1000:.2f}ms", flush=True)
+            t0 = t1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
