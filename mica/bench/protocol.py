@@ -36,10 +36,15 @@ MODELS = {
 
 
 def _sample_proc(pid, out, stop):
-    """Poll /proc while the process lives: peak RSS (kB) and the shared objects it maps."""
-    libs, peak = set(), 0
+    """Poll /proc while the process lives: peak RSS (kB) and the shared objects it maps. `mica
+    train` execs the native trainer: what counts is the final program, so the readings restart
+    when the process image changes."""
+    libs, peak, exe = set(), 0, None
     while not stop.is_set():
         try:
+            now_exe = os.readlink(f"/proc/{pid}/exe")
+            if now_exe != exe:
+                exe, libs, peak = now_exe, set(), 0
             with open(f"/proc/{pid}/status") as f:
                 for line in f:
                     if line.startswith("VmHWM:"):
@@ -52,7 +57,7 @@ def _sample_proc(pid, out, stop):
         except (OSError, ValueError):
             break
         stop.wait(0.05)
-    out["peak_rss_kb"], out["libraries"] = peak, sorted(libs)
+    out["peak_rss_kb"], out["libraries"], out["program"] = peak, sorted(libs), exe
 
 
 def run_once(cmd, env, warmup, window, every=10, log=None):
@@ -179,8 +184,9 @@ def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
         c = {"step_ms": times, "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
              "peak_rss_mb": max(r.get("peak_rss_kb", 0) for r in rs) / 1024,
              "first_step_s": statistics.median(r["first_step_s"] for r in rs),
-             "libraries": rs[0].get("libraries", []),
-             "footprint_mb": _footprint(rs[0].get("libraries", [])) / 2 ** 20, **extras.get(name, {})}
+             "program": rs[0].get("program"), "libraries": rs[0].get("libraries", []),
+             "footprint_mb": _footprint(rs[0].get("libraries", []) + [rs[0].get("program") or ""]) / 2 ** 20,
+             **extras.get(name, {})}
         if "own_step_ms" in rs[0]:
             c["own_step_ms"] = [r["own_step_ms"] for r in rs]
             c["void_runs"] = sum(1 for r in rs if r["void"])

@@ -221,3 +221,35 @@ if __name__ == "__main__":
     if "json" in args:
         with open(args["json"], "w") as f:
             json.dump(res, f, indent=1)
+
+
+TORCH_FAMILIES = (("products", ("mm", "addmm", "bmm", "matmul", "linear")),
+                  ("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax")),
+                  ("norms", ("layer_norm", "rms_norm")),
+                  ("loss", ("cross_entropy", "nll_loss", "log_softmax")),
+                  ("embedding", ("embedding",)),
+                  ("optimizer", ("_foreach", "adam", "lerp", "addcdiv", "addcmul", "sqrt_", "norm", "clip")),
+                  ("elementwise", ("gelu", "add", "mul", "div", "sub", "copy", "fill", "zero", "where", "sum")))
+
+
+def torch_profile(config="cpu", threads=2, mode="eager"):
+    """Per-family self CPU time (ms) of one profiled PyTorch step, grouped like Mica's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    torch.set_num_threads(threads)
+    c = CONFIGS[config]
+    cfg = GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
+                    n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
+    step = torch_step(cfg, c["batch_size"], mode)
+    for _ in range(5):
+        step()
+    with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            step()
+    fams = {}
+    for e in prof.key_averages():
+        name = e.key.lower()
+        fam = next((f for f, keys in TORCH_FAMILIES if any(k in name for k in keys)), "other")
+        fams[fam] = fams.get(fam, 0.0) + e.self_cpu_time_total / 1000 / 3
+    return fams
