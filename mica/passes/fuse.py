@@ -121,16 +121,17 @@ def build(graph, fuse=True):
 
 
 def _absorbable(g, groups, nodes, reduce_node, consumers, out_ids):
-    members = set(groups.members[g])
-    for m in members:
-        if "dropout" == nodes[m].op:
+    """A loop can live inside the reduction that reads it when nothing else reads any of its
+    values (and it draws no random numbers: their index is the loop's own)."""
+    member_nodes = {id(nodes[m]) for m in groups.members[g]}
+    for m in groups.members[g]:
+        if nodes[m].op == "dropout":
             return False
         for v in nodes[m].outputs:
             if v.id in out_ids:
                 return False
-            for c in consumers.get(v.id, []):
-                if c is not reduce_node and not (c in [nodes[k] for k in members]):
-                    return False
+            if any(c is not reduce_node and id(c) not in member_nodes for c in consumers.get(v.id, [])):
+                return False
     return True
 
 
@@ -231,10 +232,8 @@ class _Builder:
         members = sorted(self.groups.members[root])
         nodes = [self.graph.nodes[m] for m in members]
         shape = nodes[0].out.shape
-        exprs, stores = self._exprs(nodes, shape)
-        local = {}
-        for n in nodes:
-            local[n.out.id] = stores.pop(0)
+        exprs, results = self._exprs(nodes, shape)
+        local = {n.out.id: r for n, r in zip(nodes, results)}
         kernel_stores = []
         member_set = {id(n) for n in nodes}
         for n in nodes:
@@ -304,8 +303,6 @@ class _Builder:
             sr, sc = view.strides[-2:]
             if (sc == 1 and (sr >= c or r == 1)) or (sr == 1 and (sc >= r or c == 1)):
                 return view
-        if isinstance(view.src, Literal):
-            pass
         out = View.of(self.s.new_buffer(v.numel, v.dtype, "activations", name=f"%{v.id} (dense)"), v.shape)
         self._copy_loop(_broadcast_view(view, v.shape), out, "copy matmul operand", node.loc)
         return out

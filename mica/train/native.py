@@ -5,7 +5,6 @@ import os
 import subprocess
 import tempfile
 
-from .. import pytree
 from ..backends.c import build as cbuild
 from ..errors import MicaError
 
@@ -114,7 +113,3 @@ def write_manifest(path, settings, slots, lowered, loads=()):
         lines.append(f"load {index} {offset}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-
-
-def flat_names(tree):
-    return pytree.leaf_paths(tree)
