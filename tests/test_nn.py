@@ -8,6 +8,7 @@ import torch
 import mica
 import mica.nn as nn
 from helpers import rel_err, to_torch
+from mica.bench.torch_tutorial import tutorial_loss
 from mica.models.tutorial import TutorialConfig, TutorialModel, make_step, specs
 
 
@@ -95,23 +96,6 @@ def test_parameter_attributes_outside_a_trace_are_declarations():
             pass
 
 
-def _torch_tutorial_loss(p, tokens, targets, cfg):
-    B, T, C = cfg.batch, cfg.seq, cfg.dim
-    x = p["e"][tokens].reshape(B * T, C)
-    mask = torch.zeros(T, T, dtype=torch.float64).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), -math.inf)
-    for i in range(cfg.n_blocks):
-        g = lambda k: p[f"blocks.{i}.{k}"]  # noqa: E731
-        a = torch.nn.functional.rms_norm(x, (C,), g("g1"))
-        q, k, v = (a @ g(w) for w in ("wq", "wk", "wv"))
-        sc = q.view(B, T, C) @ k.view(B, T, C).transpose(1, 2) * (1 / math.sqrt(C)) + mask
-        o = (torch.softmax(sc, -1) @ v.view(B, T, C)).view(B * T, C)
-        x = x + o @ g("wo")
-        h = torch.nn.functional.gelu(torch.nn.functional.rms_norm(x, (C,), g("g2")) @ g("w1"), approximate="tanh")
-        x = x + h @ g("w2")
-    logits = torch.nn.functional.rms_norm(x, (C,), p["gf"]) @ p["e"].T
-    return torch.nn.functional.cross_entropy(logits, targets.view(-1))
-
-
 def test_tutorial_model_gradients_match_torch():
     cfg = TutorialConfig(dropout=0.0)
     model = TutorialModel(cfg)
@@ -126,7 +110,7 @@ def test_tutorial_model_gradients_match_torch():
     prog = mica.trace(loss_and_grads, {n: mica.f64[a.shape] for n, a in params.items()}, mica.i64[2, 3], mica.i64[2, 3])
     loss, grads = mica.reference.run(prog, params, tokens, targets)
     tp = {n: to_torch(a, requires_grad=True) for n, a in params.items()}
-    tloss = _torch_tutorial_loss(tp, to_torch(tokens), to_torch(targets), cfg)
+    tloss = tutorial_loss(tp, to_torch(tokens), to_torch(targets), cfg)
     tloss.backward()
     assert rel_err(loss, tloss.item()) < 1e-12
     for n in params:

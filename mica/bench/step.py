@@ -106,10 +106,39 @@ def sgemm_ceiling(threads, n=1024, reps=10):
     return best
 
 
+def tutorial_runners(modes, threads):
+    """The tutorial model's step (mica.models.tutorial) on both sides, for run()."""
+    import torch
+
+    from ..models.tutorial import TutorialModel, make_step, specs
+    from .torch_tutorial import tutorial_step
+
+    model = TutorialModel()
+    cfg = model.cfg
+    params = model.init(0)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (cfg.batch, cfg.seq))
+    targets = rng.integers(0, cfg.vocab_size, (cfg.batch, cfg.seq))
+    runners, exe = {}, None
+    for mode in modes:
+        if mode == "mica":
+            step, opt = make_step(model)
+            exe = mica.trace(step, *specs(model, opt)).lower("cpu").build()
+            exe.load(params, opt.init(params), tokens, targets)
+            runners[mode] = lambda: exe.run(threads=threads)
+        else:
+            step = tutorial_step(cfg, params, tokens, targets)
+            runners[mode] = torch.compile(step) if mode == "compile" else step
+    return runners, exe
+
+
 def run(config="cpu", rounds=5, steps=20, warmup=10, threads=2, modes=("mica", "eager", "compile"), log=print):
     import torch
 
     torch.set_num_threads(threads)
+    if config == "tutorial":
+        runners, exe = tutorial_runners(modes, threads)
+        return _measure(config, runners, exe, modes, rounds, steps, warmup, threads, log)
     c = CONFIGS[config]
     cfg = GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
                     n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
@@ -126,6 +155,13 @@ def run(config="cpu", rounds=5, steps=20, warmup=10, threads=2, modes=("mica", "
         for _ in range(warmup):
             runners[mode]()
         log(f"{mode}: ready in {time.perf_counter() - t0:.1f} s (build/compile and {warmup} warm-up steps)")
+    return _measure(config, runners, exe, modes, rounds, steps, 0, threads, log)
+
+
+def _measure(config, runners, exe, modes, rounds, steps, warmup, threads, log):
+    for mode in modes:
+        for _ in range(warmup):
+            runners[mode]()
     times = {m: [] for m in modes}
     for r in range(rounds):
         order = list(modes[r % len(modes):]) + list(modes[:r % len(modes)])
@@ -156,7 +192,7 @@ def table(result):
     lines = [f"config {result['config']}, {result['threads']} threads, {result['rounds']} rounds x "
              f"{result['steps']} steps", "", "| configuration | median ms/step | range |", "|---|---|---|"]
     for m, v in result["times_ms"].items():
-        lines.append(f"| {m} | {statistics.median(v):.1f} | {min(v):.1f} – {max(v):.1f} |")
+        lines.append(f"| {m} | {statistics.median(v):.3g} | {min(v):.3g} – {max(v):.3g} |")
     if "ratio" in result:
         lines.append("")
         lines.append(f"Mica / PyTorch {result['fastest_torch']} (fastest): {result['ratio']:.2f}x")
