@@ -13,7 +13,6 @@ buffer: the same arithmetic in the same order, so the same bits.
 """
 import math
 
-import numpy as np
 
 from ..ops import OPS
 from .schedule import (Buffer, Call, Const, Copy, Expr, Gemm, Iota, Literal, Loop, Reduce, Schedule,
@@ -117,7 +116,82 @@ def build(graph, fuse=True):
     builder = _Builder(graph, groups, absorbed, absorbed_groups, consumers, out_ids, index)
     for i, node in enumerate(nodes):
         builder.visit(i, node, last_member)
-    return builder.finish()
+    schedule = builder.finish()
+    if fuse:
+        schedule.kernels = fuse_epilogues(schedule.kernels)
+    return schedule
+
+
+def fuse_epilogues(kernels, reach=3):
+    """A loop that reads a product's output at its own index becomes the product's epilogue (run
+    per output tile), when it follows the product within `reach` kernels and nothing in between
+    touches what it reads or writes. The loop's views are re-read as [M, N]."""
+    kernels = list(kernels)
+    out, k = [], 0
+    while k < len(kernels):
+        g = kernels[k]
+        if isinstance(g, Gemm) and g.epilogue is None:
+            for j in range(k + 1, min(k + 1 + reach, len(kernels))):
+                loop = kernels[j]
+                if not isinstance(loop, Loop) or not _movable(loop, kernels[k + 1:j]):
+                    continue
+                epi = _as_epilogue(g, loop)
+                if epi is not None:
+                    g.epilogue = epi
+                    g.name = f"matmul + {loop.name}"
+                    del kernels[j]
+                    break
+        out.append(g)
+        k += 1
+    return out
+
+
+def _buffers(views):
+    return {v.src.root().id for v in views if isinstance(v.src, Buffer)}
+
+
+def _movable(loop, between):
+    """The loop may run before the kernels `between` (none of them writes what it reads, or
+    reads or writes what it writes)."""
+    reads, writes = _buffers(loop.reads()), {b.root().id for b in loop.writes()}
+    for k in between:
+        kr, kw = _buffers(k.reads()), {b.root().id for b in k.writes()}
+        if kw & (reads | writes) or kr & writes:
+            return False
+    return True
+
+
+def _as_epilogue(gemm, loop):
+    if len(gemm.a.shape) != 2 or gemm.out.dtype.name != "float32":
+        return None
+    M, N = gemm.out.shape
+    if math.prod(loop.shape) != M * N or (loop.shape[-1] != N if loop.shape else True):
+        return None
+    if any(e.kind == "op" and e.op == "dropout" for e in loop.exprs):
+        return None
+    reads_output = False
+    exprs = []
+    for e in loop.exprs:
+        if e.kind == "load":
+            v = e.view.reshape((M, N)) if not isinstance(e.view.src, Const) else View.of(e.view.src, (M, N))
+            if v is None:
+                return None
+            if v.src is gemm.out.src:
+                if not (v.offset == 0 and v.strides == (N, 1)):
+                    return None  # the product's output is read elsewhere than at the element's own index
+                reads_output = True
+            exprs.append(Expr("load", e.dtype, view=v))
+        else:
+            exprs.append(e)
+    stores = []
+    for view, idx in loop.stores:
+        v = view.reshape((M, N))
+        if v is None:
+            return None
+        stores.append((v, idx))
+    if not reads_output:
+        return None
+    return Loop(loop.name, loop.loc, (M, N), exprs, stores)
 
 
 def _absorbable(g, groups, nodes, reduce_node, consumers, out_ids):

@@ -12,7 +12,7 @@ from ... import __version__, dtypes
 from ...passes.schedule import Buffer, Call, Copy, Gemm, Literal, Loop, Reduce
 from . import calls
 from . import ctypes_ as ct
-from .loops import Accessor, copy_body, loop_body, reduce_body
+from .loops import Accessor, copy_body, loop_body, reduce_body, tile_body
 
 
 class Emitter:
@@ -69,6 +69,8 @@ class Emitter:
         elif isinstance(kern, Gemm):
             body = self.gemm(kern)
             views = [kern.a, kern.b, kern.out]
+            if kern.epilogue is not None:
+                views += [e.view for e in kern.epilogue.exprs if e.kind == "load"] + [v for v, _ in kern.epilogue.stores]
             needs_rng = False
         elif isinstance(kern, Call):
             body = calls.call_lines(self, kern)
@@ -115,6 +117,19 @@ class Emitter:
             return " + ".join(terms)
 
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
+        if kern.epilogue is not None and self.blas == "openblas" and not batch:
+            args = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
+                    f"{pc} + {off(out)}, {N}")
+            body = tile_body(self, kern.epilogue)
+            return [f"mica_product p = mica_product_grid({args});",
+                    "#pragma omp parallel for schedule(static) if (mica_product_parallel(&p))",
+                    "for (int64_t t = 0; t < p.tm * p.tn; t++) {",
+                    "    int64_t r0, r1, c0, c1;",
+                    "    mica_product_tile(&p, t);",
+                    "    mica_product_bounds(&p, t, &r0, &r1, &c0, &c1);",
+                    "    for (int64_t i0 = r0; i0 < r1; i0++)",
+                    "        for (int64_t i1 = c0; i1 < c1; i1++) {"] + \
+                ["            " + x for x in body] + ["        }", "}"]
         if dt is dtypes.float32 and self.blas == "openblas":
             call = (f"mica_blas_sgemm({M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
                     f"{pc} + {off(out)}, {N});")
@@ -133,6 +148,8 @@ class Emitter:
             lines.append("    " * depth + f"for (int64_t {n} = 0; {n} < {size}; {n}++)")
             depth += 1
         lines.append("    " * depth + call)
+        if kern.epilogue is not None:  # without a tile loop to ride on: after the product, as its own loop
+            lines += loop_body(self, kern.epilogue)
         return lines
 
     # ---- the file --------------------------------------------------------------------------------

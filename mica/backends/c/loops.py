@@ -134,6 +134,19 @@ def loop_body(emitter, kernel):
     return _nest(dims, names, body, kernel.shape)
 
 
+def tile_body(emitter, kernel):
+    """The statements of a Loop over [M, N] for one element (i0, i1), without the loops: a
+    product's epilogue runs them over each of its tiles."""
+    def index_of(view):
+        return offset_expr(view.offset, view.strides, ["i0", "i1"])
+
+    writer = ExprWriter(emitter, kernel.exprs, index_of, f"i0 * {kernel.shape[1]} + i1")
+    body = writer.lines()
+    for view, k in kernel.stores:
+        body.append(f"{emitter.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
+    return body
+
+
 def _nest(dims, names, body, shape):
     lines = []
     total = math.prod(shape)

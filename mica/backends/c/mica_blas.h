@@ -25,21 +25,48 @@ static void mica_blas_init(void) {
     if (!done) { scipy_openblas_set_num_threads(1); done = 1; }
 }
 
+typedef struct {
+    int64_t M, N, K, lda, ldb, ldc, tm, tn;
+    int ta, tb;
+    const float *A, *B;
+    float *C;
+} mica_product;
+
+/* rows when there are enough of them, else columns; at most MICA_TILES tiles of at least 64 */
+static mica_product mica_product_grid(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, int ta,
+                                      const float *B, int64_t ldb, int tb, float *C, int64_t ldc) {
+    mica_product p = {M, N, K, lda, ldb, ldc, 1, 1, ta, tb, A, B, C};
+    p.tm = M >= 128 ? (M / 64 < MICA_TILES ? M / 64 : MICA_TILES) : 1;
+    p.tn = p.tm == 1 ? (N / 64 < MICA_TILES ? (N / 64 > 1 ? N / 64 : 1) : MICA_TILES) : 1;
+    return p;
+}
+
+static inline int mica_product_parallel(const mica_product *p) {
+    return (double)p->M * p->N * p->K > 262144.0 && p->tm * p->tn > 1;
+}
+
+/* tile t's output rows [r0, r1) and columns [c0, c1) */
+static inline void mica_product_bounds(const mica_product *p, int64_t t, int64_t *r0, int64_t *r1, int64_t *c0,
+                                       int64_t *c1) {
+    int64_t i = t / p->tn, j = t % p->tn;
+    *r0 = p->M * i / p->tm; *r1 = p->M * (i + 1) / p->tm;
+    *c0 = p->N * j / p->tn; *c1 = p->N * (j + 1) / p->tn;
+}
+
+static void mica_product_tile(const mica_product *p, int64_t t) {
+    int64_t m0, m1, n0, n1;
+    mica_product_bounds(p, t, &m0, &m1, &n0, &n1);
+    const float *a = p->ta ? p->A + m0 : p->A + m0 * p->lda;
+    const float *b = p->tb ? p->B + n0 * p->ldb : p->B + n0;
+    scipy_cblas_sgemm(101, p->ta ? 112 : 111, p->tb ? 112 : 111, (int)(m1 - m0), (int)(n1 - n0), (int)p->K, 1.0f, a,
+                      (int)p->lda, b, (int)p->ldb, 0.0f, p->C + m0 * p->ldc + n0, (int)p->ldc);
+}
+
 static void mica_blas_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, int ta,
                             const float *B, int64_t ldb, int tb, float *C, int64_t ldc) {
-    /* rows when there are enough of them, else columns; at most MICA_TILES tiles of at least 64 */
-    int64_t tm = M >= 128 ? (M / 64 < MICA_TILES ? M / 64 : MICA_TILES) : 1;
-    int64_t tn = tm == 1 ? (N / 64 < MICA_TILES ? (N / 64 > 1 ? N / 64 : 1) : MICA_TILES) : 1;
-    int64_t tiles = tm * tn;
-#pragma omp parallel for schedule(static) if ((double)M * N * K > 262144.0 && tiles > 1)
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t i = t / tn, j = t % tn;
-        int64_t m0 = M * i / tm, m1 = M * (i + 1) / tm, n0 = N * j / tn, n1 = N * (j + 1) / tn;
-        const float *a = ta ? A + m0 : A + m0 * lda;
-        const float *b = tb ? B + n0 * ldb : B + n0;
-        scipy_cblas_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, (int)(m1 - m0), (int)(n1 - n0), (int)K, 1.0f, a,
-                          (int)lda, b, (int)ldb, 0.0f, C + m0 * ldc + n0, (int)ldc);
-    }
+    mica_product p = mica_product_grid(M, N, K, A, lda, ta, B, ldb, tb, C, ldc);
+#pragma omp parallel for schedule(static) if (mica_product_parallel(&p))
+    for (int64_t t = 0; t < p.tm * p.tn; t++) mica_product_tile(&p, t);
 }
 #else
 static void mica_blas_init(void) {}
