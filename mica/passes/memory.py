@@ -8,7 +8,7 @@ a state input (the optimizer's update of a parameter) is written over the old on
 reads the old one afterwards, and an elementwise loop may write its result over an input that
 dies in that loop. The report is exact and exists before anything runs.
 """
-from .schedule import Buffer, Loop
+from .schedule import Buffer, Gemm, Loop
 
 CLASSES = ("parameters", "optimizer state", "gradients", "activations", "io", "workspace")
 ALIGN = 64
@@ -82,6 +82,16 @@ def _identity_reads(loop, buf):
     return all(v.is_whole() and v.shape == loop.shape for v in views)
 
 
+def _elementwise_part(kern):
+    """(loop, buffers it must not overwrite): a Loop kernel, or a product's epilogue — which must
+    not overwrite the product's operands, that other tiles still read."""
+    if isinstance(kern, Loop):
+        return kern, set()
+    if isinstance(kern, Gemm) and kern.epilogue is not None:
+        return kern.epilogue, {v.src.root().id for v in (kern.a, kern.b) if isinstance(v.src, Buffer)}
+    return None, set()
+
+
 def _plan_inplace(schedule, first, last):  # noqa: C901
     count = 0
     kernels = schedule.kernels
@@ -96,7 +106,8 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
         if old_reads_after or new.nbytes != old.nbytes or new.alias is not None:
             continue
         kern = kernels[k] if k >= 0 else None
-        if not isinstance(kern, Loop) or not _identity_reads(kern, old):
+        loop, operands = _elementwise_part(kern)
+        if loop is None or not _identity_reads(loop, old) or old.root().id in operands:
             if any(v.src is old for v in (kern.reads() if kern else [])):
                 continue
         if any(b.alias is old for b in schedule.buffers):
@@ -105,19 +116,20 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
         count += 1
     # 2. an elementwise loop writes over an activation that dies in it
     for k, kern in enumerate(kernels):
-        if not isinstance(kern, Loop):
+        loop, operands = _elementwise_part(kern)
+        if loop is None:
             continue
-        taken = set()
-        for view, _ in kern.stores:
+        taken = set(operands)
+        for view, _ in loop.stores:
             out = view.src
             if out.alias is not None or out.persistent or out.cls not in ("activations", "gradients"):
                 continue
-            for e in kern.exprs:
+            for e in loop.exprs:
                 if e.kind != "load" or not isinstance(e.view.src, Buffer):
                     continue
                 dying, src = e.view.src, e.view.src.root()
                 if (src.id in taken or src.persistent or src.cls != out.cls or src.nbytes != out.nbytes
-                        or last[dying.id] != k or not _identity_reads(kern, dying)):
+                        or last[dying.id] != k or not _identity_reads(loop, dying)):
                     continue
                 out.alias = src
                 taken.add(src.id)
