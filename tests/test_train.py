@@ -135,3 +135,17 @@ def test_export_to_nanogpt_and_import_back(workdir):
             assert np.array_equal(a.read(name), b.read(name)), name
     out = mica("sample", "--out_dir=imported", "--num_samples=1", "--max_new_tokens=10", cwd=d).stdout
     assert out.endswith("---------------\n")
+
+
+def test_trainer_refuses_a_step_that_would_not_update_in_place(workdir, monkeypatch):
+    """The native loop reruns one arena: state not updated where it lies would silently freeze
+    training, so building such a trainer is an error."""
+    import mica.passes.memory as memory
+    from mica.errors import MicaError
+    from mica.train import run
+
+    d, _ = workdir
+    monkeypatch.setattr(memory, "_plan_inplace", lambda *a: 0)
+    monkeypatch.chdir(d)
+    with pytest.raises(MicaError, match="not updated in place"):
+        run.prepare_run("shakespeare_char", TINY + ["--out_dir=frozen"], log=lambda *a: None)

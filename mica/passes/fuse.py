@@ -21,6 +21,7 @@ from .schedule import (Buffer, Call, Const, Copy, Expr, Gemm, Iota, Literal, Loo
 VIEW_OPS = {"reshape", "permute", "slice", "expand"}
 ROLE_CLASS = {"parameter": "parameters", "gradient": "gradients", "optimizer state": "optimizer state"}
 STRIDED_CALL_INPUTS = {"attention": 3, "attention_backward": 6}  # inputs that may be strided views
+STRIDED_CALL_OUTPUTS = {"attention": 1, "attention_backward": 3}  # leading outputs written through strides
 
 
 def _is_elementwise(node):
@@ -391,7 +392,28 @@ class _Builder:
             else:
                 inputs.append(self.dense(v, node.op, node.loc))
         outputs = [self.new_buffer_for(v) for v in node.outputs]
+        for k in range(STRIDED_CALL_OUTPUTS.get(node.op, 0)):
+            outputs[k] = self._reader_layout(node.outputs[k], outputs[k])
         self.s.kernels.append(Call(node.op, node.loc, node.op, inputs, outputs, node.attrs))
+
+    def _reader_layout(self, v, view):
+        """Lay out a kernel output the way its only reader, a permute that keeps the last dim,
+        walks it (attention's [B, H, T, D] output is stored as [B, T, H, D]): the permute then
+        reads it densely and the reshape after it needs no copy."""
+        users = self.consumers.get(v.id, [])
+        permutes = [u for u in users if u.op == "permute"]
+        strided_ok = all(u.op == "permute" or any(x is v for x in u.inputs[:STRIDED_CALL_INPUTS.get(u.op, 0)])
+                         for u in users)
+        if v.id in self.out_ids or len(permutes) != 1 or not strided_ok:
+            return view
+        perm = permutes[0].attrs["perm"]
+        if perm[-1] != len(perm) - 1:
+            return view
+        dense = View.of(view.src, tuple(v.shape[p] for p in perm))  # the buffer, in the reader's order
+        inverse = [perm.index(d) for d in range(len(perm))]
+        laid = View(view.src, v.shape, [dense.strides[i] for i in inverse], 0)
+        self.loc[v.id] = laid
+        return laid
 
     def finish(self):
         s = self.s

@@ -131,12 +131,15 @@ def _attention(e, kernel, s, dt):
     _, _, S, _, ksb, ksh, kst = _attn_dims(k)
     _, _, _, Ev, vsb, vsh, vst = _attn_dims(v)
     _, _, _, _, osb, osh, ost = _attn_dims(o)
+    grads = kernel.outputs if not fwd else (q, k, v)  # the forward writes no gradients
+    gstrides = " ".join(f"{st[4]}, {st[5]}, {st[6]}," for st in (_attn_dims(x) for x in grads))
     rng = e.rng_pointer() if a["dropout_p"] else "NULL"
     slot = attention_slot(dt, L, S, E, Ev)
     lines = [
         "mica_attn_shape shape = {",
         f"    {B}, {H}, {L}, {S}, {E}, {Ev},",
         f"    {qsb}, {qsh}, {qst}, {ksb}, {ksh}, {kst}, {vsb}, {vsh}, {vst}, {osb}, {osh}, {ost},",
+        f"    {gstrides}",
         f"    {int(a['causal'])}, {a['scale']!r}, {a['dropout_p']!r}, {max(a['stream'], 0)}u, {a['threshold']}u, {rng}}};",
     ]
     if fwd:

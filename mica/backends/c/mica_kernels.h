@@ -230,6 +230,7 @@ MICA_DEFINE_KERNELS(double, f64)
 typedef struct {
     int64_t B, H, L, S, E, Ev;
     int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;
+    int64_t dq_sb, dq_sh, dq_st, dk_sb, dk_sh, dk_st, dv_sb, dv_sh, dv_st; /* the backward's outputs */
     int causal;
     double scale, dropout_p;
     uint32_t stream, threshold;
@@ -284,7 +285,7 @@ static void mica_attention_##S_(const mica_attn_shape *a, const T *q, const T *k
         }                                                                                          \
     }                                                                                              \
 }                                                                                                  \
-/* gradients of q, k, v, written dense [BH, L or S, E or Ev]; g (the output's gradient) by its own strides */       \
+/* gradients of q, k, v, written through the dq/dk/dv strides; g (the output's gradient) by its own strides */       \
 static void mica_attention_backward_##S_(const mica_attn_shape *a, const T *g, const T *q,         \
                                          const T *k, const T *v, const T *o, const T *lse, T *dq,  \
                                          T *dk, T *dv, int64_t g_sb, int64_t g_sh, int64_t g_st,   \
@@ -297,7 +298,8 @@ static void mica_attention_backward_##S_(const mica_attn_shape *a, const T *g, c
         const T *qb = q + b * a->q_sb + h * a->q_sh, *kb = k + b * a->k_sb + h * a->k_sh;          \
         const T *vb = v + b * a->v_sb + h * a->v_sh, *ob = o + b * a->o_sb + h * a->o_sh;          \
         const T *gb = g + b * g_sb + h * g_sh;                                                     \
-        T *dqb = dq + bh * L * E, *dkb = dk + bh * S * E, *dvb = dv + bh * S * Ev;                 \
+        T *dqb = dq + b * a->dq_sb + h * a->dq_sh, *dkb = dk + b * a->dk_sb + h * a->dk_sh;        \
+        T *dvb = dv + b * a->dv_sb + h * a->dv_sh;                                                 \
         T *kt = scratch + (int64_t)omp_get_thread_num() * slot, *vt = kt + E * S;                  \
         T *dka = vt + Ev * S, *dva = dka + E * S, *s = dva + Ev * S, *p = s + S, *dp = p + S;       \
         for (int64_t j = 0; j < S; j++) {                                                          \
@@ -334,7 +336,7 @@ static void mica_attention_backward_##S_(const mica_attn_shape *a, const T *g, c
                 for (int64_t e = 0; e < Ev; e++) dvj[e] = dvj[e] + pd * gi[e];                     \
                 s[j] = (p[j] * (dpj - D)) * scale; /* dS */                                        \
             }                                                                                      \
-            T *dqi = dqb + i * E;                                                                  \
+            T *dqi = dqb + i * a->dq_st;                                                           \
             for (int64_t d = 0; d < E; d++) dqi[d] = 0;                                            \
             for (int64_t j = 0; j < n; j++) {                                                      \
                 T ds = s[j];                                                                       \
@@ -344,8 +346,8 @@ static void mica_attention_backward_##S_(const mica_attn_shape *a, const T *g, c
             }                                                                                      \
         }                                                                                          \
         for (int64_t j = 0; j < S; j++) {                                                          \
-            for (int64_t d = 0; d < E; d++) dkb[j * E + d] = dka[j * E + d];                       \
-            for (int64_t e = 0; e < Ev; e++) dvb[j * Ev + e] = dva[j * Ev + e];                    \
+            for (int64_t d = 0; d < E; d++) dkb[j * a->dk_st + d] = dka[j * E + d];                \
+            for (int64_t e = 0; e < Ev; e++) dvb[j * a->dv_st + e] = dva[j * Ev + e];              \
         }                                                                                          \
     }                                                                                              \
 }
@@ -420,7 +422,8 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
             for (int64_t d = 0; d < E; d++) kt[d * S + j] = kb[j * a->k_st + d];
             for (int64_t e = 0; e < Ev; e++) vt[e * S + j] = vb[j * a->v_st + e];
         }
-        float *dqb = dq + bh * L * E, *dkb = dk + bh * S * E, *dvb = dv + bh * S * Ev;
+        float *dqb = dq + b * a->dq_sb + h * a->dq_sh, *dkb = dk + b * a->dk_sb + h * a->dk_sh;
+        float *dvb = dv + b * a->dv_sb + h * a->dv_sh;
         for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
             int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
             float *pb = pd + i0 * S, *db = ds + i0 * S;
@@ -446,15 +449,15 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
                 }
                 for (int64_t j = m_; j < n; j++) { pi[j] = 0.0f; di[j] = 0.0f; }
             }
-            mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, a->k_st, dqb + i0 * E, E);            /* dQ */
+            mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, a->k_st, dqb + i0 * a->dq_st, a->dq_st); /* dQ */
         }
         for (int64_t j0 = 0; j0 < S; j0 += MICA_ATTN_ROWS) {
             int64_t cols = S - j0 < MICA_ATTN_ROWS ? S - j0 : MICA_ATTN_ROWS;
             int64_t first = a->causal ? (j0 < L ? j0 : L) : 0;   /* queries before j0 cannot see these keys */
             mica_small_gemm(cols, E, L - first, 1.0f, ds + first * S + j0, S, 1, qb + first * a->q_st, a->q_st,
-                            dkb + j0 * E, E);                                                         /* dK */
+                            dkb + j0 * a->dk_st, a->dk_st);                                           /* dK */
             mica_small_gemm(cols, Ev, L - first, 1.0f, pd + first * S + j0, S, 1, gb + first * g_st, g_st,
-                            dvb + j0 * Ev, Ev);                                                       /* dV */
+                            dvb + j0 * a->dv_st, a->dv_st);                                           /* dV */
         }
     }
 }
