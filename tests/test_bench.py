@@ -8,9 +8,7 @@ import pytest
 
 from mica.data.prepare import prepare_char
 
-SHAKESPEARE = "/work/shared/data/tinyshakespeare.txt"
-if not os.path.exists(SHAKESPEARE):
-    SHAKESPEARE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt")
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,7 @@ import pytest
 
 from mica.train import checkpoint
 
-SHAKESPEARE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt")
-if not os.path.exists(SHAKESPEARE):
-    SHAKESPEARE = "/work/shared/data/tinyshakespeare.txt"
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
 
 TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
         "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--lr_decay_iters=40"]
