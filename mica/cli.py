@@ -3,8 +3,6 @@
 Every error a user can cause is one sentence on stderr and exit status 2 — no traceback.
 """
 import argparse
-import ast
-import os
 import sys
 
 from .errors import MicaError
@@ -12,26 +10,9 @@ from .errors import MicaError
 
 def _settings(items, known):
     """nanoGPT-style --key=value items (sample.py's configurator) over `known` defaults."""
-    import difflib
+    from .train.config import apply_overrides
 
-    out = dict(known)
-    for item in items:
-        if not item.startswith("--") or "=" not in item:
-            raise MicaError(f"expected --key=value, got {item!r}")
-        key, raw = item[2:].split("=", 1)
-        if key not in known:
-            near = difflib.get_close_matches(key, list(known), n=1)
-            raise MicaError(f"unknown setting {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
-        try:
-            value = ast.literal_eval(raw)
-        except (SyntaxError, ValueError):
-            value = raw
-        default = known[key]
-        if default is not None and not isinstance(value, type(default)) and not (
-                isinstance(default, float) and isinstance(value, int)):
-            raise MicaError(f"--{key} must be {type(default).__name__} (default {default!r}), got {value!r}")
-        out[key] = value
-    return out
+    return apply_overrides(known, items)
 
 
 def cmd_prepare(args, extra):

@@ -67,19 +67,37 @@ BUILTIN_CONFIGS = {
 }
 
 
-def _check_type(key, value, source):
-    default = {**DEFAULTS, **MICA_DEFAULTS}[key]
+def _check_type(key, value, source, defaults):
+    default = defaults[key]
     if type(default) is float and type(value) is int:
         return float(value)
-    if type(value) is not type(default):
+    if default is not None and type(value) is not type(default):
         raise MicaError(f"{source}: {key} must be {type(default).__name__} (like its default {default!r}), "
                         f"got {value!r}")
     return value
 
 
-def _nearest(key):
-    near = difflib.get_close_matches(key, list(DEFAULTS) + list(MICA_DEFAULTS), n=1)
+def _nearest(key, known):
+    near = difflib.get_close_matches(key, list(known), n=1)
     return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def apply_overrides(settings, items):
+    """--key=value items over `settings` (its values are the defaults that fix each key's type),
+    as nanoGPT's configurator reads them: a Python literal, or a bare word as a string."""
+    out = dict(settings)
+    for item in items:
+        if not item.startswith("--") or "=" not in item:
+            raise MicaError(f"expected --key=value, got {item!r}")
+        key, raw = item[2:].split("=", 1)
+        if key not in out:
+            raise MicaError(f"unknown setting {key!r}{_nearest(key, out)}")
+        try:
+            value = ast.literal_eval(raw)
+        except (SyntaxError, ValueError):
+            value = raw
+        out[key] = _check_type(key, value, f"--{key}", settings)
+    return out
 
 
 def load(config=None, overrides=()):
@@ -101,20 +119,9 @@ def load(config=None, overrides=()):
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
                 if key not in cfg:
-                    raise MicaError(f"{config}: unknown setting {key!r}{_nearest(key)}")
-                cfg[key] = _check_type(key, value, config)
-    for item in overrides:
-        if not item.startswith("--") or "=" not in item:
-            raise MicaError(f"expected --key=value, got {item!r}")
-        key, raw = item[2:].split("=", 1)
-        if key not in cfg:
-            raise MicaError(f"unknown setting {key!r}{_nearest(key)}")
-        try:
-            value = ast.literal_eval(raw)
-        except (SyntaxError, ValueError):
-            value = raw  # a bare word is a string, as nanoGPT's configurator treats it
-        cfg[key] = _check_type(key, value, f"--{key}")
-    return cfg
+                    raise MicaError(f"{config}: unknown setting {key!r}{_nearest(key, cfg)}")
+                cfg[key] = _check_type(key, value, config, cfg)
+    return apply_overrides(cfg, overrides)
 
 
 def check_supported(cfg, log=print):
