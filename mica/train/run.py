@@ -211,7 +211,6 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
         raise MicaError("the start text is empty; give at least one character")
     if temperature <= 0 or max_new_tokens < 0 or num_samples < 1:
         raise MicaError("temperature must be positive, max_new_tokens >= 0 and num_samples >= 1")
-    cfg["dropout"] = 0.0
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
