@@ -436,16 +436,20 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
                 float D = 0.0f;
                 for (int64_t e = 0; e < Ev; e++) D = D + gi[e] * oi[e];
                 uint64_t base = ((uint64_t)bh * L + i) * S;
-                for (int64_t j = 0; j < m_; j++) {
-                    float pj = mica_exp_f32(pi[j] - li), dpj = di[j];
-                    if (a->dropout_p > 0) {
+                if (a->dropout_p > 0) {
+                    for (int64_t j = 0; j < m_; j++) {
+                        float pj = mica_exp_f32(pi[j] - li), dpj = di[j];
                         int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);
                         dpj = kept ? dpj * keep_scale : 0.0f;
                         pi[j] = kept ? pj * keep_scale : 0.0f;
-                    } else {
+                        di[j] = (pj * (dpj - D)) * scale;
+                    }
+                } else { /* the common case, kept apart so it vectorizes */
+                    for (int64_t j = 0; j < m_; j++) {
+                        float pj = mica_exp_f32(pi[j] - li);
+                        di[j] = (pj * (di[j] - D)) * scale;
                         pi[j] = pj;
                     }
-                    di[j] = (pj * (dpj - D)) * scale;
                 }
                 for (int64_t j = m_; j < n; j++) { pi[j] = 0.0f; di[j] = 0.0f; }
             }
