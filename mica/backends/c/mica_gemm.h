@@ -240,6 +240,38 @@ static void mica_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
     }
 }
 
+/* dst[c][r] = src[r][c] for a rows x cols block (strides in elements); 8x8 tiles in registers */
+static void mica_transpose_f32(const float *src, int64_t ss, float *dst, int64_t ds, int64_t rows, int64_t cols) {
+    int64_t r0 = 0;
+#if defined(__AVX2__)
+    for (; r0 + 8 <= rows; r0 += 8) {
+        int64_t c0 = 0;
+        for (; c0 + 8 <= cols; c0 += 8) {
+            __m256 t[8], u[8];
+            for (int i = 0; i < 8; i++) t[i] = _mm256_loadu_ps(src + (r0 + i) * ss + c0);
+            for (int i = 0; i < 8; i += 2) {
+                u[i] = _mm256_unpacklo_ps(t[i], t[i + 1]);
+                u[i + 1] = _mm256_unpackhi_ps(t[i], t[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                t[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44);
+                t[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xEE);
+                t[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44);
+                t[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + (c0 + i) * ds + r0, _mm256_permute2f128_ps(t[i], t[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (c0 + i + 4) * ds + r0, _mm256_permute2f128_ps(t[i], t[i + 4], 0x31));
+            }
+        }
+        for (; c0 < cols; c0++)
+            for (int64_t r = r0; r < r0 + 8; r++) dst[c0 * ds + r] = src[r * ss + c0];
+    }
+#endif
+    for (; r0 < rows; r0++)
+        for (int64_t c = 0; c < cols; c++) dst[c * ds + r0] = src[r0 * ss + c];
+}
+
 /* C[M,N] = alpha * op(A)[M,K] @ B[K,N] for small operands that sit in L1: no packing. A is read
  * as A[i*lda + k] (ta = 0) or A[k*lda + i] (ta = 1); B row-major with unit column stride. Each
  * element is one fused multiply-add chain over k in increasing order. */

@@ -379,8 +379,7 @@ static void mica_attention_f32(const mica_attn_shape *a, const float *q, const f
         const float *vb = v + b * a->v_sb + h * a->v_sh;
         float *ob = o + b * a->o_sb + h * a->o_sh;
         float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *p = kt + E * S;
-        for (int64_t j = 0; j < S; j++)
-            for (int64_t d = 0; d < E; d++) kt[d * S + j] = kb[j * a->k_st + d];
+        mica_transpose_f32(kb, a->k_st, kt, S, S, E);
         for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
             int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
             mica_small_gemm(rows, n, E, scale, qb + i0 * a->q_st, a->q_st, 0, kt, S, p, S);
@@ -418,10 +417,8 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
         const float *gb = g + b * g_sb + h * g_sh;
         float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *vt = kt + E * S;
         float *pd = vt + Ev * S, *ds = pd + L * S;  /* dropped P and dS, [L, S] */
-        for (int64_t j = 0; j < S; j++) {
-            for (int64_t d = 0; d < E; d++) kt[d * S + j] = kb[j * a->k_st + d];
-            for (int64_t e = 0; e < Ev; e++) vt[e * S + j] = vb[j * a->v_st + e];
-        }
+        mica_transpose_f32(kb, a->k_st, kt, S, S, E);
+        mica_transpose_f32(vb, a->v_st, vt, S, S, Ev);
         float *dqb = dq + b * a->dq_sb + h * a->dq_sh, *dkb = dk + b * a->dk_sb + h * a->dk_sh;
         float *dvb = dv + b * a->dv_sb + h * a->dv_sh;
         for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
