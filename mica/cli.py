@@ -176,7 +176,8 @@ def parser():
     ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
     be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
-    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char"])
+    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial"],
+                    help="nanoGPT's CPU or shakespeare_char config on --data_dir, or the tutorial's model")
     be.add_argument("--data_dir", default="data/shakespeare_char")
     be.add_argument("--rounds", type=int, default=5)
     be.add_argument("--warmup", type=int, default=20, help="steps never measured")

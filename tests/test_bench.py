@@ -34,6 +34,21 @@ def test_bench_records_everything_the_protocol_asks(data):
     assert (data / "b" / "steps-cpu.png").exists() and (data / "b" / "losses-cpu.png").exists()
 
 
+def test_bench_runs_the_tutorial_model(tmp_path):
+    """The tutorial's step through the same protocol: Mica's compiled step driven from Python, whose
+    own clock (the times on its lines) is checked against the outside one."""
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--model", "tutorial", "--rounds", "1", "--warmup",
+                        "10", "--window", "600", "--modes", "eager", "--out", "t"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    res = json.load(open(tmp_path / "t" / "bench-tutorial.json"))
+    mica, torch = res["configs"]["mica O2"], res["configs"]["pytorch eager"]
+    assert mica["verdict"] in ("faster", "level", "slower")
+    assert len(mica["own_step_ms"]) == 1 and mica["own_step_ms"][0] > 0 and torch["median_ms"] > 0
+    assert any("libmica" in lib for lib in mica["libraries"]), mica["libraries"]
+    assert (tmp_path / "t" / "losses-tutorial.png").exists()
+
+
 def test_check_method_b_passes(data):
     r = subprocess.run([sys.executable, "-m", "mica.cli", "check", "--method", "b", "--iters", "10", "--out", "cb"],
                        cwd=data, capture_output=True, text=True)

@@ -1,7 +1,8 @@
 """`mica bench`: the technical report's measurement protocol, on the CPU.
 
 Each configuration (Mica's trainer at an opt level; PyTorch eager or a torch.compile mode) runs as
-its own process, training nanoGPT's loop on the same data. One outside clock (this process) stamps
+its own process, training nanoGPT's loop on the same data (or, for `--model tutorial`, the
+tutorial's step on one seeded batch: mica.bench.tutorial_runner). One outside clock (this process) stamps
 every line each program prints as it arrives; both print a line every ten steps right after a read
 that waits for the work. A run's step time is the stamp of its line at the end of the warm-up to
 the stamp at the end of the window, over the window's steps. Every configuration runs once,
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 
-LINE = re.compile(r"^iter (\d+): loss ([-\d.naif]+)")
+LINE = re.compile(r"^iter (\d+): loss ([-\d.naif]+)(?:, time ([\d.]+)ms)?")
 
 MODELS = {
     # nanoGPT's README CPU line on shakespeare_char
@@ -67,7 +68,7 @@ def run_once(cmd, env, warmup, window, every=10, log=None):
     info, stop = {}, threading.Event()
     sampler = threading.Thread(target=_sample_proc, args=(proc.pid, info, stop), daemon=True)
     sampler.start()
-    stamps, losses = {}, {}
+    stamps, losses, own = {}, {}, {}
     for line in proc.stdout:
         t = time.perf_counter()
         m = LINE.match(line)
@@ -75,6 +76,8 @@ def run_once(cmd, env, warmup, window, every=10, log=None):
             it = int(m.group(1))
             stamps[it] = t
             losses[it] = float(m.group(2))
+            if m.group(3):
+                own[it] = float(m.group(3))
     err = proc.stderr.read()
     proc.wait()
     stop.set()
@@ -83,7 +86,7 @@ def run_once(cmd, env, warmup, window, every=10, log=None):
         raise RuntimeError(err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}")
     first = min(stamps)
     return {"step_ms": (stamps[warmup + window] - stamps[warmup]) / window * 1000,
-            "first_step_s": stamps[first] - start, "losses": losses, **info}
+            "first_step_s": stamps[first] - start, "losses": losses, "line_ms": own, **info}
 
 
 def _footprint(paths):
@@ -102,6 +105,20 @@ def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level):
                 "data_dir": data_dir, "threads": threads, "opt_level": opt_level, "time_every_iter": True}
     return [sys.executable, "-m", "mica.cli", "train", *[f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}"
                                                         for k, v in settings.items()]]
+
+
+def _tutorial_cmd(side, arg, iters, threads):
+    how = ["--opt_level", str(arg)] if side == "mica" else ["--mode", arg]
+    return [sys.executable, "-m", "mica.bench.tutorial_runner", "--side", side, *how, "--iters", str(iters),
+            "--every", "10", "--threads", str(threads)]
+
+
+def _lines_own_ms(r, warmup, window, every=10):
+    """A runner's own clock over the window, from the times its lines print (since the line before)."""
+    steps = range(warmup + every, warmup + window + 1, every)
+    if window % every or not all(i in r["line_ms"] for i in steps):
+        return None
+    return sum(r["line_ms"][i] for i in steps) / window
 
 
 def _torch_cmd(model, data_dir, mode, iters, threads):
@@ -138,7 +155,12 @@ def bench(model="cpu", data_dir="data/shakespeare_char", rounds=5, warmup=20, wi
 
     def once(name):
         kind, arg = configs[name]
-        if kind == "mica":
+        if model == "tutorial":
+            r = run_once(_tutorial_cmd(kind, arg, iters, threads), env, warmup, window)
+            if kind == "mica":
+                r["own_step_ms"] = own = _lines_own_ms(r, warmup, window)
+                r["void"] = own is None or abs(own - r["step_ms"]) / r["step_ms"] > 0.01
+        elif kind == "mica":
             run_dir = os.path.join(out, name.replace(" ", "_"))
             if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
                 os.unlink(os.path.join(run_dir, "metrics.jsonl"))
@@ -209,6 +231,11 @@ def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
     return res
 
 
+def _ms(x):
+    """A step time to three significant figures (the tutorial's steps take a fraction of a ms)."""
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+
 def table(res):
     lines = [f"model {res['model']}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
              f"{res['window']}, {res['rounds']} rounds, {res['date']}", "",
@@ -218,7 +245,7 @@ def table(res):
         verdict = f"{c['verdict']} ({c['ratio']:.2f}x)" if "verdict" in c else ""
         if c.get("void_runs"):
             verdict += f", {c['void_runs']} void"
-        lines.append(f"| {name} | {c['median_ms']:.1f} | {c['min_ms']:.1f} – {c['max_ms']:.1f} | "
+        lines.append(f"| {name} | {_ms(c['median_ms'])} | {_ms(c['min_ms'])} – {_ms(c['max_ms'])} | "
                      f"{c['peak_rss_mb']:.0f} | {c['first_step_s']:.1f} | {len(c['libraries'])} "
                      f"({c['footprint_mb']:.0f}) | {verdict} |")
     for name, why in res["failures"].items():

@@ -23,9 +23,13 @@ def tutorial_loss(p, tokens, targets, cfg, training=False):
     return F.cross_entropy(logits, targets.view(-1))
 
 
-def tutorial_step(cfg, params, tokens, targets):
-    """A callable running one training step (loss, clipping, cosine-scheduled AdamW) in PyTorch."""
+def tutorial_step(cfg, params, tokens, targets, compile_mode="eager"):
+    """A callable running one training step (loss, clipping, cosine-scheduled AdamW) in PyTorch;
+    with a torch.compile mode ("default", "reduce-overhead", "max-autotune") the loss is compiled,
+    as nanoGPT compiles its model."""
     p = {n: torch.tensor(a, requires_grad=True) for n, a in params.items()}
+    loss_fn = tutorial_loss if compile_mode == "eager" else torch.compile(
+        tutorial_loss, mode=None if compile_mode == "default" else compile_mode)
     opt = torch.optim.AdamW(list(p.values()), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
     tok, tgt = torch.as_tensor(tokens), torch.as_tensor(targets)
     state = {"it": 0}
@@ -34,7 +38,7 @@ def tutorial_step(cfg, params, tokens, targets):
         it = state["it"]
         for group in opt.param_groups:
             group["lr"] = 0.5 * (1 + math.cos(math.pi * it / cfg.steps)) * cfg.lr
-        loss = tutorial_loss(p, tok, tgt, cfg, training=True)
+        loss = loss_fn(p, tok, tgt, cfg, training=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(p.values()), cfg.max_norm)
         opt.step()
