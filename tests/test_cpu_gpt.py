@@ -113,3 +113,46 @@ def test_bad_token_ids_are_reported():
     idx[1, 3] = 99
     with pytest.raises(mica.MicaError, match="index 99 is out of range for 29 embeddings"):
         exe(params, state, idx, batch[1])
+
+
+def _mlp_program(gelu_on_input=False):
+    def loss(w1, w2, x):
+        h = x if gelu_on_input else x @ w1
+        return (mica.gelu(h) @ w2).square().mean()
+
+    def step(w1, w2, x):
+        return mica.grad(loss(w1, w2, x), [w1, w2, x])
+
+    return mica.trace(step, mica.f32[16, 32], mica.f32[32, 8], mica.f32[24, 16 if not gelu_on_input else 32])
+
+
+def _kernel_names(lowered):
+    return [k.name for k in lowered.schedule.kernels]
+
+
+def test_gelu_slope_is_computed_beside_gelu_in_the_forward():
+    """At opt_level 2 the slope joins gelu(x) on the forward product's tiles and the backward only
+    multiplies; x's storage then dies in the forward, so the activations do not grow, and the bits
+    equal opt_level 0's (which computes the slope in the backward from a kept x)."""
+    program = _mlp_program()
+    o2, o0 = program.lower("cpu", opt_level=2), program.lower("cpu", opt_level=0)
+    names = _kernel_names(o2)
+    assert "matmul + gelu, gelu_slope" in names
+    assert not any("gelu_slope" in n for n in names[names.index("matmul + gelu, gelu_slope") + 1:])
+    assert any(n == "gelu_slope" for n in _kernel_names(o0))
+    assert o2.plan.class_bytes["activations"] <= o0.plan.class_bytes["activations"]
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(s.shape).astype(np.float32) for s in program.inputs]
+    a, b = o2.build()(*args, threads=2), o0.build()(*args, threads=1)
+    for x, y in zip(a, b):
+        assert x.tobytes() == y.tobytes()
+    want = mica.reference.run(program, *args)
+    for x, y in zip(a, want):
+        assert rel_err(x, y) < 1e-5
+
+
+def test_gelu_slope_of_an_input_stays_in_the_backward():
+    """Moving the slope of a program input forward would keep the slope and the input both alive:
+    it is not moved."""
+    names = _kernel_names(_mlp_program(gelu_on_input=True).lower("cpu", opt_level=2))
+    assert "gelu" in names and "matmul + gelu_slope, mul" in names

@@ -259,7 +259,10 @@ defop("where", infer=_where_infer, ref=lambda a, at, run: np.where(a[0], a[1], a
       vjp=_where_vjp, family="elementwise", c="({0} ? {1} : {2})")
 
 
-# ---- GELU, with its own backward so the forward keeps only its input for the gradient ------------
+# ---- GELU, and its slope as an op of its own ------------------------------------------------------
+# The gradient is g * gelu_slope(x). The slope depends on x alone, so the compiler may compute it in
+# the forward, in the same pass as gelu(x) (sharing its exp and CDF), and keep it for the backward
+# in place of x (passes/order.py): the backward is then one multiply.
 
 _SQRT1_2 = 1 / math.sqrt(2)
 _PDF = 1 / math.sqrt(2 * math.pi)        # the normal density's constant
@@ -276,16 +279,15 @@ def _gelu_ref(a, at, run):
     return x * t(0.5) * (1 + _np_erf(x * t(_SQRT1_2)))
 
 
-def _gelu_grad_ref(a, at, run):
-    g, x = a
+def _gelu_slope_ref(a, at, run):
+    x = a[0]
     t = x.dtype.type
     if at["approximate"] == "tanh":
         x2 = x * x
         th = np.tanh(t(_TANH_BETA) * (x + t(_TANH_KAPPA) * (x2 * x)))
-        slope = t(0.5) * (1 + th) + (t(0.5) * x) * (1 - th * th) * t(_TANH_BETA) * (1 + t(3 * _TANH_KAPPA) * x2)
-        return g * slope
+        return t(0.5) * (1 + th) + (t(0.5) * x) * (1 - th * th) * t(_TANH_BETA) * (1 + t(3 * _TANH_KAPPA) * x2)
     cdf = t(0.5) * (1 + _np_erf(x * t(_SQRT1_2)))
-    return g * (cdf + x * (np.exp(t(-0.5) * x * x) * t(_PDF)))
+    return cdf + x * (np.exp(t(-0.5) * x * x) * t(_PDF))
 
 
 def _gelu_infer(specs, approximate):
@@ -295,20 +297,13 @@ def _gelu_infer(specs, approximate):
     return [(x.shape, x.dtype)]
 
 
-def _gelu_grad_infer(specs, approximate):
-    g, x = specs
-    if g.shape != x.shape or g.dtype is not x.dtype:
-        raise ShapeError(f"gelu_backward: gradient {g!r} does not match {x!r}")
-    return [(x.shape, x.dtype)]
-
-
 def _gelu_vjp(c, o, i, a, n):
     from ..tensor import emit
 
-    return [emit("gelu_backward", [c[0], i[0]], **a)]
+    return [emit("mul", [c[0], emit("gelu_slope", [i[0]], **a)])]
 
 
 defop("gelu", infer=_gelu_infer, ref=_gelu_ref, vjp=_gelu_vjp, family="elementwise",
       c=lambda at: "mica_gelu_tanh_{S}({0})" if at["approximate"] == "tanh" else "mica_gelu_{S}({0})")
-defop("gelu_backward", infer=_gelu_grad_infer, ref=_gelu_grad_ref, family="elementwise",
-      c=lambda at: "mica_gelu_tanh_grad_{S}({0}, {1})" if at["approximate"] == "tanh" else "mica_gelu_grad_{S}({0}, {1})")
+defop("gelu_slope", infer=_gelu_infer, ref=_gelu_slope_ref, family="elementwise",
+      c=lambda at: "mica_gelu_tanh_slope_{S}({0})" if at["approximate"] == "tanh" else "mica_gelu_slope_{S}({0})")

@@ -1,8 +1,9 @@
 """Fusion: turn a simplified Graph into a Schedule of kernels.
 
 - Shape primitives (reshape, permute, slice, expand) become strided Views: no kernel, no copy.
-- Elementwise nodes of one output shape join one loop while nothing outside has read them yet;
-  a value gets a buffer only when something outside its loop (or the caller) reads it.
+- Elementwise nodes of one output shape join one loop while nothing outside has read them yet,
+  and so does a node that shares an input with the one just before it; a value gets a buffer
+  only when something outside its loop (or the caller) reads it.
 - A reduction absorbs the elementwise loop that feeds it when nothing else reads that loop, so
   `sum(x * x)` is one pass over memory.
 - Products become Gemm kernels reading (possibly transposed) Views; row-wise primitives call
@@ -98,6 +99,8 @@ def build(graph, fuse=True):
                     groups.merge(g, i)
                 else:
                     groups.open[g] = False
+            if fuse and groups.find(i) == i and i > 0 and _sibling(nodes[i - 1], node, groups, i - 1):
+                groups.merge(groups.find(i - 1), i)
             continue
         for v in node.inputs:
             g = producer_group(v)
@@ -121,6 +124,14 @@ def build(graph, fuse=True):
     if fuse:
         schedule.kernels = fuse_epilogues(schedule.kernels)
     return schedule
+
+
+def _sibling(prev, node, groups, p):
+    """A node that shares an input with the elementwise node just before it (whose loop is still
+    open) joins that loop: one pass over the shared input instead of two (gelu(x) and its slope)."""
+    if p not in groups.parent or not groups.open[groups.find(p)] or prev.out.shape != node.out.shape:
+        return False
+    return bool({v.id for v in prev.inputs} & {v.id for v in node.inputs})
 
 
 def fuse_epilogues(kernels, reach=3):

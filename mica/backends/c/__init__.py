@@ -13,7 +13,7 @@ from ... import pytree
 from ...backends.reference import round_bf16
 from ...dtypes import bfloat16, float16
 from ...errors import MicaError
-from ...passes import fuse, memory, simplify
+from ...passes import fuse, memory, order, simplify
 from . import build as _build
 from . import calls
 from .emit import Emitter
@@ -35,6 +35,8 @@ class Lowered:
         self.opt_level = opt_level
         self.max_threads = max_threads or default_max_threads()
         self.graph = simplify.simplify(program.graph)
+        if opt_level > 0:
+            order.hoist(self.graph)
         self.schedule = fuse.build(self.graph, fuse=opt_level > 0)
         self.plan = memory.plan(self.schedule, lambda k: calls.scratch(k, self.blas), self.max_threads)
         self.memory_report = self.plan.report(program.name)

@@ -12,7 +12,7 @@ from ...ops import OPS
 from ...passes.schedule import Buffer, Const, Iota, Literal, row_major
 from . import ctypes_ as ct
 
-PARALLEL_MIN = 32768  # elements below which a loop runs on one thread (a parallel region costs more)
+PARALLEL_MIN = 8192  # elements below which a loop runs on one thread (a parallel region costs more)
 
 
 def coalesce(shape, stride_lists):

@@ -183,15 +183,15 @@ static inline float mica_normal_cdf_core_f32(float y, float e) {
 static inline float mica_gelu_f32(float x) {
     return x * mica_normal_cdf_core_f32(x * 0.70710678118654752f, mica_gauss_exp_f32(x));
 }
-static inline float mica_gelu_grad_f32(float g, float x) {
+static inline float mica_gelu_slope_f32(float x) {
     float e = mica_gauss_exp_f32(x); /* shared by the CDF and the density */
     float cdf = mica_normal_cdf_core_f32(x * 0.70710678118654752f, e);
-    return g * (cdf + x * (e * 0.39894228040143268f));
+    return cdf + x * (e * 0.39894228040143268f);
 }
 static inline double mica_gelu_f64(double x) { return x * (0.5 * (1.0 + erf(x * 0.7071067811865476))); }
-static inline double mica_gelu_grad_f64(double g, double x) {
+static inline double mica_gelu_slope_f64(double x) {
     double cdf = 0.5 * (1.0 + erf(x * 0.7071067811865476));
-    return g * (cdf + x * (exp(-0.5 * (x * x)) * 0.3989422804014327));
+    return cdf + x * (exp(-0.5 * (x * x)) * 0.3989422804014327);
 }
 
 /* GELU's tanh form and its slope */
@@ -200,11 +200,10 @@ static inline double mica_gelu_grad_f64(double g, double x) {
         T inner = (T)0.7978845608028654 * (x + (T)0.044715 * (x * x * x));                         \
         return (T)0.5 * x * ((T)1 + mica_tanh_##S(inner));                                        \
     }                                                                                              \
-    static inline T mica_gelu_tanh_grad_##S(T g, T x) {                                            \
+    static inline T mica_gelu_tanh_slope_##S(T x) {                                                \
         T x2 = x * x, th = mica_tanh_##S((T)0.7978845608028654 * (x + (T)0.044715 * (x2 * x)));    \
-        T slope = (T)0.5 * ((T)1 + th) +                                                           \
-                  ((T)0.5 * x) * ((T)1 - th * th) * (T)0.7978845608028654 * ((T)1 + (T)0.134145 * x2); \
-        return g * slope;                                                                          \
+        return (T)0.5 * ((T)1 + th) +                                                              \
+               ((T)0.5 * x) * ((T)1 - th * th) * (T)0.7978845608028654 * ((T)1 + (T)0.134145 * x2); \
     }
 
 static inline float mica_sqrt_f32(float x) { return sqrtf(x); }

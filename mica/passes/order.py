@@ -1,0 +1,63 @@
+"""Ordering: compute a costly slope in the forward, beside the function it is the slope of.
+
+Autodiff places each gradient's ingredients in the backward, next to their use. Some depend only on
+a forward value x: GELU's slope, gelu_slope(x), is as costly as gelu(x) itself (an exp and a CDF),
+and the backward would recompute all of it from a saved x. Moved to right after the forward's last
+other reader of x (gelu(x)), fusion computes both in one pass over x while it is in cache (gcc
+shares their common arithmetic) and the slope is kept for the backward instead of x, which then
+dies: the backward's part becomes one multiply.
+
+A move never grows memory: x must be an activation (not an input, output or state), every other
+reader of its storage must already come before the move, and the slope must be no larger than x,
+so x's storage dies where the slope is born. Elementwise results do not depend on where they are
+computed, so the bits are the same as without the move (opt_level 0 does not move anything).
+"""
+from ..ops import OPS
+
+HOISTED = {"gelu_slope"}  # elementwise ops worth computing where their input is produced
+VIEW_OPS = {"reshape", "permute", "slice", "expand"}
+
+
+def _storage_readers(v, consumers):
+    """The value whose storage `v` views, and every node that reads that storage (through views)."""
+    base = v
+    while base.node.op in VIEW_OPS:
+        base = base.node.inputs[0]
+    views, readers, stack = [base], [], [base]
+    while stack:
+        w = stack.pop()
+        for c in consumers.get(w.id, []):
+            if c.op in VIEW_OPS:
+                views.append(c.outputs[0])
+                stack.append(c.outputs[0])
+            elif c not in readers:
+                readers.append(c)
+    return base, views, readers
+
+
+def hoist(graph):
+    """Reorder graph.nodes in place; returns how many nodes moved."""
+    consumers = graph.consumers()
+    out_ids = {v.id for v in graph.outputs}
+    moved = 0
+    for n in [n for n in graph.nodes if n.op in HOISTED]:
+        if len(n.inputs) != 1:
+            continue
+        x = n.inputs[0]
+        base, views, readers = _storage_readers(x, consumers)
+        if (base.node.op == "input" or any(w.id in out_ids or w.id in graph.roles for w in views)
+                or n.out.shape != x.shape or n.out.dtype.itemsize > x.dtype.itemsize):
+            continue
+        order = {id(m): k for k, m in enumerate(graph.nodes)}
+        others = [r for r in readers if r is not n]
+        if not others or any(order[id(r)] > order[id(n)] for r in others):
+            continue
+        last = max(others, key=lambda r: order[id(r)])
+        if OPS[last.op].family != "elementwise" or last.out.shape != n.out.shape:
+            continue  # moved only to share a pass with an elementwise reader of x
+        if order[id(last)] + 1 == order[id(n)]:
+            continue
+        graph.nodes.remove(n)
+        graph.nodes.insert(graph.nodes.index(last) + 1, n)
+        moved += 1
+    return moved
