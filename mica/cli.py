@@ -120,7 +120,7 @@ def cmd_bench(args, extra):
 
     res = protocol.bench(model=args.model, data_dir=args.data_dir, rounds=args.rounds, warmup=args.warmup,
                          window=args.window, threads=args.threads, opt_levels=args.opt_levels,
-                         torch_modes=args.modes, out=args.out)
+                         torch_modes=args.modes, out=args.out, every=args.every)
     print(protocol.table(res))
     print(f"raw numbers: {args.out}/bench-{args.model}.json; charts: {args.out}/steps-{args.model}.png, "
           f"{args.out}/losses-{args.model}.png")
@@ -182,6 +182,8 @@ def parser():
     be.add_argument("--rounds", type=int, default=5)
     be.add_argument("--warmup", type=int, default=20, help="steps never measured")
     be.add_argument("--window", type=int, default=100, help="steps measured")
+    be.add_argument("--every", type=int, default=10, help="steps between the lines both sides print (warm-up "
+                    "and window are multiples of it)")
     be.add_argument("--threads", type=int, default=0)
     be.add_argument("--opt_levels", type=int, nargs="+", default=[2])
     be.add_argument("--modes", nargs="+", default=["eager", "default", "reduce-overhead", "max-autotune"])

@@ -3,7 +3,8 @@
 Each configuration (Mica's trainer at an opt level; PyTorch eager or a torch.compile mode) runs as
 its own process, training nanoGPT's loop on the same data (or, for `--model tutorial`, the
 tutorial's step on one seeded batch: mica.bench.tutorial_runner). One outside clock (this process) stamps
-every line each program prints as it arrives; both print a line every ten steps right after a read
+every line each program prints as it arrives; both print a line every ten steps (`every`; one for
+the 10.7M model's short window) right after a read
 that waits for the work. A run's step time is the stamp of its line at the end of the warm-up to
 the stamp at the end of the window, over the window's steps. Every configuration runs once,
 discarded, then once per round, the order rotating each round. Mica's own clock (its per-step
@@ -20,6 +21,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from ..errors import MicaError
 
 LINE = re.compile(r"^iter (\d+): loss ([-\d.naif]+)(?:, time ([\d.]+)ms)?")
 
@@ -61,7 +64,7 @@ def _sample_proc(pid, out, stop):
     out["peak_rss_kb"], out["libraries"], out["program"] = peak, sorted(libs), exe
 
 
-def run_once(cmd, env, warmup, window, every=10, log=None):
+def run_once(cmd, env, warmup, window):
     """Run one program; returns the stamps and what it needed. Raises on failure (recorded)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
@@ -99,18 +102,18 @@ def _footprint(paths):
     return total
 
 
-def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level):
+def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10):
     settings = {**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
-                "log_interval": 10, "always_save_checkpoint": False, "out_dir": out_dir, "device": "cpu",
+                "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir, "device": "cpu",
                 "data_dir": data_dir, "threads": threads, "opt_level": opt_level, "time_every_iter": True}
     return [sys.executable, "-m", "mica.cli", "train", *[f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}"
                                                         for k, v in settings.items()]]
 
 
-def _tutorial_cmd(side, arg, iters, threads):
+def _tutorial_cmd(side, arg, iters, threads, every=10):
     how = ["--opt_level", str(arg)] if side == "mica" else ["--mode", arg]
     return [sys.executable, "-m", "mica.bench.tutorial_runner", "--side", side, *how, "--iters", str(iters),
-            "--every", "10", "--threads", str(threads)]
+            "--every", str(every), "--threads", str(threads)]
 
 
 def _lines_own_ms(r, warmup, window, every=10):
@@ -121,10 +124,10 @@ def _lines_own_ms(r, warmup, window, every=10):
     return sum(r["line_ms"][i] for i in steps) / window
 
 
-def _torch_cmd(model, data_dir, mode, iters, threads):
+def _torch_cmd(model, data_dir, mode, iters, threads, every=10):
     cfg = {**MODELS[model], "seed": 1337}
     return [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", mode, "--iters", str(iters),
-            "--every", "10", "--threads", str(threads), "--config", json.dumps(cfg)]
+            "--every", str(every), "--threads", str(threads), "--config", json.dumps(cfg)]
 
 
 def _mica_own_ms(out_dir, warmup, window):
@@ -143,8 +146,11 @@ def _mica_own_ms(out_dir, warmup, window):
 
 def bench(model="cpu", data_dir="data/shakespeare_char", rounds=5, warmup=20, window=100, threads=None,
           opt_levels=(2,), torch_modes=("eager", "default", "reduce-overhead", "max-autotune"), out="bench",
-          log=print):
+          log=print, every=10):
     threads = threads or os.cpu_count() or 1
+    if every < 1 or warmup % every or window % every:
+        raise MicaError(f"the warm-up ({warmup}) and the window ({window}) must be multiples of every ({every}): "
+                         "both sides print a line every that many steps")
     iters = warmup + window
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -156,20 +162,20 @@ def bench(model="cpu", data_dir="data/shakespeare_char", rounds=5, warmup=20, wi
     def once(name):
         kind, arg = configs[name]
         if model == "tutorial":
-            r = run_once(_tutorial_cmd(kind, arg, iters, threads), env, warmup, window)
+            r = run_once(_tutorial_cmd(kind, arg, iters, threads, every), env, warmup, window)
             if kind == "mica":
-                r["own_step_ms"] = own = _lines_own_ms(r, warmup, window)
+                r["own_step_ms"] = own = _lines_own_ms(r, warmup, window, every)
                 r["void"] = own is None or abs(own - r["step_ms"]) / r["step_ms"] > 0.01
         elif kind == "mica":
             run_dir = os.path.join(out, name.replace(" ", "_"))
             if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
                 os.unlink(os.path.join(run_dir, "metrics.jsonl"))
-            r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg), env, warmup, window)
+            r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg, every), env, warmup, window)
             own = _mica_own_ms(run_dir, warmup, window)
             r["own_step_ms"] = own
             r["void"] = own is None or abs(own - r["step_ms"]) / r["step_ms"] > 0.01
         else:
-            r = run_once(_torch_cmd(model, data_dir, arg, iters, threads), env, warmup, window)
+            r = run_once(_torch_cmd(model, data_dir, arg, iters, threads, every), env, warmup, window)
         return r
 
     for name in list(configs):  # one discarded run each: builds, caches, compiles
