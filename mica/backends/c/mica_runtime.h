@@ -54,9 +54,9 @@ static inline float mica_round_bf16(float f) { return mica_bf16_load(mica_bf16_s
 static inline float mica_round_f16(float f) { return (float)(mica_f16)f; }
 
 /* ---- float math, vectorizable ------------------------------------------------------------------ */
-static inline float mica_exp_f32(float x) {
+/* exp(xc) for xc in [-174, 89]: beyond, the two scale factors leave float's exponent range */
+static inline float mica_exp_core_f32(float xc) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f, ln2_lo = 1.42860682030941723e-6f;
-    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
     float n = (xc * log2e + 12582912.0f) - 12582912.0f; /* nearest integer */
     float r = (xc - n * ln2_hi) - n * ln2_lo;           /* |r| <= ln2/2 */
     float p = 1.98794029e-4f;
@@ -70,6 +70,8 @@ static inline float mica_exp_f32(float x) {
     float s1 = mica_bits_f32((uint32_t)(n1 + 127) << 23), s2 = mica_bits_f32((uint32_t)(n2 + 127) << 23);
     return (er * s1) * s2;
 }
+
+static inline float mica_exp_f32(float x) { return mica_exp_core_f32(x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x)); }
 
 static inline float mica_log_f32(float x) {
     const float ln2_hi = 0.693145751953125f, ln2_lo = 1.42860682030941723e-6f;
@@ -147,12 +149,14 @@ static inline float mica_erf_f32(float x) { return mica_erf_core_f32(x, mica_exp
 
 /* exp(-x*x/2), the normal density's exponential, with x*x split into its rounded value and the
  * exact remainder (one fma), so the rounding of x*x does not grow with x into the result. Past
- * |x| = 15 the result is 0 in float anyway; the clamp keeps x*x finite. */
+ * |x| = 15 the result is 0 in float anyway; the clamp keeps x*x finite and the argument within
+ * exp_core's range, so no clamp of exp's own is needed: with one, gcc splits the paths, and a loop
+ * computing gelu(x) and its slope no longer shares this exp between them. */
 static inline float mica_gauss_exp_f32(float x) {
     float a = mica_abs_f32(x);
     a = a < 15.0f ? a : 15.0f;
     float h = a * a, l = fmaf(a, a, -h);
-    float e = mica_exp_f32(-0.5f * h);
+    float e = mica_exp_core_f32(-0.5f * h);
     return e - e * (0.5f * l);
 }
 
