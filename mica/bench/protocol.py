@@ -126,8 +126,11 @@ def _lines_own_ms(r, warmup, window, every=10):
 
 def _torch_cmd(model, data_dir, mode, iters, threads, every=10):
     cfg = {**MODELS[model], "seed": 1337}
+    # nanoGPT (and Mica's trainer) evaluate once before the first step; so does this side, on as many
+    # batches as Mica's run (eval_iters 1), so the time to the first step counts the same work
     return [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", mode, "--iters", str(iters),
-            "--every", str(every), "--threads", str(threads), "--config", json.dumps(cfg)]
+            "--every", str(every), "--threads", str(threads), "--config", json.dumps(cfg),
+            "--eval_every", str(iters + 100), "--eval_batches", "1"]
 
 
 def _mica_own_ms(out_dir, warmup, window):
