@@ -161,7 +161,7 @@ static inline float mica_gauss_exp_f32(float x) {
 }
 
 /* The normal distribution's CDF, Phi(x) = erfc(-y) / 2 with y = x / sqrt(2), given
- * e = exp(-y*y) = mica_gauss_exp(x), which GELU's backward shares with the density. One
+ * e = exp(-y*y) = mica_gauss_exp(x), which GELU's slope shares with the density. One
  * branch-free form on all of y: erfc(a) = exp(-a^2) G(t) with t = 1 / (1 + a/2) and G a degree-9
  * fit of erfc(a) exp(a^2) on 0 <= a <= 10 (relative error <= 3.3e-7 in float). So Phi keeps its
  * relative accuracy in the far negative tail, where 1 + erf(y) would cancel, and it costs half of
