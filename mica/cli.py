@@ -131,7 +131,9 @@ def cmd_check(args, extra):
     from .bench import check
 
     if args.method == "b":
-        v = check.method_b("shakespeare_char", [f"--{k}={val}" for k, val in _model_flags(args.model).items()]
+        from .bench.protocol import MODELS
+
+        v = check.method_b("shakespeare_char", [f"--{k}={val}" for k, val in MODELS[args.model].items()]
                            + [f"--data_dir={args.data_dir}"], iters=args.iters, out_dir=args.out,
                            threads=args.threads)
         print(f"method B: step-0 relative difference {v['relative_difference'][0]:.2e} (needs < 1e-5), largest later "
@@ -144,12 +146,6 @@ def cmd_check(args, extra):
               f"{'PASS' if v['passed'] else 'FAIL'} (largest excess of a median gap over the ranges: {worst:.4f})")
     print(f"verdict and curves in {args.out}/")
     return 0 if v["passed"] else 1
-
-
-def _model_flags(model):
-    from .bench.protocol import MODELS
-
-    return {k: v for k, v in MODELS[model].items()}
 
 
 def parser():

@@ -6,6 +6,7 @@ every later step within 1%.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -97,7 +98,7 @@ def _plot(out_dir, curves, title):
     return path
 
 
-STEP = __import__("re").compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", __import__("re").M)
+STEP = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
 
 
 def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=range(1337, 1342),
@@ -105,7 +106,7 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
     """Families of runs: each side trains with every seed; at every evaluation after the first
     quarter the two sides' median validation losses must differ by no more than the larger of
     the two families' ranges."""
-    from .protocol import MODELS
+    from .protocol import MODELS, mica_train_cmd, torch_runner_cmd
 
     os.makedirs(out_dir, exist_ok=True)
     settings = {**MODELS[model], "max_iters": iters, "eval_interval": eval_every, "eval_iters": eval_batches,
@@ -114,15 +115,10 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
         settings["threads"] = threads
     curves = {"mica": {}, "pytorch": {}}
     for seed in seeds:
-        s = {**settings, "seed": seed, "out_dir": os.path.join(out_dir, f"mica-{seed}")}
-        cmd = [sys.executable, "-m", "mica.cli", "train", *[f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}"
-                                                           for k, v in s.items()]]
+        cmd = mica_train_cmd({**settings, "seed": seed, "out_dir": os.path.join(out_dir, f"mica-{seed}")})
         curves["mica"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "Mica", seed)
-        cfg = {**MODELS[model], "seed": seed}
-        cmd = [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", "eager",
-               "--iters", str(iters), "--every", str(eval_every), "--eval_every", str(eval_every),
-               "--eval_batches", str(eval_batches), "--config", json.dumps(cfg)] + (
-            ["--threads", str(threads)] if threads else [])
+        cmd = torch_runner_cmd({**MODELS[model], "seed": seed}, data_dir, "eager", iters, eval_every, eval_every,
+                               eval_batches, threads)
         curves["pytorch"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "PyTorch", seed)
         log(f"seed {seed}: done")
     steps = sorted(set.intersection(*(set(c) for side in curves.values() for c in side.values())))

@@ -102,12 +102,25 @@ def _footprint(paths):
     return total
 
 
-def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10):
-    settings = {**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
-                "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir, "device": "cpu",
-                "data_dir": data_dir, "threads": threads, "opt_level": opt_level, "time_every_iter": True}
+def mica_train_cmd(settings):
+    """`mica train` with nanoGPT-style --key=value flags for `settings` (strings quoted, as a
+    config file would have them)."""
     return [sys.executable, "-m", "mica.cli", "train", *[f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}"
                                                         for k, v in settings.items()]]
+
+
+def torch_runner_cmd(cfg, data_dir, mode, iters, every, eval_every, eval_batches, threads=None):
+    """The PyTorch side's process (mica.bench.torch_runner) for nanoGPT settings `cfg`."""
+    return [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", mode, "--iters", str(iters),
+            "--every", str(every), "--eval_every", str(eval_every), "--eval_batches", str(eval_batches),
+            "--config", json.dumps(cfg)] + (["--threads", str(threads)] if threads else [])
+
+
+def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10):
+    return mica_train_cmd({**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
+                           "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir,
+                           "device": "cpu", "data_dir": data_dir, "threads": threads, "opt_level": opt_level,
+                           "time_every_iter": True})
 
 
 def _tutorial_cmd(side, arg, iters, threads, every=10):
@@ -125,12 +138,9 @@ def _lines_own_ms(r, warmup, window, every=10):
 
 
 def _torch_cmd(model, data_dir, mode, iters, threads, every=10):
-    cfg = {**MODELS[model], "seed": 1337}
     # nanoGPT (and Mica's trainer) evaluate once before the first step; so does this side, on as many
     # batches as Mica's run (eval_iters 1), so the time to the first step counts the same work
-    return [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", mode, "--iters", str(iters),
-            "--every", str(every), "--threads", str(threads), "--config", json.dumps(cfg),
-            "--eval_every", str(iters + 100), "--eval_batches", "1"]
+    return torch_runner_cmd({**MODELS[model], "seed": 1337}, data_dir, mode, iters, every, iters + 100, 1, threads)
 
 
 def _mica_own_ms(out_dir, warmup, window):

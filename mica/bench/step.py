@@ -86,6 +86,12 @@ def torch_step(cfg, batch_size, mode, lr=1e-3, weight_decay=0.1, grad_clip=1.0):
     return run
 
 
+def _gpt_config(c):
+    """The model of a CONFIGS entry, dropout off and no biases (both sides do the same work)."""
+    return GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
+                     n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
+
+
 def sgemm_ceiling(threads, n=1024, reps=10):
     """GFLOP/s of the best of numpy/torch's BLAS on an n x n x n product: the machine's ceiling."""
     best = 0.0
@@ -140,8 +146,7 @@ def run(config="cpu", rounds=5, steps=20, warmup=10, threads=2, modes=("mica", "
         runners, exe = tutorial_runners(modes, threads)
         return _measure(config, runners, exe, modes, rounds, steps, warmup, threads, log)
     c = CONFIGS[config]
-    cfg = GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
-                    n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
+    cfg = _gpt_config(c)
     B = c["batch_size"]
     runners = {}
     exe = None
@@ -231,8 +236,7 @@ def family(kernel):
 def profile(config="cpu", steps=20, threads=2):
     """Per-family wall time of one profiled Mica step (ms), and the same by kernel."""
     c = CONFIGS[config]
-    cfg = GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
-                    n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
+    cfg = _gpt_config(c)
     exe = mica_step(cfg, c["batch_size"], profile=True)
     for _ in range(3):
         exe.run(threads=threads)
@@ -275,8 +279,7 @@ def torch_profile(config="cpu", threads=2, mode="eager"):
 
     torch.set_num_threads(threads)
     c = CONFIGS[config]
-    cfg = GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
-                    n_head=c["n_head"], n_embd=c["n_embd"], dropout=0.0, bias=False)
+    cfg = _gpt_config(c)
     step = torch_step(cfg, c["batch_size"], mode)
     for _ in range(5):
         step()

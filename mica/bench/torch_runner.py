@@ -28,7 +28,8 @@ def main(argv=None):
     import torch
 
     from ..train import config as config_mod
-    from .torch_train import get_lr, model_config
+    from ..train.programs import model_config
+    from .torch_train import get_lr
     from .torch_gpt import TorchGPT
 
     cfg = {**config_mod.DEFAULTS, **json.loads(a.config)}

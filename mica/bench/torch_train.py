@@ -7,14 +7,9 @@ from given offsets, so both sides can read one recorded batch order.
 import numpy as np
 import torch
 
-from ..models.gpt import GPTConfig
 from ..optim.schedules import cosine_with_warmup
+from ..train.programs import model_config
 from .torch_gpt import TorchGPT
-
-
-def model_config(cfg, vocab_size):
-    return GPTConfig(block_size=cfg["block_size"], vocab_size=vocab_size, n_layer=cfg["n_layer"],
-                     n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
 
 
 def nanogpt_init(cfg, vocab_size, seed=None):
