@@ -35,7 +35,10 @@ def method_b(config=None, overrides=(), iters=100, out_dir="check-b", threads=No
     from . import torch_train
 
     cfg = config_mod.load(config, [*overrides, "--dropout=0.0", "--device=cpu"])
-    folder, (train_path, _) = train_run.data_files(cfg)
+    folder, (train_paths, _) = train_run.data_files(cfg)
+    if len(train_paths) != 1:
+        raise MicaError(f"method B replays one training file; {folder} holds {len(train_paths)} shards")
+    train_path = train_paths[0]
     vocab, _ = train_run.vocab_size(folder, log)
     data = tok.open_tokens(train_path, vocab, cfg["block_size"] + 1, "training data")
     os.makedirs(out_dir, exist_ok=True)

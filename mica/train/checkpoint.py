@@ -4,8 +4,10 @@ The format: an 8-byte little-endian header length, a JSON header (tensor name ->
 data_offsets; "__metadata__" -> string values), then the tensors' bytes.
 """
 import json
+import math
 import os
 import struct
+import zlib
 
 import numpy as np
 
@@ -16,13 +18,24 @@ DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int
 CODES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 
+def crc32(array):
+    """zlib's CRC-32 of a C-contiguous array's bytes (the trainer computes the same in C)."""
+    return zlib.crc32(array.reshape(-1).data)
+
+
 class SafeTensors:
-    """A checked view of a safetensors file: .metadata, .names, .info(name), .read(name)."""
+    """A checked view of a safetensors file: .metadata, .names, .info(name), .read(name), .crc(name).
+
+    Every malformed header is one sentence. Where the metadata holds checksums ("crc32": JSON of
+    tensor name -> 8 hex digits, as Mica writes them), they must name exactly the file's tensors,
+    and read() verifies the tensor it returns."""
 
     def __init__(self, path):
         self.path = path
         if not os.path.exists(path):
             raise MicaError(f"checkpoint {path} does not exist")
+        if not os.path.isfile(path):
+            raise MicaError(f"checkpoint {path} is not a file")
         size = os.path.getsize(path)
         try:
             with open(path, "rb") as f:
@@ -33,22 +46,59 @@ class SafeTensors:
                 if hlen > min(size - 8, 1 << 28):
                     raise ValueError("its header length is larger than the file")
                 header = json.loads(f.read(hlen))
-        except (OSError, ValueError, UnicodeDecodeError) as e:
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
+        except (OSError, ValueError, RecursionError) as e:
             raise MicaError(f"checkpoint {path} is not a readable safetensors file ({e})") from None
-        self.metadata = header.pop("__metadata__", {}) or {}
+        metadata = header.pop("__metadata__", {}) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise MicaError(f"checkpoint {path} is corrupt: its metadata is not a table of strings")
+        self.metadata = metadata
         self.data_start = 8 + hlen
         self.tensors = header
         for name, t in header.items():
             try:
                 dtype, shape, (a, b) = DTYPES[t["dtype"]], t["shape"], t["data_offsets"]
+                if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+                        and type(a) is int and type(b) is int and 0 <= a <= b):
+                    raise ValueError
             except (KeyError, TypeError, ValueError):
                 raise MicaError(f"checkpoint {path} is corrupt: tensor {name!r} has a malformed entry") from None
-            if b - a != int(np.prod(shape)) * np.dtype(dtype).itemsize or self.data_start + b > size:
+            if b - a != math.prod(shape) * np.dtype(dtype).itemsize or self.data_start + b > size:
                 raise MicaError(f"checkpoint {path} is truncated or corrupt: tensor {name!r} does not fit the file")
+        self._crcs = self._read_crcs()
+
+    def _read_crcs(self):
+        if "crc32" not in self.metadata:
+            return None
+        try:
+            table = json.loads(self.metadata["crc32"])
+            if not isinstance(table, dict):
+                raise ValueError
+            crcs = {}
+            for name, hexdigits in table.items():
+                if not isinstance(hexdigits, str) or len(hexdigits) != 8:
+                    raise ValueError
+                crcs[name] = int(hexdigits, 16)
+        except (ValueError, RecursionError):
+            raise MicaError(f"checkpoint {self.path} is corrupt: its checksum table is unreadable") from None
+        if set(crcs) != set(self.tensors):
+            odd = sorted(set(crcs) ^ set(self.tensors))
+            raise MicaError(f"checkpoint {self.path} is corrupt: its checksums and its tensors disagree about "
+                            f"{', '.join(map(repr, odd[:3]))}{' ...' if len(odd) > 3 else ''} (a damaged header?)")
+        return crcs
 
     @property
     def names(self):
         return list(self.tensors)
+
+    @property
+    def checksummed(self):
+        return self._crcs is not None
+
+    def crc(self, name):
+        """The CRC-32 the tensor's bytes must have, or None where the file holds no checksums."""
+        return None if self._crcs is None else self._crcs[name]
 
     def info(self, name):
         t = self.tensors[name]
@@ -56,14 +106,17 @@ class SafeTensors:
 
     def read(self, name):
         dtype, shape, offset = self.info(name)
-        return np.fromfile(self.path, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
+        a = np.fromfile(self.path, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+        if self._crcs is not None and crc32(a) != self._crcs[name]:
+            raise MicaError(f"checkpoint {self.path} is corrupt: tensor {name!r} does not match its checksum (its "
+                            "bytes changed after it was written); use another checkpoint")
+        return a
 
 
 def write(path, tensors, metadata=None):
-    """Write {name: array} (and string metadata) to `path` atomically."""
+    """Write {name: array} (and string metadata, plus a CRC-32 of every tensor) to `path`
+    atomically: a temporary file, synced, then renamed; on failure nothing is replaced."""
     header, arrays, at = {}, [], 0
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
     for name, a in tensors.items():
         a = np.asarray(a)
         if not a.flags.c_contiguous:
@@ -73,15 +126,26 @@ def write(path, tensors, metadata=None):
         header[name] = {"dtype": CODES[a.dtype], "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
         arrays.append(a)
         at += a.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
+    meta = {k: str(v) for k, v in (metadata or {}).items()}
+    meta["crc32"] = json.dumps({name: f"{crc32(a):08x}" for name, a in zip(header, arrays)},
+                               separators=(",", ":"))
+    blob = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for a in arrays:
-            f.write(a.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for a in arrays:
+                f.write(a.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise MicaError(f"cannot write {path} ({e.strerror or e}); check that the folder is writable and the disk "
+                        "has room (nothing was replaced)") from None

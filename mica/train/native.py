@@ -8,8 +8,19 @@ import tempfile
 from ..backends.c import build as cbuild
 from ..errors import MicaError
 
-RUNTIME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "trainer.c")
+RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
+# the trainer's runtime modules (mica/runtime/runtime.h says what each does)
+RUNTIME_SOURCES = ("main.c", "manifest.c", "device_host.c", "tokens.c", "rng.c", "checkpoint.c", "log.c", "loop.c",
+                   "sampler.c")
 PROGRAMS = ("train", "eval", "logits")
+
+
+def _runtime_text():
+    parts = []
+    for name in ("runtime.h", *RUNTIME_SOURCES):
+        with open(os.path.join(RUNTIME_DIR, name)) as f:
+            parts.append(f.read())
+    return "\0".join(parts)
 
 
 def build_trainer(programs, opt_level=2, log=print):
@@ -20,8 +31,7 @@ def build_trainer(programs, opt_level=2, log=print):
     cflags, ldflags = cbuild.blas_flags(blas)
     flags = cbuild.flags(opt_level) + cflags
     sources = {name: lowered[name].c_source(api=f"{name}_") for name in PROGRAMS}
-    with open(RUNTIME) as f:
-        runtime = f.read()
+    runtime = _runtime_text()
     cc = cbuild.compiler()
     key = hashlib.sha256("\0".join([*sources.values(), runtime, cc, *flags, *ldflags,
                                     cbuild._headers_digest()]).encode()).hexdigest()[:24]
@@ -41,7 +51,9 @@ def build_trainer(programs, opt_level=2, log=print):
         objects.append(obj)
     fd, tmp = tempfile.mkstemp(dir=out_dir)
     os.close(fd)
-    _run([cc, *flags, "-I", cbuild.RUNTIME_DIR, RUNTIME, *objects, "-o", tmp, *ldflags, "-lm"], "trainer")
+    runtime_sources = [os.path.join(RUNTIME_DIR, name) for name in RUNTIME_SOURCES]
+    _run([cc, *flags, "-I", RUNTIME_DIR, *runtime_sources, *objects, "-o", tmp, *ldflags, "-lm"],
+         "trainer")
     os.chmod(tmp, 0o755)
     os.replace(tmp, exe)
     return exe, lowered
@@ -91,11 +103,14 @@ def check_in_place(lowered):
             raise MicaError(f"internal: {name} is not updated in place ({inputs.get(id(view.src), 'a new buffer')})")
 
 
-def write_manifest(path, settings, slots, lowered, loads=()):
-    """The trainer's manifest: settings, then a `slot` line per state tensor and its offsets."""
+def write_manifest(path, settings, slots, lowered, loads=(), files=()):
+    """The trainer's manifest: settings, the token files (`train_file`/`val_file HEADER PATH`), the
+    programs' input and output offsets, a `slot` line per state tensor, and a `load INDEX OFFSET
+    CRC32` line per tensor to read from init_file. Lines have no length limit."""
     tr, ev, lg = (_input_offsets(lowered[n]) for n in PROGRAMS)
     outs = _output_offsets(lowered["train"])
     lines = [f"{k} {v}" for k, v in settings.items()]
+    lines += [f"{split}_file {header} {file}" for split, file, header in files]
     lines += [f"train.x {tr['x']}", f"train.y {tr['y']}", f"train.iter {tr['iter_num']}",
               f"train.loss {outs[-2][0]}", f"train.lr {outs[-1][0]}",
               f"eval.x {ev['x']}", f"eval.y {ev['y']}", f"eval.loss {_output_offsets(lowered['eval'])[0][0]}",
@@ -109,7 +124,24 @@ def write_manifest(path, settings, slots, lowered, loads=()):
         shape = " ".join(str(s) for s in v.shape)
         lines.append(f"slot {kind} {tr[input_name]} {eval_off} {logits_off} {v.src.nbytes} {codes[v.dtype.name]} "
                      f"{len(v.shape)} {shape} {tensor}".replace("  ", " "))
-    for index, offset in loads:
-        lines.append(f"load {index} {offset}")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    for index, offset, crc in loads:
+        lines.append(f"load {index} {offset} {'-' if crc is None else f'{crc:08x}'}")
+    for line in lines:
+        if "\n" in line or "\r" in line or "\0" in line:
+            raise MicaError(f"a setting holds a line break or NUL, which the trainer cannot take: {line[:60]!r}")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise MicaError(f"cannot write the trainer's manifest {path} ({e.strerror}); check that its folder is "
+                        "writable and the disk has room") from None
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

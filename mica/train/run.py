@@ -1,7 +1,9 @@
 """`mica train` and `mica sample`: check everything a run needs, build the native trainer, and
 hand over to it (the training loop itself runs without Python)."""
+import glob
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -16,18 +18,62 @@ MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
 
 def data_files(cfg):
+    """(folder, [train files], [val files]): `train.bin` / `val.bin` (nanoGPT), or else every shard
+    of the split in sorted order (`train_*.bin`, or the speedrun's `fineweb_train_*.bin`)."""
     folder = cfg["data_dir"] or os.path.join("data", cfg["dataset"])
     if not os.path.isdir(folder):
         raise MicaError(f"data folder {folder} does not exist; prepare it first, e.g. "
                         f"mica prepare shakespeare-char --out {folder}")
-    paths = []
+    splits = []
     for split in ("train", "val"):
-        path = os.path.join(folder, f"{split}.bin")
-        if not os.path.exists(path):
-            shards = sorted(f for f in os.listdir(folder) if f.startswith(f"{split}_") and f.endswith(".bin"))
-            path = os.path.join(folder, shards[0]) if shards else path
-        paths.append(path)
-    return folder, paths
+        single = os.path.join(folder, f"{split}.bin")
+        if os.path.exists(single):
+            splits.append([single])
+            continue
+        found = set()
+        for pattern in (f"{split}_*.bin", f"*_{split}_*.bin"):
+            found.update(glob.glob(os.path.join(glob.escape(folder), pattern)))
+        splits.append(sorted(found) or [single])  # none: open_tokens says what is missing
+    return folder, splits
+
+
+def _check_split(paths, vocab, need, what, log):
+    """Check every file of a split; at least one must hold a whole batch row (block_size + 1
+    tokens). Returns [(path, header bytes)]."""
+    if len(paths) == 1:
+        tok.open_tokens(paths[0], vocab, need, what)
+    else:
+        lengths = [len(tok.open_tokens(p, vocab, 0, what)) for p in paths]
+        if max(lengths) < need:
+            tok.open_tokens(paths[0], vocab, need, what)  # says how short it is
+        log(f"{what}: {len(paths)} files, {sum(lengths):,} tokens, from {paths[0]} to {os.path.basename(paths[-1])}")
+    return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
+
+
+_TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|trainer\.manifest)\.tmp(\d+)")
+
+
+def _remove_stale_temporaries(out_dir, log):
+    """A run killed while writing leaves NAME.tmpPID behind: remove those whose process is gone."""
+    for name in sorted(os.listdir(out_dir)):
+        m = _TEMPORARY.fullmatch(name)
+        if not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(out_dir, name))
+            log(f"removed {name}, left in {out_dir} by an interrupted run")
+        except OSError:
+            pass
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def vocab_size(folder, log=print):
@@ -49,13 +95,14 @@ def _model_config_json(cfg):
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides), log)
-    folder, (train_path, val_path) = data_files(cfg)
+    folder, (train_paths, val_paths) = data_files(cfg)
     vocab, _ = vocab_size(folder, log)
     need = cfg["block_size"] + 1
-    train_tokens = tok.open_tokens(train_path, vocab, need, "training data")
-    tok.open_tokens(val_path, vocab, need, "validation data")
+    files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
+    files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
     out_dir = cfg["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
+    _remove_stale_temporaries(out_dir, log)
     if cfg["batch_order"] and not os.path.exists(cfg["batch_order"]):
         raise MicaError(f"batch order file {cfg['batch_order']} does not exist")
 
@@ -72,15 +119,12 @@ def prepare_run(config_path=None, overrides=(), log=print):
                     always_save=int(cfg["always_save_checkpoint"]), seed=cfg["seed"],
                     threads=cfg["threads"] or os.cpu_count() or 1, time_every_iter=int(cfg["time_every_iter"]),
                     flops_per_iter=programs.flops_per_iter(cfg, model), peak_flops=programs.peak_flops())
-    settings["train_data"] = f"{os.path.abspath(train_path)} {tok.token_layout(train_path)[1]}"
-    settings["val_data"] = f"{os.path.abspath(val_path)} {tok.token_layout(val_path)[1]}"
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
     settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
-    del train_tokens
     manifest = os.path.join(out_dir, "trainer.manifest")
-    native.write_manifest(manifest, settings, slots, lowered, loads)
+    native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
 
 
@@ -112,12 +156,14 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
             settings.update(resume=1, resume_iter=int(md["iter_num"]), resume_best=float(md["best_val_loss"]))
         except (KeyError, ValueError):
             raise MicaError(f"checkpoint {path} has no iter_num / best_val_loss in its metadata") from None
+        has_state = _check_resume_names(st, by_name, log)
         if "data.next_offsets" in st.tensors and "rng" in md:
+            if not re.fullmatch(r"[0-9a-f]{16}( [0-9a-f]{16}){3}", md["rng"]):
+                raise MicaError(f"checkpoint {path} is damaged: its batch generator state is unreadable")
             settings["resume_rng"] = md["rng"]
-            settings["resume_next"] = " ".join(str(int(x)) for x in st.read("data.next_offsets"))
+            settings["resume_next"] = " ".join(str(int(x)) for x in st.read("data.next_offsets").reshape(-1))
         else:
             log("note: the checkpoint holds no data position (an imported one?): batches start afresh from the seed")
-        has_state = all(name in st.tensors for name in by_name)
         return _loads(path, by_name, settings, st=st, params_only=not has_state)
     if init.endswith(".safetensors"):
         log(f"initializing from weights in {init}")
@@ -128,15 +174,47 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
 
 def _saved_config(st):
     try:
-        return json.loads(st.metadata.get("config", "{}"))
-    except ValueError:
-        raise MicaError(f"checkpoint {st.path} has unreadable config metadata") from None
+        saved = json.loads(st.metadata.get("config", "{}"))
+    except (ValueError, RecursionError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise MicaError(f"checkpoint {st.path} has unreadable config metadata")
+    return saved
+
+
+def _check_resume_names(st, by_name, log):
+    """A checkpoint to resume from holds this model's tensors and nothing else: an unknown name (a
+    damaged header, another model) is an error, and so is a partial optimizer state. True when the
+    optimizer state is there; a checkpoint of weights alone (an import) starts AdamW afresh, said."""
+    known = set(by_name) | {"data.next_offsets", "lm_head.weight"}
+    unknown = [n for n in st.names if n not in known]
+    if unknown:
+        raise MicaError(f"checkpoint {st.path} holds tensors this model does not have ({_some(unknown)}); it was "
+                        "written for another model, or its header is damaged")
+    optimizer = [n for n in by_name if n.startswith("optimizer.")]
+    present = [n for n in optimizer if n in st.tensors]
+    if present and len(present) < len(optimizer):
+        missing = [n for n in optimizer if n not in st.tensors]
+        raise MicaError(f"checkpoint {st.path} lacks part of the optimizer state ({_some(missing)}); it is damaged: "
+                        "resume from another checkpoint")
+    if not st.checksummed:
+        log(f"note: {st.path} holds no checksums (written by an older Mica or another tool): its bytes are not "
+            "verified")
+    if not present:
+        log("note: the checkpoint holds weights but no optimizer state: AdamW's moments start from zero")
+    return bool(present)
+
+
+def _some(names, n=4):
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _loads(path, by_name, settings, params_only=False, st=None):
+    """[(slot index, file offset, CRC-32 or None)] of the tensors to read from `path`; every tensor
+    the model needs must be there with its shape and dtype (the error names all that differ)."""
     st = st or ckpt.SafeTensors(path)
     settings["init_file"] = os.path.abspath(path)
-    loads = []
+    loads, missing, wrong = [], [], []
     for name, (index, shape, dtype) in by_name.items():
         if params_only and name.startswith("optimizer."):
             continue
@@ -144,13 +222,22 @@ def _loads(path, by_name, settings, params_only=False, st=None):
         if key not in st.tensors and name == "transformer.wte.weight" and "lm_head.weight" in st.tensors:
             key = "lm_head.weight"  # the tie: either name holds the matrix
         if key not in st.tensors:
-            raise MicaError(f"{path} has no tensor {name!r}; its tensors are named "
-                            f"{', '.join(list(st.tensors)[:3])}, ...")
+            missing.append(name)
+            continue
         got_dtype, got_shape, offset = st.info(key)
         if tuple(got_shape) != tuple(shape) or got_dtype != dtype:
-            raise MicaError(f"{path}: tensor {key!r} is {got_dtype.name}{list(got_shape)}, but this model needs "
-                            f"{np.dtype(dtype).name}{list(shape)}")
-        loads.append((index, offset))
+            wrong.append(f"{key} is {got_dtype.name}{list(got_shape)} where this model needs "
+                         f"{np.dtype(dtype).name}{list(shape)}")
+            continue
+        loads.append((index, offset, st.crc(key)))
+    extra = [n for n in st.names if not n.startswith(("optimizer.", "data.")) and n not in by_name
+             and n != "lm_head.weight"]
+    if missing or wrong or extra:
+        parts = [f"{len(missing)} missing ({_some(missing)})"] if missing else []
+        parts += [f"{len(wrong)} of another shape ({_some(wrong, 2)})"] if wrong else []
+        parts += [f"{len(extra)} this model does not have ({_some(extra)})"] if extra else []
+        raise MicaError(f"{path} does not fit this model: tensors {'; '.join(parts)}; use weights of the same "
+                        "n_layer, n_head, n_embd, vocabulary and bias")
     return loads
 
 

@@ -1,0 +1,53 @@
+/* What the trainer tells the user: metrics.jsonl (every logged value) and the progress line. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+static FILE *metrics;
+static int tty = -1;
+
+/* a scratch run starts a fresh file; a resumed one appends to the run it continues */
+void log_open_metrics(int append) {
+    char path[8192];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", S.out_dir);
+    metrics = fopen(path, append ? "a" : "w");
+    if (!metrics) die(2, "cannot write %s: %s; check that the folder is writable", path, strerror(errno));
+}
+
+void log_metrics(const char *fmt, ...) {
+    if (!metrics) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(metrics, fmt, ap);
+    va_end(ap);
+    fputc('\n', metrics);
+    fflush(metrics);
+}
+
+void log_close_metrics(void) {
+    if (metrics) fclose(metrics);
+    metrics = 0;
+}
+
+static int on_tty(void) {
+    if (tty < 0) tty = isatty(1);
+    return tty;
+}
+
+void log_clear_progress(void) {
+    if (on_tty() == 1) {
+        printf("\r\033[K");
+        fflush(stdout);
+    }
+}
+
+void log_progress(int64_t iter, double tok_per_s, double eta) {
+    if (on_tty() != 1) return;
+    printf("\r  iter %lld/%lld  %.0f tok/s  ETA %dm%02ds", (long long)iter, (long long)S.max_iters, tok_per_s,
+           (int)eta / 60, (int)eta % 60);
+    fflush(stdout);
+}

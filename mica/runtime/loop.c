@@ -1,0 +1,180 @@
+/* nanoGPT's training loop around the compiled programs: estimate_loss over eval_iters batches per
+ * split, one optimizer step per iteration (the train program does the micro-batches, clipping,
+ * schedule and AdamW), nanoGPT's log lines, checkpoints, and a clean stop on Ctrl-C. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+
+static FILE *order_file;
+static token_set train_data, val_data;
+static int64_t *batch_x, *batch_y; /* host staging of one batch, copied into the arenas */
+
+/* a training batch row: from the recorded order when one is given, else from the generator */
+static int64_t draw_offset(const token_set *data, int training) {
+    if (order_file && training) {
+        long long off;
+        if (fscanf(order_file, "%lld", &off) != 1) die(2, "the batch order file %s ran out of offsets", S.batch_order);
+        if (off < 0 || off >= data->windows)
+            die(2, "batch order offset %lld does not fit the training data (%lld rows)", off, (long long)data->windows);
+        return off;
+    }
+    return rng_uniform(data->windows);
+}
+
+static void fill_batch(void *arena, int64_t x_off, int64_t y_off, const token_set *data, const int64_t *offs,
+                       int64_t rows) {
+    for (int64_t r = 0; r < rows; r++) tokens_row(data, offs[r], batch_x + r * S.block, batch_y + r * S.block);
+    dev_write(arena, x_off, batch_x, rows * S.block * 8);
+    dev_write(arena, y_off, batch_y, rows * S.block * 8);
+}
+
+static int64_t last_saved = -1; /* the iteration of the last good checkpoint, -1: none from this run */
+
+static int stop_interrupted(int64_t iter, const char *during) {
+    log_clear_progress();
+    fflush(stdout);
+    if (last_saved >= 0)
+        fprintf(stderr, "mica: interrupted %s iter %lld; the last good checkpoint is %s/ckpt.safetensors (iter %lld): "
+                "resume with --init_from=resume\n", during, (long long)iter, S.out_dir, (long long)last_saved);
+    else
+        fprintf(stderr, "mica: interrupted %s iter %lld; this run saved no checkpoint (any ckpt.safetensors in %s is "
+                "from an earlier run, untouched)\n", during, (long long)iter, S.out_dir);
+    log_metrics("{\"iter\": %lld, \"stopped\": \"interrupted\"}", (long long)iter);
+    log_close_metrics();
+    return 130;
+}
+
+/* the mean loss of eval_iters batches; NAN when interrupted */
+static double estimate_split(void *ev, const token_set *data, int64_t *offs) {
+    double total = 0;
+    for (int64_t k = 0; k < S.eval_iters; k++) {
+        if (interrupted) return NAN;
+        for (int64_t r = 0; r < S.batch; r++) offs[r] = draw_offset(data, 0);
+        fill_batch(ev, S.ev_x, S.ev_y, data, offs, S.batch);
+        if (eval_run(ev, (int)S.threads, S.seed, 0) != 0) die(2, "%s", eval_error());
+        float loss;
+        dev_read(ev, S.ev_loss, &loss, 4);
+        total += loss;
+    }
+    return total / (double)S.eval_iters;
+}
+
+int train_loop(void) {
+    tokens_open(&train_data, S.train_files, S.n_train_files, "training data");
+    tokens_open(&val_data, S.val_files, S.n_val_files, "validation data");
+    void *tr = dev_arena(ARENA_TRAIN), *ev = dev_arena(ARENA_EVAL);
+    checkpoint_load(tr, ARENA_TRAIN);
+    if (S.batch_order && S.batch_order[0] && !(order_file = fopen(S.batch_order, "r")))
+        die(2, "cannot read the batch order file %s: %s", S.batch_order, strerror(errno));
+    int64_t rows = S.accum * S.batch, iter = 0, local_iter = 0;
+    int64_t *next = calloc(rows, 8), *eval_offs = calloc(S.batch, 8);
+    batch_x = malloc(rows * S.block * 8);
+    batch_y = malloc(rows * S.block * 8);
+    if (!next || !eval_offs || !batch_x || !batch_y) die(2, "cannot allocate the batch buffers");
+    uint64_t before_eval[4];
+    double best_val_loss = 1e9;
+    rng_seed((uint64_t)S.seed);
+    if (S.resume) {
+        iter = S.resume_iter;
+        best_val_loss = S.resume_best;
+        last_saved = iter;
+    }
+    if (S.resume && S.n_resume_next) {
+        if (!S.has_resume_rng) die(2, "the checkpoint has a data position but no generator state; it is damaged");
+        rng_set(S.resume_rng);
+        for (int64_t r = 0; r < rows; r++)
+            if (S.resume_next[r] < 0 || S.resume_next[r] >= train_data.windows)
+                die(2, "the checkpoint's data position (row offset %lld) lies outside the training data (%lld rows): "
+                    "resume with the data the run was trained on, or start afresh with --init_from=scratch",
+                    (long long)S.resume_next[r], (long long)train_data.windows);
+        memcpy(next, S.resume_next, rows * 8);
+    } else {
+        for (int64_t r = 0; r < rows; r++) next[r] = draw_offset(&train_data, 1);
+    }
+    log_open_metrics(S.resume != 0);
+    double t0 = now(), running_mfu = -1.0, started = now();
+    int64_t started_iter = iter;
+    for (;;) {
+        /* a checkpoint holds the generator as it stands here, and the batch already drawn for this
+         * iteration: a resumed run redoes this evaluation with the same batches, then goes on */
+        rng_get(before_eval);
+        if (iter % S.eval_interval == 0) {
+            log_clear_progress();
+            for (int i = 0; i < S.nslots; i++)
+                if (S.slots[i].kind == 0 && S.slots[i].off[ARENA_EVAL] >= 0)
+                    dev_copy(ev, S.slots[i].off[ARENA_EVAL], tr, S.slots[i].off[ARENA_TRAIN], S.slots[i].nbytes);
+            double lt = estimate_split(ev, &train_data, eval_offs), lv = estimate_split(ev, &val_data, eval_offs);
+            if (interrupted) return stop_interrupted(iter, "while evaluating at");
+            if (!isfinite(lt) || !isfinite(lv)) {
+                fprintf(stderr, "mica: error: the evaluated loss is not finite at step %lld (train %g, val %g); "
+                        "training stopped without saving. The last good checkpoint (if any) is %s/ckpt.safetensors, "
+                        "untouched.\n", (long long)iter, fabs(lt), fabs(lv), S.out_dir);
+                log_metrics("{\"step\": %lld, \"train_loss\": null, \"val_loss\": null, \"stopped\": "
+                            "\"non-finite loss\"}", (long long)iter);
+                log_close_metrics();
+                return 3;
+            }
+            printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)iter, lt, lv);
+            fflush(stdout);
+            log_metrics("{\"step\": %lld, \"train_loss\": %.9g, \"val_loss\": %.9g}", (long long)iter, lt, lv);
+            if (lv < best_val_loss || S.always_save) {
+                best_val_loss = lv;
+                if (iter > 0) {
+                    checkpoint_save(tr, iter, best_val_loss, next, rows, before_eval);
+                    last_saved = iter;
+                    printf("saving checkpoint to %s\n", S.out_dir);
+                }
+            }
+            /* the eval drew from the generator: what follows continues from here, as nanoGPT's does */
+        }
+        if (iter == 0 && S.eval_only) break;
+        fill_batch(tr, S.tr_x, S.tr_y, &train_data, next, rows);
+        dev_write(tr, S.tr_iter, &iter, 8);
+        if (iter < S.max_iters) /* the batch after the last one is never used: not drawn */
+            for (int64_t r = 0; r < rows; r++) next[r] = draw_offset(&train_data, 1);
+        if (train_run(tr, (int)S.threads, S.seed, iter) != 0) die(2, "%s", train_error());
+        float loss;
+        double lr;
+        dev_read(tr, S.tr_loss, &loss, 4);
+        dev_read(tr, S.tr_lr, &lr, 8);
+        double t1 = now(), dt = t1 - t0;
+        t0 = t1;
+        if (!isfinite(loss)) {
+            log_clear_progress();
+            fflush(stdout);
+            fprintf(stderr, "mica: error: the loss is %s at iter %lld; training stopped. The last good checkpoint "
+                    "(if any) is %s/ckpt.safetensors, untouched.\n", isnan(loss) ? "nan" : "infinite",
+                    (long long)iter, S.out_dir);
+            log_metrics("{\"iter\": %lld, \"loss\": null, \"stopped\": \"non-finite loss\"}", (long long)iter);
+            log_close_metrics();
+            return 3;
+        }
+        if (iter % S.log_interval != 0 && S.time_every_iter) /* the trainer's own clock, for mica bench */
+            log_metrics("{\"iter\": %lld, \"time_ms\": %.3f}", (long long)iter, dt * 1000);
+        if (iter % S.log_interval == 0) {
+            if (local_iter >= 5) {
+                double mfu = S.flops_per_iter / dt / S.peak_flops;
+                running_mfu = running_mfu == -1.0 ? mfu : 0.9 * running_mfu + 0.1 * mfu;
+            }
+            log_clear_progress();
+            printf("iter %lld: loss %.4f, time %.2fms, mfu %.2f%%\n", (long long)iter, loss, dt * 1000,
+                   running_mfu * 100);
+            fflush(stdout);
+            log_metrics("{\"iter\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"time_ms\": %.3f, \"mfu\": %.5f}",
+                        (long long)iter, loss, lr, dt * 1000, running_mfu);
+        }
+        iter++;
+        local_iter++;
+        if (interrupted && iter <= S.max_iters) return stop_interrupted(iter - 1, "after");
+        double el = now() - started, rate = (iter - started_iter) / (el > 0 ? el : 1e-9);
+        log_progress(iter, rate * S.batch * S.accum * S.block, (S.max_iters - iter) / (rate > 0 ? rate : 1e-9));
+        if (iter > S.max_iters) break;
+    }
+    log_clear_progress();
+    log_close_metrics();
+    return 0;
+}

@@ -1,0 +1,47 @@
+/* The trainer's entry point: read the manifest, then train or sample. Every error is one sentence
+ * on stderr ("mica: error: ...") and a non-zero exit; Ctrl-C stops at the next safe point. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime.h"
+
+volatile sig_atomic_t interrupted;
+
+void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_clear_progress();
+    fflush(stdout);
+    fprintf(stderr, "mica: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(code);
+}
+
+double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+static void on_signal(int sig) {
+    (void)sig;
+    interrupted = 1; /* the loop stops at its next safe point; a second signal ends it at once */
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) die(2, "usage: %s MANIFEST (this program is started by `mica train` and `mica sample`)", argv[0]);
+    read_manifest(argv[1]);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, 0);
+    sigaction(SIGTERM, &sa, 0);
+    if (!strcmp(S.mode, "train")) return train_loop();
+    return sample();
+}
