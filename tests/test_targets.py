@@ -1,0 +1,75 @@
+"""A target is a plug-in: one shared pipeline (simplify, order, fuse, plan) serves every target,
+the CPU step's bits did not move when the pipeline was lifted out of the C backend, and they do
+not depend on the building machine's core count."""
+import hashlib
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import mica
+from mica.models.gpt import GPT, GPTConfig, loss_fn
+
+DIGESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "step_digests.json")
+
+
+def step_program():
+    """nanoGPT's step with dropout, clipping and AdamW, large enough that products are tiled."""
+    cfg = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=128, dropout=0.1, bias=False)
+    model = GPT(cfg)
+    params = model.init(seed=5)
+    groups = mica.optim.nanogpt_param_groups(params, weight_decay=0.1)
+    opt = mica.optim.adamw(lr=1e-3, betas=(0.9, 0.95), param_groups=groups)
+    state = opt.init(params)
+
+    def step(params, state, idx, targets):
+        loss, grads = mica.value_and_grad(loss_fn(model))(params, idx, targets)
+        norm = mica.optim.clip_grad_norm(grads, 1.0)
+        new_params, new_state = opt.update(params, grads, state, lr=1e-3)
+        return new_params, new_state, {"loss": loss, "norm": norm}
+
+    rng = np.random.default_rng(1)
+    B, T = 4, 64
+    batch = rng.integers(0, 65, (B, T)), rng.integers(0, 65, (B, T))
+    model.train()
+    specs = (model.param_specs(), opt.state_specs(model.param_specs()), mica.i64[B, T], mica.i64[B, T])
+    return mica.trace(step, *specs), params, state, batch
+
+
+def digest(outs):
+    h = hashlib.sha256()
+    for leaf in mica.pytree.flatten(outs)[0]:
+        h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()[:16]
+
+
+def machine():
+    """What the bits may depend on: OpenBLAS's kernel family, gcc's -march=native, gcc's version."""
+    import ctypes
+
+    import scipy_openblas32
+
+    lib_dir = scipy_openblas32.get_lib_dir()
+    lib = ctypes.CDLL(os.path.join(lib_dir, next(f for f in os.listdir(lib_dir) if ".so" in f)))
+    lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
+    core = lib.scipy_openblas_get_corename().decode()
+    out = subprocess.run(["gcc", "-march=native", "-Q", "--help=target"], capture_output=True, text=True).stdout
+    march = next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-march=")), "?")
+    version = subprocess.run(["gcc", "-dumpversion"], capture_output=True, text=True).stdout.strip()
+    return f"{core}/{march}/gcc{version}"
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return step_program()
+
+
+def test_the_cpu_steps_bits_are_those_recorded_before_the_pipeline_moved(gpt):
+    program, params, state, batch = gpt
+    got = digest(program.lower("cpu", opt_level=2).build()(params, state, *batch, threads=2, seed=7))
+    recorded = json.load(open(DIGESTS))
+    if machine() not in recorded:
+        pytest.skip(f"no digest recorded for this machine ({machine()}); recorded: {', '.join(recorded)}")
+    assert got == recorded[machine()]
