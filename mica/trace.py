@@ -64,14 +64,13 @@ class Program:
                                  f"was traced for {v.spec!r}")
         return out
 
-    def lower(self, target="cpu", opt_level=2, max_threads=None, blas=None):
-        """Schedule, plan memory and render source for `target`; `.build()` the result.
-        `blas`: 'openblas' (default) or 'own' (Mica's own product kernel)."""
-        if target != "cpu":
-            raise TraceError(f"target {target!r} is not available yet; use target='cpu'")
-        from .backends import c
+    def lower(self, target="cpu", **options):
+        """Run the shared pipeline for `target` (a name, e.g. "cpu", or a Target): schedule, memory
+        plan and source; `.build()` the result. Options go to the target: for the CPU `opt_level`
+        (0-2), `max_threads`, `blas` ('openblas', the default, or 'own': Mica's own product kernel)."""
+        from .lower import lower
 
-        return c.lower(self, opt_level=opt_level, max_threads=max_threads, blas=blas)
+        return lower(self, target, **options)
 
     def __repr__(self):
         return f"<mica.Program {self.name}: {len(self.graph.nodes)} nodes>"
@@ -133,6 +132,7 @@ def trace(fn, *specs, name=None):
     return Program(graph, in_tree, out_tree, name or getattr(fn, "__name__", "program"), static)
 
 
-def compile(fn, *specs, target="cpu", opt_level=2, max_threads=None, name=None):
-    """Trace `fn`, lower it for `target` and build it: returns a callable Executable."""
-    return trace(fn, *specs, name=name).lower(target, opt_level=opt_level, max_threads=max_threads).build()
+def compile(fn, *specs, target="cpu", name=None, **options):
+    """Trace `fn`, lower it for `target` (options as Program.lower) and build it: returns a callable
+    Executable."""
+    return trace(fn, *specs, name=name).lower(target, **options).build()

@@ -80,7 +80,7 @@ def test_arena_equals_the_memory_report(gpt_step):
         assert cls in report
     # parameters are updated in place: the new values live where the old ones did
     sched = lowered.schedule
-    assert sum(1 for new, old in sched.updates if new.root() is old and old.cls == "parameters") == len(gpt_step[1])
+    assert sum(1 for new, old in sched.updates if lowered.plan.root(new) is old and old.cls == "parameters") == len(gpt_step[1])
     assert lowered.plan.class_bytes["parameters"] == sum(a.nbytes for a in gpt_step[1].values())
 
 

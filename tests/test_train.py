@@ -143,7 +143,7 @@ def test_trainer_refuses_a_step_that_would_not_update_in_place(workdir, monkeypa
     from mica.train import run
 
     d, _ = workdir
-    monkeypatch.setattr(memory, "_plan_inplace", lambda *a: 0)
+    monkeypatch.setattr(memory, "_plan_inplace", lambda *a: {})
     monkeypatch.chdir(d)
     with pytest.raises(MicaError, match="not updated in place"):
         run.prepare_run("shakespeare_char", TINY + ["--out_dir=frozen"], log=lambda *a: None)

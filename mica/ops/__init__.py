@@ -7,10 +7,27 @@ Adding a primitive touches one family module and one row of the op test table.
 """
 
 
-class OpDef:
-    __slots__ = ("name", "infer", "ref", "vjp", "family", "c")
+class KernelABI:
+    """A hand-written kernel's calling convention, as data the shared passes read (no pass names
+    a kernel): which leading inputs it reads through strides (last stride 1) and which leading
+    outputs it may write through strides (laid out as their reader walks them), whether it can
+    report bad input (an index out of range: the program stops), and which attribute, when
+    nonzero, makes it draw random numbers."""
 
-    def __init__(self, name, infer, ref, vjp, family, c):
+    __slots__ = ("strided_inputs", "strided_outputs", "may_fail", "rng_attr")
+
+    def __init__(self, strided_inputs=0, strided_outputs=0, may_fail=False, rng_attr=None):
+        self.strided_inputs, self.strided_outputs = strided_inputs, strided_outputs
+        self.may_fail, self.rng_attr = may_fail, rng_attr
+
+    def uses_rng(self, attrs):
+        return bool(self.rng_attr and attrs.get(self.rng_attr))
+
+
+class OpDef:
+    __slots__ = ("name", "infer", "ref", "vjp", "family", "c", "kernel")
+
+    def __init__(self, name, infer, ref, vjp, family, c, kernel=None):
         self.name = name
         self.infer = infer    # infer(specs, **attrs) -> [(shape, dtype), ...]
         self.ref = ref        # ref(arrays, attrs, run) -> array or tuple of arrays
@@ -19,6 +36,8 @@ class OpDef:
         # C lowering of an elementwise op: an expression template ({0}, {1}: operands; {T}: the C
         # compute type; {S}: f32 or f64), or a function of the node's attributes giving one
         self.c = c
+        # a "kernel" primitive's calling convention (lowered per target: mica/targets.py)
+        self.kernel = kernel or (KernelABI() if family == "kernel" else None)
 
     def __repr__(self):
         return f"OpDef({self.name}, {self.family})"
@@ -27,10 +46,10 @@ class OpDef:
 OPS = {}
 
 
-def defop(name, *, infer, ref, vjp=None, family, c=None):
+def defop(name, *, infer, ref, vjp=None, family, c=None, kernel=None):
     if name in OPS:
         raise ValueError(f"primitive {name} is defined twice")
-    OPS[name] = OpDef(name, infer, ref, vjp, family, c)
+    OPS[name] = OpDef(name, infer, ref, vjp, family, c, kernel)
     return OPS[name]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GradError, MicaError, ShapeError
-from . import defop
+from . import KernelABI, defop
 from .philox import keep_mask
 
 
@@ -267,8 +267,10 @@ def _ce_bwd_ref(a, at, run):
     return p * np.where(valid, g, 0)[:, None]
 
 
-defop("cross_entropy", infer=_ce_infer, ref=_ce_ref, vjp=_ce_vjp, family="kernel")
-defop("cross_entropy_backward", infer=_ce_bwd_infer, ref=_ce_bwd_ref, family="kernel")
+# a target id out of range (and not ignore_index) stops the program with a sentence
+defop("cross_entropy", infer=_ce_infer, ref=_ce_ref, vjp=_ce_vjp, family="kernel", kernel=KernelABI(may_fail=True))
+defop("cross_entropy_backward", infer=_ce_bwd_infer, ref=_ce_bwd_ref, family="kernel",
+      kernel=KernelABI(may_fail=True))
 
 
 # ---- scaled dot-product attention ---------------------------------------------------------------------
@@ -346,8 +348,12 @@ def _attention_bwd_ref(a, at, run):
     return ds @ k, np.swapaxes(ds, -1, -2) @ q, dv
 
 
-defop("attention", infer=_attention_infer, ref=_attention_ref, vjp=_attention_vjp, family="kernel")
-defop("attention_backward", infer=_attention_bwd_infer, ref=_attention_bwd_ref, family="kernel")
+# q, k, v (and the backward's g, q, k, v, o, lse) are read through strides, so the heads need no
+# copy out of the fused qkv product; the output (and dq, dk, dv) are written in their reader's layout
+defop("attention", infer=_attention_infer, ref=_attention_ref, vjp=_attention_vjp, family="kernel",
+      kernel=KernelABI(strided_inputs=3, strided_outputs=1, rng_attr="dropout_p"))
+defop("attention_backward", infer=_attention_bwd_infer, ref=_attention_bwd_ref, family="kernel",
+      kernel=KernelABI(strided_inputs=6, strided_outputs=3, rng_attr="dropout_p"))
 
 
 # ---- embedding --------------------------------------------------------------------------------------
@@ -391,8 +397,11 @@ def _embedding_bwd_ref(a, at, run):
     return out
 
 
-defop("embedding", infer=_embedding_infer, ref=_embedding_ref, vjp=_embedding_vjp, family="kernel")
-defop("embedding_backward", infer=_embedding_bwd_infer, ref=_embedding_bwd_ref, family="kernel")
+# an index out of range stops the program with a sentence
+defop("embedding", infer=_embedding_infer, ref=_embedding_ref, vjp=_embedding_vjp, family="kernel",
+      kernel=KernelABI(may_fail=True))
+defop("embedding_backward", infer=_embedding_bwd_infer, ref=_embedding_bwd_ref, family="kernel",
+      kernel=KernelABI(may_fail=True))
 
 
 # ---- dropout ----------------------------------------------------------------------------------------

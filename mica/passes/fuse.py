@@ -21,8 +21,6 @@ from .schedule import (Buffer, Call, Const, Copy, Expr, Gemm, Iota, Literal, Loo
 
 VIEW_OPS = {"reshape", "permute", "slice", "expand"}
 ROLE_CLASS = {"parameter": "parameters", "gradient": "gradients", "optimizer state": "optimizer state"}
-STRIDED_CALL_INPUTS = {"attention": 3, "attention_backward": 6}  # inputs that may be strided views
-STRIDED_CALL_OUTPUTS = {"attention": 1, "attention_backward": 3}  # leading outputs written through strides
 
 
 def _is_elementwise(node):
@@ -71,7 +69,9 @@ class _Groups:
         return a
 
 
-def build(graph, fuse=True):
+def build(graph, target, fuse=True):
+    """The Schedule of `graph` for `target` (which says what a product's epilogue may be and how
+    each hand-written kernel takes its operands)."""
     nodes = graph.nodes
     index = {id(n): i for i, n in enumerate(nodes)}
     consumers = graph.consumers()
@@ -117,12 +117,12 @@ def build(graph, fuse=True):
         if i in groups.parent:
             last_member[groups.find(i)] = i
 
-    builder = _Builder(graph, groups, absorbed, absorbed_groups, consumers, out_ids, index)
+    builder = _Builder(graph, target, groups, absorbed, absorbed_groups, consumers, out_ids, index)
     for i, node in enumerate(nodes):
         builder.visit(i, node, last_member)
     schedule = builder.finish()
     if fuse:
-        schedule.kernels = fuse_epilogues(schedule.kernels)
+        schedule.kernels = fuse_epilogues(schedule.kernels, target)
     return schedule
 
 
@@ -134,10 +134,11 @@ def _sibling(prev, node, groups, p):
     return bool({v.id for v in prev.inputs} & {v.id for v in node.inputs})
 
 
-def fuse_epilogues(kernels, reach=3):
+def fuse_epilogues(kernels, target, reach=3):
     """A loop that reads a product's output at its own index becomes the product's epilogue (run
-    per output tile), when it follows the product within `reach` kernels and nothing in between
-    touches what it reads or writes. The loop's views are re-read as [M, N]."""
+    per output tile), when it follows the product within `reach` kernels, nothing in between
+    touches what it reads or writes, and the target's product can carry it. The loop's views are
+    re-read as [M, N]."""
     kernels = list(kernels)
     out, k = [], 0
     while k < len(kernels):
@@ -148,7 +149,7 @@ def fuse_epilogues(kernels, reach=3):
                 if not isinstance(loop, Loop) or not _movable(loop, kernels[k + 1:j]):
                     continue
                 epi = _as_epilogue(g, loop)
-                if epi is not None:
+                if epi is not None and target.product_epilogue(g, epi):
                     g.epilogue = epi
                     g.name = f"matmul + {loop.name}"
                     del kernels[j]
@@ -159,22 +160,24 @@ def fuse_epilogues(kernels, reach=3):
 
 
 def _buffers(views):
-    return {v.src.root().id for v in views if isinstance(v.src, Buffer)}
+    return {v.src.id for v in views if isinstance(v.src, Buffer)}
 
 
 def _movable(loop, between):
     """The loop may run before the kernels `between` (none of them writes what it reads, or
     reads or writes what it writes)."""
-    reads, writes = _buffers(loop.reads()), {b.root().id for b in loop.writes()}
+    reads, writes = _buffers(loop.reads()), {b.id for b in loop.writes()}
     for k in between:
-        kr, kw = _buffers(k.reads()), {b.root().id for b in k.writes()}
+        kr, kw = _buffers(k.reads()), {b.id for b in k.writes()}
         if kw & (reads | writes) or kr & writes:
             return False
     return True
 
 
 def _as_epilogue(gemm, loop):
-    if len(gemm.a.shape) != 2 or gemm.out.dtype.name != "float32":
+    """The loop re-read over the product's [M, N] output, or None when it does not read that
+    output at each element's own index (whether the product can carry it is the target's call)."""
+    if len(gemm.a.shape) != 2:
         return None
     M, N = gemm.out.shape
     if math.prod(loop.shape) != M * N or (loop.shape[-1] != N if loop.shape else True):
@@ -222,8 +225,9 @@ def _absorbable(g, groups, nodes, reduce_node, consumers, out_ids):
 
 
 class _Builder:
-    def __init__(self, graph, groups, absorbed, absorbed_groups, consumers, out_ids, index):
+    def __init__(self, graph, target, groups, absorbed, absorbed_groups, consumers, out_ids, index):
         self.graph = graph
+        self.target = target
         self.groups = groups
         self.absorbed = absorbed
         self.absorbed_groups = absorbed_groups
@@ -393,8 +397,12 @@ class _Builder:
         self._copy_loop(_broadcast_view(view, v.shape), out, "copy matmul operand", node.loc)
         return out
 
+    def _strided_inputs(self, op):
+        return self.target.kernel_abi(op).strided_inputs if OPS[op].family == "kernel" else 0
+
     def call(self, node):
-        strided = STRIDED_CALL_INPUTS.get(node.op, 0)
+        abi = self.target.kernel_abi(node.op)
+        strided = abi.strided_inputs
         inputs = []
         for k, v in enumerate(node.inputs):
             view = self.loc[v.id]
@@ -403,7 +411,7 @@ class _Builder:
             else:
                 inputs.append(self.dense(v, node.op, node.loc))
         outputs = [self.new_buffer_for(v) for v in node.outputs]
-        for k in range(STRIDED_CALL_OUTPUTS.get(node.op, 0)):
+        for k in range(abi.strided_outputs):
             outputs[k] = self._reader_layout(node.outputs[k], outputs[k])
         self.s.kernels.append(Call(node.op, node.loc, node.op, inputs, outputs, node.attrs))
 
@@ -413,7 +421,7 @@ class _Builder:
         reads it densely and the reshape after it needs no copy."""
         users = self.consumers.get(v.id, [])
         permutes = [u for u in users if u.op == "permute"]
-        strided_ok = all(u.op == "permute" or any(x is v for x in u.inputs[:STRIDED_CALL_INPUTS.get(u.op, 0)])
+        strided_ok = all(u.op == "permute" or any(x is v for x in u.inputs[:self._strided_inputs(u.op)])
                          for u in users)
         if v.id in self.out_ids or len(permutes) != 1 or not strided_ok:
             return view

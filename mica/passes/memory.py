@@ -7,27 +7,48 @@ placed by their lifetimes, so buffers whose lifetimes do not overlap share bytes
 a state input (the optimizer's update of a parameter) is written over the old one when nothing
 reads the old one afterwards, and an elementwise loop may write its result over an input that
 dies in that loop. The report is exact and exists before anything runs.
+
+The plan is a value: a byte offset per buffer and the buffers that reuse another's memory. The
+Schedule is not changed, so one Schedule can be planned for two targets (the target gives the
+alignment and the scratch each kernel needs, per thread or per stream).
 """
 from .schedule import Buffer, Gemm, Loop
 
 CLASSES = ("parameters", "optimizer state", "gradients", "activations", "io", "workspace")
-ALIGN = 64
-
-
-def _align(n):
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 class MemoryPlan:
-    def __init__(self, schedule, class_bytes, class_offsets, naive_bytes, per_thread_bytes, max_threads,
-                 inplace):
+    def __init__(self, schedule, offsets, aliases, class_bytes, class_offsets, naive_bytes, shared_bytes,
+                 per_unit_bytes, units, unit_name):
         self.schedule = schedule
+        self.offsets = offsets                # buffer id -> byte offset in the arena
+        self.aliases = aliases                # buffer id -> the Buffer whose memory it reuses
         self.class_bytes = class_bytes        # bytes of each class region
         self.class_offsets = class_offsets    # start of each class region in the arena
         self.naive_bytes = naive_bytes        # every buffer its own region
-        self.per_thread_bytes = per_thread_bytes
-        self.max_threads = max_threads
-        self.inplace = inplace                # number of buffers written over another
+        self.shared_bytes = shared_bytes      # workspace shared by every unit
+        self.per_unit_bytes = per_unit_bytes  # workspace of each thread (CPU) or stream (GPU)
+        self.units = units
+        self.unit_name = unit_name
+
+    @property
+    def inplace(self):
+        """Number of buffers written over another."""
+        return len(self.aliases)
+
+    def root(self, buf):
+        """The buffer whose memory `buf` occupies (itself unless it was planned in place)."""
+        while buf.id in self.aliases:
+            buf = self.aliases[buf.id]
+        return buf
+
+    def offset(self, buf):
+        """Byte offset of `buf` in the arena."""
+        return self.offsets[buf.id]
+
+    def view_offset(self, view):
+        """Byte offset of a view's first element in the arena."""
+        return self.offsets[view.src.id] + view.offset * view.dtype.itemsize
 
     @property
     def total(self):
@@ -41,11 +62,11 @@ class MemoryPlan:
         lines = [f"memory plan for {name}: one arena of {self.total:,} bytes (exact, before any run)"]
         counts = {c: 0 for c in CLASSES}
         for b in self.schedule.buffers:
-            if b.alias is None:
+            if b.id not in self.aliases:
                 counts[b.cls] += 1
         for c in CLASSES:
             note = f"{counts[c]} buffers" if c != "workspace" else \
-                f"shared scratch; {self.per_thread_bytes:,} bytes per thread x {self.max_threads} threads"
+                f"shared scratch; {self.per_unit_bytes:,} bytes per {self.unit_name} x {self.units} {self.unit_name}s"
             if c == "activations":
                 note += " (the activation peak)"
             lines.append(f"  {c:<16} {self.class_bytes[c]:>14,}   {note}")
@@ -82,18 +103,25 @@ def _identity_reads(loop, buf):
     return all(v.is_whole() and v.shape == loop.shape for v in views)
 
 
-def _elementwise_part(kern):
+def _elementwise_part(kern, root):
     """(loop, buffers it must not overwrite): a Loop kernel, or a product's epilogue — which must
     not overwrite the product's operands, that other tiles still read."""
     if isinstance(kern, Loop):
         return kern, set()
     if isinstance(kern, Gemm) and kern.epilogue is not None:
-        return kern.epilogue, {v.src.root().id for v in (kern.a, kern.b) if isinstance(v.src, Buffer)}
+        return kern.epilogue, {root(v.src).id for v in (kern.a, kern.b) if isinstance(v.src, Buffer)}
     return None, set()
 
 
 def _plan_inplace(schedule, first, last):  # noqa: C901
-    count = 0
+    """{buffer id: the Buffer whose memory it takes}."""
+    aliases = {}
+
+    def root(b):
+        while b.id in aliases:
+            b = aliases[b.id]
+        return b
+
     kernels = schedule.kernels
     written_at = {}
     for k, kern in enumerate(kernels):
@@ -103,102 +131,107 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
     for new, old in getattr(schedule, "updates", []):
         k = written_at.get(new.id, -1)
         old_reads_after = any(v.src is old for kern in kernels[k + 1:] for v in kern.reads())
-        if old_reads_after or new.nbytes != old.nbytes or new.alias is not None:
+        if old_reads_after or new.nbytes != old.nbytes or new.id in aliases:
             continue
         kern = kernels[k] if k >= 0 else None
-        loop, operands = _elementwise_part(kern)
-        if loop is None or not _identity_reads(loop, old) or old.root().id in operands:
+        loop, operands = _elementwise_part(kern, root)
+        if loop is None or not _identity_reads(loop, old) or root(old).id in operands:
             if any(v.src is old for v in (kern.reads() if kern else [])):
                 continue
-        if any(b.alias is old for b in schedule.buffers):
+        if any(a is old for a in aliases.values()):
             continue
-        new.alias = old
-        count += 1
+        aliases[new.id] = old
     # 2. an elementwise loop writes over an activation that dies in it
     for k, kern in enumerate(kernels):
-        loop, operands = _elementwise_part(kern)
+        loop, operands = _elementwise_part(kern, root)
         if loop is None:
             continue
         taken = set(operands)
         for view, _ in loop.stores:
             out = view.src
-            if out.alias is not None or out.persistent or out.cls not in ("activations", "gradients"):
+            if out.id in aliases or out.persistent or out.cls not in ("activations", "gradients"):
                 continue
             for e in loop.exprs:
                 if e.kind != "load" or not isinstance(e.view.src, Buffer):
                     continue
-                dying, src = e.view.src, e.view.src.root()
+                dying, src = e.view.src, root(e.view.src)
                 if (src.id in taken or src.persistent or src.cls != out.cls or src.nbytes != out.nbytes
                         or last[dying.id] != k or not _identity_reads(loop, dying)):
                     continue
-                out.alias = src
+                aliases[out.id] = src
                 taken.add(src.id)
-                count += 1
                 break
-    return count
+    return aliases
 
 
-def _place(buffers, first, last):
+def _place(buffers, first, last, align):
     """First-fit offsets for buffers with lifetimes; returns (offsets by id, region size)."""
     placed, offsets, size = [], {}, 0
     for b in sorted(buffers, key=lambda b: (-b.nbytes, b.id)):
         lo, hi = first[b.id], last[b.id]
-        clashes = sorted((offsets[p.id], offsets[p.id] + _align(p.nbytes)) for p in placed
+        clashes = sorted((offsets[p.id], offsets[p.id] + align(p.nbytes)) for p in placed
                          if not (last[p.id] < lo or first[p.id] > hi))
         off = 0
         for start, stop in clashes:
-            if off + _align(b.nbytes) <= start:
+            if off + align(b.nbytes) <= start:
                 break
             off = max(off, stop)
         offsets[b.id] = off
-        size = max(size, off + _align(b.nbytes))
+        size = max(size, off + align(b.nbytes))
         placed.append(b)
     return offsets, size
 
 
-def plan(schedule, scratch, max_threads):
-    """Place every buffer. `scratch(kernel)` gives the (shared, per-thread) workspace bytes a
-    backend's kernel needs; the workspace holds the largest shared need and one per-thread slot
-    of the largest per-thread need for each of `max_threads` threads."""
+def plan(schedule, target):
+    """Place every buffer. `target.workspace(kernel)` gives the (shared, per-unit) scratch bytes a
+    kernel needs; the workspace holds the largest shared need and one slot of the largest
+    per-unit need for each of `target.workspace_units` threads or streams."""
+    def align(n):
+        return (n + target.align - 1) // target.align * target.align
+
     first, last = _lifetimes(schedule)
-    inplace = _plan_inplace(schedule, first, last)
+    aliases = _plan_inplace(schedule, first, last)
+
+    def root(b):
+        while b.id in aliases:
+            b = aliases[b.id]
+        return b
+
     # an alias extends its root's lifetime
     for b in schedule.buffers:
-        if b.alias is not None:
-            r = b.root()
+        if b.id in aliases:
+            r = root(b)
             first[r.id] = min(first[r.id], first[b.id])
             last[r.id] = max(last[r.id], last[b.id])
-    roots = [b for b in schedule.buffers if b.alias is None]
+    roots = [b for b in schedule.buffers if b.id not in aliases]
     class_bytes, local = {}, {}
     for c in CLASSES[:-1]:
         members = [b for b in roots if b.cls == c]
         if c in ("gradients", "activations"):
-            offs, size = _place([b for b in members if not b.persistent], first, last)
+            offs, size = _place([b for b in members if not b.persistent], first, last, align)
             rest = [b for b in members if b.persistent]
             for b in rest:
                 offs[b.id] = size
-                size += _align(b.nbytes)
+                size += align(b.nbytes)
         else:
             offs, size = {}, 0
             for b in members:
                 offs[b.id] = size
-                size += _align(b.nbytes)
+                size += align(b.nbytes)
         local.update(offs)
         class_bytes[c] = size
-    needs = [scratch(k) for k in schedule.kernels]
-    shared = max([_align(n[0]) for n in needs] + [0])
-    per_thread_bytes = max([_align(n[1]) for n in needs] + [0])
-    class_bytes["workspace"] = _align(shared + per_thread_bytes * max_threads)
+    needs = [target.workspace(k) for k in schedule.kernels]
+    shared = max([align(n[0]) for n in needs] + [0])
+    per_unit = max([align(n[1]) for n in needs] + [0])
+    class_bytes["workspace"] = align(shared + per_unit * target.workspace_units)
     class_offsets, at = {}, 0
     for c in CLASSES:
         class_offsets[c] = at
         at += class_bytes[c]
-    for b in roots:
-        b.offset = class_offsets[b.cls] + local[b.id]
+    offsets = {b.id: class_offsets[b.cls] + local[b.id] for b in roots}
     for b in schedule.buffers:
-        if b.alias is not None:
-            b.offset = b.root().offset
-    naive = sum(_align(b.nbytes) for b in schedule.buffers) + class_bytes["workspace"]
-    mp = MemoryPlan(schedule, class_bytes, class_offsets, naive, per_thread_bytes, max_threads, inplace)
-    mp.shared_bytes = shared
-    return mp
+        if b.id in aliases:
+            offsets[b.id] = offsets[root(b).id]
+    naive = sum(align(b.nbytes) for b in schedule.buffers) + class_bytes["workspace"]
+    return MemoryPlan(schedule, offsets, aliases, class_bytes, class_offsets, naive, shared, per_unit,
+                      target.workspace_units, target.unit_name)

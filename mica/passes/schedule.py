@@ -1,14 +1,15 @@
 """The schedule's vocabulary: where a value lives (Buffer, or a strided View onto a buffer or a
 virtual source) and the kernels that compute values (loops, reductions, products, hand-written
-calls, copies). Built by `fuse`, placed in memory by `memory`, rendered by a backend.
+calls, copies). Built by `fuse`, placed in memory by `memory` (a MemoryPlan beside it), rendered by a target.
 """
 import math
 
 
 class Buffer:
-    """A dense, row-major block of `numel` elements of `dtype`; `cls` is its memory class."""
+    """A dense, row-major block of `numel` elements of `dtype`; `cls` is its memory class. Where it
+    lives in memory is the MemoryPlan's answer (passes/memory.py), not the buffer's."""
 
-    __slots__ = ("id", "numel", "dtype", "cls", "name", "alias", "offset", "persistent")
+    __slots__ = ("id", "numel", "dtype", "cls", "name", "persistent")
 
     def __init__(self, id, numel, dtype, cls="activations", name=""):
         self.id = id
@@ -16,19 +17,11 @@ class Buffer:
         self.dtype = dtype
         self.cls = cls
         self.name = name
-        self.alias = None        # another Buffer whose memory this one reuses (in-place update)
-        self.offset = None       # byte offset in the arena, set by the memory plan
         self.persistent = False  # live for the whole program (inputs, state, outputs)
 
     @property
     def nbytes(self):
         return self.numel * self.dtype.itemsize
-
-    def root(self):
-        b = self
-        while b.alias is not None:
-            b = b.alias
-        return b
 
     def __repr__(self):
         return f"b{self.id}:{self.dtype.short}[{self.numel}]"

@@ -27,10 +27,10 @@ def build_trainer(programs, opt_level=2, log=print):
     """Lower the programs, compile and link them with the runtime (cached); returns
     (executable path, {name: Lowered})."""
     lowered = {name: programs[name].lower("cpu", opt_level=opt_level) for name in PROGRAMS}
-    blas = lowered["train"].blas
+    blas = lowered["train"].target.blas
     cflags, ldflags = cbuild.blas_flags(blas)
     flags = cbuild.flags(opt_level) + cflags
-    sources = {name: lowered[name].c_source(api=f"{name}_") for name in PROGRAMS}
+    sources = {name: lowered[name].target.render(lowered[name], api=f"{name}_") for name in PROGRAMS}
     runtime = _runtime_text()
     cc = cbuild.compiler()
     key = hashlib.sha256("\0".join([*sources.values(), runtime, cc, *flags, *ldflags,
@@ -68,14 +68,15 @@ def _run(cmd, what):
 
 def _input_offsets(lowered):
     """{input name: byte offset in its arena}."""
-    return {name: view.src.offset for name, view in zip(lowered.program.input_names, lowered.schedule.inputs)}
+    return {name: lowered.plan.offset(view.src) for name, view in zip(lowered.program.input_names,
+                                                                       lowered.schedule.inputs)}
 
 
 def _output_offsets(lowered):
     """The flat list of (byte offset, view) of each output."""
     out = []
     for view in lowered.schedule.outputs:
-        out.append((view.src.root().offset + view.offset * view.dtype.itemsize, view))
+        out.append((lowered.plan.view_offset(view), view))
     return out
 
 
@@ -99,7 +100,7 @@ def check_in_place(lowered):
     outs = [v for v in sched.outputs][:n_state]
     for name, view in zip([n for n in lowered.program.input_names if n.startswith(("params[", "opt_state["))], outs):
         src = sched.inputs[lowered.program.input_names.index(name)].src
-        if view.src.root() is not src:
+        if lowered.plan.root(view.src) is not src:
             raise MicaError(f"internal: {name} is not updated in place ({inputs.get(id(view.src), 'a new buffer')})")
 
 

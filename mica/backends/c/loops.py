@@ -103,13 +103,6 @@ class ExprWriter:
         return ct.rounded(dst, f"({ct.ctype(dst)})({arg})")
 
 
-def _needs_restrict_off(kernel):
-    """Stores that share memory with loads (in-place) must not be declared restrict."""
-    stored = {v.src.root().id for v, _ in kernel.stores}
-    return any(isinstance(e.view.src, Buffer) and e.view.src.root().id in stored
-               for e in kernel.exprs if e.kind == "load")
-
-
 def _pragma(total, collapse, simd=False):
     clause = f" collapse({collapse})" if collapse > 1 else ""
     what = "for simd" if simd else "for"

@@ -1,8 +1,8 @@
 /* Single-precision products for generated programs.
  *
  * With MICA_OPENBLAS (the default, chosen by measurement: benchmarks/gemm.py), a product is cut
- * into a fixed grid of at most MICA_TILES output tiles that depends on its shape alone (the
- * program fixes MICA_TILES when it is generated), and every tile is one single-threaded
+ * into a fixed grid of at most MICA_TILES output tiles that depends on its shape alone (not on
+ * the threads, nor on the cores of the machine that built it), and every tile is one single-threaded
  * OpenBLAS call; OpenMP runs the tiles. Each output element is therefore computed by the same
  * call with the same arguments whatever the thread count: bitwise identical results for 1, 2
  * or 64 threads. Without it, Mica's own kernel (mica_gemm.h).
@@ -11,9 +11,7 @@
 #define MICA_BLAS_H
 #include "mica_gemm.h"
 
-#ifndef MICA_TILES
 #define MICA_TILES 8
-#endif
 
 #ifdef MICA_OPENBLAS
 void scipy_cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,

@@ -1,0 +1,112 @@
+"""A compiled CPU program loaded in this process (ctypes): call it with numpy arrays."""
+import ctypes
+import os
+
+import numpy as np
+
+from ... import pytree
+from ...backends.reference import round_bf16
+from ...dtypes import bfloat16, float16
+from ...errors import MicaError
+
+
+def _to_storage(array, dtype):
+    a = np.asarray(array)
+    if dtype is bfloat16:
+        bits = round_bf16(a.astype(np.float32)).view(np.uint32) >> 16
+        return bits.astype(np.uint16)
+    if dtype is float16:
+        return a.astype(np.float16)
+    return a.astype(dtype.np_storage)
+
+
+def _from_storage(a, dtype):
+    if dtype is bfloat16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a
+
+
+_STORAGE_NP = {"bfloat16": np.dtype(np.uint16), "float16": np.dtype(np.float16)}
+
+
+class Executable:
+    """A compiled program loaded in this process: call it with numpy arrays."""
+
+    def __init__(self, lowered, library):
+        self.lowered = lowered
+        self.library = library
+        self.source = lowered.source
+        self.memory_report = lowered.memory_report
+        self._lib = lib = ctypes.CDLL(library)
+        lib.mica_arena_bytes.restype = ctypes.c_int64
+        lib.mica_arena_new.restype = ctypes.c_void_p
+        lib.mica_arena_free.argtypes = [ctypes.c_void_p]
+        lib.mica_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        lib.mica_error.restype = ctypes.c_char_p
+        lib.mica_kernel_label.restype = ctypes.c_char_p
+        lib.mica_kernel_time.restype = ctypes.c_double
+        self.arena_bytes = lib.mica_arena_bytes()
+        self._arena = lib.mica_arena_new()
+        if not self._arena:
+            raise MicaError(f"could not allocate the program's arena of {self.arena_bytes:,} bytes")
+        self._mem = np.ctypeslib.as_array((ctypes.c_uint8 * self.arena_bytes).from_address(self._arena))
+
+    def __del__(self):
+        lib, arena = getattr(self, "_lib", None), getattr(self, "_arena", None)
+        if lib is not None and arena:
+            lib.mica_arena_free(arena)
+            self._arena = None
+
+    def _buffer(self, buf):
+        storage = _STORAGE_NP.get(buf.dtype.name, buf.dtype.np_storage)
+        offset = self.lowered.plan.offset(buf)
+        return self._mem[offset:offset + buf.nbytes].view(storage)
+
+    def _read(self, view):
+        flat = self._buffer(view.src)
+        size = flat.itemsize
+        arr = np.lib.stride_tricks.as_strided(flat[view.offset:], shape=view.shape,
+                                              strides=[s * size for s in view.strides])
+        return _from_storage(np.array(arr), view.dtype)
+
+    def __call__(self, *args, threads=None, seed=0, offset=0):
+        """Copy the arguments in, run once, return the results (numpy, in the program's structure)."""
+        self.load(*args)
+        self.run(threads=threads, seed=seed, offset=offset)
+        return self.results()
+
+    def load(self, *args):
+        """Copy every argument into the arena."""
+        leaves = self.lowered.program.flatten_args(args)
+        for view, x in zip(self.lowered.schedule.inputs, leaves):
+            self._buffer(view.src)[...] = _to_storage(x, view.dtype).reshape(-1)
+
+    def set_input(self, index, array):
+        """Overwrite one input (by its flat index) — e.g. the next batch between steps."""
+        view = self.lowered.schedule.inputs[index]
+        self._buffer(view.src)[...] = _to_storage(array, view.dtype).reshape(-1)
+
+    def run(self, threads=None, seed=0, offset=0):
+        """Run once over what is in the arena. State updated in place stays there for the next run."""
+        threads = threads or min(os.cpu_count() or 1, self.lowered.target.max_threads)
+        rc = self._lib.mica_run(self._arena, int(threads), int(seed), int(offset))
+        if rc != 0:
+            raise MicaError(self._lib.mica_error().decode())
+
+    def results(self):
+        schedule = self.lowered.schedule
+        return pytree.unflatten(self.lowered.program.out_tree, [self._read(v) for v in schedule.outputs])
+
+    @property
+    def state_in_place(self):
+        """True when every state input is updated where it lies (so run() can be repeated)."""
+        g = self.lowered.graph
+        updated = set(g.updates.values())
+        plan = self.lowered.plan
+        return bool(updated) and all(plan.root(new) is old for new, old in self.lowered.schedule.updates) and \
+            len(self.lowered.schedule.updates) == len(updated)
+
+    def profile(self):
+        """[(kernel label, seconds)] accumulated since load (needs build(profile=True))."""
+        lib = self._lib
+        return [(lib.mica_kernel_label(k).decode(), lib.mica_kernel_time(k)) for k in range(lib.mica_kernel_count())]

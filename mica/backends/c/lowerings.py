@@ -1,0 +1,214 @@
+"""The CPU's lowering of each kernel primitive (registered under platform "c"): the call of its
+hand-written kernel in mica_kernels.h, and the scratch it needs; and the products' scratch."""
+import math
+
+from ... import dtypes
+from ...errors import MicaError
+from ...targets import register_lowering
+from . import ctypes_ as ct
+
+
+def lower(op, scratch=None):
+    """@lower(op): this function writes the C statements calling op's kernel."""
+    return register_lowering(op, "c", scratch=scratch)
+
+GEMM_THREAD_FLOATS = 384 * 96 + 8 * 32  # MICA_KC * MICA_MC + the largest MR * NR (mica_gemm.h)
+
+
+def packed_b_floats(K, N):
+    """Shared packed copy of a product's right operand: KC x N rounded up to the widest panel."""
+    return max(min(K, 384), 1) * (-(-N // 32) * 32)
+
+
+def attention_slot(dtype, L, S, E, Ev):
+    """Per-thread scratch elements of the attention kernels (mica_attention_slot_f32 in C)."""
+    if dtype is dtypes.float32:
+        return E * S + Ev * S + 2 * L * S
+    return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
+
+
+def _attn_dims(view):
+    """(B, H, T, D, stride_b, stride_h, stride_t) of a [..., T, D] view with unit last stride."""
+    shape, strides = list(view.shape), list(view.strides)
+    while len(shape) < 4:
+        shape.insert(0, 1)
+        strides.insert(0, 0)
+    if len(shape) > 4:
+        raise MicaError("attention over more than two batch dims is not supported by the CPU backend")
+    return shape[0], shape[1], shape[2], shape[3], strides[0], strides[1], strides[2]
+
+
+def gemm_scratch(kernel, blas):
+    """(shared bytes, per-thread bytes) of a product: Mica's own kernel packs its operands."""
+    if kernel.out.dtype is dtypes.float32 and blas == "own":
+        K, N = kernel.a.shape[-1], kernel.b.shape[-1]
+        return packed_b_floats(K, N) * 4, GEMM_THREAD_FLOATS * 4
+    return 0, 0
+
+
+def _per_row(kernel):
+    """cross_entropy: one row of the input per thread."""
+    return 0, kernel.inputs[0].shape[-1] * kernel.inputs[0].dtype.itemsize
+
+
+def _attention_scratch(kernel):
+    q, k, v = kernel.inputs[:3] if kernel.op == "attention" else kernel.inputs[1:4]
+    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    return 0, attention_slot(q.dtype, L, S, E, Ev) * kernel.inputs[0].dtype.itemsize
+
+
+def _embedding_backward_scratch(kernel):
+    count, V = kernel.inputs[1].numel, kernel.attrs["num_embeddings"]
+    return (count + V + 1) * 8, 0
+
+
+def _rows(view, ndims):
+    return math.prod(view.shape[:len(view.shape) - ndims]), math.prod(view.shape[len(view.shape) - ndims:])
+
+
+def _dtype(kernel):
+    """The element type the kernel computes in; the CPU kernels exist for float32 and float64."""
+    dt = kernel.inputs[0].dtype if kernel.op != "embedding" else kernel.inputs[1].dtype
+    if dt not in (dtypes.float32, dtypes.float64):
+        raise MicaError(f"{kernel.op} on {dt.name} is not supported by the CPU backend yet; cast to float32 first")
+    return dt, ct.suffix(dt)
+
+
+NULL = "NULL"
+
+
+@lower("layer_norm")
+def _layer_norm(e, kernel):
+    a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
+    dt, s = _dtype(kernel)
+    rows, n = _rows(ins[0], a["ndims"])
+    rest = list(ins[1:])
+    w = p(rest.pop(0)) if a["has_weight"] else NULL
+    b = p(rest.pop(0)) if a["has_bias"] else NULL
+    return [f"mica_layer_norm_{s}({p(ins[0])}, {w}, {b}, {p(outs[0])}, {p(outs[1])}, {p(outs[2])}, "
+            f"{rows}, {n}, {ct.const(a['eps'], dt)});"]
+
+
+@lower("layer_norm_backward")
+def _layer_norm_backward(e, kernel):
+    a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
+    _, s = _dtype(kernel)
+    rows, n = _rows(ins[1], a["ndims"])
+    w = p(ins[2]) if a["has_weight"] else NULL
+    rest = list(outs[1:])
+    dw = p(rest.pop(0)) if a["has_weight"] else NULL
+    db = p(rest.pop(0)) if a["has_bias"] else NULL
+    return [f"mica_layer_norm_backward_{s}({p(ins[0])}, {p(ins[1])}, {w}, {p(ins[-2])}, {p(ins[-1])}, "
+            f"{p(outs[0])}, {dw}, {db}, {rows}, {n});"]
+
+
+@lower("rms_norm")
+def _rms_norm(e, kernel):
+    a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
+    dt, s = _dtype(kernel)
+    rows, n = _rows(ins[0], a["ndims"])
+    w = p(ins[1]) if a["has_weight"] else NULL
+    return [f"mica_rms_norm_{s}({p(ins[0])}, {w}, {p(outs[0])}, {p(outs[1])}, {rows}, {n}, "
+            f"{ct.const(a['eps'], dt)});"]
+
+
+@lower("rms_norm_backward")
+def _rms_norm_backward(e, kernel):
+    a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
+    _, s = _dtype(kernel)
+    rows, n = _rows(ins[1], a["ndims"])
+    w = p(ins[2]) if a["has_weight"] else NULL
+    dw = p(outs[1]) if a["has_weight"] else NULL
+    return [f"mica_rms_norm_backward_{s}({p(ins[0])}, {p(ins[1])}, {w}, {p(ins[-1])}, {p(outs[0])}, {dw}, "
+            f"{rows}, {n});"]
+
+
+@lower("softmax")
+@lower("log_softmax")
+def _softmax(e, kernel):
+    ins, outs, p = kernel.inputs, kernel.outputs, e.ptr
+    _, s = _dtype(kernel)
+    rows, n = _rows(ins[0], 1)
+    return [f"mica_{kernel.op}_{s}({p(ins[0])}, {p(outs[0])}, {rows}, {n});"]
+
+
+@lower("softmax_backward")
+@lower("log_softmax_backward")
+def _softmax_backward(e, kernel):
+    ins, outs, p = kernel.inputs, kernel.outputs, e.ptr
+    _, s = _dtype(kernel)
+    rows, n = _rows(ins[1], 1)
+    return [f"mica_{kernel.op}_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {rows}, {n});"]
+
+
+@lower("cross_entropy", scratch=_per_row)
+def _cross_entropy(e, kernel):
+    a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
+    dt, s = _dtype(kernel)
+    rows, n = ins[0].shape
+    return [f"mica_cross_entropy_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {p(outs[1])}, {rows}, {n}, "
+            f"{a['ignore_index']}LL, ({ct.ctype(dt)} *)scratch);"]
+
+
+@lower("cross_entropy_backward")
+def _cross_entropy_backward(e, kernel):
+    a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
+    _, s = _dtype(kernel)
+    rows, n = ins[1].shape
+    return [f"mica_cross_entropy_backward_{s}({p(ins[0])}, {p(ins[1])}, {p(ins[2])}, {p(ins[3])}, "
+            f"{p(outs[0])}, {rows}, {n}, {a['ignore_index']}LL);"]
+
+
+@lower("embedding")
+def _embedding(e, kernel):
+    ins, outs, p = kernel.inputs, kernel.outputs, e.ptr
+    _, s = _dtype(kernel)
+    count = ins[0].numel
+    V, D = ins[1].shape
+    return [f"mica_embedding_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D});"]
+
+
+@lower("embedding_backward", scratch=_embedding_backward_scratch)
+def _embedding_backward(e, kernel):
+    ins, outs, p = kernel.inputs, kernel.outputs, e.ptr
+    _, s = _dtype(kernel)
+    count = ins[1].numel
+    V, D = outs[0].shape
+    return [f"mica_embedding_backward_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D}, "
+            "(int64_t *)work);"]
+
+
+@lower("attention", scratch=_attention_scratch)
+@lower("attention_backward", scratch=_attention_scratch)
+def _attention(e, kernel):
+    dt, s = _dtype(kernel)
+    a, p = kernel.attrs, e.ptr
+    fwd = kernel.op == "attention"
+    q, k, v = kernel.inputs[:3] if fwd else kernel.inputs[1:4]
+    o = kernel.outputs[0] if fwd else kernel.inputs[4]
+    B, H, L, E, qsb, qsh, qst = _attn_dims(q)
+    _, _, S, _, ksb, ksh, kst = _attn_dims(k)
+    _, _, _, Ev, vsb, vsh, vst = _attn_dims(v)
+    _, _, _, _, osb, osh, ost = _attn_dims(o)
+    grads = kernel.outputs if not fwd else (q, k, v)  # the forward writes no gradients
+    gstrides = " ".join(f"{st[4]}, {st[5]}, {st[6]}," for st in (_attn_dims(x) for x in grads))
+    rng = e.rng_pointer() if a["dropout_p"] else "NULL"
+    slot = attention_slot(dt, L, S, E, Ev)
+    lines = [
+        "mica_attn_shape shape = {",
+        f"    {B}, {H}, {L}, {S}, {E}, {Ev},",
+        f"    {qsb}, {qsh}, {qst}, {ksb}, {ksh}, {kst}, {vsb}, {vsh}, {vst}, {osb}, {osh}, {ost},",
+        f"    {gstrides}",
+        f"    {int(a['causal'])}, {a['scale']!r}, {a['dropout_p']!r}, {max(a['stream'], 0)}u, {a['threshold']}u, {rng}}};",
+    ]
+    if fwd:
+        lines.append(f"mica_attention_{s}(&shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, {p(kernel.outputs[1])}, "
+                     f"({ct.ctype(dt)} *)scratch, {slot});")
+    else:
+        g = kernel.inputs[0]
+        _, _, _, _, gsb, gsh, gst = _attn_dims(g)
+        dq, dk, dv = kernel.outputs
+        lines.append(f"mica_attention_backward_{s}(&shape, {p(g)}, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
+                     f"{p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
+                     f"({ct.ctype(dt)} *)scratch, {slot});")
+    return ["{"] + ["    " + x for x in lines] + ["}"]

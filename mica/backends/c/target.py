@@ -1,0 +1,61 @@
+"""The CPU target: C with OpenMP, products through OpenBLAS (or Mica's own kernel).
+
+What it answers for the shared pipeline: 64-byte alignment; scratch per thread (up to
+`max_threads` of them); a product carries any float32 elementwise loop on its output tiles (the
+tile loop inlines it); the kernels' lowerings are registered under platform "c" (lowerings.py).
+"""
+import os
+
+from ... import dtypes
+from ...targets import Target
+from . import build as _build
+from .lowerings import gemm_scratch
+
+
+def default_max_threads():
+    return max(8, os.cpu_count() or 1)
+
+
+class CTarget(Target):
+    name = "cpu"
+    platform = "c"
+    align = 64
+    unit_name = "thread"
+
+    def __init__(self, opt_level=2, max_threads=None, blas=None):
+        super().__init__(opt_level)
+        self.blas = blas or os.environ.get("MICA_BLAS", "openblas")
+        _build.blas_flags(self.blas)  # a missing library is an error now, not after the build
+        self.max_threads = max_threads or default_max_threads()
+
+    @property
+    def workspace_units(self):
+        return self.max_threads
+
+    def workspace(self, kernel):
+        from ...passes.schedule import Call, Gemm
+
+        if isinstance(kernel, Gemm):
+            return gemm_scratch(kernel, self.blas)
+        if isinstance(kernel, Call):
+            scratch = self.lowering(kernel.op).scratch
+            return scratch(kernel) if scratch else (0, 0)
+        return 0, 0
+
+    def product_epilogue(self, gemm, loop):
+        return gemm.out.dtype is dtypes.float32
+
+    def render(self, lowered, api="mica_"):
+        from .emit import Emitter
+
+        return Emitter(lowered.schedule, lowered.plan, lowered.program.name, self).source(
+            lowered.memory_report, api)
+
+    def build(self, lowered, profile=False):
+        from .executable import Executable
+
+        library = _build.build(lowered.source, self.opt_level, lowered.program.name, profile, self.blas)
+        return Executable(lowered, library)
+
+
+TARGET = CTarget

@@ -1,0 +1,104 @@
+"""Targets: everything that differs between the machines Mica compiles for, in one object each.
+
+The shared pipeline (mica/lower.py) never names a target or a kernel's calling convention; it asks
+the Target:
+
+- `align`: byte alignment of every buffer in the arena;
+- `workspace(kernel)`: (shared bytes, bytes per unit) of scratch a kernel needs, and
+  `workspace_units`: how many units run at once (threads on a CPU, streams on a GPU);
+- `product_epilogue(gemm, loop)`: may this elementwise loop ride on this product's output tiles;
+- `kernel_abi(op)`: a hand-written kernel's calling convention (the op record's, by default);
+- `render(lowered)` -> source text, `build(lowered)` -> an in-process Executable.
+
+Per-op lowering lives with each target's kernels, registered per platform as JAX does it:
+`register_lowering("layer_norm", "c", rule, scratch=...)`. Adding a kernel primitive touches its op
+record (mica/ops), its kernels and lowering rules (a backend), and its test row.
+"""
+import importlib
+
+from .errors import MicaError
+from .ops import OPS
+
+
+class Lowering:
+    """How one platform lowers one kernel primitive: `rule(renderer, kernel) -> lines`, and
+    `scratch(target, kernel) -> (shared bytes, bytes per unit)` of workspace."""
+
+    __slots__ = ("rule", "scratch")
+
+    def __init__(self, rule, scratch=None):
+        self.rule, self.scratch = rule, scratch
+
+
+_LOWERINGS = {}
+
+
+def register_lowering(op, platform, rule=None, scratch=None):
+    """Register `rule` as `platform`'s lowering of primitive `op` (usable as a decorator)."""
+    if op not in OPS or OPS[op].family != "kernel":
+        raise ValueError(f"{op} is not a kernel primitive")
+
+    def add(rule):
+        if (platform, op) in _LOWERINGS:
+            raise ValueError(f"{platform} lowers {op} twice")
+        _LOWERINGS[(platform, op)] = Lowering(rule, scratch)
+        return rule
+
+    return add(rule) if rule is not None else add
+
+
+class Target:
+    """The questions the shared pipeline asks; a backend subclasses it."""
+
+    name = "abstract"
+    platform = None        # the key its lowering rules are registered under
+    align = 64             # bytes
+    workspace_units = 1    # threads (CPU) or streams (GPU) that each need their own scratch
+    unit_name = "unit"
+
+    def __init__(self, opt_level=2):
+        if opt_level not in (0, 1, 2):
+            raise MicaError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
+        self.opt_level = opt_level
+
+    def kernel_abi(self, op):
+        return OPS[op].kernel
+
+    def lowering(self, op):
+        rule = _LOWERINGS.get((self.platform, op))
+        if rule is None:
+            raise MicaError(f"the {self.name} target has no kernel for {op}")
+        return rule
+
+    def workspace(self, kernel):
+        return 0, 0
+
+    def product_epilogue(self, gemm, loop):
+        return False
+
+    def render(self, lowered):
+        raise NotImplementedError
+
+    def build(self, lowered, **options):
+        raise NotImplementedError
+
+
+# targets by name: a module path (imported on first use) or a factory
+_TARGETS = {"cpu": "mica.backends.c.target"}
+
+
+def register_target(name, factory):
+    """Make `program.lower(name, **options)` use `factory(**options)` (a Target subclass)."""
+    _TARGETS[name] = factory
+
+
+def get_target(name, **options):
+    if isinstance(name, Target):
+        return name
+    factory = _TARGETS.get(name)
+    if factory is None:
+        raise MicaError(f"target {name!r} is not available; use one of {', '.join(sorted(_TARGETS))}")
+    if isinstance(factory, str):
+        factory = importlib.import_module(factory).TARGET
+        _TARGETS[name] = factory
+    return factory(**options)
