@@ -34,6 +34,6 @@ class Lowered:
         return self.target.build(self, **options)
 
 
-def lower(program, target="cpu", **options):
+def lower(program, target, **options):
     """Lower `program` for `target` (a name or a Target); options go to the target."""
     return Lowered(program, get_target(target, **options))

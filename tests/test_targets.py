@@ -73,3 +73,68 @@ def test_the_cpu_steps_bits_are_those_recorded_before_the_pipeline_moved(gpt):
     if machine() not in recorded:
         pytest.skip(f"no digest recorded for this machine ({machine()}); recorded: {', '.join(recorded)}")
     assert got == recorded[machine()]
+
+
+def test_the_bits_do_not_depend_on_the_building_machines_cores(gpt, monkeypatch):
+    program, params, state, batch = gpt
+    digests = set()
+    for cores in (2, 4, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        lowered = program.lower("cpu", opt_level=2)
+        digests.add(digest(lowered.build()(params, state, *batch, threads=2, seed=7)))
+    assert len(digests) == 1, digests
+
+
+class PlainC(__import__("mica.backends.c", fromlist=["CTarget"]).CTarget):
+    """A test-only second target: the C target with 256-byte alignment and products that carry no
+    epilogue. It plugs into the same pipeline by answering two questions differently."""
+
+    name = "c-plain"
+    align = 256
+
+    def product_epilogue(self, gemm, loop):
+        return False
+
+
+def test_a_second_target_is_a_plug_in(gpt):
+    from helpers import rel_err
+    from mica.passes.schedule import Gemm
+    from mica.targets import register_target
+
+    register_target("c-plain", PlainC)
+    program, params, state, batch = gpt
+    plain, cpu = program.lower("c-plain", opt_level=2), program.lower("cpu", opt_level=2)
+    assert all(offset % 256 == 0 for offset in plain.plan.offsets.values())
+    assert any(k.epilogue for k in cpu.schedule.kernels if isinstance(k, Gemm))
+    assert not any(k.epilogue for k in plain.schedule.kernels if isinstance(k, Gemm))
+    new_params, new_state, m = plain.build()(params, state, *batch, threads=2, seed=7)
+    want_params, want_state, want = mica.reference.run(program, params, state, *batch, seed=7)
+    assert rel_err(m["loss"], want["loss"]) < 1e-5 and rel_err(m["norm"], want["norm"]) < 1e-5
+    for name in params:
+        assert rel_err(new_params[name], want_params[name]) < 1e-4, name
+        assert rel_err(new_state["exp_avg"][name], want_state["exp_avg"][name]) < 1e-4, name
+
+
+def test_shared_passes_name_no_target_and_no_kernels_calling_convention():
+    """The pipeline's own modules mention no target, product library or kernel primitive: what
+    differs is asked of the Target, and a kernel's ABI is data on its op record."""
+    import ast
+
+    from mica.ops import OPS
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mica.__file__)))
+    shared = [os.path.join(root, "mica", "lower.py")]
+    shared += [os.path.join(root, "mica", "passes", f) for f in os.listdir(os.path.join(root, "mica", "passes"))
+               if f.endswith(".py")]
+    kernels = {name for name, op in OPS.items() if op.family == "kernel"}
+    forbidden = kernels | {"cpu", "cuda", "c", "openblas", "blas", "cublas", "omp"}
+    for path in shared:
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value.lower() not in forbidden, f"{os.path.basename(path)}:{node.lineno}: {node.value!r}"
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = getattr(node, "module", None) or ""
+                names = [f"{module}.{a.name}" for a in node.names]
+                targets = [n for n in names if "backends" in n and "reference" not in n]  # the oracle is no target
+                assert not targets, f"{os.path.basename(path)}:{node.lineno} imports a backend: {targets}"
