@@ -190,3 +190,14 @@ def test_fuzz_mutated_meta_files_read_correctly_or_are_sentences(tmp_path, kind)
                 assert len(v.itos) == len(v.stoi) == v.vocab_size
                 assert all(v.stoi[s] == i for i, s in enumerate(v.itos))
     assert refused > 100 and read + refused == 300
+
+
+def test_no_meta_file_and_gpt2s_vocab_decodes_with_tiktoken_or_says_why(tmp_path):
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        with pytest.raises(MicaError, match="GPT-2's encoding is not available here"):
+            run._codec({"data_dir": str(tmp_path)}, 50304)
+        return
+    encode, decode = run._codec({"data_dir": str(tmp_path)}, 50304)
+    assert decode(encode("Hello world")) == "Hello world" and encode("Hello") == [15496]
