@@ -52,6 +52,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides), log)
     folder, (train_path, val_path) = data_files(cfg)
     vocab, _ = vocab_size(folder, log)
+    vocab = _follow_hf_weights(cfg, vocab, log)
     need = cfg["block_size"] + 1
     train_tokens = tok.open_tokens(train_path, vocab, need, "training data")
     tok.open_tokens(val_path, vocab, need, "validation data")
@@ -83,6 +84,27 @@ def prepare_run(config_path=None, overrides=(), log=print):
     manifest = os.path.join(out_dir, "trainer.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads)
     return exe, manifest, cfg
+
+
+def _hf_init(cfg):
+    """Whether --init_from names a Hugging Face GPT-2 file (Conv1D layout) rather than Mica's."""
+    init = cfg["init_from"]
+    return init.endswith(".safetensors") and os.path.isfile(init) and convert.is_hf_gpt2(init)
+
+
+def _follow_hf_weights(cfg, vocab, log):
+    """--init_from=an HF GPT-2 file: the model's settings come from the file, as nanoGPT's come from
+    the checkpoint for init_from=gpt2* (n_layer, n_head, n_embd, bias, vocab_size; block_size cropped
+    down to the configured one). Changes cfg in place; returns the vocabulary size to build."""
+    if not _hf_init(cfg):
+        return vocab
+    args = convert.hf_gpt2_args(cfg["init_from"])
+    cfg.update({k: args[k] for k in ("n_layer", "n_head", "n_embd", "bias")})
+    cfg["block_size"] = min(cfg["block_size"], args["block_size"])
+    log(f"model settings from {cfg['init_from']} (Hugging Face's GPT-2): n_layer={cfg['n_layer']}, "
+        f"n_head={cfg['n_head']}, n_embd={cfg['n_embd']}, bias=True, vocab_size={args['vocab_size']}, "
+        f"block_size={cfg['block_size']}")
+    return args["vocab_size"]
 
 
 def _expected(slots, lowered):
@@ -122,6 +144,11 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         return _loads(path, by_name, settings, st=st, params_only=not has_state)
     if init.endswith(".safetensors"):
         log(f"initializing from weights in {init}")
+        if _hf_init(cfg):  # Hugging Face's names and Conv1D layout: converted to Mica's first
+            tensors, _ = convert.read_hf_gpt2(init, block_size=cfg["block_size"])
+            init = os.path.join(out_dir, "init.safetensors")
+            ckpt.write(init, tensors, {"format": "mica", "converted_from": os.path.abspath(cfg["init_from"]),
+                                       "config": json.dumps(cfg)})
         return _loads(init, by_name, settings, params_only=True)
     raise MicaError(f"init_from={init!r} is not available: use scratch, resume or a .safetensors file "
                     "(gpt2* weights: convert with mica import)")
