@@ -181,7 +181,7 @@ def test_fuzz_mutated_meta_files_read_correctly_or_are_sentences(tmp_path, kind)
             try:
                 v = meta.load(str(path))
             except MicaError as e:
-                assert str(e) and "\n" not in str(e)
+                assert str(e) and str(e).isprintable()
                 refused += 1
                 continue
             read += 1  # what is read is a consistent vocabulary

@@ -302,3 +302,12 @@ def test_plain_numbers_from_tensors_and_numpy_scalars():
     assert got["it"] == 7 and type(got["it"]) is int and got["lr"] == 0.5 and type(got["lr"]) is float
     assert got["args"] == [2, (True, "x")] and type(got["args"][1][0]) is bool
     assert isinstance(got["big"], torch.Tensor)  # not a number: left for the caller to refuse
+
+
+def test_checkpoints_that_are_not_nanogpts_are_sentences(tmp_path):
+    torch.save([1, 2], tmp_path / "list.pt")
+    torch.save({"model": {"transformer.wte.weight": torch.zeros(3, 2)}, "config": [1]}, tmp_path / "cfg.pt")
+    for name, needle in [("list.pt", "is not a readable nanoGPT checkpoint"),
+                         ("cfg.pt", "its optimizer, config or model_args is not a dict")]:
+        r = mica_cli("import", name, "--out_dir", "x", cwd=tmp_path, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr

@@ -91,7 +91,8 @@ class _PlainUnpickler(pickle._Unpickler):
     any lookup), extensions, persistent ids and the opcodes that call or build objects."""
 
     def find_class(self, module, name):
-        raise _Refused(f"{module}.{name}")
+        what = f"{module}.{name}"
+        raise _Refused(what if what.isprintable() and len(what) <= 80 else ascii(what[:80]))
 
     def persistent_load(self, pid):
         raise _Refused("a persistent id")
@@ -138,6 +139,12 @@ def _only_plain(path, obj):
             todo.extend(o.values() if isinstance(o, dict) else o)
 
 
+def _short(v):
+    """repr(v), cut to fit in a sentence."""
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def _is_int(v):
     return type(v) is int
 
@@ -151,12 +158,12 @@ def _check(path, obj):
         raise MicaError(f"{bad} has no vocab_size; prepare the data again")
     n = obj["vocab_size"]
     if not _is_int(n) or not 0 < n <= MAX_VOCAB:
-        raise MicaError(f"{bad} has vocab_size {n!r}, not a positive whole number; prepare the data again")
+        raise MicaError(f"{bad} has vocab_size {_short(n)}, not a positive whole number; prepare the data again")
     vocab = Vocab(path=path, vocab_size=n)
     for key in ("tokenizer", "tokenizer_file"):
         if obj.get(key) is not None:
             if not isinstance(obj[key], str):
-                raise MicaError(f"{bad} has {key} {obj[key]!r}, not a string; prepare the data again")
+                raise MicaError(f"{bad} has {key} {_short(obj[key])}, not a string; prepare the data again")
             setattr(vocab, key, obj[key])
     if "itos" in obj or "stoi" in obj:
         vocab.itos, vocab.stoi = _char_tables(bad, obj.get("itos"), obj.get("stoi"), n)
@@ -174,7 +181,7 @@ def _char_tables(bad, itos, stoi, n):
             if isinstance(k, str) and k.isascii() and k.isdigit() and k == str(int(k)):
                 k = int(k)
             if not _is_int(k):
-                raise MicaError(f"{bad} has an itos key {k!r} that is not a token id")
+                raise MicaError(f"{bad} has an itos key {_short(k)} that is not a token id")
             table[k] = v
         if sorted(table) != list(range(len(table))):
             raise MicaError(f"{bad} has itos ids that are not 0..{len(table) - 1}; prepare the data again")
@@ -192,6 +199,6 @@ def _char_tables(bad, itos, stoi, n):
                         "prepare the data again")
     for i, s in enumerate(itos):
         if stoi.get(s) != i or not _is_int(stoi.get(s)):
-            raise MicaError(f"{bad} has stoi and itos that disagree (itos[{i}] is {s!r}, stoi of it is "
-                            f"{stoi.get(s)!r}); prepare the data again")
+            raise MicaError(f"{bad} has stoi and itos that disagree (itos[{i}] is {_short(s)}, stoi of it is "
+                            f"{_short(stoi.get(s))}); prepare the data again")
     return itos, dict(stoi)

@@ -86,7 +86,10 @@ def import_nanogpt(path, out_dir):
     if "transformer.wte.weight" not in tensors and "lm_head.weight" in sd:
         tensors["transformer.wte.weight"] = sd["lm_head.weight"].float().numpy()
     shapes = {n: a.shape for n, a in tensors.items()}
-    opt = ck.get("optimizer")
+    opt, config, model_args = ck.get("optimizer"), ck.get("config", {}), ck.get("model_args", {})
+    if not all(isinstance(x, dict) for x in (opt or {}, config, model_args)) or not isinstance(
+            (opt or {}).get("state", {}), dict):
+        raise MicaError(f"{path} is not a nanoGPT checkpoint: its optimizer, config or model_args is not a dict")
     if opt and opt.get("state"):
         order = sum(_groups(list(tensors), shapes), [])
         for i, n in enumerate(order):
@@ -105,8 +108,8 @@ def import_nanogpt(path, out_dir):
             tensors[f"optimizer.exp_avg.{n}"] = m
             tensors[f"optimizer.exp_avg_sq.{n}"] = v
             tensors["optimizer.step"] = np.asarray(step, dtype=np.int64)
-    cfg = _plain(dict(ck.get("config", {})))
-    cfg.update({k: v for k, v in _plain(dict(ck.get("model_args", {}))).items() if k != "vocab_size"})
+    cfg = _plain(dict(config))
+    cfg.update({k: v for k, v in _plain(dict(model_args)).items() if k != "vocab_size"})
     try:
         iter_num, best = int(_plain(ck.get("iter_num", 0))), float(_plain(ck.get("best_val_loss", 1e9)))
     except (TypeError, ValueError):
