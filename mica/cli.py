@@ -81,6 +81,11 @@ def cmd_export(args, extra):
 def cmd_import(args, extra):
     from .train import convert
 
+    if args.checkpoint.endswith(".safetensors"):  # Hugging Face's GPT-2
+        path, a = convert.import_hf_gpt2(args.checkpoint, args.out_dir)
+        print(f"wrote {path} (GPT-2 from Hugging Face's layout: n_layer={a['n_layer']}, n_head={a['n_head']}, "
+              f"n_embd={a['n_embd']}, block_size={a['block_size']}, bias=True, vocab_size={a['vocab_size']})")
+        return 0
     path = convert.import_nanogpt(args.checkpoint, args.out_dir)
     print(f"wrote {path}")
     return 0
@@ -166,7 +171,8 @@ def parser():
     ex = sub.add_parser("export", help="convert out_dir's checkpoint to a nanoGPT ckpt.pt (needs torch)")
     ex.add_argument("out_dir")
     ex.add_argument("--to", required=True, help="path of the ckpt.pt to write")
-    im = sub.add_parser("import", help="convert a nanoGPT ckpt.pt into out_dir/ckpt.safetensors (needs torch)")
+    im = sub.add_parser("import", help="convert a nanoGPT ckpt.pt (needs torch) or a Hugging Face GPT-2 "
+                        "model.safetensors into out_dir/ckpt.safetensors")
     im.add_argument("checkpoint")
     im.add_argument("--out_dir", required=True)
     ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")

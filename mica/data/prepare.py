@@ -1,14 +1,15 @@
 """Turn text into token files.
 
 - shakespeare-char: nanoGPT's character-level preparation (vocabulary = the sorted characters
-  of the text; first 90% train, last 10% val), written as train.bin / val.bin (raw uint16) and
-  meta.json (vocab_size, itos, stoi).
+  of the text; first 90% train, last 10% val), written as train.bin / val.bin (raw uint16),
+  meta.json (vocab_size, itos, stoi) and nanoGPT's meta.pkl.
 - text: any files, tokenized by characters, by a byte-pair encoding trained on them (Hugging
   Face `tokenizers`, offline), or by GPT-2's encoding (tiktoken, where its encoding is cached);
   written as .bin files or speedrun shards.
 """
 import json
 import os
+import pickle
 
 import numpy as np
 
@@ -32,11 +33,30 @@ def _read_text(paths):
 
 
 def _write_meta(out_dir, meta):
-    path = os.path.join(out_dir, "meta.json")
+    """meta.json (Mica's reader); for a character vocabulary also meta.pkl as nanoGPT's prepare.py
+    writes it ({'vocab_size', 'itos': {int: str}, 'stoi': {str: int}}), which its sample.py reads.
+    Any other tokenizer gets no meta.pkl (sample.py would take its stoi/itos), and a stale one
+    from an earlier preparation is removed. Each file goes to a temporary name, then is renamed."""
+    _atomic(os.path.join(out_dir, "meta.json"),
+            json.dumps(meta, ensure_ascii=False, indent=1).encode("utf-8"))
+    pkl = os.path.join(out_dir, "meta.pkl")
+    if "stoi" in meta and "itos" in meta:
+        nanogpt = {"vocab_size": meta["vocab_size"], "itos": dict(enumerate(meta["itos"])), "stoi": dict(meta["stoi"])}
+        _atomic(pkl, pickle.dumps(nanogpt, protocol=4))
+    elif os.path.lexists(pkl):
+        os.unlink(pkl)
+
+
+def _atomic(path, data):
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(meta, f, ensure_ascii=False, indent=1)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def char_vocab(text):

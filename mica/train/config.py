@@ -129,6 +129,11 @@ def check_supported(cfg, log=print):
     if cfg["device"] != "cpu" and not cfg["device"].startswith("cpu"):
         raise MicaError(f"device={cfg['device']!r} is not available yet: Mica trains on the CPU for now; "
                         "pass --device=cpu")
+    if isinstance(cfg["init_from"], str) and cfg["init_from"].startswith("gpt2"):
+        raise MicaError(f"init_from={cfg['init_from']!r} downloads GPT-2 from a hub, which Mica never does; get "
+                        "Hugging Face's model.safetensors (and its config.json) yourself and pass "
+                        "--init_from=PATH/model.safetensors, or convert it with mica import PATH/model.safetensors "
+                        "--out_dir DIR")
     if cfg["wandb_log"]:
         raise MicaError("wandb_log=True is not supported: Mica logs to out_dir/metrics.jsonl; "
                         "pass --wandb_log=False")

@@ -1,6 +1,7 @@
 """Move between Mica's checkpoints and nanoGPT's ckpt.pt (torch needed for the .pt side)."""
 import json
 import os
+import struct
 
 import numpy as np
 
@@ -51,6 +52,26 @@ def export_nanogpt(out_dir, to):
                 "best_val_loss": float(st.metadata.get("best_val_loss", 1e9)), "config": cfg}, to)
 
 
+def _plain(value):
+    """A value from a ckpt.pt as plain Python: nanoGPT saves best_val_loss as a 0-d tensor (and a
+    config may hold numpy scalars); dicts, lists and tuples are converted throughout."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        return value.item()
+    if type(value).__module__.startswith("torch") and hasattr(value, "numel") and value.numel() == 1:
+        return value.item()
+    return value
+
+
+def _is_mask_buffer(name, value):
+    """Older nanoGPT (no flash attention) registers its causal mask as `attn.bias`, a 4-D buffer
+    (not a parameter, and not `attn.c_attn.bias`)."""
+    return name.endswith(".attn.bias") and getattr(value, "ndim", 4) != 1
+
+
 def import_nanogpt(path, out_dir):
     torch = _torch()
     if not os.path.exists(path):
@@ -58,26 +79,183 @@ def import_nanogpt(path, out_dir):
     try:
         ck = torch.load(path, map_location="cpu", weights_only=False)
         sd = {k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()}
+        sd = {k: v for k, v in sd.items() if not _is_mask_buffer(k, v)}
+        tensors = {k: v.detach().float().numpy() for k, v in sd.items() if k != "lm_head.weight"}
     except Exception as e:
         raise MicaError(f"{path} is not a readable nanoGPT checkpoint ({type(e).__name__})") from None
-    tensors = {k: v.detach().float().numpy() for k, v in sd.items() if k != "lm_head.weight"}
     if "transformer.wte.weight" not in tensors and "lm_head.weight" in sd:
         tensors["transformer.wte.weight"] = sd["lm_head.weight"].float().numpy()
     shapes = {n: a.shape for n, a in tensors.items()}
-    opt = ck.get("optimizer")
+    opt, config, model_args = ck.get("optimizer"), ck.get("config", {}), ck.get("model_args", {})
+    if not all(isinstance(x, dict) for x in (opt or {}, config, model_args)) or not isinstance(
+            (opt or {}).get("state", {}), dict):
+        raise MicaError(f"{path} is not a nanoGPT checkpoint: its optimizer, config or model_args is not a dict")
     if opt and opt.get("state"):
         order = sum(_groups(list(tensors), shapes), [])
         for i, n in enumerate(order):
             s = opt["state"].get(i)
             if s is None:
                 continue
-            tensors[f"optimizer.exp_avg.{n}"] = s["exp_avg"].float().numpy()
-            tensors[f"optimizer.exp_avg_sq.{n}"] = s["exp_avg_sq"].float().numpy()
-            tensors["optimizer.step"] = np.asarray(int(float(s["step"])), dtype=np.int64)
-    cfg = dict(ck.get("config", {}))
-    cfg.update({k: v for k, v in ck.get("model_args", {}).items() if k != "vocab_size"})
+            try:
+                m, v = s["exp_avg"].float().numpy(), s["exp_avg_sq"].float().numpy()
+                step = int(float(s["step"]))
+            except Exception as e:
+                raise MicaError(f"{path}: the optimizer state of {n} is unreadable ({type(e).__name__})") from None
+            if m.shape != shapes[n] or v.shape != shapes[n]:
+                raise MicaError(f"{path}: the optimizer state {i} is {list(m.shape)}, but parameter {n} (its place in "
+                                f"nanoGPT's groups) is {list(shapes[n])}; the checkpoint's optimizer does not "
+                                "match its model")
+            tensors[f"optimizer.exp_avg.{n}"] = m
+            tensors[f"optimizer.exp_avg_sq.{n}"] = v
+            tensors["optimizer.step"] = np.asarray(step, dtype=np.int64)
+    cfg = _plain(dict(config))
+    cfg.update({k: v for k, v in _plain(dict(model_args)).items() if k != "vocab_size"})
+    try:
+        iter_num, best = int(_plain(ck.get("iter_num", 0))), float(_plain(ck.get("best_val_loss", 1e9)))
+    except (TypeError, ValueError):
+        raise MicaError(f"{path} has an iter_num or best_val_loss that is not a number") from None
     out = os.path.join(out_dir, "ckpt.safetensors")
     ckpt.write(out, tensors, {"format": "mica", "imported_from": os.path.abspath(path),
-                              "iter_num": ck.get("iter_num", 0), "best_val_loss": ck.get("best_val_loss", 1e9),
-                              "config": json.dumps(cfg)})
+                              "iter_num": iter_num, "best_val_loss": repr(best),
+                              "config": json.dumps(cfg, default=str)})
     return out
+
+
+# ---- Hugging Face GPT-2 (model.safetensors) -------------------------------------------------
+
+GPT2_HEADS = {768: 12, 1024: 16, 1280: 20, 1600: 25}  # gpt2, -medium, -large, -xl
+# HF's Conv1D keeps weights as [in, out]; nanoGPT's Linear as [out, in] (from_pretrained's list)
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+HF_IGNORED = (".attn.bias", ".attn.masked_bias")  # buffers: the causal mask and its fill value
+_LAYER = {"ln_1.weight": "C", "ln_1.bias": "C", "attn.c_attn.weight": "C,3C", "attn.c_attn.bias": "3C",
+          "attn.c_proj.weight": "C,C", "attn.c_proj.bias": "C", "ln_2.weight": "C", "ln_2.bias": "C",
+          "mlp.c_fc.weight": "C,4C", "mlp.c_fc.bias": "4C", "mlp.c_proj.weight": "4C,C", "mlp.c_proj.bias": "C"}
+
+
+def _open(path):
+    """SafeTensors(path), with a sentence for bfloat16 files (Mica's reader takes F32/F16/F64)."""
+    try:
+        return ckpt.SafeTensors(path)
+    except MicaError:
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                head = f.read(min(n, 1 << 28)).decode("utf-8", "replace")
+        except (OSError, struct.error):
+            raise MicaError(f"{path} is not a readable safetensors file") from None
+        if '"BF16"' in head:
+            raise MicaError(f"{path} holds bfloat16 tensors, which Mica's safetensors reader does not take yet; save "
+                            "the model as float32 (in PyTorch: model.float(), then save_pretrained)") from None
+        raise
+
+
+def _hf_names(st):
+    """{HF name without 'transformer.': stored name} of the tensors that are not buffers or the head."""
+    out = {}
+    for name in st.names:
+        short = name.removeprefix("transformer.")
+        if short == "lm_head.weight" or short.endswith(HF_IGNORED):
+            continue
+        out[short] = name
+    return out
+
+
+def is_hf_gpt2(path):
+    """Whether a .safetensors file holds GPT-2 in Hugging Face's layout: its first block's c_attn
+    weight is Conv1D's [n_embd, 3 * n_embd] (nanoGPT's and Mica's Linear is [3 * n_embd, n_embd])."""
+    st = _open(path)
+    names = _hf_names(st)
+    if "h.0.attn.c_attn.weight" not in names:
+        return False
+    shape = st.info(names["h.0.attn.c_attn.weight"])[1]
+    return len(shape) == 2 and shape[1] == 3 * shape[0]
+
+
+def _n_head(path, n_embd):
+    cfg_path = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    if os.path.isfile(cfg_path):
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                hf = json.load(f)
+            n_head = hf["n_head"] if isinstance(hf, dict) else None
+        except (OSError, ValueError, KeyError):
+            n_head = None
+        if type(n_head) is not int or n_head <= 0 or n_embd % n_head:
+            raise MicaError(f"{cfg_path} beside {path} gives no usable n_head (a positive divisor of n_embd "
+                            f"{n_embd}); fix it or remove it (GPT-2's own sizes are known without it)")
+        return n_head
+    if n_embd in GPT2_HEADS:
+        return GPT2_HEADS[n_embd]
+    raise MicaError(f"{path} has n_embd {n_embd}, not one of GPT-2's sizes, so its number of heads is unknown; put "
+                    "Hugging Face's config.json (with n_head) beside it")
+
+
+def hf_gpt2_args(path):
+    """nanoGPT's model_args for a Hugging Face GPT-2 file, as from_pretrained sets them: n_layer from
+    the blocks h.N, n_embd and vocab_size from wte, block_size from wpe, bias=True, n_head from
+    config.json beside the file or GPT-2's table. Reads only the header."""
+    st = _open(path)
+    names = _hf_names(st)
+    for need in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
+        if need not in names:
+            raise MicaError(f"{path} has no tensor {need!r}, so it is not a Hugging Face GPT-2 file")
+    wte, wpe = st.info(names["wte.weight"])[1], st.info(names["wpe.weight"])[1]
+    if len(wte) != 2 or len(wpe) != 2 or wpe[1] != wte[1]:
+        raise MicaError(f"{path}: wte.weight {list(wte)} and wpe.weight {list(wpe)} are not two matrices of one width")
+    layers = sorted({int(n.split(".")[1]) for n in names if n.startswith("h.") and n.split(".")[1].isdigit()})
+    if not layers or layers != list(range(len(layers))):
+        raise MicaError(f"{path} has blocks h.{layers} rather than h.0 .. h.N-1; is it a whole GPT-2 file?")
+    n_embd = wte[1]
+    return dict(n_layer=len(layers), n_head=_n_head(path, n_embd), n_embd=n_embd, block_size=wpe[0], bias=True,
+                vocab_size=wte[0], dropout=0.0)
+
+
+def read_hf_gpt2(path, block_size=None):
+    """(tensors in nanoGPT's names and layout as float32 arrays, model_args) of a Hugging Face GPT-2
+    model.safetensors: Conv1D weights transposed, the mask buffers left out, no lm_head (tied to
+    wte); with block_size smaller than the file's, wpe cropped to it (nanoGPT's crop_block_size)."""
+    args = hf_gpt2_args(path)
+    st = _open(path)
+    names = _hf_names(st)
+    C = args["n_embd"]
+    sizes = {"C": C, "3C": 3 * C, "4C": 4 * C}
+    want = {"wte.weight": (args["vocab_size"], C), "wpe.weight": (args["block_size"], C)}  # nanoGPT's order
+    for i in range(args["n_layer"]):
+        for k, dims in _LAYER.items():
+            want[f"h.{i}.{k}"] = tuple(sizes[d] for d in dims.split(","))
+    want.update({"ln_f.weight": (C,), "ln_f.bias": (C,)})
+    extra = sorted(set(names) - set(want))
+    missing = sorted(set(want) - set(names))
+    if missing or extra:
+        raise MicaError(f"{path} is not a GPT-2 file Mica can read: "
+                        + (f"missing {', '.join(missing[:3])}" if missing else f"unknown {', '.join(extra[:3])}"))
+    tensors = {}
+    for short, shape in want.items():
+        dtype, got, _ = st.info(names[short])
+        if tuple(got) != shape:
+            raise MicaError(f"{path}: {names[short]} is {list(got)}, but a GPT-2 of n_embd {C} needs {list(shape)}")
+        if dtype.kind != "f":
+            raise MicaError(f"{path}: {names[short]} holds {dtype.name}, not floating-point weights")
+        a = st.read(names[short]).astype(np.float32)
+        if short.endswith(CONV1D):
+            a = np.ascontiguousarray(a.T)
+        tensors["transformer." + short] = a
+    if block_size is not None and block_size < args["block_size"]:
+        tensors["transformer.wpe.weight"] = tensors["transformer.wpe.weight"][:block_size].copy()
+        args["block_size"] = block_size
+    return tensors, args
+
+
+def import_hf_gpt2(path, out_dir):
+    """out_dir/ckpt.safetensors from a Hugging Face GPT-2 file (weights only, iteration 0)."""
+    if not os.path.exists(path):
+        raise MicaError(f"{path} does not exist")
+    if not is_hf_gpt2(path):
+        raise MicaError(f"{path} is not GPT-2 in Hugging Face's layout (its c_attn weights are not Conv1D's "
+                        "[n_embd, 3 * n_embd]); a Mica checkpoint needs no import: pass --init_from=PATH")
+    tensors, args = read_hf_gpt2(path)
+    out = os.path.join(out_dir, "ckpt.safetensors")
+    ckpt.write(out, tensors, {"format": "mica", "imported_from": os.path.abspath(path), "iter_num": 0,
+                              "best_val_loss": 1e9, "config": json.dumps({k: v for k, v in args.items()
+                                                                         if k != "vocab_size"})})
+    return out, args

@@ -8,10 +8,12 @@ import subprocess
 
 import numpy as np
 
+from ..data import meta as meta_mod
 from ..data import tokens as tok
 from ..errors import MicaError
 from . import checkpoint as ckpt
 from . import config as config_mod
+from . import convert
 from . import native, programs
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -77,14 +79,13 @@ def _alive(pid):
 
 
 def vocab_size(folder, log=print):
-    meta = os.path.join(folder, "meta.json")
-    if os.path.exists(meta):
-        try:
-            with open(meta) as f:
-                return int(json.load(f)["vocab_size"]), meta
-        except (OSError, ValueError, KeyError):
-            raise MicaError(f"{meta} is not a readable vocabulary file (JSON with vocab_size)") from None
-    log("no meta.json in the data folder: defaulting to vocab_size of GPT-2 to 50304 (50257 rounded up)")
+    """(vocab_size, meta file) from the folder's meta.json or nanoGPT's meta.pkl; without either,
+    GPT-2's vocabulary padded as nanoGPT pads it."""
+    vocab = meta_mod.read(folder)
+    if vocab is not None:
+        return vocab.vocab_size, vocab.path
+    log("no meta.json or meta.pkl in the data folder: defaulting to vocab_size of GPT-2 to 50304 "
+        "(50257 rounded up)")
     return 50304, None
 
 
@@ -97,6 +98,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides), log)
     folder, (train_paths, val_paths) = data_files(cfg)
     vocab, _ = vocab_size(folder, log)
+    vocab = _follow_hf_weights(cfg, vocab, log)
     need = cfg["block_size"] + 1
     files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
     files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
@@ -126,6 +128,27 @@ def prepare_run(config_path=None, overrides=(), log=print):
     manifest = os.path.join(out_dir, "trainer.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
+
+
+def _hf_init(cfg):
+    """Whether --init_from names a Hugging Face GPT-2 file (Conv1D layout) rather than Mica's."""
+    init = cfg["init_from"]
+    return init.endswith(".safetensors") and os.path.isfile(init) and convert.is_hf_gpt2(init)
+
+
+def _follow_hf_weights(cfg, vocab, log):
+    """--init_from=an HF GPT-2 file: the model's settings come from the file, as nanoGPT's come from
+    the checkpoint for init_from=gpt2* (n_layer, n_head, n_embd, bias, vocab_size; block_size cropped
+    down to the configured one). Changes cfg in place; returns the vocabulary size to build."""
+    if not _hf_init(cfg):
+        return vocab
+    args = convert.hf_gpt2_args(cfg["init_from"])
+    cfg.update({k: args[k] for k in ("n_layer", "n_head", "n_embd", "bias")})
+    cfg["block_size"] = min(cfg["block_size"], args["block_size"])
+    log(f"model settings from {cfg['init_from']} (Hugging Face's GPT-2): n_layer={cfg['n_layer']}, "
+        f"n_head={cfg['n_head']}, n_embd={cfg['n_embd']}, bias=True, vocab_size={args['vocab_size']}, "
+        f"block_size={cfg['block_size']}")
+    return args["vocab_size"]
 
 
 def _expected(slots, lowered):
@@ -167,6 +190,11 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         return _loads(path, by_name, settings, st=st, params_only=not has_state)
     if init.endswith(".safetensors"):
         log(f"initializing from weights in {init}")
+        if _hf_init(cfg):  # Hugging Face's names and Conv1D layout: converted to Mica's first
+            tensors, _ = convert.read_hf_gpt2(init, block_size=cfg["block_size"])
+            init = os.path.join(out_dir, "init.safetensors")
+            ckpt.write(init, tensors, {"format": "mica", "converted_from": os.path.abspath(cfg["init_from"]),
+                                       "config": json.dumps(cfg)})
         return _loads(init, by_name, settings, params_only=True)
     raise MicaError(f"init_from={init!r} is not available: use scratch, resume or a .safetensors file "
                     "(gpt2* weights: convert with mica import)")
@@ -250,15 +278,22 @@ def train(config_path=None, overrides=(), log=print, execute=True):
 
 # ---- sampling -------------------------------------------------------------------------------------
 
-def _codec(cfg):
+def _codec(cfg, vocab=None):
+    """(encode, decode) for sampling, from the data folder's meta.json or meta.pkl, as nanoGPT's
+    sample.py decodes; with neither, GPT-2's encoding (tiktoken) for a model of GPT-2's vocabulary.
+    `vocab` is the model's vocabulary size, checked against the meta file's."""
     folder = cfg.get("data_dir") or os.path.join("data", cfg["dataset"])
-    meta = os.path.join(folder, "meta.json")
-    if not os.path.exists(meta):
-        raise MicaError(f"no vocabulary at {meta}: sampling needs the meta.json that mica prepare wrote")
-    with open(meta) as f:
-        m = json.load(f)
-    if m.get("tokenizer") == "char" or "stoi" in m:
-        stoi, itos = m["stoi"], m["itos"]
+    m = meta_mod.read(folder)
+    if m is None:
+        if vocab is not None and vocab < 50257:
+            raise MicaError(f"no vocabulary in {folder} (meta.json or meta.pkl) to decode this model's {vocab} tokens "
+                            "with; sampling needs the data folder it was trained on (data_dir)")
+        return _gpt2_codec(folder)
+    if vocab is not None and (m.vocab_size > vocab or (m.stoi is not None and m.vocab_size != vocab)):
+        raise MicaError(f"{m.path} has a vocabulary of {m.vocab_size} tokens but the checkpoint's model has {vocab}; "
+                        "point data_dir at the data the model was trained on")
+    if m.stoi is not None:
+        stoi, itos = m.stoi, m.itos
 
         def encode(s):
             bad = sorted(set(c for c in s if c not in stoi))
@@ -267,12 +302,45 @@ def _codec(cfg):
             return [stoi[c] for c in s]
 
         return encode, lambda ids: "".join(itos[i] for i in ids)
-    if m.get("tokenizer_file"):
-        from tokenizers import Tokenizer
+    if m.tokenizer_file:
+        path = os.path.join(folder, m.tokenizer_file)
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise MicaError(f"{m.path} names a Hugging Face tokenizer: pip install tokenizers") from None
+        try:
+            t = Tokenizer.from_file(path)
+        except Exception:
+            raise MicaError(f"the tokenizer file {path} that {m.path} names is missing or unreadable; prepare the "
+                            "data again") from None
+        return (lambda s: t.encode(s).ids), _checked(lambda ids: t.decode(ids), m.vocab_size)
+    if m.tokenizer == "gpt2":
+        return _gpt2_codec(folder)
+    raise MicaError(f"{m.path} names no tokenizer Mica can decode (no stoi/itos, no tokenizer_file)")
 
-        t = Tokenizer.from_file(os.path.join(folder, m["tokenizer_file"]))
-        return (lambda s: t.encode(s).ids), (lambda ids: t.decode(ids))
-    raise MicaError(f"{meta} names no tokenizer Mica can decode")
+
+def _gpt2_codec(folder):
+    """GPT-2's encoding as nanoGPT's sample.py uses it without a meta.pkl (tiktoken)."""
+    try:
+        import tiktoken
+
+        enc = tiktoken.get_encoding("gpt2")
+    except Exception as e:  # not installed, or the encoding cannot be fetched offline
+        raise MicaError(f"no meta.json or meta.pkl in {folder}, so this model's tokens are GPT-2's, but GPT-2's "
+                        f"encoding is not available here ({type(e).__name__}); install tiktoken with its encoding "
+                        "cached, or point data_dir at the data folder the model was trained on") from None
+    return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), _checked(enc.decode, enc.n_vocab)
+
+
+def _checked(decode, n):
+    """decode, refusing (with a sentence) ids of a padded model's rows that the vocabulary lacks."""
+    def run(ids):
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise MicaError(f"the model sampled token {bad[0]}, beyond the {n} its vocabulary decodes (a padded "
+                            "vocabulary's unused row); sample again with a lower temperature or top_k")
+        return decode(ids)
+    return run
 
 
 def _stderr(message):
@@ -292,7 +360,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     if start.startswith("FILE:"):
         with open(start[5:], encoding="utf-8") as f:
             start = f.read()
-    encode, decode = _codec(cfg)
+    encode, decode = _codec(cfg, vocab)
     ids = encode(start)
     if not ids:
         raise MicaError("the start text is empty; give at least one character")

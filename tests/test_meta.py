@@ -1,0 +1,203 @@
+"""A data folder's vocabulary: Mica's meta.json and nanoGPT's meta.pkl, read safely; any damaged
+file is one sentence, never a traceback, a hang, or code run."""
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+
+import pytest
+
+from mica.data import meta
+from mica.data.prepare import _write_meta, prepare_char, prepare_text
+from mica.errors import MicaError
+from mica.train import run
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 20
+
+
+def nanogpt_meta(text):
+    """The dict nanoGPT's data/shakespeare_char/prepare.py pickles."""
+    chars = sorted(list(set(text)))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    itos = {i: ch for i, ch in enumerate(chars)}
+    return {"vocab_size": len(chars), "itos": itos, "stoi": stoi}
+
+
+def test_prepare_writes_a_meta_pkl_nanogpts_sample_reads(tmp_path):
+    prepare_char(TEXT, str(tmp_path), log=lambda *a: None)
+    with open(tmp_path / "meta.pkl", "rb") as f:  # as nanoGPT's sample.py reads it
+        m = pickle.load(f)
+    assert m == nanogpt_meta(TEXT)
+    stoi, itos = m["stoi"], m["itos"]
+    assert "".join(itos[i] for i in [stoi[c] for c in "hear me"]) == "hear me"
+    assert json.load(open(tmp_path / "meta.json", encoding="utf-8"))["itos"] == [itos[i] for i in range(len(itos))]
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_prepare_text_writes_meta_pkl_only_for_characters(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text(TEXT)
+    out = tmp_path / "out"
+    prepare_text([str(src)], "char", str(out), log=lambda *a: None)
+    assert pickle.load(open(out / "meta.pkl", "rb")) == nanogpt_meta(TEXT)
+    # what prepare_text writes for bpe (tokenizers) and gpt2 (tiktoken), which need packages:
+    _write_meta(str(out), {"tokenizer": "bpe:300", "vocab_size": 300, "tokenizer_file": "tokenizer.json"})
+    assert not (out / "meta.pkl").exists()  # the stale character one is gone
+    assert meta.read(str(out)).tokenizer_file == "tokenizer.json"
+
+
+def test_vocab_from_nanogpts_own_folder(tmp_path):
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump(nanogpt_meta(TEXT), f)
+    vocab, path = run.vocab_size(str(tmp_path), log=lambda *a: None)
+    assert vocab == len(set(TEXT)) and path.endswith("meta.pkl")
+    encode, decode = run._codec({"data_dir": str(tmp_path)}, vocab)
+    assert decode(encode("Speak, speak.")) == "Speak, speak."
+    with pytest.raises(MicaError, match="has a vocabulary of"):
+        run._codec({"data_dir": str(tmp_path)}, vocab + 1)
+
+
+def test_no_meta_file_and_a_small_vocab_is_a_sentence(tmp_path):
+    with pytest.raises(MicaError, match="no vocabulary in"):
+        run._codec({"data_dir": str(tmp_path)}, 65)
+
+
+class Hostile:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_a_hostile_pickle_is_refused_and_nothing_runs(tmp_path, protocol):
+    marker = tmp_path / "ran"
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 3, "x": Hostile(marker)}, f, protocol=protocol)
+    with pytest.raises(MicaError) as e:
+        meta.read(str(tmp_path))
+    assert "system, which a vocabulary file never needs, so it was refused" in str(e.value)
+    assert not marker.exists()
+    # and through the CLI: one sentence, exit 2
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "--device=cpu", f"--data_dir={tmp_path}"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "was refused" in r.stderr
+    assert r.stderr.count("\n") == 1 and not marker.exists()
+
+
+def _write(path, obj):
+    if path.endswith(".pkl"):
+        data = pickle.dumps(obj)
+    else:
+        data = json.dumps(obj).encode()
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+@pytest.mark.parametrize("obj, needle", [
+    ([1, 2], "holds a list, not a dict"),
+    ({"itos": ["a"]}, "has no vocab_size"),
+    ({"vocab_size": 0}, "not a positive whole number"),
+    ({"vocab_size": "65"}, "not a positive whole number"),
+    ({"vocab_size": True}, "not a positive whole number"),
+    ({"vocab_size": 2, "itos": ["a", "b"]}, "has itos without stoi"),
+    ({"vocab_size": 2, "itos": ["a", "b"], "stoi": {"a": 0, "b": 0}}, "disagree"),
+    ({"vocab_size": 3, "itos": ["a", "b"], "stoi": {"a": 0, "b": 1}}, "says vocab_size 3 but has 2 itos"),
+    ({"vocab_size": 2, "itos": "ab", "stoi": {"a": 0, "b": 1}}, "not a list or dict"),
+    ({"vocab_size": 2, "itos": [1, 2], "stoi": {1: 0, 2: 1}}, "not a string"),
+    ({"vocab_size": 2, "itos": {"0": "a", "2": "b"}, "stoi": {"a": 0, "b": 1}}, "not 0..1"),
+    ({"vocab_size": 2, "tokenizer": 5}, "not a string"),
+])
+@pytest.mark.parametrize("kind", ["meta.json", "meta.pkl"])
+def test_malformed_meta_files_are_sentences(tmp_path, obj, needle, kind):
+    if kind == "meta.json" and obj == {"vocab_size": 2, "itos": [1, 2], "stoi": {1: 0, 2: 1}}:
+        obj = {"vocab_size": 2, "itos": [1, 2], "stoi": {"1": 0, "2": 1}}
+    _write(str(tmp_path / kind), obj)
+    with pytest.raises(MicaError, match=needle):
+        meta.read(str(tmp_path))
+
+
+def test_other_broken_files_are_sentences(tmp_path):
+    (tmp_path / "meta.json").mkdir()
+    with pytest.raises(MicaError, match="is a directory"):
+        meta.read(str(tmp_path))
+    os.rmdir(tmp_path / "meta.json")
+    (tmp_path / "meta.json").write_bytes(b'{"vocab_size": 65, "x": "\xff"}')
+    with pytest.raises(MicaError, match="not UTF-8"):
+        meta.read(str(tmp_path))
+    (tmp_path / "meta.json").write_bytes(b"[" * 100000)
+    with pytest.raises(MicaError, match="not valid JSON"):
+        meta.read(str(tmp_path))
+    os.unlink(tmp_path / "meta.json")
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(nanogpt_meta(TEXT))[:-5])
+    with pytest.raises(MicaError, match="not a readable pickle"):
+        meta.read(str(tmp_path))
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 2, "b": b"bytes"}))
+    with pytest.raises(MicaError, match="holds a bytes"):
+        meta.read(str(tmp_path))
+    loop = []
+    loop.append(loop)
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 2, "loop": loop}))
+    assert meta.read(str(tmp_path)).vocab_size == 2  # self-reference is plain data, checked without recursing
+
+
+def _mutations(data, rng, n):
+    """Seeded byte flips, truncations, insertions and deletions of one file."""
+    for _ in range(n):
+        b = bytearray(data)
+        kind = rng.randrange(4)
+        if kind == 0:
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        elif kind == 1:
+            del b[rng.randrange(len(b)):]
+        elif kind == 2:
+            at = rng.randrange(len(b) + 1)
+            b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        else:
+            at = rng.randrange(len(b))
+            del b[at:at + rng.randint(1, 8)]
+        yield bytes(b)
+
+
+@pytest.mark.parametrize("kind", ["meta.pkl", "meta.json"])
+def test_fuzz_mutated_meta_files_read_correctly_or_are_sentences(tmp_path, kind):
+    good = nanogpt_meta(TEXT)
+    if kind == "meta.pkl":
+        files = [pickle.dumps(good, protocol=p) for p in (0, 2, 4)]
+    else:
+        files = [json.dumps({**good, "itos": [good["itos"][i] for i in range(good["vocab_size"])],
+                             "tokenizer": "char"}, ensure_ascii=False, indent=1).encode()]
+    rng = random.Random(9)
+    path = tmp_path / kind
+    read = refused = 0
+    for data in files:
+        for mutated in _mutations(data, rng, 300 // len(files)):
+            path.write_bytes(mutated)
+            try:
+                v = meta.load(str(path))
+            except MicaError as e:
+                assert str(e) and str(e).isprintable()
+                refused += 1
+                continue
+            read += 1  # what is read is a consistent vocabulary
+            assert type(v.vocab_size) is int and v.vocab_size > 0
+            if v.itos is not None:
+                assert len(v.itos) == len(v.stoi) == v.vocab_size
+                assert all(v.stoi[s] == i for i, s in enumerate(v.itos))
+    assert refused > 100 and read + refused == 300
+
+
+def test_no_meta_file_and_gpt2s_vocab_decodes_with_tiktoken_or_says_why(tmp_path):
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        with pytest.raises(MicaError, match="GPT-2's encoding is not available here"):
+            run._codec({"data_dir": str(tmp_path)}, 50304)
+        return
+    encode, decode = run._codec({"data_dir": str(tmp_path)}, 50304)
+    assert decode(encode("Hello world")) == "Hello world" and encode("Hello") == [15496]

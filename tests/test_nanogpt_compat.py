@@ -1,0 +1,313 @@
+"""What a user with an existing nanoGPT setup brings: its own data folder (meta.pkl), a ckpt.pt that
+real torch wrote after training, and Hugging Face's GPT-2 model.safetensors. All the mica train
+runs here share one model (2 layers, 4 heads, width 32, biases) and one compiled trainer."""
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mica.train import checkpoint
+
+torch = pytest.importorskip("torch")
+
+import mica  # noqa: E402
+from mica.bench.check import _mica_losses  # noqa: E402
+from mica.bench.torch_gpt import TorchGPT  # noqa: E402
+from mica.models.gpt import GPT, GPTConfig  # noqa: E402
+from mica.train import config as config_mod  # noqa: E402
+from mica.train import convert  # noqa: E402
+
+from helpers import rel_err  # noqa: E402
+from torch_nanogpt import Run  # noqa: E402
+
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
+SETTINGS = dict(dataset="shakespeare_char", device="cpu", compile=False, n_layer=2, n_head=4, n_embd=32,
+                block_size=16, bias=True, dropout=0.0, batch_size=4, gradient_accumulation_steps=1,
+                learning_rate=1e-2, warmup_iters=2, lr_decay_iters=40, min_lr=1e-3, beta2=0.99, eval_iters=2,
+                eval_interval=1000, log_interval=1)
+FLAGS = [f"--{k}={v}" for k, v in SETTINGS.items()]
+SAVED_AT = 6  # nanoGPT's checkpoint: after 6 iterations
+MORE = 3      # iterations Mica continues for
+
+
+def mica_cli(*args, cwd, check=True):
+    r = subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=cwd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise AssertionError(f"mica {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def nanogpt(tmp_path_factory):
+    """nanoGPT's data/shakespeare_char folder as its prepare.py leaves it (train.bin, val.bin,
+    meta.pkl; no meta.json), and a ckpt.pt from training on it in PyTorch."""
+    d = tmp_path_factory.mktemp("nanogpt")
+    data_dir = d / "data" / "shakespeare_char"
+    data_dir.mkdir(parents=True)
+    data = open(SHAKESPEARE).read()[:60000]
+    chars = sorted(list(set(data)))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    itos = {i: ch for i, ch in enumerate(chars)}
+    n = len(data)
+    train_ids = np.array([stoi[c] for c in data[:int(n * 0.9)]], dtype=np.uint16)
+    val_ids = np.array([stoi[c] for c in data[int(n * 0.9):]], dtype=np.uint16)
+    train_ids.tofile(data_dir / "train.bin")
+    val_ids.tofile(data_dir / "val.bin")
+    with open(data_dir / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": itos, "stoi": stoi}, f)
+
+    cfg = {**config_mod.DEFAULTS, **SETTINGS, "max_iters": SAVED_AT + MORE, "out_dir": "out"}
+    rng = np.random.default_rng(0)
+    before = rng.integers(0, len(train_ids) - cfg["block_size"], (SAVED_AT, cfg["batch_size"])).tolist()
+    after = rng.integers(0, len(train_ids) - cfg["block_size"], (MORE, cfg["batch_size"])).tolist()
+    np.savetxt(d / "after.txt", np.array(after).ravel(), fmt="%d")
+    run = Run(cfg, len(chars), train_ids, val_ids)
+    for offsets in before:
+        run.step(offsets)
+    saved = run.save(d / "ckpt.pt")
+    moments = {n: (run.optimizer.state[p]["exp_avg"].clone(), run.optimizer.state[p]["exp_avg_sq"].clone())
+               for n, p in run.model.named_parameters()}
+    weights = {k: v.clone() for k, v in run.model.state_dict().items()}
+    continued = [run.step(offsets) for offsets in after]
+    # the control: the same weights, the optimizer state lost
+    fresh = Run(cfg, len(chars), train_ids, val_ids)
+    fresh.model.load_state_dict(weights)
+    fresh.iter_num = SAVED_AT
+    reset = [fresh.step(offsets) for offsets in after]
+    return dict(dir=d, vocab=len(chars), saved=saved, moments=moments, continued=continued, reset=reset,
+                train=train_ids, after=after)
+
+
+def test_mica_reads_nanogpts_own_folder(nanogpt):
+    from mica.train import run
+
+    vocab, path = run.vocab_size(str(nanogpt["dir"] / "data" / "shakespeare_char"), log=print)
+    assert vocab == nanogpt["vocab"] == 59 and path.endswith("meta.pkl")
+
+
+def test_import_converts_tensors_and_keeps_the_optimizer_state_exactly(nanogpt):
+    d = nanogpt["dir"]
+    assert isinstance(nanogpt["saved"]["best_val_loss"], torch.Tensor)  # as nanoGPT saves it
+    assert "transformer.h.0.attn.bias" in nanogpt["saved"]["model"]      # older nanoGPT's mask buffer
+    mica_cli("import", "ckpt.pt", "--out_dir", "imported", cwd=d)
+    st = checkpoint.SafeTensors(str(d / "imported" / "ckpt.safetensors"))
+    assert st.metadata["iter_num"] == str(SAVED_AT)
+    assert float(st.metadata["best_val_loss"]) == nanogpt["saved"]["best_val_loss"].item()
+    assert not [n for n in st.names if n.endswith(".attn.bias")]
+    assert int(st.read("optimizer.step")) == SAVED_AT
+    for name, (m, v) in nanogpt["moments"].items():
+        assert np.array_equal(st.read(f"optimizer.exp_avg.{name}"), m.numpy()), name
+        assert np.array_equal(st.read(f"optimizer.exp_avg_sq.{name}"), v.numpy()), name
+    cfg = json.loads(st.metadata["config"])
+    assert cfg["n_head"] == 4 and cfg["bias"] is True and cfg["learning_rate"] == 1e-2
+
+
+def test_an_imported_checkpoint_resumes_where_pytorch_would_have_gone(nanogpt):
+    d = nanogpt["dir"]
+    if not (d / "imported").exists():
+        mica_cli("import", "ckpt.pt", "--out_dir", "imported", cwd=d)
+    r = mica_cli("train", *FLAGS, "--out_dir=imported", "--init_from=resume", "--batch_order=after.txt",
+                 f"--max_iters={SAVED_AT + MORE - 1}", "--threads=2", cwd=d)
+    assert "defaulting to vocab_size" not in r.stdout
+    losses = _mica_losses(str(d / "imported"))
+    assert len(losses) == MORE and f"iter {SAVED_AT}: loss" in r.stdout and f"iter {SAVED_AT - 1}:" not in r.stdout
+    want, control = nanogpt["continued"], nanogpt["reset"]
+    # the first loss needs only the weights; the next ones AdamW's moments, its step count and
+    # the learning rate at iter_num: all as PyTorch's own continued run has them
+    for got, w in zip(losses, want):
+        assert abs(got - w) / w < 1e-5, (losses, want)
+    assert control[0] == pytest.approx(want[0], rel=1e-6)
+    assert min(abs(c - w) / w for c, w in zip(control[1:], want[1:])) > 1e-3, (control, want)
+
+    # mica sample decodes with nanoGPT's meta.pkl (the folder has no meta.json)
+    out = mica_cli("sample", "--out_dir=imported", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=20",
+                   cwd=d).stdout
+    assert out.startswith("ROMEO:") and len(out.split("\n---------------\n")[0]) == len("ROMEO:") + 20
+
+
+# ---- Hugging Face's GPT-2 ------------------------------------------------------------------
+
+def write_safetensors(path, arrays, metadata):
+    """safetensors as Hugging Face writes it (written here, not with Mica's writer)."""
+    header, blobs, at = {"__metadata__": metadata}, [], 0
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
+        blobs.append(a.tobytes())
+        at += a.nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
+
+
+def hf_gpt2(vocab, n_layer=2, n_embd=32, n_positions=64, seed=0, prefix=""):
+    """Random GPT-2 weights under HF's names, Conv1D's [in, out] layout, its mask buffers."""
+    rng = np.random.default_rng(seed)
+    C = n_embd
+
+    def w(*shape, std=0.1):
+        return rng.normal(0, std, shape).astype(np.float32)
+
+    t = {"wte.weight": w(vocab, C, std=0.3), "wpe.weight": w(n_positions, C, std=0.1)}
+    for i in range(n_layer):
+        h = f"h.{i}."
+        t.update({h + "ln_1.weight": 1 + w(C), h + "ln_1.bias": w(C),
+                  h + "attn.bias": np.tril(np.ones((n_positions, n_positions)))[None, None],
+                  h + "attn.masked_bias": np.array(-1e4),
+                  h + "attn.c_attn.weight": w(C, 3 * C, std=0.3), h + "attn.c_attn.bias": w(3 * C),
+                  h + "attn.c_proj.weight": w(C, C), h + "attn.c_proj.bias": w(C),
+                  h + "ln_2.weight": 1 + w(C), h + "ln_2.bias": w(C),
+                  h + "mlp.c_fc.weight": w(C, 4 * C), h + "mlp.c_fc.bias": w(4 * C),
+                  h + "mlp.c_proj.weight": w(4 * C, C), h + "mlp.c_proj.bias": w(C)})
+    t.update({"ln_f.weight": 1 + w(C), "ln_f.bias": w(C)})
+    return {prefix + k: v for k, v in t.items()}
+
+
+def torch_from_hf(hf, cfg):
+    """TorchGPT with HF's weights put in by torch: each Conv1D weight (y = x @ W + b) becomes the
+    Linear weight W.T; wpe cropped to the block size."""
+    model = TorchGPT(cfg)
+    sd = {}
+    for k, v in hf.items():
+        if k.endswith((".attn.bias", ".attn.masked_bias")):  # the buffers, not c_attn.bias
+            continue
+        t = torch.from_numpy(v)
+        if k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            t = t.t()
+        if k == "wpe.weight":
+            t = t[:cfg.block_size]
+        sd["transformer." + k] = t
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    model.load_state_dict(sd)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_file(nanogpt):
+    d = nanogpt["dir"] / "gpt2"
+    d.mkdir()
+    hf = hf_gpt2(nanogpt["vocab"])
+    write_safetensors(d / "model.safetensors", hf, {"format": "pt"})
+    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_head": 4, "n_embd": 32, "n_layer": 2,
+                                               "n_positions": 64, "vocab_size": nanogpt["vocab"]}))
+    return d / "model.safetensors", hf
+
+
+def test_train_from_a_hugging_face_gpt2_file(nanogpt, hf_file):
+    d = nanogpt["dir"]
+    path, hf = hf_file
+    # the model settings given (or defaulted) are overridden by the file's, as nanoGPT's gpt2* are
+    flags = [f for f in FLAGS if not f.startswith(("--n_layer", "--n_head", "--n_embd", "--bias"))]
+    r = mica_cli("train", *flags, "--n_layer=1", "--n_head=2", "--out_dir=from_hf", f"--init_from={path}",
+                 "--batch_order=after.txt", "--max_iters=0", cwd=d)
+    assert "n_layer=2, n_head=4, n_embd=32, bias=True" in r.stdout
+    st = checkpoint.SafeTensors(str(d / "from_hf" / "init.safetensors"))
+    params = {n: st.read(n) for n in st.names}
+    assert params["transformer.wpe.weight"].shape == (16, 32)  # cropped to block_size
+    assert params["transformer.h.1.attn.c_attn.weight"].shape == (96, 32)
+
+    # (i) Mica's GPT from those weights gives the logits of HF's math done by torch
+    cfg = GPTConfig(block_size=16, vocab_size=nanogpt["vocab"], n_layer=2, n_head=4, n_embd=32, bias=True)
+    model = GPT(cfg)
+    model.eval()
+
+    def logits(p, idx, targets):
+        return mica.nn.functional_call(model, p, idx, targets)[0]
+
+    idx = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 16))
+    prog = mica.trace(logits, model.param_specs(), mica.i64[2, 16], mica.i64[2, 16])
+    got = mica.reference.run(prog, params, idx, idx, precision="float32")
+    with torch.no_grad():
+        want, _ = torch_from_hf(hf, cfg)(torch.from_numpy(idx), torch.from_numpy(idx))
+    assert rel_err(got, want.numpy()) < 1e-5
+    assert want.std() > 0.5  # the weights are not near-zero: the comparison means something
+
+    # (ii) the first training loss is that model's on the first batch
+    rows = nanogpt["after"][0]  # the batch order's first rows
+    x = torch.from_numpy(np.stack([nanogpt["train"][o:o + 16] for o in rows]).astype(np.int64))
+    y = torch.from_numpy(np.stack([nanogpt["train"][o + 1:o + 17] for o in rows]).astype(np.int64))
+    with torch.no_grad():
+        _, loss0 = torch_from_hf(hf, cfg)(x, y)
+    assert _mica_losses(str(d / "from_hf"))[0] == pytest.approx(loss0.item(), rel=1e-5)
+
+    # mica import of the same file: the same tensors (wpe whole), and the file's model settings
+    r = mica_cli("import", str(path), "--out_dir", "imported_hf", cwd=d)
+    assert "n_layer=2, n_head=4, n_embd=32, block_size=64" in r.stdout
+    imp = checkpoint.SafeTensors(str(d / "imported_hf" / "ckpt.safetensors"))
+    assert sorted(imp.names) == sorted(params)
+    for n in params:
+        a = imp.read(n)
+        assert np.array_equal(a[:16] if n == "transformer.wpe.weight" else a, params[n]), n
+
+
+def test_hf_names_with_the_transformer_prefix_and_heads_from_gpt2s_table(tmp_path):
+    hf = hf_gpt2(50257, n_layer=1, n_embd=768 // 8, prefix="transformer.")
+    write_safetensors(tmp_path / "model.safetensors", hf, {"format": "pt"})
+    with pytest.raises(mica.MicaError, match="number of heads is unknown; put Hugging Face's config.json"):
+        convert.read_hf_gpt2(str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"n_head": 8}))
+    tensors, args = convert.read_hf_gpt2(str(tmp_path / "model.safetensors"), block_size=32)
+    assert args == dict(n_layer=1, n_head=8, n_embd=96, block_size=32, bias=True, vocab_size=50257, dropout=0.0)
+    assert np.array_equal(tensors["transformer.h.0.mlp.c_fc.weight"], hf["transformer.h.0.mlp.c_fc.weight"].T)
+    assert convert.is_hf_gpt2(str(tmp_path / "model.safetensors"))
+    # Mica's own files share the names but not the layout
+    checkpoint.write(str(tmp_path / "mica.safetensors"), tensors)
+    assert not convert.is_hf_gpt2(str(tmp_path / "mica.safetensors"))
+    os.unlink(tmp_path / "config.json")
+    hf = hf_gpt2(50257, n_layer=1, n_embd=768)
+    write_safetensors(tmp_path / "model.safetensors", hf, {"format": "pt"})
+    assert convert.hf_gpt2_args(str(tmp_path / "model.safetensors"))["n_head"] == 12  # gpt2's
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-medium", "gpt2-xl"])
+def test_init_from_gpt2_is_refused_before_anything_compiles(tmp_path, name):
+    r = mica_cli("train", "shakespeare_char", "--device=cpu", f"--init_from={name}", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"mica: error: init_from='{name}' downloads GPT-2 from a hub")
+    assert "--init_from=PATH/model.safetensors" in r.stderr and "mica import" in r.stderr
+    assert "compiling" not in r.stdout + r.stderr and "number of parameters" not in r.stdout
+
+
+def test_files_that_are_not_hugging_faces_gpt2_are_sentences(tmp_path):
+    hf = hf_gpt2(11, n_layer=1, n_embd=8)
+    (tmp_path / "config.json").write_text(json.dumps({"n_head": 2}))
+    del hf["h.0.mlp.c_fc.bias"]
+    write_safetensors(tmp_path / "model.safetensors", hf, {"format": "pt"})
+    with pytest.raises(mica.MicaError, match="missing h.0.mlp.c_fc.bias"):
+        convert.read_hf_gpt2(str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"n_head": 3}))
+    with pytest.raises(mica.MicaError, match="gives no usable n_head"):
+        convert.read_hf_gpt2(str(tmp_path / "model.safetensors"))
+    raw = (tmp_path / "model.safetensors").read_bytes().replace(b'"F32"', b'"BF16"', 1)
+    (tmp_path / "bf16.safetensors").write_bytes(raw)
+    with pytest.raises(mica.MicaError, match="holds bfloat16 tensors"):
+        convert.read_hf_gpt2(str(tmp_path / "bf16.safetensors"))
+    checkpoint.write(str(tmp_path / "mica.safetensors"), {"transformer.h.0.attn.c_attn.weight": np.zeros((24, 8),
+                                                                                                       np.float32)})
+    r = mica_cli("import", "mica.safetensors", "--out_dir", "x", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "is not GPT-2 in Hugging Face's layout" in r.stderr
+
+
+def test_plain_numbers_from_tensors_and_numpy_scalars():
+    got = convert._plain({"best": torch.tensor(3.5745), "it": np.int64(7), "lr": np.float32(0.5),
+                          "args": [torch.tensor(2), (np.bool_(True), "x")], "big": torch.zeros(3)})
+    assert got["best"] == pytest.approx(3.5745) and type(got["best"]) is float
+    assert got["it"] == 7 and type(got["it"]) is int and got["lr"] == 0.5 and type(got["lr"]) is float
+    assert got["args"] == [2, (True, "x")] and type(got["args"][1][0]) is bool
+    assert isinstance(got["big"], torch.Tensor)  # not a number: left for the caller to refuse
+
+
+def test_checkpoints_that_are_not_nanogpts_are_sentences(tmp_path):
+    torch.save([1, 2], tmp_path / "list.pt")
+    torch.save({"model": {"transformer.wte.weight": torch.zeros(3, 2)}, "config": [1]}, tmp_path / "cfg.pt")
+    for name, needle in [("list.pt", "is not a readable nanoGPT checkpoint"),
+                         ("cfg.pt", "its optimizer, config or model_args is not a dict")]:
+        r = mica_cli("import", name, "--out_dir", "x", cwd=tmp_path, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr
