@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from ..errors import MicaError
+from ..files import writable_folder
 from . import tokens as tok
 
 MAX_TOKEN = 65535  # uint16
@@ -23,8 +24,13 @@ def _read_text(paths):
     for p in paths:
         if not os.path.exists(p):
             raise MicaError(f"input file {p} does not exist")
-        with open(p, encoding="utf-8", errors="replace") as f:
-            parts.append(f.read())
+        if os.path.isdir(p):
+            raise MicaError(f"input {p} is a folder; give the text file(s) in it (--input FILE [FILE ...])")
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                parts.append(f.read())
+        except OSError as e:
+            raise MicaError(f"cannot read input file {p} ({e.strerror})") from None
     text = "".join(parts)
     if not text:
         raise MicaError("the input text is empty")
@@ -49,7 +55,7 @@ def prepare_char(text, out_dir, log=print):
     n = len(text)
     train, val = text[: int(n * 0.9)], text[int(n * 0.9):]
     encode = np.vectorize(stoi.__getitem__, otypes=[np.uint16])
-    os.makedirs(out_dir, exist_ok=True)
+    writable_folder(out_dir, "output folder (--out)")
     train_ids = encode(np.array(list(train))) if train else np.zeros(0, np.uint16)
     val_ids = encode(np.array(list(val))) if val else np.zeros(0, np.uint16)
     tok.write_bin(os.path.join(out_dir, "train.bin"), train_ids)
@@ -89,6 +95,7 @@ def _bpe_tokenizer(text, vocab):
 
 def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=print):
     text = _read_text(inputs)
+    writable_folder(out_dir, "output folder (--out)")
     meta = {"tokenizer": tokenizer}
     if tokenizer == "char":
         stoi, itos = char_vocab(text)
