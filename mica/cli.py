@@ -140,6 +140,13 @@ def cmd_inspect(args, extra):
     known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
     s = _settings(extra, {**known, "batch_size": 1})
     batch = s.pop("batch_size")
+    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        if s[key] <= 0:
+            raise MicaError(f"{key} must be positive, got {s[key]}")
+    if s["n_embd"] % s["n_head"]:
+        raise MicaError(f"n_embd ({s['n_embd']}) must be divisible by n_head ({s['n_head']})")
+    if batch <= 0:
+        raise MicaError(f"batch_size must be positive, got {batch}")
     cfg = GPTConfig(**s)
     model = GPT(cfg)
     print(f"GPT {cfg}")

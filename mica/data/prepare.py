@@ -104,7 +104,11 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
         ids = np.array([stoi[c] for c in text], dtype=np.uint16)
         meta.update(vocab_size=len(itos), itos=itos, stoi=stoi)
     elif tokenizer.startswith("bpe"):
-        vocab = int(tokenizer.split(":", 1)[1]) if ":" in tokenizer else 4096
+        try:
+            vocab = int(tokenizer.split(":", 1)[1]) if ":" in tokenizer else 4096
+        except ValueError:
+            raise MicaError(f"--tokenizer {tokenizer}: the vocabulary size after bpe: must be a whole number, "
+                            "e.g. bpe:4096") from None
         if not 256 < vocab <= MAX_TOKEN + 1:
             raise MicaError(f"bpe vocabulary size must be between 257 and 65536, got {vocab}")
         t = _bpe_tokenizer(text, vocab)

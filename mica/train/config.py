@@ -231,6 +231,18 @@ def _first_line(e):
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def check_seed(seed):
+    """nanoGPT takes any seed torch.manual_seed takes: an int in [-2**63, 2**64)."""
+    if not -2**63 <= seed < 2**64:
+        raise MicaError(f"seed must fit in 64 bits (from -2**63 to 2**64 - 1), got {seed}")
+    return seed
+
+
+def seed_int64(seed):
+    """The seed as the trainer's int64 reads it: the same 64 bits, as two's complement."""
+    return (check_seed(seed) + 2**63) % 2**64 - 2**63
+
+
 def check_supported(cfg, log=print):
     """Refuse what Mica cannot do yet; say what is accepted but means nothing here."""
     if cfg["device"] != "cpu" and not cfg["device"].startswith("cpu"):
@@ -248,6 +260,9 @@ def check_supported(cfg, log=print):
                 "n_embd", "gradient_accumulation_steps"):
         if cfg[key] <= 0:
             raise MicaError(f"{key} must be positive, got {cfg[key]}")
+    if cfg["max_iters"] < 0:
+        raise MicaError(f"max_iters must be 0 or more, got {cfg['max_iters']}")
+    check_seed(cfg["seed"])
     if cfg["threads"] < 0:
         raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")
     if cfg["n_embd"] % cfg["n_head"]:

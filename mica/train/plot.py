@@ -63,6 +63,8 @@ def plot(out_dir, out=None):
         fig.savefig(out, dpi=120, bbox_inches="tight")
     except OSError as e:
         raise MicaError(f"cannot write {out} ({e.strerror}); pass --out PATH somewhere writable") from None
+    except ValueError as e:  # matplotlib: a file name whose extension is no image format
+        raise MicaError(f"cannot write {out}: {str(e).splitlines()[0]}; name it .png") from None
     finally:
         plt.close(fig)
     return out

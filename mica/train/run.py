@@ -102,10 +102,12 @@ def prepare_run(config_path=None, overrides=(), log=print):
     need = cfg["block_size"] + 1
     files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
     files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
-    out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
-    _remove_stale_temporaries(out_dir, log)
     if cfg["batch_order"] and not os.path.exists(cfg["batch_order"]):
         raise MicaError(f"batch order file {cfg['batch_order']} does not exist")
+    if cfg["batch_order"] and not os.path.isfile(cfg["batch_order"]):
+        raise MicaError(f"batch order file {cfg['batch_order']} is a folder, not a file")
+    out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
+    _remove_stale_temporaries(out_dir, log)
 
     model, _, progs = programs.build(cfg, vocab)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
@@ -117,7 +119,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
                     batch=cfg["batch_size"], accum=cfg["gradient_accumulation_steps"], max_iters=cfg["max_iters"],
                     eval_interval=cfg["eval_interval"], eval_iters=cfg["eval_iters"],
                     log_interval=cfg["log_interval"], eval_only=int(cfg["eval_only"]),
-                    always_save=int(cfg["always_save_checkpoint"]), seed=cfg["seed"],
+                    always_save=int(cfg["always_save_checkpoint"]), seed=config_mod.seed_int64(cfg["seed"]),
                     threads=cfg["threads"] or os.cpu_count() or 1, time_every_iter=int(cfg["time_every_iter"]),
                     flops_per_iter=programs.flops_per_iter(cfg, model), peak_flops=programs.peak_flops())
     if cfg["batch_order"]:
@@ -298,6 +300,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
         raise MicaError(f"top_k must be a positive count of tokens to keep, or None for no cut; got {top_k}")
     if threads is not None and threads < 0:
         raise MicaError(f"threads must be 0 (one per core) or a positive count, got {threads}")
+    config_mod.check_seed(seed)
     encode, decode = _codec(cfg)
     ids = encode(start)
     if not ids:
@@ -305,7 +308,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
-    settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=seed,
+    settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=config_mod.seed_int64(seed),
                     threads=threads or os.cpu_count() or 1, num_samples=num_samples,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
                     start_tokens=" ".join(map(str, ids)))
