@@ -1,5 +1,6 @@
 """Every bad input gets one clear sentence and a non-zero exit, never a traceback, and never
 loses earlier work."""
+import json
 import os
 import shutil
 import subprocess
@@ -208,6 +209,18 @@ TRACEBACK_PATHS = [
     ("plot: a line that is not an object", _text("run/metrics.jsonl", '{"iter": 0, "loss": 4.1}\n3\n'), ["plot", "run"],
      "run/metrics.jsonl:2 is not a JSON object"),
     ("import a missing file", NO_SETUP, ["import", "nope.pt", "--out_dir", "imported"], "nope.pt does not exist"),
+    ("batch_order a folder", _folder("order"), ["train", *TINY, "--batch_order=order"],
+     "batch order file order is a folder, not a file"),
+    ("max_iters=-1", NO_SETUP, ["train", *TINY, "--max_iters=-1"], "max_iters must be 0 or more, got -1"),
+    ("seed beyond 64 bits", NO_SETUP, ["train", *TINY, f"--seed={2**64}"],
+     "seed must fit in 64 bits (from -2**63 to 2**64 - 1), got 18446744073709551616"),
+    ("prepare --tokenizer bpe:abc", NO_SETUP, ["prepare", "text", "--input", "data/in.txt", "--tokenizer", "bpe:abc"],
+     "--tokenizer bpe:abc: the vocabulary size after bpe: must be a whole number"),
+    ("inspect n_head=0", NO_SETUP, ["inspect", "--n_head=0"], "n_head must be positive, got 0"),
+    ("inspect n_embd not divisible", NO_SETUP, ["inspect", "--n_embd=7", "--n_head=2"],
+     "n_embd (7) must be divisible by n_head (2)"),
+    ("plot --out not an image", _text("run/metrics.jsonl", '{"iter": 0, "loss": 4.1}\n'),
+     ["plot", "run", "--out", "curves.py"], "cannot write curves.py: Format 'py' is not supported"),
 ]
 
 
@@ -284,6 +297,12 @@ def test_negative_seed_trains_and_samples_without_a_warning(data):
     r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "mica.cli", *SAMPLE, "--seed=-1"],
                        cwd=root, capture_output=True, text=True)
     assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+    # -1 is 2**64 - 1 in 64 bits, as torch.manual_seed takes both: the same run, loss for loss
+    assert mica("train", *TINY, f"--seed={2**64 - 1}", "--out_dir=wrapped", cwd=root).returncode == 0
+    losses = [[(m["iter"], m["loss"]) for m in map(json.loads, open(root / d / "metrics.jsonl")) if "loss" in m]
+              for d in ("out-shakespeare-char", "wrapped")]
+    assert [i for i, _ in losses[0]] == [0, 1, 2, 3] and losses[0] == losses[1]
+    assert mica(*SAMPLE, "--seed=-1", cwd=root).stdout == mica(*SAMPLE, f"--seed={2**64 - 1}", cwd=root).stdout
 
 
 def test_parameter_streams_for_any_int_seed():
