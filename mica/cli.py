@@ -60,7 +60,7 @@ SAMPLE_DESCRIPTIONS = {
     "max_new_tokens": "tokens generated per sample",
     "temperature": "divides the logits; > 0, lower is more conservative",
     "top_k": "keep the k most likely tokens (a positive int), or None for no cut",
-    "seed": "seeds the sampling (any int)",
+    "seed": "seeds the sampling (any 64-bit int, negative too)",
     "device": "cpu (the only device for now)",
     "dtype": "accepted; sampling is float32",
     "compile": "accepted; Mica's program is always compiled",

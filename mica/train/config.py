@@ -104,7 +104,7 @@ DESCRIPTIONS = {
     "device": "cpu (the only device for now)",
     "dtype": "accepted; training on the CPU is float32, as nanoGPT's is",
     "compile": "accepted; Mica's step is always compiled",
-    "seed": "seeds the initialization, the batches and dropout (any int)",
+    "seed": "seeds the initialization, the batches and dropout (any 64-bit int, negative too)",
     "threads": "trainer threads; 0: one per core (results are the same for any count)",
     "opt_level": "0, 1 or 2: gcc -O1/-O2/-O3; 0 also turns fusion off",
     "batch_order": "a file of recorded batch offsets to train on instead of random ones",
