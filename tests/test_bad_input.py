@@ -1,5 +1,6 @@
 """Every bad input gets one clear sentence and a non-zero exit, never a traceback, and never
 loses earlier work."""
+import importlib.util
 import json
 import os
 import shutil
@@ -384,6 +385,18 @@ def test_read_only_run_folder_resumes_with_a_sentence_and_samples(data, tmpfs, t
     assert r.stdout == writable.stdout and r.stdout.count("---------------") == 2
     assert sorted(os.listdir(copy)) == sorted(before)  # sampling writes nothing into the run folder
     assert {p: (folder / p).read_bytes() for p in os.listdir(folder)} == before
+    # the other commands that write say so in one sentence too
+    (root / "in.txt").write_text("to be or not to be\n" * 20)
+    assert_sentence(mica("prepare", "text", "--input", "in.txt", "--out", str(folder / "p"), cwd=root),
+                    f"cannot create the output folder (--out) {folder / 'p'} (Read-only file system)")
+    assert_sentence(mica("plot", str(folder), cwd=root), f"cannot write {folder / 'loss.png'} (Read-only file system)")
+    if importlib.util.find_spec("torch"):
+        assert_sentence(mica("export", str(folder), "--to", str(folder / "ckpt.pt"), cwd=root),
+                        f"cannot write into the folder of --to {folder} (Read-only file system)")
+        assert mica("export", str(folder), "--to", "ckpt.pt", cwd=root).returncode == 0
+        assert_sentence(mica("import", "ckpt.pt", "--out_dir", str(folder / "imported"), cwd=root),
+                        f"cannot create the --out_dir {folder / 'imported'} (Read-only file system)")
+    assert {p: (folder / p).read_bytes() for p in os.listdir(folder)} == before
 
 
 def test_disk_full_at_the_first_write(data, tmpfs):
@@ -399,3 +412,7 @@ def test_disk_full_at_the_first_write(data, tmpfs):
     r = mica("train", *TINY, f"--out_dir={folder / 'run'}", cwd=root)
     assert_sentence(r, "No space left on device")
     assert [p for p in os.listdir(folder / "run") if ".tmp" in p] == []
+    (root / "in.txt").write_text("to be or not to be\n" * 2000)
+    r = mica("prepare", "text", "--input", "in.txt", "--out", str(folder / "p"), cwd=root)
+    assert_sentence(r, f"cannot write {folder / 'p' / 'train.bin'} (No space left on device)")
+    assert os.listdir(folder / "p") == []
