@@ -8,11 +8,15 @@ import sys
 from .errors import MicaError
 
 
-def _settings(items, known):
+def _settings(items, known, nullable=()):
     """nanoGPT-style --key=value items (sample.py's configurator) over `known` defaults."""
     from .train.config import apply_overrides
 
-    return apply_overrides(known, items)
+    return apply_overrides(known, items, nullable)
+
+
+def _wants_help(extra):
+    return any(a in ("-h", "--help") for a in extra)
 
 
 def cmd_prepare(args, extra):
@@ -33,20 +37,55 @@ def cmd_train(args, extra):
     from .train import run
 
     config = None
-    if extra and not extra[0].startswith("--"):
+    if extra and not extra[0].startswith("-"):
         config, extra = extra[0], extra[1:]
+    if _wants_help(extra):
+        from .train.config import train_help
+
+        print(train_help(config))
+        return 0
     return run.train(config, extra)
 
 
 SAMPLE_DEFAULTS = {"out_dir": "out", "start": "\n", "num_samples": 10, "max_new_tokens": 500, "temperature": 0.8,
                    "top_k": 200, "seed": 1337, "device": "cpu", "dtype": "float32", "compile": False,
                    "init_from": "resume", "threads": 0}
+SAMPLE_NANOGPT = ("init_from", "out_dir", "start", "num_samples", "max_new_tokens", "temperature", "top_k", "seed",
+                  "device", "dtype", "compile")
+SAMPLE_DESCRIPTIONS = {
+    "init_from": "resume: out_dir/ckpt.safetensors (other weights: mica import first)",
+    "out_dir": "the run folder to sample from (it may be read-only)",
+    "start": "the prompt, or FILE:path to read it from a UTF-8 file",
+    "num_samples": "samples to draw",
+    "max_new_tokens": "tokens generated per sample",
+    "temperature": "divides the logits; > 0, lower is more conservative",
+    "top_k": "keep the k most likely tokens (a positive int), or None for no cut",
+    "seed": "seeds the sampling (any 64-bit int, negative too)",
+    "device": "cpu (the only device for now)",
+    "dtype": "accepted; sampling is float32",
+    "compile": "accepted; Mica's program is always compiled",
+    "threads": "sampler threads; 0: one per core",
+}
+
+
+def sample_help():
+    from .train.config import help_text
+
+    return help_text("usage: mica sample [--key=value ...]",
+                     "nanoGPT's sample.py settings, each a --key=value (a Python literal of the default's type, or a "
+                     "bare word as a string),\nand their defaults:",
+                     [("nanoGPT's settings (sample.py):", list(SAMPLE_NANOGPT)),
+                      ("Mica's settings:", [k for k in SAMPLE_DEFAULTS if k not in SAMPLE_NANOGPT])],
+                     SAMPLE_DESCRIPTIONS, SAMPLE_DEFAULTS)
 
 
 def cmd_sample(args, extra):
     from .train import run
 
-    s = _settings(extra, SAMPLE_DEFAULTS)
+    if _wants_help(extra):
+        print(sample_help())
+        return 0
+    s = _settings(extra, SAMPLE_DEFAULTS, nullable=("top_k",))
     if s["init_from"] != "resume":
         raise MicaError("mica sample reads out_dir/ckpt.safetensors (init_from=resume); convert other weights "
                         "with mica import")
@@ -79,8 +118,13 @@ def cmd_export(args, extra):
 
 
 def cmd_import(args, extra):
+    import os
+
+    from .files import writable_folder
     from .train import convert
 
+    if os.path.exists(args.checkpoint):  # (a missing one is convert's sentence, and creates nothing)
+        writable_folder(args.out_dir, "--out_dir")
     if args.checkpoint.endswith(".safetensors"):  # Hugging Face's GPT-2
         path, a = convert.import_hf_gpt2(args.checkpoint, args.out_dir)
         print(f"wrote {path} (GPT-2 from Hugging Face's layout: n_layer={a['n_layer']}, n_head={a['n_head']}, "
@@ -101,6 +145,13 @@ def cmd_inspect(args, extra):
     known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
     s = _settings(extra, {**known, "batch_size": 1})
     batch = s.pop("batch_size")
+    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        if s[key] <= 0:
+            raise MicaError(f"{key} must be positive, got {s[key]}")
+    if s["n_embd"] % s["n_head"]:
+        raise MicaError(f"n_embd ({s['n_embd']}) must be divisible by n_head ({s['n_head']})")
+    if batch <= 0:
+        raise MicaError(f"batch_size must be positive, got {batch}")
     cfg = GPTConfig(**s)
     model = GPT(cfg)
     print(f"GPT {cfg}")
@@ -163,8 +214,11 @@ def parser():
     pr.add_argument("--out", help="output folder (default data/shakespeare_char or data/text)")
     pr.add_argument("--tokenizer", default="char", help="char, bpe[:VOCAB] or gpt2 (text only)")
     pr.add_argument("--format", default="bin", choices=["bin", "shards"], help="token file layout (text only)")
-    sub.add_parser("train", help="train with nanoGPT's config files and flags: mica train CONFIG [--key=value ...]")
-    sub.add_parser("sample", help="generate text from out_dir's checkpoint: mica sample --out_dir=DIR [...]")
+    # (their --help lists every setting: see cmd_train, cmd_sample)
+    sub.add_parser("train", add_help=False,
+                   help="train with nanoGPT's config files and flags: mica train CONFIG [--key=value ...]")
+    sub.add_parser("sample", add_help=False,
+                   help="generate text from out_dir's checkpoint: mica sample --out_dir=DIR [...]")
     pl = sub.add_parser("plot", help="write a PNG of out_dir's train/val loss curves")
     pl.add_argument("out_dir")
     pl.add_argument("--out", help="PNG path (default OUT_DIR/loss.png)")
@@ -226,6 +280,11 @@ def main(argv=None):
         return handlers[args.command](args, extra)
     except MicaError as e:
         print(f"mica: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the last resort: a file problem no check above foresaw is still one sentence
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"mica: error: {where}{e.strerror or e}; check the path, its permissions and the free space",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mica: interrupted", file=sys.stderr)

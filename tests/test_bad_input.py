@@ -1,5 +1,7 @@
 """Every bad input gets one clear sentence and a non-zero exit, never a traceback, and never
 loses earlier work."""
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -155,3 +157,262 @@ def test_sample_without_a_checkpoint(tmp_path):
 
 def test_prepare_with_a_missing_input(tmp_path):
     assert_sentence(mica("prepare", "shakespeare-char", "--input", "nope.txt", cwd=tmp_path), "does not exist")
+
+
+# ---- paths that used to end in a traceback: each row a setup, the command, the sentence ---------------
+
+def _text(name, content):
+    """A setup that writes `content` (str or bytes) to root/name."""
+    def setup(root, d):
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return setup
+
+
+def _folder(name):
+    return lambda root, d: (root / name).mkdir(parents=True)
+
+
+def _token_file_is_a_folder(name):
+    def setup(root, d):
+        os.unlink(d / "train.bin")
+        (d / name).mkdir()
+    return setup
+
+
+NO_SETUP = None
+TRACEBACK_PATHS = [
+    # (id, setup(root, data folder), command, the sentence's fragment)
+    ("train.bin is a folder", _token_file_is_a_folder("train.bin"), ["train", *TINY],
+     "training data data/shakespeare_char/train.bin is a folder, not a file of tokens"),
+    ("a train shard is a folder", _token_file_is_a_folder("train_000000.bin"), ["train", *TINY],
+     "train_000000.bin is a folder, not a file of tokens"),
+    ("config raises NameError", _text("bad.py", "batch_size = 12\nn_layer = foo\n"),
+     ["train", "bad.py", "--device=cpu"], "config file bad.py raised NameError at bad.py:2: name 'foo' is not defined"),
+    ("config raises ZeroDivisionError", _text("bad.py", "# a comment\nbatch_size = 12\nn_layer = 4 // 0\n"),
+     ["train", "bad.py", "--device=cpu"], "raised ZeroDivisionError at bad.py:3"),
+    ("config calls exit()", _text("bad.py", "import sys\nsys.exit(3)\n"), ["train", "bad.py"],
+     "raised SystemExit at bad.py:2"),
+    ("config is not UTF-8", _text("bad.py", b"batch_size = 12\n# caf\xe9\n"), ["train", "bad.py"],
+     "config file bad.py is not UTF-8 text: byte 0xe9 at bad.py:2"),
+    ("config is a folder", _folder("conf.py"), ["train", "conf.py"], "config file conf.py is a folder, not a file"),
+    ("out_dir is a file", _text("afile", "x"), ["train", *TINY, "--out_dir=afile"],
+     "out_dir afile exists and is a file, not a folder"),
+    ("train threads=-1", NO_SETUP, ["train", *TINY, "--threads=-1"],
+     "threads must be 0 (one per core) or a positive count, got -1"),
+    ("prepare --input a folder", _folder("texts"), ["prepare", "shakespeare-char", "--input", "texts", "--out", "p"],
+     "input texts is a folder"),
+    ("prepare --out a file", _text("afile", "x"), ["prepare", "text", "--input", "data/in.txt", "--out", "afile"],
+     "output folder (--out) afile exists and is a file"),
+    ("plot: metrics.jsonl is a folder", _folder("run/metrics.jsonl"), ["plot", "run"],
+     "run/metrics.jsonl is not a file"),
+    ("plot: a line that is not an object", _text("run/metrics.jsonl", '{"iter": 0, "loss": 4.1}\n3\n'), ["plot", "run"],
+     "run/metrics.jsonl:2 is not a JSON object"),
+    ("import a missing file", NO_SETUP, ["import", "nope.pt", "--out_dir", "imported"], "nope.pt does not exist"),
+    ("batch_order a folder", _folder("order"), ["train", *TINY, "--batch_order=order"],
+     "batch order file order is a folder, not a file"),
+    ("max_iters=-1", NO_SETUP, ["train", *TINY, "--max_iters=-1"], "max_iters must be 0 or more, got -1"),
+    ("seed beyond 64 bits", NO_SETUP, ["train", *TINY, f"--seed={2**64}"],
+     "seed must fit in 64 bits (from -2**63 to 2**64 - 1), got 18446744073709551616"),
+    ("prepare --tokenizer bpe:abc", NO_SETUP, ["prepare", "text", "--input", "data/in.txt", "--tokenizer", "bpe:abc"],
+     "--tokenizer bpe:abc: the vocabulary size after bpe: must be a whole number"),
+    ("inspect n_head=0", NO_SETUP, ["inspect", "--n_head=0"], "n_head must be positive, got 0"),
+    ("inspect n_embd not divisible", NO_SETUP, ["inspect", "--n_embd=7", "--n_head=2"],
+     "n_embd (7) must be divisible by n_head (2)"),
+    ("plot --out not an image", _text("run/metrics.jsonl", '{"iter": 0, "loss": 4.1}\n'),
+     ["plot", "run", "--out", "curves.py"], "cannot write curves.py: Format 'py' is not supported"),
+]
+
+
+@pytest.mark.parametrize("setup,command,needle", [r[1:] for r in TRACEBACK_PATHS],
+                         ids=[r[0] for r in TRACEBACK_PATHS])
+def test_no_traceback(data, setup, command, needle):
+    root, d = data
+    (root / "data" / "in.txt").write_text("to be or not to be\n" * 20)
+    if setup:
+        setup(root, d)
+    before = sorted(p.name for p in root.iterdir())
+    assert_sentence(mica(*command, cwd=root), needle)
+    assert sorted(p.name for p in root.iterdir()) == before  # a refusal creates nothing (no out_dir, no folder)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished TINY run (with a checkpoint) and its data, shared by the sampling rows."""
+    root = tmp_path_factory.mktemp("run")
+    d = root / "data" / "shakespeare_char"
+    d.mkdir(parents=True)
+    from mica.data.prepare import prepare_char
+
+    prepare_char("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40, str(d), log=lambda *a: None)
+    r = mica("train", *TINY, "--always_save_checkpoint=True", cwd=root)
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+SAMPLE = ["sample", "--out_dir=out-shakespeare-char", "--num_samples=1", "--max_new_tokens=8"]
+SAMPLE_PATHS = [
+    ("--start=FILE: missing", NO_SETUP, ["--start=FILE:nope.txt"], "--start prompt file nope.txt does not exist"),
+    ("--start=FILE: a folder", _folder("prompts"), ["--start=FILE:prompts"], "prompt file prompts is a folder"),
+    ("--start=FILE: not UTF-8", _text("p.txt", b"First \xff\n"), ["--start=FILE:p.txt"],
+     "prompt file p.txt is not UTF-8 text: byte 0xff at p.txt:1 (offset 6)"),
+    ("sample threads=-1", NO_SETUP, ["--threads=-1"], "threads must be 0 (one per core) or a positive count, got -1"),
+    ("top_k=-5", NO_SETUP, ["--top_k=-5"], "top_k must be a positive count of tokens to keep, or None for no cut; got -5"),
+    ("top_k=0", NO_SETUP, ["--top_k=0"], "top_k must be a positive count"),
+    ("top_k a word", NO_SETUP, ["--top_k=all"], "--top_k: top_k must be int or None"),
+]
+
+
+@pytest.mark.parametrize("setup,flags,needle", [r[1:] for r in SAMPLE_PATHS], ids=[r[0] for r in SAMPLE_PATHS])
+def test_sample_no_traceback(run_dir, setup, flags, needle):
+    if setup:
+        setup(run_dir, None)
+    assert_sentence(mica(*SAMPLE, *flags, cwd=run_dir), needle)
+
+
+def test_top_k_none_means_no_cut(run_dir):
+    """nanoGPT's sample.py accepts top_k=None: every token stays, the same draw as a top_k past the vocabulary."""
+    none = mica(*SAMPLE, "--top_k=None", "--max_new_tokens=40", cwd=run_dir)
+    assert none.returncode == 0 and "error" not in none.stderr, none.stderr
+    everything = mica(*SAMPLE, "--top_k=100000", "--max_new_tokens=40", cwd=run_dir)
+    assert none.stdout == everything.stdout
+    assert len(none.stdout.split("---------------")[0]) >= 40
+
+
+def test_export_into_a_missing_folder_creates_it(run_dir):
+    pytest.importorskip("torch")
+    r = mica("export", "out-shakespeare-char", "--to", "exported/deeper/ckpt.pt", cwd=run_dir)
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(run_dir / "exported" / "deeper") == ["ckpt.pt"]  # no temporary file left beside it
+    assert_sentence(mica("export", "out-shakespeare-char", "--to", "exported", cwd=run_dir),
+                    "--to exported is a folder; give the path of the file to write")
+
+
+def test_negative_seed_trains_and_samples_without_a_warning(data):
+    root, _ = data
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "mica.cli", "train", *TINY, "--seed=-1",
+                        "--always_save_checkpoint=True"], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Warning" not in r.stderr
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "mica.cli", *SAMPLE, "--seed=-1"],
+                       cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+    # -1 is 2**64 - 1 in 64 bits, as torch.manual_seed takes both: the same run, loss for loss
+    assert mica("train", *TINY, f"--seed={2**64 - 1}", "--out_dir=wrapped", cwd=root).returncode == 0
+    losses = [[(m["iter"], m["loss"]) for m in map(json.loads, open(root / d / "metrics.jsonl")) if "loss" in m]
+              for d in ("out-shakespeare-char", "wrapped")]
+    assert [i for i, _ in losses[0]] == [0, 1, 2, 3] and losses[0] == losses[1]
+    assert mica(*SAMPLE, "--seed=-1", cwd=root).stdout == mica(*SAMPLE, f"--seed={2**64 - 1}", cwd=root).stdout
+
+
+def test_parameter_streams_for_any_int_seed():
+    """A negative seed is its 64-bit two's complement (nanoGPT takes any int); seeds below 2**53 draw what the
+    earlier list-keyed Philox drew, so existing runs are unchanged."""
+    import warnings
+    import zlib
+
+    from mica.nn.init import stream
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        minus_one = stream(-1, "transformer.wte.weight").random(4)
+        zero = stream(0, "transformer.wte.weight").random(4)
+    assert np.array_equal(minus_one, stream(2**64 - 1, "transformer.wte.weight").random(4))
+    assert not np.array_equal(minus_one, zero)
+    old = np.random.Generator(np.random.Philox(key=[1337, zlib.crc32(b"lm_head.weight")])).random(4)
+    assert np.array_equal(stream(1337, "lm_head.weight").random(4), old)
+
+
+# ---- read-only and full folders: tmpfs mounts (root ignores chmod) ----------------------------------------
+
+@pytest.fixture()
+def tmpfs(tmp_path):
+    """mount(name, size) -> a fresh tmpfs folder; ro(path) remounts it read-only; all unmounted afterwards."""
+    mounted = []
+
+    def mount(name, size="2m"):
+        path = tmp_path / name
+        path.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+        mounted.append(path)
+        return path
+
+    def ro(path):
+        r = subprocess.run(["mount", "-o", "remount,ro", str(path)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot remount a tmpfs read-only here ({r.stderr.strip()})")
+
+    yield mount, ro
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_read_only_out_dir_fails_before_compiling(data, tmpfs, tmp_path):
+    root, _ = data
+    mount, ro = tmpfs
+    folder = mount("ro")
+    ro(folder)
+    cache = tmp_path / "fresh-cache"  # an empty build cache: a compile would leave a trainer-* folder in it
+    env = {**os.environ, "MICA_CACHE": str(cache)}
+    for out_dir, needle in [(folder / "run", f"cannot create the out_dir {folder / 'run'} (Read-only file system)"),
+                            (folder, f"cannot write into the out_dir {folder} (Read-only file system)")]:
+        r = subprocess.run([sys.executable, "-m", "mica.cli", "train", *TINY, f"--out_dir={out_dir}"], cwd=root,
+                           capture_output=True, text=True, env=env)
+        assert_sentence(r, needle)
+        assert "compiling" not in r.stdout
+        assert not cache.exists() or not [p for p in os.listdir(cache) if p.startswith("trainer-")]
+
+
+def test_read_only_run_folder_resumes_with_a_sentence_and_samples(data, tmpfs, tmp_path):
+    root, _ = data
+    mount, ro = tmpfs
+    folder = mount("run")
+    assert mica("train", *TINY, "--always_save_checkpoint=True", f"--out_dir={folder}", cwd=root).returncode == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    ro(folder)
+    before = {p: (folder / p).read_bytes() for p in os.listdir(folder)}
+    assert_sentence(mica("train", *TINY, "--init_from=resume", f"--out_dir={folder}", cwd=root),
+                    f"cannot write into the out_dir {folder} (Read-only file system)")
+    flags = ["--num_samples=2", "--max_new_tokens=30", "--seed=7"]
+    r = mica("sample", f"--out_dir={folder}", *flags, cwd=root)
+    assert r.returncode == 0, r.stderr
+    writable = mica("sample", f"--out_dir={copy}", *flags, cwd=root)
+    assert r.stdout == writable.stdout and r.stdout.count("---------------") == 2
+    assert sorted(os.listdir(copy)) == sorted(before)  # sampling writes nothing into the run folder
+    assert {p: (folder / p).read_bytes() for p in os.listdir(folder)} == before
+    # the other commands that write say so in one sentence too
+    (root / "in.txt").write_text("to be or not to be\n" * 20)
+    assert_sentence(mica("prepare", "text", "--input", "in.txt", "--out", str(folder / "p"), cwd=root),
+                    f"cannot create the output folder (--out) {folder / 'p'} (Read-only file system)")
+    assert_sentence(mica("plot", str(folder), cwd=root), f"cannot write {folder / 'loss.png'} (Read-only file system)")
+    if importlib.util.find_spec("torch"):
+        assert_sentence(mica("export", str(folder), "--to", str(folder / "ckpt.pt"), cwd=root),
+                        f"cannot write into the folder of --to {folder} (Read-only file system)")
+        assert mica("export", str(folder), "--to", "ckpt.pt", cwd=root).returncode == 0
+        assert_sentence(mica("import", "ckpt.pt", "--out_dir", str(folder / "imported"), cwd=root),
+                        f"cannot create the --out_dir {folder / 'imported'} (Read-only file system)")
+    assert {p: (folder / p).read_bytes() for p in os.listdir(folder)} == before
+
+
+def test_disk_full_at_the_first_write(data, tmpfs):
+    root, _ = data
+    mount, _ = tmpfs
+    folder = mount("full", "256k")
+    with open(folder / "filler", "wb", buffering=0) as f:  # fill it: the run's first write (init.safetensors) fails
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    r = mica("train", *TINY, f"--out_dir={folder / 'run'}", cwd=root)
+    assert_sentence(r, "No space left on device")
+    assert [p for p in os.listdir(folder / "run") if ".tmp" in p] == []
+    (root / "in.txt").write_text("to be or not to be\n" * 2000)
+    r = mica("prepare", "text", "--input", "in.txt", "--out", str(folder / "p"), cwd=root)
+    assert_sentence(r, f"cannot write {folder / 'p' / 'train.bin'} (No space left on device)")
+    assert os.listdir(folder / "p") == []

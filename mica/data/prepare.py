@@ -14,6 +14,7 @@ import pickle
 import numpy as np
 
 from ..errors import MicaError
+from ..files import writable_folder
 from . import tokens as tok
 
 MAX_TOKEN = 65535  # uint16
@@ -24,8 +25,13 @@ def _read_text(paths):
     for p in paths:
         if not os.path.exists(p):
             raise MicaError(f"input file {p} does not exist")
-        with open(p, encoding="utf-8", errors="replace") as f:
-            parts.append(f.read())
+        if os.path.isdir(p):
+            raise MicaError(f"input {p} is a folder; give the text file(s) in it (--input FILE [FILE ...])")
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                parts.append(f.read())
+        except OSError as e:
+            raise MicaError(f"cannot read input file {p} ({e.strerror})") from None
     text = "".join(parts)
     if not text:
         raise MicaError("the input text is empty")
@@ -69,7 +75,7 @@ def prepare_char(text, out_dir, log=print):
     n = len(text)
     train, val = text[: int(n * 0.9)], text[int(n * 0.9):]
     encode = np.vectorize(stoi.__getitem__, otypes=[np.uint16])
-    os.makedirs(out_dir, exist_ok=True)
+    writable_folder(out_dir, "output folder (--out)")
     train_ids = encode(np.array(list(train))) if train else np.zeros(0, np.uint16)
     val_ids = encode(np.array(list(val))) if val else np.zeros(0, np.uint16)
     tok.write_bin(os.path.join(out_dir, "train.bin"), train_ids)
@@ -109,6 +115,7 @@ def _bpe_tokenizer(text, vocab):
 
 def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=print):
     text = _read_text(inputs)
+    writable_folder(out_dir, "output folder (--out)")
     meta = {"tokenizer": tokenizer}
     if tokenizer == "char":
         stoi, itos = char_vocab(text)
@@ -117,7 +124,11 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
         ids = np.array([stoi[c] for c in text], dtype=np.uint16)
         meta.update(vocab_size=len(itos), itos=itos, stoi=stoi)
     elif tokenizer.startswith("bpe"):
-        vocab = int(tokenizer.split(":", 1)[1]) if ":" in tokenizer else 4096
+        try:
+            vocab = int(tokenizer.split(":", 1)[1]) if ":" in tokenizer else 4096
+        except ValueError:
+            raise MicaError(f"--tokenizer {tokenizer}: the vocabulary size after bpe: must be a whole number, "
+                            "e.g. bpe:4096") from None
         if not 256 < vocab <= MAX_TOKEN + 1:
             raise MicaError(f"bpe vocabulary size must be between 257 and 65536, got {vocab}")
         t = _bpe_tokenizer(text, vocab)

@@ -29,11 +29,19 @@ def write_shard(path, tokens):
 
 
 def _atomic_write(path, data):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:  # (a full disk, a read-only folder): no partial file is left behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise MicaError(f"cannot write {path} ({e.strerror}); check the free space and permissions of its "
+                        "folder") from None
 
 
 def token_layout(path):
@@ -51,6 +59,16 @@ def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
     and there are at least min_tokens of them."""
     if not os.path.exists(path):
         raise MicaError(f"{what} {path} does not exist; prepare the data first (mica prepare ...)")
+    if not os.path.isfile(path):
+        raise MicaError(f"{what} {path} is {'a folder' if os.path.isdir(path) else 'not a regular file'}, not a "
+                        "file of tokens; prepare the data again (mica prepare ...)")
+    try:
+        return _open_tokens(path, vocab_size, min_tokens, what)
+    except OSError as e:
+        raise MicaError(f"cannot read {what} {path} ({e.strerror})") from None
+
+
+def _open_tokens(path, vocab_size, min_tokens, what):
     size = os.path.getsize(path)
     if size == 0:
         raise MicaError(f"{what} {path} is empty")

@@ -101,4 +101,7 @@ def fan_in_uniform(fan_in):
 
 def stream(seed, name):
     """The generator a parameter draws from: a function of the seed and the parameter's name."""
-    return np.random.Generator(np.random.Philox(key=[int(seed) & (2**64 - 1), zlib.crc32(name.encode())]))
+    # the key as uint64 explicitly: a plain list holding a value >= 2**63 (any negative seed) becomes
+    # float64 in numpy, which loses bits and warns "invalid value encountered in cast"
+    key = np.array([int(seed) & (2**64 - 1), zlib.crc32(name.encode())], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key))

@@ -8,6 +8,8 @@ sentences, not silence.
 import ast
 import difflib
 import os
+import reprlib
+import traceback
 
 from ..errors import MicaError
 
@@ -67,14 +69,92 @@ BUILTIN_CONFIGS = {
 }
 
 
-def _check_type(key, value, source, defaults):
+# one line per setting for `mica train --help`
+DESCRIPTIONS = {
+    "out_dir": "the run's folder: ckpt.safetensors, metrics.jsonl, init.safetensors",
+    "eval_interval": "iterations between loss estimates (and checkpoints)",
+    "log_interval": "iterations between log lines",
+    "eval_iters": "batches per split in each loss estimate",
+    "eval_only": "estimate the losses once and stop",
+    "always_save_checkpoint": "save at every estimate, not only when val loss improves",
+    "init_from": "scratch, resume (out_dir/ckpt.safetensors) or PATH.safetensors",
+    "wandb_log": "must stay False: Mica logs to out_dir/metrics.jsonl",
+    "wandb_project": "accepted, unused (no wandb)",
+    "wandb_run_name": "accepted, unused (no wandb)",
+    "dataset": "the data folder is data/<dataset> unless data_dir is set",
+    "gradient_accumulation_steps": "micro-batches per iteration",
+    "batch_size": "sequences per micro-batch",
+    "block_size": "context length in tokens",
+    "n_layer": "transformer blocks",
+    "n_head": "attention heads per block",
+    "n_embd": "embedding width (a multiple of n_head)",
+    "dropout": "dropout probability, in [0, 1)",
+    "bias": "biases in the Linear and LayerNorm layers",
+    "learning_rate": "AdamW's peak learning rate",
+    "max_iters": "iterations to train",
+    "weight_decay": "AdamW's weight decay (on 2-D weights only)",
+    "beta1": "AdamW's beta1",
+    "beta2": "AdamW's beta2",
+    "grad_clip": "clip gradients to this global norm; 0.0 turns clipping off",
+    "decay_lr": "linear warmup then cosine decay; False keeps learning_rate",
+    "warmup_iters": "iterations of linear warmup",
+    "lr_decay_iters": "iteration where the cosine reaches min_lr",
+    "min_lr": "the learning rate after lr_decay_iters",
+    "backend": "accepted, unused (one process, no DDP)",
+    "device": "cpu (the only device for now)",
+    "dtype": "accepted; training on the CPU is float32, as nanoGPT's is",
+    "compile": "accepted; Mica's step is always compiled",
+    "seed": "seeds the initialization, the batches and dropout (any 64-bit int, negative too)",
+    "threads": "trainer threads; 0: one per core (results are the same for any count)",
+    "opt_level": "0, 1 or 2: gcc -O1/-O2/-O3; 0 also turns fusion off",
+    "batch_order": "a file of recorded batch offsets to train on instead of random ones",
+    "data_dir": "the data folder (train.bin and val.bin, or shards; meta.json or meta.pkl); default data/<dataset>",
+    "time_every_iter": "record every iteration's time in metrics.jsonl (mica bench)",
+}
+
+
+def help_text(usage, intro, groups, descriptions, defaults):
+    """`usage`, `intro`, then each (title, keys) group: one `--key=default  description` line per key."""
+    lines = [usage, "", intro]
+    width = max(len(f"--{k}={defaults[k]!r}") for _, keys in groups for k in keys) + 2
+    for title, keys in groups:
+        lines += ["", title]
+        for k in keys:
+            lines.append(f"  {f'--{k}={defaults[k]!r}':<{width}}{descriptions[k]}")
+    return "\n".join(lines)
+
+
+def train_help(config=None):
+    defaults = load(config)
+    where = f"defaults after {config}" if config else "defaults"
+    return help_text(
+        "usage: mica train [CONFIG] [--key=value ...]",
+        "CONFIG is a nanoGPT config file (Python assigning some of the settings below) or a built-in name\n"
+        f"({', '.join(BUILTIN_CONFIGS)}). Each --key=value then overrides one setting: a Python literal of the\n"
+        f"default's type, or a bare word as a string. The settings and their {where}:",
+        [("nanoGPT's settings (train.py):", list(DEFAULTS)), ("Mica's settings:", list(MICA_DEFAULTS))],
+        DESCRIPTIONS, defaults)
+
+
+def _check_type(key, value, source, defaults, nullable=()):
     default = defaults[key]
+    if value is None and key in nullable:
+        return None
     if type(default) is float and type(value) is int:
         return float(value)
     if default is not None and type(value) is not type(default):
-        raise MicaError(f"{source}: {key} must be {type(default).__name__} (like its default {default!r}), "
-                        f"got {value!r}")
+        also = " or None" if key in nullable else ""
+        raise MicaError(f"{source}: {key} must be {type(default).__name__}{also} (like its default {default!r}), "
+                        f"got {_show(value)}")
     return value
+
+
+def _show(value):
+    """A short repr of a user's value (a config file can assign anything)."""
+    try:
+        return reprlib.repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
 
 
 def _nearest(key, known):
@@ -82,9 +162,10 @@ def _nearest(key, known):
     return f"; did you mean {near[0]!r}?" if near else ""
 
 
-def apply_overrides(settings, items):
+def apply_overrides(settings, items, nullable=()):
     """--key=value items over `settings` (its values are the defaults that fix each key's type),
-    as nanoGPT's configurator reads them: a Python literal, or a bare word as a string."""
+    as nanoGPT's configurator reads them: a Python literal, or a bare word as a string. Keys in
+    `nullable` also take None."""
     out = dict(settings)
     for item in items:
         if not item.startswith("--") or "=" not in item:
@@ -94,9 +175,9 @@ def apply_overrides(settings, items):
             raise MicaError(f"unknown setting {key!r}{_nearest(key, out)}")
         try:
             value = ast.literal_eval(raw)
-        except (SyntaxError, ValueError):
-            value = raw
-        out[key] = _check_type(key, value, f"--{key}", settings)
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            value = raw  # (TypeError: an unhashable key, as in {[1]: 2})
+        out[key] = _check_type(key, value, f"--{key}", settings, nullable)
     return out
 
 
@@ -109,19 +190,57 @@ def load(config=None, overrides=()):
         elif not os.path.exists(config):
             raise MicaError(f"config file {config} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            scope = {}
-            try:
-                with open(config) as f:
-                    exec(compile(f.read(), config, "exec"), scope)
-            except SyntaxError as e:
-                raise MicaError(f"config file {config} is not valid Python: {e.msg} (line {e.lineno})") from None
-            for key, value in scope.items():
+            for key, value in _run_config_file(config).items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
                 if key not in cfg:
                     raise MicaError(f"{config}: unknown setting {key!r}{_nearest(key, cfg)}")
                 cfg[key] = _check_type(key, value, config, cfg)
     return apply_overrides(cfg, overrides)
+
+
+def _run_config_file(config):
+    """The globals a config file assigns, run as nanoGPT's configurator runs it (exec); what goes
+    wrong is a sentence naming the file and line."""
+    from ..files import read_text
+
+    text = read_text(config, "config file")
+    try:
+        code = compile(text, config, "exec")
+    except SyntaxError as e:
+        raise MicaError(f"config file {config} is not valid Python: {e.msg} ({config}:{e.lineno})") from None
+    except (ValueError, OverflowError, MemoryError, RecursionError) as e:
+        raise MicaError(f"config file {config} cannot be compiled: {_first_line(e)}") from None
+    scope = {}
+    try:
+        exec(code, scope)
+    except (Exception, SystemExit) as e:
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == config]
+        where = f" at {config}:{lines[-1]}" if lines else ""
+        raise MicaError(f"config file {config} raised {type(e).__name__}{where}: {_first_line(e)}; "
+                        "fix that line") from None
+    return scope
+
+
+def _first_line(e):
+    try:
+        text = str(e)
+    except Exception:
+        text = ""
+    text = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def check_seed(seed):
+    """nanoGPT takes any seed torch.manual_seed takes: an int in [-2**63, 2**64)."""
+    if not -2**63 <= seed < 2**64:
+        raise MicaError(f"seed must fit in 64 bits (from -2**63 to 2**64 - 1), got {seed}")
+    return seed
+
+
+def seed_int64(seed):
+    """The seed as the trainer's int64 reads it: the same 64 bits, as two's complement."""
+    return (check_seed(seed) + 2**63) % 2**64 - 2**63
 
 
 def check_supported(cfg, log=print):
@@ -146,6 +265,11 @@ def check_supported(cfg, log=print):
                 "n_embd", "gradient_accumulation_steps"):
         if cfg[key] <= 0:
             raise MicaError(f"{key} must be positive, got {cfg[key]}")
+    if cfg["max_iters"] < 0:
+        raise MicaError(f"max_iters must be 0 or more, got {cfg['max_iters']}")
+    check_seed(cfg["seed"])
+    if cfg["threads"] < 0:
+        raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")
     if cfg["n_embd"] % cfg["n_head"]:
         raise MicaError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
     if not 0.0 <= cfg["dropout"] < 1.0:

@@ -26,8 +26,13 @@ def _groups(names, shapes):
 
 def export_nanogpt(out_dir, to):
     torch = _torch()
+    if os.path.isdir(to):
+        raise MicaError(f"--to {to} is a folder; give the path of the file to write, e.g. {os.path.join(to, 'ckpt.pt')}")
     st = ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors"))
-    cfg = json.loads(st.metadata.get("config", "{}"))
+    try:
+        cfg = json.loads(st.metadata.get("config", "{}"))
+    except ValueError:
+        raise MicaError(f"checkpoint {st.path} has unreadable config metadata") from None
     params = [n for n in st.names if not n.startswith(("optimizer.", "data."))]
     shapes = {n: st.info(n)[1] for n in params}
     model = {n: torch.from_numpy(st.read(n).copy()) for n in params}
@@ -47,9 +52,29 @@ def export_nanogpt(out_dir, to):
         {**group, "weight_decay": 0.0, "params": list(range(len(decay), len(order)))}]}
     model_args = {k: cfg.get(k) for k in MODEL_ARGS}
     model_args["vocab_size"] = shapes["transformer.wte.weight"][0]
-    torch.save({"model": model, "optimizer": optimizer, "model_args": model_args,
-                "iter_num": int(st.metadata.get("iter_num", 0)),
-                "best_val_loss": float(st.metadata.get("best_val_loss", 1e9)), "config": cfg}, to)
+    ck = {"model": model, "optimizer": optimizer, "model_args": model_args,
+          "iter_num": int(st.metadata.get("iter_num", 0)),
+          "best_val_loss": float(st.metadata.get("best_val_loss", 1e9)), "config": cfg}
+    _save_atomically(torch, ck, to)
+
+
+def _save_atomically(torch, obj, to):
+    """torch.save to a temporary file beside `to`, then rename: a failure never leaves a partial
+    ckpt.pt (nor replaces a good one). A missing folder is created, as mica import's --out_dir is."""
+    from ..files import writable_folder
+
+    writable_folder(os.path.dirname(os.path.abspath(to)), "folder of --to")
+    tmp = f"{to}.tmp{os.getpid()}"
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, to)
+    except (OSError, RuntimeError) as e:  # torch reports a failed write as a RuntimeError
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][:200]
+        raise MicaError(f"cannot write {to} ({why}); choose a path in a folder you can write to") from None
 
 
 def _plain(value):

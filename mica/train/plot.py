@@ -9,18 +9,29 @@ def read_metrics(out_dir):
     path = os.path.join(out_dir, "metrics.jsonl")
     if not os.path.exists(path):
         raise MicaError(f"{path} does not exist: train into {out_dir} first")
+    if not os.path.isfile(path):
+        raise MicaError(f"{path} is not a file: it should be the metrics a run in {out_dir} wrote")
     iters, evals = {}, {}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            try:
-                m = json.loads(line)
-            except ValueError:
-                raise MicaError(f"{path} line {n} is not JSON") from None
-            if m.get("loss") is not None and "iter" in m:
-                iters[m["iter"]] = m["loss"]
-            if m.get("val_loss") is not None and "step" in m:
-                evals[m["step"]] = (m["train_loss"], m["val_loss"])
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    m = json.loads(line)
+                except ValueError:
+                    raise MicaError(f"{path}:{n} is not JSON") from None
+                if not isinstance(m, dict):
+                    raise MicaError(f"{path}:{n} is not a JSON object")
+                if _numbers(m, "iter", "loss"):
+                    iters[m["iter"]] = m["loss"]
+                if _numbers(m, "step", "val_loss", "train_loss"):
+                    evals[m["step"]] = (m["train_loss"], m["val_loss"])
+    except OSError as e:
+        raise MicaError(f"cannot read {path} ({e.strerror})") from None
     return iters, evals
+
+
+def _numbers(m, *keys):
+    return all(isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool) for k in keys)
 
 
 def plot(out_dir, out=None):
@@ -48,6 +59,12 @@ def plot(out_dir, out=None):
     ax.grid(alpha=0.3)
     ax.legend()
     out = out or os.path.join(out_dir, "loss.png")
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=120, bbox_inches="tight")
+    except OSError as e:
+        raise MicaError(f"cannot write {out} ({e.strerror}); pass --out PATH somewhere writable") from None
+    except ValueError as e:  # matplotlib: a file name whose extension is no image format
+        raise MicaError(f"cannot write {out}: {str(e).splitlines()[0]}; name it .png") from None
+    finally:
+        plt.close(fig)
     return out

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from . import checkpoint as ckpt
 from . import config as config_mod
 from . import convert
 from . import native, programs
+from ..files import read_text, writable_folder
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
@@ -102,11 +104,12 @@ def prepare_run(config_path=None, overrides=(), log=print):
     need = cfg["block_size"] + 1
     files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
     files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
-    out_dir = cfg["out_dir"]
-    os.makedirs(out_dir, exist_ok=True)
-    _remove_stale_temporaries(out_dir, log)
     if cfg["batch_order"] and not os.path.exists(cfg["batch_order"]):
         raise MicaError(f"batch order file {cfg['batch_order']} does not exist")
+    if cfg["batch_order"] and not os.path.isfile(cfg["batch_order"]):
+        raise MicaError(f"batch order file {cfg['batch_order']} is a folder, not a file")
+    out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
+    _remove_stale_temporaries(out_dir, log)
 
     model, _, progs = programs.build(cfg, vocab)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
@@ -118,7 +121,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
                     batch=cfg["batch_size"], accum=cfg["gradient_accumulation_steps"], max_iters=cfg["max_iters"],
                     eval_interval=cfg["eval_interval"], eval_iters=cfg["eval_iters"],
                     log_interval=cfg["log_interval"], eval_only=int(cfg["eval_only"]),
-                    always_save=int(cfg["always_save_checkpoint"]), seed=cfg["seed"],
+                    always_save=int(cfg["always_save_checkpoint"]), seed=config_mod.seed_int64(cfg["seed"]),
                     threads=cfg["threads"] or os.cpu_count() or 1, time_every_iter=int(cfg["time_every_iter"]),
                     flops_per_iter=programs.flops_per_iter(cfg, model), peak_flops=programs.peak_flops())
     if cfg["batch_order"]:
@@ -196,8 +199,8 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
             ckpt.write(init, tensors, {"format": "mica", "converted_from": os.path.abspath(cfg["init_from"]),
                                        "config": json.dumps(cfg)})
         return _loads(init, by_name, settings, params_only=True)
-    raise MicaError(f"init_from={init!r} is not available: use scratch, resume or a .safetensors file "
-                    "(gpt2* weights: convert with mica import)")
+    raise MicaError(f"init_from={init!r} is not available: use scratch, resume or a .safetensors file (Mica's "
+                    "own, or Hugging Face's GPT-2 model.safetensors)")
 
 
 def _saved_config(st):
@@ -358,25 +361,31 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
         raise MicaError(f"{path} holds no GPT weights (transformer.wte.weight)")
     vocab = st.info("transformer.wte.weight")[1][0]
     if start.startswith("FILE:"):
-        with open(start[5:], encoding="utf-8") as f:
-            start = f.read()
+        start = read_text(start[5:], "--start prompt file")
+    if temperature <= 0 or max_new_tokens < 0 or num_samples < 1:
+        raise MicaError("temperature must be positive, max_new_tokens >= 0 and num_samples >= 1")
+    if top_k is not None and top_k < 1:
+        raise MicaError(f"top_k must be a positive count of tokens to keep, or None for no cut; got {top_k}")
+    if threads is not None and threads < 0:
+        raise MicaError(f"threads must be 0 (one per core) or a positive count, got {threads}")
+    config_mod.check_seed(seed)
     encode, decode = _codec(cfg, vocab)
     ids = encode(start)
     if not ids:
         raise MicaError("the start text is empty; give at least one character")
-    if temperature <= 0 or max_new_tokens < 0 or num_samples < 1:
-        raise MicaError("temperature must be positive, max_new_tokens >= 0 and num_samples >= 1")
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
-    settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=seed,
+    settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=config_mod.seed_int64(seed),
                     threads=threads or os.cpu_count() or 1, num_samples=num_samples,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
                     start_tokens=" ".join(map(str, ids)))
     loads = _loads(path, _expected(slots, lowered), settings, params_only=True)
-    manifest = os.path.join(out_dir, "sample.manifest")
-    native.write_manifest(manifest, settings, slots, lowered, loads)
-    r = subprocess.run([exe, manifest], capture_output=True, text=True)
+    # the manifest goes to a private folder, so sampling writes nothing into out_dir (it may be read-only)
+    with tempfile.TemporaryDirectory(prefix="mica-sample-") as tmp:
+        manifest = os.path.join(tmp, "sample.manifest")
+        native.write_manifest(manifest, settings, slots, lowered, loads)
+        r = subprocess.run([exe, manifest], capture_output=True, text=True)
     if r.returncode != 0:
         raise MicaError(r.stderr.strip().removeprefix("mica: error: ") or "sampling failed")
     texts = []
