@@ -168,7 +168,7 @@ def test_every_shard_is_read_in_sorted_order(work):
     _, (train_files, val_files) = run.data_files({"data_dir": shards, "dataset": ""})
     assert [os.path.basename(f) for f in train_files] == [f"fineweb_train_{i:06d}.bin" for i in range(3)]
     assert len(val_files) == 2
-    block, windows0 = 16, 3000 - 16
+    windows0 = 3000 - 16  # block_size 16
     single = "data/single"
     os.makedirs(single)
     tok.write_bin(f"{single}/train.bin", src[:9000])

@@ -47,7 +47,7 @@ def build_trainer(programs, opt_level=2, log=print):
         with open(path, "w") as f:
             f.write(src)
         obj = path[:-2] + ".o"
-        _run([cc, *flags, "-c", "-I", cbuild.RUNTIME_DIR, path, "-o", obj], name)
+        _run([cc, *flags, "-c", *cbuild.INCLUDES, path, "-o", obj], name)
         objects.append(obj)
     fd, tmp = tempfile.mkstemp(dir=out_dir)
     os.close(fd)

@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 
 from ...errors import MicaError
-from .emit import RUNTIME_DIR, RUNTIME_HEADERS
+from .emit import INCLUDES, RUNTIME_HEADERS
 
 BASE_FLAGS = ["-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC",
               "-mprefer-vector-width=256", "-std=gnu11", "-Wno-unused-function", "-Wno-unused-variable"]
@@ -49,8 +49,8 @@ def blas_flags(blas):
 
 def _headers_digest():
     h = hashlib.sha256()
-    for name in RUNTIME_HEADERS:
-        with open(os.path.join(RUNTIME_DIR, name), "rb") as f:
+    for path in RUNTIME_HEADERS:
+        with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
 
@@ -72,7 +72,7 @@ def build(source, opt_level, name="program", profile=False, blas="openblas"):
         f.write(source)
     with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
-    cmd = [cc, *fl, "-shared", "-I", RUNTIME_DIR, src, "-o", tmp_path, *ldflags, "-lm"]
+    cmd = [cc, *fl, "-shared", *INCLUDES, src, "-o", tmp_path, *ldflags, "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         os.unlink(tmp_path)

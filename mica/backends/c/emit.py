@@ -5,95 +5,33 @@ The generated file includes the runtime headers (package data next to this modul
 to be read: every kernel says what it computes, where the user wrote it, and which buffers (by
 arena offset) it touches.
 """
-import math
 import os
 
 from ... import __version__, dtypes
-from ...passes.schedule import Buffer, Call, Copy, Gemm, Literal, Loop, Reduce
-from . import ctypes_ as ct
-from .loops import Accessor, copy_body, loop_body, reduce_body, tile_body
+from ...passes.schedule import Call
+from ..cstyle.render import CStyleRenderer
+from .loops import copy_body, loop_body, reduce_body, tile_body
 
 
-class Emitter:
+class Emitter(CStyleRenderer):
+    """The C target's renderer: OpenMP loops (loops.py), products through OpenBLAS tiles or Mica's
+    own kernel, and the C API around the kernels."""
+
     def __init__(self, schedule, plan, name, target):
-        self.s = schedule
-        self.plan = plan
-        self.name = name
-        self.target = target
+        super().__init__(schedule, plan, name, target)
         self.blas = target.blas
-        self.accessor = Accessor(self)
-        self._declared = None
 
-    # ---- names ---------------------------------------------------------------------------------
-    def pointer(self, buf):
-        """Local name of a buffer's base pointer inside a kernel function."""
-        root = self.plan.root(buf)
-        if self._declared is not None:
-            self._declared[root.id] = buf
-        return f"b{root.id}"
+    def loop(self, kern):
+        return loop_body(self, kern)
 
-    def ptr(self, view):
-        """Pointer expression for the first element of a view (for hand-written kernels)."""
-        if isinstance(view.src, Literal):
-            return f"(lit{view.src.id} + {view.offset})"
-        base = self.pointer(view.src)
-        return f"({base} + {view.offset})" if view.offset else base
+    def reduce(self, kern, name):
+        return reduce_body(self, kern, name)
 
-    def rng_pointer(self):
-        return "rng"
+    def copy(self, kern):
+        return copy_body(self, kern)
 
-    def declare_pointers(self, views):
-        seen, lines = set(), []
-        for v in views:
-            if isinstance(v.src, Buffer):
-                b = self.plan.root(v.src)
-                if b.id not in seen:
-                    seen.add(b.id)
-                    lines.append(f"{ct.stype(v.src.dtype)} *b{b.id} = ({ct.stype(v.src.dtype)} *)(A + {self.plan.offset(b)});"
-                                 f"  /* {b.cls}: {b.name or 'b%d' % b.id} */")
-        return lines
-
-    # ---- kernels ---------------------------------------------------------------------------------
-    def kernel(self, k, kern):
-        where = f" ({os.path.basename(kern.loc[0])}:{kern.loc[1]})" if kern.loc else ""
-        title = f"/* k{k}: {kern.name}{where} */"
-        self._declared = {}
-        helpers = []
-        if isinstance(kern, Loop):
-            body = loop_body(self, kern)
-            views = [e.view for e in kern.exprs if e.kind == "load"] + [v for v, _ in kern.stores]
-            needs_rng = any(e.kind == "op" and e.op == "dropout" for e in kern.exprs)
-        elif isinstance(kern, Reduce):
-            helpers, body = reduce_body(self, kern, f"k{k}")
-            views = [e.view for e in kern.exprs if e.kind == "load"] + [kern.out]
-            needs_rng = False
-        elif isinstance(kern, Gemm):
-            body = self.gemm(kern)
-            views = [kern.a, kern.b, kern.out]
-            if kern.epilogue is not None:
-                views += [e.view for e in kern.epilogue.exprs if e.kind == "load"] + [v for v, _ in kern.epilogue.stores]
-            needs_rng = False
-        elif isinstance(kern, Call):
-            body = self.target.lowering(kern.op).rule(self, kern)
-            views = list(kern.inputs) + list(kern.outputs)
-            needs_rng = self.target.kernel_abi(kern.op).uses_rng(kern.attrs)
-        elif isinstance(kern, Copy):
-            body = copy_body(self, kern)
-            views = list(kern.inputs) + [kern.out]
-            needs_rng = False
-        else:
-            raise TypeError(kern)
-        self._declared = None
-        decls = self.declare_pointers(views)
-        ws = self.plan.workspace_offset
-        decls.append(f"char *work = A + {ws}, *scratch = A + {ws + self.plan.shared_bytes};")
-        decls.append("(void)work; (void)scratch;")
-        if needs_rng:
-            decls.append(f"const int64_t *rng = (const int64_t *)(A + {self.plan.offset(self.s.rng)});")
-        lines = [title] + helpers + [f"static void k{k}(char *A) {{"]
-        lines += ["    " + x for x in decls + body]
-        lines.append("}")
-        return lines
+    def product(self, kern):
+        return self.gemm(kern)
 
     def gemm(self, kern):
         a, b, out = kern.a, kern.b, kern.out
@@ -164,10 +102,7 @@ class Emitter:
         out.append(f"#define MICA_ARENA_BYTES {plan.total}LL")
         out.append(f"#define MICA_MAX_THREADS {self.target.max_threads}")
         out.append("")
-        for lit in s.literals:
-            values = memoryview(lit.data).cast(lit.dtype.np_storage.char if lit.dtype.kind != "bool" else "B")
-            items = ", ".join(ct.const(x, lit.dtype) for x in values.tolist())
-            out.append(f"static const {ct.stype(lit.dtype)} lit{lit.id}[{max(lit.numel, 1)}] = {{{items}}};")
+        out += self.literals()
         fail_after = []
         for k, kern in enumerate(s.kernels):
             out += self.kernel(k, kern)
@@ -221,4 +156,8 @@ class Emitter:
 
 
 RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
-RUNTIME_HEADERS = ("mica_runtime.h", "mica_gemm.h", "mica_blas.h", "mica_kernels.h")
+SHARED_DIR = os.path.join(os.path.dirname(RUNTIME_DIR), "cstyle")  # mica_math.h, shared with CUDA
+RUNTIME_HEADERS = (os.path.join(RUNTIME_DIR, name) for name in
+                   ("mica_runtime.h", "mica_gemm.h", "mica_blas.h", "mica_kernels.h"))
+RUNTIME_HEADERS = (*RUNTIME_HEADERS, os.path.join(SHARED_DIR, "mica_math.h"))
+INCLUDES = ("-I", RUNTIME_DIR, "-I", SHARED_DIR)

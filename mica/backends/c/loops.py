@@ -7,100 +7,11 @@ lanes by index inside blocks of 8192, blocks added left to right), whatever the 
 """
 import math
 
-from ... import dtypes
-from ...ops import OPS
-from ...passes.schedule import Buffer, Const, Iota, Literal, row_major
-from . import ctypes_ as ct
+from ...passes.schedule import Const, Iota, row_major
+from ..cstyle import types as ct
+from ..cstyle.expr import ExprWriter, coalesce, offset_expr
 
 PARALLEL_MIN = 8192  # elements below which a loop runs on one thread (a parallel region costs more)
-
-
-def coalesce(shape, stride_lists):
-    """Merge adjacent dims that every access walks as one: [(size, [stride per access])]."""
-    dims = []
-    for d, n in enumerate(shape):
-        if n == 1:
-            continue
-        st = [s[d] for s in stride_lists]
-        if dims and all(ps == s * n for ps, s in zip(dims[-1][1], st)):
-            dims[-1] = (dims[-1][0] * n, st)
-        else:
-            dims.append((n, st))
-    return dims
-
-
-class Accessor:
-    """How generated code names and indexes the source of a view."""
-
-    def __init__(self, emitter):
-        self.e = emitter
-
-    def base(self, view):
-        src = view.src
-        if isinstance(src, Buffer):
-            return self.e.pointer(src)
-        if isinstance(src, Literal):
-            return f"lit{src.id}"
-        raise TypeError(src)
-
-
-def offset_expr(offset, strides, names):
-    terms = [str(offset)] if offset else []
-    for s, n in zip(strides, names):
-        if s == 0:
-            continue
-        terms.append(n if s == 1 else f"{n} * {s}")
-    return " + ".join(terms) if terms else "0"
-
-
-class ExprWriter:
-    """Writes a kernel's expressions as C statements, one local per expression."""
-
-    def __init__(self, emitter, kernel_exprs, index_of, flat_index=None):
-        self.e = emitter
-        self.exprs = kernel_exprs
-        self.index_of = index_of      # view -> C index expression for the current element
-        self.flat_index = flat_index  # C expression of the row-major index (dropout)
-
-    def lines(self):
-        out = []
-        for k, x in enumerate(self.exprs):
-            t = ct.ctype(x.dtype)
-            out.append(f"{t} v{k} = {self.value(x)};")
-        return out
-
-    def value(self, x):
-        if x.kind == "const":
-            return ct.const(x.value, x.dtype)
-        if x.kind == "load":
-            v = x.view
-            if isinstance(v.src, Iota):
-                return f"({ct.ctype(x.dtype)})({self.index_of(v)})"
-            ref = f"{self.e.accessor.base(v)}[{self.index_of(v)}]"
-            return ct.load(x.dtype, ref)
-        args = [f"v{a}" for a in x.args]
-        if x.op == "cast":
-            return self.cast(x, args[0])
-        if x.op == "dropout":
-            keep = f"mica_keep(rng, {x.attrs['stream']}u, (uint64_t)({self.flat_index}), {x.attrs['threshold']}u)"
-            scale = ct.const(1.0 / (1.0 - x.attrs["p"]), x.dtype)
-            return ct.rounded(x.dtype, f"({keep} ? {args[0]} * {scale} : ({ct.ctype(x.dtype)})0)")
-        tmpl = OPS[x.op].c
-        if callable(tmpl):
-            tmpl = tmpl(x.attrs)
-        src_dtype = self.exprs[x.args[0]].dtype if x.args else x.dtype
-        t = ct.ctype(x.dtype if x.dtype.kind != "bool" else src_dtype)
-        expr = tmpl.format(*args, T=t, S=ct.suffix(src_dtype))
-        return ct.rounded(x.dtype, expr)
-
-    def cast(self, x, arg):
-        src = self.exprs[x.args[0]].dtype if x.args else x.dtype
-        dst = x.dtype
-        if dst.kind == "bool":
-            return f"({arg} != 0)"
-        if dst.kind == "int" and src.kind == "float":
-            return f"({ct.ctype(dst)})({arg})"
-        return ct.rounded(dst, f"({ct.ctype(dst)})({arg})")
 
 
 def _pragma(total, collapse, simd=False):

@@ -5,7 +5,7 @@ import math
 from ... import dtypes
 from ...errors import MicaError
 from ...targets import register_lowering
-from . import ctypes_ as ct
+from ..cstyle import types as ct
 
 
 def lower(op, scratch=None):

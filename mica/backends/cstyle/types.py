@@ -1,4 +1,4 @@
-"""C spellings of Mica's element types and constants."""
+"""C spellings of Mica's element types and constants, shared by the C-style targets (C, CUDA C)."""
 import math
 
 import numpy as np
