@@ -77,8 +77,6 @@ static void put_escaped(text *t, const char *s) {
     put(t, "\"");
 }
 
-#define CHUNK (16 << 20)
-
 /* the header; the CRCs are fixed width, so it has the same length before and after they are known */
 static void header(text *t, int64_t iter, double best, int64_t nnext, const uint64_t gen[4], const uint32_t *crc) {
     t->n = 0;
@@ -107,8 +105,19 @@ static void header(text *t, int64_t iter, double best, int64_t nnext, const uint
     while (t->n % 8) put(t, " ");
 }
 
-void checkpoint_save(const void *arena, int64_t iter, double best, const int64_t *next, int64_t nnext,
-                     const uint64_t gen[4]) {
+/* a host buffer for the largest state tensor: tensors pass through it on their way to and from a program */
+static char *staging(void) {
+    static char *buffer;
+    if (!buffer) {
+        int64_t largest = 1;
+        for (int i = 0; i < S.nslots; i++)
+            if (S.slots[i].nbytes > largest) largest = S.slots[i].nbytes;
+        if (!(buffer = malloc(largest))) die(2, "cannot allocate %lld bytes to stage a tensor", (long long)largest);
+    }
+    return buffer;
+}
+
+void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nnext, const uint64_t gen[4]) {
     char path[8192], tmp[8300];
     snprintf(path, sizeof path, "%s/ckpt.safetensors", S.out_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
@@ -120,15 +129,12 @@ void checkpoint_save(const void *arena, int64_t iter, double best, const int64_t
                 strerror(errno));
     uint64_t hlen = h.n;
     int ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(h.p, 1, h.n, f) == h.n;
-    char *chunk = malloc(CHUNK);
-    for (int i = 0; i < S.nslots && ok; i++)
-        for (int64_t at = 0; at < S.slots[i].nbytes && ok; at += CHUNK) {
-            int64_t n = S.slots[i].nbytes - at < CHUNK ? S.slots[i].nbytes - at : CHUNK;
-            dev_read(arena, S.slots[i].off[ARENA_TRAIN] + at, chunk, n);
-            crc[i] = crc32_update(crc[i], chunk, n);
-            ok = fwrite(chunk, 1, n, f) == (size_t)n;
-        }
-    free(chunk);
+    char *buffer = staging();
+    for (int i = 0; i < S.nslots && ok; i++) {
+        prog_get_input(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], buffer);
+        crc[i] = crc32_update(0, buffer, S.slots[i].nbytes);
+        ok = fwrite(buffer, 1, S.slots[i].nbytes, f) == (size_t)S.slots[i].nbytes;
+    }
     crc[S.nslots] = crc32_update(0, next, nnext * 8);
     ok = ok && fwrite(next, 8, nnext, f) == (size_t)nnext;
     size_t before = h.n;
@@ -150,30 +156,24 @@ void checkpoint_save(const void *arena, int64_t iter, double best, const int64_t
     free(crc);
 }
 
-void checkpoint_load(void *arena, int which) {
+void checkpoint_load(int which) {
     if (!S.init_file) return;
     FILE *f = fopen(S.init_file, "rb");
     if (!f) die(2, "cannot read %s: %s", S.init_file, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) die(2, "%s is not a regular file", S.init_file);
-    char *chunk = malloc(CHUNK);
+    char *buffer = staging();
     for (int i = 0; i < S.nslots; i++) {
         slot *s = &S.slots[i];
-        if (s->load_at < 0 || s->off[which] < 0) continue;
+        if (s->load_at < 0 || s->input[which] < 0) continue;
         if (s->load_at > st.st_size || s->nbytes > st.st_size - s->load_at || fseeko(f, s->load_at, SEEK_SET) != 0)
             die(2, "%s is truncated: tensor %s does not fit in it; use another checkpoint", S.init_file, s->name);
-        uint32_t crc = 0;
-        for (int64_t at = 0; at < s->nbytes; at += CHUNK) {
-            int64_t n = s->nbytes - at < CHUNK ? s->nbytes - at : CHUNK;
-            if (fread(chunk, 1, n, f) != (size_t)n)
-                die(2, "%s is truncated: tensor %s could not be read; use another checkpoint", S.init_file, s->name);
-            crc = crc32_update(crc, chunk, n);
-            dev_write(arena, s->off[which] + at, chunk, n);
-        }
-        if (s->has_crc && crc != s->crc)
+        if (fread(buffer, 1, s->nbytes, f) != (size_t)s->nbytes)
+            die(2, "%s is truncated: tensor %s could not be read; use another checkpoint", S.init_file, s->name);
+        if (s->has_crc && crc32_update(0, buffer, s->nbytes) != s->crc)
             die(2, "%s is corrupt: tensor %s does not match its checksum (its bytes changed after it was written); "
                 "use another checkpoint", S.init_file, s->name);
+        prog_set_input(which, (int)s->input[which], buffer);
     }
-    free(chunk);
     fclose(f);
 }

@@ -25,11 +25,11 @@ static int64_t draw_offset(const token_set *data, int training) {
     return rng_uniform(data->windows);
 }
 
-static void fill_batch(void *arena, int64_t x_off, int64_t y_off, const token_set *data, const int64_t *offs,
+static void fill_batch(int which, int64_t x_input, int64_t y_input, const token_set *data, const int64_t *offs,
                        int64_t rows) {
     for (int64_t r = 0; r < rows; r++) tokens_row(data, offs[r], batch_x + r * S.block, batch_y + r * S.block);
-    dev_write(arena, x_off, batch_x, rows * S.block * 8);
-    dev_write(arena, y_off, batch_y, rows * S.block * 8);
+    prog_set_input(which, (int)x_input, batch_x);
+    prog_set_input(which, (int)y_input, batch_y);
 }
 
 static int64_t last_saved = -1; /* the iteration of the last good checkpoint, -1: none from this run */
@@ -49,15 +49,16 @@ static int stop_interrupted(int64_t iter, const char *during) {
 }
 
 /* the mean loss of eval_iters batches; NAN when interrupted */
-static double estimate_split(void *ev, const token_set *data, int64_t *offs) {
+static double estimate_split(const token_set *data, int64_t *offs) {
+    void *ev = prog_arena(ARENA_EVAL);
     double total = 0;
     for (int64_t k = 0; k < S.eval_iters; k++) {
         if (interrupted) return NAN;
         for (int64_t r = 0; r < S.batch; r++) offs[r] = draw_offset(data, 0);
-        fill_batch(ev, S.ev_x, S.ev_y, data, offs, S.batch);
+        fill_batch(ARENA_EVAL, S.ev_x, S.ev_y, data, offs, S.batch);
         if (eval_run(ev, (int)S.threads, S.seed, 0) != 0) die(2, "%s", eval_error());
         float loss;
-        dev_read(ev, S.ev_loss, &loss, 4);
+        prog_get_output(ARENA_EVAL, (int)S.ev_loss, &loss);
         total += loss;
     }
     return total / (double)S.eval_iters;
@@ -66,15 +67,20 @@ static double estimate_split(void *ev, const token_set *data, int64_t *offs) {
 int train_loop(void) {
     tokens_open(&train_data, S.train_files, S.n_train_files, "training data");
     tokens_open(&val_data, S.val_files, S.n_val_files, "validation data");
-    void *tr = dev_arena(ARENA_TRAIN), *ev = dev_arena(ARENA_EVAL);
-    checkpoint_load(tr, ARENA_TRAIN);
+    void *tr = prog_arena(ARENA_TRAIN);
+    prog_arena(ARENA_EVAL);
+    checkpoint_load(ARENA_TRAIN);
     if (S.batch_order && S.batch_order[0] && !(order_file = fopen(S.batch_order, "r")))
         die(2, "cannot read the batch order file %s: %s", S.batch_order, strerror(errno));
     int64_t rows = S.accum * S.batch, iter = 0, local_iter = 0;
     int64_t *next = calloc(rows, 8), *eval_offs = calloc(S.batch, 8);
     batch_x = malloc(rows * S.block * 8);
     batch_y = malloc(rows * S.block * 8);
-    if (!next || !eval_offs || !batch_x || !batch_y) die(2, "cannot allocate the batch buffers");
+    int64_t largest = 1;
+    for (int i = 0; i < S.nslots; i++)
+        if (S.slots[i].nbytes > largest) largest = S.slots[i].nbytes;
+    char *param = malloc(largest); /* a parameter on its way from the train program to the eval program */
+    if (!next || !eval_offs || !batch_x || !batch_y || !param) die(2, "cannot allocate the batch buffers");
     uint64_t before_eval[4];
     double best_val_loss = 1e9;
     rng_seed((uint64_t)S.seed);
@@ -105,9 +111,11 @@ int train_loop(void) {
         if (iter % S.eval_interval == 0) {
             log_clear_progress();
             for (int i = 0; i < S.nslots; i++)
-                if (S.slots[i].kind == 0 && S.slots[i].off[ARENA_EVAL] >= 0)
-                    dev_copy(ev, S.slots[i].off[ARENA_EVAL], tr, S.slots[i].off[ARENA_TRAIN], S.slots[i].nbytes);
-            double lt = estimate_split(ev, &train_data, eval_offs), lv = estimate_split(ev, &val_data, eval_offs);
+                if (S.slots[i].kind == 0 && S.slots[i].input[ARENA_EVAL] >= 0) {
+                    prog_get_input(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], param);
+                    prog_set_input(ARENA_EVAL, (int)S.slots[i].input[ARENA_EVAL], param);
+                }
+            double lt = estimate_split(&train_data, eval_offs), lv = estimate_split(&val_data, eval_offs);
             if (interrupted) return stop_interrupted(iter, "while evaluating at");
             if (!isfinite(lt) || !isfinite(lv)) {
                 fprintf(stderr, "mica: error: the evaluated loss is not finite at step %lld (train %g, val %g); "
@@ -124,7 +132,7 @@ int train_loop(void) {
             if (lv < best_val_loss || S.always_save) {
                 best_val_loss = lv;
                 if (iter > 0) {
-                    checkpoint_save(tr, iter, best_val_loss, next, rows, before_eval);
+                    checkpoint_save(iter, best_val_loss, next, rows, before_eval);
                     last_saved = iter;
                     printf("saving checkpoint to %s\n", S.out_dir);
                 }
@@ -132,15 +140,15 @@ int train_loop(void) {
             /* the eval drew from the generator: what follows continues from here, as nanoGPT's does */
         }
         if (iter == 0 && S.eval_only) break;
-        fill_batch(tr, S.tr_x, S.tr_y, &train_data, next, rows);
-        dev_write(tr, S.tr_iter, &iter, 8);
+        fill_batch(ARENA_TRAIN, S.tr_x, S.tr_y, &train_data, next, rows);
+        prog_set_input(ARENA_TRAIN, (int)S.tr_iter, &iter);
         if (iter < S.max_iters) /* the batch after the last one is never used: not drawn */
             for (int64_t r = 0; r < rows; r++) next[r] = draw_offset(&train_data, 1);
         if (train_run(tr, (int)S.threads, S.seed, iter) != 0) die(2, "%s", train_error());
         float loss;
         double lr;
-        dev_read(tr, S.tr_loss, &loss, 4);
-        dev_read(tr, S.tr_lr, &lr, 8);
+        prog_get_output(ARENA_TRAIN, (int)S.tr_loss, &loss);
+        prog_get_output(ARENA_TRAIN, (int)S.tr_lr, &lr);
         double t1 = now(), dt = t1 - t0;
         t0 = t1;
         if (!isfinite(loss)) {

@@ -80,21 +80,21 @@ static int64_t itemsize(const char *dtype) {
     return 0;
 }
 
-/* "KIND TRAIN_OFF EVAL_OFF LOGITS_OFF NBYTES DTYPE NDIM DIMS... NAME" */
+/* "KIND TRAIN_INPUT EVAL_INPUT LOGITS_INPUT NBYTES DTYPE NDIM DIMS... NAME" (input indices, -1: absent) */
 static void add_slot(char *v) {
     S.slots = realloc(S.slots, (S.nslots + 1) * sizeof *S.slots);
     slot *s = &S.slots[S.nslots];
     memset(s, 0, sizeof *s);
-    long long kind, off[3], nbytes, ndim;
+    long long kind, input[3], nbytes, ndim;
     int used = 0;
-    if (sscanf(v, "%lld %lld %lld %lld %lld %7s %lld %n", &kind, &off[0], &off[1], &off[2], &nbytes, s->dtype,
+    if (sscanf(v, "%lld %lld %lld %lld %lld %7s %lld %n", &kind, &input[0], &input[1], &input[2], &nbytes, s->dtype,
                &ndim, &used) != 7 || used == 0)
         bad("a slot line is incomplete");
     if ((kind != 0 && kind != 1) || ndim < 0 || ndim > 8) bad("a slot has an impossible kind or rank");
     s->kind = (int)kind;
     s->nbytes = nbytes;
     s->ndim = ndim;
-    for (int i = 0; i < 3; i++) s->off[i] = off[i];
+    for (int i = 0; i < 3; i++) s->input[i] = input[i];
     char *p = v + used;
     int64_t elements = 1;
     for (int d = 0; d < ndim; d++) {
@@ -134,9 +134,13 @@ static void add_load(char *v) {
     }
 }
 
-static int fits(int64_t off, int64_t n, int which) {
-    int64_t size = dev_arena_bytes(which);
-    return off >= 0 && n >= 0 && off <= size && n <= size - off && off % 4 == 0;
+/* input i of a program exists and holds n bytes */
+static int input_is(int which, int64_t i, int64_t n) {
+    return i >= 0 && i < prog_input_count(which) && prog_input_bytes(which, (int)i) == n;
+}
+
+static int output_is(int which, int64_t i, int64_t n) {
+    return i >= 0 && i < prog_output_count(which) && prog_output_bytes(which, (int)i) == n;
 }
 
 static void need(int ok, const char *what) {
@@ -152,11 +156,12 @@ static void validate(void) {
     need(train || !strcmp(S.mode, "sample"), "its mode is neither train nor sample");
     need(S.vocab >= 1 && S.vocab <= 1 << 24 && S.block >= 1, "vocab and block must be positive");
     if (S.threads < 1) S.threads = 1;
-    for (int i = 0; i < S.nslots; i++) {
+    for (int i = 0; i < S.nslots; i++) { /* each slot is its programs' input of that dtype and shape */
         slot *s = &S.slots[i];
-        need(fits(s->off[ARENA_TRAIN], s->nbytes, ARENA_TRAIN), "a slot lies outside the train program's memory");
-        for (int w = ARENA_EVAL; w <= ARENA_LOGITS; w++)
-            need(s->off[w] == -1 || fits(s->off[w], s->nbytes, w), "a slot lies outside a program's memory");
+        for (int w = ARENA_TRAIN; w <= ARENA_LOGITS; w++)
+            need((w != ARENA_TRAIN && s->input[w] == -1) ||
+                     prog_input_matches(w, (int)s->input[w], s->dtype, s->ndim, s->shape),
+                 "a slot is not its program's input of that type and shape");
     }
     if (train) {
         need(S.out_dir && S.out_dir[0], "no out_dir");
@@ -166,12 +171,13 @@ static void validate(void) {
         need(S.n_train_files >= 1 && S.n_val_files >= 1, "no training or validation data");
         int64_t rows = S.batch * S.accum, cells = rows * S.block;
         need(rows / S.accum == S.batch && cells / S.block == rows && cells < (INT64_MAX / 8), "the batch is too large");
-        need(fits(S.tr_x, cells * 8, ARENA_TRAIN) && fits(S.tr_y, cells * 8, ARENA_TRAIN) &&
-                 fits(S.tr_iter, 8, ARENA_TRAIN) && fits(S.tr_loss, 4, ARENA_TRAIN) && fits(S.tr_lr, 8, ARENA_TRAIN),
-             "the train program's inputs or outputs lie outside its memory");
-        need(fits(S.ev_x, S.batch * S.block * 8, ARENA_EVAL) && fits(S.ev_y, S.batch * S.block * 8, ARENA_EVAL) &&
-                 fits(S.ev_loss, 4, ARENA_EVAL),
-             "the eval program's inputs or outputs lie outside its memory");
+        need(input_is(ARENA_TRAIN, S.tr_x, cells * 8) && input_is(ARENA_TRAIN, S.tr_y, cells * 8) &&
+                 input_is(ARENA_TRAIN, S.tr_iter, 8) && output_is(ARENA_TRAIN, S.tr_loss, 4) &&
+                 output_is(ARENA_TRAIN, S.tr_lr, 8),
+             "the train program has no such inputs or outputs");
+        need(input_is(ARENA_EVAL, S.ev_x, S.batch * S.block * 8) && input_is(ARENA_EVAL, S.ev_y, S.batch * S.block * 8) &&
+                 output_is(ARENA_EVAL, S.ev_loss, 4),
+             "the eval program has no such inputs or outputs");
         need(!S.resume || S.resume_iter >= 0, "a resumed run needs its iteration");
         need(!S.n_resume_next || S.n_resume_next == rows, "the checkpoint's batch does not match this configuration");
     } else {
@@ -181,9 +187,9 @@ static void validate(void) {
         need(S.n_start >= 1, "no start tokens");
         for (int64_t i = 0; i < S.n_start; i++)
             need(S.start_tokens[i] >= 0 && S.start_tokens[i] < S.vocab, "a start token is outside the vocabulary");
-        need(S.vocab <= (INT64_MAX / 4) / S.block &&
-                 fits(S.lg_idx, S.block * 8, ARENA_LOGITS) && fits(S.lg_logits, S.block * S.vocab * 4, ARENA_LOGITS),
-             "the logits program's inputs or outputs lie outside its memory");
+        need(S.vocab <= (INT64_MAX / 4) / S.block && input_is(ARENA_LOGITS, S.lg_idx, S.block * 8) &&
+                 output_is(ARENA_LOGITS, S.lg_logits, S.block * S.vocab * 4),
+             "the logits program has no such inputs or outputs");
     }
 }
 

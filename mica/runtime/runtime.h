@@ -4,7 +4,8 @@
  * `mica train` / `mica sample` with a manifest. Its modules, one job each:
  *
  *   manifest.c    read and check the manifest (every field validated before use)
- *   device_host.c the device layer: arenas and copies in and out of them (host memory on the CPU)
+ *   programs.c    the three programs behind one interface: their arenas, inputs and outputs by
+ *                 index through each program's ABI (the runtime never works out an arena offset)
  *   tokens.c      token files (nanoGPT .bin, speedrun shards; several files per split), batch rows
  *   rng.c         the batch sampler's generator (xoshiro256**), saved in every checkpoint
  *   checkpoint.c  safetensors checkpoints: written to a temporary file and renamed, a CRC-32 per
@@ -21,12 +22,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* the generated programs, linked in under these prefixes */
+/* the generated programs, linked in under these prefixes; each exports its ABI: inputs and
+ * outputs by index (name, dtype, shape, bytes) and the copies in and out of its arena */
 #define MICA_PROGRAM(p)                                                                            \
     int64_t p##arena_bytes(void);                                                                  \
     void *p##arena_new(void);                                                                      \
     int p##run(void *arena, int threads, int64_t seed, int64_t offset);                           \
-    const char *p##error(void);
+    const char *p##error(void);                                                                    \
+    int p##input_count(void);                                                                      \
+    const char *p##input_dtype(int i);                                                             \
+    int p##input_ndim(int i);                                                                      \
+    int64_t p##input_dim(int i, int d);                                                            \
+    int64_t p##input_bytes(int i);                                                                 \
+    int p##output_count(void);                                                                     \
+    int64_t p##output_bytes(int i);                                                                \
+    void p##set_input(void *arena, int i, const void *src);                                        \
+    void p##get_input(const void *arena, int i, void *dst);                                        \
+    void p##get_output(const void *arena, int i, void *dst);                                       \
+    void p##get_output_part(const void *arena, int i, int64_t start, int64_t count, void *dst);
 MICA_PROGRAM(train_)
 MICA_PROGRAM(eval_)
 MICA_PROGRAM(logits_)
@@ -46,7 +59,7 @@ typedef struct {
 
 typedef struct {
     char *name, dtype[8];
-    int64_t off[3]; /* byte offset in the train, eval and logits arenas; -1 where absent */
+    int64_t input[3]; /* its input index in the train, eval and logits programs; -1 where absent */
     int64_t nbytes, ndim, shape[8];
     int kind;        /* 0 parameter, 1 optimizer state */
     int64_t load_at; /* byte offset of its data in init_file, -1: not loaded */
@@ -62,7 +75,7 @@ typedef struct {
     int64_t vocab, block, batch, accum, max_iters, eval_interval, eval_iters, log_interval;
     int64_t eval_only, always_save, seed, threads, time_every_iter;
     double flops_per_iter, peak_flops;
-    /* where the loop reads and writes the programs' inputs and outputs */
+    /* the programs' inputs (tr_x, ...) and outputs (tr_loss, ...) the loop uses, by index */
     int64_t tr_x, tr_y, tr_iter, tr_loss, tr_lr, ev_x, ev_y, ev_loss, lg_idx, lg_logits;
     int64_t resume, resume_iter, *resume_next, n_resume_next;
     double resume_best;
@@ -78,12 +91,17 @@ typedef struct {
 extern settings S;
 void read_manifest(const char *path);
 
-/* ---- device_host.c: the device layer --------------------------------------------------------- */
-void *dev_arena(int which);          /* the program's arena, allocated once */
-int64_t dev_arena_bytes(int which);
-void dev_write(void *arena, int64_t off, const void *src, int64_t n);
-void dev_read(const void *arena, int64_t off, void *dst, int64_t n);
-void dev_copy(void *dst, int64_t dst_off, const void *src, int64_t src_off, int64_t n);
+/* ---- programs.c: the programs through their ABI ---------------------------------------------- */
+void *prog_arena(int which); /* the program's arena, allocated once */
+int prog_input_count(int which);
+int64_t prog_input_bytes(int which, int i);
+int prog_input_matches(int which, int i, const char *dtype, int64_t ndim, const int64_t *shape);
+int prog_output_count(int which);
+int64_t prog_output_bytes(int which, int i);
+void prog_set_input(int which, int i, const void *src);
+void prog_get_input(int which, int i, void *dst);
+void prog_get_output(int which, int i, void *dst);
+void prog_get_output_part(int which, int i, int64_t start, int64_t count, void *dst); /* elements, row-major */
 
 /* ---- tokens.c -------------------------------------------------------------------------------- */
 typedef struct {
@@ -113,9 +131,8 @@ void rng_set(const uint64_t state[4]);
 
 /* ---- checkpoint.c ---------------------------------------------------------------------------- */
 uint32_t crc32_update(uint32_t crc, const void *data, size_t n); /* zlib's CRC-32: start from 0 */
-void checkpoint_save(const void *arena, int64_t iter, double best_val_loss, const int64_t *next, int64_t nnext,
-                     const uint64_t gen[4]);
-void checkpoint_load(void *arena, int which); /* the `load` slots from init_file, each verified */
+void checkpoint_save(int64_t iter, double best_val_loss, const int64_t *next, int64_t nnext, const uint64_t gen[4]);
+void checkpoint_load(int which); /* the `load` slots from init_file into a program, each verified */
 
 /* ---- log.c ----------------------------------------------------------------------------------- */
 void log_open_metrics(int append);

@@ -8,8 +8,8 @@
 #include "runtime.h"
 
 int sample(void) {
-    void *lg = dev_arena(ARENA_LOGITS);
-    checkpoint_load(lg, ARENA_LOGITS);
+    void *lg = prog_arena(ARENA_LOGITS);
+    checkpoint_load(ARENA_LOGITS);
     rng_seed((uint64_t)S.seed);
     int64_t cap = S.n_start + S.max_new_tokens;
     int64_t *seq = malloc(cap * 8), *window = malloc(S.block * 8);
@@ -22,9 +22,9 @@ int sample(void) {
         for (int64_t t = 0; t < S.max_new_tokens && !interrupted; t++) {
             int64_t from = n > S.block ? n - S.block : 0, len = n - from;
             for (int64_t i = 0; i < S.block; i++) window[i] = i < len ? seq[from + i] : 0;
-            dev_write(lg, S.lg_idx, window, S.block * 8);
+            prog_set_input(ARENA_LOGITS, (int)S.lg_idx, window);
             if (logits_run(lg, (int)S.threads, S.seed, 0) != 0) die(2, "%s", logits_error());
-            dev_read(lg, S.lg_logits + (len - 1) * S.vocab * 4, row, S.vocab * 4);
+            prog_get_output_part(ARENA_LOGITS, (int)S.lg_logits, (len - 1) * S.vocab, S.vocab, row); /* row len-1 */
             float cut = -INFINITY;
             if (S.top_k > 0 && S.top_k < S.vocab) {
                 memcpy(sorted, row, S.vocab * sizeof(float));

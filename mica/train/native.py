@@ -10,7 +10,7 @@ from ..errors import MicaError
 
 RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 # the trainer's runtime modules (mica/runtime/runtime.h says what each does)
-RUNTIME_SOURCES = ("main.c", "manifest.c", "device_host.c", "tokens.c", "rng.c", "checkpoint.c", "log.c", "loop.c",
+RUNTIME_SOURCES = ("main.c", "manifest.c", "programs.c", "tokens.c", "rng.c", "checkpoint.c", "log.c", "loop.c",
                    "sampler.c")
 PROGRAMS = ("train", "eval", "logits")
 
@@ -66,18 +66,9 @@ def _run(cmd, what):
         raise MicaError(f"the C compiler failed on the {what} program ({first})")
 
 
-def _input_offsets(lowered):
-    """{input name: byte offset in its arena}."""
-    return {name: lowered.plan.offset(view.src) for name, view in zip(lowered.program.input_names,
-                                                                       lowered.schedule.inputs)}
-
-
-def _output_offsets(lowered):
-    """The flat list of (byte offset, view) of each output."""
-    out = []
-    for view in lowered.schedule.outputs:
-        out.append((lowered.plan.view_offset(view), view))
-    return out
+def _input_index(lowered):
+    """{input name: its index in the program's ABI}."""
+    return {name: i for i, name in enumerate(lowered.program.input_names)}
 
 
 def state_slots(lowered, param_names):
@@ -106,25 +97,23 @@ def check_in_place(lowered):
 
 def write_manifest(path, settings, slots, lowered, loads=(), files=()):
     """The trainer's manifest: settings, the token files (`train_file`/`val_file HEADER PATH`), the
-    programs' input and output offsets, a `slot` line per state tensor, and a `load INDEX OFFSET
-    CRC32` line per tensor to read from init_file. Lines have no length limit."""
-    tr, ev, lg = (_input_offsets(lowered[n]) for n in PROGRAMS)
-    outs = _output_offsets(lowered["train"])
+    programs' inputs and outputs the loop uses (by their index in each program's ABI, never an
+    arena offset), a `slot` line per state tensor, and a `load INDEX OFFSET CRC32` line per tensor
+    to read from init_file. Lines have no length limit."""
+    tr, ev, lg = (_input_index(lowered[n]) for n in PROGRAMS)
+    n_out = len(lowered["train"].schedule.outputs)  # ..., then the loss and the learning rate
     lines = [f"{k} {v}" for k, v in settings.items()]
     lines += [f"{split}_file {header} {file}" for split, file, header in files]
     lines += [f"train.x {tr['x']}", f"train.y {tr['y']}", f"train.iter {tr['iter_num']}",
-              f"train.loss {outs[-2][0]}", f"train.lr {outs[-1][0]}",
-              f"eval.x {ev['x']}", f"eval.y {ev['y']}", f"eval.loss {_output_offsets(lowered['eval'])[0][0]}",
-              f"logits.idx {lg['idx']}", f"logits.out {_output_offsets(lowered['logits'])[0][0]}"]
+              f"train.loss {n_out - 2}", f"train.lr {n_out - 1}",
+              f"eval.x {ev['x']}", f"eval.y {ev['y']}", "eval.loss 0", f"logits.idx {lg['idx']}", "logits.out 0"]
     views = dict(zip(lowered["train"].program.input_names, lowered["train"].schedule.inputs))
     codes = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32"}
     for kind, tensor, input_name in slots:
         v = views[input_name]
-        eval_off = ev.get(input_name, -1)
-        logits_off = lg.get(input_name, -1)
         shape = " ".join(str(s) for s in v.shape)
-        lines.append(f"slot {kind} {tr[input_name]} {eval_off} {logits_off} {v.src.nbytes} {codes[v.dtype.name]} "
-                     f"{len(v.shape)} {shape} {tensor}".replace("  ", " "))
+        lines.append(f"slot {kind} {tr[input_name]} {ev.get(input_name, -1)} {lg.get(input_name, -1)} "
+                     f"{v.src.nbytes} {codes[v.dtype.name]} {len(v.shape)} {shape} {tensor}".replace("  ", " "))
     for index, offset, crc in loads:
         lines.append(f"load {index} {offset} {'-' if crc is None else f'{crc:08x}'}")
     for line in lines:

@@ -133,6 +133,7 @@ class Emitter(CStyleRenderer):
             "}",
             f"void {api}arena_free(void *p) {{ free(p); }}",
             "",
+            *self.abi_lines(api),
             "/* Run the program once over `arena`: inputs must be in place; results are left in place. */",
             f"int {api}run(void *arena, int threads, int64_t seed, int64_t offset) {{",
             "    char *A = (char *)arena;",

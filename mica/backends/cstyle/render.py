@@ -6,8 +6,17 @@ the elements of a loop, a reduction, a product or a copy are iterated, and the f
 import os
 
 from ...passes.schedule import Buffer, Call, Copy, Gemm, Literal, Loop, Reduce
+from ...errors import MicaError
 from . import types as ct
 from .expr import Accessor
+
+
+DTYPE_CODES = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32", "bfloat16": "BF16",
+               "float16": "F16", "bool": "BOOL"}
+
+
+def _c_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class CStyleRenderer:
@@ -98,6 +107,91 @@ class CStyleRenderer:
         lines += ["    " + x for x in decls + body]
         lines.append("}")
         return lines
+
+    # ---- the program's ABI: inputs and outputs by index -------------------------------------------
+    def abi_lines(self, api):
+        """Tables of every input's and output's name, element type, shape and place, and the
+        functions a runtime uses to move data in and out, so it never works out an arena offset
+        itself (on a GPU it could not: the arena is device memory). Outputs may be strided views:
+        get_output writes them dense, row-major."""
+        s, plan = self.s, self.plan
+        ins = [(name, view, plan.offset(view.src)) for name, view in zip(s.input_names, s.inputs)]
+        outs = [(f"output {i}", view, plan.view_offset(view)) for i, view in enumerate(s.outputs)]
+        for _, view, _ in ins + outs:
+            if len(view.shape) > 8:
+                raise MicaError(f"{self.name}: an input or output of {len(view.shape)} dims; the program ABI takes "
+                                "at most 8 (reshape it)")
+        lines = ["/* ---- the ABI: inputs and outputs by index ---- */"]
+        for kind, table in (("input", ins), ("output", outs)):
+            n = len(table)
+            rows = [(name, view, off) for name, view, off in table] or [("", None, 0)]
+            lines.append(f"static const int64_t mica_abi_{kind}_offset[{max(n, 1)}] = "
+                         f"{{{', '.join(str(off) for _, _, off in rows)}}};")
+            lines.append(f"static const int mica_abi_{kind}_ndim[{max(n, 1)}] = "
+                         f"{{{', '.join(str(len(v.shape)) if v else '0' for _, v, _ in rows)}}};")
+            lines.append(f"static const int64_t mica_abi_{kind}_shape[{max(n, 1)}][8] = "
+                         f"{{{', '.join(self._dims(v.shape if v else ()) for _, v, _ in rows)}}};")
+            lines.append(f"static const int64_t mica_abi_{kind}_stride[{max(n, 1)}][8] = "
+                         f"{{{', '.join(self._dims(v.strides if v else ()) for _, v, _ in rows)}}};")
+            lines.append(f"static const int mica_abi_{kind}_itemsize[{max(n, 1)}] = "
+                         f"{{{', '.join(str(v.dtype.itemsize) if v else '0' for _, v, _ in rows)}}};")
+            lines.append(f"static const char *mica_abi_{kind}_dtype[{max(n, 1)}] = "
+                         f"{{{', '.join(chr(34) + (DTYPE_CODES[v.dtype.name] if v else '') + chr(34) for _, v, _ in rows)}}};")
+            lines.append(f"static const char *mica_abi_{kind}_name[{max(n, 1)}] = "
+                         f"{{{', '.join(_c_string(name) for name, _, _ in rows)}}};")
+            lines += [
+                f"int {api}{kind}_count(void) {{ return {n}; }}",
+                f"const char *{api}{kind}_name(int i) {{ return i >= 0 && i < {n} ? mica_abi_{kind}_name[i] : 0; }}",
+                f"const char *{api}{kind}_dtype(int i) {{ return i >= 0 && i < {n} ? mica_abi_{kind}_dtype[i] : 0; }}",
+                f"int {api}{kind}_ndim(int i) {{ return i >= 0 && i < {n} ? mica_abi_{kind}_ndim[i] : -1; }}",
+                f"int64_t {api}{kind}_dim(int i, int d) {{",
+                f"    return i >= 0 && i < {n} && d >= 0 && d < mica_abi_{kind}_ndim[i] ? mica_abi_{kind}_shape[i][d] : -1;",
+                "}",
+                f"int64_t {api}{kind}_bytes(int i) {{",
+                f"    if (i < 0 || i >= {n}) return -1;",
+                f"    int64_t n = mica_abi_{kind}_itemsize[i];",
+                f"    for (int d = 0; d < mica_abi_{kind}_ndim[i]; d++) n *= mica_abi_{kind}_shape[i][d];",
+                "    return n;",
+                "}",
+            ]
+        lines += [
+            "/* inputs are whole buffers: one copy each way (state updated in place is read back with get_input) */",
+            f"void {api}set_input(void *arena, int i, const void *src) {{",
+            f"    {self.copy_to_arena('(char *)arena + mica_abi_input_offset[i]', 'src', f'{api}input_bytes(i)')}",
+            "}",
+            f"void {api}get_input(const void *arena, int i, void *dst) {{",
+            f"    {self.copy_from_arena('dst', '(const char *)arena + mica_abi_input_offset[i]', f'{api}input_bytes(i)')}",
+            "}",
+            "/* an output may be a strided view: elements [start, start + count) of it, row-major, written dense */",
+            f"void {api}get_output_part(const void *arena, int i, int64_t start, int64_t count, void *dst) {{",
+            "    if (count <= 0) return;",
+            "    int nd = mica_abi_output_ndim[i], size = mica_abi_output_itemsize[i];",
+            "    int64_t index[8] = {0}, rest = start;",
+            "    for (int d = nd - 1; d >= 0; d--) { index[d] = rest % mica_abi_output_shape[i][d]; rest /= mica_abi_output_shape[i][d]; }",
+            "    const char *base = (const char *)arena + mica_abi_output_offset[i];",
+            "    for (int64_t k = 0; k < count; k++) {",
+            "        int64_t at = 0;",
+            "        for (int d = 0; d < nd; d++) at += index[d] * mica_abi_output_stride[i][d];",
+            f"        {self.copy_from_arena('(char *)dst + k * size', 'base + at * size', 'size')}",
+            "        for (int d = nd - 1; d >= 0 && ++index[d] == mica_abi_output_shape[i][d]; d--) index[d] = 0;",
+            "    }",
+            "}",
+            f"void {api}get_output(const void *arena, int i, void *dst) {{",
+            f"    {api}get_output_part(arena, i, 0, {api}output_bytes(i) / mica_abi_output_itemsize[i], dst);",
+            "}",
+            "",
+        ]
+        return lines
+
+    @staticmethod
+    def _dims(values):
+        return "{" + ", ".join(str(v) for v in list(values) + [0] * (8 - len(values))) + "}"
+
+    def copy_to_arena(self, dst, src, n):
+        return f"memcpy({dst}, {src}, (size_t)({n}));"
+
+    def copy_from_arena(self, dst, src, n):
+        return f"memcpy({dst}, {src}, (size_t)({n}));"
 
     # ---- the hooks a target fills in -------------------------------------------------------------
     def workspace_lines(self):
