@@ -1,4 +1,7 @@
-"""Shared test helpers: random inputs, torch conversions, relative errors."""
+"""Shared test helpers: random inputs, torch conversions, relative errors, the CLI as a user runs it."""
+import subprocess
+import sys
+
 import numpy as np
 
 import mica
@@ -24,3 +27,11 @@ def to_torch(x, requires_grad=False):
 
 def spec_of(a):
     return mica.Spec(a.shape, mica.dtypes.as_dtype(a.dtype))
+
+
+def mica_cli(*args, cwd=None, check=False):
+    """`python -m mica.cli ARGS` in `cwd`, output captured; with check, a failure is an AssertionError."""
+    r = subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=cwd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise AssertionError(f"mica {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+    return r

@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import mica_cli
 from mica.data import tokens as tok
 
 TINY = ["shakespeare_char", "--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16",
         "--batch_size=2", "--eval_iters=1", "--log_interval=1", "--max_iters=3", "--eval_interval=2"]
 
 
-def mica(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=cwd, capture_output=True, text=True)
+mica = mica_cli
 
 
 def assert_sentence(r, needle, code=2):

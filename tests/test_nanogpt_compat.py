@@ -1,12 +1,11 @@
 """What a user with an existing nanoGPT setup brings: its own data folder (meta.pkl), a ckpt.pt that
 real torch wrote after training, and Hugging Face's GPT-2 model.safetensors. All the mica train
 runs here share one model (2 layers, 4 heads, width 32, biases) and one compiled trainer."""
+import functools
 import json
 import os
 import pickle
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from mica.models.gpt import GPT, GPTConfig  # noqa: E402
 from mica.train import config as config_mod  # noqa: E402
 from mica.train import convert  # noqa: E402
 
+import helpers  # noqa: E402
 from helpers import rel_err  # noqa: E402
 from torch_nanogpt import Run  # noqa: E402
 
@@ -35,11 +35,7 @@ SAVED_AT = 6  # nanoGPT's checkpoint: after 6 iterations
 MORE = 3      # iterations Mica continues for
 
 
-def mica_cli(*args, cwd, check=True):
-    r = subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=cwd, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise AssertionError(f"mica {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
-    return r
+mica_cli = functools.partial(helpers.mica_cli, check=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import random
 import signal
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from helpers import mica_cli
 from mica.data import tokens as tok
 from mica.data.prepare import prepare_char
 from mica.errors import MicaError
@@ -24,8 +24,7 @@ TINY = ["shakespeare_char", "--device=cpu", "--n_layer=1", "--n_head=2", "--n_em
 QUIET = dict(log=lambda *a: None)
 
 
-def mica(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=cwd, capture_output=True, text=True)
+mica = mica_cli
 
 
 def one_sentence(stderr):

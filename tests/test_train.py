@@ -1,13 +1,13 @@
 """mica prepare / train / sample as a user runs them: nanoGPT's numbers, exact resume, sampling."""
+import functools
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from helpers import mica_cli
 from mica.train import checkpoint
 
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
@@ -16,11 +16,7 @@ TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_emb
         "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--lr_decay_iters=40"]
 
 
-def mica(*args, cwd, check=True):
-    r = subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=cwd, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise AssertionError(f"mica {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
-    return r
+mica = functools.partial(mica_cli, check=True)
 
 
 @pytest.fixture(scope="module")

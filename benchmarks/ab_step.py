@@ -1,0 +1,65 @@
+"""Before/after, side by side in one run: the compiled CPU step of two checkouts of Mica (each its
+own process: PYTHONPATH=<checkout>), rounds alternating and the order rotating, median and range
+of the time per step and the ratio.
+
+    python benchmarks/ab_step.py OLD_CHECKOUT NEW_CHECKOUT [--config cpu] [--rounds 9] [--steps 20]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+SERVER = r"""
+import sys, time
+from mica.bench.step import CONFIGS, _gpt_config, mica_step
+c = CONFIGS[sys.argv[1]]
+exe = mica_step(_gpt_config(c), c["batch_size"])
+threads = int(sys.argv[2])
+for _ in range(5):
+    exe.run(threads=threads)
+print("ready", flush=True)
+for line in sys.stdin:
+    n = int(line)
+    t = time.perf_counter()
+    for _ in range(n):
+        exe.run(threads=threads)
+    print((time.perf_counter() - t) / n, flush=True)
+"""
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--config", default="cpu")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    a = p.parse_args()
+    sides = {}
+    for name, path in (("old", a.old), ("new", a.new)):
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, a.config, str(a.threads)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        sides[name] = proc
+    times = {name: [] for name in sides}
+    order = list(sides)
+    for r in range(a.rounds):
+        for name in order[r % 2:] + order[:r % 2]:
+            proc = sides[name]
+            proc.stdin.write(f"{a.steps}\n")
+            proc.stdin.flush()
+            times[name].append(float(proc.stdout.readline()) * 1000)
+    for proc in sides.values():
+        proc.stdin.close()
+        proc.wait()
+    med = {n: statistics.median(t) for n, t in times.items()}
+    for n, t in times.items():
+        print(f"{n}: median {med[n]:.2f} ms per step (range {min(t):.2f}-{max(t):.2f}, {len(t)} rounds of {a.steps})")
+    print(f"new / old = {med['new'] / med['old']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
