@@ -288,3 +288,12 @@ def test_fuzzed_checkpoints_give_a_sentence_or_a_correct_resume(work):
         assert rc == 0 or (rc == 2 and ("mica: error:" not in message or one_sentence(message))), (case, message)
         outcomes[rc] = outcomes.get(rc, 0) + 1
     assert outcomes.get(2, 0) > 100, outcomes
+
+
+def test_metrics_that_cannot_be_written_are_said_once_and_training_goes_on(work):
+    os.makedirs("out-shakespeare-char")
+    os.symlink("/dev/full", "out-shakespeare-char/metrics.jsonl")  # every write: No space left on device
+    r = train(TINY)
+    assert r.stderr.count("mica: warning: cannot write") == 1 and "No space left on device" in r.stderr, r.stderr
+    assert "iter 3: loss" in r.stdout
+    checkpoint.SafeTensors(CKPT).read("transformer.wte.weight")  # the checkpoint is whole

@@ -18,14 +18,23 @@ void log_open_metrics(int append) {
     if (!metrics) die(2, "cannot write %s: %s; check that the folder is writable", path, strerror(errno));
 }
 
+/* a line of metrics.jsonl; when the disk is full it says so once (training goes on, and a
+ * checkpoint that cannot be written stops it with its own sentence) */
 void log_metrics(const char *fmt, ...) {
+    static int warned;
     if (!metrics) return;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(metrics, fmt, ap);
+    int ok = vfprintf(metrics, fmt, ap) >= 0;
     va_end(ap);
-    fputc('\n', metrics);
-    fflush(metrics);
+    ok = fputc('\n', metrics) != EOF && ok;
+    ok = fflush(metrics) == 0 && ok;
+    if (!ok && !warned) {
+        warned = 1;
+        log_clear_progress();
+        fprintf(stderr, "mica: warning: cannot write %s/metrics.jsonl (%s); its lines from here on are lost, "
+                "training goes on\n", S.out_dir, strerror(errno));
+    }
 }
 
 void log_close_metrics(void) {

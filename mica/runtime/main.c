@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART; /* a write in progress finishes; the loop stops after it */
     sigaction(SIGINT, &sa, 0);
     sigaction(SIGTERM, &sa, 0);
     if (!strcmp(S.mode, "train")) return train_loop();
