@@ -138,3 +138,29 @@ def test_shared_passes_name_no_target_and_no_kernels_calling_convention():
                 names = [f"{module}.{a.name}" for a in node.names]
                 targets = [n for n in names if "backends" in n and "reference" not in n]  # the oracle is no target
                 assert not targets, f"{os.path.basename(path)}:{node.lineno} imports a backend: {targets}"
+
+
+def test_the_shared_math_compiles_as_device_code(tmp_path):
+    """mica_math.h is written once for every target: nvcc compiles it into a kernel (and into host
+    code beside it) with warnings as errors and no FMA contraction."""
+    import shutil
+
+    nvcc = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    from mica.backends.c.emit import SHARED_DIR
+
+    src = tmp_path / "math.cu"
+    src.write_text("""
+#include "mica_math.h"
+__global__ void k(const float *x, float *y, const int64_t *rng, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = mica_gelu_f32(x[i]) + mica_gelu_slope_f32(x[i]) + mica_tanh_f32(x[i]) + mica_erf_f32(x[i])
+                      + mica_log_f32(x[i] + 2.0f) + mica_exp_f32(x[i]) + mica_round_bf16(x[i]) + mica_round_f16(x[i])
+                      + (float)mica_keep(rng, 1u, (uint64_t)i, 100u) + mica_sum_f32(x, n);
+}
+float host_side(float x) { return mica_gelu_f32(x); }
+""")
+    r = subprocess.run([nvcc, "-arch=sm_80", "--fmad=false", "-Werror", "all-warnings", "-I", SHARED_DIR, "-c",
+                        str(src), "-o", str(tmp_path / "math.o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
