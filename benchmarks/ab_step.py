@@ -3,6 +3,10 @@ own process: PYTHONPATH=<checkout>), rounds alternating and the order rotating, 
 of the time per step and the ratio.
 
     python benchmarks/ab_step.py OLD_CHECKOUT NEW_CHECKOUT [--config cpu] [--rounds 9] [--steps 20]
+                                 [--threads N] [--clock wall|cpu]
+
+`--clock cpu` times the process's CPU time (with --threads 1): on a machine other work shares,
+that moves far less than the wall clock.
 """
 import argparse
 import os
@@ -16,15 +20,16 @@ from mica.bench.step import CONFIGS, _gpt_config, mica_step
 c = CONFIGS[sys.argv[1]]
 exe = mica_step(_gpt_config(c), c["batch_size"])
 threads = int(sys.argv[2])
+clock = time.process_time if sys.argv[3] == "cpu" else time.perf_counter
 for _ in range(5):
     exe.run(threads=threads)
 print("ready", flush=True)
 for line in sys.stdin:
     n = int(line)
-    t = time.perf_counter()
+    t = clock()
     for _ in range(n):
         exe.run(threads=threads)
-    print((time.perf_counter() - t) / n, flush=True)
+    print((clock() - t) / n, flush=True)
 """
 
 
@@ -36,11 +41,12 @@ def main():
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     a = p.parse_args()
     sides = {}
     for name, path in (("old", a.old), ("new", a.new)):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, a.config, str(a.threads)], env=env,
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, a.config, str(a.threads), a.clock], env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
         sides[name] = proc
@@ -57,7 +63,7 @@ def main():
         proc.wait()
     med = {n: statistics.median(t) for n, t in times.items()}
     for n, t in times.items():
-        print(f"{n}: median {med[n]:.2f} ms per step (range {min(t):.2f}-{max(t):.2f}, {len(t)} rounds of {a.steps})")
+        print(f"{n}: median {med[n]:.2f} ms per step ({a.clock} clock, {a.threads} threads) (range {min(t):.2f}-{max(t):.2f}, {len(t)} rounds of {a.steps})")
     print(f"new / old = {med['new'] / med['old']:.3f}")
 
 
