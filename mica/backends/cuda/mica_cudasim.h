@@ -1199,25 +1199,23 @@ static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 
-namespace mica_cudasim { namespace detail { template <class...> constexpr bool refused = false; } }
-#define MICA_CUDASIM_REFUSE(name)                                                                           \
-    template <class... A>                                                                                   \
-    static inline float name(A...) {                                                                        \
-        static_assert(::mica_cudasim::detail::refused<A...>,                                                \
-                      "mica_cudasim: " #name " is the GPU's approximate intrinsic and cannot give the GPU's " \
-                      "bits here; use Mica's math (mica_math.h) or the exact operation");                   \
-        return 0;                                                                                           \
-    }
-MICA_CUDASIM_REFUSE(__expf)
-MICA_CUDASIM_REFUSE(__fdividef)
-MICA_CUDASIM_REFUSE(__logf)
-MICA_CUDASIM_REFUSE(__log2f)
-MICA_CUDASIM_REFUSE(__sinf)
-MICA_CUDASIM_REFUSE(__cosf)
-MICA_CUDASIM_REFUSE(__tanf)
-MICA_CUDASIM_REFUSE(__powf)
-MICA_CUDASIM_REFUSE(__exp10f)
-#undef MICA_CUDASIM_REFUSE
+/* Refused where used (macros: glibc's math.h declares some of these names itself) */
+#define MICA_CUDASIM_REFUSED(name)                                                                      \
+    ([]() -> float {                                                                                    \
+        static_assert(sizeof(float) == 0, "mica_cudasim: " #name " is the GPU's approximate intrinsic " \
+                                          "and cannot give the GPU's bits here; use Mica's math "       \
+                                          "(mica_math.h) or the exact operation");                      \
+        return 0.0f;                                                                                    \
+    }())
+#define __expf(...) MICA_CUDASIM_REFUSED(__expf)
+#define __fdividef(...) MICA_CUDASIM_REFUSED(__fdividef)
+#define __logf(...) MICA_CUDASIM_REFUSED(__logf)
+#define __log2f(...) MICA_CUDASIM_REFUSED(__log2f)
+#define __sinf(...) MICA_CUDASIM_REFUSED(__sinf)
+#define __cosf(...) MICA_CUDASIM_REFUSED(__cosf)
+#define __tanf(...) MICA_CUDASIM_REFUSED(__tanf)
+#define __powf(...) MICA_CUDASIM_REFUSED(__powf)
+#define __exp10f(...) MICA_CUDASIM_REFUSED(__exp10f)
 
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
