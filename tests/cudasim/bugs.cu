@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     cudaMalloc(&x, 128 * sizeof(float));
     cudaMalloc(&out, 128 * sizeof(float));
     cudaMemset(x, 0, 128 * sizeof(float));
-    if (!strcmp(m, "divergent")) MICA_LAUNCH(divergent, 2, 64, 0, 0, out);
+    if (!strcmp(m, "divergent")) MICA_LAUNCH(divergent, 1, 64, 0, 0, out);
     else if (!strcmp(m, "exited_barrier")) MICA_LAUNCH(barrier_after_exit, 1, 128, 0, 0, x, out, 100);
     else if (!strcmp(m, "exited_shuffle")) MICA_LAUNCH(shuffle_exited, 1, 64, 0, 0, out);
     else if (!strcmp(m, "shuffle_sites")) MICA_LAUNCH(shuffle_sites, 1, 32, 0, 0, out);

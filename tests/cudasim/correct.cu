@@ -216,7 +216,7 @@ static int mode_atomics() {
 
 static int mode_axpy() {
     const int n = 10007;
-    const int configs[][2] = {{1, 1}, {1, 32}, {3, 64}, {7, 100}, {40, 256}, {1000, 1024}};
+    const int configs[][2] = {{1, 1}, {1, 32}, {3, 64}, {7, 100}, {40, 256}, {20, 1024}};
     std::vector<float> hx(n), hy(n), out(n);
     for (int i = 0; i < n; ++i) { hx[i] = input(i); hy[i] = input(i + 12345); }
     float *dx, *dy;
@@ -286,7 +286,13 @@ static int mode_device() {
     CHECK(cudaGetDeviceCount(&count));
     cudaDeviceProp p;
     CHECK(cudaGetDeviceProperties(&p, 0));
-    printf("devices %d name %s warp %d maxthreads %d\n", count, p.name, p.warpSize, p.maxThreadsPerBlock);
+#ifdef MICA_CUDASIM
+    const int simulated = 1;
+#else
+    const int simulated = 0;
+#endif
+    printf("devices %d name %s warp %d maxthreads %d simulated %d\n", count, p.name, p.warpSize,
+           p.maxThreadsPerBlock, simulated);
     /* a bad launch configuration is an error code, as on the card */
     int* d;
     CHECK(cudaMalloc(&d, 4));

@@ -190,6 +190,9 @@ namespace mica_cudasim {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    static std::atomic<bool> failing{false};
+    if (failing.exchange(true))  /* another OS thread is already reporting: one line, one abort */
+        for (;;) pause();
     fprintf(stderr, "mica_cudasim: %s\n", line);
     fflush(stderr);
     abort();
@@ -311,10 +314,6 @@ struct Block {
     const void* sched_bottom = nullptr;
     size_t sched_size = 0;
 #endif
-
-    void describe_block(char* out, size_t cap) const {
-        snprintf(out, cap, "kernel %s block (%u,%u,%u)", kernel, tl_block_idx.x, tl_block_idx.y, tl_block_idx.z);
-    }
 };
 
 
@@ -615,6 +614,7 @@ struct Pool {
     unsigned busy = 0, nthreads = 1;
     const std::function<void(uint64_t)>* job = nullptr;
     std::atomic<uint64_t> next{0};
+    std::mutex launch_m;  /* launches from several host threads run one at a time */
 
     Pool() {
         const char* env = getenv("MICA_CUDASIM_THREADS");
@@ -650,6 +650,7 @@ struct Pool {
         }
     }
     void run(uint64_t n, const std::function<void(uint64_t)>& fn) {
+        std::lock_guard<std::mutex> one_launch(launch_m);
         if (nthreads <= 1 || n <= 1) {
             for (uint64_t i = 0; i < n; ++i) fn(i);
             return;
@@ -764,7 +765,7 @@ struct RaceArray {
     static constexpr uint32_t NONE = 0xffffffffu, MANY = 0xfffffffeu;
     struct Shadow {
         uint64_t serial;
-        uint32_t w_tid, w_epoch, w_wepoch, r_tid, r_warp, r_epoch, r_wepoch;
+        uint32_t w_tid, w_epoch, w_wepoch, r_tid, r_warp, r_epoch, r_wepoch, r_first, r_last;
     };
     const char* name;
     T data[N]{};
@@ -798,7 +799,7 @@ struct RaceArray {
         E = detail::tl_block->epoch;
         WE = detail::tl_block->warp_epoch[w];
         Shadow& s = sh[r.i];
-        if (s.serial != detail::tl_block_serial) s = Shadow{detail::tl_block_serial, NONE, 0, 0, NONE, NONE, 0, 0};
+        if (s.serial != detail::tl_block_serial) s = Shadow{detail::tl_block_serial, NONE, 0, 0, NONE, NONE, 0, 0, NONE, NONE};
         return s;
     }
     /* an earlier access by `prev` is ordered before the current one by thread t */
@@ -816,10 +817,12 @@ struct RaceArray {
         if (s.r_tid == NONE || s.r_epoch != E) {  /* the first read since the last barrier */
             s.r_tid = t;
             s.r_warp = w;
+            s.r_first = t;
         } else {
             if (s.r_tid != t) s.r_tid = MANY;
             if (s.r_warp != w) s.r_warp = MANY;
         }
+        s.r_last = t;
         s.r_epoch = E;
         s.r_wepoch = WE;
     }
@@ -833,7 +836,9 @@ struct RaceArray {
         if (!ordered(s.r_tid, s.r_warp, s.r_epoch, s.r_wepoch, t, w, E, WE))
             fail("shared-memory race on %s[%lld] at %s:%d in %s: %s writes it after %s read it, with no barrier "
                  "between (a missing __syncthreads?)", name, r.i, r.file, r.line, detail::block_name(),
-                 detail::thread_name(t), s.r_tid == MANY ? "another thread" : detail::thread_name(s.r_tid));
+                 detail::thread_name(t),
+                 s.r_first != t ? detail::thread_name(s.r_first)
+                                : s.r_last != t ? detail::thread_name(s.r_last) : "another thread");
         s.w_tid = t;
         s.w_epoch = E;
         s.w_wepoch = WE;
