@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER_DIR = ROOT / "mica" / "backends" / "cuda"
+MATH_DIR = ROOT / "mica" / "backends" / "cstyle"  # mica_math.h
 SRC = Path(__file__).resolve().parent / "cudasim"
 BOOST_HEADER = Path("/usr/include/boost/context/fiber.hpp")
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/bin/nvcc", os.X_OK) else None)
@@ -29,7 +30,7 @@ pytestmark = [
 ]
 
 FLAGS = ["-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",
-         f"-I{HEADER_DIR}"]
+         f"-I{HEADER_DIR}", f"-I{MATH_DIR}"]
 LIBS = ["-lboost_context", "-pthread"]
 ASAN = ["-fsanitize=address", "-fno-omit-frame-pointer"]
 BUILDS = {  # name: (source, extra flags)
@@ -193,6 +194,10 @@ PLANTED = {
                       "(thread (16,0,0)), which has exited",
     "shuffle_sites": "mismatched warp exchange in shuffle_sites block (0,0,0): lane 0 calls __shfl_xor_sync at "
                      "{f}:41 with mask 0xffffffff, lane 1 calls __shfl_xor_sync at {f}:40 with mask 0xffffffff",
+    "partial_warp": "__shfl_down_sync at {f}:56 in partial_warp block (0,0,0): lane 0 (thread (32,0,0)) reads "
+                    "lane 16, which does not exist (the block has 48 threads)",
+    "outside_mask": "__shfl_sync at {f}:63 in outside_mask block (0,0,0): lane 3 (thread (3,0,0)) reads lane 20, "
+                    "which is not in the mask 0x0000ffff and has exited",
     "shuffle_vs_barrier": "deadlock in shuffle_vs_barrier block (0,0,0): thread (0,0,0) waits in __shfl_sync at "
                           "{f}:49 with mask 0xffffffff, but thread (5,0,0) in that mask waits at __syncthreads at "
                           "{f}:48",
@@ -258,7 +263,24 @@ def test_the_device_is_the_simulator(programs, build):
         "launch 64 KiB dynamic shared: cudaErrorInvalidConfiguration",
         "after cudaFuncSetAttribute: cudaSuccess",
         "coords bad=0",
+        f"scale<int, 3> c[25]={3 * (1000 * 1 + 1)}",
     ]
+
+
+@BOTH
+def test_micas_own_math_runs_in_kernels_with_the_hosts_bits(programs, build):
+    lines = run_ok(programs[build], "math")
+    assert lines[0] == "math host mismatches 0"
+    from math import erf, exp, sqrt, tanh
+
+    def f32(h):
+        return float(np.array([int(h, 16)], dtype=np.uint32).view(np.float32)[0])
+    for ln in lines[1:]:
+        w = ln.split()
+        x, got = f32(w[1]), {k: f32(v) for k, v in zip(w[2::2], w[3::2])}
+        want = {"exp": exp(x), "tanh": tanh(x), "erf": erf(x), "gelu": 0.5 * x * (1 + erf(x / sqrt(2)))}
+        for k, v in want.items():
+            assert abs(got[k] - v) <= 1e-6 * abs(v) + 1e-7, (k, x, got[k], v)
 
 
 def test_approximate_intrinsics_are_refused_at_compile_time(tmp_path):
@@ -273,7 +295,7 @@ def test_approximate_intrinsics_are_refused_at_compile_time(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_same_sources_compile_with_nvcc(tmp_path):
     for name in ["correct.cu", "race.cu"]:
-        cmd = [NVCC, "-arch=sm_80", "--fmad=false", "-Werror", "all-warnings", f"-I{HEADER_DIR}", "-c",
+        cmd = [NVCC, "-arch=sm_80", "--fmad=false", "-Werror", "all-warnings", f"-I{HEADER_DIR}", f"-I{MATH_DIR}", "-c",
                str(SRC / name), "-o", str(tmp_path / (name + ".o"))]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"

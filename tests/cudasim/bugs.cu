@@ -50,6 +50,19 @@ __global__ void shuffle_vs_barrier(float* out) {
     out[t] = v;
 }
 
+/* 48 threads: the second warp has 16 lanes, and its lane 0 reads lane 16 */
+__global__ void partial_warp(float* out) {
+    float v = (float)threadIdx.x;
+    v += __shfl_down_sync(0xffffffffu, v, 16);
+    out[threadIdx.x] = v;
+}
+
+/* lanes 0-15 shuffle among themselves, but lane 3 reads lane 20 */
+__global__ void outside_mask(float* out) {
+    const int t = threadIdx.x;
+    if (t < 16) out[t] = __shfl_sync(0x0000ffffu, (float)t, t == 3 ? 20 : 0);
+}
+
 __global__ void oob(float* y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i <= n) y[i] = 1.0f;  /* the bug: <= */
@@ -67,6 +80,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(m, "exited_shuffle")) MICA_LAUNCH(shuffle_exited, 1, 64, 0, 0, out);
     else if (!strcmp(m, "shuffle_sites")) MICA_LAUNCH(shuffle_sites, 1, 32, 0, 0, out);
     else if (!strcmp(m, "shuffle_vs_barrier")) MICA_LAUNCH(shuffle_vs_barrier, 1, 32, 0, 0, out);
+    else if (!strcmp(m, "partial_warp")) MICA_LAUNCH(partial_warp, 1, 48, 0, 0, out);
+    else if (!strcmp(m, "outside_mask")) MICA_LAUNCH(outside_mask, 1, 32, 0, 0, out);
     else if (!strcmp(m, "oob")) MICA_LAUNCH(oob, 5, 32, 0, 0, out, 128);
     else if (!strcmp(m, "none")) MICA_LAUNCH(oob, 5, 32, 0, 0, out, 127);
     else return 2;

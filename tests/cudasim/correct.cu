@@ -1,6 +1,7 @@
 // Correct CUDA kernels, built by nvcc and by g++ with mica_cudasim.h; each mode prints values
 // that tests/test_cudasim.py checks. Usage: correct MODE
 #include "mica_cudasim.h"
+#include "mica_math.h"
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +104,24 @@ __global__ void add_index(float* v, int n, float scale) {
     buf[t] = i < n ? (float)i * scale : 0.0f;
     __syncthreads();
     if (i < n) v[i] += buf[blockDim.x - 1 - t] + buf[t] - buf[blockDim.x - 1 - t];
+}
+
+/* Mica's own math (mica_math.h, MICA_HD) in a kernel: the same bits as on the host */
+__global__ void mica_math(const float* x, float* y, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float v = 8.0f * x[i];
+        y[4 * i + 0] = mica_exp_f32(v);
+        y[4 * i + 1] = mica_tanh_f32(v);
+        y[4 * i + 2] = mica_erf_f32(v);
+        y[4 * i + 3] = mica_gelu_f32(v);
+    }
+}
+
+/* a template kernel: MICA_LAUNCH takes it in parentheses */
+template <class T, int K>
+__global__ void scale(T* y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= (T)K;
 }
 
 /* 2D/3D coordinates */
@@ -281,6 +300,30 @@ static int mode_graph() {
     return 0;
 }
 
+static int mode_math() {
+    const int n = 1000;
+    std::vector<float> hx(n), hy(4 * n);
+    for (int i = 0; i < n; ++i) hx[i] = input(i);
+    float *dx, *dy;
+    CHECK(cudaMalloc(&dx, n * 4)); CHECK(cudaMalloc(&dy, 4 * n * 4));
+    CHECK(cudaMemcpy(dx, hx.data(), n * 4, cudaMemcpyHostToDevice));
+    MICA_LAUNCH(mica_math, 3, 128, 0, 0, dx, dy, n);
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpy(hy.data(), dy, 4 * n * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < n; ++i) {
+        const float v = 8.0f * hx[i];
+        bad += bits(hy[4 * i]) != bits(mica_exp_f32(v)) || bits(hy[4 * i + 1]) != bits(mica_tanh_f32(v)) ||
+               bits(hy[4 * i + 2]) != bits(mica_erf_f32(v)) || bits(hy[4 * i + 3]) != bits(mica_gelu_f32(v));
+    }
+    printf("math host mismatches %d\n", bad);
+    for (int i = 0; i < 8; ++i)
+        printf("x %08x exp %08x tanh %08x erf %08x gelu %08x\n", bits(8.0f * hx[i]), bits(hy[4 * i]),
+               bits(hy[4 * i + 1]), bits(hy[4 * i + 2]), bits(hy[4 * i + 3]));
+    cudaFree(dx); cudaFree(dy);
+    return 0;
+}
+
 static int mode_device() {
     int count = 0;
     CHECK(cudaGetDeviceCount(&count));
@@ -319,6 +362,10 @@ static int mode_device() {
     for (int b = 0; b < 12; ++b)
         for (int t = 0; t < 24; ++t) bad += h[b * 24 + t] != 1000 * b + t;
     printf("coords bad=%d\n", bad);
+    MICA_LAUNCH((scale<int, 3>), 12, 24, 0, 0, c, total);
+    CHECK(cudaGetLastError());
+    cudaMemcpy(h.data(), c, total * 4, cudaMemcpyDeviceToHost);
+    printf("scale<int, 3> c[25]=%d\n", h[25]);
     cudaFree(c);
     return 0;
 }
@@ -333,6 +380,7 @@ int main(int argc, char** argv) {
     if (!strcmp(m, "axpy")) return mode_axpy();
     if (!strcmp(m, "graph")) return mode_graph();
     if (!strcmp(m, "device")) return mode_device();
+    if (!strcmp(m, "math")) return mode_math();
     fprintf(stderr, "unknown mode %s\n", m);
     return 2;
 }

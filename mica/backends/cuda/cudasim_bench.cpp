@@ -36,6 +36,18 @@ __global__ void shuffle_sum(float* y) {
     if (threadIdx.x % 32 == 0) y[blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32] = v;
 }
 
+__global__ void barriers(float* y, int rounds) {
+    __shared__ float sh[256];
+    float v = (float)threadIdx.x;
+    for (int r = 0; r < rounds; ++r) {
+        sh[threadIdx.x] = v;
+        __syncthreads();
+        v = sh[(threadIdx.x + 1) % blockDim.x];
+        __syncthreads();
+    }
+    y[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
 static double seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -62,6 +74,15 @@ int main() {
         best = std::min(best, seconds() - t0);
     }
     printf("5 warp shuffles per thread: %.1f M CUDA threads/s\n", n / 4 / best / 1e6);
+
+    best = 1e30;
+    const int rounds = 50, bblocks = 64;
+    for (int r = 0; r < 3; ++r) {
+        double t0 = seconds();
+        MICA_LAUNCH(barriers, bblocks, 256, 0, 0, y, rounds);
+        best = std::min(best, seconds() - t0);
+    }
+    printf("__syncthreads: %.1f M thread-barriers/s (a fiber switch each)\n", 2.0 * rounds * bblocks * 256 / best / 1e6);
 
     const int m = 256;
     std::vector<float> ha(m * m), hb(m * m), hc(m * m);

@@ -474,13 +474,11 @@ inline bool resolve_warp(Block& b, unsigned w) {
             if (o.op >= WarpOp::ShflIdx && o.op <= WarpOp::ShflXor) {
                 if (!((m >> src) & 1u)) {
                     if (src >= lanes)
-                        fail("%s at %s:%d in %s: lane %u reads lane %u, which does not exist (the block has %u "
-                             "threads)", o.what, o.file, o.line, block_name(), j, src, b.n);
-                    if (b.threads[base + src].wait == Wait::Done)
-                        fail("%s at %s:%d in %s: lane %u reads lane %u (%s), which has exited", o.what, o.file,
-                             o.line, block_name(), j, src, thread_name(base + src));
-                    fail("%s at %s:%d in %s: lane %u reads lane %u, which is not in the mask 0x%08x", o.what, o.file,
-                         o.line, block_name(), j, src, o.mask);
+                        fail("%s at %s:%d in %s: lane %u (%s) reads lane %u, which does not exist (the block has "
+                             "%u threads)", o.what, o.file, o.line, block_name(), j, thread_name(o.linear), src, b.n);
+                    fail("%s at %s:%d in %s: lane %u (%s) reads lane %u, which is not in the mask 0x%08x%s", o.what,
+                         o.file, o.line, block_name(), j, thread_name(o.linear), src, o.mask,
+                         b.threads[base + src].wait == Wait::Done ? " and has exited" : "");
                 }
                 o.result = b.threads[base + src].value;
             }
