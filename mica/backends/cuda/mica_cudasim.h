@@ -15,9 +15,11 @@
  *   MICA_SHARED_ARRAY(type, name, count)     __shared__ type name[count]; with MICA_CUDASIM_RACECHECK
  *                                            defined, the simulator checks every access for races.
  *
- * Execution model. Each CUDA thread is a fiber (Boost.Context's fcontext fibers: a switch is a few
- * ns of user-space register saving; ucontext's swapcontext makes a sigprocmask system call per
- * switch and measured ~10x slower here, see cudasim_bench.cpp). All fibers of one block run on one
+ * Execution model. Each CUDA thread is a fiber (Boost.Context's fcontext fibers, user-space register
+ * switches; measured by cudasim_switch_bench.cpp on these machines: a scheduler-fiber round trip
+ * ~15 ns against ~700 ns for ucontext's swapcontext, which makes a sigprocmask system call per
+ * switch, and starting a fiber ~35-60 ns against ~700-900 ns; Debian's libboost_context is built
+ * for fcontext only, so BOOST_USE_UCONTEXT does not link). All fibers of one block run on one
  * OS thread, round robin, each until it reaches a barrier, a warp exchange or its end. Blocks are
  * claimed from an atomic counter by a pool of OS threads (MICA_CUDASIM_THREADS, default: the
  * machine's cores) and each runs to completion before its OS thread takes the next. Launches are
@@ -44,7 +46,16 @@
  *     within a warp) aborts. Because a block's fibers run one after another until a barrier, a
  *     missing __syncthreads shows up as a write after another thread's read in the same epoch.
  *   - out-of-bounds accesses: build with -fsanitize=address (fiber switches are annotated for
- *     ASan; cudaMalloc allocates exactly the bytes asked for).
+ *     ASan; cudaMalloc and the dynamic shared buffer are exactly the bytes asked for). ASan does
+ *     not instrument thread_local arrays, so an overrun of a static __shared__ array is caught only
+ *     when it is declared with MICA_SHARED_ARRAY under MICA_CUDASIM_RACECHECK (bounds-checked).
+ *
+ * Not simulated: a kernel that spins on another thread's write without a barrier hangs (fibers are
+ * not preempted; the GPU gives no such guarantee either, across blocks), dynamic parallelism,
+ * cooperative groups, half-precision intrinsics, textures. The race check covers 1-D arrays
+ * declared with MICA_SHARED_ARRAY (a proxy element: pass a value, not tile[i], to a template).
+ * Environment: MICA_CUDASIM_THREADS (OS threads running blocks), MICA_CUDASIM_STACK_KB (each
+ * CUDA thread's stack, 128 KiB, 512 under ASan; an overflow hits a guard page, SIGSEGV).
  *
  * Numerics. Mica's kernels are built with no FMA contraction (nvcc --fmad=false, g++
  * -ffp-contract=off), no fast-math, and use Mica's own math functions (cstyle/mica_math.h,
@@ -54,8 +65,10 @@
  * whose GPU result is approximate cannot match: __expf, __fdividef, __logf, __sinf, __cosf,
  * __powf are refused at compile time here; rsqrtf is defined as 1.0f / sqrtf(x), which is NOT the
  * GPU's approximate rsqrtf, so a kernel that must give the same bits must not call rsqrtf
- * (write 1.0f / sqrtf(x), which is correctly rounded on both). The __f*_rn intrinsics are exact
- * IEEE operations and are provided.
+ * (write 1.0f / sqrtf(x): two correctly rounded operations on both, nvcc's defaults being
+ * --prec-div=true --prec-sqrt=true). The __f*_rn intrinsics are exact IEEE operations and are
+ * provided. Library calls (expf, logf, and the double versions) are glibc's here and libdevice's
+ * on the card, so their bits may differ: Mica's kernels call mica_math.h instead.
  *
  * Build: g++ -x c++ -std=c++17 -O1 -ffp-contract=off file.cu -lboost_context -pthread
  */
@@ -309,7 +322,6 @@ struct Block {
     uint32_t epoch = 0;                /* advanced by every block barrier (race check) */
     const std::function<void()>* body = nullptr;
     ctx::fiber sched;
-    int barrier_pred_count = 0;
 #if MICA_CUDASIM_ASAN
     const void* sched_bottom = nullptr;
     size_t sched_size = 0;
