@@ -235,6 +235,14 @@ def test_race_check_catches_a_missing_syncthreads(programs):
         "writes it after thread (31,0,0) read it, with no barrier between (a missing __syncthreads?)"]
 
 
+def test_race_check_bounds_checks_shared_arrays(programs):
+    res = run(programs["race"], "overrun")
+    assert res.returncode != 0
+    assert res.stderr.splitlines() == [
+        f"mica_cudasim: tile[64] at {SRC / 'race.cu'}:59 in overrun block (0,0,0): index out of bounds "
+        "(the array has 64 elements)"]
+
+
 def test_race_check_accepts_correct_barriers_and_syncwarp(programs):
     (line, _) = run_ok(programs["race"], "clean")
     h = np.arange(512) % 7

@@ -52,6 +52,15 @@ __global__ void warp_exchange(const float* x, float* out) {
     out[t] = buf[63 - t];
 }
 
+/* an overrun of a static shared array: ASan cannot see thread_local storage, the check can */
+__global__ void overrun(float* out) {
+    MICA_SHARED_ARRAY(float, tile, 64);
+    const int t = threadIdx.x;
+    tile[t + 1] = 1.0f;
+    __syncthreads();
+    out[t] = tile[t];
+}
+
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
     const char* m = argv[1];
@@ -72,6 +81,8 @@ int main(int argc, char** argv) {
         printf("clean sums %g %g exchange %g %g\n", r[0], r[1], w[0], w[63]);
     } else if (!strcmp(m, "missing_sync")) {
         MICA_LAUNCH(tree_missing_sync, 1, n, 0, 0, x, out, n);  /* one block: one report */
+    } else if (!strcmp(m, "overrun")) {
+        MICA_LAUNCH(overrun, 1, 64, 0, 0, out);
     } else if (!strcmp(m, "stale_read")) {
         MICA_LAUNCH(stale_read, 1, 64, 0, 0, x, out);
     } else {
