@@ -91,6 +91,15 @@ def tree_sum(v):
     return v[0]
 
 
+def sites(path):
+    """Line numbers of the `// @name` markers in a source, so messages can be checked by site."""
+    out = {}
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if "// @" in text:
+            out[text.split("// @")[1].strip()] = number
+    return out
+
+
 def hexbits(x):
     return f"{int(np.float32(x).view(np.uint32)):08x}"
 
@@ -187,20 +196,20 @@ def test_results_do_not_depend_on_the_number_of_os_threads(programs):
 # ---- (f) planted bugs ------------------------------------------------------------------------------
 PLANTED = {
     "divergent": "divergent barrier in divergent block (0,0,0): thread (0,0,0) waits at __syncthreads at "
-                 "{f}:12, thread (32,0,0) at __syncthreads at {f}:15",
+                 "{f}:{divergent_a}, thread (32,0,0) at __syncthreads at {f}:{divergent_b}",
     "exited_barrier": "barrier reached after some threads exited in barrier_after_exit block (0,0,0): 100 of 128 "
-                      "threads wait at __syncthreads at {f}:25, thread (100,0,0) and 27 others have returned",
-    "exited_shuffle": "__shfl_down_sync at {f}:33 in shuffle_exited block (0,0,0): mask 0xffffffff names lane 16 "
+                      "threads wait at __syncthreads at {f}:{exited_barrier}, thread (100,0,0) and 27 others have returned",
+    "exited_shuffle": "__shfl_down_sync at {f}:{exited_shuffle} in shuffle_exited block (0,0,0): mask 0xffffffff names lane 16 "
                       "(thread (16,0,0)), which has exited",
     "shuffle_sites": "mismatched warp exchange in shuffle_sites block (0,0,0): lane 0 calls __shfl_xor_sync at "
-                     "{f}:41 with mask 0xffffffff, lane 1 calls __shfl_xor_sync at {f}:40 with mask 0xffffffff",
-    "partial_warp": "__shfl_down_sync at {f}:56 in partial_warp block (0,0,0): lane 0 (thread (32,0,0)) reads "
+                     "{f}:{sites_even} with mask 0xffffffff, lane 1 calls __shfl_xor_sync at {f}:{sites_odd} with mask 0xffffffff",
+    "partial_warp": "__shfl_down_sync at {f}:{partial} in partial_warp block (0,0,0): lane 0 (thread (32,0,0)) reads "
                     "lane 16, which does not exist (the block has 48 threads)",
-    "outside_mask": "__shfl_sync at {f}:63 in outside_mask block (0,0,0): lane 3 (thread (3,0,0)) reads lane 20, "
+    "outside_mask": "__shfl_sync at {f}:{outside} in outside_mask block (0,0,0): lane 3 (thread (3,0,0)) reads lane 20, "
                     "which is not in the mask 0x0000ffff and has exited",
     "shuffle_vs_barrier": "deadlock in shuffle_vs_barrier block (0,0,0): thread (0,0,0) waits in __shfl_sync at "
-                          "{f}:49 with mask 0xffffffff, but thread (5,0,0) in that mask waits at __syncthreads at "
-                          "{f}:48",
+                          "{f}:{vs_shuffle} with mask 0xffffffff, but thread (5,0,0) in that mask waits at __syncthreads at "
+                          "{f}:{vs_barrier}",
 }
 
 
@@ -209,7 +218,8 @@ def test_planted_bug_aborts_with_one_line(programs, mode):
     res = run(programs["bugs_asan"], mode)
     assert res.returncode != 0
     assert "finished" not in res.stdout
-    assert res.stderr.splitlines() == ["mica_cudasim: " + PLANTED[mode].format(f=SRC / "bugs.cu")]
+    want = PLANTED[mode].format(f=SRC / "bugs.cu", **sites(SRC / "bugs.cu"))
+    assert res.stderr.splitlines() == ["mica_cudasim: " + want]
 
 
 def test_out_of_bounds_write_is_caught_by_addresssanitizer(programs):
@@ -222,16 +232,16 @@ def test_out_of_bounds_write_is_caught_by_addresssanitizer(programs):
 
 
 def test_race_check_catches_a_missing_syncthreads(programs):
-    f = SRC / "race.cu"
+    f, at = SRC / "race.cu", sites(SRC / "race.cu")
     res = run(programs["race"], "missing_sync")
     assert res.returncode != 0
     assert res.stderr.splitlines() == [
-        f"mica_cudasim: shared-memory race on sh[1] at {f}:27 in tree_missing_sync block (0,0,0): thread (1,0,0) "
+        f"mica_cudasim: shared-memory race on sh[1] at {f}:{at['missing']} in tree_missing_sync block (0,0,0): thread (1,0,0) "
         "writes it after thread (0,0,0) read it, with no barrier between (a missing __syncthreads?)"]
     res = run(programs["race"], "stale_read")
     assert res.returncode != 0
     assert res.stderr.splitlines() == [
-        f"mica_cudasim: shared-memory race on tile[31] at {f}:37 in stale_read block (0,0,0): thread (32,0,0) "
+        f"mica_cudasim: shared-memory race on tile[31] at {f}:{at['stale']} in stale_read block (0,0,0): thread (32,0,0) "
         "writes it after thread (31,0,0) read it, with no barrier between (a missing __syncthreads?)"]
 
 
@@ -239,7 +249,7 @@ def test_race_check_bounds_checks_shared_arrays(programs):
     res = run(programs["race"], "overrun")
     assert res.returncode != 0
     assert res.stderr.splitlines() == [
-        f"mica_cudasim: tile[64] at {SRC / 'race.cu'}:59 in overrun block (0,0,0): index out of bounds "
+        f"mica_cudasim: tile[64] at {SRC / 'race.cu'}:{sites(SRC / 'race.cu')['overrun']} in overrun block (0,0,0): index out of bounds "
         "(the array has 64 elements)"]
 
 

@@ -9,10 +9,10 @@ __global__ void divergent(float* out) {
     const int t = threadIdx.x;
     sh[t] = (float)t;
     if (t < 32) {
-        __syncthreads();
+        __syncthreads();  // @divergent_a
         out[t] = sh[63 - t];
     } else {
-        __syncthreads();
+        __syncthreads();  // @divergent_b
         out[t] = sh[t - 32];
     }
 }
@@ -22,7 +22,7 @@ __global__ void barrier_after_exit(const float* x, float* out, int n) {
     const int t = threadIdx.x;
     if (t >= n) return;  /* the bug: these threads never reach the barrier below */
     sh[t] = x[t];
-    __syncthreads();
+    __syncthreads();  // @exited_barrier
     out[t] = sh[n - 1 - t];
 }
 
@@ -30,37 +30,37 @@ __global__ void shuffle_exited(float* out) {
     const int t = threadIdx.x;
     if (t % 32 >= 16) return;
     float v = (float)t;
-    v += __shfl_down_sync(0xffffffffu, v, 8);
+    v += __shfl_down_sync(0xffffffffu, v, 8);  // @exited_shuffle
     out[t] = v;
 }
 
 __global__ void shuffle_sites(float* out) {
     const int t = threadIdx.x;
     float v = (float)t;
-    if (t % 2) v += __shfl_xor_sync(0xffffffffu, v, 1);
-    else v += __shfl_xor_sync(0xffffffffu, v, 1);
+    if (t % 2) v += __shfl_xor_sync(0xffffffffu, v, 1);  // @sites_odd
+    else v += __shfl_xor_sync(0xffffffffu, v, 1);  // @sites_even
     out[t] = v;
 }
 
 __global__ void shuffle_vs_barrier(float* out) {
     const int t = threadIdx.x;
     float v = (float)t;
-    if (t == 5) __syncthreads();
-    else v = __shfl_sync(0xffffffffu, v, 0);
+    if (t == 5) __syncthreads();  // @vs_barrier
+    else v = __shfl_sync(0xffffffffu, v, 0);  // @vs_shuffle
     out[t] = v;
 }
 
 /* 48 threads: the second warp has 16 lanes, and its lane 0 reads lane 16 */
 __global__ void partial_warp(float* out) {
     float v = (float)threadIdx.x;
-    v += __shfl_down_sync(0xffffffffu, v, 16);
+    v += __shfl_down_sync(0xffffffffu, v, 16);  // @partial
     out[threadIdx.x] = v;
 }
 
 /* lanes 0-15 shuffle among themselves, but lane 3 reads lane 20 */
 __global__ void outside_mask(float* out) {
     const int t = threadIdx.x;
-    if (t < 16) out[t] = __shfl_sync(0x0000ffffu, (float)t, t == 3 ? 20 : 0);
+    if (t < 16) out[t] = __shfl_sync(0x0000ffffu, (float)t, t == 3 ? 20 : 0);  // @outside
 }
 
 __global__ void oob(float* y, int n) {

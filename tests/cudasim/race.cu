@@ -24,7 +24,7 @@ __global__ void tree_missing_sync(const float* x, float* out, int n) {
     sh[t] = x[blockIdx.x * n + t];
     __syncthreads();
     for (int s = n / 2; s > 0; s >>= 1) {
-        if (t < s) sh[t] += sh[t + s];
+        if (t < s) sh[t] += sh[t + s];  // @missing
     }
     __syncthreads();
     if (t == 0) out[blockIdx.x] = sh[0];
@@ -34,7 +34,7 @@ __global__ void tree_missing_sync(const float* x, float* out, int n) {
 __global__ void stale_read(const float* x, float* out) {
     MICA_SHARED_ARRAY(float, tile, 64);
     const int t = threadIdx.x;
-    tile[63 - t] = x[t];
+    tile[63 - t] = x[t];  // @stale
     out[t] = tile[t];
 }
 
@@ -56,7 +56,7 @@ __global__ void warp_exchange(const float* x, float* out) {
 __global__ void overrun(float* out) {
     MICA_SHARED_ARRAY(float, tile, 64);
     const int t = threadIdx.x;
-    tile[t + 1] = 1.0f;
+    tile[t + 1] = 1.0f;  // @overrun
     __syncthreads();
     out[t] = tile[t];
 }
