@@ -197,19 +197,21 @@ def test_results_do_not_depend_on_the_number_of_os_threads(programs):
 PLANTED = {
     "divergent": "divergent barrier in divergent block (0,0,0): thread (0,0,0) waits at __syncthreads at "
                  "{f}:{divergent_a}, thread (32,0,0) at __syncthreads at {f}:{divergent_b}",
-    "exited_barrier": "barrier reached after some threads exited in barrier_after_exit block (0,0,0): 100 of 128 "
-                      "threads wait at __syncthreads at {f}:{exited_barrier}, thread (100,0,0) and 27 others have returned",
-    "exited_shuffle": "__shfl_down_sync at {f}:{exited_shuffle} in shuffle_exited block (0,0,0): mask 0xffffffff names lane 16 "
-                      "(thread (16,0,0)), which has exited",
+    "exited_barrier": "barrier reached after some threads exited in barrier_after_exit block (0,0,0): 100 of "
+                      "128 threads wait at __syncthreads at {f}:{exited_barrier}, thread (100,0,0) and 27 others "
+                      "have returned",
+    "exited_shuffle": "__shfl_down_sync at {f}:{exited_shuffle} in shuffle_exited block (0,0,0): mask 0xffffffff "
+                      "names lane 16 (thread (16,0,0)), which has exited",
     "shuffle_sites": "mismatched warp exchange in shuffle_sites block (0,0,0): lane 0 calls __shfl_xor_sync at "
-                     "{f}:{sites_even} with mask 0xffffffff, lane 1 calls __shfl_xor_sync at {f}:{sites_odd} with mask 0xffffffff",
-    "partial_warp": "__shfl_down_sync at {f}:{partial} in partial_warp block (0,0,0): lane 0 (thread (32,0,0)) reads "
-                    "lane 16, which does not exist (the block has 48 threads)",
-    "outside_mask": "__shfl_sync at {f}:{outside} in outside_mask block (0,0,0): lane 3 (thread (3,0,0)) reads lane 20, "
-                    "which is not in the mask 0x0000ffff and has exited",
+                     "{f}:{sites_even} with mask 0xffffffff, lane 1 calls __shfl_xor_sync at {f}:{sites_odd} "
+                     "with mask 0xffffffff",
+    "partial_warp": "__shfl_down_sync at {f}:{partial} in partial_warp block (0,0,0): lane 0 (thread (32,0,0)) "
+                    "reads lane 16, which does not exist (the block has 48 threads)",
+    "outside_mask": "__shfl_sync at {f}:{outside} in outside_mask block (0,0,0): lane 3 (thread (3,0,0)) reads "
+                    "lane 20, which is not in the mask 0x0000ffff and has exited",
     "shuffle_vs_barrier": "deadlock in shuffle_vs_barrier block (0,0,0): thread (0,0,0) waits in __shfl_sync at "
-                          "{f}:{vs_shuffle} with mask 0xffffffff, but thread (5,0,0) in that mask waits at __syncthreads at "
-                          "{f}:{vs_barrier}",
+                          "{f}:{vs_shuffle} with mask 0xffffffff, but thread (5,0,0) in that mask waits at "
+                          "__syncthreads at {f}:{vs_barrier}",
 }
 
 
@@ -236,21 +238,24 @@ def test_race_check_catches_a_missing_syncthreads(programs):
     res = run(programs["race"], "missing_sync")
     assert res.returncode != 0
     assert res.stderr.splitlines() == [
-        f"mica_cudasim: shared-memory race on sh[1] at {f}:{at['missing']} in tree_missing_sync block (0,0,0): thread (1,0,0) "
-        "writes it after thread (0,0,0) read it, with no barrier between (a missing __syncthreads?)"]
+        f"mica_cudasim: shared-memory race on sh[1] at {f}:{at['missing']} in tree_missing_sync block (0,0,0): "
+        "thread (1,0,0) writes it after thread (0,0,0) read it, with no barrier between (a missing "
+        "__syncthreads?)"]
     res = run(programs["race"], "stale_read")
     assert res.returncode != 0
     assert res.stderr.splitlines() == [
-        f"mica_cudasim: shared-memory race on tile[31] at {f}:{at['stale']} in stale_read block (0,0,0): thread (32,0,0) "
-        "writes it after thread (31,0,0) read it, with no barrier between (a missing __syncthreads?)"]
+        f"mica_cudasim: shared-memory race on tile[31] at {f}:{at['stale']} in stale_read block (0,0,0): "
+        "thread (32,0,0) writes it after thread (31,0,0) read it, with no barrier between (a missing "
+        "__syncthreads?)"]
 
 
 def test_race_check_bounds_checks_shared_arrays(programs):
+    f, at = SRC / "race.cu", sites(SRC / "race.cu")
     res = run(programs["race"], "overrun")
     assert res.returncode != 0
     assert res.stderr.splitlines() == [
-        f"mica_cudasim: tile[64] at {SRC / 'race.cu'}:{sites(SRC / 'race.cu')['overrun']} in overrun block (0,0,0): index out of bounds "
-        "(the array has 64 elements)"]
+        f"mica_cudasim: tile[64] at {f}:{at['overrun']} in overrun block (0,0,0): index out of bounds (the array "
+        "has 64 elements)"]
 
 
 def test_race_check_accepts_correct_barriers_and_syncwarp(programs):
