@@ -10,6 +10,7 @@ import concurrent.futures
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ BUILDS = {  # name: (source, extra flags)
     "correct_asan": ("correct.cu", ASAN),
     "bugs_asan": ("bugs.cu", ASAN),
     "race": ("race.cu", ["-DMICA_CUDASIM_RACECHECK"]),
+    "libinprocess.so": ("inprocess.cu", ["-fPIC", "-shared"]),
 }
 
 
@@ -304,6 +306,23 @@ def test_micas_own_math_runs_in_kernels_with_the_hosts_bits(programs, build):
         want = {"exp": exp(x), "tanh": tanh(x), "erf": erf(x), "gelu": 0.5 * x * (1 + erf(x / sqrt(2)))}
         for k, v in want.items():
             assert abs(got[k] - v) <= 1e-6 * abs(v) + 1e-7, (k, x, got[k], v)
+
+
+def test_kernels_run_in_process_from_a_shared_library(programs):
+    script = f"""
+import ctypes, numpy as np
+lib = ctypes.CDLL({str(programs["libinprocess.so"])!r})
+x = (np.arange(1000, dtype=np.float32) - 500) / 7
+want = (x * x).reshape(-1, 2)[:, ::-1].ravel()
+for _ in range(3):
+    y = np.zeros_like(x)
+    rc = lib.run(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), 1000)
+    print(rc, np.array_equal(y.view(np.uint32), want.view(np.uint32)))
+"""
+    env = dict(os.environ, MICA_CUDASIM_THREADS="2")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["0 True"] * 3
 
 
 def test_approximate_intrinsics_are_refused_at_compile_time(tmp_path):
