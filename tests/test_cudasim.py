@@ -55,7 +55,7 @@ def _compile(out_dir, name):
 @pytest.fixture(scope="session")
 def programs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("cudasim")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, min(len(BUILDS), os.cpu_count() or 2))) as pool:
         futures = {name: pool.submit(_compile, out_dir, name) for name in BUILDS}
         return {name: f.result() for name, f in futures.items()}
 
