@@ -84,7 +84,7 @@ class Target:
 
 
 # targets by name: a module path (imported on first use) or a factory
-_TARGETS = {"cpu": "mica.backends.c.target"}
+_TARGETS = {"cpu": "mica.backends.c.target", "cuda": "mica.backends.cuda.target"}
 
 
 def register_target(name, factory):

@@ -1,0 +1,138 @@
+"""The NVIDIA target: CUDA C from the shared pipeline, compiled by nvcc for every architecture and
+run here, without a GPU, on the CPU simulator that runs the very same source. Mica's own kernels
+give the same bits in the simulator as on the CPU target (and so as on a card: no FMA contraction,
+Mica's own math); only products may differ (cuBLASLt, OpenBLAS and the simulator's plain product
+each sum in their own order)."""
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import mica
+from helpers import rel_err
+from mica.errors import MicaError
+
+
+def _has_boost_context():
+    return os.path.exists("/usr/include/boost/context/fiber.hpp") or os.path.exists(
+        "/usr/include/boost/context/continuation.hpp")
+
+
+needs_simulator = pytest.mark.skipif(not _has_boost_context(), reason="libboost-context-dev is not installed")
+
+
+def _nvcc():
+    return shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
+
+
+def _wheels():
+    try:
+        import nvidia.cu13  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_nvcc = pytest.mark.skipif(not (_nvcc() and _wheels()),
+                                reason="nvcc or the nvidia-cublas / nvidia-cuda-runtime wheels are missing")
+
+SHAPES = ((24, 40), (40, 8), (16, 24), (16, 8))
+
+
+def mlp_step(dropout=0.0):
+    """A two-layer MLP's SGD step: products, GELU, dropout, a mean, the backward, an update."""
+    def step(w1, w2, x, y):
+        h = mica.gelu(x @ w1)
+        if dropout:
+            h = mica.dropout(h, dropout, training=True)
+        loss = ((h @ w2) - y).square().mean()
+        g1, g2 = mica.grad(loss, [w1, w2])
+        return {"loss": loss, "w1": w1 - 0.1 * g1, "w2": w2 - 0.1 * g2, "col": g1.sum(dim=0), "t": g2.transpose(0, 1)}
+
+    return mica.trace(step, *(mica.f32[s] for s in SHAPES))
+
+
+def no_products():
+    """Only Mica's own kernels: loops (GELU, dropout, tanh, exp), reductions over rows, columns and
+    everything, a pad and a concat."""
+    def step(x, z):
+        h = mica.dropout(mica.gelu(x) * mica.tanh(z[:, :40]) + mica.exp(-x.abs()), 0.25, training=True)
+        rows, cols, total = h.sum(dim=1), h.amax(dim=0), (h * h).sum()
+        both = mica.cat([h, z[:, 40:]], dim=1)
+        return {"rows": rows, "cols": cols, "total": total, "both": both,
+                "padded": mica.nn.functional.pad(rows, (2, 3))}
+
+    return mica.trace(step, mica.f32[33, 40], mica.f32[33, 57])
+
+
+def data(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+@needs_simulator
+def test_the_simulated_step_matches_the_float64_oracle():
+    program = mlp_step(dropout=0.1)
+    args = data(SHAPES)
+    got = program.lower("cuda", simulate=True).build()(*args, seed=5)
+    want = mica.reference.run(program, *args, seed=5)
+    assert rel_err(got["loss"], want["loss"]) < 1e-5
+    for k in ("w1", "w2", "col", "t"):
+        assert rel_err(got[k], want[k]) < 1e-4, k
+
+
+@needs_simulator
+def test_the_same_bits_for_any_launch_configuration():
+    program = mlp_step(dropout=0.1)
+    args = data(SHAPES)
+    runs = [program.lower("cuda", simulate=True, threads_per_block=t).build()(*args, seed=3) for t in (32, 256, 1024)]
+    for r in runs[1:]:
+        for k in r:
+            assert np.array_equal(r[k], runs[0][k]), k
+
+
+@needs_simulator
+def test_mica_kernels_give_the_cpu_targets_bits():
+    program = no_products()
+    args = data(((33, 40), (33, 57)), seed=1)
+    cuda = program.lower("cuda", simulate=True).build()(*args, seed=9)
+    cpu = program.lower("cpu").build()(*args, seed=9, threads=2)
+    want = mica.reference.run(program, *args, seed=9)
+    for k in cpu:
+        assert np.array_equal(cuda[k], cpu[k]), k
+        assert rel_err(cuda[k], want[k]) < 1e-5, k
+
+
+def test_a_kernel_primitive_without_a_cuda_kernel_is_a_sentence():
+    def step(x, w):
+        return mica.nn.functional.layer_norm(x, (8,), w)
+
+    program = mica.trace(step, mica.f32[4, 8], mica.f32[8])
+    with pytest.raises(MicaError, match="the cuda target has no kernel for layer_norm"):
+        program.lower("cuda", simulate=True)
+
+
+@needs_nvcc
+def test_nvcc_builds_every_architecture_with_warnings_as_errors(tmp_path):
+    from mica.backends.cuda import build
+
+    src = tmp_path / "mlp.cu"
+    src.write_text(mlp_step(dropout=0.1).lower("cuda").source)
+    r = subprocess.run(build.nvcc_command(str(src), str(tmp_path / "mlp.o"), shared=False), capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    if shutil.which("cuobjdump"):  # (PyPI: nvidia-cuda-cuobjdump)
+        listing = subprocess.run(["cuobjdump", "--list-elf", str(tmp_path / "mlp.o")], capture_output=True, text=True)
+        for arch in build.ARCHS:
+            assert f"sm_{arch}" in listing.stdout, arch
+
+
+@needs_nvcc
+def test_without_a_gpu_the_program_says_so_in_a_sentence():
+    if subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0 if shutil.which("nvidia-smi") else False:
+        pytest.skip("a GPU is present")
+    program = mlp_step()
+    with pytest.raises(MicaError, match="no CUDA device is usable here"):
+        program.lower("cuda").build()
