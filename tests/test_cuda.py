@@ -67,6 +67,30 @@ def no_products():
     return mica.trace(step, mica.f32[33, 40], mica.f32[33, 57])
 
 
+def row_kernels():
+    """Every row kernel the CUDA target has, forward and backward, and no product: embedding,
+    layer norm, RMS norm, softmax, log-softmax, cross-entropy."""
+    F = mica.nn.functional
+
+    def step(wte, w, b, idx, targets):
+        x = F.embedding(idx, wte)
+        h = F.rms_norm(F.layer_norm(x, (24,), w, b), (24,), w)
+        h = mica.softmax(h, dim=-1) * 3.0 + mica.log_softmax(h * 2.0, dim=-1)
+        loss = F.cross_entropy(h.view(-1, 24), targets.view(-1))
+        g_wte, g_w, g_b = mica.grad(loss, [wte, w, b])
+        return {"loss": loss, "wte": g_wte, "w": g_w, "b": g_b}
+
+    return mica.trace(step, mica.f32[30, 24], mica.f32[24], mica.f32[24], mica.i64[3, 7], mica.i64[3, 7])
+
+
+def row_data():
+    rng = np.random.default_rng(4)
+    wte, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((30, 24), (24,), (24,)))
+    idx = rng.integers(0, 30, (3, 7))
+    idx[0, :3] = 5  # a row used several times: embedding's backward sums in position order
+    return wte, w, b, idx, rng.integers(0, 24, (3, 7))
+
+
 def data(shapes, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -105,12 +129,36 @@ def test_mica_kernels_give_the_cpu_targets_bits():
         assert rel_err(cuda[k], want[k]) < 1e-5, k
 
 
-def test_a_kernel_primitive_without_a_cuda_kernel_is_a_sentence():
-    def step(x, w):
-        return mica.nn.functional.layer_norm(x, (8,), w)
+@needs_simulator
+def test_the_row_kernels_give_the_cpu_targets_bits():
+    program = row_kernels()
+    args = row_data()
+    cuda = program.lower("cuda", simulate=True).build()(*args)
+    cpu = program.lower("cpu").build()(*args, threads=2)
+    want = mica.reference.run(program, *args)
+    for k in cpu:
+        assert np.array_equal(cuda[k], cpu[k]), k
+        assert rel_err(cuda[k], want[k]) < 1e-4, k
 
-    program = mica.trace(step, mica.f32[4, 8], mica.f32[8])
-    with pytest.raises(MicaError, match="the cuda target has no kernel for layer_norm"):
+
+@needs_simulator
+def test_an_index_out_of_range_is_a_sentence_on_the_device():
+    program = row_kernels()
+    wte, w, b, idx, targets = row_data()
+    idx[1, 2] = 30
+    exe = program.lower("cuda", simulate=True).build()
+    with pytest.raises(MicaError, match="embedding: index 30 is out of range for 30 embeddings"):
+        exe(wte, w, b, idx, targets)
+    idx[1, 2] = 3  # and the program runs again afterwards
+    assert np.isfinite(exe(wte, w, b, idx, targets)["loss"])
+
+
+def test_a_kernel_primitive_without_a_cuda_kernel_is_a_sentence():
+    def step(q, k, v):
+        return mica.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    program = mica.trace(step, mica.f32[1, 2, 4, 8], mica.f32[1, 2, 4, 8], mica.f32[1, 2, 4, 8])
+    with pytest.raises(MicaError, match="the cuda target has no kernel for attention"):
         program.lower("cuda", simulate=True)
 
 
@@ -120,6 +168,11 @@ def test_nvcc_builds_every_architecture_with_warnings_as_errors(tmp_path):
 
     src = tmp_path / "mlp.cu"
     src.write_text(mlp_step(dropout=0.1).lower("cuda").source)
+    rows = tmp_path / "rows.cu"
+    rows.write_text(row_kernels().lower("cuda").source)
+    r = subprocess.run(build.nvcc_command(str(rows), str(tmp_path / "rows.o"), shared=False), capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
     r = subprocess.run(build.nvcc_command(str(src), str(tmp_path / "mlp.o"), shared=False), capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr

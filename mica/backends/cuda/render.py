@@ -8,7 +8,7 @@ plain CPU product in the simulator). Launches go through MICA_LAUNCH, so only nv
 import math
 
 from ... import __version__, dtypes
-from ...passes.schedule import Const, Gemm, Iota, row_major
+from ...passes.schedule import Call, Const, Gemm, Iota, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, offset_expr, reduce_init as _init
 from ..cstyle.render import CStyleRenderer
@@ -44,7 +44,9 @@ class CudaRenderer(CStyleRenderer):
         self.launches = []  # per kernel: the host statement that runs it
 
     def workspace_lines(self):
-        return []  # generated loops need no scratch (kernel primitives, which do, come with their lowerings)
+        # the scratch pointers a kernel primitive's call may name (nvcc warns of an unused one)
+        ws = self.plan.workspace_offset
+        return [f"[[maybe_unused]] char *work = A + {ws}, *scratch = A + {ws + self.plan.shared_bytes};"]
 
     # ---- elementwise loops -----------------------------------------------------------------------
     def loop(self, kern):
@@ -159,7 +161,10 @@ class CudaRenderer(CStyleRenderer):
 
     def kernel(self, k, kern):
         if not isinstance(kern, Gemm):
-            self.launches.append(f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A);")
+            launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A);"
+            if isinstance(kern, Call) and self.target.kernel_abi(kern.op).may_fail:
+                launch += " if (mica_cuda_kernel_failed()) return 1;"
+            self.launches.append(launch)
             return super().kernel(k, kern)
         a, b, out = kern.a, kern.b, kern.out
         if out.dtype is not dtypes.float32:
@@ -199,6 +204,9 @@ class CudaRenderer(CStyleRenderer):
     def _work(kern):
         from ...passes.schedule import Copy, Loop, Reduce
 
+        if isinstance(kern, Call):  # rows (or columns, or vocabulary rows), a thread each
+            shape = kern.outputs[0].shape
+            return max(math.prod(shape[:-1]), shape[-1] if shape else 1, 1)
         if isinstance(kern, Loop):
             return max(math.prod(kern.shape), 1)
         if isinstance(kern, Reduce):
@@ -221,7 +229,7 @@ class CudaRenderer(CStyleRenderer):
         out += [" * " + line for line in report.splitlines()]
         out += [" */", "#ifndef MICA_THREADS",
                 f"#define MICA_THREADS {THREADS}  /* per block: the results do not depend on it */", "#endif",
-                '#include "mica_cuda.h"', "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
+                '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
         out += self.literals()
         for k, kern in enumerate(s.kernels):
             out += self.kernel(k, kern)
