@@ -14,7 +14,7 @@ $(VENV)/.core: pyproject.toml
 	touch $@
 
 $(VENV)/.tests: $(VENV)/.core
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,cuda]'
 	touch $@
 
 # nanoGPT's CPU run on the built-in Shakespeare corpus, then a sample of what it learned

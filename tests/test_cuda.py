@@ -189,3 +189,34 @@ def test_without_a_gpu_the_program_says_so_in_a_sentence():
     program = mlp_step()
     with pytest.raises(MicaError, match="no CUDA device is usable here"):
         program.lower("cuda").build()
+
+
+def _gpu():
+    return shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+needs_gpu = pytest.mark.skipif(not (_gpu() and _nvcc() and _wheels()), reason="no NVIDIA GPU here")
+
+
+@needs_gpu
+@pytest.mark.parametrize("make,args", [(no_products, lambda: data(((33, 40), (33, 57)), seed=1)),
+                                        (row_kernels, row_data)])
+def test_on_the_gpu_mica_kernels_give_the_cpu_targets_bits(make, args):
+    """The CPU target gives the simulator's bits (tested above on every machine), so equal bits here
+    mean the card gives the simulator's bits too."""
+    program, a = make(), args()
+    gpu = program.lower("cuda").build()(*a, seed=9)
+    cpu = program.lower("cpu", blas="own").build()(*a, seed=9, threads=1)
+    for k in cpu:
+        assert np.array_equal(gpu[k], cpu[k]), k
+
+
+@needs_gpu
+def test_on_the_gpu_the_step_matches_the_float64_oracle():
+    program = mlp_step(dropout=0.1)
+    args = data(SHAPES)
+    got = program.lower("cuda").build()(*args, seed=5)
+    want = mica.reference.run(program, *args, seed=5)
+    assert rel_err(got["loss"], want["loss"]) < 1e-5
+    for k in ("w1", "w2", "col", "t"):
+        assert rel_err(got[k], want[k]) < 1e-4, k
