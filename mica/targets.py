@@ -47,6 +47,11 @@ def register_lowering(op, platform, rule=None, scratch=None):
     return add(rule) if rule is not None else add
 
 
+def lowering_of(op, platform):
+    """The Lowering `platform` registered for `op`, or None."""
+    return _LOWERINGS.get((platform, op))
+
+
 class Target:
     """The questions the shared pipeline asks; a backend subclasses it."""
 
@@ -84,7 +89,7 @@ class Target:
 
 
 # targets by name: a module path (imported on first use) or a factory
-_TARGETS = {"cpu": "mica.backends.c.target"}
+_TARGETS = {"cpu": "mica.backends.c.target", "cuda": "mica.backends.cuda.target"}
 
 
 def register_target(name, factory):

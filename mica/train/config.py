@@ -246,7 +246,8 @@ def seed_int64(seed):
 def check_supported(cfg, log=print):
     """Refuse what Mica cannot do yet; say what is accepted but means nothing here."""
     if cfg["device"] != "cpu" and not cfg["device"].startswith("cpu"):
-        raise MicaError(f"device={cfg['device']!r} is not available yet: Mica trains on the CPU for now; "
+        raise MicaError(f"device={cfg['device']!r} is not available yet: Mica's trainer runs on the CPU for now "
+                        "(the CUDA target compiles programs, program.lower('cuda'), but has no trainer yet); "
                         "pass --device=cpu")
     if isinstance(cfg["init_from"], str) and cfg["init_from"].startswith("gpt2"):
         raise MicaError(f"init_from={cfg['init_from']!r} downloads GPT-2 from a hub, which Mica never does; get "

@@ -10,6 +10,7 @@ import math
 from ...passes.schedule import Const, Iota, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import ExprWriter, coalesce, offset_expr
+from ..cstyle.expr import combine as _combine, reduce_init as _init
 
 PARALLEL_MIN = 8192  # elements below which a loop runs on one thread (a parallel region costs more)
 
@@ -77,22 +78,6 @@ def _nest(dims, names, body, shape):
 
 
 # ---- reductions ------------------------------------------------------------------------------------
-
-def _combine(op, dtype, a, b):
-    if op == "sum":
-        return ct.rounded(dtype, f"({a} + {b})")
-    if dtype.kind == "float":
-        return f"mica_max_{ct.suffix(dtype)}({a}, {b})"
-    return f"({a} > {b} ? {a} : {b})"
-
-
-def _init(op, dtype):
-    if op == "sum":
-        return ct.const(0, dtype)
-    if dtype.kind == "float":
-        return "(-INFINITY)"
-    return {"int32": "INT32_MIN", "int64": "INT64_MIN", "bool": "0"}[dtype.name]
-
 
 def reduce_body(emitter, kernel, name):
     """C body of a Reduce kernel; also returns helper functions it needs (the element value)."""

@@ -93,3 +93,21 @@ class ExprWriter:
         if dst.kind == "int" and src.kind == "float":
             return f"({ct.ctype(dst)})({arg})"
         return ct.rounded(dst, f"({ct.ctype(dst)})({arg})")
+
+
+def combine(op, dtype, a, b):
+    """Two partial results of a reduction combined (a sum rounds to a half type as it goes)."""
+    if op == "sum":
+        return ct.rounded(dtype, f"({a} + {b})")
+    if dtype.kind == "float":
+        return f"mica_max_{ct.suffix(dtype)}({a}, {b})"
+    return f"({a} > {b} ? {a} : {b})"
+
+
+def reduce_init(op, dtype):
+    """The identity a reduction starts from."""
+    if op == "sum":
+        return ct.const(0, dtype)
+    if dtype.kind == "float":
+        return "(-INFINITY)"
+    return {"int32": "INT32_MIN", "int64": "INT64_MIN", "bool": "0"}[dtype.name]

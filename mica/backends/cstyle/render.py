@@ -131,8 +131,9 @@ class CStyleRenderer:
                          f"{{{', '.join(str(len(v.shape)) if v else '0' for _, v, _ in rows)}}};")
             lines.append(f"static const int64_t mica_abi_{kind}_shape[{max(n, 1)}][8] = "
                          f"{{{', '.join(self._dims(v.shape if v else ()) for _, v, _ in rows)}}};")
-            lines.append(f"static const int64_t mica_abi_{kind}_stride[{max(n, 1)}][8] = "
-                         f"{{{', '.join(self._dims(v.strides if v else ()) for _, v, _ in rows)}}};")
+            if kind == "output":  # (inputs are whole buffers)
+                lines.append(f"static const int64_t mica_abi_{kind}_stride[{max(n, 1)}][8] = "
+                             f"{{{', '.join(self._dims(v.strides if v else ()) for _, v, _ in rows)}}};")
             lines.append(f"static const int mica_abi_{kind}_itemsize[{max(n, 1)}] = "
                          f"{{{', '.join(str(v.dtype.itemsize) if v else '0' for _, v, _ in rows)}}};")
             lines.append(f"static const char *mica_abi_{kind}_dtype[{max(n, 1)}] = "

@@ -1,0 +1,93 @@
+"""Build generated CUDA source: with nvcc into a fatbin for every supported architecture, or with
+g++ against the CPU simulator (mica_cudasim.h). Cached by the hash of the source and the flags."""
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+from ...errors import MicaError
+from ..c.build import cache_dir
+from ..c.emit import SHARED_DIR
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ARCHS = ("80", "86", "89", "90", "120")
+HEADERS = tuple(os.path.join(HERE, h) for h in ("mica_cuda.h", "mica_cuda_kernels.h", "mica_cudasim.h")) + (
+    os.path.join(SHARED_DIR, "mica_math.h"),)
+
+
+def nvcc():
+    path = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
+    if path is None:
+        raise MicaError("nvcc is not installed: install the CUDA toolkit (nvcc 13), or build with simulate=True")
+    return path
+
+
+def cuda_libraries():
+    """(include dir, lib dir) of the cuBLAS/cuBLASLt and CUDA runtime wheels (PyPI: nvidia-cublas,
+    nvidia-cuda-runtime)."""
+    try:
+        import nvidia.cu13 as cu13
+    except ImportError:
+        raise MicaError("cuBLASLt is not installed: pip install nvidia-cublas nvidia-cuda-runtime") from None
+    root = list(cu13.__path__)[0]
+    return os.path.join(root, "include"), os.path.join(root, "lib")
+
+
+def gencode():
+    flags = []
+    for a in ARCHS:
+        flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    return flags + ["-gencode", f"arch=compute_{ARCHS[-1]},code=compute_{ARCHS[-1]}"]
+
+
+def nvcc_command(src, out, shared=True, tf32=False, threads_per_block=None, archs=None):
+    include, lib = cuda_libraries()
+    cmd = [nvcc(), "-O3", "--fmad=false", "-std=c++17", "-Werror", "all-warnings", "-I", HERE, "-I", SHARED_DIR,
+           "-I", include, *(archs or gencode()), "-Xcompiler", "-fPIC"]
+    cmd += ["-DMICA_TF32"] if tf32 else []
+    cmd += [f"-DMICA_THREADS={threads_per_block}"] if threads_per_block else []
+    if shared:
+        cmd += ["-shared", src, "-o", out, "-L", lib, "-l:libcublasLt.so.13", "-Xlinker", f"-rpath,{lib}"]
+    else:
+        cmd += ["-c", src, "-o", out]
+    return cmd
+
+
+def simulator_command(src, out, threads_per_block=None, sanitize=False):
+    cmd = ["g++", "-x", "c++", "-std=c++17", "-O1", "-g", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
+           "-DMICA_CUDASIM", "-I", HERE, "-I", SHARED_DIR, src, "-o", out, "-lboost_context", "-lpthread"]
+    cmd += [f"-DMICA_THREADS={threads_per_block}"] if threads_per_block else []
+    cmd += ["-fsanitize=address"] if sanitize else []
+    return cmd
+
+
+def build(source, name="program", simulate=False, tf32=False, threads_per_block=None):
+    """Compile to a shared library (cached); returns its path."""
+    kind = "sim" if simulate else "nvcc"
+    digest = hashlib.sha256()
+    for part in (source, kind, str(tf32), str(threads_per_block)):
+        digest.update(part.encode() + b"\0")
+    for path in HEADERS:
+        if os.path.exists(path):
+            digest.update(open(path, "rb").read())
+    out_dir = os.path.join(cache_dir(), f"cuda-{kind}-" + digest.hexdigest()[:24])
+    lib = os.path.join(out_dir, "libmica_program.so")
+    if os.path.exists(lib):
+        return lib
+    os.makedirs(out_dir, exist_ok=True)
+    src = os.path.join(out_dir, "program.cu")
+    with open(src, "w") as f:
+        f.write(source)
+    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
+        tmp_path = tmp.name
+    cmd = simulator_command(src, tmp_path, threads_per_block) if simulate else \
+        nvcc_command(src, tmp_path, tf32=tf32, threads_per_block=threads_per_block)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        os.unlink(tmp_path)
+        first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
+        raise MicaError(f"{'g++ (the CUDA simulator)' if simulate else 'nvcc'} failed on the generated program for "
+                        f"{name} ({first}); the source is at {src}")
+    os.replace(tmp_path, lib)
+    return lib

@@ -1,0 +1,275 @@
+"""The CUDA target's renderer, on the C-style base: every elementwise loop a grid-stride kernel
+over its coalesced index space; every reduction a kernel with one thread per output that sums in
+the canonical order of mica_math.h (eight lanes by index inside blocks of 8192, blocks left to
+right) — the CPU's order, so the result never depends on the launch configuration; pad and concat
+as grid-stride copies; products as host calls of one wrapper (mica_cuda.h: cuBLASLt on a card, a
+plain CPU product in the simulator). Launches go through MICA_LAUNCH, so only nvcc sees <<<>>>.
+"""
+import math
+
+from ... import __version__, dtypes
+from ...passes.schedule import Call, Const, Gemm, Iota, row_major
+from ..cstyle import types as ct
+from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, offset_expr, reduce_init as _init
+from ..cstyle.render import CStyleRenderer
+
+THREADS = 256  # threads per block; results do not depend on it (tests change it)
+
+
+def _decompose(dims, names, flat="t"):
+    """Statements splitting the flat index `flat` into one index per coalesced dim (row-major)."""
+    lines, rest = [], flat
+    for d in range(len(dims) - 1, -1, -1):
+        size = dims[d][0]
+        if d == 0:
+            lines.append(f"const int64_t {names[d]} = {rest};")
+        else:
+            lines.append(f"const int64_t {names[d]} = {rest} % {size};")
+            lines.append(f"const int64_t q{d} = {rest} / {size};")
+            rest = f"q{d}"
+    return lines
+
+
+def _grid_stride(total, body):
+    return ([f"for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < {total}; "
+             "t += (int64_t)gridDim.x * blockDim.x) {"] + ["    " + b for b in body] + ["}"])
+
+
+class CudaRenderer(CStyleRenderer):
+    kernel_qualifier = "__global__ void"
+    constant_qualifier = "static __device__ const"
+
+    def __init__(self, schedule, plan, name, target):
+        super().__init__(schedule, plan, name, target)
+        self.launches = []  # per kernel: the host statement that runs it
+
+    def workspace_lines(self):
+        # the scratch pointers a kernel primitive's call may name (nvcc warns of an unused one)
+        ws = self.plan.workspace_offset
+        return [f"[[maybe_unused]] char *work = A + {ws}, *scratch = A + {ws + self.plan.shared_bytes};"]
+
+    # ---- elementwise loops -----------------------------------------------------------------------
+    def loop(self, kern):
+        accesses = [e.view for e in kern.exprs if e.kind == "load"] + [v for v, _ in kern.stores]
+        flat = row_major(kern.shape)
+        dims = coalesce(kern.shape, [v.strides for v in accesses] + [flat])
+        names = [f"i{d}" for d in range(len(dims))]
+        strides_of = {id(v): [d[1][k] for d in dims] for k, v in enumerate(accesses)}
+        flat_strides = [d[1][-1] for d in dims]
+
+        def index_of(view):
+            return offset_expr(view.offset, strides_of[id(view)], names)
+
+        writer = ExprWriter(self, kern.exprs, index_of, offset_expr(0, flat_strides, names))
+        body = _decompose(dims, names) + writer.lines()
+        for view, k in kern.stores:
+            body.append(f"{self.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
+        return _grid_stride(max(math.prod(kern.shape), 1), body)
+
+    # ---- reductions: a thread per output, the canonical order ------------------------------------
+    def reduce(self, kern, name):
+        shape, axes = kern.in_shape, kern.axes
+        kept = [d for d in range(len(shape)) if d not in axes]
+        names = {d: f"i{d}" for d in range(len(shape))}
+        writer = ExprWriter(self, kern.exprs,
+                            lambda v: offset_expr(v.offset, v.strides, [names[d] for d in range(len(shape))]))
+        out = kern.out
+        dtype = kern.exprs[kern.result].dtype
+        t = ct.ctype(dtype)
+        O = math.prod(shape[d] for d in kept)
+        kept_dims = [(shape[d], None) for d in kept]
+        body = _decompose(kept_dims, [names[d] for d in kept], "t") if kept else []
+        oidx = offset_expr(out.offset, row_major([shape[d] for d in kept]), [names[d] for d in kept])
+        pad = ""
+        if kern.op == "argmax":
+            axis = axes[0]
+            v = f"v{kern.result}"
+            body += [f"{t} best = 0; int64_t at = 0;",
+                     f"for (int64_t {names[axis]} = 0; {names[axis]} < {shape[axis]}; {names[axis]}++) {{"]
+            body += ["    " + x for x in writer.lines()]
+            body += [f"    if ({names[axis]} == 0 || {v} > best || ({v} != {v} && best == best)) "
+                     f"{{ best = {v}; at = {names[axis]}; }}", "}",
+                     f"{self.accessor.base(out)}[{oidx}] = at;"]
+            return [], _grid_stride(max(O, 1), body)
+        comb = lambda a, b: _combine(kern.op, dtype, a, b)  # noqa: E731
+        tree = comb(comb(comb("a[0]", "a[1]"), comb("a[2]", "a[3]")), comb(comb("a[4]", "a[5]"), comb("a[6]", "a[7]")))
+        init = _init(kern.op, dtype)
+        body += [f"{t} a[8] = {{{', '.join([init] * 8)}}}, tot = {init};", "int64_t r = 0;"]
+        for d in axes:
+            body.append(pad + f"for (int64_t {names[d]} = 0; {names[d]} < {shape[d]}; {names[d]}++) {{")
+            pad += "    "
+        body += [pad + x for x in writer.lines()]
+        body += [pad + f"a[r & 7] = {comb('a[r & 7]', f'v{kern.result}')};",
+                 pad + "if (++r % 8192 == 0) {",
+                 pad + f"    tot = r == 8192 ? {tree} : {comb('tot', tree)};",
+                 pad + f"    for (int l = 0; l < 8; l++) a[l] = {init};",
+                 pad + "}"]
+        for _ in axes:
+            pad = pad[:-4]
+            body.append(pad + "}")
+        body += [f"if (r % 8192 != 0 || r == 0) tot = r <= 8192 ? {tree} : {comb('tot', tree)};",
+                 f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};"]
+        return [], _grid_stride(max(O, 1), body)
+
+    # ---- pad and concat --------------------------------------------------------------------------
+    def copy(self, kern):
+        out = kern.out
+        if kern.op == "pad":  # each output element: its input element, or zero outside it
+            x, starts, steps = kern.inputs[0], kern.attrs["starts"], kern.attrs["steps"]
+            dims = [(n, None) for n in out.shape]
+            names = [f"o{d}" for d in range(len(out.shape))]
+            body = _decompose(dims, names, "t") if dims else []
+            conds, src = [], []
+            for d, (s0, st, n) in enumerate(zip(starts, steps, x.shape)):
+                body.append(f"const int64_t s{d} = o{d} - {s0};")
+                conds.append(f"s{d} >= 0 && s{d} % {st} == 0 && s{d} / {st} < {n}")
+                src.append(f"s{d} / {st}")
+            s_idx = " + ".join([str(x.offset)] + [f"({e}) * {st}" for e, st in zip(src, x.strides) if st]) or "0"
+            d_idx = offset_expr(out.offset, out.strides, names)
+            value = self._element(x, s_idx)
+            cond = " && ".join(conds) or "1"
+            body.append(f"{self.accessor.base(out)}[{d_idx}] = ({cond}) ? {value} : {ct.const(0, out.dtype)};")
+            return _grid_stride(max(out.numel, 1), body)
+        axis, start, lines = kern.attrs["axis"], 0, []
+        for x in kern.inputs:  # disjoint slices of the output: no ordering between them
+            starts, stops = [0] * len(out.shape), list(out.shape)
+            starts[axis], stops[axis] = start, start + x.shape[axis]
+            dst = out.slice(starts, stops, [1] * len(out.shape))
+            dims = coalesce(x.shape, [x.strides, dst.strides])
+            names = [f"i{d}" for d in range(len(dims))]
+            s_idx = offset_expr(x.offset, [d[1][0] for d in dims], names)
+            d_idx = offset_expr(dst.offset, [d[1][1] for d in dims], names)
+            body = _decompose(dims, names) + [f"{self.accessor.base(dst)}[{d_idx}] = "
+                                              f"{ct.store(dst.dtype, self._load(x, s_idx))};"]
+            lines += _grid_stride(max(x.numel, 1), body)
+            start += x.shape[axis]
+        return lines
+
+    def _load(self, x, idx):
+        if isinstance(x.src, Const):
+            return ct.const(x.src.value, x.dtype)
+        if isinstance(x.src, Iota):
+            return f"({ct.ctype(x.dtype)})({idx})"
+        return ct.load(x.dtype, f"{self.accessor.base(x)}[{idx}]")
+
+    def _element(self, x, idx):
+        return ct.store(x.dtype, self._load(x, idx))
+
+    # ---- products: host calls --------------------------------------------------------------------
+    def product(self, kern):
+        raise AssertionError("products are host calls (see kernel)")
+
+    def kernel(self, k, kern):
+        if not isinstance(kern, Gemm):
+            launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A);"
+            if isinstance(kern, Call) and self.target.kernel_abi(kern.op).may_fail:
+                launch += " if (mica_cuda_kernel_failed()) return 1;"
+            self.launches.append(launch)
+            return super().kernel(k, kern)
+        a, b, out = kern.a, kern.b, kern.out
+        if out.dtype is not dtypes.float32:
+            from ...errors import MicaError
+
+            raise MicaError(f"matmul on {out.dtype.name} is not supported by the CUDA backend yet; cast to float32")
+        M, K = a.shape[-2:]
+        N = b.shape[-1]
+        ta, lda = _operand(a)
+        tb, ldb = _operand(b)
+        batch = a.shape[:-2]
+        bn = [f"n{d}" for d in range(len(batch))]
+
+        def off(v):
+            return " + ".join([str(v.offset)] + [f"{n} * {st}" for n, st in zip(bn, v.strides[:-2]) if st])
+
+        self._declared = {}
+        pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
+        self._declared = None
+        call = (f"if (mica_gemm_f32(stream, {M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, "
+                f"{tb}, {pc} + {off(out)}, {N}) != 0) return 1;")
+        lines, depth = [], 0
+        for n, size in zip(bn, batch):
+            lines.append("    " * depth + f"for (int64_t {n} = 0; {n} < {size}; {n}++)")
+            depth += 1
+        lines.append("    " * depth + call)
+        self.launches.append(f"if (k{k}(A, stream) != 0) return 1;")
+        import os
+
+        where = f" ({os.path.basename(kern.loc[0])}:{kern.loc[1]})" if kern.loc else ""
+        return ([f"/* k{k}: {kern.name}{where}: a product, called from the host */",
+                 f"static int k{k}(char *A, cudaStream_t stream) {{"]
+                + ["    " + x for x in self.declare_pointers([a, b, out])] + ["    " + x for x in lines]
+                + ["    return 0;", "}"])
+
+    @staticmethod
+    def _work(kern):
+        from ...passes.schedule import Copy, Loop, Reduce
+
+        if isinstance(kern, Call):  # rows (or columns, or vocabulary rows), a thread each
+            shape = kern.outputs[0].shape
+            return max(math.prod(shape[:-1]), shape[-1] if shape else 1, 1)
+        if isinstance(kern, Loop):
+            return max(math.prod(kern.shape), 1)
+        if isinstance(kern, Reduce):
+            return max(math.prod(n for d, n in enumerate(kern.in_shape) if d not in kern.axes), 1)
+        if isinstance(kern, Copy):
+            return max(kern.out.numel, 1)
+        return 1
+
+    # ---- the ABI's copies go through the device ----------------------------------------------------
+    def copy_to_arena(self, dst, src, n):
+        return f"mica_check(cudaMemcpy({dst}, {src}, (size_t)({n}), cudaMemcpyHostToDevice));"
+
+    def copy_from_arena(self, dst, src, n):
+        return f"mica_check(cudaMemcpy({dst}, {src}, (size_t)({n}), cudaMemcpyDeviceToHost));"
+
+    # ---- the file --------------------------------------------------------------------------------
+    def source(self, report, api="mica_"):
+        s, plan = self.s, self.plan
+        out = [f"/* {self.name}: generated by Mica {__version__} for CUDA. Regenerate instead of editing.", " *"]
+        out += [" * " + line for line in report.splitlines()]
+        out += [" */", "#ifndef MICA_THREADS",
+                f"#define MICA_THREADS {THREADS}  /* per block: the results do not depend on it */", "#endif",
+                '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
+        out += self.literals()
+        for k, kern in enumerate(s.kernels):
+            out += self.kernel(k, kern)
+            out.append("")
+        out += [
+            "/* the program's C API (callable from C, Python's ctypes, the trainer) */",
+            'extern "C" {',
+            f"int64_t {api}arena_bytes(void) {{ return MICA_ARENA_BYTES; }}",
+            f"const char *{api}error(void) {{ return mica_error_text; }}",
+            f"void *{api}arena_new(void) {{",
+            "    void *p = 0;",
+            "    if (!mica_cuda_ready() || cudaMalloc(&p, (size_t)MICA_ARENA_BYTES) != cudaSuccess) return 0;",
+            "    if (cudaMemset(p, 0, (size_t)MICA_ARENA_BYTES) != cudaSuccess) { cudaFree(p); return 0; }",
+            "    return p;",
+            "}",
+            f"void {api}arena_free(void *p) {{ cudaFree(p); }}",
+            "",
+            *self.abi_lines(api),
+            "/* Run the program once over `arena` (device memory): inputs must be in place; results are left in place. */",
+            f"int {api}run(void *arena, int threads, int64_t seed, int64_t offset) {{",
+            "    (void)threads;",
+            "    char *A = (char *)arena;",
+            "    cudaStream_t stream = 0;",
+        ]
+        if s.rng is not None:
+            out.append("    int64_t key[2] = {seed, offset};")
+            out.append(f"    if (cudaMemcpy(A + {plan.offset(s.rng)}, key, sizeof key, cudaMemcpyHostToDevice) "
+                       "!= cudaSuccess) return mica_cuda_failed(\"copying the random key\");")
+        else:
+            out.append("    (void)seed; (void)offset;")
+        out += ["    " + x for x in self.launches]
+        out += ["    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess)",
+                "        return mica_cuda_failed(\"running the program\");",
+                "    return 0;", "}", "}  /* extern \"C\" */", ""]
+        return "\n".join(out)
+
+
+def _operand(v):
+    sr, sc = v.strides[-2:]
+    rows, cols = v.shape[-2:]
+    if sc == 1 and (sr >= cols or rows == 1):
+        return 0, max(sr, cols)
+    return 1, max(sc, rows)

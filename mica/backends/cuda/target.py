@@ -1,0 +1,46 @@
+"""The NVIDIA target: CUDA C for nvcc (a fatbin for sm_80, sm_86, sm_89, sm_90 and sm_120 plus
+PTX), or the same source compiled by g++ against the CPU simulator (`simulate=True`), so machines
+without a GPU run it.
+
+What it answers for the shared pipeline: 256-byte alignment (cuBLASLt wants 16; 256 keeps every
+buffer on its own cache lines); one workspace for the one stream the program runs on; products
+carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel primitives are
+lowered under platform "cuda" (lowerings.py: the row kernels; attention not yet, so a program that
+needs it is refused with a sentence naming it).
+"""
+from ...targets import Target
+from . import lowerings  # noqa: F401  (registers the CUDA kernels' lowerings)
+
+
+class CudaTarget(Target):
+    name = "cuda"
+    platform = "cuda"
+    align = 256
+    unit_name = "stream"
+    workspace_units = 1
+
+    def __init__(self, opt_level=2, simulate=False, tf32=False, threads_per_block=None):
+        super().__init__(opt_level)
+        self.simulate = bool(simulate)
+        self.tf32 = bool(tf32)
+        self.threads_per_block = threads_per_block
+
+    def product_epilogue(self, gemm, loop):
+        return False
+
+    def render(self, lowered, api="mica_"):
+        from .render import CudaRenderer
+
+        return CudaRenderer(lowered.schedule, lowered.plan, lowered.program.name, self).source(
+            lowered.memory_report, api)
+
+    def build(self, lowered):
+        from ..cstyle.executable import AbiExecutable
+        from . import build
+
+        library = build.build(lowered.source, lowered.program.name, simulate=self.simulate, tf32=self.tf32,
+                              threads_per_block=self.threads_per_block)
+        return AbiExecutable(lowered, library)
+
+
+TARGET = CudaTarget

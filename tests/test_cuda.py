@@ -1,0 +1,222 @@
+"""The NVIDIA target: CUDA C from the shared pipeline, compiled by nvcc for every architecture and
+run here, without a GPU, on the CPU simulator that runs the very same source. Mica's own kernels
+give the same bits in the simulator as on the CPU target (and so as on a card: no FMA contraction,
+Mica's own math); only products may differ (cuBLASLt, OpenBLAS and the simulator's plain product
+each sum in their own order)."""
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import mica
+from helpers import rel_err
+from mica.errors import MicaError
+
+
+def _has_boost_context():
+    return os.path.exists("/usr/include/boost/context/fiber.hpp") or os.path.exists(
+        "/usr/include/boost/context/continuation.hpp")
+
+
+needs_simulator = pytest.mark.skipif(not _has_boost_context(), reason="libboost-context-dev is not installed")
+
+
+def _nvcc():
+    return shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
+
+
+def _wheels():
+    try:
+        import nvidia.cu13  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_nvcc = pytest.mark.skipif(not (_nvcc() and _wheels()),
+                                reason="nvcc or the nvidia-cublas / nvidia-cuda-runtime wheels are missing")
+
+SHAPES = ((24, 40), (40, 8), (16, 24), (16, 8))
+
+
+def mlp_step(dropout=0.0):
+    """A two-layer MLP's SGD step: products, GELU, dropout, a mean, the backward, an update."""
+    def step(w1, w2, x, y):
+        h = mica.gelu(x @ w1)
+        if dropout:
+            h = mica.dropout(h, dropout, training=True)
+        loss = ((h @ w2) - y).square().mean()
+        g1, g2 = mica.grad(loss, [w1, w2])
+        return {"loss": loss, "w1": w1 - 0.1 * g1, "w2": w2 - 0.1 * g2, "col": g1.sum(dim=0), "t": g2.transpose(0, 1)}
+
+    return mica.trace(step, *(mica.f32[s] for s in SHAPES))
+
+
+def no_products():
+    """Only Mica's own kernels: loops (GELU, dropout, tanh, exp), reductions over rows, columns and
+    everything, a pad and a concat."""
+    def step(x, z):
+        h = mica.dropout(mica.gelu(x) * mica.tanh(z[:, :40]) + mica.exp(-x.abs()), 0.25, training=True)
+        rows, cols, total = h.sum(dim=1), h.amax(dim=0), (h * h).sum()
+        both = mica.cat([h, z[:, 40:]], dim=1)
+        padded = mica.grad((mica.tanh(z[:, 3:40:2]) * 2.0).sum(), z)  # a slice's gradient is a pad
+        return {"rows": rows, "cols": cols, "total": total, "both": both, "padded": padded}
+
+    return mica.trace(step, mica.f32[33, 40], mica.f32[33, 57])
+
+
+def row_kernels():
+    """Every row kernel the CUDA target has, forward and backward, and no product: embedding,
+    layer norm, RMS norm, softmax, log-softmax, cross-entropy."""
+    F = mica.nn.functional
+
+    def step(wte, w, b, idx, targets):
+        x = F.embedding(idx, wte)
+        h = F.rms_norm(F.layer_norm(x, (24,), w, b), (24,), w)
+        h = mica.softmax(h, dim=-1) * 3.0 + mica.log_softmax(h * 2.0, dim=-1)
+        loss = F.cross_entropy(h.view(-1, 24), targets.view(-1))
+        g_wte, g_w, g_b = mica.grad(loss, [wte, w, b])
+        return {"loss": loss, "wte": g_wte, "w": g_w, "b": g_b}
+
+    return mica.trace(step, mica.f32[30, 24], mica.f32[24], mica.f32[24], mica.i64[3, 7], mica.i64[3, 7])
+
+
+def row_data():
+    rng = np.random.default_rng(4)
+    wte, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((30, 24), (24,), (24,)))
+    idx = rng.integers(0, 30, (3, 7))
+    idx[0, :3] = 5  # a row used several times: embedding's backward sums in position order
+    return wte, w, b, idx, rng.integers(0, 24, (3, 7))
+
+
+def data(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+@needs_simulator
+def test_the_simulated_step_matches_the_float64_oracle():
+    program = mlp_step(dropout=0.1)
+    args = data(SHAPES)
+    got = program.lower("cuda", simulate=True).build()(*args, seed=5)
+    want = mica.reference.run(program, *args, seed=5)
+    assert rel_err(got["loss"], want["loss"]) < 1e-5
+    for k in ("w1", "w2", "col", "t"):
+        assert rel_err(got[k], want[k]) < 1e-4, k
+
+
+@needs_simulator
+def test_the_same_bits_for_any_launch_configuration():
+    program = mlp_step(dropout=0.1)
+    args = data(SHAPES)
+    runs = [program.lower("cuda", simulate=True, threads_per_block=t).build()(*args, seed=3) for t in (32, 256, 1024)]
+    for r in runs[1:]:
+        for k in r:
+            assert np.array_equal(r[k], runs[0][k]), k
+
+
+@needs_simulator
+def test_mica_kernels_give_the_cpu_targets_bits():
+    program = no_products()
+    args = data(((33, 40), (33, 57)), seed=1)
+    cuda = program.lower("cuda", simulate=True).build()(*args, seed=9)
+    cpu = program.lower("cpu").build()(*args, seed=9, threads=2)
+    want = mica.reference.run(program, *args, seed=9)
+    for k in cpu:
+        assert np.array_equal(cuda[k], cpu[k]), k
+        assert rel_err(cuda[k], want[k]) < 1e-5, k
+
+
+@needs_simulator
+def test_the_row_kernels_give_the_cpu_targets_bits():
+    program = row_kernels()
+    args = row_data()
+    cuda = program.lower("cuda", simulate=True).build()(*args)
+    cpu = program.lower("cpu").build()(*args, threads=2)
+    want = mica.reference.run(program, *args)
+    for k in cpu:
+        assert np.array_equal(cuda[k], cpu[k]), k
+        assert rel_err(cuda[k], want[k]) < 1e-4, k
+
+
+@needs_simulator
+def test_an_index_out_of_range_is_a_sentence_on_the_device():
+    program = row_kernels()
+    wte, w, b, idx, targets = row_data()
+    idx[1, 2] = 30
+    exe = program.lower("cuda", simulate=True).build()
+    with pytest.raises(MicaError, match="embedding: index 30 is out of range for 30 embeddings"):
+        exe(wte, w, b, idx, targets)
+    idx[1, 2] = 3  # and the program runs again afterwards
+    assert np.isfinite(exe(wte, w, b, idx, targets)["loss"])
+
+
+def test_a_kernel_primitive_without_a_cuda_kernel_is_a_sentence():
+    def step(q, k, v):
+        return mica.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    program = mica.trace(step, mica.f32[1, 2, 4, 8], mica.f32[1, 2, 4, 8], mica.f32[1, 2, 4, 8])
+    with pytest.raises(MicaError, match="the cuda target has no kernel for attention"):
+        program.lower("cuda", simulate=True)
+
+
+@needs_nvcc
+def test_nvcc_builds_every_architecture_with_warnings_as_errors(tmp_path):
+    from mica.backends.cuda import build
+
+    src = tmp_path / "mlp.cu"
+    src.write_text(mlp_step(dropout=0.1).lower("cuda").source)
+    rows = tmp_path / "rows.cu"
+    rows.write_text(row_kernels().lower("cuda").source)
+    r = subprocess.run(build.nvcc_command(str(rows), str(tmp_path / "rows.o"), shared=False), capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(build.nvcc_command(str(src), str(tmp_path / "mlp.o"), shared=False), capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    if shutil.which("cuobjdump"):  # (PyPI: nvidia-cuda-cuobjdump)
+        listing = subprocess.run(["cuobjdump", "--list-elf", str(tmp_path / "mlp.o")], capture_output=True, text=True)
+        for arch in build.ARCHS:
+            assert f"sm_{arch}" in listing.stdout, arch
+
+
+@needs_nvcc
+def test_without_a_gpu_the_program_says_so_in_a_sentence():
+    if subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0 if shutil.which("nvidia-smi") else False:
+        pytest.skip("a GPU is present")
+    program = mlp_step()
+    with pytest.raises(MicaError, match="no CUDA device is usable here"):
+        program.lower("cuda").build()
+
+
+def _gpu():
+    return shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+needs_gpu = pytest.mark.skipif(not (_gpu() and _nvcc() and _wheels()), reason="no NVIDIA GPU here")
+
+
+@needs_gpu
+@pytest.mark.parametrize("make,args", [(no_products, lambda: data(((33, 40), (33, 57)), seed=1)),
+                                        (row_kernels, row_data)])
+def test_on_the_gpu_mica_kernels_give_the_cpu_targets_bits(make, args):
+    """The CPU target gives the simulator's bits (tested above on every machine), so equal bits here
+    mean the card gives the simulator's bits too."""
+    program, a = make(), args()
+    gpu = program.lower("cuda").build()(*a, seed=9)
+    cpu = program.lower("cpu", blas="own").build()(*a, seed=9, threads=1)
+    for k in cpu:
+        assert np.array_equal(gpu[k], cpu[k]), k
+
+
+@needs_gpu
+def test_on_the_gpu_the_step_matches_the_float64_oracle():
+    program = mlp_step(dropout=0.1)
+    args = data(SHAPES)
+    got = program.lower("cuda").build()(*args, seed=5)
+    want = mica.reference.run(program, *args, seed=5)
+    assert rel_err(got["loss"], want["loss"]) < 1e-5
+    for k in ("w1", "w2", "col", "t"):
+        assert rel_err(got[k], want[k]) < 1e-4, k
