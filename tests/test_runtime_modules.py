@@ -20,8 +20,9 @@ settings S;
 volatile sig_atomic_t interrupted;
 void die(int code, const char *fmt, ...) { va_list ap; va_start(ap, fmt); vfprintf(stderr, fmt, ap); va_end(ap); exit(code); }
 double now(void) { return 0; }
-void prog_get_input(int which, int i, void *dst) { (void)which; (void)i; (void)dst; }
-void prog_set_input(int which, int i, const void *src) { (void)which; (void)i; (void)src; }
+void prog_get_input_part(int which, int i, int64_t s, int64_t n, void *dst) { (void)which; (void)i; (void)s; (void)n; (void)dst; }
+void prog_set_input_part(int which, int i, int64_t s, int64_t n, const void *src) { (void)which; (void)i; (void)s; (void)n; (void)src; }
+char *staging(void) { static char b[1]; return b; }
 /* tokens.c: open a set of files and read rows */
 static token_set set;
 int open_set(const char **paths, const long long *headers, int n, long long block, long long vocab) {

@@ -105,18 +105,6 @@ static void header(text *t, int64_t iter, double best, int64_t nnext, const uint
     while (t->n % 8) put(t, " ");
 }
 
-/* a host buffer for the largest state tensor: tensors pass through it on their way to and from a program */
-static char *staging(void) {
-    static char *buffer;
-    if (!buffer) {
-        int64_t largest = 1;
-        for (int i = 0; i < S.nslots; i++)
-            if (S.slots[i].nbytes > largest) largest = S.slots[i].nbytes;
-        if (!(buffer = malloc(largest))) die(2, "cannot allocate %lld bytes to stage a tensor", (long long)largest);
-    }
-    return buffer;
-}
-
 void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nnext, const uint64_t gen[4]) {
     char path[8192], tmp[8300];
     snprintf(path, sizeof path, "%s/ckpt.safetensors", S.out_dir);
@@ -130,11 +118,13 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
     uint64_t hlen = h.n;
     int ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(h.p, 1, h.n, f) == h.n;
     char *buffer = staging();
-    for (int i = 0; i < S.nslots && ok; i++) {
-        prog_get_input(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], buffer);
-        crc[i] = crc32_update(0, buffer, S.slots[i].nbytes);
-        ok = fwrite(buffer, 1, S.slots[i].nbytes, f) == (size_t)S.slots[i].nbytes;
-    }
+    for (int i = 0; i < S.nslots && ok; i++)
+        for (int64_t at = 0; at < S.slots[i].nbytes && ok; at += STAGING_BYTES) {
+            int64_t n = S.slots[i].nbytes - at < STAGING_BYTES ? S.slots[i].nbytes - at : STAGING_BYTES;
+            prog_get_input_part(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], at, n, buffer);
+            crc[i] = crc32_update(crc[i], buffer, n);
+            ok = fwrite(buffer, 1, n, f) == (size_t)n;
+        }
     crc[S.nslots] = crc32_update(0, next, nnext * 8);
     ok = ok && fwrite(next, 8, nnext, f) == (size_t)nnext;
     size_t before = h.n;
@@ -168,12 +158,17 @@ void checkpoint_load(int which) {
         if (s->load_at < 0 || s->input[which] < 0) continue;
         if (s->load_at > st.st_size || s->nbytes > st.st_size - s->load_at || fseeko(f, s->load_at, SEEK_SET) != 0)
             die(2, "%s is truncated: tensor %s does not fit in it; use another checkpoint", S.init_file, s->name);
-        if (fread(buffer, 1, s->nbytes, f) != (size_t)s->nbytes)
-            die(2, "%s is truncated: tensor %s could not be read; use another checkpoint", S.init_file, s->name);
-        if (s->has_crc && crc32_update(0, buffer, s->nbytes) != s->crc)
+        uint32_t crc = 0;
+        for (int64_t at = 0; at < s->nbytes; at += STAGING_BYTES) {
+            int64_t n = s->nbytes - at < STAGING_BYTES ? s->nbytes - at : STAGING_BYTES;
+            if (fread(buffer, 1, n, f) != (size_t)n)
+                die(2, "%s is truncated: tensor %s could not be read; use another checkpoint", S.init_file, s->name);
+            crc = crc32_update(crc, buffer, n);
+            prog_set_input_part(which, (int)s->input[which], at, n, buffer);
+        }
+        if (s->has_crc && crc != s->crc) /* (nothing has run yet: the program's copy is simply never used) */
             die(2, "%s is corrupt: tensor %s does not match its checksum (its bytes changed after it was written); "
                 "use another checkpoint", S.init_file, s->name);
-        prog_set_input(which, (int)s->input[which], buffer);
     }
     fclose(f);
 }

@@ -48,6 +48,20 @@ static int stop_interrupted(int64_t iter, const char *during) {
     return 130;
 }
 
+/* the eval program gets the train program's current parameters, through the staging buffer */
+static void copy_parameters_to_eval(void) {
+    char *buffer = staging();
+    for (int i = 0; i < S.nslots; i++) {
+        const slot *s = &S.slots[i];
+        if (s->kind != 0 || s->input[ARENA_EVAL] < 0) continue;
+        for (int64_t at = 0; at < s->nbytes; at += STAGING_BYTES) {
+            int64_t n = s->nbytes - at < STAGING_BYTES ? s->nbytes - at : STAGING_BYTES;
+            prog_get_input_part(ARENA_TRAIN, (int)s->input[ARENA_TRAIN], at, n, buffer);
+            prog_set_input_part(ARENA_EVAL, (int)s->input[ARENA_EVAL], at, n, buffer);
+        }
+    }
+}
+
 /* the mean loss of eval_iters batches; NAN when interrupted */
 static double estimate_split(const token_set *data, int64_t *offs) {
     void *ev = prog_arena(ARENA_EVAL);
@@ -76,11 +90,7 @@ int train_loop(void) {
     int64_t *next = calloc(rows, 8), *eval_offs = calloc(S.batch, 8);
     batch_x = malloc(rows * S.block * 8);
     batch_y = malloc(rows * S.block * 8);
-    int64_t largest = 1;
-    for (int i = 0; i < S.nslots; i++)
-        if (S.slots[i].nbytes > largest) largest = S.slots[i].nbytes;
-    char *param = malloc(largest); /* a parameter on its way from the train program to the eval program */
-    if (!next || !eval_offs || !batch_x || !batch_y || !param) die(2, "cannot allocate the batch buffers");
+    if (!next || !eval_offs || !batch_x || !batch_y) die(2, "cannot allocate the batch buffers");
     uint64_t before_eval[4];
     double best_val_loss = 1e9;
     rng_seed((uint64_t)S.seed);
@@ -110,11 +120,7 @@ int train_loop(void) {
         rng_get(before_eval);
         if (iter % S.eval_interval == 0) {
             log_clear_progress();
-            for (int i = 0; i < S.nslots; i++)
-                if (S.slots[i].kind == 0 && S.slots[i].input[ARENA_EVAL] >= 0) {
-                    prog_get_input(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], param);
-                    prog_set_input(ARENA_EVAL, (int)S.slots[i].input[ARENA_EVAL], param);
-                }
+            copy_parameters_to_eval();
             double lt = estimate_split(&train_data, eval_offs), lv = estimate_split(&val_data, eval_offs);
             if (interrupted) return stop_interrupted(iter, "while evaluating at");
             if (!isfinite(lt) || !isfinite(lv)) {

@@ -1,6 +1,7 @@
 /* The three generated programs behind one interface. Everything the runtime moves in or out of a
  * program goes through the program's own ABI (inputs and outputs by index): the runtime never
  * works out an arena offset, so the same runtime serves an arena in host or device memory. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime.h"
@@ -45,6 +46,20 @@ int prog_input_matches(int which, int i, const char *dtype, int64_t ndim, const 
 
 void prog_set_input(int which, int i, const void *src) { DISPATCH(which, set_input)(prog_arena(which), i, src); }
 void prog_get_input(int which, int i, void *dst) { DISPATCH(which, get_input)(prog_arena(which), i, dst); }
+void prog_set_input_part(int which, int i, int64_t start, int64_t n, const void *src) {
+    DISPATCH(which, set_input_part)(prog_arena(which), i, start, n, src);
+}
+void prog_get_input_part(int which, int i, int64_t start, int64_t n, void *dst) {
+    DISPATCH(which, get_input_part)(prog_arena(which), i, start, n, dst);
+}
+
+char *staging(void) {
+    static char *buffer;
+    if (!buffer && !(buffer = malloc(STAGING_BYTES)))
+        die(2, "cannot allocate %lld bytes to move tensors through", (long long)STAGING_BYTES);
+    return buffer;
+}
+
 void prog_get_output(int which, int i, void *dst) { DISPATCH(which, get_output)(prog_arena(which), i, dst); }
 void prog_get_output_part(int which, int i, int64_t start, int64_t count, void *dst) {
     DISPATCH(which, get_output_part)(prog_arena(which), i, start, count, dst);

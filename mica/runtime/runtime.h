@@ -38,6 +38,8 @@
     int64_t p##output_bytes(int i);                                                                \
     void p##set_input(void *arena, int i, const void *src);                                        \
     void p##get_input(const void *arena, int i, void *dst);                                        \
+    void p##set_input_part(void *arena, int i, int64_t start, int64_t n, const void *src);         \
+    void p##get_input_part(const void *arena, int i, int64_t start, int64_t n, void *dst);         \
     void p##get_output(const void *arena, int i, void *dst);                                       \
     void p##get_output_part(const void *arena, int i, int64_t start, int64_t count, void *dst);
 MICA_PROGRAM(train_)
@@ -100,6 +102,11 @@ int prog_output_count(int which);
 int64_t prog_output_bytes(int which, int i);
 void prog_set_input(int which, int i, const void *src);
 void prog_get_input(int which, int i, void *dst);
+void prog_set_input_part(int which, int i, int64_t start, int64_t n, const void *src); /* bytes */
+void prog_get_input_part(int which, int i, int64_t start, int64_t n, void *dst);
+/* tensors pass between programs and files through one host buffer of this many bytes */
+#define STAGING_BYTES ((int64_t)16 << 20)
+char *staging(void);
 void prog_get_output(int which, int i, void *dst);
 void prog_get_output_part(int which, int i, int64_t start, int64_t count, void *dst); /* elements, row-major */
 

@@ -156,13 +156,18 @@ class CStyleRenderer:
                 "}",
             ]
         lines += [
-            "/* inputs are whole buffers: one copy each way (state updated in place is read back with get_input) */",
-            f"void {api}set_input(void *arena, int i, const void *src) {{",
-            f"    {self.copy_to_arena('(char *)arena + mica_abi_input_offset[i]', 'src', f'{api}input_bytes(i)')}",
+            "/* inputs are whole buffers: one copy each way (state updated in place is read back with get_input);",
+            " * the _part forms copy bytes [start, start + n) of one, so a runtime can stream a large tensor */",
+            f"void {api}set_input_part(void *arena, int i, int64_t start, int64_t n, const void *src) {{",
+            f"    {self.copy_to_arena('(char *)arena + mica_abi_input_offset[i] + start', 'src', 'n')}",
             "}",
-            f"void {api}get_input(const void *arena, int i, void *dst) {{",
-            f"    {self.copy_from_arena('dst', '(const char *)arena + mica_abi_input_offset[i]', f'{api}input_bytes(i)')}",
+            f"void {api}get_input_part(const void *arena, int i, int64_t start, int64_t n, void *dst) {{",
+            f"    {self.copy_from_arena('dst', '(const char *)arena + mica_abi_input_offset[i] + start', 'n')}",
             "}",
+            f"void {api}set_input(void *arena, int i, const void *src) {{ {api}set_input_part(arena, i, 0, "
+            f"{api}input_bytes(i), src); }}",
+            f"void {api}get_input(const void *arena, int i, void *dst) {{ {api}get_input_part(arena, i, 0, "
+            f"{api}input_bytes(i), dst); }}",
             "/* an output may be a strided view: elements [start, start + count) of it, row-major, written dense */",
             f"void {api}get_output_part(const void *arena, int i, int64_t start, int64_t count, void *dst) {{",
             "    if (count <= 0) return;",
