@@ -150,6 +150,7 @@ def test_gpt2_protocol_in_miniature(tmp_path, monkeypatch):
     mica, torch = res["configs"]["mica O2"], res["configs"]["pytorch eager"]
     # the trainer's arenas are zeroed when allocated, so all of the plan is resident
     assert 0 < mica["plan_mb"] < mica["peak_rss_mb"] and "plan_mb" not in torch
+    assert len(mica["runnable"]) == 1 and mica["runnable"][0] >= 1  # its own process, at least
     assert len(mica["own_step_ms"]) == 1 and mica["void_runs"] in (0, 1)
     assert f"| {mica['plan_mb']:.0f} |" in protocol.table(res)
     saved = json.load(open(tmp_path / "b" / "bench-gpt2.json"))

@@ -62,10 +62,13 @@ DEFAULTS["gpt2"] = DEFAULTS["gpt2-medium"] = dict(data_dir="data/openwebtext", r
 def _sample_proc(pid, out, stop):
     """Poll /proc while the process lives: peak RSS (kB) and the shared objects it maps. `mica
     train` execs the native trainer: what counts is the final program, so the readings restart
-    when the process image changes."""
-    libs, peak, exe = set(), 0, None
+    when the process image changes. Also how many tasks the machine had runnable (its own threads
+    included), averaged over the run: on a shared machine, how contended the run was."""
+    libs, peak, exe, runnable = set(), 0, None, []
     while not stop.is_set():
         try:
+            with open("/proc/loadavg") as f:
+                runnable.append(int(f.read().split()[3].split("/")[0]))
             now_exe = os.readlink(f"/proc/{pid}/exe")
             if now_exe != exe:
                 exe, libs, peak = now_exe, set(), 0
@@ -82,6 +85,8 @@ def _sample_proc(pid, out, stop):
             break
         stop.wait(0.05)
     out["peak_rss_kb"], out["libraries"], out["program"] = peak, sorted(libs), exe
+    if runnable:
+        out["runnable"] = sum(runnable) / len(runnable)
 
 
 def run_once(cmd, env, warmup, window):
@@ -276,6 +281,8 @@ def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
              "program": rs[0].get("program"), "libraries": rs[0].get("libraries", []),
              "footprint_mb": _footprint(rs[0].get("libraries", []) + [rs[0].get("program") or ""]) / 2 ** 20,
              **extras.get(name, {})}
+        if all("runnable" in r for r in rs):
+            c["runnable"] = [r["runnable"] for r in rs]
         if "plan_bytes" in rs[0]:  # Mica's compile-time plan of what its trainer holds (MB as RSS is: MiB)
             c["plan_mb"] = rs[0]["plan_bytes"] / 2 ** 20
         if "own_step_ms" in rs[0]:
