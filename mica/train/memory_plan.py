@@ -1,7 +1,7 @@
 """What the native trainer will hold, from the compiled programs' exact memory plans, printed by
 `mica train` before the first step.
 
-A training run allocates two arenas (mica/runtime/trainer.c): the train program's (parameters,
+A training run allocates two arenas (the native runtime, mica/runtime): the train program's (parameters,
 gradients, optimizer state, the step's activations, its io and workspace) and the eval
 program's (its own copy of the parameters among its inputs, one batch's activations). Both are
 zeroed when allocated, so every byte of them is resident from the start. The logits arena is
