@@ -232,17 +232,19 @@ def parser():
     ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
     be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
-    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial"],
-                    help="nanoGPT's CPU or shakespeare_char config on --data_dir, or the tutorial's model")
-    be.add_argument("--data_dir", default="data/shakespeare_char")
-    be.add_argument("--rounds", type=int, default=5)
-    be.add_argument("--warmup", type=int, default=20, help="steps never measured")
-    be.add_argument("--window", type=int, default=100, help="steps measured")
-    be.add_argument("--every", type=int, default=10, help="steps between the lines both sides print (warm-up "
-                    "and window are multiples of it)")
+    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium"],
+                    help="nanoGPT's CPU or shakespeare_char config, GPT-2 small or medium (batch 1, block 1024) "
+                    "on --data_dir, or the tutorial's model")
+    be.add_argument("--data_dir", default=None, help="default data/shakespeare_char (gpt2*: data/openwebtext)")
+    be.add_argument("--rounds", type=int, default=None, help="default 5 (gpt2*: 2)")
+    be.add_argument("--warmup", type=int, default=None, help="steps never measured (default 20; gpt2*: 2)")
+    be.add_argument("--window", type=int, default=None, help="steps measured (default 100; gpt2*: 4)")
+    be.add_argument("--every", type=int, default=None, help="steps between the lines both sides print (warm-up "
+                    "and window are multiples of it; default 10, gpt2*: 1)")
     be.add_argument("--threads", type=int, default=0)
     be.add_argument("--opt_levels", type=int, nargs="+", default=[2])
-    be.add_argument("--modes", nargs="+", default=["eager", "default", "reduce-overhead", "max-autotune"])
+    be.add_argument("--modes", nargs="+", default=None, help="PyTorch's modes (default eager, default, "
+                    "reduce-overhead, max-autotune)")
     be.add_argument("--out", default="bench")
     ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
     ch.add_argument("--method", required=True, choices=["a", "b"])

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mica.data.prepare import prepare_char
@@ -83,3 +84,74 @@ def test_torch_side_profile_groups_families():
 
     fams = torch_profile("cpu", threads=2)
     assert fams["products"] > 0 and fams.get("optimizer", 0) > 0 and fams.get("norms", 0) > 0
+
+
+# ---- TR-2's GPT-2 small and medium (never trained here: the entries, the command lines, a miniature) --------
+
+def test_gpt2_models_are_tr2s_shapes():
+    from mica.bench.protocol import DEFAULTS, MODELS
+    from mica.models.gpt import GPT
+    from mica.train.programs import model_config
+
+    sizes = {"gpt2": 123.59, "gpt2-medium": 353.55}
+    for name, millions in sizes.items():
+        cfg = MODELS[name]
+        assert (cfg["block_size"], cfg["batch_size"], cfg["gradient_accumulation_steps"], cfg["bias"]) == \
+            (1024, 1, 1, False)
+        assert round(GPT(model_config(cfg, 50304)).get_num_params() / 1e6, 2) == millions
+        assert {k: DEFAULTS[name][k] for k in ("warmup", "window", "every")} == dict(warmup=2, window=4, every=1)
+    assert (MODELS["gpt2-medium"]["n_layer"], MODELS["gpt2-medium"]["n_head"], MODELS["gpt2-medium"]["n_embd"]) == \
+        (24, 16, 1024)
+
+
+def test_gpt2_command_lines_carry_the_same_model_to_both_sides(tmp_path):
+    from mica.bench import protocol
+    from mica.train import config as config_mod
+
+    cmd = protocol._mica_cmd("gpt2-medium", "data/owt", str(tmp_path / "m"), 6, 2, 2, every=1)
+    assert cmd[:4] == [sys.executable, "-m", "mica.cli", "train"]
+    cfg = config_mod.load(None, cmd[4:])  # what `mica train` will read from these flags
+    torch_cmd = protocol._torch_cmd("gpt2-medium", "data/owt", "default", 6, 2, every=1)
+    tcfg = json.loads(torch_cmd[torch_cmd.index("--config") + 1])
+    for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "gradient_accumulation_steps", "bias",
+              "learning_rate", "beta2", "weight_decay", "grad_clip", "warmup_iters"):
+        assert cfg[k] == tcfg[k] == protocol.MODELS["gpt2-medium"][k], k
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["max_iters"], cfg["log_interval"], cfg["data_dir"]) == \
+        (24, 1024, 6, 1, "data/owt")
+    assert torch_cmd[torch_cmd.index("--mode") + 1] == "default" and torch_cmd[torch_cmd.index("--iters") + 1] == "6"
+
+
+def test_gpt2_refuses_a_character_vocabulary(data):
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--model", "gpt2", "--data_dir",
+                        "data/shakespeare_char"], cwd=data, capture_output=True, text=True)
+    assert r.returncode == 2 and "needs GPT-2's vocabulary (50,257 tokens or more)" in r.stderr, r.stderr
+    vocab = json.load(open(data / "data" / "shakespeare_char" / "meta.json"))["vocab_size"]
+    assert f"data/shakespeare_char has {vocab};" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--model", "gpt2-medium"], cwd=data,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "data/openwebtext does not exist" in r.stderr, r.stderr
+
+
+def test_gpt2_protocol_in_miniature(tmp_path, monkeypatch):
+    """The GPT-2 path end to end with the model shrunk (GPT-2's vocabulary, no meta file, the
+    model's default window): both sides run, Mica's plan is recorded beside its peak RSS."""
+    from mica.bench import protocol
+
+    folder = tmp_path / "owt"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 20_000), ("val", 4_000)):
+        rng.integers(0, 50257, n).astype(np.uint16).tofile(folder / f"{split}.bin")
+    monkeypatch.setitem(protocol.MODELS, "gpt2", {**protocol.MODELS["gpt2"], "n_layer": 1, "n_head": 2, "n_embd": 32,
+                                                  "block_size": 32})
+    res = protocol.bench(model="gpt2", data_dir=str(folder), rounds=1, torch_modes=("eager",),
+                         out=str(tmp_path / "b"), threads=2, log=lambda *a: None)
+    assert res["failures"] == {} and (res["warmup"], res["window"]) == (2, 4)
+    mica, torch = res["configs"]["mica O2"], res["configs"]["pytorch eager"]
+    # the trainer's arenas are zeroed when allocated, so all of the plan is resident
+    assert 0 < mica["plan_mb"] < mica["peak_rss_mb"] and "plan_mb" not in torch
+    assert len(mica["runnable"]) == 1 and mica["runnable"][0] >= 1  # its own process, at least
+    assert len(mica["own_step_ms"]) == 1 and mica["void_runs"] in (0, 1)
+    assert f"| {mica['plan_mb']:.0f} |" in protocol.table(res)
+    saved = json.load(open(tmp_path / "b" / "bench-gpt2.json"))
+    assert saved["configs"]["mica O2"]["plan_mb"] == mica["plan_mb"]

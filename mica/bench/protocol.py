@@ -25,6 +25,7 @@ import time
 from ..errors import MicaError
 
 LINE = re.compile(r"^iter (\d+): loss ([-\d.naif]+)(?:, time ([\d.]+)ms)?")
+PLAN = re.compile(r"^memory plan \(exact, before the first step\): the trainer holds ([\d,]+) bytes")
 
 MODELS = {
     # nanoGPT's README CPU line on shakespeare_char
@@ -37,15 +38,37 @@ MODELS = {
                              beta2=0.99, warmup_iters=100, gradient_accumulation_steps=1, weight_decay=0.1,
                              grad_clip=1.0),
 }
+# TR-2's other two models: nanoGPT's config/train_gpt2.py (GPT-2 small, 123.59M) and its gpt2-medium
+# shape (353.55M), block 1024, on a GPT-2 vocabulary; one sequence a step (nanoGPT's 12 x 40
+# accumulation would make a step minutes long on two cores)
+_GPT2 = dict(block_size=1024, batch_size=1, gradient_accumulation_steps=1, dropout=0.0, bias=False,
+             learning_rate=6e-4, max_iters=600000, lr_decay_iters=600000, min_lr=6e-5, beta2=0.95, warmup_iters=2000,
+             weight_decay=0.1, grad_clip=1.0)
+MODELS["gpt2"] = dict(n_layer=12, n_head=12, n_embd=768, **_GPT2)
+MODELS["gpt2-medium"] = dict(n_layer=24, n_head=16, n_embd=1024, **_GPT2)
+GPT2_MODELS = ("gpt2", "gpt2-medium")
+GPT2_VOCAB = 50257
+
+TORCH_MODES = ("eager", "default", "reduce-overhead", "max-autotune")
+# what `mica bench --model M` measures when not told: where its data is, and a window that suits
+# its step (the GPT-2 models' steps take seconds: a short window, a line every step)
+DEFAULTS = {"cpu": dict(data_dir="data/shakespeare_char", rounds=5, warmup=20, window=100, every=10,
+                        modes=TORCH_MODES)}
+DEFAULTS["shakespeare_char"] = DEFAULTS["tutorial"] = DEFAULTS["cpu"]
+DEFAULTS["gpt2"] = DEFAULTS["gpt2-medium"] = dict(data_dir="data/openwebtext", rounds=2, warmup=2, window=4,
+                                                  every=1, modes=TORCH_MODES)
 
 
 def _sample_proc(pid, out, stop):
     """Poll /proc while the process lives: peak RSS (kB) and the shared objects it maps. `mica
     train` execs the native trainer: what counts is the final program, so the readings restart
-    when the process image changes."""
-    libs, peak, exe = set(), 0, None
+    when the process image changes. Also how many tasks the machine had runnable (its own threads
+    included), averaged over the run: on a shared machine, how contended the run was."""
+    libs, peak, exe, runnable = set(), 0, None, []
     while not stop.is_set():
         try:
+            with open("/proc/loadavg") as f:
+                runnable.append(int(f.read().split()[3].split("/")[0]))
             now_exe = os.readlink(f"/proc/{pid}/exe")
             if now_exe != exe:
                 exe, libs, peak = now_exe, set(), 0
@@ -62,6 +85,8 @@ def _sample_proc(pid, out, stop):
             break
         stop.wait(0.05)
     out["peak_rss_kb"], out["libraries"], out["program"] = peak, sorted(libs), exe
+    if runnable:
+        out["runnable"] = sum(runnable) / len(runnable)
 
 
 def run_once(cmd, env, warmup, window):
@@ -71,9 +96,12 @@ def run_once(cmd, env, warmup, window):
     info, stop = {}, threading.Event()
     sampler = threading.Thread(target=_sample_proc, args=(proc.pid, info, stop), daemon=True)
     sampler.start()
-    stamps, losses, own = {}, {}, {}
+    stamps, losses, own, plan = {}, {}, {}, {}
     for line in proc.stdout:
         t = time.perf_counter()
+        m = PLAN.match(line)
+        if m:  # Mica's trainer: what its memory plan says it will hold
+            plan["plan_bytes"] = int(m.group(1).replace(",", ""))
         m = LINE.match(line)
         if m:
             it = int(m.group(1))
@@ -89,7 +117,7 @@ def run_once(cmd, env, warmup, window):
         raise RuntimeError(err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}")
     first = min(stamps)
     return {"step_ms": (stamps[warmup + window] - stamps[warmup]) / window * 1000,
-            "first_step_s": stamps[first] - start, "losses": losses, "line_ms": own, **info}
+            "first_step_s": stamps[first] - start, "losses": losses, "line_ms": own, **plan, **info}
 
 
 def _footprint(paths):
@@ -157,9 +185,34 @@ def _mica_own_ms(out_dir, warmup, window):
     return sum(times[i] for i in steps) / window
 
 
-def bench(model="cpu", data_dir="data/shakespeare_char", rounds=5, warmup=20, window=100, threads=None,
-          opt_levels=(2,), torch_modes=("eager", "default", "reduce-overhead", "max-autotune"), out="bench",
-          log=print, every=10):
+def check_data(model, data_dir):
+    """The GPT-2 models need a GPT-2 vocabulary (a character-level folder would train another model)."""
+    if model not in GPT2_MODELS:
+        return
+    from ..train import run as train_run
+
+    if not os.path.isdir(data_dir):
+        raise MicaError(f"--model {model} trains on a folder of GPT-2 tokens; {data_dir} does not exist (make one "
+                        f"with mica prepare text --input FILE --tokenizer gpt2 --out {data_dir}, or give --data_dir)")
+    vocab, _ = train_run.vocab_size(data_dir, log=lambda *a: None)
+    if vocab < GPT2_VOCAB:
+        raise MicaError(f"--model {model} needs GPT-2's vocabulary ({GPT2_VOCAB:,} tokens or more), but {data_dir} has "
+                        f"{vocab:,}; prepare one with mica prepare text --tokenizer gpt2 and pass it as --data_dir")
+
+
+def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, threads=None, opt_levels=(2,),
+          torch_modes=None, out="bench", log=print, every=None):
+    """Run the protocol; settings left as None take the model's DEFAULTS."""
+    if model not in DEFAULTS:
+        raise MicaError(f"unknown model {model!r}: choose from {', '.join(DEFAULTS)}")
+    d = DEFAULTS[model]
+    data_dir = d["data_dir"] if data_dir is None else data_dir
+    rounds = d["rounds"] if rounds is None else rounds
+    warmup = d["warmup"] if warmup is None else warmup
+    window = d["window"] if window is None else window
+    every = d["every"] if every is None else every
+    torch_modes = d["modes"] if torch_modes is None else torch_modes
+    check_data(model, data_dir)
     threads = threads or os.cpu_count() or 1
     if every < 1 or warmup % every or window % every:
         raise MicaError(f"the warm-up ({warmup}) and the window ({window}) must be multiples of every ({every}): "
@@ -228,6 +281,10 @@ def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
              "program": rs[0].get("program"), "libraries": rs[0].get("libraries", []),
              "footprint_mb": _footprint(rs[0].get("libraries", []) + [rs[0].get("program") or ""]) / 2 ** 20,
              **extras.get(name, {})}
+        if all("runnable" in r for r in rs):
+            c["runnable"] = [r["runnable"] for r in rs]
+        if "plan_bytes" in rs[0]:  # Mica's compile-time plan of what its trainer holds (MB as RSS is: MiB)
+            c["plan_mb"] = rs[0]["plan_bytes"] / 2 ** 20
         if "own_step_ms" in rs[0]:
             c["own_step_ms"] = [r["own_step_ms"] for r in rs]
             c["void_runs"] = sum(1 for r in rs if r["void"])
@@ -255,20 +312,25 @@ def _ms(x):
     return f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
 
 
+def _plan(c):
+    return f"{c['plan_mb']:.0f}" if "plan_mb" in c else ""
+
+
 def table(res):
     lines = [f"model {res['model']}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
              f"{res['window']}, {res['rounds']} rounds, {res['date']}", "",
-             "| configuration | median ms/step | range | peak RSS MB | first step s | libraries (MB on disk) | verdict |",
-             "|---|---|---|---|---|---|---|"]
+             "| configuration | median ms/step | range | peak RSS MB | memory plan MB | first step s | "
+             "libraries (MB on disk) | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, c in res["configs"].items():
         verdict = f"{c['verdict']} ({c['ratio']:.2f}x)" if "verdict" in c else ""
         if c.get("void_runs"):
             verdict += f", {c['void_runs']} void"
         lines.append(f"| {name} | {_ms(c['median_ms'])} | {_ms(c['min_ms'])} – {_ms(c['max_ms'])} | "
-                     f"{c['peak_rss_mb']:.0f} | {c['first_step_s']:.1f} | {len(c['libraries'])} "
+                     f"{c['peak_rss_mb']:.0f} | {_plan(c)} | {c['first_step_s']:.1f} | {len(c['libraries'])} "
                      f"({c['footprint_mb']:.0f}) | {verdict} |")
     for name, why in res["failures"].items():
-        lines.append(f"| {name} | failed: {why[:80]} | | | | | |")
+        lines.append(f"| {name} | failed: {why[:80]} | | | | | | |")
     if "fastest_pytorch" in res:
         lines.append("")
         lines.append(f"PyTorch's fastest mode as measured: {res['fastest_pytorch']}.")

@@ -35,8 +35,9 @@ def main(argv=None):
     cfg = {**config_mod.DEFAULTS, **json.loads(a.config)}
     if a.threads:
         torch.set_num_threads(a.threads)
-    with open(os.path.join(a.data, "meta.json")) as f:
-        vocab = json.load(f)["vocab_size"]
+    from ..train.run import vocab_size
+
+    vocab, _ = vocab_size(a.data, log=lambda *args: None)  # as `mica train` reads it (no meta: GPT-2's 50304)
     splits = {s: np.memmap(os.path.join(a.data, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
     data = splits["train"]
     torch.manual_seed(cfg["seed"])

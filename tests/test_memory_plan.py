@@ -1,0 +1,91 @@
+"""`mica train` prints the trainer's exact memory plan before the first step: every class of the
+train and eval arenas, as the compiled programs plan them and as the C allocates them."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mica.data.prepare import prepare_char
+from mica.train import config as config_mod
+from mica.train import memory_plan, native, programs
+
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
+
+TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
+        "--batch_size=4", "--gradient_accumulation_steps=2", "--eval_iters=2", "--log_interval=1", "--max_iters=2",
+        "--eval_interval=100", "--always_save_checkpoint=False", "--dropout=0.0"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny `mica train` as a user runs it, and the same config's programs lowered here."""
+    d = tmp_path_factory.mktemp("plan")
+    vocab = prepare_char(open(SHAKESPEARE).read()[:100_000], str(d / "data" / "shakespeare_char"),
+                         log=lambda *a: None)["vocab_size"]
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "shakespeare_char", *TINY, "--out_dir=o"], cwd=d,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cfg = config_mod.check_supported(config_mod.load("shakespeare_char", TINY), lambda *a: None)  # as mica train
+    model, _, progs = programs.build(cfg, vocab)
+    lowered = {n: progs[n].lower("cpu", opt_level=cfg["opt_level"]) for n in native.PROGRAMS}
+    return r.stdout, lowered, model, vocab
+
+
+def _printed(stdout):
+    """{arena: {class: bytes}} and the total, read back from the printed plan."""
+    total = int(re.search(r"the trainer holds ([\d,]+) bytes", stdout).group(1).replace(",", ""))
+    arenas, current = {}, None
+    for line in stdout.splitlines():
+        m = re.match(r"  (\w+) arena +([\d,]+) bytes", line)
+        if m:
+            current = arenas.setdefault(m.group(1), {"size": int(m.group(2).replace(",", ""))})
+            continue
+        m = re.match(r"    (parameters|gradients|optimizer state|activations|io|workspace) +([\d,]+)", line)
+        if m and current is not None:
+            current[m.group(1)] = int(m.group(2).replace(",", ""))
+    return arenas, total
+
+
+def test_the_plan_is_printed_before_the_first_step(run):
+    stdout = run[0]
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("memory plan (exact, before the first step)"))
+    first_step = next(i for i, line in enumerate(lines) if line.startswith(("step 0:", "iter 0:")))
+    assert at < first_step
+    arenas, _ = _printed(stdout)
+    assert list(arenas) == ["train", "eval"]  # the logits arena is sampling's
+    assert list(arenas["train"])[1:] == ["parameters", "gradients", "optimizer state", "activations", "io",
+                                         "workspace"]
+
+
+def test_the_printed_classes_sum_to_the_arenas_the_trainer_allocates(run):
+    stdout, lowered, model, _ = run
+    arenas, total = _printed(stdout)
+    for name, classes in arenas.items():
+        size = classes.pop("size")
+        plan = lowered[name].plan
+        # every class as the Lowered plan has it (the eval arena prints only its non-empty ones)
+        assert classes == {c: b for c, b in plan.class_bytes.items() if b or name == "train"}
+        assert sum(classes.values()) == size == plan.total
+        # the C the trainer is built from allocates exactly this
+        assert f"#define MICA_ARENA_BYTES {size}LL" in lowered[name].source
+    assert total == lowered["train"].plan.total + lowered["eval"].plan.total
+
+
+def test_the_classes_are_the_models_state(run):
+    _, lowered, model, _ = run
+    plan = memory_plan.trainer_plan(lowered)
+    tensors = [np.prod(p.shape) * 4 for _, p in model.named_parameters()]  # float32
+    aligned = sum((n + 63) // 64 * 64 for n in tensors)
+    train = plan["train"]
+    assert train["parameters"] == aligned
+    prog = lowered["train"].program
+    state = [v.spec.nbytes for n, v in zip(prog.input_names, prog.graph.inputs) if n.startswith("opt_state[")]
+    assert train["optimizer state"] == sum((n + 63) // 64 * 64 for n in state)
+    assert train["optimizer state"] >= 2 * aligned  # AdamW's two moments per parameter
+    # clipping reads every gradient before the update writes any parameter: all are live at once
+    assert train["gradients"] >= aligned and train["activations"] > 0 and train["workspace"] > 0
+    assert plan["eval"]["parameters"] == 0 and plan["eval"]["io"] >= aligned  # its own copy, as an input
