@@ -49,7 +49,7 @@ def cmd_train(args, extra):
 
 SAMPLE_DEFAULTS = {"out_dir": "out", "start": "\n", "num_samples": 10, "max_new_tokens": 500, "temperature": 0.8,
                    "top_k": 200, "seed": 1337, "device": "cpu", "dtype": "float32", "compile": False,
-                   "init_from": "resume", "threads": 0}
+                   "init_from": "resume", "threads": 0, "data_dir": ""}
 SAMPLE_NANOGPT = ("init_from", "out_dir", "start", "num_samples", "max_new_tokens", "temperature", "top_k", "seed",
                   "device", "dtype", "compile")
 SAMPLE_DESCRIPTIONS = {
@@ -65,6 +65,7 @@ SAMPLE_DESCRIPTIONS = {
     "dtype": "accepted; sampling is float32",
     "compile": "accepted; Mica's program is always compiled",
     "threads": "sampler threads; 0: one per core",
+    "data_dir": "the data folder whose meta.pkl / meta.json holds the vocabulary (default: the one trained on)",
 }
 
 
@@ -92,7 +93,7 @@ def cmd_sample(args, extra):
     if s["device"] != "cpu":
         raise MicaError(f"device={s['device']!r} is not available yet; pass --device=cpu")
     texts = run.sample(s["out_dir"], s["start"], s["num_samples"], s["max_new_tokens"], s["temperature"],
-                       s["top_k"], s["seed"], s["threads"] or None)
+                       s["top_k"], s["seed"], s["threads"] or None, data_dir=s["data_dir"])
     for t in texts:
         print(t)
         print("---------------")
@@ -283,6 +284,9 @@ def main(argv=None):
     except MicaError as e:
         print(f"mica: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `mica train --help | head`: the reader left; nothing to say
+        sys.stderr.close()
+        return 0
     except OSError as e:  # the last resort: a file problem no check above foresaw is still one sentence
         where = f"{e.filename}: " if e.filename else ""
         print(f"mica: error: {where}{e.strerror or e}; check the path, its permissions and the free space",

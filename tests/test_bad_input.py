@@ -61,7 +61,7 @@ def test_token_ids_beyond_the_vocabulary(data):
     t = np.fromfile(d / "train.bin", dtype=np.uint16)
     t[100] = 70
     t.tofile(d / "train.bin")
-    assert_sentence(mica("train", *TINY, cwd=root), "holds token id 70 (first bad one at position 100)")
+    assert_sentence(mica("train", *TINY, cwd=root), "holds token id 70 at position 100 (and ids up to 70)")
 
 
 def test_block_size_larger_than_the_data(data):
@@ -108,7 +108,11 @@ def test_unknown_key_names_the_nearest(data):
 def test_keys_that_do_not_apply_yet(data):
     root, _ = data
     assert_sentence(mica("train", *TINY[:1], "--device=cuda", cwd=root), "pass --device=cpu")
-    assert_sentence(mica("train", *TINY, "--wandb_log=True", cwd=root), "wandb_log=True is not supported")
+    from mica.train import config as config_mod
+
+    notes = []
+    config_mod.check_supported(config_mod.load(TINY[0], [*TINY[1:], "--wandb_log=True"]), notes.append)
+    assert any("wandb_log=True is ignored" in n for n in notes), notes  # nanoGPT's train_gpt2.py sets it
 
 
 def test_bad_config_file(data):
@@ -416,3 +420,13 @@ def test_disk_full_at_the_first_write(data, tmpfs):
     r = mica("prepare", "text", "--input", "in.txt", "--out", str(folder / "p"), cwd=root)
     assert_sentence(r, f"cannot write {folder / 'p' / 'train.bin'} (No space left on device)")
     assert os.listdir(folder / "p") == []
+
+
+def test_a_config_files_helper_variables_are_ignored_with_a_note(tmp_path):
+    from mica.train import config as config_mod
+
+    (tmp_path / "c.py").write_text("base_lr = 1e-3\nlearning_rate = base_lr * 2\ntokens_per_iter = 12 * 1024\n")
+    notes = []
+    cfg = config_mod.load(str(tmp_path / "c.py"), [], notes.append)
+    assert cfg["learning_rate"] == 2e-3
+    assert sorted(n.split(": ")[2].split(" ")[0] for n in notes) == ["base_lr", "tokens_per_iter"], notes

@@ -307,3 +307,16 @@ def test_checkpoints_that_are_not_nanogpts_are_sentences(tmp_path):
                          ("cfg.pt", "its optimizer, config or model_args is not a dict")]:
         r = mica_cli("import", name, "--out_dir", "x", cwd=tmp_path, check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr
+
+
+def test_a_pickle_that_runs_code_is_never_loaded(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"model": {}, "x": Payload()}, tmp_path / "evil.pt")
+    r = mica_cli("import", str(tmp_path / "evil.pt"), "--out_dir", str(tmp_path / "out"), cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "holds Python objects besides tensors" in r.stderr, r.stderr
+    assert not marker.exists() and not (tmp_path / "out" / "ckpt.safetensors").exists()

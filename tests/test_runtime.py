@@ -297,3 +297,56 @@ def test_metrics_that_cannot_be_written_are_said_once_and_training_goes_on(work)
     assert r.stderr.count("mica: warning: cannot write") == 1 and "No space left on device" in r.stderr, r.stderr
     assert "iter 3: loss" in r.stdout
     checkpoint.SafeTensors(CKPT).read("transformer.wte.weight")  # the checkpoint is whole
+
+
+def test_a_damaged_cached_trainer_is_rebuilt_not_run(work, monkeypatch, tmp_path):
+    monkeypatch.setenv("MICA_CACHE", str(tmp_path / "cache"))
+
+    def prepare():  # (one call site: the programs' source names the line that traced them)
+        return run.prepare_run(TINY[0], TINY[1:], **QUIET)
+
+    exe, _, _ = prepare()
+    whole = os.path.getsize(exe)
+    with open(exe, "r+b") as f:
+        f.truncate(1000)
+    exe2, manifest, _ = prepare()
+    assert exe2 == exe and os.path.getsize(exe) == whole
+    assert subprocess.run([exe, manifest], capture_output=True).returncode == 0
+
+
+def test_a_second_run_into_the_same_out_dir_is_refused_while_the_first_trains(work):
+    exe, manifest, _ = run.prepare_run(TINY[0], [*TINY[1:], "--max_iters=100000000"], **QUIET)
+    p = subprocess.Popen([exe, manifest], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, close_fds=False)
+    try:
+        p.stdout.readline()  # it runs, holding the lock it inherited
+        for fd in run._LOCKS.values():  # the lock is the trainer's alone now
+            os.close(fd)
+        run._LOCKS.clear()
+        r = mica("train", *TINY, cwd=work)
+        assert r.returncode == 2 and "another mica train is running in out-shakespeare-char" in r.stderr, r.stderr
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=30)
+    assert train(TINY).returncode == 0  # free again
+
+
+def test_resume_takes_the_model_from_the_checkpoint_and_new_batch_settings_start_afresh(work):
+    train([*TINY, "--max_iters=2"])
+    notes = []
+    exe, manifest, cfg = run.prepare_run(TINY[0], [*TINY[1:], "--max_iters=4", "--init_from=resume", "--n_layer=3",
+                                                    "--block_size=32", "--batch_size=4"], log=notes.append)
+    assert cfg["n_layer"] == 1 and cfg["block_size"] == 16  # as nanoGPT's resume: the checkpoint's model
+    assert any("the checkpoint's model settings: n_layer=1 (not 3), block_size=16 (not 32)" in n for n in notes), notes
+    assert any("batches start afresh" in n for n in notes), notes  # 4 rows now, 2 in the checkpoint
+    r = subprocess.run([exe, manifest], capture_output=True, text=True)
+    assert r.returncode == 0 and "iter 4: loss" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("edit", [(b'"iter_num":"2"', b'"iter_num":"9"'), (b'"best_val_loss":"4', b'"best_val_loss":"1')])
+def test_a_changed_value_in_the_checkpoints_metadata_is_refused(work, edit):
+    train([*TINY, "--max_iters=2"])
+    raw = open(CKPT, "rb").read()
+    assert edit[0] in raw
+    open(CKPT, "wb").write(raw.replace(edit[0], edit[1], 1))
+    rc, message = resume_outcome(TINY)
+    assert rc == 2 and "its metadata (iteration, best loss, batch generator, config) does not match" in message, message

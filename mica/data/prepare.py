@@ -14,24 +14,22 @@ import pickle
 import numpy as np
 
 from ..errors import MicaError
-from ..files import writable_folder
+from ..files import read_text, writable_folder
 from . import tokens as tok
 
 MAX_TOKEN = 65535  # uint16
 
 
 def _read_text(paths):
+    """The inputs' text, each file UTF-8 (as nanoGPT's prepare.py reads it): a file that is not is a
+    sentence naming the byte, never a silent replacement character in the vocabulary."""
     parts = []
     for p in paths:
         if not os.path.exists(p):
             raise MicaError(f"input file {p} does not exist")
         if os.path.isdir(p):
             raise MicaError(f"input {p} is a folder; give the text file(s) in it (--input FILE [FILE ...])")
-        try:
-            with open(p, encoding="utf-8", errors="replace") as f:
-                parts.append(f.read())
-        except OSError as e:
-            raise MicaError(f"cannot read input file {p} ({e.strerror})") from None
+        parts.append(read_text(p, "input file"))
     text = "".join(parts)
     if not text:
         raise MicaError("the input text is empty")
@@ -74,10 +72,12 @@ def prepare_char(text, out_dir, log=print):
     stoi, itos = char_vocab(text)
     n = len(text)
     train, val = text[: int(n * 0.9)], text[int(n * 0.9):]
-    encode = np.vectorize(stoi.__getitem__, otypes=[np.uint16])
     writable_folder(out_dir, "output folder (--out)")
-    train_ids = encode(np.array(list(train))) if train else np.zeros(0, np.uint16)
-    val_ids = encode(np.array(list(val))) if val else np.zeros(0, np.uint16)
+
+    def encode(part):  # (every character, NUL included: numpy's string arrays would drop a NUL)
+        return np.fromiter((stoi[c] for c in part), dtype=np.uint16, count=len(part))
+
+    train_ids, val_ids = encode(train), encode(val)
     tok.write_bin(os.path.join(out_dir, "train.bin"), train_ids)
     tok.write_bin(os.path.join(out_dir, "val.bin"), val_ids)
     _write_meta(out_dir, {"vocab_size": len(itos), "tokenizer": "char", "itos": itos, "stoi": stoi})

@@ -100,6 +100,7 @@ def _open_tokens(path, vocab_size, min_tokens, what):
         top = int(tokens.max())
         if top >= vocab_size:
             where = int(np.argmax(tokens >= vocab_size))
-            raise MicaError(f"{what} {path} holds token id {top} (first bad one at position {where:,}), but the "
-                            f"vocabulary has only {vocab_size} entries")
+            raise MicaError(f"{what} {path} holds token id {int(tokens[where])} at position {where:,} (and ids up to "
+                            f"{top}), but the vocabulary has only {vocab_size} entries; was it prepared with "
+                            "another tokenizer?")
     return tokens

@@ -80,9 +80,17 @@ static void put_escaped(text *t, const char *s) {
 /* the header; the CRCs are fixed width, so it has the same length before and after they are known */
 static void header(text *t, int64_t iter, double best, int64_t nnext, const uint64_t gen[4], const uint32_t *crc) {
     t->n = 0;
+    /* the metadata a resume reads, and a CRC-32 of it: iter_num, best_val_loss, rng and config, each
+     * as stored, joined by newlines (mica/train/checkpoint.py checks the same) */
+    text meta = {0};
+    put(&meta, "%lld\n%.17g\n%016llx %016llx %016llx %016llx\n%s", (long long)iter, best, (unsigned long long)gen[0],
+        (unsigned long long)gen[1], (unsigned long long)gen[2], (unsigned long long)gen[3],
+        S.config_json ? S.config_json : "{}");
     put(t, "{\"__metadata__\":{\"format\":\"mica\",\"iter_num\":\"%lld\",\"best_val_loss\":\"%.17g\","
-        "\"rng\":\"%016llx %016llx %016llx %016llx\",\"config\":", (long long)iter, best,
-        (unsigned long long)gen[0], (unsigned long long)gen[1], (unsigned long long)gen[2], (unsigned long long)gen[3]);
+        "\"rng\":\"%016llx %016llx %016llx %016llx\",\"meta_crc32\":\"%08x\",\"config\":", (long long)iter, best,
+        (unsigned long long)gen[0], (unsigned long long)gen[1], (unsigned long long)gen[2], (unsigned long long)gen[3],
+        crc32_update(0, meta.p, meta.n));
+    free(meta.p);
     put_escaped(t, S.config_json ? S.config_json : "{}");
     text sums = {0};
     put(&sums, "{");
@@ -113,8 +121,7 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
     text h = {0};
     header(&h, iter, best, nnext, gen, crc);
     FILE *f = fopen(tmp, "wb");
-    if (!f) die(2, "cannot write a checkpoint in %s: %s; the previous checkpoint is untouched", S.out_dir,
-                strerror(errno));
+    if (!f) die(2, "cannot write a checkpoint in %s: %s; nothing was replaced", S.out_dir, strerror(errno));
     uint64_t hlen = h.n;
     int ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(h.p, 1, h.n, f) == h.n;
     char *buffer = staging();
@@ -134,8 +141,7 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
     int err = errno;
     if (fclose(f) != 0 || !ok) {
         unlink(tmp);
-        die(2, "writing the checkpoint in %s failed (%s); the previous checkpoint is untouched", S.out_dir,
-            strerror(err ? err : errno));
+        die(2, "writing the checkpoint in %s failed (%s); nothing was replaced", S.out_dir, strerror(err ? err : errno));
     }
     if (rename(tmp, path) != 0) {
         err = errno;

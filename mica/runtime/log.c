@@ -14,8 +14,10 @@ static int tty = -1;
 void log_open_metrics(int append) {
     char path[8192];
     snprintf(path, sizeof path, "%s/metrics.jsonl", S.out_dir);
-    metrics = fopen(path, append ? "a" : "w");
+    metrics = fopen(path, append ? "a+" : "w");
     if (!metrics) die(2, "cannot write %s: %s; check that the folder is writable", path, strerror(errno));
+    if (append && fseek(metrics, -1, SEEK_END) == 0 && fgetc(metrics) != '\n') /* a run killed mid-line */
+        fputc('\n', metrics);
 }
 
 /* a line of metrics.jsonl; when the disk is full it says so once (training goes on, and a

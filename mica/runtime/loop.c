@@ -34,6 +34,18 @@ static void fill_batch(int which, int64_t x_input, int64_t y_input, const token_
 
 static int64_t last_saved = -1; /* the iteration of the last good checkpoint, -1: none from this run */
 
+/* the last good checkpoint, in words */
+static const char *last_good(void) {
+    static char text[8400];
+    if (last_saved >= 0)
+        snprintf(text, sizeof text, "the last good checkpoint, %s/ckpt.safetensors (iter %lld), is untouched",
+                 S.out_dir, (long long)last_saved);
+    else
+        snprintf(text, sizeof text, "this run saved no checkpoint (any ckpt.safetensors in %s is from an earlier run, "
+                 "untouched)", S.out_dir);
+    return text;
+}
+
 static int stop_interrupted(int64_t iter, const char *during) {
     log_clear_progress();
     fflush(stdout);
@@ -124,9 +136,9 @@ int train_loop(void) {
             double lt = estimate_split(&train_data, eval_offs), lv = estimate_split(&val_data, eval_offs);
             if (interrupted) return stop_interrupted(iter, "while evaluating at");
             if (!isfinite(lt) || !isfinite(lv)) {
-                fprintf(stderr, "mica: error: the evaluated loss is not finite at step %lld (train %g, val %g); "
-                        "training stopped without saving. The last good checkpoint (if any) is %s/ckpt.safetensors, "
-                        "untouched.\n", (long long)iter, fabs(lt), fabs(lv), S.out_dir);
+                log_clear_progress();
+                fprintf(stderr, "mica: error: the evaluated loss is not finite at step %lld (train %g, val %g), so "
+                        "training stopped without saving; %s\n", (long long)iter, fabs(lt), fabs(lv), last_good());
                 log_metrics("{\"step\": %lld, \"train_loss\": null, \"val_loss\": null, \"stopped\": "
                             "\"non-finite loss\"}", (long long)iter);
                 log_close_metrics();
@@ -160,9 +172,8 @@ int train_loop(void) {
         if (!isfinite(loss)) {
             log_clear_progress();
             fflush(stdout);
-            fprintf(stderr, "mica: error: the loss is %s at iter %lld; training stopped. The last good checkpoint "
-                    "(if any) is %s/ckpt.safetensors, untouched.\n", isnan(loss) ? "nan" : "infinite",
-                    (long long)iter, S.out_dir);
+            fprintf(stderr, "mica: error: the loss is %s at iter %lld, so training stopped; %s\n",
+                    isnan(loss) ? "nan" : "infinite", (long long)iter, last_good());
             log_metrics("{\"iter\": %lld, \"loss\": null, \"stopped\": \"non-finite loss\"}", (long long)iter);
             log_close_metrics();
             return 3;

@@ -88,6 +88,21 @@ class SafeTensors:
                             f"{', '.join(map(repr, odd[:3]))}{' ...' if len(odd) > 3 else ''} (a damaged header?)")
         return crcs
 
+    def check_metadata(self):
+        """Where the file holds a CRC-32 of the metadata a resume reads (the trainer writes one),
+        the metadata must match it."""
+        if "meta_crc32" not in self.metadata:
+            return
+        md = self.metadata
+        try:
+            text = "\n".join([md["iter_num"], md["best_val_loss"], md["rng"], md["config"]])
+            ok = zlib.crc32(text.encode()) == int(md["meta_crc32"], 16)
+        except (KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise MicaError(f"checkpoint {self.path} is corrupt: its metadata (iteration, best loss, batch generator, "
+                            "config) does not match its checksum; use another checkpoint")
+
     @property
     def names(self):
         return list(self.tensors)
@@ -108,7 +123,7 @@ class SafeTensors:
         dtype, shape, offset = self.info(name)
         a = np.fromfile(self.path, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
         if self._crcs is not None and crc32(a) != self._crcs[name]:
-            raise MicaError(f"checkpoint {self.path} is corrupt: tensor {name!r} does not match its checksum (its "
+            raise MicaError(f"checkpoint {self.path} is corrupt: tensor {name} does not match its checksum (its "
                             "bytes changed after it was written); use another checkpoint")
         return a
 

@@ -75,7 +75,7 @@ DESCRIPTIONS = {
     "eval_interval": "iterations between loss estimates (and checkpoints)",
     "log_interval": "iterations between log lines",
     "eval_iters": "batches per split in each loss estimate",
-    "eval_only": "estimate the losses once and stop",
+    "eval_only": "estimate the losses at iteration 0 and stop (as nanoGPT: a resumed run trains on)",
     "always_save_checkpoint": "save at every estimate, not only when val loss improves",
     "init_from": "scratch, resume (out_dir/ckpt.safetensors) or PATH.safetensors",
     "wandb_log": "must stay False: Mica logs to out_dir/metrics.jsonl",
@@ -181,8 +181,10 @@ def apply_overrides(settings, items, nullable=()):
     return out
 
 
-def load(config=None, overrides=()):
-    """The full configuration from an optional config file (or built-in name) and --key=value items."""
+def load(config=None, overrides=(), log=print):
+    """The full configuration from an optional config file (or built-in name) and --key=value items.
+    A config file may define helper names of its own, as nanoGPT's configurator allows (they are
+    ignored, said once); a name one letter or so from a setting is taken for a typo and refused."""
     cfg = {**DEFAULTS, **MICA_DEFAULTS}
     if config:
         if config in BUILTIN_CONFIGS and not os.path.exists(config):
@@ -194,7 +196,10 @@ def load(config=None, overrides=()):
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
                 if key not in cfg:
-                    raise MicaError(f"{config}: unknown setting {key!r}{_nearest(key, cfg)}")
+                    if difflib.get_close_matches(key, list(cfg), n=1, cutoff=0.8):  # a typo, surely
+                        raise MicaError(f"{config}: unknown setting {key!r}{_nearest(key, cfg)}")
+                    log(f"note: {config}: {key} is not a setting; ignored (a helper variable?)")
+                    continue
                 cfg[key] = _check_type(key, value, config, cfg)
     return apply_overrides(cfg, overrides)
 
@@ -255,8 +260,7 @@ def check_supported(cfg, log=print):
                         "--init_from=PATH/model.safetensors, or convert it with mica import PATH/model.safetensors "
                         "--out_dir DIR")
     if cfg["wandb_log"]:
-        raise MicaError("wandb_log=True is not supported: Mica logs to out_dir/metrics.jsonl; "
-                        "pass --wandb_log=False")
+        log("note: wandb_log=True is ignored: Mica logs every value to out_dir/metrics.jsonl (mica plot draws it)")
     notes = []
     if cfg["dtype"] != "float32":
         notes.append(f"dtype={cfg['dtype']} applies to CUDA autocast; on the CPU training is float32, as nanoGPT's is")

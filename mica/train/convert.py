@@ -101,13 +101,23 @@ def import_nanogpt(path, out_dir):
     torch = _torch()
     if not os.path.exists(path):
         raise MicaError(f"{path} does not exist")
+    try:  # weights_only: a checkpoint is data; loading must never run code a pickle carries
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise MicaError(f"{path} holds Python objects besides tensors and plain values, which Mica does not load "
+                            "(loading them could run code); save the checkpoint with plain dicts, as nanoGPT does") \
+                from None
+        raise MicaError(f"{path} is not a readable nanoGPT checkpoint ({type(e).__name__})") from None
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
         sd = {k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()}
         sd = {k: v for k, v in sd.items() if not _is_mask_buffer(k, v)}
         tensors = {k: v.detach().float().numpy() for k, v in sd.items() if k != "lm_head.weight"}
     except Exception as e:
         raise MicaError(f"{path} is not a readable nanoGPT checkpoint ({type(e).__name__})") from None
+    if "transformer.wte.weight" not in tensors and "lm_head.weight" not in sd:
+        raise MicaError(f"{path} holds no GPT weights (no transformer.wte.weight or lm_head.weight); is it a nanoGPT "
+                        "checkpoint?")
     if "transformer.wte.weight" not in tensors and "lm_head.weight" in sd:
         tensors["transformer.wte.weight"] = sd["lm_head.weight"].float().numpy()
     shapes = {n: a.shape for n, a in tensors.items()}

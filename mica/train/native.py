@@ -37,7 +37,7 @@ def build_trainer(programs, opt_level=2, log=print):
                                     cbuild._headers_digest()]).encode()).hexdigest()[:24]
     out_dir = os.path.join(cbuild.cache_dir(), "trainer-" + key)
     exe = os.path.join(out_dir, "mica-trainer")
-    if os.path.exists(exe):
+    if cbuild.cached(exe):
         return exe, lowered
     os.makedirs(out_dir, exist_ok=True)
     log(f"compiling the trainer ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} kernels) ...")
@@ -55,7 +55,7 @@ def build_trainer(programs, opt_level=2, log=print):
     _run([cc, *flags, "-I", RUNTIME_DIR, *runtime_sources, *objects, "-o", tmp, *ldflags, "-lm"],
          "trainer")
     os.chmod(tmp, 0o755)
-    os.replace(tmp, exe)
+    cbuild.install(tmp, exe)
     return exe, lowered
 
 

@@ -14,17 +14,21 @@ def read_metrics(out_dir):
     iters, evals = {}, {}
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    m = json.loads(line)
-                except ValueError:
-                    raise MicaError(f"{path}:{n} is not JSON") from None
-                if not isinstance(m, dict):
-                    raise MicaError(f"{path}:{n} is not a JSON object")
-                if _numbers(m, "iter", "loss"):
-                    iters[m["iter"]] = m["loss"]
-                if _numbers(m, "step", "val_loss", "train_loss"):
-                    evals[m["step"]] = (m["train_loss"], m["val_loss"])
+            lines = f.readlines()
+        for n, line in enumerate(lines, 1):
+            try:
+                m = json.loads(line)
+            except ValueError:
+                if not line.endswith("\n"):  # the last line of a run killed mid-write: the rest stands
+                    print(f"note: {path}:{n} was cut off mid-write; plotting the lines before it")
+                    break
+                raise MicaError(f"{path}:{n} is not JSON") from None
+            if not isinstance(m, dict):
+                raise MicaError(f"{path}:{n} is not a JSON object")
+            if _numbers(m, "iter", "loss"):
+                iters[m["iter"]] = m["loss"]
+            if _numbers(m, "step", "val_loss", "train_loss"):
+                evals[m["step"]] = (m["train_loss"], m["val_loss"])
     except OSError as e:
         raise MicaError(f"cannot read {path} ({e.strerror})") from None
     return iters, evals

@@ -97,10 +97,11 @@ def _model_config_json(cfg):
 
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
-    cfg = config_mod.check_supported(config_mod.load(config_path, overrides), log)
+    cfg = config_mod.check_supported(config_mod.load(config_path, overrides, log), log)
     folder, (train_paths, val_paths) = data_files(cfg)
     vocab, _ = vocab_size(folder, log)
     vocab = _follow_hf_weights(cfg, vocab, log)
+    vocab = _follow_resumed_model(cfg, vocab, log)
     need = cfg["block_size"] + 1
     files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
     files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
@@ -109,6 +110,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
     if cfg["batch_order"] and not os.path.isfile(cfg["batch_order"]):
         raise MicaError(f"batch order file {cfg['batch_order']} is a folder, not a file")
     out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
+    _lock(out_dir)
     _remove_stale_temporaries(out_dir, log)
 
     model, _, progs = programs.build(cfg, vocab)
@@ -133,6 +135,47 @@ def prepare_run(config_path=None, overrides=(), log=print):
     manifest = os.path.join(out_dir, "trainer.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
+
+
+_LOCKS = {}  # out_dir -> the descriptor holding its lock (inherited by the trainer across exec)
+
+
+def _lock(out_dir):
+    """One run at a time in an out_dir: a second one would overwrite the first's checkpoints. The
+    lock is held by the trainer itself (the descriptor survives exec), so it lasts as long as the run."""
+    import fcntl
+
+    key = os.path.realpath(out_dir)
+    if key in _LOCKS:  # this process prepares again (tests, mica check): its own earlier lock goes
+        os.close(_LOCKS.pop(key))
+    fd = os.open(os.path.join(out_dir, ".mica.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise MicaError(f"another mica train is running in {out_dir}; wait for it to finish or train into another "
+                        "out_dir") from None
+    os.set_inheritable(fd, True)
+    _LOCKS[key] = fd
+
+
+def _follow_resumed_model(cfg, vocab, log):
+    """--init_from=resume takes the model's settings from the checkpoint, as nanoGPT's resume does
+    (n_layer, n_head, n_embd, block_size, bias and the vocabulary size), saying what it overrides."""
+    path = os.path.join(cfg["out_dir"], "ckpt.safetensors")
+    if cfg["init_from"] != "resume" or not os.path.isfile(path):
+        return vocab  # (a missing checkpoint is _initial_state's sentence)
+    st = ckpt.SafeTensors(path)
+    saved = _saved_config(st)
+    changed = [f"{k}={saved[k]!r} (not {cfg[k]!r})" for k in MODEL_KEYS if k in saved and saved[k] != cfg[k]]
+    for k in MODEL_KEYS:
+        if k in saved:
+            cfg[k] = config_mod._check_type(k, saved[k], path, config_mod.DEFAULTS)
+    if changed:
+        log(f"resuming with the checkpoint's model settings: {', '.join(changed)}")
+    if "transformer.wte.weight" in st.tensors:
+        return int(st.info("transformer.wte.weight")[1][0])
+    return vocab
 
 
 def _hf_init(cfg):
@@ -180,12 +223,20 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
                 raise MicaError(f"the checkpoint in {out_dir} was trained with {k}={saved[k]!r}, not {cfg[k]!r}; "
                                 "resume with the same model settings")
         md = st.metadata
+        st.check_metadata()
         try:
             settings.update(resume=1, resume_iter=int(md["iter_num"]), resume_best=float(md["best_val_loss"]))
+            if settings["resume_iter"] < 0:
+                raise ValueError
         except (KeyError, ValueError):
-            raise MicaError(f"checkpoint {path} has no iter_num / best_val_loss in its metadata") from None
+            raise MicaError(f"checkpoint {path} has no readable iter_num / best_val_loss in its metadata; use another "
+                            "checkpoint") from None
         has_state = _check_resume_names(st, by_name, log)
-        if "data.next_offsets" in st.tensors and "rng" in md:
+        rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
+        if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] != (rows,):
+            log(f"note: the checkpoint was trained with another batch_size x gradient_accumulation_steps "
+                f"({st.info('data.next_offsets')[1][0]} rows, now {rows}): batches start afresh from the seed")
+        elif "data.next_offsets" in st.tensors and "rng" in md:
             if not re.fullmatch(r"[0-9a-f]{16}( [0-9a-f]{16}){3}", md["rng"]):
                 raise MicaError(f"checkpoint {path} is damaged: its batch generator state is unreadable")
             settings["resume_rng"] = md["rng"]
@@ -355,10 +406,14 @@ def _stderr(message):
 
 
 def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=0.8, top_k=200, seed=1337,
-           threads=None, log=_stderr):
+           threads=None, log=_stderr, data_dir=""):
+    """Generate from out_dir's checkpoint; the vocabulary comes from the data folder it was trained on,
+    or from `data_dir`."""
     path = os.path.join(out_dir, "ckpt.safetensors")
     st = ckpt.SafeTensors(path)
     cfg = {**config_mod.DEFAULTS, **config_mod.MICA_DEFAULTS, **_saved_config(st)}
+    if data_dir:
+        cfg["data_dir"] = data_dir
     if "transformer.wte.weight" not in st.tensors:
         raise MicaError(f"{path} holds no GPT weights (transformer.wte.weight)")
     vocab = st.info("transformer.wte.weight")[1][0]

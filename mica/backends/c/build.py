@@ -20,6 +20,28 @@ def cache_dir():
     return root
 
 
+def cached(path):
+    """True when a built file is in the cache whole: its digest matches the one written beside it
+    when it was built (a truncated or damaged binary is rebuilt, never run)."""
+    try:
+        with open(path + ".sha256") as f:
+            want = f.read().strip()
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == want
+    except OSError:
+        return False
+
+
+def install(tmp, path):
+    """Move a freshly built file into the cache under `path`, its digest beside it."""
+    with open(tmp, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    with open(tmp + ".sha256", "w") as f:
+        f.write(digest + "\n")
+    os.replace(tmp, path)
+    os.replace(tmp + ".sha256", path + ".sha256")
+
+
 def compiler():
     cc = os.environ.get("CC") or "gcc"
     path = shutil.which(cc)
@@ -64,7 +86,7 @@ def build(source, opt_level, name="program", profile=False, blas="openblas"):
     key = hashlib.sha256("\0".join([source, cc, *fl, *ldflags, _headers_digest()]).encode()).hexdigest()[:24]
     out_dir = os.path.join(cache_dir(), key)
     lib = os.path.join(out_dir, "libmica_program.so")
-    if os.path.exists(lib):
+    if cached(lib):
         return lib
     os.makedirs(out_dir, exist_ok=True)
     src = os.path.join(out_dir, "program.c")
@@ -79,5 +101,5 @@ def build(source, opt_level, name="program", profile=False, blas="openblas"):
         first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
         raise MicaError(f"the C compiler failed on the generated program for {name} ({first}); "
                         f"the source is at {src}")
-    os.replace(tmp_path, lib)
+    install(tmp_path, lib)
     return lib

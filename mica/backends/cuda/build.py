@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 
 from ...errors import MicaError
-from ..c.build import cache_dir
+from ..c.build import cache_dir, cached, install
 from ..c.emit import SHARED_DIR
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,7 +73,7 @@ def build(source, name="program", simulate=False, tf32=False, threads_per_block=
             digest.update(open(path, "rb").read())
     out_dir = os.path.join(cache_dir(), f"cuda-{kind}-" + digest.hexdigest()[:24])
     lib = os.path.join(out_dir, "libmica_program.so")
-    if os.path.exists(lib):
+    if cached(lib):
         return lib
     os.makedirs(out_dir, exist_ok=True)
     src = os.path.join(out_dir, "program.cu")
@@ -89,5 +89,5 @@ def build(source, name="program", simulate=False, tf32=False, threads_per_block=
         first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
         raise MicaError(f"{'g++ (the CUDA simulator)' if simulate else 'nvcc'} failed on the generated program for "
                         f"{name} ({first}); the source is at {src}")
-    os.replace(tmp_path, lib)
+    install(tmp_path, lib)
     return lib
