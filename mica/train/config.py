@@ -262,8 +262,9 @@ def check_supported(cfg, log=print):
     if cfg["wandb_log"]:
         log("note: wandb_log=True is ignored: Mica logs every value to out_dir/metrics.jsonl (mica plot draws it)")
     notes = []
-    if cfg["dtype"] != "float32":
-        notes.append(f"dtype={cfg['dtype']} applies to CUDA autocast; on the CPU training is float32, as nanoGPT's is")
+    if cfg["dtype"] not in ("float32", DEFAULTS["dtype"]):  # (nanoGPT's default, bfloat16, is silent on the CPU)
+        notes.append(f"dtype={cfg['dtype']}: on the CPU training is float32, as nanoGPT's is; half precision is not "
+                     "built yet")
     if cfg["compile"] is False:
         notes.append("compile=False: Mica's step is always compiled")
     for key in ("eval_interval", "eval_iters", "log_interval", "batch_size", "block_size", "n_layer", "n_head",
