@@ -15,7 +15,7 @@ from ..errors import MicaError
 from . import checkpoint as ckpt
 from . import config as config_mod
 from . import convert
-from . import native, programs
+from . import memory_plan, native, programs
 from ..files import read_text, writable_folder
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -117,8 +117,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log)
     native.check_in_place(lowered["train"])
-    from .memory_plan import report as memory_report  # what the trainer will hold, before the first step
-    log(memory_report(lowered))
+    log(memory_plan.report(lowered))  # what the trainer will hold, exact, before the first step
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
     expected = _expected(slots, lowered)
     settings = dict(mode="train", out_dir=out_dir, vocab=vocab, block=cfg["block_size"],
