@@ -9,7 +9,7 @@ import math
 
 from ...passes.schedule import Const, Iota, row_major
 from ..cstyle import types as ct
-from ..cstyle.expr import ExprWriter, coalesce, offset_expr
+from ..cstyle.expr import ExprWriter, coalesce, loop_statements, offset_expr
 from ..cstyle.expr import combine as _combine, reduce_init as _init
 
 PARALLEL_MIN = 8192  # elements below which a loop runs on one thread (a parallel region costs more)
@@ -23,20 +23,7 @@ def _pragma(total, collapse, simd=False):
 
 def loop_body(emitter, kernel):
     """C body of an elementwise Loop kernel."""
-    accesses = [e.view for e in kernel.exprs if e.kind == "load"] + [v for v, _ in kernel.stores]
-    flat = row_major(kernel.shape)
-    dims = coalesce(kernel.shape, [v.strides for v in accesses] + [flat])
-    names = [f"i{d}" for d in range(len(dims))]
-    strides_of = {id(v): [d[1][k] for d in dims] for k, v in enumerate(accesses)}
-    flat_strides = [d[1][-1] for d in dims]
-
-    def index_of(view):
-        return offset_expr(view.offset, strides_of[id(view)], names)
-
-    writer = ExprWriter(emitter, kernel.exprs, index_of, offset_expr(0, flat_strides, names))
-    body = writer.lines()
-    for view, k in kernel.stores:
-        body.append(f"{emitter.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
+    dims, names, body = loop_statements(emitter, kernel)
     return _nest(dims, names, body, kernel.shape)
 
 

@@ -111,3 +111,24 @@ def reduce_init(op, dtype):
     if dtype.kind == "float":
         return "(-INFINITY)"
     return {"int32": "INT32_MIN", "int64": "INT64_MIN", "bool": "0"}[dtype.name]
+
+
+def loop_statements(renderer, kernel):
+    """An elementwise Loop's iteration space and per-element statements, for any C-style target:
+    (coalesced dims [(size, strides)], their index names, the statements of one element: loads,
+    the expressions, stores). A target wraps them in its own iteration (OpenMP loops, GPU threads)."""
+    from ...passes.schedule import row_major
+
+    accesses = [e.view for e in kernel.exprs if e.kind == "load"] + [v for v, _ in kernel.stores]
+    dims = coalesce(kernel.shape, [v.strides for v in accesses] + [row_major(kernel.shape)])
+    names = [f"i{d}" for d in range(len(dims))]
+    strides_of = {id(v): [d[1][k] for d in dims] for k, v in enumerate(accesses)}
+    flat_strides = [d[1][-1] for d in dims]
+
+    def index_of(view):
+        return offset_expr(view.offset, strides_of[id(view)], names)
+
+    body = ExprWriter(renderer, kernel.exprs, index_of, offset_expr(0, flat_strides, names)).lines()
+    for view, k in kernel.stores:
+        body.append(f"{renderer.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
+    return dims, names, body

@@ -10,7 +10,8 @@ import math
 from ... import __version__, dtypes
 from ...passes.schedule import Call, Const, Gemm, Iota, row_major
 from ..cstyle import types as ct
-from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, offset_expr, reduce_init as _init
+from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
+from ..cstyle.expr import reduce_init as _init
 from ..cstyle.render import CStyleRenderer
 
 THREADS = 256  # threads per block; results do not depend on it (tests change it)
@@ -50,21 +51,8 @@ class CudaRenderer(CStyleRenderer):
 
     # ---- elementwise loops -----------------------------------------------------------------------
     def loop(self, kern):
-        accesses = [e.view for e in kern.exprs if e.kind == "load"] + [v for v, _ in kern.stores]
-        flat = row_major(kern.shape)
-        dims = coalesce(kern.shape, [v.strides for v in accesses] + [flat])
-        names = [f"i{d}" for d in range(len(dims))]
-        strides_of = {id(v): [d[1][k] for d in dims] for k, v in enumerate(accesses)}
-        flat_strides = [d[1][-1] for d in dims]
-
-        def index_of(view):
-            return offset_expr(view.offset, strides_of[id(view)], names)
-
-        writer = ExprWriter(self, kern.exprs, index_of, offset_expr(0, flat_strides, names))
-        body = _decompose(dims, names) + writer.lines()
-        for view, k in kern.stores:
-            body.append(f"{self.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
-        return _grid_stride(max(math.prod(kern.shape), 1), body)
+        dims, names, body = loop_statements(self, kern)
+        return _grid_stride(max(math.prod(kern.shape), 1), _decompose(dims, names) + body)
 
     # ---- reductions: a thread per output, the canonical order ------------------------------------
     def reduce(self, kern, name):
