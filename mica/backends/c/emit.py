@@ -160,5 +160,5 @@ RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 SHARED_DIR = os.path.join(os.path.dirname(RUNTIME_DIR), "cstyle")  # mica_math.h, shared with CUDA
 RUNTIME_HEADERS = (os.path.join(RUNTIME_DIR, name) for name in
                    ("mica_runtime.h", "mica_gemm.h", "mica_blas.h", "mica_kernels.h"))
-RUNTIME_HEADERS = (*RUNTIME_HEADERS, os.path.join(SHARED_DIR, "mica_math.h"))
+RUNTIME_HEADERS = (*RUNTIME_HEADERS, os.path.join(SHARED_DIR, "mica_math.h"), os.path.join(SHARED_DIR, "mica_rows.h"))
 INCLUDES = ("-I", RUNTIME_DIR, "-I", SHARED_DIR)

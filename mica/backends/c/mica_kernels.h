@@ -10,6 +10,7 @@
 #define MICA_KERNELS_H
 #include "mica_runtime.h"
 #include "mica_gemm.h"
+#include "mica_rows.h"
 
 #define MICA_PAR_ROWS(rows, n) if ((double)(rows) * (n) > 32768.0)
 
@@ -41,39 +42,15 @@
 static void mica_layer_norm_##S(const T *x, const T *w, const T *b, T *y, T *mean, T *rstd,        \
                                 int64_t rows, int64_t n, T eps) {                                  \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T mu = mica_sum_##S(xr, n) / (T)n, var;                                                    \
-        MICA_SUM_EXPR(T, n, var, (xr[j] - mu) * (xr[j] - mu));                                     \
-        T rs = (T)1 / mica_sqrt_##S(var / (T)n + eps);                                             \
-        for (int64_t j = 0; j < n; j++) {                                                          \
-            T v = (xr[j] - mu) * rs;                                                               \
-            if (w) v = v * w[j];                                                                   \
-            if (b) v = v + b[j];                                                                   \
-            yr[j] = v;                                                                             \
-        }                                                                                          \
-        mean[r] = mu;                                                                              \
-        rstd[r] = rs;                                                                              \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++)                                                             \
+        mica_layer_norm_row_##S(x + r * n, w, b, y + r * n, mean + r, rstd + r, n, eps);           \
 }                                                                                                  \
 static void mica_layer_norm_backward_##S(const T *g, const T *x, const T *w, const T *mean,        \
                                          const T *rstd, T *dx, T *dw, T *db, int64_t rows,         \
                                          int64_t n) {                                              \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *gr = g + r * n, *xr = x + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        T mu = mean[r], rs = rstd[r];                                                              \
-        for (int64_t j = 0; j < n; j++) dr[j] = w ? gr[j] * w[j] : gr[j];                          \
-        T a = mica_sum_##S(dr, n) / (T)n, c;                                                       \
-        MICA_SUM_EXPR(T, n, c, dr[j] * ((xr[j] - mu) * rs));                                       \
-        c = c / (T)n;                                                                              \
-        for (int64_t j = 0; j < n; j++) {                                                          \
-            T xh = (xr[j] - mu) * rs;                                                              \
-            dr[j] = rs * ((dr[j] - a) - xh * c);                                                   \
-        }                                                                                          \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++)                                                             \
+        mica_layer_norm_backward_row_##S(g + r * n, x + r * n, w, mean[r], rstd[r], dx + r * n, n); \
     if (dw) { MICA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * ((x[r * n + j] - mean[r]) * rstd[r])) } \
     if (db) { MICA_COLUMN_SUMS(T, S, rows, n, db, g[r * n + j]) }                                  \
 }                                                                                                  \
@@ -81,78 +58,32 @@ static void mica_layer_norm_backward_##S(const T *g, const T *x, const T *w, con
 static void mica_rms_norm_##S(const T *x, const T *w, T *y, T *rstd, int64_t rows, int64_t n,      \
                               T eps) {                                                             \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T ms;                                                                                      \
-        MICA_SUM_EXPR(T, n, ms, xr[j] * xr[j]);                                                    \
-        T rs = (T)1 / mica_sqrt_##S(ms / (T)n + eps);                                              \
-        for (int64_t j = 0; j < n; j++) yr[j] = w ? (xr[j] * rs) * w[j] : xr[j] * rs;              \
-        rstd[r] = rs;                                                                              \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++) mica_rms_norm_row_##S(x + r * n, w, y + r * n, rstd + r, n, eps); \
 }                                                                                                  \
 static void mica_rms_norm_backward_##S(const T *g, const T *x, const T *w, const T *rstd, T *dx,   \
                                        T *dw, int64_t rows, int64_t n) {                           \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *gr = g + r * n, *xr = x + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        T rs = rstd[r];                                                                            \
-        for (int64_t j = 0; j < n; j++) { T gx = w ? gr[j] * w[j] : gr[j]; dr[j] = gx * (xr[j] * rs); } \
-        T c = mica_sum_##S(dr, n) / (T)n;                                                          \
-        for (int64_t j = 0; j < n; j++) {                                                          \
-            T gx = w ? gr[j] * w[j] : gr[j];                                                       \
-            dr[j] = rs * (gx - (xr[j] * rs) * c);                                                  \
-        }                                                                                          \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++)                                                             \
+        mica_rms_norm_backward_row_##S(g + r * n, x + r * n, w, rstd[r], dx + r * n, n);           \
     if (dw) { MICA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * (x[r * n + j] * rstd[r])) }       \
 }                                                                                                  \
 /* ---- softmax and log-softmax over rows ----------------------------------------------------- */ \
-static inline T mica_row_max_##S(const T *x, int64_t n) {                                          \
-    T m = x[0];                                                                                    \
-    for (int64_t j = 1; j < n; j++) m = mica_max_##S(m, x[j]);                                     \
-    return m;                                                                                      \
-}                                                                                                  \
 static void mica_softmax_##S(const T *x, T *y, int64_t rows, int64_t n) {                          \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T m = mica_row_max_##S(xr, n);                                                             \
-        for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                           \
-        T s = mica_sum_##S(yr, n);                                                                 \
-        for (int64_t j = 0; j < n; j++) yr[j] = yr[j] / s;                                         \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++) mica_softmax_row_##S(x + r * n, y + r * n, n);              \
 }                                                                                                  \
 static void mica_softmax_backward_##S(const T *g, const T *y, T *dx, int64_t rows, int64_t n) {    \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *gr = g + r * n, *yr = y + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        for (int64_t j = 0; j < n; j++) dr[j] = gr[j] * yr[j];                                     \
-        T dot = mica_sum_##S(dr, n);                                                               \
-        for (int64_t j = 0; j < n; j++) dr[j] = yr[j] * (gr[j] - dot);                             \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++) mica_softmax_backward_row_##S(g + r * n, y + r * n, dx + r * n, n); \
 }                                                                                                  \
 static void mica_log_softmax_##S(const T *x, T *y, int64_t rows, int64_t n) {                      \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T m = mica_row_max_##S(xr, n);                                                             \
-        for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                           \
-        T lse = mica_log_##S(mica_sum_##S(yr, n));                                                 \
-        for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) - lse;                                 \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++) mica_log_softmax_row_##S(x + r * n, y + r * n, n);          \
 }                                                                                                  \
 static void mica_log_softmax_backward_##S(const T *g, const T *y, T *dx, int64_t rows, int64_t n) {\
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *gr = g + r * n, *yr = y + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        T s = mica_sum_##S(gr, n);                                                                 \
-        for (int64_t j = 0; j < n; j++) dr[j] = gr[j] - mica_exp_##S(yr[j]) * s;                   \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++)                                                             \
+        mica_log_softmax_backward_row_##S(g + r * n, y + r * n, dx + r * n, n);                    \
 }                                                                                                  \
 /* ---- cross-entropy over rows of logits ------------------------------------------------------- */ \
 static void mica_cross_entropy_##S(const T *x, const int64_t *t, T *loss, T *lse, int64_t rows,    \
@@ -174,14 +105,8 @@ static void mica_cross_entropy_##S(const T *x, const int64_t *t, T *loss, T *lse
 static void mica_cross_entropy_backward_##S(const T *g, const T *x, const int64_t *t, const T *lse,\
                                             T *dx, int64_t rows, int64_t n, int64_t ignore) {      \
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(rows, n)")                           \
-    for (int64_t r = 0; r < rows; r++) {                                                           \
-        const T *xr = x + r * n;                                                                   \
-        T *dr = dx + r * n;                                                                        \
-        int64_t k = t[r];                                                                          \
-        T gr = k == ignore ? (T)0 : g[r], l = lse[r];                                              \
-        for (int64_t j = 0; j < n; j++) dr[j] = mica_exp_##S(xr[j] - l) * gr;                      \
-        if (k != ignore && k >= 0 && k < n) dr[k] = (mica_exp_##S(xr[k] - l) - (T)1) * gr;         \
-    }                                                                                              \
+    for (int64_t r = 0; r < rows; r++)                                                             \
+        mica_cross_entropy_backward_row_##S(g[r], x + r * n, t[r], lse[r], dx + r * n, n, ignore); \
 }                                                                                                  \
 /* ---- embedding ----------------------------------------------------------------------------- */ \
 static void mica_embedding_##S(const int64_t *idx, const T *w, T *y, int64_t count, int64_t V,     \

@@ -11,6 +11,7 @@
 #ifndef MICA_CUDA_KERNELS_H
 #define MICA_CUDA_KERNELS_H
 #include "mica_cuda.h"
+#include "mica_rows.h"
 
 /* a kernel that meets bad input (an index out of range) records it; the host turns it into a
  * sentence after the launch (mica_cuda_kernel_failed) */
@@ -60,114 +61,41 @@ static int mica_cuda_kernel_failed(void) {
     }
 
 #define MICA_DEFINE_CUDA_KERNELS(T, S)                                                             \
-static __device__ T mica_dev_row_max_##S(const T *x, int64_t n) {                                   \
-    T m = x[0];                                                                                    \
-    for (int64_t j = 1; j < n; j++) m = mica_max_##S(m, x[j]);                                     \
-    return m;                                                                                      \
-}                                                                                                  \
 static __device__ void mica_layer_norm_##S(const T *x, const T *w, const T *b, T *y, T *mean,      \
                                            T *rstd, int64_t rows, int64_t n, T eps) {             \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T mu = mica_sum_##S(xr, n) / (T)n, var;                                                    \
-        MICA_SUM_EXPR(T, n, var, (xr[j] - mu) * (xr[j] - mu));                                     \
-        T rs = (T)1 / mica_sqrt_##S(var / (T)n + eps);                                             \
-        for (int64_t j = 0; j < n; j++) {                                                          \
-            T v = (xr[j] - mu) * rs;                                                               \
-            if (w) v = v * w[j];                                                                   \
-            if (b) v = v + b[j];                                                                   \
-            yr[j] = v;                                                                             \
-        }                                                                                          \
-        mean[r] = mu;                                                                              \
-        rstd[r] = rs;                                                                              \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows) mica_layer_norm_row_##S(x + r * n, w, b, y + r * n, mean + r, rstd + r, n, eps); \
 }                                                                                                  \
 static __device__ void mica_layer_norm_backward_##S(const T *g, const T *x, const T *w,            \
                                                     const T *mean, const T *rstd, T *dx, T *dw,    \
                                                     T *db, int64_t rows, int64_t n) {             \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *gr = g + r * n, *xr = x + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        T mu = mean[r], rs = rstd[r];                                                              \
-        for (int64_t j = 0; j < n; j++) dr[j] = w ? gr[j] * w[j] : gr[j];                          \
-        T a = mica_sum_##S(dr, n) / (T)n, c;                                                       \
-        MICA_SUM_EXPR(T, n, c, dr[j] * ((xr[j] - mu) * rs));                                       \
-        c = c / (T)n;                                                                              \
-        for (int64_t j = 0; j < n; j++) {                                                          \
-            T xh = (xr[j] - mu) * rs;                                                              \
-            dr[j] = rs * ((dr[j] - a) - xh * c);                                                   \
-        }                                                                                          \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows)                                                                      \
+        mica_layer_norm_backward_row_##S(g + r * n, x + r * n, w, mean[r], rstd[r], dx + r * n, n); \
     if (dw) { MICA_CUDA_COLUMN_SUMS(T, rows, n, dw, g[r * n + j] * ((x[r * n + j] - mean[r]) * rstd[r])) } \
     if (db) { MICA_CUDA_COLUMN_SUMS(T, rows, n, db, g[r * n + j]) }                                \
 }                                                                                                  \
 static __device__ void mica_rms_norm_##S(const T *x, const T *w, T *y, T *rstd, int64_t rows,      \
                                          int64_t n, T eps) {                                       \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T ms;                                                                                      \
-        MICA_SUM_EXPR(T, n, ms, xr[j] * xr[j]);                                                    \
-        T rs = (T)1 / mica_sqrt_##S(ms / (T)n + eps);                                              \
-        for (int64_t j = 0; j < n; j++) yr[j] = w ? (xr[j] * rs) * w[j] : xr[j] * rs;              \
-        rstd[r] = rs;                                                                              \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows) mica_rms_norm_row_##S(x + r * n, w, y + r * n, rstd + r, n, eps);    \
 }                                                                                                  \
 static __device__ void mica_rms_norm_backward_##S(const T *g, const T *x, const T *w,              \
                                                   const T *rstd, T *dx, T *dw, int64_t rows,       \
                                                   int64_t n) {                                     \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *gr = g + r * n, *xr = x + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        T rs = rstd[r];                                                                            \
-        for (int64_t j = 0; j < n; j++) { T gx = w ? gr[j] * w[j] : gr[j]; dr[j] = gx * (xr[j] * rs); } \
-        T c = mica_sum_##S(dr, n) / (T)n;                                                          \
-        for (int64_t j = 0; j < n; j++) {                                                          \
-            T gx = w ? gr[j] * w[j] : gr[j];                                                       \
-            dr[j] = rs * (gx - (xr[j] * rs) * c);                                                  \
-        }                                                                                          \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows) mica_rms_norm_backward_row_##S(g + r * n, x + r * n, w, rstd[r], dx + r * n, n); \
     if (dw) { MICA_CUDA_COLUMN_SUMS(T, rows, n, dw, g[r * n + j] * (x[r * n + j] * rstd[r])) }     \
 }                                                                                                  \
 static __device__ void mica_softmax_##S(const T *x, T *y, int64_t rows, int64_t n) {               \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T m = mica_dev_row_max_##S(xr, n);                                                         \
-        for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                           \
-        T s = mica_sum_##S(yr, n);                                                                 \
-        for (int64_t j = 0; j < n; j++) yr[j] = yr[j] / s;                                         \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows) mica_softmax_row_##S(x + r * n, y + r * n, n);                       \
 }                                                                                                  \
 static __device__ void mica_softmax_backward_##S(const T *g, const T *y, T *dx, int64_t rows,      \
                                                  int64_t n) {                                      \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *gr = g + r * n, *yr = y + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        for (int64_t j = 0; j < n; j++) dr[j] = gr[j] * yr[j];                                     \
-        T dot = mica_sum_##S(dr, n);                                                               \
-        for (int64_t j = 0; j < n; j++) dr[j] = yr[j] * (gr[j] - dot);                             \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows) mica_softmax_backward_row_##S(g + r * n, y + r * n, dx + r * n, n);  \
 }                                                                                                  \
 static __device__ void mica_log_softmax_##S(const T *x, T *y, int64_t rows, int64_t n) {           \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *xr = x + r * n;                                                                   \
-        T *yr = y + r * n;                                                                         \
-        T m = mica_dev_row_max_##S(xr, n);                                                         \
-        for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                           \
-        T lse = mica_log_##S(mica_sum_##S(yr, n));                                                 \
-        for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) - lse;                                 \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows) mica_log_softmax_row_##S(x + r * n, y + r * n, n);                   \
 }                                                                                                  \
 static __device__ void mica_log_softmax_backward_##S(const T *g, const T *y, T *dx, int64_t rows,  \
                                                      int64_t n) {                                  \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *gr = g + r * n, *yr = y + r * n;                                                  \
-        T *dr = dx + r * n;                                                                        \
-        T s = mica_sum_##S(gr, n);                                                                 \
-        for (int64_t j = 0; j < n; j++) dr[j] = gr[j] - mica_exp_##S(yr[j]) * s;                   \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows) mica_log_softmax_backward_row_##S(g + r * n, y + r * n, dx + r * n, n); \
 }                                                                                                  \
 /* the exponentials' sum computed as they are made: the CPU's stored row, summed in the same order */ \
 static __device__ void mica_cross_entropy_##S(const T *x, const int64_t *t, T *loss, T *lse,       \
@@ -175,7 +103,7 @@ static __device__ void mica_cross_entropy_##S(const T *x, const int64_t *t, T *l
     (void)unused; /* (the CPU kernel's per-thread row of exponentials: not needed here) */        \
     MICA_GRID_STRIDE(r, rows) {                                                                    \
         const T *xr = x + r * n;                                                                   \
-        T m = mica_dev_row_max_##S(xr, n), s;                                                      \
+        T m = mica_row_max_##S(xr, n), s;                                                          \
         MICA_SUM_EXPR(T, n, s, mica_exp_##S(xr[j] - m));                                           \
         T l = m + mica_log_##S(s);                                                                 \
         int64_t k = t[r];                                                                          \
@@ -188,14 +116,8 @@ static __device__ void mica_cross_entropy_##S(const T *x, const int64_t *t, T *l
 static __device__ void mica_cross_entropy_backward_##S(const T *g, const T *x, const int64_t *t,   \
                                                        const T *lse, T *dx, int64_t rows,          \
                                                        int64_t n, int64_t ignore) {                \
-    MICA_GRID_STRIDE(r, rows) {                                                                    \
-        const T *xr = x + r * n;                                                                   \
-        T *dr = dx + r * n;                                                                        \
-        int64_t k = t[r];                                                                          \
-        T gr = k == ignore ? (T)0 : g[r], l = lse[r];                                              \
-        for (int64_t j = 0; j < n; j++) dr[j] = mica_exp_##S(xr[j] - l) * gr;                      \
-        if (k != ignore && k >= 0 && k < n) dr[k] = (mica_exp_##S(xr[k] - l) - (T)1) * gr;         \
-    }                                                                                              \
+    MICA_GRID_STRIDE(r, rows)                                                                      \
+        mica_cross_entropy_backward_row_##S(g[r], x + r * n, t[r], lse[r], dx + r * n, n, ignore); \
 }                                                                                                  \
 static __device__ void mica_embedding_##S(const int64_t *idx, const T *w, T *y, int64_t count,     \
                                           int64_t V, int64_t D) {                                  \
