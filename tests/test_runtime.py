@@ -350,3 +350,21 @@ def test_a_changed_value_in_the_checkpoints_metadata_is_refused(work, edit):
     open(CKPT, "wb").write(raw.replace(edit[0], edit[1], 1))
     rc, message = resume_outcome(TINY)
     assert rc == 2 and "its metadata (iteration, best loss, batch generator, config) does not match" in message, message
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda t: t.update({"transformer.h.0.ln_3.weight": t.pop("transformer.h.0.ln_2.weight")}),
+     "missing transformer.h.0.ln_2.weight; unknown transformer.h.0.ln_3.weight"),
+    (lambda t: t.update({"transformer.wpe.weight": t["transformer.wpe.weight"].astype(np.int32)}),
+     "transformer.wpe.weight is int32[16, 16] where [16, 16] float32 belongs"),
+])
+def test_export_refuses_a_checkpoint_that_is_not_the_gpt_it_says(work, edit, needle):
+    pytest.importorskip("torch")
+    train([*TINY, "--max_iters=2"])
+    st = checkpoint.SafeTensors(CKPT)
+    tensors = {n: st.read(n) for n in st.names}
+    edit(tensors)
+    checkpoint.write(CKPT, tensors, dict(st.metadata))
+    r = mica("export", "out-shakespeare-char", "--to", "x.pt", cwd=work)
+    assert r.returncode == 2 and one_sentence(r.stderr) and needle in r.stderr, r.stderr
+    assert not os.path.exists("x.pt")

@@ -24,6 +24,29 @@ def _groups(names, shapes):
     return [[n for n in names if len(shapes[n]) >= 2], [n for n in names if len(shapes[n]) < 2]]
 
 
+def check_gpt_tensors(found, args, where):
+    """`found` ({name: (numpy dtype, shape)}) must be exactly nanoGPT's GPT of `args` (n_layer,
+    n_head, n_embd, block_size, bias, vocab_size) in float32: the sentence names what differs."""
+    from ..models.gpt import GPT, GPTConfig
+
+    try:
+        config = GPTConfig(**{k: args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")})
+        want = {n: tuple(spec.shape) for n, spec in GPT(config).param_specs().items()}
+    except Exception:  # (settings missing or of the wrong kind: no model to hold the tensors against)
+        raise MicaError(f"{where} does not say which GPT it holds (n_layer, n_head, n_embd, block_size, bias, "
+                        "vocabulary); it is not a checkpoint of nanoGPT's model") from None
+    missing = [n for n in want if n not in found]
+    extra = [n for n in found if n not in want]
+    wrong = [f"{n} is {found[n][0].name}{list(found[n][1])} where {list(want[n])} float32 belongs"
+             for n in want if n in found and (tuple(found[n][1]) != want[n] or found[n][0] != np.float32)]
+    if missing or extra or wrong:
+        parts = [f"missing {', '.join(missing[:3])}"] if missing else []
+        parts += [f"unknown {', '.join(extra[:3])}"] if extra else []
+        parts += wrong[:2]
+        raise MicaError(f"{where} is not nanoGPT's GPT with n_layer={args['n_layer']}, n_embd={args['n_embd']}: "
+                        f"{'; '.join(parts)}")
+
+
 def export_nanogpt(out_dir, to):
     torch = _torch()
     if os.path.isdir(to):
@@ -35,6 +58,10 @@ def export_nanogpt(out_dir, to):
         raise MicaError(f"checkpoint {st.path} has unreadable config metadata") from None
     params = [n for n in st.names if not n.startswith(("optimizer.", "data."))]
     shapes = {n: st.info(n)[1] for n in params}
+    if "transformer.wte.weight" not in shapes:
+        raise MicaError(f"{st.path} holds no GPT weights (transformer.wte.weight)")
+    check_gpt_tensors({n: st.info(n)[:2] for n in params},
+                      {**cfg, "vocab_size": shapes["transformer.wte.weight"][0]}, st.path)
     model = {n: torch.from_numpy(st.read(n).copy()) for n in params}
     model["lm_head.weight"] = model["transformer.wte.weight"]  # the tie, one tensor under both names
     decay, nodecay = _groups(params, shapes)
@@ -125,6 +152,12 @@ def import_nanogpt(path, out_dir):
     if not all(isinstance(x, dict) for x in (opt or {}, config, model_args)) or not isinstance(
             (opt or {}).get("state", {}), dict):
         raise MicaError(f"{path} is not a nanoGPT checkpoint: its optimizer, config or model_args is not a dict")
+    args = {**_plain(dict(config)), **_plain(dict(model_args)), "vocab_size": shapes["transformer.wte.weight"][0]}
+    check_gpt_tensors({n: (a.dtype, a.shape) for n, a in tensors.items()}, args, path)
+    if "lm_head.weight" in sd and "transformer.wte.weight" in sd and not bool(
+            (sd["lm_head.weight"] == sd["transformer.wte.weight"]).all()):
+        raise MicaError(f"{path} has an lm_head.weight apart from transformer.wte.weight; nanoGPT's GPT ties them, "
+                        "and so does Mica's")
     if opt and opt.get("state"):
         order = sum(_groups(list(tensors), shapes), [])
         for i, n in enumerate(order):

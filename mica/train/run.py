@@ -21,7 +21,7 @@ from ..files import read_text, writable_folder
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
 
-def data_files(cfg):
+def data_files(cfg, log=None):
     """(folder, [train files], [val files]): `train.bin` / `val.bin` (nanoGPT), or else every shard
     of the split in sorted order (`train_*.bin`, or the speedrun's `fineweb_train_*.bin`)."""
     folder = cfg["data_dir"] or os.path.join("data", cfg["dataset"])
@@ -31,12 +31,14 @@ def data_files(cfg):
     splits = []
     for split in ("train", "val"):
         single = os.path.join(folder, f"{split}.bin")
-        if os.path.exists(single):
-            splits.append([single])
-            continue
         found = set()
         for pattern in (f"{split}_*.bin", f"*_{split}_*.bin"):
             found.update(glob.glob(os.path.join(glob.escape(folder), pattern)))
+        if os.path.exists(single):
+            if found and log:
+                log(f"note: {folder} holds {split}.bin and {len(found)} {split} shards: reading {split}.bin only")
+            splits.append([single])
+            continue
         splits.append(sorted(found) or [single])  # none: open_tokens says what is missing
     return folder, splits
 
@@ -98,7 +100,7 @@ def _model_config_json(cfg):
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides, log), log)
-    folder, (train_paths, val_paths) = data_files(cfg)
+    folder, (train_paths, val_paths) = data_files(cfg, log)
     vocab, _ = vocab_size(folder, log)
     vocab = _follow_hf_weights(cfg, vocab, log)
     vocab = _follow_resumed_model(cfg, vocab, log)
