@@ -84,22 +84,27 @@ def build(source, opt_level, name="program", profile=False, blas="openblas"):
     cflags, ldflags = blas_flags(blas)
     fl = flags(opt_level) + cflags + (["-DMICA_PROFILE"] if profile else [])
     key = hashlib.sha256("\0".join([source, cc, *fl, *ldflags, _headers_digest()]).encode()).hexdigest()[:24]
-    out_dir = os.path.join(cache_dir(), key)
+    return compile_cached(source, os.path.join(cache_dir(), key), "program.c", "the C compiler", name,
+                          lambda src, out: [cc, *fl, "-shared", *INCLUDES, src, "-o", out, *ldflags, "-lm"])
+
+
+def compile_cached(source, out_dir, src_name, compiler_name, name, command):
+    """The shared library built from `source` in `out_dir` (the cache entry): kept when whole,
+    else `command(source path, output path)` runs and a failure is one sentence naming the source."""
     lib = os.path.join(out_dir, "libmica_program.so")
     if cached(lib):
         return lib
     os.makedirs(out_dir, exist_ok=True)
-    src = os.path.join(out_dir, "program.c")
+    src = os.path.join(out_dir, src_name)
     with open(src, "w") as f:
         f.write(source)
     with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
-    cmd = [cc, *fl, "-shared", *INCLUDES, src, "-o", tmp_path, *ldflags, "-lm"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(command(src, tmp_path), capture_output=True, text=True)
     if r.returncode != 0:
         os.unlink(tmp_path)
         first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
-        raise MicaError(f"the C compiler failed on the generated program for {name} ({first}); "
+        raise MicaError(f"{compiler_name} failed on the generated program for {name} ({first}); "
                         f"the source is at {src}")
     install(tmp_path, lib)
     return lib

@@ -9,6 +9,7 @@ import os
 
 from ... import __version__, dtypes
 from ...passes.schedule import Call
+from ..cstyle.expr import product_operand
 from ..cstyle.render import CStyleRenderer
 from .loops import copy_body, loop_body, reduce_body, tile_body
 
@@ -38,16 +39,8 @@ class Emitter(CStyleRenderer):
         dt = out.dtype
         M, K = a.shape[-2:]
         N = b.shape[-1]
-
-        def operand(v):
-            sr, sc = v.strides[-2:]
-            rows, cols = v.shape[-2:]
-            if sc == 1 and (sr >= cols or rows == 1):
-                return 0, max(sr, cols)
-            return 1, max(sc, rows)
-
-        ta, lda = operand(a)
-        tb, ldb = operand(b)
+        ta, lda = product_operand(a)
+        tb, ldb = product_operand(b)
         batch = a.shape[:-2]
         names = [f"n{d}" for d in range(len(batch))]
 

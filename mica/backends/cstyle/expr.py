@@ -132,3 +132,13 @@ def loop_statements(renderer, kernel):
     for view, k in kernel.stores:
         body.append(f"{renderer.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
     return dims, names, body
+
+
+def product_operand(view):
+    """(transposed, leading dimension) of a product operand's [rows, cols] view, row-major terms:
+    a unit column stride reads it as it lies, a unit row stride as its transpose."""
+    sr, sc = view.strides[-2:]
+    rows, cols = view.shape[-2:]
+    if sc == 1 and (sr >= cols or rows == 1):
+        return 0, max(sr, cols)
+    return 1, max(sc, rows)

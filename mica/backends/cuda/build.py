@@ -3,11 +3,9 @@ g++ against the CPU simulator (mica_cudasim.h). Cached by the hash of the source
 import hashlib
 import os
 import shutil
-import subprocess
-import tempfile
 
 from ...errors import MicaError
-from ..c.build import cache_dir, cached, install
+from ..c.build import cache_dir, compile_cached
 from ..c.emit import SHARED_DIR
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,22 +70,8 @@ def build(source, name="program", simulate=False, tf32=False, threads_per_block=
         if os.path.exists(path):
             digest.update(open(path, "rb").read())
     out_dir = os.path.join(cache_dir(), f"cuda-{kind}-" + digest.hexdigest()[:24])
-    lib = os.path.join(out_dir, "libmica_program.so")
-    if cached(lib):
-        return lib
-    os.makedirs(out_dir, exist_ok=True)
-    src = os.path.join(out_dir, "program.cu")
-    with open(src, "w") as f:
-        f.write(source)
-    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
-        tmp_path = tmp.name
-    cmd = simulator_command(src, tmp_path, threads_per_block) if simulate else \
-        nvcc_command(src, tmp_path, tf32=tf32, threads_per_block=threads_per_block)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        os.unlink(tmp_path)
-        first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
-        raise MicaError(f"{'g++ (the CUDA simulator)' if simulate else 'nvcc'} failed on the generated program for "
-                        f"{name} ({first}); the source is at {src}")
-    install(tmp_path, lib)
-    return lib
+    if simulate:
+        return compile_cached(source, out_dir, "program.cu", "g++ (the CUDA simulator)", name,
+                              lambda src, out: simulator_command(src, out, threads_per_block))
+    return compile_cached(source, out_dir, "program.cu", "nvcc", name,
+                          lambda src, out: nvcc_command(src, out, tf32=tf32, threads_per_block=threads_per_block))

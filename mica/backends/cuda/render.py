@@ -11,7 +11,7 @@ from ... import __version__, dtypes
 from ...passes.schedule import Call, Const, Gemm, Iota, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
-from ..cstyle.expr import reduce_init as _init
+from ..cstyle.expr import product_operand, reduce_init as _init
 from ..cstyle.render import CStyleRenderer
 
 THREADS = 256  # threads per block; results do not depend on it (tests change it)
@@ -161,8 +161,8 @@ class CudaRenderer(CStyleRenderer):
             raise MicaError(f"matmul on {out.dtype.name} is not supported by the CUDA backend yet; cast to float32")
         M, K = a.shape[-2:]
         N = b.shape[-1]
-        ta, lda = _operand(a)
-        tb, ldb = _operand(b)
+        ta, lda = product_operand(a)
+        tb, ldb = product_operand(b)
         batch = a.shape[:-2]
         bn = [f"n{d}" for d in range(len(batch))]
 
@@ -253,11 +253,3 @@ class CudaRenderer(CStyleRenderer):
                 "        return mica_cuda_failed(\"running the program\");",
                 "    return 0;", "}", "}  /* extern \"C\" */", ""]
         return "\n".join(out)
-
-
-def _operand(v):
-    sr, sc = v.strides[-2:]
-    rows, cols = v.shape[-2:]
-    if sc == 1 and (sr >= cols or rows == 1):
-        return 0, max(sr, cols)
-    return 1, max(sc, rows)
