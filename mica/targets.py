@@ -22,18 +22,20 @@ from .ops import OPS
 
 class Lowering:
     """How one platform lowers one kernel primitive: `rule(renderer, kernel) -> lines`, and
-    `scratch(target, kernel) -> (shared bytes, bytes per unit)` of workspace."""
+    `scratch(kernel) -> (shared bytes, bytes per unit)` of workspace. `host`: the lines run on the
+    host and launch the device work themselves (a GPU's attention: products and row kernels), rather
+    than being the body of one kernel."""
 
-    __slots__ = ("rule", "scratch")
+    __slots__ = ("rule", "scratch", "host")
 
-    def __init__(self, rule, scratch=None):
-        self.rule, self.scratch = rule, scratch
+    def __init__(self, rule, scratch=None, host=False):
+        self.rule, self.scratch, self.host = rule, scratch, host
 
 
 _LOWERINGS = {}
 
 
-def register_lowering(op, platform, rule=None, scratch=None):
+def register_lowering(op, platform, rule=None, scratch=None, host=False):
     """Register `rule` as `platform`'s lowering of primitive `op` (usable as a decorator)."""
     if op not in OPS or OPS[op].family != "kernel":
         raise ValueError(f"{op} is not a kernel primitive")
@@ -41,7 +43,7 @@ def register_lowering(op, platform, rule=None, scratch=None):
     def add(rule):
         if (platform, op) in _LOWERINGS:
             raise ValueError(f"{platform} lowers {op} twice")
-        _LOWERINGS[(platform, op)] = Lowering(rule, scratch)
+        _LOWERINGS[(platform, op)] = Lowering(rule, scratch, host)
         return rule
 
     return add(rule) if rule is not None else add
@@ -76,6 +78,12 @@ class Target:
         return rule
 
     def workspace(self, kernel):
+        """A kernel primitive's scratch, as its lowering says; other kernels need none."""
+        from .passes.schedule import Call
+
+        if isinstance(kernel, Call):
+            scratch = self.lowering(kernel.op).scratch
+            return scratch(kernel) if scratch else (0, 0)
         return 0, 0
 
     def product_epilogue(self, gemm, loop):

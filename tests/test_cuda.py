@@ -153,33 +153,102 @@ def test_an_index_out_of_range_is_a_sentence_on_the_device():
     assert np.isfinite(exe(wte, w, b, idx, targets)["loss"])
 
 
-def test_a_kernel_primitive_without_a_cuda_kernel_is_a_sentence():
-    def step(q, k, v):
-        return mica.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+def attention_step(causal, dropout_p, q=(3, 2, 5, 8), k=None, v=None):
+    """Attention's forward and the gradients of q, k and v (against a random output gradient)."""
+    F = mica.nn.functional
 
-    program = mica.trace(step, mica.f32[1, 2, 4, 8], mica.f32[1, 2, 4, 8], mica.f32[1, 2, 4, 8])
-    with pytest.raises(MicaError, match="the cuda target has no kernel for attention"):
+    def step(q, k, v, g):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
+        dq, dk, dv = mica.grad((o * g).sum(), [q, k, v])
+        return {"o": o, "dq": dq, "dk": dk, "dv": dv}
+
+    k, v = k or q, v or k or q
+    shapes = (q, k, v, q[:-1] + v[-1:])
+    return mica.trace(step, *(mica.f32[s] for s in shapes)), shapes
+
+
+@needs_simulator
+@pytest.mark.parametrize("causal,dropout_p,q,k,v", [(True, 0.0, (3, 2, 5, 8), None, None),
+                                                    (True, 0.2, (3, 2, 5, 8), None, None),
+                                                    (False, 0.0, (1, 4, 6, 8), (1, 4, 9, 8), (1, 4, 9, 12)),
+                                                    (True, 0.1, (2, 7, 8), (2, 5, 8), None)])
+def test_attention_in_the_simulator_matches_the_oracle(causal, dropout_p, q, k, v):
+    """B > H, B < H (and other key and value lengths), no head dim at all with more queries than
+    keys; dropout (the CPU's mask: the same Philox stream)."""
+    program, shapes = attention_step(causal, dropout_p, q, k, v)
+    args = data(shapes, seed=2)
+    got = program.lower("cuda", simulate=True).build()(*args, seed=4)
+    want = mica.reference.run(program, *args, seed=4)
+    for key in got:
+        assert rel_err(got[key], want[key]) < 1e-5, key
+
+
+@needs_simulator
+def test_attention_on_float64_is_a_sentence_on_cuda():
+    F = mica.nn.functional
+    program = mica.trace(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True), mica.f64[1, 2, 4, 8])
+    with pytest.raises(MicaError, match="scaled_dot_product_attention on float64 is not supported by the CUDA"):
         program.lower("cuda", simulate=True)
 
 
+@pytest.fixture(scope="module")
+def gpt_step():
+    from test_cpu_gpt import _setup
+
+    step, specs, params, state, batch = _setup(dropout=0.1)
+    return mica.trace(step, *specs), params, state, batch
+
+
+@needs_simulator
+def test_the_gpt_step_in_the_simulator_matches_the_oracle(gpt_step):
+    """nanoGPT's model with dropout (on the attention weights and the residuals), AdamW, clipping."""
+    program, params, state, batch = gpt_step
+    new_params, new_state, m = program.lower("cuda", simulate=True).build()(params, state, *batch, seed=3)
+    want_params, want_state, want = mica.reference.run(program, params, state, *batch, seed=3)
+    assert rel_err(m["loss"], want["loss"]) < 1e-5
+    assert rel_err(m["norm"], want["norm"]) < 1e-5
+    for name in params:
+        assert rel_err(m["grads"][name], want["grads"][name]) < 1e-4, name
+        assert rel_err(new_params[name], want_params[name]) < 1e-4, name
+        assert rel_err(new_state["exp_avg_sq"][name], want_state["exp_avg_sq"][name]) < 1e-4, name
+
+
+@needs_simulator
+def test_the_gpt_step_has_the_same_bits_twice_and_for_any_launch_configuration(gpt_step):
+    program, params, state, batch = gpt_step
+    runs = []
+    for threads in (32, 256, 32):
+        exe = program.lower("cuda", simulate=True, threads_per_block=threads).build()
+        runs.append(exe(params, state, *batch, seed=3))
+    from mica.pytree import flatten
+
+    flat = [flatten(r)[0] for r in runs]
+    for other in flat[1:]:
+        for a, b in zip(flat[0], other):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 @needs_nvcc
-def test_nvcc_builds_every_architecture_with_warnings_as_errors(tmp_path):
+def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tmp_path, gpt_step):
+    """The GPT training step (loops, reductions, row kernels, attention, products) and the other row
+    kernels, for sm_80..sm_120 plus PTX; ptxas reports no register spills in any of Mica's kernels."""
     from mica.backends.cuda import build
 
-    src = tmp_path / "mlp.cu"
-    src.write_text(mlp_step(dropout=0.1).lower("cuda").source)
-    rows = tmp_path / "rows.cu"
-    rows.write_text(row_kernels().lower("cuda").source)
-    r = subprocess.run(build.nvcc_command(str(rows), str(tmp_path / "rows.o"), shared=False), capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run(build.nvcc_command(str(src), str(tmp_path / "mlp.o"), shared=False), capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
-    if shutil.which("cuobjdump"):  # (PyPI: nvidia-cuda-cuobjdump)
-        listing = subprocess.run(["cuobjdump", "--list-elf", str(tmp_path / "mlp.o")], capture_output=True, text=True)
-        for arch in build.ARCHS:
-            assert f"sm_{arch}" in listing.stdout, arch
+    for name, program in (("gpt", gpt_step[0]), ("rows", row_kernels())):
+        src = tmp_path / f"{name}.cu"
+        src.write_text(program.lower("cuda").source)
+        obj = tmp_path / f"{name}.o"
+        r = subprocess.run(build.nvcc_command(str(src), str(obj), shared=False) + ["-Xptxas", "-v"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        reports = [line for line in r.stderr.splitlines() if "spill stores" in line]
+        assert reports, r.stderr[-2000:]
+        assert all(" 0 bytes spill stores, 0 bytes spill loads" in line for line in reports), \
+            [line for line in reports if " 0 bytes spill stores" not in line]
+        if shutil.which("cuobjdump"):  # (PyPI: nvidia-cuda-cuobjdump)
+            listing = subprocess.run(["cuobjdump", "--list-elf", str(obj)], capture_output=True, text=True)
+            for arch in build.ARCHS:
+                assert f"sm_{arch}" in listing.stdout, arch
 
 
 @needs_nvcc

@@ -178,11 +178,11 @@ def _embedding_backward(e, kernel):
             "(int64_t *)work);"]
 
 
-@lower("attention", scratch=_attention_scratch)
-@lower("attention_backward", scratch=_attention_scratch)
-def _attention(e, kernel):
-    dt, s = _dtype(kernel)
-    a, p = kernel.attrs, e.ptr
+def attention_shape(e, kernel):
+    """(statements declaring `mica_attn_shape shape` for an attention kernel — its sizes, every
+    operand's strides, the mask and dropout settings —, q, k, v, o): the record both targets'
+    attention kernels take (mica_rows.h)."""
+    a = kernel.attrs
     fwd = kernel.op == "attention"
     q, k, v = kernel.inputs[:3] if fwd else kernel.inputs[1:4]
     o = kernel.outputs[0] if fwd else kernel.inputs[4]
@@ -193,7 +193,6 @@ def _attention(e, kernel):
     grads = kernel.outputs if not fwd else (q, k, v)  # the forward writes no gradients
     gstrides = " ".join(f"{st[4]}, {st[5]}, {st[6]}," for st in (_attn_dims(x) for x in grads))
     rng = e.rng_pointer() if a["dropout_p"] else "NULL"
-    slot = attention_slot(dt, L, S, E, Ev)
     lines = [
         "mica_attn_shape shape = {",
         f"    {B}, {H}, {L}, {S}, {E}, {Ev},",
@@ -201,12 +200,28 @@ def _attention(e, kernel):
         f"    {gstrides}",
         f"    {int(a['causal'])}, {a['scale']!r}, {a['dropout_p']!r}, {max(a['stream'], 0)}u, {a['threshold']}u, {rng}}};",
     ]
-    if fwd:
+    return lines, q, k, v, o
+
+
+def attention_grad_strides(kernel):
+    """(stride_b, stride_h, stride_t) of the backward's incoming gradient."""
+    return _attn_dims(kernel.inputs[0])[4:]
+
+
+@lower("attention", scratch=_attention_scratch)
+@lower("attention_backward", scratch=_attention_scratch)
+def _attention(e, kernel):
+    dt, s = _dtype(kernel)
+    p = e.ptr
+    lines, q, k, v, o = attention_shape(e, kernel)
+    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    slot = attention_slot(dt, L, S, E, Ev)
+    if kernel.op == "attention":
         lines.append(f"mica_attention_{s}(&shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, {p(kernel.outputs[1])}, "
                      f"({ct.ctype(dt)} *)scratch, {slot});")
     else:
         g = kernel.inputs[0]
-        _, _, _, _, gsb, gsh, gst = _attn_dims(g)
+        gsb, gsh, gst = attention_grad_strides(kernel)
         dq, dk, dv = kernel.outputs
         lines.append(f"mica_attention_backward_{s}(&shape, {p(g)}, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
                      f"{p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "

@@ -147,21 +147,9 @@ static void mica_embedding_backward_##S(const T *g, const int64_t *idx, T *dw, i
 MICA_DEFINE_KERNELS(float, f32)
 MICA_DEFINE_KERNELS(double, f64)
 
-/* ---- attention ----------------------------------------------------------------------------------
- * q [BH, L, E], k [BH, S, E], v [BH, S, Ev] given by strides (bh index split as b * H + h),
- * the last dim contiguous. Causal masks j > i (top-left aligned, as PyTorch). Dot products over
- * the head dim run in increasing index; softmax sums use the canonical lanes. Per-thread scratch:
- * mica_attention_scratch(S, E, Ev) elements. */
-typedef struct {
-    int64_t B, H, L, S, E, Ev;
-    int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;
-    int64_t dq_sb, dq_sh, dq_st, dk_sb, dk_sh, dk_st, dv_sb, dv_sh, dv_st; /* the backward's outputs */
-    int causal;
-    double scale, dropout_p;
-    uint32_t stream, threshold;
-    const int64_t *rng;
-} mica_attn_shape;
-
+/* ---- attention (the shape record and the float rows are in mica_rows.h) --------------------------
+ * Dot products over the head dim run in increasing index; softmax sums use the canonical lanes.
+ * Per-thread scratch: mica_attention_scratch(S, E, Ev) elements. */
 static inline int64_t mica_attention_scratch(int64_t S, int64_t E, int64_t Ev) {
     return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev;
 }
@@ -296,7 +284,7 @@ static inline int64_t mica_attn_visible(const mica_attn_shape *a, int64_t i1) {
 static void mica_attention_f32(const mica_attn_shape *a, const float *q, const float *k, const float *v,
                                float *o, float *lse, float *scratch, int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-    const float scale = (float)a->scale, keep_scale = (float)(1.0 / (1.0 - a->dropout_p));
+    const float scale = (float)a->scale;
 #pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
     for (int64_t bh = 0; bh < a->B * a->H; bh++) {
         int64_t b = bh / a->H, h = bh % a->H;
@@ -308,21 +296,8 @@ static void mica_attention_f32(const mica_attn_shape *a, const float *q, const f
         for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
             int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
             mica_small_gemm(rows, n, E, scale, qb + i0 * a->q_st, a->q_st, 0, kt, S, p, S);
-            for (int64_t r = 0; r < rows; r++) {
-                int64_t i = i0 + r, m_ = a->causal ? (i + 1 < S ? i + 1 : S) : S;
-                float *pi = p + r * S;
-                float m = mica_row_max_f32(pi, m_);
-                for (int64_t j = 0; j < m_; j++) pi[j] = mica_exp_f32(pi[j] - m);
-                float l = mica_sum_f32(pi, m_);
-                lse[bh * L + i] = m + mica_log_f32(l);
-                for (int64_t j = 0; j < m_; j++) pi[j] = pi[j] / l;
-                for (int64_t j = m_; j < n; j++) pi[j] = 0.0f;
-                if (a->dropout_p > 0) {
-                    uint64_t base = ((uint64_t)bh * L + i) * S;
-                    for (int64_t j = 0; j < m_; j++)
-                        pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : 0.0f;
-                }
-            }
+            for (int64_t r = 0; r < rows; r++)
+                mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r);
             mica_small_gemm(rows, Ev, n, 1.0f, p, S, 0, vb, a->v_st, ob + i0 * a->o_st, a->o_st);
         }
     }
@@ -333,7 +308,7 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
                                         float *dv, int64_t g_sb, int64_t g_sh, int64_t g_st, float *scratch,
                                         int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-    const float scale = (float)a->scale, keep_scale = (float)(1.0 / (1.0 - a->dropout_p));
+    const float scale = (float)a->scale;
 #pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
     for (int64_t bh = 0; bh < a->B * a->H; bh++) {
         int64_t b = bh / a->H, h = bh % a->H;
@@ -352,28 +327,9 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
             mica_small_gemm(rows, n, E, scale, qb + i0 * a->q_st, a->q_st, 0, kt, S, pb, S);       /* scores */
             mica_small_gemm(rows, n, Ev, 1.0f, gb + i0 * g_st, g_st, 0, vt, S, db, S);             /* dPd */
             for (int64_t r = 0; r < rows; r++) {
-                int64_t i = i0 + r, m_ = a->causal ? (i + 1 < S ? i + 1 : S) : S;
-                float *pi = pb + r * S, *di = db + r * S, li = lse[bh * L + i];
-                const float *gi = gb + i * g_st, *oi = ob + i * a->o_st;
-                float D = 0.0f;
-                for (int64_t e = 0; e < Ev; e++) D = D + gi[e] * oi[e];
-                uint64_t base = ((uint64_t)bh * L + i) * S;
-                if (a->dropout_p > 0) {
-                    for (int64_t j = 0; j < m_; j++) {
-                        float pj = mica_exp_f32(pi[j] - li), dpj = di[j];
-                        int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);
-                        dpj = kept ? dpj * keep_scale : 0.0f;
-                        pi[j] = kept ? pj * keep_scale : 0.0f;
-                        di[j] = (pj * (dpj - D)) * scale;
-                    }
-                } else { /* the common case, kept apart so it vectorizes */
-                    for (int64_t j = 0; j < m_; j++) {
-                        float pj = mica_exp_f32(pi[j] - li);
-                        di[j] = (pj * (di[j] - D)) * scale;
-                        pi[j] = pj;
-                    }
-                }
-                for (int64_t j = m_; j < n; j++) { pi[j] = 0.0f; di[j] = 0.0f; }
+                int64_t i = i0 + r;
+                mica_attention_backward_row_f32(a, bh, i, pb + r * S, db + r * S, n, lse[bh * L + i], gb + i * g_st,
+                                                ob + i * a->o_st);
             }
             mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, a->k_st, dqb + i0 * a->dq_st, a->dq_st); /* dQ */
         }

@@ -33,14 +33,11 @@ class CTarget(Target):
         return self.max_threads
 
     def workspace(self, kernel):
-        from ...passes.schedule import Call, Gemm
+        from ...passes.schedule import Gemm
 
         if isinstance(kernel, Gemm):
             return gemm_scratch(kernel, self.blas)
-        if isinstance(kernel, Call):
-            scratch = self.lowering(kernel.op).scratch
-            return scratch(kernel) if scratch else (0, 0)
-        return 0, 0
+        return super().workspace(kernel)
 
     def product_epilogue(self, gemm, loop):
         return gemm.out.dtype is dtypes.float32

@@ -86,4 +86,71 @@ static inline MICA_HD void mica_cross_entropy_backward_row_##S(T g, const T *xr,
 
 MICA_DEFINE_ROWS(float, f32)
 MICA_DEFINE_ROWS(double, f64)
+
+/* ---- attention ----------------------------------------------------------------------------------
+ * q [BH, L, E], k [BH, S, E], v [BH, S, Ev] given by strides (bh index split as b * H + h), the
+ * last dim contiguous. Causal masks j > i (top-left aligned, as PyTorch). The rows below are the
+ * float kernels' softmax steps on both targets: the scores (already scaled) come from a product,
+ * which differs per target; what follows them is these lines. */
+typedef struct {
+    int64_t B, H, L, S, E, Ev;
+    int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;
+    int64_t dq_sb, dq_sh, dq_st, dk_sb, dk_sh, dk_st, dv_sb, dv_sh, dv_st; /* the backward's outputs */
+    int causal;
+    double scale, dropout_p;
+    uint32_t stream, threshold;
+    const int64_t *rng;
+} mica_attn_shape;
+
+/* the keys query row i sees */
+static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64_t i) {
+    return a->causal ? (i + 1 < a->S ? i + 1 : a->S) : a->S;
+}
+
+/* query row i of head bh: its scores pi[0, n) become the (dropped) probabilities, its
+ * log-sum-exp is stored; keys it cannot see (m_ <= j < n) get 0 */
+static inline MICA_HD void mica_attention_row_f32(const mica_attn_shape *a, int64_t bh, int64_t i, float *pi,
+                                                  int64_t n, float *lse) {
+    const int64_t m_ = mica_attn_row_keys(a, i);
+    const float keep_scale = (float)(1.0 / (1.0 - a->dropout_p));
+    float m = mica_row_max_f32(pi, m_);
+    for (int64_t j = 0; j < m_; j++) pi[j] = mica_exp_f32(pi[j] - m);
+    float l = mica_sum_f32(pi, m_);
+    *lse = m + mica_log_f32(l);
+    for (int64_t j = 0; j < m_; j++) pi[j] = pi[j] / l;
+    for (int64_t j = m_; j < n; j++) pi[j] = 0.0f;
+    if (a->dropout_p > 0) {
+        uint64_t base = ((uint64_t)bh * a->L + i) * a->S;
+        for (int64_t j = 0; j < m_; j++)
+            pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : 0.0f;
+    }
+}
+
+/* the backward's row: pi holds the scores (scaled), di the output gradient's product with V;
+ * they become the dropped probabilities (for dV) and dS (for dQ and dK) */
+static inline MICA_HD void mica_attention_backward_row_f32(const mica_attn_shape *a, int64_t bh, int64_t i,
+                                                           float *pi, float *di, int64_t n, float li,
+                                                           const float *gi, const float *oi) {
+    const int64_t m_ = mica_attn_row_keys(a, i);
+    const float scale = (float)a->scale, keep_scale = (float)(1.0 / (1.0 - a->dropout_p));
+    float D = 0.0f;
+    for (int64_t e = 0; e < a->Ev; e++) D = D + gi[e] * oi[e];
+    if (a->dropout_p > 0) {
+        uint64_t base = ((uint64_t)bh * a->L + i) * a->S;
+        for (int64_t j = 0; j < m_; j++) {
+            float pj = mica_exp_f32(pi[j] - li), dpj = di[j];
+            int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);
+            dpj = kept ? dpj * keep_scale : 0.0f;
+            pi[j] = kept ? pj * keep_scale : 0.0f;
+            di[j] = (pj * (dpj - D)) * scale;
+        }
+    } else { /* the common case, kept apart so it vectorizes */
+        for (int64_t j = 0; j < m_; j++) {
+            float pj = mica_exp_f32(pi[j] - li);
+            di[j] = (pj * (di[j] - D)) * scale;
+            pi[j] = pj;
+        }
+    }
+    for (int64_t j = m_; j < n; j++) { pi[j] = 0.0f; di[j] = 0.0f; }
+}
 #endif

@@ -1,11 +1,15 @@
 """The CUDA target's lowering of each kernel primitive (platform "cuda"). Its row kernels
 (mica_cuda_kernels.h) take the CPU kernels' arguments, so the C target's rule writes the call for
 both; what differs is only the routine behind the name (a grid-stride __device__ routine here).
-Attention has no CUDA kernel yet (strided-batched cuBLASLt products with a causal-softmax kernel
-are the plan): a program that needs it is refused with a sentence.
+Attention is a host lowering: its statements run on the host and launch products and row kernels
+(mica_cuda_attention.h), with the [B, H, L, S] scores as scratch.
 """
+import math
+
+from ... import dtypes
+from ...errors import MicaError
 from ...targets import lowering_of, register_lowering
-from ..c import lowerings as _c  # noqa: F401  (registers the C rules)
+from ..c import lowerings as _c
 
 ROW_KERNELS = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "softmax", "softmax_backward",
                "log_softmax", "log_softmax_backward", "cross_entropy", "cross_entropy_backward", "embedding",
@@ -13,3 +17,35 @@ ROW_KERNELS = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backwa
 
 for _op in ROW_KERNELS:
     register_lowering(_op, "cuda", lowering_of(_op, "c").rule)
+
+
+def _scores(kernel):
+    """The [B, H, L, S] scores attention keeps in scratch (twice for the backward: P and dP)."""
+    q, k = kernel.inputs[:2] if kernel.op == "attention" else kernel.inputs[1:3]
+    return math.prod(q.shape[:-1]) * k.shape[-2]
+
+
+def _attention_scratch(kernel):
+    copies = 1 if kernel.op == "attention" else 2
+    return 0, copies * _scores(kernel) * 4
+
+
+@register_lowering("attention", "cuda", scratch=_attention_scratch, host=True)
+@register_lowering("attention_backward", "cuda", scratch=_attention_scratch, host=True)
+def _attention(e, kernel):
+    q = kernel.inputs[0] if kernel.op == "attention" else kernel.inputs[1]
+    if q.dtype is not dtypes.float32:
+        raise MicaError(f"scaled_dot_product_attention on {q.dtype.name} is not supported by the CUDA backend yet; "
+                        "cast q, k and v to float32")
+    p = e.ptr
+    lines, q, k, v, o = _c.attention_shape(e, kernel)
+    if kernel.op == "attention":
+        lines.append(f"if (mica_attention_cuda_f32(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
+                     f"{p(kernel.outputs[1])}, (float *)scratch) != 0) return 1;")
+    else:
+        gsb, gsh, gst = _c.attention_grad_strides(kernel)
+        dq, dk, dv = kernel.outputs
+        lines.append(f"if (mica_attention_backward_cuda_f32(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, {p(k)}, "
+                     f"{p(v)}, {p(o)}, {p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
+                     "(float *)scratch) != 0) return 1;")
+    return ["{"] + ["    " + x for x in lines] + ["}"]

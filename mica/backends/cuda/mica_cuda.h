@@ -59,17 +59,26 @@ static inline unsigned mica_blocks(int64_t n) {
     return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
 
+/* C[M,N] = alpha op(A) op(B) for `count` matrices, the i-th at A + i*sa, B + i*sb, C + i*sc */
 #ifdef MICA_CUDASIM
-/* the simulator's product: each element a float sum over k in order */
-static int mica_gemm_f32(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, int ta,
-                         const float *B, int64_t ldb, int tb, float *C, int64_t ldc) {
-    (void)stream;
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc += (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
-            C[i * ldc + j] = acc;
+/* the simulator's product: each element a float sum over k in order, then alpha; queued on the
+ * stream like a kernel, so a captured graph replays it */
+static int mica_gemm_f32_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                 int64_t lda, int ta, int64_t sa, const float *B, int64_t ldb, int tb, int64_t sb,
+                                 float *C, int64_t ldc, int64_t sc, int64_t count) {
+    ::mica_cudasim::detail::enqueue(stream, [=] {
+        for (int64_t n = 0; n < count; n++) {
+            const float *a = A + n * sa, *b = B + n * sb;
+            float *c = C + n * sc;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    float acc = 0.0f;
+                    for (int64_t k = 0; k < K; k++)
+                        acc += (ta ? a[k * lda + i] : a[i * lda + k]) * (tb ? b[j * ldb + k] : b[k * ldb + j]);
+                    c[i * ldc + j] = alpha == 1.0f ? acc : alpha * acc;
+                }
         }
+    });
     return 0;
 }
 #else
@@ -91,8 +100,19 @@ static mica_lt *mica_lt_get(void) {
     return &lt;
 }
 
-static int mica_gemm_f32(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, int ta,
-                         const float *B, int64_t ldb, int tb, float *C, int64_t ldc) {
+static int mica_lt_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                          int64_t count) {
+    int32_t n = (int32_t)count;
+    if (cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld) != CUBLAS_STATUS_SUCCESS) return 0;
+    return count == 1 ||
+           (cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride) ==
+                CUBLAS_STATUS_SUCCESS);
+}
+
+static int mica_gemm_f32_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                 int64_t lda, int ta, int64_t sa, const float *B, int64_t ldb, int tb, int64_t sb,
+                                 float *C, int64_t ldc, int64_t sc, int64_t count) {
     mica_lt *lt = mica_lt_get();
     if (!lt) {
         snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt could not start on this GPU");
@@ -111,9 +131,9 @@ static int mica_gemm_f32(cudaStream_t stream, int64_t M, int64_t N, int64_t K, c
              cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa) == CUBLAS_STATUS_SUCCESS &&
              /* stored column-major: B as (tb ? K : N) x (tb ? N : K), A as (ta ? M : K) x (ta ? K : M) */
-             cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb ? K : N, tb ? N : K, ldb) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta ? M : K, ta ? K : M, lda) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, ldc) == CUBLAS_STATUS_SUCCESS &&
+             mica_lt_layout(&lb, tb ? K : N, tb ? N : K, ldb, sb, count) &&
+             mica_lt_layout(&la, ta ? M : K, ta ? K : M, lda, sa, count) &&
+             mica_lt_layout(&lc, N, M, ldc, sc, count) &&
              cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt->workspace_bytes,
                                                   sizeof lt->workspace_bytes) == CUBLAS_STATUS_SUCCESS;
@@ -121,8 +141,8 @@ static int mica_gemm_f32(cudaStream_t stream, int64_t M, int64_t N, int64_t K, c
     int found = 0;
     ok = ok && cublasLtMatmulAlgoGetHeuristic(lt->handle, desc, lb, la, lc, lc, pref, 1, &best, &found) ==
                    CUBLAS_STATUS_SUCCESS && found == 1;
-    const float one = 1.0f, zero = 0.0f;
-    ok = ok && cublasLtMatmul(lt->handle, desc, &one, B, lb, A, la, &zero, C, lc, C, lc, &best.algo, lt->workspace,
+    const float zero = 0.0f;
+    ok = ok && cublasLtMatmul(lt->handle, desc, &alpha, B, lb, A, la, &zero, C, lc, C, lc, &best.algo, lt->workspace,
                               lt->workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
@@ -137,4 +157,10 @@ static int mica_gemm_f32(cudaStream_t stream, int64_t M, int64_t N, int64_t K, c
     return 0;
 }
 #endif
+
+/* one product C[M,N] = op(A) op(B), row-major with leading dimensions */
+static int mica_gemm_f32(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, int ta,
+                         const float *B, int64_t ldb, int tb, float *C, int64_t ldc) {
+    return mica_gemm_f32_batched(stream, M, N, K, 1.0f, A, lda, ta, 0, B, ldb, tb, 0, C, ldc, 0, 1);
+}
 #endif

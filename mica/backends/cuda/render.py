@@ -8,7 +8,7 @@ plain CPU product in the simulator). Launches go through MICA_LAUNCH, so only nv
 import math
 
 from ... import __version__, dtypes
-from ...passes.schedule import Call, Const, Gemm, Iota, row_major
+from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
 from ..cstyle.expr import product_operand, reduce_init as _init
@@ -148,6 +148,8 @@ class CudaRenderer(CStyleRenderer):
         raise AssertionError("products are host calls (see kernel)")
 
     def kernel(self, k, kern):
+        if isinstance(kern, Call) and self.target.lowering(kern.op).host:
+            return self.host_call(k, kern)
         if not isinstance(kern, Gemm):
             launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A);"
             if isinstance(kern, Call) and self.target.kernel_abi(kern.op).may_fail:
@@ -179,14 +181,27 @@ class CudaRenderer(CStyleRenderer):
             lines.append("    " * depth + f"for (int64_t {n} = 0; {n} < {size}; {n}++)")
             depth += 1
         lines.append("    " * depth + call)
-        self.launches.append(f"if (k{k}(A, stream) != 0) return 1;")
+        return self._host_function(k, kern, "a product", self.declare_pointers([a, b, out]), lines)
+
+    def host_call(self, k, kern):
+        """A kernel primitive whose lowering runs on the host and launches its own device work."""
+        self._declared = {}
+        body = self.target.lowering(kern.op).rule(self, kern)
+        used, self._declared = self._declared, None
+        views = [v for v in list(kern.inputs) + list(kern.outputs)
+                 if isinstance(v.src, Buffer) and self.plan.root(v.src).id in used]  # (the rng is named apart)
+        decls = self.declare_pointers(views) + self.workspace_lines()
+        if self.target.kernel_abi(kern.op).uses_rng(kern.attrs):
+            decls.append(f"const int64_t *rng = (const int64_t *)(A + {self.plan.offset(self.s.rng)});")
+        return self._host_function(k, kern, "launched from the host", decls, body)
+
+    def _host_function(self, k, kern, what, decls, body):
         import os
 
+        self.launches.append(f"if (k{k}(A, stream) != 0) return 1;")
         where = f" ({os.path.basename(kern.loc[0])}:{kern.loc[1]})" if kern.loc else ""
-        return ([f"/* k{k}: {kern.name}{where}: a product, called from the host */",
-                 f"static int k{k}(char *A, cudaStream_t stream) {{"]
-                + ["    " + x for x in self.declare_pointers([a, b, out])] + ["    " + x for x in lines]
-                + ["    return 0;", "}"])
+        return ([f"/* k{k}: {kern.name}{where}: {what} */", f"static int k{k}(char *A, cudaStream_t stream) {{"]
+                + ["    " + x for x in decls + body] + ["    return 0;", "}"])
 
     @staticmethod
     def _work(kern):
@@ -217,7 +232,7 @@ class CudaRenderer(CStyleRenderer):
         out += [" * " + line for line in report.splitlines()]
         out += [" */", "#ifndef MICA_THREADS",
                 f"#define MICA_THREADS {THREADS}  /* per block: the results do not depend on it */", "#endif",
-                '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
+                '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', '#include "mica_cuda_attention.h"', "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
         out += self.literals()
         for k, kern in enumerate(s.kernels):
             out += self.kernel(k, kern)
