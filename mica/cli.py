@@ -49,7 +49,7 @@ def cmd_train(args, extra):
 
 SAMPLE_DEFAULTS = {"out_dir": "out", "start": "\n", "num_samples": 10, "max_new_tokens": 500, "temperature": 0.8,
                    "top_k": 200, "seed": 1337, "device": "cpu", "dtype": "float32", "compile": False,
-                   "init_from": "resume", "threads": 0, "data_dir": ""}
+                   "init_from": "resume", "threads": 0, "data_dir": "", "simulate": False}
 SAMPLE_NANOGPT = ("init_from", "out_dir", "start", "num_samples", "max_new_tokens", "temperature", "top_k", "seed",
                   "device", "dtype", "compile")
 SAMPLE_DESCRIPTIONS = {
@@ -61,11 +61,12 @@ SAMPLE_DESCRIPTIONS = {
     "temperature": "divides the logits; > 0, lower is more conservative",
     "top_k": "keep the k most likely tokens (a positive int), or None for no cut",
     "seed": "seeds the sampling (any 64-bit int, negative too)",
-    "device": "cpu (the only device for now)",
+    "device": "cpu, or cuda (an NVIDIA GPU)",
     "dtype": "accepted; sampling is float32",
     "compile": "accepted; Mica's program is always compiled",
     "threads": "sampler threads; 0: one per core",
     "data_dir": "the data folder whose meta.pkl / meta.json holds the vocabulary (default: the one trained on)",
+    "simulate": "with device=cuda: run on the CPU simulator of the CUDA program (slow)",
 }
 
 
@@ -90,10 +91,17 @@ def cmd_sample(args, extra):
     if s["init_from"] != "resume":
         raise MicaError("mica sample reads out_dir/ckpt.safetensors (init_from=resume); convert other weights "
                         "with mica import")
-    if s["device"] != "cpu":
-        raise MicaError(f"device={s['device']!r} is not available yet; pass --device=cpu")
+    from .train import config
+
+    device = config.device(s["device"])
+    if device == "cuda" and not s["simulate"] and config.cuda_unusable():
+        raise MicaError(f"device=cuda needs an NVIDIA GPU and its driver, and {config.cuda_unusable()}; pass "
+                        "--device=cpu, or --simulate=True to run the CUDA program on the CPU simulator")
+    if s["simulate"] and device != "cuda":
+        raise MicaError("simulate=True simulates the CUDA program; pass it with --device=cuda")
     texts = run.sample(s["out_dir"], s["start"], s["num_samples"], s["max_new_tokens"], s["temperature"],
-                       s["top_k"], s["seed"], s["threads"] or None, data_dir=s["data_dir"])
+                       s["top_k"], s["seed"], s["threads"] or None, data_dir=s["data_dir"], device=device,
+                       simulate=s["simulate"])
     for t in texts:
         print(t)
         print("---------------")

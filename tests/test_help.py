@@ -52,7 +52,7 @@ def test_sample_help_lists_every_setting_with_its_default():
     assert lines[0] == "usage: mica sample [--key=value ...]"
     nanogpt = _listed(lines, "nanoGPT's settings (sample.py):")
     mica = _listed(lines, "Mica's settings:")
-    assert list(nanogpt) == list(SAMPLE_NANOGPT) and list(mica) == ["threads", "data_dir"]
+    assert list(nanogpt) == list(SAMPLE_NANOGPT) and list(mica) == ["threads", "data_dir", "simulate"]
     for key, (default, _) in {**nanogpt, **mica}.items():
         assert default == repr(SAMPLE_DEFAULTS[key])
     assert nanogpt["top_k"] == ("200", "keep the k most likely tokens (a positive int), or None for no cut")

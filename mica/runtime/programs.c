@@ -12,11 +12,17 @@ static const char *program_name(int which) {
     return which == ARENA_TRAIN ? "train" : which == ARENA_EVAL ? "eval" : "logits";
 }
 
+/* one switch per entry point: (train_ | eval_ | logits_) ## name */
+#define DISPATCH(which, call)                                                                      \
+    (which == ARENA_TRAIN ? train_##call : which == ARENA_EVAL ? eval_##call : logits_##call)
+
 void *prog_arena(int which) {
     if (!arenas[which]) {
         arenas[which] = which == ARENA_TRAIN ? train_arena_new() : which == ARENA_EVAL ? eval_arena_new()
                                                                                        : logits_arena_new();
         if (!arenas[which]) {
+            const char *why = DISPATCH(which, error)();
+            if (why && *why) die(2, "%s", why); /* (a GPU program says why: no device, or its memory is full) */
             long long bytes = which == ARENA_TRAIN ? train_arena_bytes() : which == ARENA_EVAL ? eval_arena_bytes()
                                                                                                 : logits_arena_bytes();
             die(2, "cannot allocate the %s program's memory (%lld bytes); close other programs or train a smaller "
@@ -25,10 +31,6 @@ void *prog_arena(int which) {
     }
     return arenas[which];
 }
-
-/* one switch per entry point: (train_ | eval_ | logits_) ## name */
-#define DISPATCH(which, call)                                                                      \
-    (which == ARENA_TRAIN ? train_##call : which == ARENA_EVAL ? eval_##call : logits_##call)
 
 int prog_input_count(int which) { return DISPATCH(which, input_count)(); }
 int64_t prog_input_bytes(int which, int i) { return DISPATCH(which, input_bytes)(i); }

@@ -57,6 +57,8 @@ MICA_DEFAULTS = {
     "batch_order": "",     # a file of recorded batch offsets to train on instead of random ones
     "data_dir": "",        # default: data/<dataset>
     "time_every_iter": False,  # record every iteration's time in metrics.jsonl (mica bench)
+    "simulate": False,     # device=cuda: run the CUDA trainer on the CPU simulator (no GPU needed)
+    "tf32": False,         # device=cuda: products may use TF32 (nanoGPT's train.py allows it)
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -101,13 +103,15 @@ DESCRIPTIONS = {
     "lr_decay_iters": "iteration where the cosine reaches min_lr",
     "min_lr": "the learning rate after lr_decay_iters",
     "backend": "accepted, unused (one process, no DDP)",
-    "device": "cpu (the only device for now)",
-    "dtype": "accepted; training on the CPU is float32, as nanoGPT's is",
+    "device": "cpu, or cuda (an NVIDIA GPU; cuda:0 is the same)",
+    "dtype": "accepted; training is float32 (half precision is not built yet)",
     "compile": "accepted; Mica's step is always compiled",
     "seed": "seeds the initialization, the batches and dropout (any 64-bit int, negative too)",
     "threads": "trainer threads; 0: one per core (results are the same for any count)",
     "opt_level": "0, 1 or 2: gcc -O1/-O2/-O3; 0 also turns fusion off",
     "batch_order": "a file of recorded batch offsets to train on instead of random ones",
+    "simulate": "with device=cuda: run the CUDA trainer on the CPU simulator (slow; for tiny configs)",
+    "tf32": "with device=cuda: let products use TF32, as nanoGPT's train.py does; False: float32 throughout",
     "data_dir": "the data folder (train.bin and val.bin, or shards; meta.json or meta.pkl); default data/<dataset>",
     "time_every_iter": "record every iteration's time in metrics.jsonl (mica bench)",
 }
@@ -248,12 +252,44 @@ def seed_int64(seed):
     return (check_seed(seed) + 2**63) % 2**64 - 2**63
 
 
+def device(name):
+    """nanoGPT's device string as Mica's target: "cpu" or "cuda"."""
+    if not isinstance(name, str):
+        raise MicaError(f"device must be 'cpu' or 'cuda', got {name!r}")
+    if name == "cpu" or name.startswith("cpu:"):
+        return "cpu"
+    if name in ("cuda", "cuda:0"):
+        return "cuda"
+    if name.startswith("cuda:"):
+        raise MicaError(f"device={name!r}: Mica's trainer runs on the first visible GPU; pass --device=cuda and "
+                        f"choose the card with CUDA_VISIBLE_DEVICES={name[5:]}")
+    raise MicaError(f"device={name!r} is not available; pass --device=cpu or --device=cuda")
+
+
+def cuda_unusable():
+    """None when the NVIDIA driver sees a GPU here, else why not (a few words)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA driver is installed here (libcuda.so.1 is missing)"
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        return "the NVIDIA driver finds no usable GPU here"
+    return None
+
+
 def check_supported(cfg, log=print):
     """Refuse what Mica cannot do yet; say what is accepted but means nothing here."""
-    if cfg["device"] != "cpu" and not cfg["device"].startswith("cpu"):
-        raise MicaError(f"device={cfg['device']!r} is not available yet: Mica's trainer runs on the CPU for now "
-                        "(the CUDA target compiles programs, program.lower('cuda'), but has no trainer yet); "
-                        "pass --device=cpu")
+    cfg["device"] = device(cfg["device"])
+    if cfg["device"] == "cuda" and not cfg["simulate"]:
+        why = cuda_unusable()
+        if why:
+            raise MicaError(f"device=cuda needs an NVIDIA GPU and its driver, and {why}; pass --device=cpu, or "
+                            "--simulate=True to run the CUDA trainer on the CPU simulator (slow: tiny configs only)")
+    if cfg["simulate"] and cfg["device"] != "cuda":
+        raise MicaError("simulate=True simulates the CUDA trainer; pass it with --device=cuda")
     if isinstance(cfg["init_from"], str) and cfg["init_from"].startswith("gpt2"):
         raise MicaError(f"init_from={cfg['init_from']!r} downloads GPT-2 from a hub, which Mica never does; get "
                         "Hugging Face's model.safetensors (and its config.json) yourself and pass "
@@ -262,9 +298,9 @@ def check_supported(cfg, log=print):
     if cfg["wandb_log"]:
         log("note: wandb_log=True is ignored: Mica logs every value to out_dir/metrics.jsonl (mica plot draws it)")
     notes = []
-    if cfg["dtype"] not in ("float32", DEFAULTS["dtype"]):  # (nanoGPT's default, bfloat16, is silent on the CPU)
-        notes.append(f"dtype={cfg['dtype']}: on the CPU training is float32, as nanoGPT's is; half precision is not "
-                     "built yet")
+    if cfg["dtype"] not in ("float32", DEFAULTS["dtype"]) or (cfg["device"] == "cuda" and cfg["dtype"] != "float32"):
+        # (nanoGPT's default, bfloat16, is silent on the CPU, where nanoGPT trains float32 too)
+        notes.append(f"dtype={cfg['dtype']}: training is float32; half precision is not built yet")
     if cfg["compile"] is False:
         notes.append("compile=False: Mica's step is always compiled")
     for key in ("eval_interval", "eval_iters", "log_interval", "batch_size", "block_size", "n_layer", "n_head",

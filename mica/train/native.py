@@ -23,9 +23,11 @@ def _runtime_text():
     return "\0".join(parts)
 
 
-def build_trainer(programs, opt_level=2, log=print):
-    """Lower the programs, compile and link them with the runtime (cached); returns
+def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False, tf32=False):
+    """Lower the programs for the device, compile and link them with the runtime (cached); returns
     (executable path, {name: Lowered})."""
+    if device == "cuda":
+        return _build_cuda_trainer(programs, opt_level, log, simulate, tf32)
     lowered = {name: programs[name].lower("cpu", opt_level=opt_level) for name in PROGRAMS}
     blas = lowered["train"].target.blas
     cflags, ldflags = cbuild.blas_flags(blas)
@@ -57,6 +59,70 @@ def build_trainer(programs, opt_level=2, log=print):
     os.chmod(tmp, 0o755)
     cbuild.install(tmp, exe)
     return exe, lowered
+
+
+def _build_cuda_trainer(programs, opt_level, log, simulate, tf32):
+    """The CUDA trainer: each program's CUDA source compiled by nvcc (a fatbin for every
+    architecture) or, simulated, by g++ against mica_cudasim.h; the same C runtime; linked by nvcc
+    (cuBLASLt from the nvidia-cublas wheel, by rpath) or g++ (Boost.Context)."""
+    from ..backends.cuda import build as cuda_build
+
+    lowered = {name: programs[name].lower("cuda", opt_level=opt_level, simulate=simulate, tf32=tf32)
+               for name in PROGRAMS}
+    sources = {name: lowered[name].target.render(lowered[name], api=f"{name}_") for name in PROGRAMS}
+    cc = cbuild.compiler()
+    if simulate:
+        compile_cmd = lambda src, obj: cuda_build.simulator_command(src, obj, shared=False)  # noqa: E731
+        link = ["g++", "-lboost_context", "-lpthread", "-lm"]
+        what = "g++ (the CUDA simulator)"
+    else:
+        compile_cmd = lambda src, obj: cuda_build.nvcc_command(src, obj, shared=False, tf32=tf32)  # noqa: E731
+        link = [cuda_build.nvcc(), *cuda_build.link_flags(), "-lm"]
+        what = "nvcc"
+    runtime = _runtime_text()
+    key = hashlib.sha256("\0".join([*sources.values(), runtime, cc, what, str(tf32), *compile_cmd("x", "y"), *link,
+                                    cuda_build.headers_digest()]).encode()).hexdigest()[:24]
+    out_dir = os.path.join(cbuild.cache_dir(), f"trainer-cuda{'-sim' if simulate else ''}-" + key)
+    exe = os.path.join(out_dir, "mica-trainer")
+    if cbuild.cached(exe):
+        return exe, lowered
+    os.makedirs(out_dir, exist_ok=True)
+    log(f"compiling the CUDA trainer with {what} ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} "
+        "kernels) ...")
+    jobs = []
+    for name, src in sources.items():
+        path = os.path.join(out_dir, f"{name}.cu")
+        with open(path, "w") as f:
+            f.write(src)
+        jobs.append((name, compile_cmd(path, path[:-3] + ".o")))
+    for name in RUNTIME_SOURCES:
+        obj = os.path.join(out_dir, name[:-2] + ".o")
+        jobs.append(("runtime", [cc, "-O2", "-std=gnu11", "-fPIC", "-I", RUNTIME_DIR, "-c",
+                                 os.path.join(RUNTIME_DIR, name), "-o", obj]))
+    _run_all(jobs)  # (the three nvcc builds take most of the time: run together)
+    objects = [os.path.join(out_dir, f"{n}.o") for n in PROGRAMS] + [
+        os.path.join(out_dir, n[:-2] + ".o") for n in RUNTIME_SOURCES]
+    fd, tmp = tempfile.mkstemp(dir=out_dir)
+    os.close(fd)
+    _run([link[0], *objects, "-o", tmp, *link[1:]], "trainer")
+    os.chmod(tmp, 0o755)
+    cbuild.install(tmp, exe)
+    return exe, lowered
+
+
+def _run_all(jobs):
+    """Run (what, command) jobs at once; the first failure becomes a sentence."""
+    procs = [(what, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+             for what, cmd in jobs]
+    failed = None
+    for what, p in procs:
+        err = p.communicate()[1]
+        if p.returncode != 0 and failed is None:
+            failed = (what, err)
+    if failed:
+        what, err = failed
+        first = next((line for line in err.splitlines() if "error" in line), err.strip()[:300])
+        raise MicaError(f"the compiler failed on the {what} program ({first})")
 
 
 def _run(cmd, what):

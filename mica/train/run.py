@@ -117,7 +117,8 @@ def prepare_run(config_path=None, overrides=(), log=print):
 
     model, _, progs = programs.build(cfg, vocab)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
-    exe, lowered = native.build_trainer(progs, cfg["opt_level"], log)
+    exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
+                                        tf32=cfg["tf32"])
     native.check_in_place(lowered["train"])
     log(memory_plan.report(lowered))  # what the trainer will hold, exact, before the first step
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
@@ -407,7 +408,7 @@ def _stderr(message):
 
 
 def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=0.8, top_k=200, seed=1337,
-           threads=None, log=_stderr, data_dir=""):
+           threads=None, log=_stderr, data_dir="", device="cpu", simulate=False):
     """Generate from out_dir's checkpoint; the vocabulary comes from the data folder it was trained on,
     or from `data_dir`."""
     path = os.path.join(out_dir, "ckpt.safetensors")
@@ -432,7 +433,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     if not ids:
         raise MicaError("the start text is empty; give at least one character")
     model, _, progs = programs.build(cfg, vocab)
-    exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log)
+    exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
     settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=config_mod.seed_int64(seed),
                     threads=threads or os.cpu_count() or 1, num_samples=num_samples,

@@ -20,7 +20,7 @@ def _c_string(text):
 
 
 class CStyleRenderer:
-    kernel_qualifier = "static void"       # CUDA: __global__ void
+    kernel_qualifier = "static void"       # CUDA: static __global__ void
     constant_qualifier = "static const"    # CUDA: static __device__ const
 
     def __init__(self, schedule, plan, name, target):
@@ -134,6 +134,8 @@ class CStyleRenderer:
             if kind == "output":  # (inputs are whole buffers)
                 lines.append(f"static const int64_t mica_abi_{kind}_stride[{max(n, 1)}][8] = "
                              f"{{{', '.join(self._dims(v.strides if v else ()) for _, v, _ in rows)}}};")
+                lines.append(f"static const int mica_abi_{kind}_dense[{max(n, 1)}] = "
+                             f"{{{', '.join(str(int(bool(v) and self._dense(v))) for _, v, _ in rows)}}};")
             lines.append(f"static const int mica_abi_{kind}_itemsize[{max(n, 1)}] = "
                          f"{{{', '.join(str(v.dtype.itemsize) if v else '0' for _, v, _ in rows)}}};")
             lines.append(f"static const char *mica_abi_{kind}_dtype[{max(n, 1)}] = "
@@ -175,6 +177,10 @@ class CStyleRenderer:
             "    int64_t index[8] = {0}, rest = start;",
             "    for (int d = nd - 1; d >= 0; d--) { index[d] = rest % mica_abi_output_shape[i][d]; rest /= mica_abi_output_shape[i][d]; }",
             "    const char *base = (const char *)arena + mica_abi_output_offset[i];",
+            "    if (mica_abi_output_dense[i]) {  /* row-major already: one copy */",
+            f"        {self.copy_from_arena('dst', 'base + start * size', 'count * size')}",
+            "        return;",
+            "    }",
             "    for (int64_t k = 0; k < count; k++) {",
             "        int64_t at = 0;",
             "        for (int d = 0; d < nd; d++) at += index[d] * mica_abi_output_stride[i][d];",
@@ -188,6 +194,16 @@ class CStyleRenderer:
             "",
         ]
         return lines
+
+    @staticmethod
+    def _dense(view):
+        """Are a view's elements row-major and contiguous (sizes of 1 take any stride)?"""
+        want = 1
+        for n, st in zip(reversed(view.shape), reversed(view.strides)):
+            if n != 1 and st != want:
+                return False
+            want *= n
+        return True
 
     @staticmethod
     def _dims(values):

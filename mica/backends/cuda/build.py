@@ -40,21 +40,36 @@ def gencode():
 
 
 def nvcc_command(src, out, shared=True, tf32=False, threads_per_block=None, archs=None):
-    include, lib = cuda_libraries()
-    cmd = [nvcc(), "-O3", "--fmad=false", "-std=c++17", "-Werror", "all-warnings", "-I", HERE, "-I", SHARED_DIR,
-           "-I", include, *(archs or gencode()), "-Xcompiler", "-fPIC"]
+    include, _ = cuda_libraries()
+    cmd = [nvcc(), "-O3", "--threads", "0", "--fmad=false", "-std=c++17", "-Werror", "all-warnings", "-I", HERE,
+           "-I", SHARED_DIR, "-I", include, *(archs or gencode()), "-Xcompiler", "-fPIC"]
     cmd += ["-DMICA_TF32"] if tf32 else []
     cmd += [f"-DMICA_THREADS={threads_per_block}"] if threads_per_block else []
     if shared:
-        cmd += ["-shared", src, "-o", out, "-L", lib, "-l:libcublasLt.so.13", "-Xlinker", f"-rpath,{lib}"]
+        cmd += ["-shared", src, "-o", out, *link_flags()]
     else:
         cmd += ["-c", src, "-o", out]
     return cmd
 
 
-def simulator_command(src, out, threads_per_block=None, sanitize=False):
-    cmd = ["g++", "-x", "c++", "-std=c++17", "-O1", "-g", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
-           "-DMICA_CUDASIM", "-I", HERE, "-I", SHARED_DIR, src, "-o", out, "-lboost_context", "-lpthread"]
+def link_flags():
+    """nvcc's flags to link cuBLASLt from the wheel (found at run time by rpath)."""
+    _, lib = cuda_libraries()
+    return ["-L", lib, "-l:libcublasLt.so.13", "-Xlinker", f"-rpath,{lib}"]
+
+
+def headers_digest():
+    digest = hashlib.sha256()
+    for path in HEADERS:
+        if os.path.exists(path):
+            digest.update(open(path, "rb").read())
+    return digest.hexdigest()
+
+
+def simulator_command(src, out, threads_per_block=None, sanitize=False, shared=True):
+    cmd = ["g++", "-x", "c++", "-std=c++17", "-O1", "-g", "-ffp-contract=off", "-fno-fast-math", "-fPIC",
+           "-DMICA_CUDASIM", "-I", HERE, "-I", SHARED_DIR]
+    cmd += ["-shared", src, "-o", out, "-lboost_context", "-lpthread"] if shared else ["-c", src, "-o", out]
     cmd += [f"-DMICA_THREADS={threads_per_block}"] if threads_per_block else []
     cmd += ["-fsanitize=address"] if sanitize else []
     return cmd
@@ -64,11 +79,8 @@ def build(source, name="program", simulate=False, tf32=False, threads_per_block=
     """Compile to a shared library (cached); returns its path."""
     kind = "sim" if simulate else "nvcc"
     digest = hashlib.sha256()
-    for part in (source, kind, str(tf32), str(threads_per_block)):
+    for part in (source, kind, str(tf32), str(threads_per_block), headers_digest()):
         digest.update(part.encode() + b"\0")
-    for path in HEADERS:
-        if os.path.exists(path):
-            digest.update(open(path, "rb").read())
     out_dir = os.path.join(cache_dir(), f"cuda-{kind}-" + digest.hexdigest()[:24])
     if simulate:
         return compile_cached(source, out_dir, "program.cu", "g++ (the CUDA simulator)", name,

@@ -16,11 +16,11 @@
 #define MICA_CUDA_ATTENTION_H
 #include "mica_cuda_kernels.h"
 
-__global__ void mica_attention_rows_f32(mica_attn_shape a, float *P, float *lse) {
+static __global__ void mica_attention_rows_f32(mica_attn_shape a, float *P, float *lse) {
     MICA_GRID_STRIDE(r, a.B * a.H * a.L) mica_attention_row_f32(&a, r / a.L, r % a.L, P + r * a.S, a.S, lse + r);
 }
 
-__global__ void mica_attention_backward_rows_f32(mica_attn_shape a, float *P, float *dP, const float *lse,
+static __global__ void mica_attention_backward_rows_f32(mica_attn_shape a, float *P, float *dP, const float *lse,
                                                  const float *g, int64_t g_sb, int64_t g_sh, int64_t g_st,
                                                  const float *o) {
     MICA_GRID_STRIDE(r, a.B * a.H * a.L) {

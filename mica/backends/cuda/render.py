@@ -12,7 +12,7 @@ from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
 from ..cstyle.expr import product_operand, reduce_init as _init
-from ..cstyle.render import CStyleRenderer
+from ..cstyle.render import CStyleRenderer, _c_string
 
 THREADS = 256  # threads per block; results do not depend on it (tests change it)
 
@@ -37,7 +37,7 @@ def _grid_stride(total, body):
 
 
 class CudaRenderer(CStyleRenderer):
-    kernel_qualifier = "__global__ void"
+    kernel_qualifier = "static __global__ void"
     constant_qualifier = "static __device__ const"
 
     def __init__(self, schedule, plan, name, target):
@@ -244,7 +244,13 @@ class CudaRenderer(CStyleRenderer):
             f"const char *{api}error(void) {{ return mica_error_text; }}",
             f"void *{api}arena_new(void) {{",
             "    void *p = 0;",
-            "    if (!mica_cuda_ready() || cudaMalloc(&p, (size_t)MICA_ARENA_BYTES) != cudaSuccess) return 0;",
+            "    if (!mica_cuda_ready()) return 0;",
+            "    if (cudaMalloc(&p, (size_t)MICA_ARENA_BYTES) != cudaSuccess) {",
+            "        snprintf(mica_error_text, sizeof mica_error_text, \"the GPU has no room for the %s program's %lld "
+            "bytes (%s); train a smaller model or batch, or free the GPU\", " + _c_string(self.name)
+            + ", (long long)MICA_ARENA_BYTES, cudaGetErrorString(cudaGetLastError()));",
+            "        return 0;",
+            "    }",
             "    if (cudaMemset(p, 0, (size_t)MICA_ARENA_BYTES) != cudaSuccess) { cudaFree(p); return 0; }",
             "    return p;",
             "}",
