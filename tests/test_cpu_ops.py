@@ -1,5 +1,6 @@
-"""Every program of the op table, compiled for the CPU, against the float64 oracle on fresh
-random inputs (forward values and gradients, computed in float64 by both)."""
+"""Every program of the op table, compiled for the CPU and for CUDA (run on the simulator), against
+the float64 oracle on fresh random inputs (forward values and gradients, computed in float64 by
+both)."""
 import zlib
 
 import numpy as np
@@ -27,9 +28,14 @@ def _case_program(fn, inputs, grad, rng):
     return arrays, u, body
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    """All cases in one program (one compile), and the oracle's answers."""
+from test_cuda import needs_simulator
+
+TARGETS = [pytest.param("cpu", id="cpu"), pytest.param("cuda-sim", id="cuda-sim", marks=needs_simulator)]
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def compiled(request):
+    """All cases in one program (one compile) for a target, and the oracle's answers."""
     bodies, inputs, ids = [], [], []
     for param in CASES:
         fn, ins, _, _, grad = param.values
@@ -44,8 +50,10 @@ def compiled():
 
     specs = [([spec_of(a) for a in xs], spec_of(u)) for xs, u in inputs]
     program = mica.trace(everything, specs)
-    exe = program.lower("cpu", opt_level=2).build()
-    got = exe(inputs, threads=2)
+    if request.param == "cpu":
+        got = program.lower("cpu", opt_level=2).build()(inputs, threads=2)
+    else:
+        got = program.lower("cuda", simulate=True).build()(inputs)
     want64 = mica.reference.run(program, inputs)
     want32 = mica.reference.run(program, inputs, precision="float32")
     return dict(zip(ids, zip(got, want64, want32)))

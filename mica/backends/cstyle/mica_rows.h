@@ -108,49 +108,52 @@ static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64
 }
 
 /* query row i of head bh: its scores pi[0, n) become the (dropped) probabilities, its
- * log-sum-exp is stored; keys it cannot see (m_ <= j < n) get 0 */
-static inline MICA_HD void mica_attention_row_f32(const mica_attn_shape *a, int64_t bh, int64_t i, float *pi,
-                                                  int64_t n, float *lse) {
-    const int64_t m_ = mica_attn_row_keys(a, i);
-    const float keep_scale = (float)(1.0 / (1.0 - a->dropout_p));
-    float m = mica_row_max_f32(pi, m_);
-    for (int64_t j = 0; j < m_; j++) pi[j] = mica_exp_f32(pi[j] - m);
-    float l = mica_sum_f32(pi, m_);
-    *lse = m + mica_log_f32(l);
-    for (int64_t j = 0; j < m_; j++) pi[j] = pi[j] / l;
-    for (int64_t j = m_; j < n; j++) pi[j] = 0.0f;
-    if (a->dropout_p > 0) {
-        uint64_t base = ((uint64_t)bh * a->L + i) * a->S;
-        for (int64_t j = 0; j < m_; j++)
-            pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : 0.0f;
-    }
+ * log-sum-exp is stored; keys it cannot see (m_ <= j < n) get 0. And the backward's row: pi holds
+ * the scores (scaled), di the output gradient's product with V; they become the dropped
+ * probabilities (for dV) and dS (for dQ and dK). */
+#define MICA_DEFINE_ATTENTION_ROWS(T, S_)                                                           \
+static inline MICA_HD void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i,  \
+                                                  T *pi, int64_t n, T *lse) {                      \
+    const int64_t m_ = mica_attn_row_keys(a, i);                                                   \
+    const T keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                                          \
+    T m = mica_row_max_##S_(pi, m_);                                                                \
+    for (int64_t j = 0; j < m_; j++) pi[j] = mica_exp_##S_(pi[j] - m);                              \
+    T l = mica_sum_##S_(pi, m_);                                                                    \
+    *lse = m + mica_log_##S_(l);                                                                    \
+    for (int64_t j = 0; j < m_; j++) pi[j] = pi[j] / l;                                            \
+    for (int64_t j = m_; j < n; j++) pi[j] = (T)0;                                                 \
+    if (a->dropout_p > 0) {                                                                        \
+        uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
+        for (int64_t j = 0; j < m_; j++)                                                           \
+            pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : (T)0; \
+    }                                                                                              \
+}                                                                                                  \
+static inline MICA_HD void mica_attention_backward_row_##S_(const mica_attn_shape *a, int64_t bh,   \
+                                                           int64_t i, T *pi, T *di, int64_t n,     \
+                                                           T li, const T *gi, const T *oi) {       \
+    const int64_t m_ = mica_attn_row_keys(a, i);                                                   \
+    const T scale = (T)a->scale, keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                     \
+    T D = (T)0;                                                                                    \
+    for (int64_t e = 0; e < a->Ev; e++) D = D + gi[e] * oi[e];                                     \
+    if (a->dropout_p > 0) {                                                                        \
+        uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
+        for (int64_t j = 0; j < m_; j++) {                                                         \
+            T pj = mica_exp_##S_(pi[j] - li), dpj = di[j];                                          \
+            int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);                       \
+            dpj = kept ? dpj * keep_scale : (T)0;                                                  \
+            pi[j] = kept ? pj * keep_scale : (T)0;                                                 \
+            di[j] = (pj * (dpj - D)) * scale;                                                      \
+        }                                                                                          \
+    } else { /* the common case, kept apart so it vectorizes */                                    \
+        for (int64_t j = 0; j < m_; j++) {                                                         \
+            T pj = mica_exp_##S_(pi[j] - li);                                                       \
+            di[j] = (pj * (di[j] - D)) * scale;                                                    \
+            pi[j] = pj;                                                                            \
+        }                                                                                          \
+    }                                                                                              \
+    for (int64_t j = m_; j < n; j++) { pi[j] = (T)0; di[j] = (T)0; }                               \
 }
 
-/* the backward's row: pi holds the scores (scaled), di the output gradient's product with V;
- * they become the dropped probabilities (for dV) and dS (for dQ and dK) */
-static inline MICA_HD void mica_attention_backward_row_f32(const mica_attn_shape *a, int64_t bh, int64_t i,
-                                                           float *pi, float *di, int64_t n, float li,
-                                                           const float *gi, const float *oi) {
-    const int64_t m_ = mica_attn_row_keys(a, i);
-    const float scale = (float)a->scale, keep_scale = (float)(1.0 / (1.0 - a->dropout_p));
-    float D = 0.0f;
-    for (int64_t e = 0; e < a->Ev; e++) D = D + gi[e] * oi[e];
-    if (a->dropout_p > 0) {
-        uint64_t base = ((uint64_t)bh * a->L + i) * a->S;
-        for (int64_t j = 0; j < m_; j++) {
-            float pj = mica_exp_f32(pi[j] - li), dpj = di[j];
-            int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);
-            dpj = kept ? dpj * keep_scale : 0.0f;
-            pi[j] = kept ? pj * keep_scale : 0.0f;
-            di[j] = (pj * (dpj - D)) * scale;
-        }
-    } else { /* the common case, kept apart so it vectorizes */
-        for (int64_t j = 0; j < m_; j++) {
-            float pj = mica_exp_f32(pi[j] - li);
-            di[j] = (pj * (di[j] - D)) * scale;
-            pi[j] = pj;
-        }
-    }
-    for (int64_t j = m_; j < n; j++) { pi[j] = 0.0f; di[j] = 0.0f; }
-}
+MICA_DEFINE_ATTENTION_ROWS(float, f32)
+MICA_DEFINE_ATTENTION_ROWS(double, f64)
 #endif

@@ -10,6 +10,7 @@ from ... import dtypes
 from ...errors import MicaError
 from ...targets import lowering_of, register_lowering
 from ..c import lowerings as _c
+from ..cstyle import types as ct
 
 ROW_KERNELS = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "softmax", "softmax_backward",
                "log_softmax", "log_softmax_backward", "cross_entropy", "cross_entropy_backward", "embedding",
@@ -27,25 +28,25 @@ def _scores(kernel):
 
 def _attention_scratch(kernel):
     copies = 1 if kernel.op == "attention" else 2
-    return 0, copies * _scores(kernel) * 4
+    return 0, copies * _scores(kernel) * kernel.inputs[0].dtype.itemsize
 
 
 @register_lowering("attention", "cuda", scratch=_attention_scratch, host=True)
 @register_lowering("attention_backward", "cuda", scratch=_attention_scratch, host=True)
 def _attention(e, kernel):
     q = kernel.inputs[0] if kernel.op == "attention" else kernel.inputs[1]
-    if q.dtype is not dtypes.float32:
+    if q.dtype not in (dtypes.float32, dtypes.float64):
         raise MicaError(f"scaled_dot_product_attention on {q.dtype.name} is not supported by the CUDA backend yet; "
                         "cast q, k and v to float32")
-    p = e.ptr
+    p, s, t = e.ptr, ct.suffix(q.dtype), ct.ctype(q.dtype)
     lines, q, k, v, o = _c.attention_shape(e, kernel)
     if kernel.op == "attention":
-        lines.append(f"if (mica_attention_cuda_f32(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
-                     f"{p(kernel.outputs[1])}, (float *)scratch) != 0) return 1;")
+        lines.append(f"if (mica_attention_cuda_{s}(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
+                     f"{p(kernel.outputs[1])}, ({t} *)scratch) != 0) return 1;")
     else:
         gsb, gsh, gst = _c.attention_grad_strides(kernel)
         dq, dk, dv = kernel.outputs
-        lines.append(f"if (mica_attention_backward_cuda_f32(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, {p(k)}, "
+        lines.append(f"if (mica_attention_backward_cuda_{s}(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, {p(k)}, "
                      f"{p(v)}, {p(o)}, {p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
-                     "(float *)scratch) != 0) return 1;")
+                     f"({t} *)scratch) != 0) return 1;")
     return ["{"] + ["    " + x for x in lines] + ["}"]

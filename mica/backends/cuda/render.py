@@ -157,10 +157,11 @@ class CudaRenderer(CStyleRenderer):
             self.launches.append(launch)
             return super().kernel(k, kern)
         a, b, out = kern.a, kern.b, kern.out
-        if out.dtype is not dtypes.float32:
+        if out.dtype not in (dtypes.float32, dtypes.float64):
             from ...errors import MicaError
 
             raise MicaError(f"matmul on {out.dtype.name} is not supported by the CUDA backend yet; cast to float32")
+        s = ct.suffix(out.dtype)
         M, K = a.shape[-2:]
         N = b.shape[-1]
         ta, lda = product_operand(a)
@@ -174,7 +175,7 @@ class CudaRenderer(CStyleRenderer):
         self._declared = {}
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
         self._declared = None
-        call = (f"if (mica_gemm_f32(stream, {M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, "
+        call = (f"if (mica_gemm_{s}(stream, {M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, "
                 f"{tb}, {pc} + {off(out)}, {N}) != 0) return 1;")
         lines, depth = [], 0
         for n, size in zip(bn, batch):
