@@ -184,10 +184,10 @@ def test_attention_in_the_simulator_matches_the_oracle(causal, dropout_p, q, k, 
 
 
 @needs_simulator
-def test_attention_on_float64_is_a_sentence_on_cuda():
+def test_attention_on_bfloat16_is_a_sentence_on_cuda():
     F = mica.nn.functional
-    program = mica.trace(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True), mica.f64[1, 2, 4, 8])
-    with pytest.raises(MicaError, match="scaled_dot_product_attention on float64 is not supported by the CUDA"):
+    program = mica.trace(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True), mica.bf16[1, 2, 4, 8])
+    with pytest.raises(MicaError, match="scaled_dot_product_attention on bfloat16 is not supported by the CUDA"):
         program.lower("cuda", simulate=True)
 
 
