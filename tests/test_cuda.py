@@ -5,6 +5,7 @@ Mica's own math); only products may differ (cuBLASLt, OpenBLAS and the simulator
 each sum in their own order)."""
 import os
 import shutil
+import sys
 import subprocess
 
 import numpy as np
@@ -289,3 +290,76 @@ def test_on_the_gpu_the_step_matches_the_float64_oracle():
     assert rel_err(got["loss"], want["loss"]) < 1e-5
     for k in ("w1", "w2", "col", "t"):
         assert rel_err(got[k], want[k]) < 1e-4, k
+
+
+PRODUCTS_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+import test_cuda as t
+got = t.mlp_step().lower("cuda", simulate=True).build()(*t.data(t.SHAPES), seed=5)
+np.save(sys.argv[1], got["w1"])
+"""
+
+
+def _run_with_record(tmp_path, record, name):
+    out = tmp_path / f"{name}.npy"
+    env = dict(os.environ, MICA_PRODUCTS=str(record))
+    script = PRODUCTS_RUN.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", script, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return np.load(out)
+
+
+def _products(record):
+    return [line for line in record.read_text().splitlines() if line.startswith("product ")]
+
+
+@needs_simulator
+def test_the_products_record_is_made_once_and_read_after(tmp_path):
+    """The first run records every product shape (the MLP step: 2 forward, 4 backward products);
+    a later process reads it and times nothing (the file is not rewritten)."""
+    record = tmp_path / "products.txt"
+    first = _run_with_record(tmp_path, record, "a")
+    lines = record.read_text().splitlines()
+    assert lines[0].startswith("# Mica products record") and lines[1].startswith("machine the CUDA simulator")
+    assert len(_products(record)) == len(set(_products(record))) == 6
+    stamp = record.stat().st_mtime_ns, record.read_text()
+    second = _run_with_record(tmp_path, record, "b")
+    assert (record.stat().st_mtime_ns, record.read_text()) == stamp
+    assert np.array_equal(first, second)
+
+
+@needs_simulator
+def test_a_record_from_another_machine_or_damaged_is_not_used(tmp_path):
+    import random
+
+    record = tmp_path / "products.txt"
+    want = _run_with_record(tmp_path, record, "good")
+    good = record.read_text()
+    other = good.replace("machine the CUDA simulator", "machine NVIDIA H200 sm_90 driver 13000 cublasLt 130100")
+    record.write_text(other)
+    assert np.array_equal(_run_with_record(tmp_path, record, "other"), want)
+    assert record.read_text() == good  # rewritten for this machine
+    rng = random.Random(5)
+    for case in range(12):  # damaged files: never a crash, the same results, a whole record after
+        text = list(good)
+        for _ in range(rng.randint(1, 8)):
+            at = rng.randrange(len(text))
+            text[at] = rng.choice(["", "x", "9", " ", "\n", "-", "\0", text[at] * 50])
+        record.write_text("".join(text))
+        assert np.array_equal(_run_with_record(tmp_path, record, f"fuzz{case}"), want), case
+        assert len(_products(record)) >= 6 or record.read_text() == "".join(text), case
+
+
+@needs_gpu
+def test_on_the_gpu_the_gpt_step_matches_the_float64_oracle(gpt_step):
+    """Attention (cuBLASLt's strided-batched products around Mica's rows), the CUDA graph and the
+    products record on the card."""
+    program, params, state, batch = gpt_step
+    new_params, _, m = program.lower("cuda").build()(params, state, *batch, seed=3)
+    want_params, _, want = mica.reference.run(program, params, state, *batch, seed=3)
+    assert rel_err(m["loss"], want["loss"]) < 1e-5
+    for name in params:
+        assert rel_err(m["grads"][name], want["grads"][name]) < 1e-4, name
+        assert rel_err(new_params[name], want_params[name]) < 1e-4, name

@@ -12,7 +12,7 @@ from helpers import mica_cli
 from mica.data.prepare import prepare_char
 from mica.errors import MicaError
 from mica.train import checkpoint, run
-from test_cuda import needs_simulator
+from test_cuda import needs_gpu, needs_simulator
 
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
 TINY = ["shakespeare_char", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
@@ -46,11 +46,12 @@ def metrics(out_dir):
     return steps, evals
 
 
-@needs_simulator
-def test_twenty_simulated_iterations_give_the_cpu_trainers_losses(work):
+@pytest.mark.parametrize("device", [pytest.param(SIM, id="simulated", marks=needs_simulator),
+                                    pytest.param(["--device=cuda"], id="on-the-gpu", marks=needs_gpu)])
+def test_twenty_cuda_iterations_give_the_cpu_trainers_losses(work, device):
     """Same seed: the same init, batches and dropout masks (one Philox stream on both targets); only
     the products' summation order differs, so the losses agree to float32 rounding, not bit for bit."""
-    train([*TINY, *SIM, "--out_dir=gpu"])
+    train([*TINY, *device, "--out_dir=gpu"])
     train([*TINY, "--device=cpu", "--out_dir=cpu"])
     (gpu, gpu_eval), (cpu, cpu_eval) = metrics("gpu"), metrics("cpu")
     assert sorted(gpu) == sorted(cpu) == list(range(21))

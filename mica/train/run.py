@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 
+from ..backends.c import build as cbuild
 from ..data import meta as meta_mod
 from ..data import tokens as tok
 from ..errors import MicaError
@@ -119,6 +120,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"])
+    _products_record(cfg["device"])
     native.check_in_place(lowered["train"])
     log(memory_plan.report(lowered))  # what the trainer will hold, exact, before the first step
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
@@ -137,6 +139,14 @@ def prepare_run(config_path=None, overrides=(), log=print):
     manifest = os.path.join(out_dir, "trainer.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
+
+
+def _products_record(device):
+    """A CUDA trainer times cuBLASLt's routines for each product shape once and keeps the fastest in
+    this file (it names the card, driver and cuBLASLt version), so every later run on this machine
+    uses the same routines. MICA_PRODUCTS chooses another file."""
+    if device == "cuda":
+        os.environ.setdefault("MICA_PRODUCTS", os.path.join(cbuild.cache_dir(), "cuda-products.txt"))
 
 
 _LOCKS = {}  # out_dir -> the descriptor holding its lock (inherited by the trainer across exec)
@@ -434,6 +444,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
         raise MicaError("the start text is empty; give at least one character")
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
+    _products_record(device)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
     settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=config_mod.seed_int64(seed),
                     threads=threads or os.cpu_count() or 1, num_samples=num_samples,

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef MICA_CUDASIM
 #include "mica_cudasim.h"
@@ -59,38 +60,189 @@ static inline unsigned mica_blocks(int64_t n) {
     return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
 
-/* C[M,N] = alpha op(A) op(B) for `count` matrices, the i-th at A + i*sa, B + i*sb, C + i*sc
- * (strides in elements), in float (f64 = 0) or double (f64 = 1) */
+/* ---- the products record -------------------------------------------------------------------
+ * Every product shape the program runs, with the cuBLASLt algorithm chosen for it by timing its
+ * candidates on this card, kept in the file $MICA_PRODUCTS (when set; `mica train` sets it), so
+ * that every later run uses the same routines. The file names the card, the driver and cuBLASLt's
+ * version; a file made elsewhere is not used (and is rewritten). A shape the record lacks is met
+ * while the step is captured as a graph: it is timed after that capture, recorded, and the capture
+ * is redone. The simulator has one routine; it records its shapes the same way. */
+typedef struct {
+    int64_t M, N, K, lda, ldb, ldc, sa, sb, sc, count;
+    int ta, tb, f64, tf32;
+} mica_product_shape;
+
+typedef struct {
+    mica_product_shape shape;
+    uint64_t algo[8]; /* cuBLASLt's cublasLtMatmulAlgo_t, its 8 words */
+    double us;        /* the chosen algorithm's measured time */
+    int pending;      /* met during a capture, not timed yet */
+} mica_product;
+
+static struct {
+    mica_product *p;
+    int n, cap, loaded;
+} mica_record;
+
+#ifdef MICA_TF32
+#define MICA_TF32_ON 1
+#else
+#define MICA_TF32_ON 0
+#endif
+
+static int mica_same_shape(const mica_product_shape *a, const mica_product_shape *b) {
+    return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
+           a->ldc == b->ldc && a->sa == b->sa && a->sb == b->sb && a->sc == b->sc && a->count == b->count &&
+           a->ta == b->ta && a->tb == b->tb && a->f64 == b->f64 && a->tf32 == b->tf32;
+}
+
+static mica_product *mica_record_find(const mica_product_shape *s) {
+    for (int i = 0; i < mica_record.n; i++)
+        if (mica_same_shape(&mica_record.p[i].shape, s)) return &mica_record.p[i];
+    return 0;
+}
+
+static mica_product *mica_record_add(const mica_product_shape *s) {
+    if (mica_record.n == mica_record.cap) {
+        int cap = mica_record.cap ? 2 * mica_record.cap : 64;
+        mica_product *p = (mica_product *)realloc(mica_record.p, (size_t)cap * sizeof *p);
+        if (!p) return 0;
+        mica_record.p = p, mica_record.cap = cap;
+    }
+    mica_product *e = &mica_record.p[mica_record.n++];
+    memset(e, 0, sizeof *e);
+    e->shape = *s;
+    return e;
+}
+
+/* the line naming what the record's times were measured on */
+static void mica_record_machine(char *line, size_t size) {
+#ifdef MICA_CUDASIM
+    snprintf(line, size, "machine the CUDA simulator (one routine per product)");
+#else
+    int dev = 0, driver = 0;
+    cudaDeviceProp prop;
+    cudaGetDevice(&dev);
+    if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) prop.name[0] = 0, prop.major = prop.minor = 0;
+    cudaDriverGetVersion(&driver);
+    snprintf(line, size, "machine %s sm_%d%d driver %d cublasLt %zu", prop.name, prop.major, prop.minor, driver,
+             cublasLtGetVersion());
+#endif
+    for (char *c = line; *c; c++)
+        if (*c == '\n' || *c == '\r') *c = ' ';
+}
+
+#define MICA_RECORD_FIRST "# Mica products record: the algorithm chosen for each product shape, by timing"
+
+/* the entries of the record file at `path` made on this machine, added to the table when absent
+ * (a line that does not parse, or a file from another machine, adds nothing) */
+static void mica_record_read(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[1024], machine[512], want[512];
+    mica_record_machine(want, sizeof want);
+    if (!fgets(line, sizeof line, f) || strncmp(line, MICA_RECORD_FIRST, strlen(MICA_RECORD_FIRST)) != 0 ||
+        !fgets(machine, sizeof machine, f)) {
+        fclose(f);
+        return;
+    }
+    machine[strcspn(machine, "\n")] = 0;
+    if (strcmp(machine, want) != 0) {
+        fclose(f);
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        mica_product_shape s;
+        unsigned long long w[8];
+        long long v[10];
+        int t[4], used = 0;
+        double us;
+        memset(&s, 0, sizeof s);
+        if (sscanf(line, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld algo %llx %llx %llx "
+                         "%llx %llx %llx %llx %llx us %lf%n",
+                   &t[0], &t[1], &v[0], &v[1], &v[2], &t[2], &t[3], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
+                   &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6], &w[7], &us, &used) != 23 || used == 0)
+            continue;
+        s.f64 = t[0], s.tf32 = t[1], s.M = v[0], s.N = v[1], s.K = v[2], s.ta = t[2], s.tb = t[3];
+        s.lda = v[3], s.ldb = v[4], s.ldc = v[5], s.sa = v[6], s.sb = v[7], s.sc = v[8], s.count = v[9];
+        if (mica_record_find(&s)) continue;
+        mica_product *e = mica_record_add(&s);
+        if (!e) break;
+        for (int k = 0; k < 8; k++) e->algo[k] = (uint64_t)w[k];
+        e->us = us;
+    }
+    fclose(f);
+}
+
+/* the table, merged with what the file holds now (another program of the trainer may have added
+ * shapes), written to a temporary file and renamed over it */
+static void mica_record_write(void) {
+    const char *path = getenv("MICA_PRODUCTS");
+    if (!path || !*path) return;
+    mica_record_read(path);
+    char tmp[4096], machine[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return; /* (the record is a cache: without it every run times its products again) */
+    mica_record_machine(machine, sizeof machine);
+    fprintf(f, "%s\n%s\n", MICA_RECORD_FIRST, machine);
+    for (int i = 0; i < mica_record.n; i++) {
+        const mica_product *e = &mica_record.p[i];
+        const mica_product_shape *s = &e->shape;
+        if (e->pending) continue;
+        fprintf(f, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld algo", s->f64, s->tf32,
+                (long long)s->M, (long long)s->N, (long long)s->K, s->ta, s->tb, (long long)s->lda, (long long)s->ldb,
+                (long long)s->ldc, (long long)s->sa, (long long)s->sb, (long long)s->sc, (long long)s->count);
+        for (int k = 0; k < 8; k++) fprintf(f, " %llx", (unsigned long long)e->algo[k]);
+        fprintf(f, " us %.3f\n", e->us);
+    }
+    if (fclose(f) != 0 || rename(tmp, path) != 0) remove(tmp);
+}
+
 #ifdef MICA_CUDASIM
 /* the simulator's product: each element a sum over k in order, then alpha; queued on the stream
  * like a kernel, so a captured graph replays it */
 template <class T>
-static void mica_sim_gemm(int64_t M, int64_t N, int64_t K, T alpha, const T *A, int64_t lda, int ta, int64_t sa,
-                          const T *B, int64_t ldb, int tb, int64_t sb, T *C, int64_t ldc, int64_t sc, int64_t count) {
-    for (int64_t n = 0; n < count; n++) {
-        const T *a = A + n * sa, *b = B + n * sb;
-        T *c = C + n * sc;
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) {
+static void mica_sim_gemm(const mica_product_shape *s, T alpha, const T *A, const T *B, T *C) {
+    for (int64_t n = 0; n < s->count; n++) {
+        const T *a = A + n * s->sa, *b = B + n * s->sb;
+        T *c = C + n * s->sc;
+        for (int64_t i = 0; i < s->M; i++)
+            for (int64_t j = 0; j < s->N; j++) {
                 T acc = 0;
-                for (int64_t k = 0; k < K; k++)
-                    acc += (ta ? a[k * lda + i] : a[i * lda + k]) * (tb ? b[j * ldb + k] : b[k * ldb + j]);
-                c[i * ldc + j] = alpha == (T)1 ? acc : alpha * acc;
+                for (int64_t k = 0; k < s->K; k++)
+                    acc += (s->ta ? a[k * s->lda + i] : a[i * s->lda + k]) * (s->tb ? b[j * s->ldb + k] : b[k * s->ldb + j]);
+                c[i * s->ldc + j] = alpha == (T)1 ? acc : alpha * acc;
             }
     }
 }
 
-static int mica_gemm_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, int f64, double alpha,
-                             const void *A, int64_t lda, int ta, int64_t sa, const void *B, int64_t ldb, int tb,
-                             int64_t sb, void *C, int64_t ldc, int64_t sc, int64_t count) {
+static int mica_products_ready(void) {
+    if (!mica_record.loaded) {
+        const char *path = getenv("MICA_PRODUCTS");
+        if (path && *path) mica_record_read(path);
+        mica_record.loaded = 1;
+    }
+    return 1;
+}
+
+static int mica_product_run(cudaStream_t stream, const mica_product_shape *s, double alpha, const void *A,
+                            const void *B, void *C) {
+    if (!mica_record_find(s)) {
+        mica_product *e = mica_record_add(s);
+        if (e) e->pending = 1;
+    }
+    mica_product_shape shape = *s;
     ::mica_cudasim::detail::enqueue(stream, [=] {
-        if (f64)
-            mica_sim_gemm<double>(M, N, K, alpha, (const double *)A, lda, ta, sa, (const double *)B, ldb, tb, sb,
-                                  (double *)C, ldc, sc, count);
-        else
-            mica_sim_gemm<float>(M, N, K, (float)alpha, (const float *)A, lda, ta, sa, (const float *)B, ldb, tb, sb,
-                                 (float *)C, ldc, sc, count);
+        if (shape.f64) mica_sim_gemm<double>(&shape, alpha, (const double *)A, (const double *)B, (double *)C);
+        else mica_sim_gemm<float>(&shape, (float)alpha, (const float *)A, (const float *)B, (float *)C);
     });
+    return 0;
+}
+
+static int mica_product_time(mica_product *e) { /* one routine: nothing to choose */
+    memset(e->algo, 0, sizeof e->algo);
+    e->us = 0;
     return 0;
 }
 #else
@@ -107,10 +259,34 @@ static mica_lt *mica_lt_get(void) {
     if (!lt.handle) {
         if (cublasLtCreate(&lt.handle) != CUBLAS_STATUS_SUCCESS) return 0;
         lt.workspace_bytes = 32u << 20;
-        if (cudaMalloc(&lt.workspace, lt.workspace_bytes) != cudaSuccess) return 0;
+        if (cudaMalloc(&lt.workspace, lt.workspace_bytes) != cudaSuccess) {
+            cublasLtDestroy(lt.handle);
+            lt.handle = 0;
+            return 0;
+        }
     }
     return &lt;
 }
+
+/* cuBLASLt's handle and workspace and the record, before a capture (no allocation inside one) */
+static int mica_products_ready(void) {
+    if (!mica_lt_get()) {
+        snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt could not start on this GPU");
+        return 0;
+    }
+    if (!mica_record.loaded) {
+        const char *path = getenv("MICA_PRODUCTS");
+        if (path && *path) mica_record_read(path);
+        mica_record.loaded = 1;
+    }
+    return 1;
+}
+
+typedef struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulPreference_t pref;
+} mica_lt_problem;
 
 static int mica_lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
                           int64_t stride, int64_t count) {
@@ -122,57 +298,146 @@ static int mica_lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_
                 CUBLAS_STATUS_SUCCESS);
 }
 
-static int mica_gemm_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, int f64, double alpha,
-                             const void *A, int64_t lda, int ta, int64_t sa, const void *B, int64_t ldb, int tb,
-                             int64_t sb, void *C, int64_t ldc, int64_t sc, int64_t count) {
-    mica_lt *lt = mica_lt_get();
-    if (!lt) {
-        snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt could not start on this GPU");
-        return 1;
-    }
-#ifdef MICA_TF32
-    cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F_FAST_TF32;
-#else
-    cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
-#endif
-    cudaDataType_t type = f64 ? CUDA_R_64F : CUDA_R_32F;
-    cublasLtMatmulDesc_t desc = 0;
-    cublasLtMatrixLayout_t lb = 0, la = 0, lc = 0;
-    cublasLtMatmulPreference_t pref = 0;
-    cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    int ok = cublasLtMatmulDescCreate(&desc, compute, type) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa) == CUBLAS_STATUS_SUCCESS &&
+static void mica_lt_release(mica_lt_problem *p) {
+    if (p->pref) cublasLtMatmulPreferenceDestroy(p->pref);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    memset(p, 0, sizeof *p);
+}
+
+static int mica_lt_describe(mica_lt *lt, const mica_product_shape *s, mica_lt_problem *p) {
+    cublasComputeType_t compute = s->f64 ? CUBLAS_COMPUTE_64F : s->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t type = s->f64 ? CUDA_R_64F : CUDA_R_32F;
+    cublasOperation_t opb = s->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = s->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int64_t M = s->M, N = s->N, K = s->K;
+    memset(p, 0, sizeof *p);
+    int ok = cublasLtMatmulDescCreate(&p->desc, compute, type) == CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb) == CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa) == CUBLAS_STATUS_SUCCESS &&
              /* stored column-major: B as (tb ? K : N) x (tb ? N : K), A as (ta ? M : K) x (ta ? K : M) */
-             mica_lt_layout(&lb, type, tb ? K : N, tb ? N : K, ldb, sb, count) &&
-             mica_lt_layout(&la, type, ta ? M : K, ta ? K : M, lda, sa, count) &&
-             mica_lt_layout(&lc, type, N, M, ldc, sc, count) &&
-             cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt->workspace_bytes,
+             mica_lt_layout(&p->lb, type, s->tb ? K : N, s->tb ? N : K, s->ldb, s->sb, s->count) &&
+             mica_lt_layout(&p->la, type, s->ta ? M : K, s->ta ? K : M, s->lda, s->sa, s->count) &&
+             mica_lt_layout(&p->lc, type, N, M, s->ldc, s->sc, s->count) &&
+             cublasLtMatmulPreferenceCreate(&p->pref) == CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulPreferenceSetAttribute(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt->workspace_bytes,
                                                   sizeof lt->workspace_bytes) == CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulHeuristicResult_t best;
-    int found = 0;
-    ok = ok && cublasLtMatmulAlgoGetHeuristic(lt->handle, desc, lb, la, lc, lc, pref, 1, &best, &found) ==
-                   CUBLAS_STATUS_SUCCESS && found == 1;
+    if (!ok) mica_lt_release(p);
+    return ok;
+}
+
+static int mica_lt_matmul(mica_lt *lt, mica_lt_problem *p, const cublasLtMatmulAlgo_t *algo, int f64, double alpha,
+                          const void *A, const void *B, void *C, cudaStream_t stream) {
     const float alpha32 = (float)alpha, zero32 = 0.0f;
     const double zero64 = 0.0;
     const void *pa = f64 ? (const void *)&alpha : (const void *)&alpha32;
     const void *pz = f64 ? (const void *)&zero64 : (const void *)&zero32;
-    ok = ok && cublasLtMatmul(lt->handle, desc, pa, B, lb, A, la, pz, C, lc, C, lc, &best.algo, lt->workspace,
-                              lt->workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    return cublasLtMatmul(lt->handle, p->desc, pa, B, p->lb, A, p->la, pz, C, p->lc, C, p->lc, algo, lt->workspace,
+                          lt->workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+}
+
+static int mica_product_run(cudaStream_t stream, const mica_product_shape *s, double alpha, const void *A,
+                            const void *B, void *C) {
+    mica_lt *lt = mica_lt_get();
+    mica_lt_problem p;
+    if (!lt || !mica_lt_describe(lt, s, &p)) {
+        snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt could not describe a %lld x %lld x %lld product",
+                 (long long)s->M, (long long)s->N, (long long)s->K);
+        return 1;
+    }
+    mica_product *e = mica_record_find(s);
+    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulHeuristicResult_t check;
+    int ok = 0;
+    if (e && !e->pending) { /* the recorded routine, if cuBLASLt still takes it for this problem */
+        memcpy(&algo, e->algo, sizeof algo);
+        ok = cublasLtMatmulAlgoCheck(lt->handle, p.desc, p.lb, p.la, p.lc, p.lc, &algo, &check) == CUBLAS_STATUS_SUCCESS;
+        if (!ok) e->pending = 1; /* (a damaged or stale entry: timed again after this capture) */
+    }
+    if (!ok) { /* cuBLASLt's first choice, until the shape is timed */
+        int found = 0;
+        ok = cublasLtMatmulAlgoGetHeuristic(lt->handle, p.desc, p.lb, p.la, p.lc, p.lc, p.pref, 1, &check, &found) ==
+                 CUBLAS_STATUS_SUCCESS && found == 1;
+        if (ok) algo = check.algo;
+        if (ok && !e && (e = mica_record_add(s)) != 0) e->pending = 1;
+    }
+    ok = ok && mica_lt_matmul(lt, &p, &algo, s->f64, alpha, A, B, C, stream);
+    mica_lt_release(&p);
     if (!ok) {
         snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt could not compute a %lld x %lld x %lld product",
-                 (long long)M, (long long)N, (long long)K);
+                 (long long)s->M, (long long)s->N, (long long)s->K);
+        return 1;
+    }
+    return 0;
+}
+
+/* elements a row-major operand spans: `count` matrices `stride` apart, `rows` rows `ld` apart */
+static int64_t mica_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t count) {
+    return (count - 1) * stride + (rows - 1) * ld + cols;
+}
+
+/* time cuBLASLt's candidates for one shape on scratch buffers (never the program's memory) */
+static int mica_product_time(mica_product *e) {
+    const mica_product_shape *s = &e->shape;
+    mica_lt *lt = mica_lt_get();
+    mica_lt_problem p;
+    size_t size = s->f64 ? 8 : 4;
+    int64_t na = mica_span(s->ta ? s->K : s->M, s->ta ? s->M : s->K, s->lda, s->sa, s->count);
+    int64_t nb = mica_span(s->tb ? s->N : s->K, s->tb ? s->K : s->N, s->ldb, s->sb, s->count);
+    int64_t nc = mica_span(s->M, s->N, s->ldc, s->sc, s->count);
+    void *A = 0, *B = 0, *C = 0;
+    cudaEvent_t t0 = 0, t1 = 0;
+    cublasLtMatmulHeuristicResult_t cand[8];
+    int found = 0, best = -1;
+    float best_ms = 0;
+    int ok = lt && mica_lt_describe(lt, s, &p);
+    ok = ok && cudaMalloc(&A, (size_t)na * size) == cudaSuccess && cudaMalloc(&B, (size_t)nb * size) == cudaSuccess &&
+         cudaMalloc(&C, (size_t)nc * size) == cudaSuccess && cudaMemset(A, 0, (size_t)na * size) == cudaSuccess &&
+         cudaMemset(B, 0, (size_t)nb * size) == cudaSuccess && cudaEventCreate(&t0) == cudaSuccess &&
+         cudaEventCreate(&t1) == cudaSuccess &&
+         cublasLtMatmulAlgoGetHeuristic(lt->handle, p.desc, p.lb, p.la, p.lc, p.lc, p.pref, 8, cand, &found) ==
+             CUBLAS_STATUS_SUCCESS;
+    for (int c = 0; ok && c < found; c++) {
+        if (cand[c].state != CUBLAS_STATUS_SUCCESS) continue;
+        if (!mica_lt_matmul(lt, &p, &cand[c].algo, s->f64, 1.0, A, B, C, 0)) continue; /* (warm-up) */
+        int good = cudaEventRecord(t0, 0) == cudaSuccess;
+        for (int r = 0; good && r < 5; r++) good = mica_lt_matmul(lt, &p, &cand[c].algo, s->f64, 1.0, A, B, C, 0);
+        float ms = 0;
+        good = good && cudaEventRecord(t1, 0) == cudaSuccess && cudaEventSynchronize(t1) == cudaSuccess &&
+               cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
+        if (good && (best < 0 || ms < best_ms)) best = c, best_ms = ms;
+    }
+    cudaGetLastError(); /* (a candidate that failed leaves no error behind) */
+    if (best >= 0) {
+        memcpy(e->algo, &cand[best].algo, sizeof e->algo);
+        e->us = best_ms * 1000.0 / 5;
+    }
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    cudaFree(A), cudaFree(B), cudaFree(C);
+    if (lt) mica_lt_release(&p);
+    if (best < 0) {
+        snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt has no routine for a %lld x %lld x %lld product",
+                 (long long)s->M, (long long)s->N, (long long)s->K);
         return 1;
     }
     return 0;
 }
 #endif
+
+/* C[M,N] = alpha op(A) op(B) for `count` matrices, the i-th at A + i*sa, B + i*sb, C + i*sc
+ * (strides in elements), in float (f64 = 0) or double (f64 = 1) */
+static int mica_gemm_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, int f64, double alpha,
+                             const void *A, int64_t lda, int ta, int64_t sa, const void *B, int64_t ldb, int tb,
+                             int64_t sb, void *C, int64_t ldc, int64_t sc, int64_t count) {
+    mica_product_shape s;
+    memset(&s, 0, sizeof s);
+    s.M = M, s.N = N, s.K = K, s.lda = lda, s.ldb = ldb, s.ldc = ldc, s.ta = ta, s.tb = tb, s.f64 = f64;
+    s.sa = count > 1 ? sa : 0, s.sb = count > 1 ? sb : 0, s.sc = count > 1 ? sc : 0, s.count = count;
+    s.tf32 = f64 ? 0 : MICA_TF32_ON;
+    return mica_product_run(stream, &s, alpha, A, B, C);
+}
 
 #define MICA_DEFINE_GEMM(T, S, F64)                                                                 \
 static int mica_gemm_##S##_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, T alpha, const T *A,  \
@@ -187,4 +452,43 @@ static int mica_gemm_##S(cudaStream_t stream, int64_t M, int64_t N, int64_t K, c
 }
 MICA_DEFINE_GEMM(float, f32, 0)
 MICA_DEFINE_GEMM(double, f64, 1)
+
+/* ---- the step as one CUDA graph ------------------------------------------------------------- */
+typedef int (*mica_steps)(char *A, cudaStream_t stream);
+
+static int mica_capture_once(cudaStream_t stream, char *A, mica_steps steps, cudaGraphExec_t *exec) {
+    cudaGraph_t g = 0;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        return mica_cuda_failed("capturing the program as a graph");
+    int bad = steps(A, stream);
+    cudaError_t e = cudaStreamEndCapture(stream, &g);
+    if (bad) {
+        if (g) cudaGraphDestroy(g);
+        return 1;
+    }
+    if (e != cudaSuccess || cudaGraphInstantiate(exec, g, 0) != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return mica_cuda_failed("capturing the program as a graph");
+    }
+    cudaGraphDestroy(g);
+    return 0;
+}
+
+/* capture; when a product shape was new, time it, keep it in the record and capture again */
+static int mica_capture(cudaStream_t stream, char *A, mica_steps steps, cudaGraphExec_t *exec) {
+    if (!mica_products_ready() || mica_capture_once(stream, A, steps, exec) != 0) return 1;
+    int timed = 0;
+    for (int i = 0; i < mica_record.n; i++) {
+        mica_product *e = &mica_record.p[i];
+        if (!e->pending) continue;
+        if (mica_product_time(e) != 0) return 1;
+        e->pending = 0;
+        timed++;
+    }
+    if (!timed) return 0;
+    mica_record_write();
+    cudaGraphExecDestroy(*exec);
+    *exec = 0;
+    return mica_capture_once(stream, A, steps, exec);
+}
 #endif
