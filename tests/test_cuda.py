@@ -131,6 +131,27 @@ def test_mica_kernels_give_the_cpu_targets_bits():
 
 
 @needs_simulator
+@pytest.mark.parametrize("dt", [mica.f32, mica.f64], ids=["float32", "float64"])
+def test_long_reductions_run_by_lanes_and_keep_the_cpu_targets_bits(dt):
+    """Columns over 9,000 rows, a sum over 140,014 elements (18 blocks of 8,192), a max, a mean:
+    lanes of blocks summed by separate threads, then combined in the canonical order."""
+    def step(x, y):
+        return {"cols": x.sum(dim=0), "rows": x.sum(dim=1), "all": (x * x).sum(), "mx": x.amax(dim=0),
+                "y": y.sum(dim=(0, 2)), "m": y.mean(), "short": y[:, :50, 0].sum(dim=1)}
+
+    program = mica.trace(step, dt[9000, 3], dt[7, 20001, 2])
+    rng = np.random.default_rng(8)
+    kind = np.float32 if dt is mica.f32 else np.float64
+    args = [rng.standard_normal((9000, 3)).astype(kind), rng.standard_normal((7, 20001, 2)).astype(kind)]
+    cpu = program.lower("cpu").build()(*args, threads=2)
+    assert "_lanes" in program.lower("cuda", simulate=True).source
+    for threads in (32, 1024):
+        got = program.lower("cuda", simulate=True, threads_per_block=threads).build()(*args)
+        for k in cpu:
+            assert np.array_equal(got[k], cpu[k]), (k, threads)
+
+
+@needs_simulator
 def test_the_row_kernels_give_the_cpu_targets_bits():
     program = row_kernels()
     args = row_data()

@@ -35,7 +35,9 @@ def report(lowered):
     """The text `mica train` prints: every class of both arenas, each arena's size and the total."""
     plan = trainer_plan(lowered)
     total = sum(sum(classes.values()) for classes in plan.values())
-    lines = [f"memory plan (exact, before the first step): the trainer holds {total:,} bytes ({_mib(total)}) "
+    gpu = lowered["train"].target.name == "cuda"
+    where = " of GPU memory" if gpu else ""
+    lines = [f"memory plan (exact, before the first step): the trainer holds {total:,} bytes ({_mib(total)}){where} "
              f"in {len(plan)} arenas"]
     for name, classes in plan.items():
         size = sum(classes.values())
@@ -45,6 +47,10 @@ def report(lowered):
             if classes[c] or name == "train":
                 note = NOTES[name].get(c, "the peak of the live values" if c == "activations" else "")
                 lines.append(f"    {c:<16} {classes[c]:>16,}   {note}".rstrip())
-    lines.append("  (the logits arena is allocated only by mica sample; the measured RSS adds the program, its "
-                 "libraries and the token files' pages)")
+    if gpu:
+        lines.append("  (the logits arena is allocated only by mica sample; the GPU also holds cuBLASLt's 32 MiB "
+                     "workspace per program and the CUDA context)")
+    else:
+        lines.append("  (the logits arena is allocated only by mica sample; the measured RSS adds the program, its "
+                     "libraries and the token files' pages)")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ plain CPU product in the simulator). Launches go through MICA_LAUNCH, so only nv
 import math
 
 from ... import __version__, dtypes
-from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, row_major
+from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, Reduce, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
 from ..cstyle.expr import product_operand, reduce_init as _init
@@ -29,6 +29,36 @@ def _decompose(dims, names, flat="t"):
             lines.append(f"const int64_t q{d} = {rest} / {size};")
             rest = f"q{d}"
     return lines
+
+
+def _outputs(kern):
+    return max(math.prod(n for d, n in enumerate(kern.in_shape) if d not in kern.axes), 1)
+
+
+def _reduced(kern):
+    return math.prod(kern.in_shape[d] for d in kern.axes)
+
+
+def _blocks(R):
+    return max(-(-R // 8192), 1)
+
+
+def cooperative(kern):
+    """Does this reduction run by lanes (a thread per output, block and lane, then one per output)?
+    When a thread per output would leave the card idle, or walk a long way: the same bits either way."""
+    from ...passes.schedule import Reduce
+
+    if not isinstance(kern, Reduce) or kern.op == "argmax":
+        return False
+    return _reduced(kern) >= 64 and _outputs(kern) < 32768
+
+
+def reduce_scratch(kern):
+    """Bytes of scratch a cooperative reduction's lane partials take."""
+    if not cooperative(kern):
+        return 0
+    itemsize = kern.exprs[kern.result].dtype.itemsize
+    return _outputs(kern) * _blocks(_reduced(kern)) * 8 * max(itemsize, 4)
 
 
 def _grid_stride(total, body):
@@ -83,6 +113,8 @@ class CudaRenderer(CStyleRenderer):
         comb = lambda a, b: _combine(kern.op, dtype, a, b)  # noqa: E731
         tree = comb(comb(comb("a[0]", "a[1]"), comb("a[2]", "a[3]")), comb(comb("a[4]", "a[5]"), comb("a[6]", "a[7]")))
         init = _init(kern.op, dtype)
+        if cooperative(kern):
+            return self._reduce_by_lanes(kern, name, writer, names, kept, body, oidx, comb, tree, init, t)
         body += [f"{t} a[8] = {{{', '.join([init] * 8)}}}, tot = {init};", "int64_t r = 0;"]
         for d in axes:
             body.append(pad + f"for (int64_t {names[d]} = 0; {names[d]} < {shape[d]}; {names[d]}++) {{")
@@ -99,6 +131,47 @@ class CudaRenderer(CStyleRenderer):
         body += [f"if (r % 8192 != 0 || r == 0) tot = r <= 8192 ? {tree} : {comb('tot', tree)};",
                  f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};"]
         return [], _grid_stride(max(O, 1), body)
+
+    def _lanes_kernels(self, k, kern):
+        import os
+
+        where = f" ({os.path.basename(kern.loc[0])}:{kern.loc[1]})" if kern.loc else ""
+        self._declared = {}
+        helper, body = self.reduce(kern, f"k{k}")
+        self._declared = None
+        decls = self.declare_pointers([kern.out]) + self.workspace_lines()  # (the combining kernel reads no input)
+        return ([f"/* k{k}: {kern.name}{where} */"] + helper + [f"{self.kernel_qualifier} k{k}(char *A) {{"]
+                + ["    " + x for x in decls + body] + ["}"])
+
+    def _reduce_by_lanes(self, kern, name, writer, names, kept, out_index, oidx, comb, tree, init, t):
+        """The canonical order, cooperatively: a thread per (output, block of 8192, lane) sums its lane
+        of its block in increasing index (exactly the sequential code's partial), into scratch; then a
+        thread per output adds the lanes by the same tree and the blocks left to right."""
+        shape, axes, out = kern.in_shape, kern.axes, kern.out
+        O, R = _outputs(kern), math.prod(shape[d] for d in axes)
+        nblk = _blocks(R)
+        part = f"(({t} *)scratch)"
+        lanes = [f"const int64_t o = t % {O}, lane = (t / {O}) % 8, blk = t / {O * 8};"]
+        lanes += _decompose([(shape[d], None) for d in kept], [names[d] for d in kept], "o") if kept else []
+        lanes += [f"(void){names[d]};" for d in kept]  # (a broadcast load may not need every index)
+        lanes += [f"{t} acc = {init};",
+                  f"const int64_t r1 = blk * 8192 + 8192 < {R} ? blk * 8192 + 8192 : {R};",
+                  "for (int64_t r = blk * 8192 + lane; r < r1; r += 8) {"]
+        red = _decompose([(shape[d], None) for d in axes], [names[d] for d in axes], "r")
+        lanes += ["    " + x for x in red + writer.lines()]
+        lanes += [f"    acc = {comb('acc', f'v{kern.result}')};", "}",
+                  f"{part}[(o * {nblk} + blk) * 8 + lane] = acc;"]
+        helper_decls = self.declare_pointers([e.view for e in kern.exprs if e.kind == "load"]) + self.workspace_lines()
+        helper = ([f"/* {name}'s lanes: a thread per (output, block, lane) */",
+                   f"{self.kernel_qualifier} {name}_lanes(char *A) {{"]
+                  + ["    " + x for x in helper_decls + _grid_stride(O * nblk * 8, lanes)] + ["}", ""])
+        body = list(out_index) + [f"{t} tot = {init};",
+                                  f"for (int64_t blk = 0; blk < {nblk}; blk++) {{",
+                                  f"    const {t} *a = {part} + (o_ * {nblk} + blk) * 8;",
+                                  f"    tot = blk == 0 ? {tree} : {comb('tot', tree)};", "}",
+                                  f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};"]
+        body = ["const int64_t o_ = t;"] + body
+        return helper, _grid_stride(max(O, 1), body)
 
     # ---- pad and concat --------------------------------------------------------------------------
     def copy(self, kern):
@@ -153,9 +226,14 @@ class CudaRenderer(CStyleRenderer):
             return self.host_call(k, kern)
         if not isinstance(kern, Gemm):
             launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A);"
+            if isinstance(kern, Reduce) and cooperative(kern):
+                launch = (f"MICA_LAUNCH(k{k}_lanes, mica_blocks({_outputs(kern) * 8 * _blocks(_reduced(kern))}), "
+                          f"MICA_THREADS, 0, stream, A); " + launch)
             if isinstance(kern, Call) and self.target.kernel_abi(kern.op).may_fail:
                 self.may_fail = True  # (its flag is read once the step has run)
             self.launches.append(launch)
+            if isinstance(kern, Reduce) and cooperative(kern):
+                return self._lanes_kernels(k, kern)
             return super().kernel(k, kern)
         a, b, out = kern.a, kern.b, kern.out
         if out.dtype not in (dtypes.float32, dtypes.float64):

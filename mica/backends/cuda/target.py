@@ -28,6 +28,12 @@ class CudaTarget(Target):
     def product_epilogue(self, gemm, loop):
         return False
 
+    def workspace(self, kernel):
+        from .render import reduce_scratch
+
+        lanes = reduce_scratch(kernel)
+        return (0, lanes) if lanes else super().workspace(kernel)
+
     def render(self, lowered, api="mica_"):
         from .render import CudaRenderer
 
