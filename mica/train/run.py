@@ -131,7 +131,8 @@ def prepare_run(config_path=None, overrides=(), log=print):
                     log_interval=cfg["log_interval"], eval_only=int(cfg["eval_only"]),
                     always_save=int(cfg["always_save_checkpoint"]), seed=config_mod.seed_int64(cfg["seed"]),
                     threads=cfg["threads"] or os.cpu_count() or 1, time_every_iter=int(cfg["time_every_iter"]),
-                    flops_per_iter=programs.flops_per_iter(cfg, model), peak_flops=programs.peak_flops())
+                    flops_per_iter=programs.flops_per_iter(cfg, model),
+                    peak_flops=A100_BF16_PEAK if cfg["device"] == "cuda" and not cfg["simulate"] else programs.peak_flops())
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
     settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
@@ -139,6 +140,9 @@ def prepare_run(config_path=None, overrides=(), log=print):
     manifest = os.path.join(out_dir, "trainer.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
+
+
+A100_BF16_PEAK = 312e12  # nanoGPT's estimate_mfu divides by it on any card; so does Mica's log on a GPU
 
 
 def _products_record(device):

@@ -368,6 +368,9 @@ class CudaRenderer(CStyleRenderer):
                 "        if (mica_capture(stream, A, mica_enqueue, &graph) != 0) return 1;",
                 "        graph_arena = arena;",
                 "    }",
+                "    /* (the ABI's copies run on the legacy stream, and a copy from pageable memory may still be on its",
+                "     * way when cudaMemcpy returns: the graph's stream does not wait for it by itself) */",
+                "    if (cudaDeviceSynchronize() != cudaSuccess) return mica_cuda_failed(\"copying the inputs\");",
                 "    if (cudaGraphLaunch(graph, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess ||",
                 "        cudaGetLastError() != cudaSuccess)",
                 "        return mica_cuda_failed(\"running the program\");"]
