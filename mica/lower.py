@@ -1,6 +1,7 @@
 """The pipeline every target shares, one direction, every stage kept for inspection:
 
     program.lower(target, **options)
+      widen      half-type kernels and products in float32      .graph
       simplify   exact rewrites, CSE, DCE                       .graph
       order      costly slopes computed beside their forward    .graph
       fuse       Schedule: loops, reductions, products, calls   .schedule
@@ -10,7 +11,7 @@
 
 A Target (mica/targets.py) answers everything that differs between targets; nothing here names one.
 """
-from .passes import fuse, memory, order, simplify
+from .passes import fuse, memory, order, simplify, widen
 from .targets import get_target
 
 
@@ -21,7 +22,7 @@ class Lowered:
         self.program = program
         self.target = target
         self.opt_level = target.opt_level
-        self.graph = simplify.simplify(program.graph)
+        self.graph = simplify.simplify(widen.widen(program.graph, target))
         if target.opt_level > 0:
             order.hoist(self.graph)
         self.schedule = fuse.build(self.graph, target, fuse=target.opt_level > 0)

@@ -328,7 +328,9 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
             mica_small_gemm(rows, n, Ev, 1.0f, gb + i0 * g_st, g_st, 0, vt, S, db, S);             /* dPd */
             for (int64_t r = 0; r < rows; r++) {
                 int64_t i = i0 + r;
-                mica_attention_backward_row_f32(a, bh, i, pb + r * S, db + r * S, n, lse[bh * L + i], gb + i * g_st,
+                /* (zeroed to S, not n: with fewer queries than keys, the dK and dV products below read
+                 * key columns past the block's last visible one) */
+                mica_attention_backward_row_f32(a, bh, i, pb + r * S, db + r * S, S, lse[bh * L + i], gb + i * g_st,
                                                 ob + i * a->o_st);
             }
             mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, a->k_st, dqb + i0 * a->dq_st, a->dq_st); /* dQ */

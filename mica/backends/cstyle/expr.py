@@ -96,9 +96,11 @@ class ExprWriter:
 
 
 def combine(op, dtype, a, b):
-    """Two partial results of a reduction combined (a sum rounds to a half type as it goes)."""
+    """Two partial results of a reduction combined. A sum of a half type accumulates in float32
+    (its compute type) and is rounded once, when stored: every digit is kept, as the oracle's
+    float32 mode sums."""
     if op == "sum":
-        return ct.rounded(dtype, f"({a} + {b})")
+        return f"({a} + {b})"
     if dtype.kind == "float":
         return f"mica_max_{ct.suffix(dtype)}({a}, {b})"
     return f"({a} > {b} ? {a} : {b})"
