@@ -4,6 +4,7 @@ Write a model and its training step with PyTorch's verbs, trace it once with sta
 (`mica.trace`), differentiate it ahead of time (`mica.grad`), and run it on the float64 oracle
 (`mica.reference.run`) or — later stages — as compiled native code.
 """
+from .amp import autocast
 from .dtypes import Spec
 from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
 from .errors import GradError, MicaError, ShapeError, TraceError

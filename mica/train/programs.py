@@ -7,6 +7,7 @@
 - eval: the loss of one batch with dropout off (estimate_loss);
 - logits: every position's logits for one window (sampling).
 """
+import contextlib
 import math
 
 import mica
@@ -31,13 +32,24 @@ def learning_rate(cfg, iter_num):
                                          cfg["lr_decay_iters"], cfg["min_lr"])
 
 
+def precision(cfg):
+    """nanoGPT's `ctx`: torch.amp.autocast for a half dtype, else nothing (float32)."""
+    if cfg.get("dtype", "float32") == "float32":
+        return contextlib.nullcontext()
+    return mica.autocast(device_type=cfg.get("device", "cpu"), dtype=getattr(mica, cfg["dtype"]))
+
+
 def build(cfg, vocab_size):
     """{name: Program} for train, eval and logits, plus the model."""
     model = GPT(model_config(cfg, vocab_size))
     specs = model.param_specs()
     opt = optimizer(cfg, specs)
     accum, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
-    objective = loss_fn(model)
+    forward = loss_fn(model)
+
+    def objective(params, x, y):
+        with precision(cfg):
+            return forward(params, x, y)
 
     def train(params, opt_state, x, y, iter_num):
         grads, loss = None, None
@@ -66,8 +78,8 @@ def build(cfg, vocab_size):
     logits_model.eval()
 
     def all_logits(params, idx):
-        with logits_model.bind(params):
-            return _all_position_logits(logits_model, idx)
+        with logits_model.bind(params), precision(cfg):
+            return _all_position_logits(logits_model, idx).float()  # (the sampler reads float32)
 
     logits_prog = mica.trace(all_logits, specs, mica.i64[1, T], name="logits")
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}

@@ -446,6 +446,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     ids = encode(start)
     if not ids:
         raise MicaError("the start text is empty; give at least one character")
+    cfg.update(device=device, dtype="float32")  # (sampling computes in float32, as nanoGPT's sample.py on a CPU)
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
     _products_record(device)

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .. import dtypes
+from .. import amp, dtypes
 from ..dtypes import DType, as_dtype, category, promote
 from ..errors import ShapeError, TraceError
 from ..ops.elementwise import broadcast_shapes
@@ -158,6 +158,7 @@ subtract = sub
 
 
 def pow(input, exponent):
+    input, exponent = amp.float32("pow", input, exponent)
     if isinstance(input, Tensor) and is_scalar(exponent) and exponent == 2:
         return mul(input, input)
     return _binary("pow", input, exponent, compute=_floating(result_type(input, exponent)))
@@ -203,6 +204,7 @@ def _unary(op, floating=True):
         x = as_tensor(input, verb=op) if isinstance(input, Tensor) else _need_tensor(op, input)
         if floating and x.dtype.kind != "float":
             x = to(x, dtypes.DEFAULT_FLOAT)
+        (x,) = amp.float32(op, x)
         return emit(op, [x])
     verb.__name__ = op
     return verb
@@ -324,6 +326,8 @@ def sum(input, dim=None, keepdim=False, dtype=None):
         x = to(x, dtype)
     elif x.dtype.kind != "float":
         x = to(x, dtypes.int64)
+    else:
+        (x,) = amp.float32("sum", x)
     axes = _axes(x, dim, "sum")
     if not axes:
         return x
@@ -401,7 +405,7 @@ def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
 
 
 def norm(input, p="fro", dim=None, keepdim=False):
-    x = as_tensor(input)
+    (x,) = amp.float32("norm", as_tensor(input))
     if p in ("fro", 2, 2.0):
         return sqrt(sum(x * x, dim, keepdim))
     if p in (float("inf"), "inf"):

@@ -2,7 +2,7 @@
 import math
 import numbers
 
-from .. import dtypes
+from .. import amp, dtypes
 from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
@@ -14,7 +14,7 @@ from .shape import expand, reshape, transpose, unsqueeze, squeeze
 
 def matmul(input, other):
     """PyTorch's matmul: 1-d operands are promoted and squeezed, batch dims broadcast."""
-    a, b = as_tensor(input), as_tensor(other)
+    a, b = amp.lower("matmul", as_tensor(input), as_tensor(other))
     if a.ndim == 0 or b.ndim == 0:
         fail(f"matmul: both operands need at least 1 dim, got {a.value.spec!r} and {b.value.spec!r}")
     if a.dtype is not b.dtype:
@@ -45,6 +45,9 @@ mm = bmm = matmul
 
 def linear(input, weight, bias=None):
     """y = x @ weight.T + bias, with weight [out_features, in_features]."""
+    input, weight = amp.lower("linear", as_tensor(input), as_tensor(weight))
+    if bias is not None:
+        (bias,) = amp.lower("linear", as_tensor(bias))
     y = matmul(input, transpose(weight, -1, -2) if as_tensor(weight).ndim == 2 else weight)
     return y if bias is None else add(y, bias)
 
@@ -60,6 +63,8 @@ def _rowwise(op, input, dim, dtype):
     x = as_tensor(input)
     if dtype is not None:
         x = to(x, dtype)
+    else:  # (a verb given an explicit dtype is not autocast, as in PyTorch)
+        (x,) = amp.float32(op, x)
     x = _floating_input(x, op)
     if dim is None:
         raise TraceError(f"{op}: give the dim to normalize over (PyTorch's implicit dim is deprecated)",
@@ -95,6 +100,7 @@ def _normalized(x, normalized_shape, verb):
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     x = _floating_input(input, "layer_norm")
+    x, weight, bias = amp.float32("layer_norm", x, weight, bias)
     k = _normalized(x, normalized_shape, "layer_norm")
     params = [as_tensor(p) for p in (weight, bias) if p is not None]
     y, _mean, _rstd = emit("layer_norm", [x, *params], eps=float(eps), ndims=k,
@@ -130,7 +136,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     """Cross-entropy from logits and class indices: input (N, C), (C,) or (N, C, d1, ...)."""
-    x = _floating_input(input, "cross_entropy")
+    (x,) = amp.float32("cross_entropy", _floating_input(input, "cross_entropy"))
     t = as_tensor(target)
     if weight is not None or label_smoothing or size_average is not None or reduce is not None:
         raise TraceError("cross_entropy: class weights, label_smoothing and the legacy size_average/"
@@ -164,7 +170,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
 
 def nll_loss(input, target, ignore_index=-100, reduction="mean"):
-    x = _floating_input(input, "nll_loss")
+    (x,) = amp.float32("nll_loss", _floating_input(input, "nll_loss"))
     t = as_tensor(target)
     picked = -_sum(x * to(unsqueeze(t, 1) == reshape(_iota(x.shape[1]), (1, -1)), x.dtype), 1)
     valid = to(t != ignore_index, x.dtype)
@@ -196,6 +202,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  scale=None, enable_gqa=False):
     """softmax(q @ k^T * scale [+ mask]) @ v, with PyTorch's signature and its top-left causal mask."""
     q, k, v = (_floating_input(t, "scaled_dot_product_attention") for t in (query, key, value))
+    q, k, v = amp.lower("scaled_dot_product_attention", q, k, v)
+    if attn_mask is not None:
+        (attn_mask,) = amp.lower("scaled_dot_product_attention", as_tensor(attn_mask))
     if enable_gqa:
         raise TraceError("scaled_dot_product_attention: enable_gqa is not supported", user_location())
     if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:

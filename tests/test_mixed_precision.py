@@ -1,0 +1,199 @@
+"""Mixed precision: mica.autocast as torch.autocast (casts as visible IR nodes, PyTorch's op lists),
+half types computed in float32 where a target has no half kernel, and nanoGPT's step under bfloat16
+against PyTorch's own CPU autocast from the same weights and batch."""
+import numpy as np
+import pytest
+import torch
+
+import mica
+from helpers import rel_err, to_torch
+from mica.bench.torch_gpt import TorchGPT
+from mica.errors import MicaError
+from mica.models.gpt import GPT, GPTConfig, loss_fn
+from test_cuda import needs_simulator
+
+F = mica.nn.functional
+
+
+def test_autocast_casts_are_nodes_with_the_users_line():
+    def step(x, w, b, t):
+        with mica.autocast(dtype=mica.bfloat16):
+            h = F.gelu(F.linear(x, w, b))
+            return F.cross_entropy(h, t)
+
+    program = mica.trace(step, mica.f32[4, 8], mica.f32[6, 8], mica.f32[6], mica.i64[4])
+    lines = program.ir.splitlines()
+    casts = [line for line in lines if "= cast" in line and "b8[" not in line.split("= cast")[1]]
+    # x, w and b to bf16; the logits back to f32 for cross_entropy (PyTorch's fp32 list); (and the
+    # mean's count of valid targets, a bool cast, as without autocast)
+    assert [line.split(" dtype=")[1].split()[0] for line in casts if "dtype=" in line][:4] == ["bf16"] * 3 + ["f32"]
+    assert all("test_mixed_precision.py:" in line for line in casts)
+    assert any(line.startswith("%") and ":bf16[4, 6] = matmul" in line for line in lines)
+    assert any(":bf16[4, 6] = gelu" in line for line in lines)
+    assert any(":f32[4], " in line and "cross_entropy" in line for line in lines)
+
+
+def test_autocast_follows_pytorchs_lists():
+    """Each case's result type, beside what torch.autocast("cpu", bfloat16) gives for the same call."""
+    cases = [  # (name, mica's call, torch's call or the type PyTorch's lists give)
+        ("linear", lambda m, x, d, y: m.nn.functional.linear(x, x), lambda t, x, d, y: t.nn.functional.linear(x, x)),
+        ("sdpa", lambda m, x, d, y: m.nn.functional.scaled_dot_product_attention(x[None], x[None], x[None]),
+         lambda t, x, d, y: t.nn.functional.scaled_dot_product_attention(x[None], x[None], x[None])),
+        ("float64 is left alone", lambda m, x, d, y: d @ d, lambda t, x, d, y: d @ d),
+        ("softmax keeps its input's type", lambda m, x, d, y: m.softmax(y, dim=-1), lambda t, x, d, y: t.softmax(y, -1)),
+        ("float16 operands become bfloat16", lambda m, x, d, y: y.half() @ y.half(), lambda t, x, d, y: y.half() @ y.half()),
+        ("cross_entropy in float32", lambda m, x, d, y: m.cross_entropy(y, m.zeros(4, dtype=m.long)),
+         lambda t, x, d, y: t.nn.functional.cross_entropy(y, t.zeros(4, dtype=t.long))),
+        ("a residual add promotes", lambda m, x, d, y: x + y, lambda t, x, d, y: x + y),
+    ]
+
+    def step(x, d, y):
+        with mica.autocast(dtype=mica.bfloat16):
+            return [f(mica, x, d, y) for _, f, _ in cases]
+
+    program = mica.trace(step, mica.f32[4, 4], mica.f64[4, 4], mica.bf16[4, 4])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x, d, y = torch.eye(4), torch.eye(4, dtype=torch.float64), torch.eye(4).bfloat16()
+        want = [str(g(torch, x, d, y).dtype).removeprefix("torch.") for _, _, g in cases]
+    got = [v.dtype.name for v in program.graph.outputs]
+    assert got == want, [c[0] for c, a, b in zip(cases, got, want) if a != b]
+
+
+def test_autocast_disabled_and_on_cuda():
+    def step(x, y):
+        with mica.autocast(dtype=mica.bfloat16):
+            with mica.autocast(enabled=False):
+                plain = x @ x
+        with mica.autocast("cuda", dtype=mica.bfloat16):  # CUDA's float32 list is longer
+            cuda = [F.softmax(y, dim=-1), F.layer_norm(y, (4,)), mica.exp(y), x @ x]
+        with mica.autocast("cuda"):  # (torch's CUDA default: float16)
+            half = x @ x
+        return [plain, *cuda, half]
+
+    program = mica.trace(step, mica.f32[4, 4], mica.bf16[4, 4])
+    got = [v.dtype.name for v in program.graph.outputs]
+    assert got == ["float32", "float32", "float32", "float32", "bfloat16", "float16"]
+
+
+def test_autocast_settings_it_cannot_take_are_sentences():
+    with pytest.raises(MicaError, match="device_type must be 'cpu' or 'cuda'"):
+        mica.autocast("mps")
+    with pytest.raises(MicaError, match="dtype must be mica.bfloat16 or mica.float16"):
+        mica.autocast(dtype=mica.float64)
+
+
+def _gpt_case():
+    cfg = GPTConfig(block_size=16, vocab_size=29, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+    model = GPT(cfg)
+    rng = np.random.default_rng(0)
+    params = {n: (a + 0.05 * rng.standard_normal(a.shape)).astype(np.float32) for n, a in model.init(seed=3).items()}
+    B, T = 4, 16
+    idx, tgt = rng.integers(0, 29, (B, T)), rng.integers(0, 29, (B, T))
+    specs = (model.param_specs(), mica.i64[B, T], mica.i64[B, T])
+    return cfg, model, params, idx, tgt, specs
+
+
+@pytest.fixture(scope="module")
+def bf16_step():
+    cfg, model, params, idx, tgt, specs = _gpt_case()
+
+    def step(p, x, y):
+        with mica.autocast(dtype=mica.bfloat16):
+            return mica.value_and_grad(loss_fn(model))(p, x, y)
+
+    exact = mica.trace(lambda p, x, y: mica.value_and_grad(loss_fn(model))(p, x, y), *specs)
+    return cfg, mica.trace(step, *specs), params, idx, tgt, mica.reference.run(exact, params, idx, tgt)
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=needs_simulator)])
+def test_the_gpt_step_under_bfloat16_is_pytorchs_cpu_autocast(bf16_step, target):
+    """Same weights and batch: the loss agrees with torch.autocast's to 1e-4 (bf16's eps is 4e-3), and
+    every gradient is as close to the float64 answer as PyTorch's own bfloat16 gradient is (the two
+    sides round the same values to bfloat16; their float32 sums run in other orders)."""
+    cfg, program, params, idx, tgt, (loss64, grads64) = bf16_step
+    options = {"simulate": True} if target == "cuda" else {}
+    loss, grads = program.lower(target, **options).build()(params, idx, tgt)
+    oracle_loss, oracle_grads = mica.reference.run(program, params, idx, tgt, precision="float32")
+    tmodel = TorchGPT(cfg).load_arrays(params)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, tloss = tmodel(to_torch(idx), to_torch(tgt))
+    tloss.backward()
+    tgrads = {n: p.grad.numpy() for n, p in tmodel.named_parameters()}
+    assert rel_err(loss, tloss.item()) < 1e-4
+    assert rel_err(loss, oracle_loss) < 1e-5  # (the oracle's half-rounding mode: the same roundings)
+    for name, g in grads.items():
+        assert grads[name].dtype == np.float32  # float32 weights get float32 gradients
+        assert rel_err(g, oracle_grads[name]) < 1e-4, name
+        assert rel_err(g, tgrads[name]) < 3e-2, name
+        assert rel_err(g, grads64[name]) < 2 * rel_err(tgrads[name], grads64[name]) + 2e-3, name
+    assert max(rel_err(g, grads64[n]) for n, g in grads.items()) > 1e-3  # (it is bfloat16, not float32's answer)
+
+
+def test_the_bfloat16_step_is_the_same_for_any_thread_count_and_opt_level(bf16_step):
+    _, program, params, idx, tgt, _ = bf16_step
+    runs = [program.lower("cpu", opt_level=o).build()(params, idx, tgt, threads=t) for o, t in ((2, 1), (2, 2), (0, 2))]
+    for loss, grads in runs[1:]:
+        assert np.array_equal(loss, runs[0][0])
+        for name in grads:
+            assert np.array_equal(grads[name], runs[0][1][name]), name
+
+
+TINY = ["shakespeare_char", "--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
+        "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--max_iters=8", "--eval_interval=4",
+        "--dropout=0.1", "--always_save_checkpoint=True", "--compile=False"]
+
+
+@pytest.fixture()
+def work(tmp_path, monkeypatch):
+    import os
+
+    from mica.data.prepare import prepare_char
+
+    d = tmp_path / "data" / "shakespeare_char"
+    d.mkdir(parents=True)
+    text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")).read()
+    prepare_char(text[:20000], str(d), log=lambda *a: None)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _train(args):
+    import subprocess
+
+    from mica.train import run
+
+    notes = []
+    exe, manifest, cfg = run.prepare_run(args[0], args[1:], log=notes.append)
+    r = subprocess.run([exe, manifest], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return notes
+
+
+def _losses(out_dir):
+    import json
+
+    with open(f"{out_dir}/metrics.jsonl") as f:
+        return {m["iter"]: m["loss"] for m in map(json.loads, f) if "iter" in m and "loss" in m}
+
+
+def test_training_in_bfloat16_resumes_bit_for_bit_and_is_not_float32(work):
+    from mica.train import checkpoint
+
+    notes = _train([*TINY, "--dtype=bfloat16", "--out_dir=straight"])
+    assert any("dtype=bfloat16 on the CPU: Mica trains under bfloat16 autocast" in n for n in notes)
+    _train([*TINY, "--dtype=bfloat16", "--out_dir=halves", "--max_iters=4"])
+    _train([*TINY, "--dtype=bfloat16", "--out_dir=halves", "--init_from=resume"])
+    a, b = checkpoint.SafeTensors("straight/ckpt.safetensors"), checkpoint.SafeTensors("halves/ckpt.safetensors")
+    for name in a.names:
+        assert np.array_equal(a.read(name), b.read(name)), name
+    assert a.read("transformer.wte.weight").dtype == np.float32  # float32 master weights
+    _train([*TINY, "--out_dir=f32"])  # (on a CPU without --dtype: float32, as nanoGPT)
+    bf, f32 = _losses("straight"), _losses("f32")
+    assert bf != f32 and all(abs(bf[i] - f32[i]) < 1e-2 * f32[i] for i in f32)
+
+
+def test_float16_training_is_refused_until_loss_scaling_exists(work):
+    from mica.train import run
+
+    with pytest.raises(MicaError, match="dtype=float16 needs loss scaling"):
+        run.prepare_run(TINY[0], [*TINY[1:], "--dtype=float16"], log=lambda *a: None)
