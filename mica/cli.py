@@ -183,9 +183,12 @@ def cmd_inspect(args, extra):
 def cmd_bench(args, extra):
     from .bench import protocol
 
+    if extra:
+        raise MicaError(f"unexpected arguments: {' '.join(extra)}")
     res = protocol.bench(model=args.model, data_dir=args.data_dir, rounds=args.rounds, warmup=args.warmup,
                          window=args.window, threads=args.threads, opt_levels=args.opt_levels,
-                         torch_modes=args.modes, out=args.out, every=args.every)
+                         torch_modes=args.modes, out=args.out, every=args.every, device=args.device, tf32=args.tf32,
+                         simulate=args.simulate)
     print(protocol.table(res))
     print(f"raw numbers: {args.out}/bench-{args.model}.json; charts: {args.out}/steps-{args.model}.png, "
           f"{args.out}/losses-{args.model}.png")
@@ -195,17 +198,23 @@ def cmd_bench(args, extra):
 def cmd_check(args, extra):
     from .bench import check
 
+    if extra:
+        raise MicaError(f"unexpected arguments: {' '.join(extra)}")
+    from .bench.protocol import check_device
+
+    device = check_device(args.device, simulate=args.simulate, what=f"mica check --method {args.method} --device=cuda")
     if args.method == "b":
         from .bench.protocol import MODELS
 
         v = check.method_b("shakespeare_char", [f"--{k}={val}" for k, val in MODELS[args.model].items()]
                            + [f"--data_dir={args.data_dir}"], iters=args.iters, out_dir=args.out,
-                           threads=args.threads)
+                           threads=args.threads, device=device, simulate=args.simulate)
         print(f"method B: step-0 relative difference {v['relative_difference'][0]:.2e} (needs < 1e-5), largest later "
               f"{max(v['relative_difference'][1:] or [0]):.2e} (needs < 1e-2): {'PASS' if v['passed'] else 'FAIL'}")
     else:
         v = check.method_a(args.model, iters=args.iters, eval_every=args.eval_every, eval_batches=args.eval_batches,
-                           data_dir=args.data_dir, out_dir=args.out, threads=args.threads)
+                           data_dir=args.data_dir, out_dir=args.out, threads=args.threads, device=device,
+                           simulate=args.simulate)
         worst = max((r["difference"] - r["larger_range"] for r in v["evaluations"] if r["judged"]), default=0)
         print(f"method A: {len(v['seeds'])} seeds a side, {len(v['evaluations'])} evaluations; "
               f"{'PASS' if v['passed'] else 'FAIL'} (largest excess of a median gap over the ranges: {worst:.4f})")
@@ -255,6 +264,12 @@ def parser():
     be.add_argument("--modes", nargs="+", default=None, help="PyTorch's modes (default eager, default, "
                     "reduce-overhead, max-autotune)")
     be.add_argument("--out", default="bench")
+    be.add_argument("--device", default="cpu", help="cpu, or cuda: both sides on the first NVIDIA GPU (Mica's CUDA "
+                    "trainer; PyTorch on cuda), each process's peak GPU memory and the NVIDIA libraries it maps "
+                    "recorded; default windows 100 + 300 steps")
+    be.add_argument("--tf32", action="store_true", help="with --device cuda: both sides' products may use TF32 "
+                    "(default: float32 throughout on both)")
+    be.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
     ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
     ch.add_argument("--method", required=True, choices=["a", "b"])
     ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char"])
@@ -264,6 +279,9 @@ def parser():
     ch.add_argument("--eval_batches", type=int, default=20)
     ch.add_argument("--threads", type=int, default=0)
     ch.add_argument("--out", default=None)
+    ch.add_argument("--device", default="cpu", help="cpu, or cuda: Mica's CUDA trainer and PyTorch on the first "
+                    "NVIDIA GPU, float32, TF32 off")
+    ch.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
     return p
 
 

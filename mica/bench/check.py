@@ -3,6 +3,10 @@
 Method B, one shared start: initial weights made by PyTorch's side (nanoGPT's init), one recorded
 batch order, no dropout, float32. Passes when the step-0 losses agree within 1e-5 (relative) and
 every later step within 1%.
+
+With device="cuda" both sides train on the first NVIDIA GPU (Mica's CUDA trainer; PyTorch on
+cuda), float32 with TF32 off on both; the verdict's rules are the same. simulate=True runs Mica's
+CUDA trainer on the CPU simulator and PyTorch's side on the CPU (tests, where there is no GPU).
 """
 import json
 import os
@@ -29,12 +33,22 @@ def _mica_losses(out_dir):
     return [losses[i] for i in sorted(losses)]
 
 
-def method_b(config=None, overrides=(), iters=100, out_dir="check-b", threads=None, log=print):
+def _device_settings(device, simulate):
+    """Mica's trainer's settings for the device: on cuda float32, TF32 off (method B multiplies in
+    plain float32 on both sides)."""
+    if device != "cuda":
+        return ["--device=cpu"]
+    return ["--device=cuda", "--dtype=float32", "--tf32=False"] + (["--simulate=True"] if simulate else [])
+
+
+def method_b(config=None, overrides=(), iters=100, out_dir="check-b", threads=None, log=print, device="cpu",
+             simulate=False):
     """Run both sides from one start on one batch order; returns the verdict (and writes it, with
     the curves, under out_dir)."""
     from . import torch_train
 
-    cfg = config_mod.load(config, [*overrides, "--dropout=0.0", "--device=cpu"])
+    on_device = _device_settings(device, simulate)
+    cfg = config_mod.load(config, [*overrides, "--dropout=0.0", *on_device])
     folder, (train_paths, _) = train_run.data_files(cfg)
     if len(train_paths) != 1:
         raise MicaError(f"method B replays one training file; {folder} holds {len(train_paths)} shards")
@@ -52,7 +66,7 @@ def method_b(config=None, overrides=(), iters=100, out_dir="check-b", threads=No
     metrics = os.path.join(mica_dir, "metrics.jsonl")
     if os.path.exists(metrics):
         os.unlink(metrics)
-    args = [*overrides, "--dropout=0.0", "--device=cpu", f"--out_dir={mica_dir}", f"--init_from={init}",
+    args = [*overrides, "--dropout=0.0", *on_device, f"--out_dir={mica_dir}", f"--init_from={init}",
             f"--batch_order={order}", f"--max_iters={iters}", f"--eval_interval={iters + 1}", "--eval_iters=1",
             "--log_interval=1", "--always_save_checkpoint=False"]
     if threads:
@@ -62,12 +76,16 @@ def method_b(config=None, overrides=(), iters=100, out_dir="check-b", threads=No
     if r.returncode != 0:
         raise MicaError(f"the Mica side failed: {r.stderr.strip()}")
     mica_losses = _mica_losses(mica_dir)
-    torch_losses = torch_train.train_losses(cfg, vocab, checkpoint_arrays(init), data, offsets, iters, threads)
+    torch_device = "cuda" if device == "cuda" and not simulate else "cpu"
+    torch_losses = torch_train.train_losses(cfg, vocab, checkpoint_arrays(init), data, offsets, iters, threads,
+                                            device=torch_device)
     rel = [abs(a - b) / abs(b) for a, b in zip(mica_losses, torch_losses)]
     verdict = {
         "method": "b", "iters": iters, "mica": mica_losses, "pytorch": torch_losses, "relative_difference": rel,
         "step0_ok": rel[0] < 1e-5, "later_ok": all(r < 0.01 for r in rel[1:]),
     }
+    if device == "cuda":
+        verdict.update(device="cuda", pytorch_device=torch_device, simulated=bool(simulate), tf32=False)
     verdict["passed"] = bool(len(rel) == iters + 1 and verdict["step0_ok"] and verdict["later_ok"])
     with open(os.path.join(out_dir, "verdict.json"), "w") as f:
         json.dump(verdict, f, indent=1)
@@ -105,7 +123,8 @@ STEP = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
 
 
 def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=range(1337, 1342),
-             data_dir="data/shakespeare_char", out_dir="check-a", threads=None, log=print):
+             data_dir="data/shakespeare_char", out_dir="check-a", threads=None, log=print, device="cpu",
+             simulate=False):
     """Families of runs: each side trains with every seed; at every evaluation after the first
     quarter the two sides' median validation losses must differ by no more than the larger of
     the two families' ranges."""
@@ -114,6 +133,9 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
     os.makedirs(out_dir, exist_ok=True)
     settings = {**MODELS[model], "max_iters": iters, "eval_interval": eval_every, "eval_iters": eval_batches,
                 "log_interval": eval_every, "always_save_checkpoint": False, "device": "cpu", "data_dir": data_dir}
+    if device == "cuda":
+        settings.update(device="cuda", dtype="float32", tf32=False, **({"simulate": True} if simulate else {}))
+    torch_device = "cuda" if device == "cuda" and not simulate else "cpu"
     if threads:
         settings["threads"] = threads
     curves = {"mica": {}, "pytorch": {}}
@@ -121,7 +143,7 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
         cmd = mica_train_cmd({**settings, "seed": seed, "out_dir": os.path.join(out_dir, f"mica-{seed}")})
         curves["mica"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "Mica", seed)
         cmd = torch_runner_cmd({**MODELS[model], "seed": seed}, data_dir, "eager", iters, eval_every, eval_every,
-                               eval_batches, threads)
+                               eval_batches, threads, device=torch_device)
         curves["pytorch"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "PyTorch", seed)
         log(f"seed {seed}: done")
     steps = sorted(set.intersection(*(set(c) for side in curves.values() for c in side.values())))

@@ -12,10 +12,19 @@ times) must agree with the outside clock within 1% or the run is void.
 
 Also recorded per run: peak resident memory (VmHWM, read while it runs), time to the first step,
 the shared libraries it opened (/proc/PID/maps) and their size on disk.
+
+On an NVIDIA card (device="cuda"): Mica's CUDA trainer against the same model on PyTorch's cuda,
+float32 on both sides, TF32 on both only together (tf32=True). Also recorded: each process's peak
+GPU memory as nvidia-smi lists it (sampled beside the RSS; unknown, never zero, where nvidia-smi
+is absent or does not list the process), PyTorch's own peak (max_memory_reserved and
+max_memory_allocated), the NVIDIA libraries each side mapped, and whether Mica's trainer mapped
+NVRTC (it should not). A mode that fails or runs out of the GPU's memory stays in the table as
+failed or OOM, with its reason (the report's amendment 5).
 """
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,6 +35,7 @@ from ..errors import MicaError
 
 LINE = re.compile(r"^iter (\d+): loss ([-\d.naif]+)(?:, time ([\d.]+)ms)?")
 PLAN = re.compile(r"^memory plan \(exact, before the first step\): the trainer holds ([\d,]+) bytes")
+TORCH_CUDA_MEMORY = re.compile(r"^cuda memory: max_memory_reserved (\d+) bytes, max_memory_allocated (\d+) bytes")
 
 MODELS = {
     # nanoGPT's README CPU line on shakespeare_char
@@ -57,44 +67,136 @@ DEFAULTS = {"cpu": dict(data_dir="data/shakespeare_char", rounds=5, warmup=20, w
 DEFAULTS["shakespeare_char"] = DEFAULTS["tutorial"] = DEFAULTS["cpu"]
 DEFAULTS["gpt2"] = DEFAULTS["gpt2-medium"] = dict(data_dir="data/openwebtext", rounds=2, warmup=2, window=4,
                                                   every=1, modes=TORCH_MODES)
+# on a card, every model by the report's window: 400 steps a run, the first 100 never measured
+# (compilations, kernel tuning, graph capture, memory pools growing, clocks rising), five rounds
+CUDA_DEFAULTS = {name: dict(d, rounds=5, warmup=100, window=300, every=10) for name, d in DEFAULTS.items()
+                 if name != "tutorial"}
+
+NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+GPU_SAMPLE_S = 0.5  # nvidia-smi takes tens to hundreds of ms a call: at most one this often
+# NVIDIA's shared objects, by file name (libcuda is the driver; libcurl, libcups are not NVIDIA's)
+NVIDIA_LIBRARY = re.compile(r"^lib(cuda|cudart|cublas|cublasLt|cudnn\w*|cufft\w*|curand|cusparse\w*|cusolver\w*|"
+                            r"cupti|cufile\w*|nvrtc(-builtins)?|nvJitLink|nvToolsExt|nvidia-[\w-]+|nccl|nvshmem\w*|"
+                            r"nvperf\w*|nvblas)\.so")
+SHARED_OBJECT = re.compile(r"\.so(\.[0-9][\w.]*)?$")
+OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
+                 r"the GPU has no room", re.I)
 
 
-def _sample_proc(pid, out, stop):
+def parse_compute_apps(text, pid):
+    """MiB of GPU memory nvidia-smi's compute-apps list (pid,used_memory, csv, no header, no units)
+    gives `pid`, summed over its lines (one a GPU); None when the pid is not listed or its number
+    is unreadable ([N/A], [Not Supported], garbage)."""
+    total, seen = 0, False
+    for line in str(text).splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 2 or not all(re.fullmatch(r"[0-9]{1,12}", f, re.A) for f in fields):
+            continue
+        if int(fields[0]) == pid:
+            total, seen = total + int(fields[1]), True
+    return total if seen else None
+
+
+def gpu_memory_sampler():
+    """A function pid -> (MiB or None, why None) reading nvidia-smi once; None when nvidia-smi is
+    not installed."""
+    exe = shutil.which(NVIDIA_SMI[0])
+    if exe is None:
+        return None
+
+    def sample(pid):
+        try:
+            r = subprocess.run([exe, *NVIDIA_SMI[1:]], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"nvidia-smi failed ({e})"
+        if r.returncode != 0:
+            return None, f"nvidia-smi failed ({(r.stdout + r.stderr).strip()[:100] or r.returncode})"
+        return parse_compute_apps(r.stdout, pid), "nvidia-smi did not list the process"
+    return sample
+
+
+def maps_libraries(text):
+    """The shared objects a /proc/PID/maps text maps (paths; a deleted file's too)."""
+    libs = set()
+    for line in str(text).splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5].strip()
+        if path.endswith(" (deleted)"):
+            path = path[:-len(" (deleted)")]
+        if path.startswith("/") and SHARED_OBJECT.search(os.path.basename(path)):
+            libs.add(path)
+    return libs
+
+
+def nvidia_libraries(paths):
+    """The NVIDIA ones among shared-object paths, by file name, sorted."""
+    return sorted({os.path.basename(p) for p in paths if NVIDIA_LIBRARY.match(os.path.basename(p))})
+
+
+def nvrtc_mapped(paths):
+    return any(os.path.basename(p).startswith("libnvrtc") for p in paths)
+
+
+def failure_kind(reason):
+    """OOM when a failure's reason says the GPU's (or the host's) memory ran out, else failed."""
+    return "OOM" if OOM.search(str(reason)) else "failed"
+
+
+def _sample_proc(pid, out, stop, gpu=None):
     """Poll /proc while the process lives: peak RSS (kB) and the shared objects it maps. `mica
     train` execs the native trainer: what counts is the final program, so the readings restart
     when the process image changes. Also how many tasks the machine had runnable (its own threads
-    included), averaged over the run: on a shared machine, how contended the run was."""
+    included), averaged over the run: on a shared machine, how contended the run was. With `gpu`
+    (gpu_memory_sampler's function, or None where nvidia-smi is absent), the process's peak GPU
+    memory in MiB too, or why it is unknown."""
     libs, peak, exe, runnable = set(), 0, None, []
+    gpu_peak, gpu_next = None, 0.0
+    gpu_why = "nvidia-smi is not installed" if gpu is None else "the process ended before nvidia-smi was read"
     while not stop.is_set():
         try:
             with open("/proc/loadavg") as f:
                 runnable.append(int(f.read().split()[3].split("/")[0]))
             now_exe = os.readlink(f"/proc/{pid}/exe")
             if now_exe != exe:
-                exe, libs, peak = now_exe, set(), 0
+                exe, libs, peak, gpu_peak = now_exe, set(), 0, None
             with open(f"/proc/{pid}/status") as f:
                 for line in f:
                     if line.startswith("VmHWM:"):
                         peak = max(peak, int(line.split()[1]))
             with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    path = line.split()[-1] if len(line.split()) >= 6 else ""
-                    if ".so" in path:
-                        libs.add(path)
+                libs |= maps_libraries(f.read())
         except (OSError, ValueError):
-            break
+            # between two images (/proc/PID/exe is briefly missing while `mica train` execs the
+            # trainer), or ended and not yet reaped: this reading is skipped; run_once stops the loop
+            stop.wait(0.01)
+            continue
+        if gpu is not None and time.monotonic() >= gpu_next:
+            mib, why = gpu(pid)
+            if mib is not None:
+                gpu_peak = mib if gpu_peak is None else max(gpu_peak, mib)
+            elif gpu_peak is None:
+                gpu_why = why
+            gpu_next = time.monotonic() + GPU_SAMPLE_S
         stop.wait(0.05)
     out["peak_rss_kb"], out["libraries"], out["program"] = peak, sorted(libs), exe
     if runnable:
         out["runnable"] = sum(runnable) / len(runnable)
+    if out.get("gpu_sampled"):
+        out["peak_gpu_mib"] = gpu_peak
+        if gpu_peak is None:
+            out["peak_gpu_unknown"] = gpu_why
 
 
-def run_once(cmd, env, warmup, window):
-    """Run one program; returns the stamps and what it needed. Raises on failure (recorded)."""
+def run_once(cmd, env, warmup, window, gpu=False):
+    """Run one program; returns the stamps and what it needed. Raises on failure (recorded). With
+    gpu, its peak GPU memory is sampled from nvidia-smi too."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
-    info, stop = {}, threading.Event()
-    sampler = threading.Thread(target=_sample_proc, args=(proc.pid, info, stop), daemon=True)
+    info, stop = {"gpu_sampled": True} if gpu else {}, threading.Event()
+    sampler = threading.Thread(target=_sample_proc, args=(proc.pid, info, stop, gpu_memory_sampler() if gpu else None),
+                               daemon=True)
     sampler.start()
     stamps, losses, own, plan = {}, {}, {}, {}
     for line in proc.stdout:
@@ -102,6 +204,9 @@ def run_once(cmd, env, warmup, window):
         m = PLAN.match(line)
         if m:  # Mica's trainer: what its memory plan says it will hold
             plan["plan_bytes"] = int(m.group(1).replace(",", ""))
+        m = TORCH_CUDA_MEMORY.match(line)
+        if m:  # PyTorch's side on a card: its caching allocator's own peaks
+            plan["torch_max_reserved_bytes"], plan["torch_max_allocated_bytes"] = int(m.group(1)), int(m.group(2))
         m = LINE.match(line)
         if m:
             it = int(m.group(1))
@@ -116,6 +221,7 @@ def run_once(cmd, env, warmup, window):
     if proc.returncode != 0 or warmup not in stamps or warmup + window not in stamps:
         raise RuntimeError(err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}")
     first = min(stamps)
+    info.pop("gpu_sampled", None)
     return {"step_ms": (stamps[warmup + window] - stamps[warmup]) / window * 1000,
             "first_step_s": stamps[first] - start, "losses": losses, "line_ms": own, **plan, **info}
 
@@ -137,18 +243,24 @@ def mica_train_cmd(settings):
                                                         for k, v in settings.items()]]
 
 
-def torch_runner_cmd(cfg, data_dir, mode, iters, every, eval_every, eval_batches, threads=None):
+def torch_runner_cmd(cfg, data_dir, mode, iters, every, eval_every, eval_batches, threads=None, device="cpu",
+                     tf32=False):
     """The PyTorch side's process (mica.bench.torch_runner) for nanoGPT settings `cfg`."""
     return [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", mode, "--iters", str(iters),
             "--every", str(every), "--eval_every", str(eval_every), "--eval_batches", str(eval_batches),
-            "--config", json.dumps(cfg)] + (["--threads", str(threads)] if threads else [])
+            "--config", json.dumps(cfg)] + (["--threads", str(threads)] if threads else []) + (
+            ["--device", device] + (["--tf32"] if tf32 else []) if device != "cpu" else [])
 
 
-def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10):
-    return mica_train_cmd({**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
-                           "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir,
-                           "device": "cpu", "data_dir": data_dir, "threads": threads, "opt_level": opt_level,
-                           "time_every_iter": True})
+def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10, device="cpu", tf32=False,
+              simulate=False):
+    settings = {**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
+                "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir,
+                "device": device, "data_dir": data_dir, "threads": threads, "opt_level": opt_level,
+                "time_every_iter": True}
+    if device == "cuda":  # float32, TF32 only when both sides may
+        settings.update(dtype="float32", tf32=bool(tf32), **({"simulate": True} if simulate else {}))
+    return mica_train_cmd(settings)
 
 
 def _tutorial_cmd(side, arg, iters, threads, every=10):
@@ -165,10 +277,11 @@ def _lines_own_ms(r, warmup, window, every=10):
     return sum(r["line_ms"][i] for i in steps) / window
 
 
-def _torch_cmd(model, data_dir, mode, iters, threads, every=10):
+def _torch_cmd(model, data_dir, mode, iters, threads, every=10, device="cpu", tf32=False):
     # nanoGPT (and Mica's trainer) evaluate once before the first step; so does this side, on as many
     # batches as Mica's run (eval_iters 1), so the time to the first step counts the same work
-    return torch_runner_cmd({**MODELS[model], "seed": 1337}, data_dir, mode, iters, every, iters + 100, 1, threads)
+    return torch_runner_cmd({**MODELS[model], "seed": 1337}, data_dir, mode, iters, every, iters + 100, 1, threads,
+                            device, tf32)
 
 
 def _mica_own_ms(out_dir, warmup, window):
@@ -200,12 +313,56 @@ def check_data(model, data_dir):
                         f"{vocab:,}; prepare one with mica prepare text --tokenizer gpt2 and pass it as --data_dir")
 
 
+def cuda_problem():
+    """None when both sides can train on an NVIDIA GPU here, else why not (a few words)."""
+    from ..train import config as config_mod
+
+    why = [config_mod.cuda_unusable()]
+    try:
+        import torch
+    except ImportError:
+        why.append("PyTorch is not installed")
+    else:
+        if not torch.version.cuda:
+            why.append(f"PyTorch {torch.__version__} here is built without CUDA")
+        elif why[0] is None and not torch.cuda.is_available():
+            why.append(f"PyTorch {torch.__version__} finds no usable GPU")
+    why = [w for w in why if w]
+    return " and ".join(why) if why else None
+
+
+def check_device(device="cpu", tf32=False, simulate=False, what="--device=cuda"):
+    """The device both sides run on ("cpu" or "cuda"), or the one sentence why not, before anything runs.
+    simulate: Mica's CUDA trainer on the CPU simulator and PyTorch on the CPU (for tests, no GPU)."""
+    from ..train import config as config_mod
+
+    device = config_mod.device(device)
+    if tf32 and device != "cuda":
+        raise MicaError("--tf32 lets both sides' products use TF32 on an NVIDIA GPU; pass it with --device=cuda")
+    if simulate and device != "cuda":
+        raise MicaError("--simulate runs Mica's CUDA trainer on the CPU simulator; pass it with --device=cuda")
+    if device == "cuda" and not simulate:
+        why = cuda_problem()
+        if why:
+            raise MicaError(f"{what} trains both sides on an NVIDIA GPU, but {why}; pass --device=cpu to measure "
+                            "on the CPU")
+        from ..backends.cuda import build as cuda_build
+
+        cuda_build.nvcc(), cuda_build.cuda_libraries()  # (each raises its own sentence)
+    return device
+
+
 def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, threads=None, opt_levels=(2,),
-          torch_modes=None, out="bench", log=print, every=None):
-    """Run the protocol; settings left as None take the model's DEFAULTS."""
+          torch_modes=None, out="bench", log=print, every=None, device="cpu", tf32=False, simulate=False):
+    """Run the protocol; settings left as None take the model's DEFAULTS (on a card, CUDA_DEFAULTS)."""
     if model not in DEFAULTS:
         raise MicaError(f"unknown model {model!r}: choose from {', '.join(DEFAULTS)}")
-    d = DEFAULTS[model]
+    if model == "tutorial" and device != "cpu":
+        raise MicaError(f"--model tutorial times the tutorial's step on the CPU only; on --device={device} choose "
+                        f"from {', '.join(CUDA_DEFAULTS)}")
+    device = check_device(device, tf32, simulate)
+    on_card = device == "cuda" and not simulate  # (simulated: PyTorch's side stays on the CPU)
+    d = (CUDA_DEFAULTS if device == "cuda" else DEFAULTS)[model]
     data_dir = d["data_dir"] if data_dir is None else data_dir
     rounds = d["rounds"] if rounds is None else rounds
     warmup = d["warmup"] if warmup is None else warmup
@@ -224,6 +381,9 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     configs.update({f"pytorch {m}": ("torch", m) for m in torch_modes})
     runs = {name: [] for name in configs}
     failures, extras = {}, {}
+    mica_device = dict(device=device, tf32=tf32, simulate=simulate)
+    torch_device = dict(device="cuda" if on_card else "cpu", tf32=tf32 and on_card)
+    gpu = device == "cuda"
 
     def once(name):
         kind, arg = configs[name]
@@ -236,12 +396,14 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
             run_dir = os.path.join(out, name.replace(" ", "_"))
             if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
                 os.unlink(os.path.join(run_dir, "metrics.jsonl"))
-            r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg, every), env, warmup, window)
+            r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg, every, **mica_device), env, warmup,
+                         window, gpu)
             own = _mica_own_ms(run_dir, warmup, window)
             r["own_step_ms"] = own
             r["void"] = own is None or abs(own - r["step_ms"]) / r["step_ms"] > 0.01
         else:
-            r = run_once(_torch_cmd(model, data_dir, arg, iters, threads, every), env, warmup, window)
+            r = run_once(_torch_cmd(model, data_dir, arg, iters, threads, every, **torch_device), env, warmup, window,
+                         gpu)
         return r
 
     for name in list(configs):  # one discarded run each: builds, caches, compiles
@@ -249,11 +411,11 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
             r = once(name)
             extras[name] = {"first_step_s_cold": r["first_step_s"]}
             log(f"{name}: discarded first run {r['step_ms']:.1f} ms/step")
-        except Exception as e:  # a mode that fails is recorded, not dropped
+        except Exception as e:  # a mode that fails (or runs out of memory) is recorded, not dropped
             failures[name] = str(e)
-            log(f"{name}: failed ({e})")
+            log(f"{name}: {failure_kind(e)} ({e})")
     live = [n for n in configs if n not in failures]
-    for k in range(rounds):
+    for k in range(rounds if live else 0):
         order = live[k % len(live):] + live[:k % len(live)]
         for name in order:
             try:
@@ -262,15 +424,44 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
                 failures.setdefault(name, str(e))
         log(f"round {k + 1}: " + ", ".join(f"{n} {runs[n][-1]['step_ms']:.1f}" for n in order if runs[n]))
     result = summarize(model, threads, rounds, warmup, window, runs, failures, extras)
+    if device == "cuda":
+        result.update(device="cuda", tf32=bool(tf32), gpu=gpu_name(), simulated=bool(simulate))
     with open(os.path.join(out, f"bench-{model}.json"), "w") as f:
         json.dump(result, f, indent=1)
     charts(result, runs, out)
     return result
 
 
+def gpu_name():
+    """The first GPU's name as nvidia-smi gives it, or None."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = r.stdout.strip().splitlines() if r.returncode == 0 else []
+    return lines[0].strip() if lines else None
+
+
+def _gpu_summary(rs):
+    """Peak GPU memory over a configuration's runs (nvidia-smi, MiB) and PyTorch's own peaks (MiB),
+    where its runs sampled them; an unknown reading is None, with why."""
+    c = {}
+    if any("peak_gpu_mib" in r for r in rs):
+        known = [r["peak_gpu_mib"] for r in rs if r.get("peak_gpu_mib") is not None]
+        c["peak_gpu_mb"] = max(known) if known else None  # (nvidia-smi's MiB, as RSS is MiB here)
+        if not known:
+            c["peak_gpu_unknown"] = next(r["peak_gpu_unknown"] for r in rs if "peak_gpu_unknown" in r)
+    for key in ("torch_max_reserved", "torch_max_allocated"):
+        if all(f"{key}_bytes" in r for r in rs) and rs:
+            c[f"{key}_mb"] = max(r[f"{key}_bytes"] for r in rs) / 2 ** 20
+    return c
+
+
 def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
     res = {"model": model, "threads": threads, "rounds": rounds, "warmup": warmup, "window": window,
-           "date": time.strftime("%Y-%m-%d"), "configs": {}, "failures": failures}
+           "date": time.strftime("%Y-%m-%d"), "configs": {}, "failures": failures,
+           "failure_kinds": {name: failure_kind(why) for name, why in failures.items()}}
     for name, rs in runs.items():
         if not rs:
             continue
@@ -280,7 +471,10 @@ def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
              "first_step_s": statistics.median(r["first_step_s"] for r in rs),
              "program": rs[0].get("program"), "libraries": rs[0].get("libraries", []),
              "footprint_mb": _footprint(rs[0].get("libraries", []) + [rs[0].get("program") or ""]) / 2 ** 20,
-             **extras.get(name, {})}
+             **extras.get(name, {}), **_gpu_summary(rs)}
+        if "peak_gpu_mb" in c or "torch_max_reserved_mb" in c:  # on a card: what of NVIDIA's it opened
+            c["nvidia_libraries"] = nvidia_libraries(c["libraries"])
+            c["nvrtc"] = nvrtc_mapped(c["libraries"])
         if all("runnable" in r for r in rs):
             c["runnable"] = [r["runnable"] for r in rs]
         if "plan_bytes" in rs[0]:  # Mica's compile-time plan of what its trainer holds (MB as RSS is: MiB)
@@ -289,7 +483,8 @@ def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
             c["own_step_ms"] = [r["own_step_ms"] for r in rs]
             c["void_runs"] = sum(1 for r in rs if r["void"])
         res["configs"][name] = c
-    torch = {n: c for n, c in res["configs"].items() if n.startswith("pytorch")}
+    # the comparison is against the fastest of the modes that ran every run (amendment 5)
+    torch = {n: c for n, c in res["configs"].items() if n.startswith("pytorch") and n not in failures}
     micas = {n: c for n, c in res["configs"].items() if n.startswith("mica")}
     if torch and micas:
         fastest = min(torch, key=lambda n: torch[n]["median_ms"])
@@ -316,24 +511,70 @@ def _plan(c):
     return f"{c['plan_mb']:.0f}" if "plan_mb" in c else ""
 
 
+def _mb(x):
+    return "unknown" if x is None else f"{x:.0f}"
+
+
+def _nvidia(c, mica):
+    libs = ", ".join(n.split(".so")[0] for n in c.get("nvidia_libraries", [])) or "none"
+    return libs + (" — NVRTC MAPPED" if mica and c.get("nvrtc") else "")
+
+
 def table(res):
+    if res.get("device") == "cuda":
+        return cuda_table(res)
     lines = [f"model {res['model']}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
              f"{res['window']}, {res['rounds']} rounds, {res['date']}", "",
              "| configuration | median ms/step | range | peak RSS MB | memory plan MB | first step s | "
              "libraries (MB on disk) | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for name, c in res["configs"].items():
-        verdict = f"{c['verdict']} ({c['ratio']:.2f}x)" if "verdict" in c else ""
-        if c.get("void_runs"):
-            verdict += f", {c['void_runs']} void"
         lines.append(f"| {name} | {_ms(c['median_ms'])} | {_ms(c['min_ms'])} – {_ms(c['max_ms'])} | "
                      f"{c['peak_rss_mb']:.0f} | {_plan(c)} | {c['first_step_s']:.1f} | {len(c['libraries'])} "
-                     f"({c['footprint_mb']:.0f}) | {verdict} |")
-    for name, why in res["failures"].items():
-        lines.append(f"| {name} | failed: {why[:80]} | | | | | | |")
+                     f"({c['footprint_mb']:.0f}) | {_verdict(c)} |")
+    lines += _failure_rows(res, 6)
     if "fastest_pytorch" in res:
         lines.append("")
         lines.append(f"PyTorch's fastest mode as measured: {res['fastest_pytorch']}.")
+    return "\n".join(lines)
+
+
+def _verdict(c):
+    verdict = f"{c['verdict']} ({c['ratio']:.2f}x)" if "verdict" in c else ""
+    if c.get("void_runs"):
+        verdict += f", {c['void_runs']} void"
+    return verdict
+
+
+def _failure_rows(res, blanks):
+    kinds = res.get("failure_kinds", {})
+    return [f"| {name} | {kinds.get(name) or failure_kind(why)}: {why[:80]} |" + " |" * blanks
+            for name, why in res["failures"].items()]
+
+
+def cuda_table(res):
+    """The table on a card: GPU memory (nvidia-smi's, per process; PyTorch's allocator's own) and the
+    NVIDIA libraries each side mapped beside the step times; failed and OOM modes kept as rows."""
+    where = ("Mica's CUDA trainer on the CPU simulator beside PyTorch on the CPU (a test: no GPU)"
+             if res.get("simulated") else res.get("gpu") or "an NVIDIA GPU")
+    lines = [f"model {res['model']} on {where}, float32 with TF32 {'on' if res.get('tf32') else 'off'} on both "
+             f"sides, warm-up {res['warmup']} steps then a window of {res['window']}, {res['rounds']} rounds, "
+             f"{res['date']}", "",
+             "| configuration | median ms/step | range | peak GPU MB (nvidia-smi) | PyTorch max reserved MB "
+             "(allocated) | peak RSS MB | memory plan MB | first step s | NVIDIA libraries mapped | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, c in res["configs"].items():
+        torch_mem = (f"{c['torch_max_reserved_mb']:.0f} ({c['torch_max_allocated_mb']:.0f})"
+                     if "torch_max_reserved_mb" in c else "")
+        lines.append(f"| {name} | {_ms(c['median_ms'])} | {_ms(c['min_ms'])} – {_ms(c['max_ms'])} | "
+                     f"{_mb(c.get('peak_gpu_mb'))} | {torch_mem} | {c['peak_rss_mb']:.0f} | {_plan(c)} | "
+                     f"{c['first_step_s']:.1f} | {_nvidia(c, name.startswith('mica'))} | {_verdict(c)} |")
+    lines += _failure_rows(res, 8)
+    unknown = sorted({c["peak_gpu_unknown"] for c in res["configs"].values() if c.get("peak_gpu_unknown")})
+    if unknown:
+        lines += ["", f"Peak GPU memory unknown where {'; '.join(unknown)}."]
+    if "fastest_pytorch" in res:
+        lines += ["", f"PyTorch's fastest mode as measured: {res['fastest_pytorch']}."]
     return "\n".join(lines)
 
 
@@ -346,6 +587,8 @@ def charts(res, runs, out):
     except ImportError:
         return
     names = list(res["configs"])
+    if not names:  # every configuration failed: the table says why, there is nothing to draw
+        return
     med = [res["configs"][n]["median_ms"] for n in names]
     lo = [res["configs"][n]["median_ms"] - res["configs"][n]["min_ms"] for n in names]
     hi = [res["configs"][n]["max_ms"] - res["configs"][n]["median_ms"] for n in names]

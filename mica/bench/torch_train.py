@@ -26,12 +26,18 @@ def get_lr(cfg, it):
     return cosine_with_warmup(it, cfg["learning_rate"], cfg["warmup_iters"], cfg["lr_decay_iters"], cfg["min_lr"])
 
 
-def train_losses(cfg, vocab_size, weights, tokens, offsets, iters, threads=None):
+def train_losses(cfg, vocab_size, weights, tokens, offsets, iters, threads=None, device="cpu"):
     """Losses of iterations 0..iters (nanoGPT logs iterations 0..max_iters) on batches whose rows
-    start at `offsets` (consumed in order, batch_size * accumulation per iteration)."""
+    start at `offsets` (consumed in order, batch_size * accumulation per iteration). On
+    device="cuda": on the first GPU, float32 with TF32 off."""
     if threads:
         torch.set_num_threads(threads)
     model = TorchGPT(model_config(cfg, vocab_size)).load_arrays(weights)
+    if device != "cpu":
+        from .torch_runner import precision
+
+        precision(torch, False)
+        model = model.to(device)
     model.train()
     opt = model.nanogpt_optimizer(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]))
     B, T, accum = cfg["batch_size"], cfg["block_size"], cfg["gradient_accumulation_steps"]
@@ -45,7 +51,7 @@ def train_losses(cfg, vocab_size, weights, tokens, offsets, iters, threads=None)
             rows = [offsets.pop(0) for _ in range(B)]
             x = torch.stack([data[o:o + T] for o in rows])
             y = torch.stack([data[o + 1:o + 1 + T] for o in rows])
-            _, loss = model(x, y)
+            _, loss = model(x.to(device), y.to(device))
             loss = loss / accum
             loss.backward()
         if cfg["grad_clip"] != 0.0:
