@@ -175,6 +175,172 @@ def test_an_index_out_of_range_is_a_sentence_on_the_device():
     assert np.isfinite(exe(wte, w, b, idx, targets)["loss"])
 
 
+# ---- the cooperative row kernels: 8 threads per row, the CPU's bits at every width -----------------
+THREADS = (32, 256, 1024)
+WIDTHS = (1, 7, 8, 9, 8191, 8192, 8193, 20000)  # around the sums' 8 lanes and their blocks of 8192
+
+
+def _builds(program, threads=THREADS):
+    """The CPU target's executable and the simulator's for each threads_per_block, built at once."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1 + len(threads)) as pool:
+        cpu = pool.submit(lambda: program.lower("cpu").build())
+        sims = [pool.submit(lambda t=t: program.lower("cuda", simulate=True, threads_per_block=t).build())
+                for t in threads]
+        return cpu.result(), [f.result() for f in sims]
+
+
+def _same_bits(a, b):
+    from mica.pytree import flatten
+
+    fa, fb = flatten(a)[0], flatten(b)[0]
+    return len(fa) == len(fb) and all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(fa, fb))
+
+
+def every_row_kernel(rows, dtype, widths=WIDTHS):
+    """For each width n: layer norm (weight and bias), RMS norm (weight), softmax, log-softmax and
+    cross-entropy (per row, one target ignored) of [rows, n] inputs, and the gradients of their
+    inputs and weights (the row backward kernels and the norms' column sums)."""
+    F = mica.nn.functional
+    T = mica.f32 if dtype == np.float32 else mica.f64
+
+    def step(inputs):
+        out = {}
+        for n in widths:
+            x1, x2, x3, x4, x5, w1, b1, w2, t, g, gl = inputs[f"n{n}"]
+            ln, rms = F.layer_norm(x1, (n,), w1, b1), F.rms_norm(x2, (n,), w2)
+            sm, lsm = mica.softmax(x3, dim=-1), mica.log_softmax(x4, dim=-1)
+            ce = F.cross_entropy(x5, t, reduction="none")
+            loss = (ln * g).sum() + (rms * g).sum() + (sm * g).sum() + (lsm * g).sum() + (ce * gl).sum()
+            grads = mica.grad(loss, [x1, x2, x3, x4, x5, w1, b1, w2])
+            out[f"n{n}"] = dict(ln=ln, rms=rms, sm=sm, lsm=lsm, ce=ce,
+                                **dict(zip(("dx1", "dx2", "dx3", "dx4", "dx5", "dw1", "db1", "dw2"), grads)))
+        return out
+
+    specs = {f"n{n}": (*[T[rows, n]] * 5, T[n], T[n], T[n], mica.i64[rows], T[rows, n], T[rows]) for n in widths}
+    return mica.trace(step, specs)
+
+
+def every_row_kernel_data(rows, dtype, widths=WIDTHS, seed=0):
+    rng = np.random.default_rng(seed)
+    data = {}
+    for n in widths:
+        xs = [(rng.standard_normal((rows, n)) * scale + shift).astype(dtype)
+              for scale, shift in ((1, 0.5), (2, 0), (3, 0), (3, -1), (4, 0))]
+        ws = [rng.standard_normal(n).astype(dtype) for _ in range(3)]
+        t = rng.integers(0, n, rows)
+        t[1 % rows] = -100 if rows > 1 else t[0]  # an ignored target
+        data[f"n{n}"] = (*xs, *ws, t, rng.standard_normal((rows, n)).astype(dtype),
+                         rng.standard_normal(rows).astype(dtype))
+    return data
+
+
+@needs_simulator
+@pytest.mark.parametrize("rows", [1, 37])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_row_kernel_gives_the_cpu_targets_bits_at_every_width(rows, dtype):
+    """Rows of 1, 7, 8, 9, 8191, 8192, 8193 and 20000 elements, one row or many (more than a block
+    of 32 threads holds), float32 and float64: the simulator's bits are the CPU target's for 32,
+    256 and 1024 threads per block."""
+    program = every_row_kernel(rows, dtype)
+    args = every_row_kernel_data(rows, dtype)
+    cpu_exe, sims = _builds(program)
+    cpu = cpu_exe(args, threads=2)
+    for threads, exe in zip(THREADS, sims):
+        got = exe(args)
+        for n in WIDTHS:
+            for k, want in cpu[f"n{n}"].items():
+                assert np.asarray(got[f"n{n}"][k]).tobytes() == np.asarray(want).tobytes(), (threads, n, k)
+    oracle = mica.reference.run(program, args)
+    for n in WIDTHS[1:]:  # (a norm's gradient over one element is all cancellation)
+        for k in cpu[f"n{n}"]:
+            assert rel_err(cpu[f"n{n}"][k], oracle[f"n{n}"][k]) < (1e-4 if dtype == np.float32 else 1e-11), (n, k)
+
+
+@needs_simulator
+def test_the_row_kernels_keep_their_bits_when_the_grid_strides():
+    """300000 rows need 2.4 million threads: with 32 threads per block that is more than
+    mica_blocks' 65535 blocks, so every group of 8 also takes rows further on."""
+    F = mica.nn.functional
+    rows = 300000
+
+    def step(x, w, b, g):
+        y = F.layer_norm(x, (1,), w, b) + mica.softmax(x, dim=-1) + F.rms_norm(x, (1,), w)
+        dx, dw, db = mica.grad((y * g).sum(), [x, w, b])
+        return {"y": y, "dx": dx, "dw": dw, "db": db}
+
+    program = mica.trace(step, mica.f32[rows, 1], mica.f32[1], mica.f32[1], mica.f32[rows, 1])
+    assert "mica_blocks(2400000)" in program.lower("cuda").source
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((rows, 1), (1,), (1,), (rows, 1))]
+    cpu_exe, (sim,) = _builds(program, threads=(32,))
+    assert _same_bits(sim(*args), cpu_exe(*args, threads=2))
+
+
+@needs_simulator
+def test_embedding_and_its_backward_give_the_cpu_targets_bits():
+    """Tables of 1, 7, 9 and 40 columns; positions that repeat a row (its gradients summed in
+    position order), rows no position names (zero gradients), several vocabulary rows per block."""
+    F = mica.nn.functional
+    dims, V, count = (1, 7, 9, 40), 50, (6, 53)
+
+    def step(idx, tables, grads):
+        out = {}
+        for D, w, g in zip(dims, tables, grads):
+            y = F.embedding(idx, w)
+            out[f"y{D}"], out[f"dw{D}"] = y, mica.grad((y * g).sum(), w)
+        return out
+
+    program = mica.trace(step, mica.i64[count], tuple(mica.f32[V, D] for D in dims),
+                         tuple(mica.f32[(*count, D)] for D in dims))
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, V - 10, count)  # the last 10 rows are never named
+    idx[0, :9] = 3
+    args = (idx, tuple(rng.standard_normal((V, D)).astype(np.float32) for D in dims),
+            tuple(rng.standard_normal((*count, D)).astype(np.float32) for D in dims))
+    cpu_exe, sims = _builds(program)
+    cpu = cpu_exe(*args, threads=2)
+    for threads, exe in zip(THREADS, sims):
+        assert _same_bits(exe(*args), cpu), threads
+    assert not cpu["dw40"][V - 10:].any() and cpu["dw9"][3].any()
+
+
+@needs_simulator
+def test_the_cooperative_sum_and_max_give_the_sequential_bits(tmp_path):
+    """mica_cuda_kernels.h's helpers against mica_sum, MICA_SUM_EXPR and mica_row_max on their own
+    (tests/cudasim/coop_rows.cu): random magnitudes, NaNs with different payloads, signed zeros and
+    tied maxima, infinities, widths 0..20000; 32, 256 and 1024 threads per block, and once under
+    AddressSanitizer."""
+    import concurrent.futures
+
+    from mica.backends.cuda import build
+
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cudasim", "coop_rows.cu")
+    builds = [(t, False) for t in THREADS] + [(256, True)]
+
+    def compile_one(threads, sanitize):
+        exe = str(tmp_path / f"coop_rows_{threads}{'_asan' if sanitize else ''}")
+        cmd = build.simulator_command(src, exe, threads_per_block=threads, sanitize=sanitize, shared=False)
+        cmd = [c for c in cmd if c != "-c"] + ["-lboost_context", "-lpthread"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return exe
+
+    with concurrent.futures.ThreadPoolExecutor(len(builds)) as pool:
+        exes = list(pool.map(lambda b: compile_one(*b), builds))
+    for (threads, sanitize), exe in zip(builds, exes):
+        r = subprocess.run([exe], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, MICA_CUDASIM_THREADS="2", ASAN_OPTIONS="detect_leaks=1"))
+        assert r.returncode == 0 and r.stderr == "", (threads, sanitize, r.stdout, r.stderr)
+        assert r.stdout.split("\n")[:2] == ["f32 720 same bits", "f64 720 same bits"], r.stdout
+
+
+def test_a_block_size_that_splits_a_row_group_is_a_sentence():
+    with pytest.raises(MicaError, match="threads_per_block must be a multiple of 8 from 8 to 1024"):
+        row_kernels().lower("cuda", simulate=True, threads_per_block=100)
+
+
 def attention_step(causal, dropout_p, q=(3, 2, 5, 8), k=None, v=None):
     """Attention's forward and the gradients of q, k and v (against a random output gradient)."""
     F = mica.nn.functional
@@ -203,6 +369,20 @@ def test_attention_in_the_simulator_matches_the_oracle(causal, dropout_p, q, k, 
     want = mica.reference.run(program, *args, seed=4)
     for key in got:
         assert rel_err(got[key], want[key]) < 1e-5, key
+
+
+@needs_simulator
+def test_attention_rows_keep_their_bits_for_any_launch_configuration():
+    """Causal rows of 1..20 keys (past the sums' 8 lanes) with dropout, 32, 256 and 1024 threads per
+    block: the same bits, and the oracle's values."""
+    program, shapes = attention_step(True, 0.1, (2, 3, 20, 8))
+    args = data(shapes, seed=6)
+    _, sims = _builds(program)
+    runs = [exe(*args, seed=2) for exe in sims]
+    assert all(_same_bits(r, runs[0]) for r in runs[1:])
+    want = mica.reference.run(program, *args, seed=2)
+    for key in runs[0]:
+        assert rel_err(runs[0][key], want[key]) < 1e-5, key
 
 
 @needs_simulator
@@ -253,10 +433,12 @@ def test_the_gpt_step_has_the_same_bits_twice_and_for_any_launch_configuration(g
 @needs_nvcc
 def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tmp_path, gpt_step):
     """The GPT training step (loops, reductions, row kernels, attention, products) and the other row
-    kernels, for sm_80..sm_120 plus PTX; ptxas reports no register spills in any of Mica's kernels."""
+    kernels (in float32 and float64), for sm_80..sm_120 plus PTX; ptxas reports no register spills
+    in any of Mica's kernels."""
     from mica.backends.cuda import build
 
-    for name, program in (("gpt", gpt_step[0]), ("rows", row_kernels())):
+    for name, program in (("gpt", gpt_step[0]), ("rows", row_kernels()),
+                          ("rows64", every_row_kernel(4, np.float64, widths=(24,)))):
         src = tmp_path / f"{name}.cu"
         src.write_text(program.lower("cuda").source)
         obj = tmp_path / f"{name}.o"

@@ -1,10 +1,35 @@
 /* One row of each row-wise primitive, written once for every target: the CPU's kernels run them
- * over rows with OpenMP, the CUDA kernels one thread per row; the arithmetic and its order are
- * these lines on both, so both give the same bits (the canonical sums of mica_math.h, the rest in
- * increasing index). Rows of n elements; the norms' statistics are per row. */
+ * over rows with OpenMP, a thread per row; the CUDA kernels run each row on a group of
+ * MICA_ROW_GROUP = 8 threads that share a warp. The arithmetic and its order are these lines on
+ * both, so both give the same bits (the canonical sums of mica_math.h, the rest in increasing
+ * index). Rows of n elements; the norms' statistics are per row.
+ *
+ * The rows are written against these names, sequential here unless the includer defines
+ * MICA_ROW_GROUP first (mica_cuda_kernels.h does, with the cooperative versions):
+ *   MICA_ROW_FN                         a row function's qualifiers
+ *   MICA_ROW_FOR(j, lo, hi)             this thread's share of [lo, hi), increasing: the j with
+ *                                       j % MICA_ROW_GROUP == its lane (all of them for one thread)
+ *   MICA_ROW_OWNS(j), MICA_ROW_LEAD     whether this thread owns element j; writes the row's scalars
+ *   MICA_ROW_SUM(S, x, n)               the canonical sum of x[0, n), in every thread of the group
+ *   MICA_ROW_SUM_EXPR(T, S, n, r, EXPR) r = the canonical sum of EXPR over j in [0, n)
+ *   MICA_ROW_MAX(S, x, n)               mica_row_max's element: the first NaN, else the last largest
+ * A thread reads back only elements it owns (the canonical sum's lane l is the j with j % 8 == l,
+ * blocks being multiples of 8 long), so a row needs no barrier: its threads meet only inside the
+ * sums' and the max's exchanges. */
 #ifndef MICA_ROWS_H
 #define MICA_ROWS_H
 #include "mica_math.h"
+
+#ifndef MICA_ROW_GROUP
+#define MICA_ROW_GROUP 1
+#define MICA_ROW_FN static inline MICA_HD
+#define MICA_ROW_FOR(j, lo, hi) for (int64_t j = (lo); j < (hi); j++)
+#define MICA_ROW_OWNS(j) 1
+#define MICA_ROW_LEAD 1
+#define MICA_ROW_SUM(S, x, n) mica_sum_##S(x, n)
+#define MICA_ROW_SUM_EXPR(T, S, n, result, EXPR) MICA_SUM_EXPR(T, n, result, EXPR)
+#define MICA_ROW_MAX(S, x, n) mica_row_max_##S(x, n)
+#endif
 
 #define MICA_DEFINE_ROWS(T, S)                                                                     \
 static inline MICA_HD T mica_row_max_##S(const T *x, int64_t n) {                                  \
@@ -12,76 +37,75 @@ static inline MICA_HD T mica_row_max_##S(const T *x, int64_t n) {               
     for (int64_t j = 1; j < n; j++) m = mica_max_##S(m, x[j]);                                     \
     return m;                                                                                      \
 }                                                                                                  \
-static inline MICA_HD void mica_layer_norm_row_##S(const T *xr, const T *w, const T *b, T *yr,     \
-                                                   T *mean, T *rstd, int64_t n, T eps) {           \
-    T mu = mica_sum_##S(xr, n) / (T)n, var;                                                        \
-    MICA_SUM_EXPR(T, n, var, (xr[j] - mu) * (xr[j] - mu));                                         \
+MICA_ROW_FN void mica_layer_norm_row_##S(const T *xr, const T *w, const T *b, T *yr, T *mean,      \
+                                         T *rstd, int64_t n, T eps) {                              \
+    T mu = MICA_ROW_SUM(S, xr, n) / (T)n, var;                                                     \
+    MICA_ROW_SUM_EXPR(T, S, n, var, (xr[j] - mu) * (xr[j] - mu));                                  \
     T rs = (T)1 / mica_sqrt_##S(var / (T)n + eps);                                                 \
-    for (int64_t j = 0; j < n; j++) {                                                              \
+    MICA_ROW_FOR(j, 0, n) {                                                                        \
         T v = (xr[j] - mu) * rs;                                                                   \
         if (w) v = v * w[j];                                                                       \
         if (b) v = v + b[j];                                                                       \
         yr[j] = v;                                                                                 \
     }                                                                                              \
-    *mean = mu;                                                                                    \
-    *rstd = rs;                                                                                    \
+    if (MICA_ROW_LEAD) {                                                                           \
+        *mean = mu;                                                                                \
+        *rstd = rs;                                                                                \
+    }                                                                                              \
 }                                                                                                  \
-static inline MICA_HD void mica_layer_norm_backward_row_##S(const T *gr, const T *xr, const T *w,  \
-                                                            T mu, T rs, T *dr, int64_t n) {        \
-    for (int64_t j = 0; j < n; j++) dr[j] = w ? gr[j] * w[j] : gr[j];                              \
-    T a = mica_sum_##S(dr, n) / (T)n, c;                                                           \
-    MICA_SUM_EXPR(T, n, c, dr[j] * ((xr[j] - mu) * rs));                                           \
+MICA_ROW_FN void mica_layer_norm_backward_row_##S(const T *gr, const T *xr, const T *w, T mu, T rs, \
+                                                  T *dr, int64_t n) {                              \
+    MICA_ROW_FOR(j, 0, n) dr[j] = w ? gr[j] * w[j] : gr[j];                                        \
+    T a = MICA_ROW_SUM(S, dr, n) / (T)n, c;                                                        \
+    MICA_ROW_SUM_EXPR(T, S, n, c, dr[j] * ((xr[j] - mu) * rs));                                    \
     c = c / (T)n;                                                                                  \
-    for (int64_t j = 0; j < n; j++) {                                                              \
+    MICA_ROW_FOR(j, 0, n) {                                                                        \
         T xh = (xr[j] - mu) * rs;                                                                  \
         dr[j] = rs * ((dr[j] - a) - xh * c);                                                       \
     }                                                                                              \
 }                                                                                                  \
-static inline MICA_HD void mica_rms_norm_row_##S(const T *xr, const T *w, T *yr, T *rstd,          \
-                                                 int64_t n, T eps) {                               \
+MICA_ROW_FN void mica_rms_norm_row_##S(const T *xr, const T *w, T *yr, T *rstd, int64_t n, T eps) { \
     T ms;                                                                                          \
-    MICA_SUM_EXPR(T, n, ms, xr[j] * xr[j]);                                                        \
+    MICA_ROW_SUM_EXPR(T, S, n, ms, xr[j] * xr[j]);                                                 \
     T rs = (T)1 / mica_sqrt_##S(ms / (T)n + eps);                                                  \
-    for (int64_t j = 0; j < n; j++) yr[j] = w ? (xr[j] * rs) * w[j] : xr[j] * rs;                  \
-    *rstd = rs;                                                                                    \
+    MICA_ROW_FOR(j, 0, n) yr[j] = w ? (xr[j] * rs) * w[j] : xr[j] * rs;                            \
+    if (MICA_ROW_LEAD) *rstd = rs;                                                                 \
 }                                                                                                  \
-static inline MICA_HD void mica_rms_norm_backward_row_##S(const T *gr, const T *xr, const T *w,    \
-                                                          T rs, T *dr, int64_t n) {                \
-    for (int64_t j = 0; j < n; j++) { T gx = w ? gr[j] * w[j] : gr[j]; dr[j] = gx * (xr[j] * rs); } \
-    T c = mica_sum_##S(dr, n) / (T)n;                                                              \
-    for (int64_t j = 0; j < n; j++) {                                                              \
+MICA_ROW_FN void mica_rms_norm_backward_row_##S(const T *gr, const T *xr, const T *w, T rs, T *dr, \
+                                                int64_t n) {                                       \
+    MICA_ROW_FOR(j, 0, n) { T gx = w ? gr[j] * w[j] : gr[j]; dr[j] = gx * (xr[j] * rs); }          \
+    T c = MICA_ROW_SUM(S, dr, n) / (T)n;                                                           \
+    MICA_ROW_FOR(j, 0, n) {                                                                        \
         T gx = w ? gr[j] * w[j] : gr[j];                                                           \
         dr[j] = rs * (gx - (xr[j] * rs) * c);                                                      \
     }                                                                                              \
 }                                                                                                  \
-static inline MICA_HD void mica_softmax_row_##S(const T *xr, T *yr, int64_t n) {                   \
-    T m = mica_row_max_##S(xr, n);                                                                 \
-    for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                               \
-    T s = mica_sum_##S(yr, n);                                                                     \
-    for (int64_t j = 0; j < n; j++) yr[j] = yr[j] / s;                                             \
+MICA_ROW_FN void mica_softmax_row_##S(const T *xr, T *yr, int64_t n) {                             \
+    T m = MICA_ROW_MAX(S, xr, n);                                                                  \
+    MICA_ROW_FOR(j, 0, n) yr[j] = mica_exp_##S(xr[j] - m);                                         \
+    T s = MICA_ROW_SUM(S, yr, n);                                                                  \
+    MICA_ROW_FOR(j, 0, n) yr[j] = yr[j] / s;                                                       \
 }                                                                                                  \
-static inline MICA_HD void mica_softmax_backward_row_##S(const T *gr, const T *yr, T *dr,          \
-                                                         int64_t n) {                              \
-    for (int64_t j = 0; j < n; j++) dr[j] = gr[j] * yr[j];                                         \
-    T dot = mica_sum_##S(dr, n);                                                                   \
-    for (int64_t j = 0; j < n; j++) dr[j] = yr[j] * (gr[j] - dot);                                 \
+MICA_ROW_FN void mica_softmax_backward_row_##S(const T *gr, const T *yr, T *dr, int64_t n) {       \
+    MICA_ROW_FOR(j, 0, n) dr[j] = gr[j] * yr[j];                                                   \
+    T dot = MICA_ROW_SUM(S, dr, n);                                                                \
+    MICA_ROW_FOR(j, 0, n) dr[j] = yr[j] * (gr[j] - dot);                                           \
 }                                                                                                  \
-static inline MICA_HD void mica_log_softmax_row_##S(const T *xr, T *yr, int64_t n) {               \
-    T m = mica_row_max_##S(xr, n);                                                                 \
-    for (int64_t j = 0; j < n; j++) yr[j] = mica_exp_##S(xr[j] - m);                               \
-    T lse = mica_log_##S(mica_sum_##S(yr, n));                                                     \
-    for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) - lse;                                     \
+MICA_ROW_FN void mica_log_softmax_row_##S(const T *xr, T *yr, int64_t n) {                         \
+    T m = MICA_ROW_MAX(S, xr, n);                                                                  \
+    MICA_ROW_FOR(j, 0, n) yr[j] = mica_exp_##S(xr[j] - m);                                         \
+    T lse = mica_log_##S(MICA_ROW_SUM(S, yr, n));                                                  \
+    MICA_ROW_FOR(j, 0, n) yr[j] = (xr[j] - m) - lse;                                               \
 }                                                                                                  \
-static inline MICA_HD void mica_log_softmax_backward_row_##S(const T *gr, const T *yr, T *dr,      \
-                                                             int64_t n) {                          \
-    T s = mica_sum_##S(gr, n);                                                                     \
-    for (int64_t j = 0; j < n; j++) dr[j] = gr[j] - mica_exp_##S(yr[j]) * s;                       \
+MICA_ROW_FN void mica_log_softmax_backward_row_##S(const T *gr, const T *yr, T *dr, int64_t n) {   \
+    T s = MICA_ROW_SUM(S, gr, n);                                                                  \
+    MICA_ROW_FOR(j, 0, n) dr[j] = gr[j] - mica_exp_##S(yr[j]) * s;                                 \
 }                                                                                                  \
-static inline MICA_HD void mica_cross_entropy_backward_row_##S(T g, const T *xr, int64_t k, T l,   \
-                                                               T *dr, int64_t n, int64_t ignore) { \
+MICA_ROW_FN void mica_cross_entropy_backward_row_##S(T g, const T *xr, int64_t k, T l, T *dr,      \
+                                                     int64_t n, int64_t ignore) {                  \
     T gr = k == ignore ? (T)0 : g;                                                                 \
-    for (int64_t j = 0; j < n; j++) dr[j] = mica_exp_##S(xr[j] - l) * gr;                          \
-    if (k != ignore && k >= 0 && k < n) dr[k] = (mica_exp_##S(xr[k] - l) - (T)1) * gr;             \
+    MICA_ROW_FOR(j, 0, n) dr[j] = mica_exp_##S(xr[j] - l) * gr;                                    \
+    if (k != ignore && k >= 0 && k < n && MICA_ROW_OWNS(k)) dr[k] = (mica_exp_##S(xr[k] - l) - (T)1) * gr; \
 }
 
 MICA_DEFINE_ROWS(float, f32)
@@ -112,32 +136,32 @@ static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64
  * the scores (scaled), di the output gradient's product with V; they become the dropped
  * probabilities (for dV) and dS (for dQ and dK). */
 #define MICA_DEFINE_ATTENTION_ROWS(T, S_)                                                           \
-static inline MICA_HD void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i,  \
-                                                  T *pi, int64_t n, T *lse) {                      \
+MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i, T *pi,    \
+                                         int64_t n, T *lse) {                                      \
     const int64_t m_ = mica_attn_row_keys(a, i);                                                   \
     const T keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                                          \
-    T m = mica_row_max_##S_(pi, m_);                                                                \
-    for (int64_t j = 0; j < m_; j++) pi[j] = mica_exp_##S_(pi[j] - m);                              \
-    T l = mica_sum_##S_(pi, m_);                                                                    \
-    *lse = m + mica_log_##S_(l);                                                                    \
-    for (int64_t j = 0; j < m_; j++) pi[j] = pi[j] / l;                                            \
-    for (int64_t j = m_; j < n; j++) pi[j] = (T)0;                                                 \
+    T m = MICA_ROW_MAX(S_, pi, m_);                                                                \
+    MICA_ROW_FOR(j, 0, m_) pi[j] = mica_exp_##S_(pi[j] - m);                                       \
+    T l = MICA_ROW_SUM(S_, pi, m_);                                                                \
+    if (MICA_ROW_LEAD) *lse = m + mica_log_##S_(l);                                                \
+    MICA_ROW_FOR(j, 0, m_) pi[j] = pi[j] / l;                                                      \
+    MICA_ROW_FOR(j, m_, n) pi[j] = (T)0;                                                           \
     if (a->dropout_p > 0) {                                                                        \
         uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
-        for (int64_t j = 0; j < m_; j++)                                                           \
+        MICA_ROW_FOR(j, 0, m_)                                                                     \
             pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : (T)0; \
     }                                                                                              \
 }                                                                                                  \
-static inline MICA_HD void mica_attention_backward_row_##S_(const mica_attn_shape *a, int64_t bh,   \
-                                                           int64_t i, T *pi, T *di, int64_t n,     \
-                                                           T li, const T *gi, const T *oi) {       \
+MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i,  \
+                                                  T *pi, T *di, int64_t n, T li, const T *gi,      \
+                                                  const T *oi) {                                   \
     const int64_t m_ = mica_attn_row_keys(a, i);                                                   \
     const T scale = (T)a->scale, keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                     \
-    T D = (T)0;                                                                                    \
+    T D = (T)0; /* (every thread of a group computes it) */                                        \
     for (int64_t e = 0; e < a->Ev; e++) D = D + gi[e] * oi[e];                                     \
     if (a->dropout_p > 0) {                                                                        \
         uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
-        for (int64_t j = 0; j < m_; j++) {                                                         \
+        MICA_ROW_FOR(j, 0, m_) {                                                                   \
             T pj = mica_exp_##S_(pi[j] - li), dpj = di[j];                                          \
             int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);                       \
             dpj = kept ? dpj * keep_scale : (T)0;                                                  \
@@ -145,13 +169,13 @@ static inline MICA_HD void mica_attention_backward_row_##S_(const mica_attn_shap
             di[j] = (pj * (dpj - D)) * scale;                                                      \
         }                                                                                          \
     } else { /* the common case, kept apart so it vectorizes */                                    \
-        for (int64_t j = 0; j < m_; j++) {                                                         \
+        MICA_ROW_FOR(j, 0, m_) {                                                                   \
             T pj = mica_exp_##S_(pi[j] - li);                                                       \
             di[j] = (pj * (di[j] - D)) * scale;                                                    \
             pi[j] = pj;                                                                            \
         }                                                                                          \
     }                                                                                              \
-    for (int64_t j = m_; j < n; j++) { pi[j] = (T)0; di[j] = (T)0; }                               \
+    MICA_ROW_FOR(j, m_, n) { pi[j] = (T)0; di[j] = (T)0; }                                         \
 }
 
 MICA_DEFINE_ATTENTION_ROWS(float, f32)

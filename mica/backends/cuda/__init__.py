@@ -6,7 +6,7 @@
                 reductions in the canonical order, copies, products as host calls
 - lowerings.py  the kernel primitives' lowerings (the row kernels; attention not yet)
 - mica_cuda.h, mica_cuda_kernels.h   the runtime of a generated program: launches, errors, the
-                cuBLASLt product wrapper; the row kernels
+                cuBLASLt product wrapper; the row kernels (8 cooperating threads per row)
 - build.py      nvcc (a fatbin for sm_80/86/89/90/120 + PTX, --fmad=false) or g++ with the simulator
 - mica_cudasim.h  the CPU simulator that lets g++ compile and run the very CUDA C source nvcc builds
                 (each CUDA thread a fiber, a block's fibers on one OS thread, checked barriers and

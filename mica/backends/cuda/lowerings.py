@@ -1,6 +1,7 @@
 """The CUDA target's lowering of each kernel primitive (platform "cuda"). Its row kernels
 (mica_cuda_kernels.h) take the CPU kernels' arguments, so the C target's rule writes the call for
-both; what differs is only the routine behind the name (a grid-stride __device__ routine here).
+both; what differs is only the routine behind the name (a __device__ routine here, each row on a
+group of 8 threads; `threads` sizes its launch).
 Attention is a host lowering: its statements run on the host and launch products and row kernels
 (mica_cuda_attention.h), with the [B, H, L, S] scores as scratch.
 """
@@ -18,6 +19,23 @@ ROW_KERNELS = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backwa
 
 for _op in ROW_KERNELS:
     register_lowering(_op, "cuda", lowering_of(_op, "c").rule)
+
+ROW_GROUP = 8  # threads per row (mica_cuda_kernels.h's MICA_ROW_GROUP: one per lane of the canonical sum)
+
+
+def threads(kernel):
+    """The threads a row kernel's launch asks for (grid-stride loops take any rest): a group of
+    ROW_GROUP per row, and per column where the norms' weight gradients sum columns; embedding a
+    thread per output element, its backward a group per vocabulary row."""
+    if kernel.op == "embedding":
+        return max(kernel.outputs[0].numel, 1)
+    if kernel.op == "embedding_backward":
+        return max(ROW_GROUP * kernel.outputs[0].shape[0], 1)
+    x = kernel.inputs[1] if kernel.op.endswith("_backward") else kernel.inputs[0]  # the [rows, n] input
+    ndims = kernel.attrs.get("ndims", 1)
+    rows, n = math.prod(x.shape[:len(x.shape) - ndims]), math.prod(x.shape[len(x.shape) - ndims:])
+    columns = n if kernel.op in ("layer_norm_backward", "rms_norm_backward") else 0
+    return max(ROW_GROUP * max(rows, columns), 1)
 
 
 def _scores(kernel):

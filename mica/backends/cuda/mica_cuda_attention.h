@@ -1,7 +1,7 @@
 /* Attention on the card, as host functions that launch its parts on the program's stream:
  *
  *   forward   P = scale Q K^T (a product), the softmax rows (Mica's kernel: the CPU's very row
- *             function, mica_attention_row_f32, one thread per query row), O = P V (a product);
+ *             function, mica_attention_row_f32, 8 threads per query row), O = P V (a product);
  *   backward  P = scale Q K^T and dP = G V^T (products), the backward rows (mica_rows.h's row: P
  *             becomes the dropped probabilities, dP becomes dS), dV = P^T G, dK = dS^T Q and
  *             dQ = dS K (products).
@@ -18,12 +18,12 @@
 
 #define MICA_DEFINE_CUDA_ATTENTION(T, S_)                                                          \
 static __global__ void mica_attention_rows_##S_(mica_attn_shape a, T *P, T *lse) {                  \
-    MICA_GRID_STRIDE(r, a.B * a.H * a.L) mica_attention_row_##S_(&a, r / a.L, r % a.L, P + r * a.S, a.S, lse + r); \
+    MICA_ROW_GROUPS(r, a.B * a.H * a.L) mica_attention_row_##S_(&a, r / a.L, r % a.L, P + r * a.S, a.S, lse + r); \
 }                                                                                                  \
 static __global__ void mica_attention_backward_rows_##S_(mica_attn_shape a, T *P, T *dP, const T *lse, \
                                                          const T *g, int64_t g_sb, int64_t g_sh,   \
                                                          int64_t g_st, const T *o) {               \
-    MICA_GRID_STRIDE(r, a.B * a.H * a.L) {                                                         \
+    MICA_ROW_GROUPS(r, a.B * a.H * a.L) {                                                          \
         int64_t bh = r / a.L, i = r % a.L, b = bh / a.H, h = bh % a.H;                             \
         mica_attention_backward_row_##S_(&a, bh, i, P + r * a.S, dP + r * a.S, a.S, lse[r],        \
                                          g + b * g_sb + h * g_sh + i * g_st,                       \
@@ -57,7 +57,8 @@ static int mica_attention_cuda_##S_(cudaStream_t stream, const mica_attn_shape *
     const op Q = {q, a->q_st, 0, a->q_sb, a->q_sh}, Kt = {k, a->k_st, 1, a->k_sb, a->k_sh};         \
     const op Pm = {P, S, 0, p_sb, p_sh}, V = {v, a->v_st, 0, a->v_sb, a->v_sh};                     \
     if (mica_attn_product_##S_(stream, a, L, S, E, (T)a->scale, Q, Kt, P, S, p_sb, p_sh) != 0) return 1; \
-    MICA_LAUNCH(mica_attention_rows_##S_, mica_blocks(a->B * a->H * L), MICA_THREADS, 0, stream, *a, P, lse); \
+    MICA_LAUNCH(mica_attention_rows_##S_, mica_blocks(MICA_ROW_GROUP * a->B * a->H * L), MICA_THREADS, 0, stream, \
+                *a, P, lse);                                                                       \
     return mica_attn_product_##S_(stream, a, L, Ev, S, (T)1, Pm, V, o, a->o_st, a->o_sb, a->o_sh);   \
 }                                                                                                  \
 static int mica_attention_backward_cuda_##S_(cudaStream_t stream, const mica_attn_shape *a, const T *g, \
@@ -74,8 +75,8 @@ static int mica_attention_backward_cuda_##S_(cudaStream_t stream, const mica_att
     if (mica_attn_product_##S_(stream, a, L, S, E, (T)a->scale, Q, Kt, P, S, p_sb, p_sh) != 0 ||      \
         mica_attn_product_##S_(stream, a, L, S, Ev, (T)1, G, Vt, dP, S, p_sb, p_sh) != 0)             \
         return 1;                                                                                  \
-    MICA_LAUNCH(mica_attention_backward_rows_##S_, mica_blocks(a->B * a->H * L), MICA_THREADS, 0, stream, *a, \
-                P, dP, lse, g, g_sb, g_sh, g_st, o);                                               \
+    MICA_LAUNCH(mica_attention_backward_rows_##S_, mica_blocks(MICA_ROW_GROUP * a->B * a->H * L), MICA_THREADS, 0, \
+                stream, *a, P, dP, lse, g, g_sb, g_sh, g_st, o);                                   \
     return mica_attn_product_##S_(stream, a, S, Ev, L, (T)1, Pt, G, dv, a->dv_st, a->dv_sb, a->dv_sh) != 0 || \
            mica_attn_product_##S_(stream, a, S, E, L, (T)1, dSt, Q, dk, a->dk_st, a->dk_sb, a->dk_sh) != 0 || \
            mica_attn_product_##S_(stream, a, L, E, S, (T)1, dS, K_, dq, a->dq_st, a->dq_sb, a->dq_sh) != 0; \

@@ -287,9 +287,10 @@ class CudaRenderer(CStyleRenderer):
     def _work(kern):
         from ...passes.schedule import Copy, Loop, Reduce
 
-        if isinstance(kern, Call):  # rows (or columns, or vocabulary rows), a thread each
-            shape = kern.outputs[0].shape
-            return max(math.prod(shape[:-1]), shape[-1] if shape else 1, 1)
+        if isinstance(kern, Call):  # rows (or columns, or vocabulary rows), 8 threads each
+            from .lowerings import threads
+
+            return threads(kern)
         if isinstance(kern, Loop):
             return max(math.prod(kern.shape), 1)
         if isinstance(kern, Reduce):

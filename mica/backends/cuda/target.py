@@ -8,6 +8,7 @@ carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel
 lowered under platform "cuda" (lowerings.py: the row kernels; attention not yet, so a program that
 needs it is refused with a sentence naming it).
 """
+from ...errors import MicaError
 from ...targets import Target
 from . import lowerings  # noqa: F401  (registers the CUDA kernels' lowerings)
 
@@ -23,6 +24,10 @@ class CudaTarget(Target):
         super().__init__(opt_level)
         self.simulate = bool(simulate)
         self.tf32 = bool(tf32)
+        if threads_per_block is not None and not (isinstance(threads_per_block, int) and
+                                                  8 <= threads_per_block <= 1024 and threads_per_block % 8 == 0):
+            raise MicaError(f"threads_per_block must be a multiple of 8 from 8 to 1024 (a row kernel's 8 threads "
+                            f"share a warp), not {threads_per_block!r}")
         self.threads_per_block = threads_per_block
 
     def product_epilogue(self, gemm, loop):
