@@ -3,8 +3,9 @@
 # Under 6 minutes; one table printed last. What it checks:
 #   1. nvcc builds the test programs for this card;
 #   2. the CUDA tests for real: Mica's kernels give the CPU target's (= the simulator's) bits on
-#      the card, the MLP step matches the float64 oracle;
-#   3. compute-sanitizer memcheck and racecheck over those programs;
+#      the card, the MLP and GPT steps match the float64 oracle, 20 iterations of the CUDA trainer
+#      give the CPU trainer's losses;
+#   3. compute-sanitizer memcheck and racecheck over those programs and the GPT step;
 #   4. mica check --device=cuda --method b on shakespeare_char (Mica's CUDA trainer against PyTorch
 #      on the card from one start and one batch order, float32, TF32 off), 20 iterations;
 #   5. a short mica bench --device=cuda on shakespeare_char (PyTorch eager, default and
@@ -38,7 +39,8 @@ card=$(head -1 "$out/gpu.txt")
 
 # 1-2. the CUDA tests on the card
 t0=$(date +%s)
-within 200 env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "gpu or nvcc or sentence" \
+within 200 env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_train.py \
+    -k "gpu or nvcc or sentence" \
     > "$out/pytest.txt" 2>&1
 rc=$?
 row "CUDA tests on the card (pytest)" "$(verdict $rc)" "$(tail -1 "$out/pytest.txt") ($(( $(date +%s) - t0 )) s)"
@@ -60,12 +62,16 @@ if command -v compute-sanitizer > /dev/null; then
             > "$out/sanitizer-$tool.txt" 2>&1
 import numpy as np
 import test_cuda as t
+import mica
+from test_cpu_gpt import _setup
 for make, args in ((t.no_products, lambda: t.data(((33, 40), (33, 57)), seed=1)), (t.row_kernels, t.row_data),
                    (t.mlp_step, lambda: t.data(t.SHAPES))):
     make().lower("cuda").build()(*args(), seed=3)
+step, specs, params, state, batch = _setup(dropout=0.1)  # attention, the graph, cuBLASLt's products
+mica.trace(step, *specs).lower("cuda").build()(params, state, *batch, seed=3)
 PYEOF
         rc=$?
-        row "compute-sanitizer $tool (3 programs)" "$(verdict $rc)" \
+        row "compute-sanitizer $tool (4 programs)" "$(verdict $rc)" \
             "$(grep -m1 'ERROR SUMMARY' "$out/sanitizer-$tool.txt" || echo "exit $rc")"
     done
 else

@@ -385,14 +385,6 @@ def test_attention_rows_keep_their_bits_for_any_launch_configuration():
         assert rel_err(runs[0][key], want[key]) < 1e-5, key
 
 
-@needs_simulator
-def test_attention_on_bfloat16_is_a_sentence_on_cuda():
-    F = mica.nn.functional
-    program = mica.trace(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True), mica.bf16[1, 2, 4, 8])
-    with pytest.raises(MicaError, match="scaled_dot_product_attention on bfloat16 is not supported by the CUDA"):
-        program.lower("cuda", simulate=True)
-
-
 @pytest.fixture(scope="module")
 def gpt_step():
     from test_cpu_gpt import _setup
