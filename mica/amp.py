@@ -91,3 +91,91 @@ def _castable(t):
     from .tensor import Tensor
 
     return isinstance(t, Tensor) and t.dtype.kind == "float"
+
+
+class GradScaler:
+    """torch.amp.GradScaler's arithmetic, functional like Mica's optimizers: its state (the scale,
+    float32, and the growth tracker, int32) goes in and out of the traced step.
+
+        state = scaler.init()                                    # outside the trace
+        loss, grads = mica.value_and_grad(lambda p: scaler.scale(f(p), state))(params)
+        grads, found_inf = scaler.unscale(grads, state)          # (then clip the unscaled grads)
+        params, opt_state = scaler.step(found_inf, (params, opt_state), opt.update(params, grads, opt_state))
+        state = scaler.update(state, found_inf)
+
+    The same decisions as GradScaler on the same numbers: the gradients are multiplied by the
+    reciprocal of the scale (computed in float64, rounded to float32) and any non-finite value skips
+    the step (parameters and optimizer state keep their bits) and multiplies the scale by
+    backoff_factor; growth_interval steps in a row without one multiply it by growth_factor."""
+
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 enabled=True):
+        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1 or int(growth_interval) < 1:
+            raise MicaError("GradScaler: init_scale must be > 0, growth_factor > 1, backoff_factor in (0, 1) and "
+                            "growth_interval a positive count")
+        self.init_scale, self.growth_factor = float(init_scale), float(growth_factor)
+        self.backoff_factor, self.growth_interval = float(backoff_factor), int(growth_interval)
+        self.enabled = bool(enabled)
+
+    def init(self):
+        import numpy as np
+
+        return {"scale": np.float32(self.init_scale), "growth_tracker": np.int32(0)}
+
+    def state_specs(self):
+        return {"scale": dtypes.Spec((), dtypes.float32), "growth_tracker": dtypes.Spec((), dtypes.int32)}
+
+    def scale(self, loss, state):
+        return loss * state["scale"] if self.enabled else loss
+
+    def unscale(self, grads, state):
+        """(the gradients times 1/scale, a 0-d bool: did any hold an inf or NaN)."""
+        from . import pytree
+        from . import verbs as F
+        from .tensor import Tensor
+
+        leaves, tree = pytree.flatten(grads, is_leaf=lambda x: isinstance(x, Tensor))
+        if not self.enabled:
+            return grads, F.as_tensor(False)
+        inv = F.to(F.as_tensor(1.0, dtypes.float64) / F.to(state["scale"], dtypes.float64), dtypes.float32)
+        flags = [F.amax(F.to((g - g) != 0, dtypes.float32)) for g in leaves]  # inf - inf and NaN - NaN are NaN
+        found = F.amax(F.stack(flags)) > 0
+        return pytree.unflatten(tree, [g * F.to(inv, g.dtype) for g in leaves]), found
+
+    def step(self, found_inf, old, new):
+        """`new` (the optimizer's result) where the step is taken, else `old`, leaf by leaf."""
+        from . import pytree
+        from . import verbs as F
+        from .tensor import Tensor
+
+        if not self.enabled:
+            return new
+        is_leaf = lambda x: isinstance(x, Tensor)  # noqa: E731
+        a, tree = pytree.flatten(old, is_leaf=is_leaf)
+        b, _ = pytree.flatten(new, is_leaf=is_leaf)
+        chosen = pytree.unflatten(tree, [x if x is y else F.where(found_inf, x, y) for x, y in zip(a, b)])
+        from .tensor import current
+
+        graph = current("GradScaler.step").graph
+        for x, y in zip(a, pytree.flatten(chosen, is_leaf=is_leaf)[0]):  # (the memory plan updates them in place)
+            if is_leaf(x) and is_leaf(y) and x.value.node.op == "input":
+                graph.roles.setdefault(y.value.id, graph.roles.get(x.value.id, "optimizer state"))
+                graph.updates.setdefault(y.value.id, x.value.id)
+        return chosen
+
+    def update(self, state, found_inf):
+        from . import verbs as F
+
+        if not self.enabled:
+            return state
+        scale, tracker = state["scale"], state["growth_tracker"]
+        grown = tracker + 1 == self.growth_interval
+        wider = F.to(F.to(scale, dtypes.float64) * self.growth_factor, dtypes.float32)
+        narrower = F.to(F.to(scale, dtypes.float64) * self.backoff_factor, dtypes.float32)
+        new_scale = F.where(found_inf, narrower, F.where(F.logical_and(grown, (wider - wider) == 0), wider, scale))
+        new_tracker = F.where(F.logical_or(found_inf, grown), F.zeros_like(tracker), tracker + 1)
+        new = {"scale": new_scale, "growth_tracker": new_tracker}
+        from .optim.base import _record_updates
+
+        _record_updates(state, new, "optimizer state")
+        return new

@@ -192,8 +192,68 @@ def test_training_in_bfloat16_resumes_bit_for_bit_and_is_not_float32(work):
     assert bf != f32 and all(abs(bf[i] - f32[i]) < 1e-2 * f32[i] for i in f32)
 
 
-def test_float16_training_is_refused_until_loss_scaling_exists(work):
-    from mica.train import run
+def test_float16_training_keeps_its_loss_scaler_in_the_checkpoint_and_resumes_exactly(work):
+    from mica.train import checkpoint, run
 
-    with pytest.raises(MicaError, match="dtype=float16 needs loss scaling"):
-        run.prepare_run(TINY[0], [*TINY[1:], "--dtype=float16"], log=lambda *a: None)
+    _train([*TINY, "--dtype=float16", "--out_dir=straight"])
+    _train([*TINY, "--dtype=float16", "--out_dir=halves", "--max_iters=4"])
+    mid = checkpoint.SafeTensors("halves/ckpt.safetensors")
+    assert float(mid.read("optimizer.scaler.scale")) == 2.0 ** 16 and int(mid.read("optimizer.scaler.growth_tracker")) == 4
+    _train([*TINY, "--dtype=float16", "--out_dir=halves", "--init_from=resume"])
+    a, b = checkpoint.SafeTensors("straight/ckpt.safetensors"), checkpoint.SafeTensors("halves/ckpt.safetensors")
+    for name in a.names:
+        assert np.array_equal(a.read(name), b.read(name)), name
+    _train([*TINY, "--dtype=bfloat16", "--out_dir=bf16", "--max_iters=4"])
+    with pytest.raises(MicaError, match="holds no loss-scaler state"):
+        run.prepare_run(TINY[0], [*TINY[1:], "--dtype=float16", "--out_dir=bf16", "--init_from=resume"],
+                        log=lambda *a: None)
+
+
+def test_grad_scaler_takes_torchs_decisions_on_the_same_numbers():
+    """float16 autocast with a GradScaler (growth every 3 steps): inputs that grow and shrink make
+    steps overflow (skipped, the scale halved), grow the scale, and overflow twice in a row; every
+    decision, scale and growth tracker is torch.amp.GradScaler's, and a skipped step keeps every bit."""
+    scaler = mica.amp.GradScaler(growth_interval=3)
+    opt = mica.optim.adamw(lr=1e-2, weight_decay=0.0)
+
+    def step(params, opt_state, sc, x):
+        def loss_of(p):
+            with mica.autocast(dtype=mica.float16):
+                y = F.linear(x, p["w"])
+            return (y.float() ** 2).mean()
+
+        loss, grads = mica.value_and_grad(lambda p: scaler.scale(loss_of(p), sc))(params)
+        grads, found = scaler.unscale(grads, sc)
+        new = opt.update(params, grads, opt_state)
+        params, opt_state = scaler.step(found, (params, opt_state), new)
+        return params, opt_state, scaler.update(sc, found), found
+
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((3, 8)).astype(np.float32)
+    spec = {"w": mica.f32[3, 8]}
+    program = mica.trace(step, spec, opt.state_specs(spec), scaler.state_specs(), mica.f32[4, 8])
+    exe = program.lower("cpu").build()
+    mult = [1, 1, 1, 1, 40, 1, 1, 1, 1, 1, 300, 300, 1, 1, 1, 1, 1]
+    xs = [(rng.standard_normal((4, 8)) * m * 0.05).astype(np.float32) for m in mult]
+    params, ostate, sc, ours = {"w": w0}, opt.init({"w": w0}), scaler.init(), []
+    for x in xs:
+        before = params["w"].copy()
+        params, ostate, sc, found = exe(params, ostate, sc, x, threads=1)
+        ours.append((bool(found), float(sc["scale"]), int(sc["growth_tracker"])))
+        if found:
+            assert np.array_equal(params["w"], before)
+    tw = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    topt = torch.optim.AdamW([tw], lr=1e-2, weight_decay=0.0)
+    tscaler, theirs = torch.amp.GradScaler("cpu", growth_interval=3), []
+    for x in xs:
+        topt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            y = torch.nn.functional.linear(torch.from_numpy(x), tw)
+        tscaler.scale((y.float() ** 2).mean()).backward()
+        before = tscaler.get_scale()
+        tscaler.step(topt)
+        tscaler.update()
+        theirs.append((tscaler.get_scale() < before, tscaler.get_scale(), int(tscaler._growth_tracker.item())))
+    assert ours == theirs
+    assert [s for s, _, _ in ours].count(True) == 3 and max(v for _, v, _ in ours) == 2.0 ** 17
+    assert rel_err(params["w"], tw.detach().numpy()) < 1e-6

@@ -104,7 +104,7 @@ DESCRIPTIONS = {
     "min_lr": "the learning rate after lr_decay_iters",
     "backend": "accepted, unused (one process, no DDP)",
     "device": "cpu, or cuda (an NVIDIA GPU; cuda:0 is the same)",
-    "dtype": "float32, or bfloat16: the products and attention in bfloat16 under autocast, as torch.autocast (on a CPU nanoGPT trains float32, so a CPU run does too unless dtype is given); float16 is refused until loss scaling is built",
+    "dtype": "float32, or bfloat16: the products and attention in bfloat16 under autocast, as torch.autocast (on a CPU nanoGPT trains float32, so a CPU run does too unless dtype is given); float16 adds GradScaler's loss scaling, as nanoGPT",
     "compile": "accepted; Mica's step is always compiled",
     "seed": "seeds the initialization, the batches and dropout (any 64-bit int, negative too)",
     "threads": "trainer threads; 0: one per core (results are the same for any count)",
@@ -307,11 +307,9 @@ def check_supported(cfg, log=print):
     notes = []
     if cfg["dtype"] not in ("float32", "bfloat16", "float16"):
         raise MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    if cfg["dtype"] == "float16":
-        raise MicaError("dtype=float16 needs loss scaling (torch.amp.GradScaler's), which Mica's trainer does not do "
-                        "yet; pass --dtype=bfloat16 (no scaling needed) or --dtype=float32")
-    if cfg["dtype"] == "bfloat16" and cfg["device"] == "cpu":
-        notes.append("dtype=bfloat16 on the CPU: Mica trains under bfloat16 autocast (nanoGPT's train.py trains "
+    if cfg["dtype"] != "float32" and cfg["device"] == "cpu":
+        notes.append(f"dtype={cfg['dtype']} on the CPU: Mica trains under {cfg['dtype']} autocast"
+                     f"{' with loss scaling' if cfg['dtype'] == 'float16' else ''} (nanoGPT's train.py trains "
                      "float32 on a CPU whatever dtype says; --dtype=float32 gives its numbers)")
     if cfg["compile"] is False:
         notes.append("compile=False: Mica's step is always compiled")

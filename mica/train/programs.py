@@ -51,16 +51,27 @@ def build(cfg, vocab_size):
         with precision(cfg):
             return forward(params, x, y)
 
+    scaler = mica.amp.GradScaler(enabled=cfg.get("dtype") == "float16")  # (nanoGPT's, for float16 only)
+
     def train(params, opt_state, x, y, iter_num):
         grads, loss = None, None
+        sc = opt_state.get("scaler") if scaler.enabled else None
         for micro in range(accum):
-            loss, g = mica.value_and_grad(lambda p: objective(p, x[micro], y[micro]) / accum)(params)
+            loss, g = mica.value_and_grad(lambda p: objective(p, x[micro], y[micro]) / accum)(params) \
+                if sc is None else _scaled_grad(objective, scaler, sc, params, x[micro], y[micro], accum)
             grads = g if grads is None else {n: grads[n] + g[n] for n in grads}
+        if sc is not None:
+            grads, found_inf = scaler.unscale(grads, sc)
         if cfg["grad_clip"] != 0.0:
             mica.optim.clip_grad_norm(grads, cfg["grad_clip"])
         lr = learning_rate(cfg, iter_num)
-        params, opt_state = opt.update(params, grads, opt_state, lr=lr)
-        return params, opt_state, {"loss": loss * accum, "lr": lr}
+        if sc is None:
+            params, opt_state = opt.update(params, grads, opt_state, lr=lr)
+            return params, opt_state, {"loss": loss * accum, "lr": lr}
+        inner = {k: v for k, v in opt_state.items() if k != "scaler"}
+        new_params, new_inner = opt.update(params, grads, inner, lr=lr)
+        params, inner = scaler.step(found_inf, (params, inner), (new_params, new_inner))
+        return params, {**inner, "scaler": scaler.update(sc, found_inf)}, {"loss": loss * accum, "lr": lr}
 
     def evaluate(params, x, y):
         return objective(params, x, y)
@@ -71,7 +82,10 @@ def build(cfg, vocab_size):
 
     model.train()
     batch = mica.i64[accum, B, T]
-    train_prog = mica.trace(train, specs, opt.state_specs(specs), batch, batch, mica.i64[()], name="train")
+    state_specs = opt.state_specs(specs)
+    if scaler.enabled:
+        state_specs = {**state_specs, "scaler": scaler.state_specs()}
+    train_prog = mica.trace(train, specs, state_specs, batch, batch, mica.i64[()], name="train")
     model.eval()
     eval_prog = mica.trace(evaluate, specs, mica.i64[B, T], mica.i64[B, T], name="eval")
     logits_model = GPT(model_config(cfg, vocab_size))
@@ -83,6 +97,12 @@ def build(cfg, vocab_size):
 
     logits_prog = mica.trace(all_logits, specs, mica.i64[1, T], name="logits")
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
+
+
+def _scaled_grad(objective, scaler, sc, params, x, y, accum):
+    """(the micro-batch's loss / accum, the gradients of its scaled loss): scaler.scale(loss).backward()."""
+    loss, grads = mica.value_and_grad(lambda p: scaler.scale(objective(p, x, y) / accum, sc))(params)
+    return loss / sc["scale"], grads
 
 
 def _all_position_logits(model, idx):

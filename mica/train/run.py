@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 
+from .. import amp as mica_amp
 from ..backends.c import build as cbuild
 from ..data import meta as meta_mod
 from ..data import tokens as tok
@@ -227,7 +228,10 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
     if init == "scratch":
         log("initializing a new model from scratch")
         path = os.path.join(out_dir, "init.safetensors")
-        ckpt.write(path, model.init(cfg["seed"]), {"format": "mica", "config": json.dumps(cfg)})
+        tensors = dict(model.init(cfg["seed"]))
+        if cfg.get("dtype") == "float16":  # the loss scaler starts at its init_scale, not at zero
+            tensors.update({f"optimizer.scaler.{k}": v for k, v in mica_amp.GradScaler().init().items()})
+        ckpt.write(path, tensors, {"format": "mica", "config": json.dumps(cfg)})
         return _loads(path, by_name, settings, params_only=True)
     if init == "resume":
         path = os.path.join(out_dir, "ckpt.safetensors")
@@ -247,6 +251,10 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         except (KeyError, ValueError):
             raise MicaError(f"checkpoint {path} has no readable iter_num / best_val_loss in its metadata; use another "
                             "checkpoint") from None
+        scaler = [n for n in by_name if n.startswith("optimizer.scaler.")]
+        if scaler and not all(n in st.tensors for n in scaler):
+            raise MicaError(f"checkpoint {path} holds no loss-scaler state (it was not trained in float16); resume "
+                            "it with the dtype it was trained in")
         has_state = _check_resume_names(st, by_name, log)
         rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
         if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] != (rows,):
@@ -316,7 +324,7 @@ def _loads(path, by_name, settings, params_only=False, st=None):
     settings["init_file"] = os.path.abspath(path)
     loads, missing, wrong = [], [], []
     for name, (index, shape, dtype) in by_name.items():
-        if params_only and name.startswith("optimizer."):
+        if params_only and name.startswith("optimizer.") and not name.startswith("optimizer.scaler."):
             continue
         key = name
         if key not in st.tensors and name == "transformer.wte.weight" and "lm_head.weight" in st.tensors:
