@@ -257,3 +257,19 @@ def test_grad_scaler_takes_torchs_decisions_on_the_same_numbers():
     assert ours == theirs
     assert [s for s, _, _ in ours].count(True) == 3 and max(v for _, v, _ in ours) == 2.0 ** 17
     assert rel_err(params["w"], tw.detach().numpy()) < 1e-6
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=needs_simulator)])
+def test_muons_bfloat16_newton_schulz_compiles_and_rounds_where_the_oracle_does(target):
+    """The speedrun seed's zeropower_via_newtonschulz5 runs in bf16: every product and every
+    elementwise step rounds to bf16; compiled, it is the oracle's half-rounding mode (their float32
+    sums run in other orders, which the bf16 rounding after each product all but hides)."""
+    from mica.optim import SEED_COEFFICIENTS
+
+    program = mica.trace(lambda g: mica.optim.zeropower_via_newtonschulz(g, SEED_COEFFICIENTS).float(), mica.f32[24, 40])
+    g = np.random.default_rng(0).standard_normal((24, 40)).astype(np.float32)
+    options = {"simulate": True} if target == "cuda" else {}
+    got = program.lower(target, **options).build()(g)
+    want = mica.reference.run(program, g, precision="float32")
+    assert rel_err(got, want) < 1e-6
+    assert 1e-4 < rel_err(got, mica.reference.run(program, g)) < 5e-2  # (bf16, not float64's answer)
