@@ -188,7 +188,7 @@ def cmd_bench(args, extra):
     res = protocol.bench(model=args.model, data_dir=args.data_dir, rounds=args.rounds, warmup=args.warmup,
                          window=args.window, threads=args.threads, opt_levels=args.opt_levels,
                          torch_modes=args.modes, out=args.out, every=args.every, device=args.device, tf32=args.tf32,
-                         simulate=args.simulate)
+                         simulate=args.simulate, dtype=args.dtype)
     print(protocol.table(res))
     print(f"raw numbers: {args.out}/bench-{args.model}.json; charts: {args.out}/steps-{args.model}.png, "
           f"{args.out}/losses-{args.model}.png")
@@ -203,6 +203,9 @@ def cmd_check(args, extra):
     from .bench.protocol import check_device
 
     device = check_device(args.device, simulate=args.simulate, what=f"mica check --method {args.method} --device=cuda")
+    if args.method == "b" and args.dtype != "float32":
+        raise MicaError("method B is float32 by definition (its step-0 losses must agree to 1e-5); use --method a "
+                        f"for {args.dtype}")
     if args.method == "b":
         from .bench.protocol import MODELS
 
@@ -214,7 +217,7 @@ def cmd_check(args, extra):
     else:
         v = check.method_a(args.model, iters=args.iters, eval_every=args.eval_every, eval_batches=args.eval_batches,
                            data_dir=args.data_dir, out_dir=args.out, threads=args.threads, device=device,
-                           simulate=args.simulate)
+                           simulate=args.simulate, dtype=args.dtype)
         worst = max((r["difference"] - r["larger_range"] for r in v["evaluations"] if r["judged"]), default=0)
         print(f"method A: {len(v['seeds'])} seeds a side, {len(v['evaluations'])} evaluations; "
               f"{'PASS' if v['passed'] else 'FAIL'} (largest excess of a median gap over the ranges: {worst:.4f})")
@@ -269,6 +272,9 @@ def parser():
                     "recorded; default windows 100 + 300 steps")
     be.add_argument("--tf32", action="store_true", help="with --device cuda: both sides' products may use TF32 "
                     "(default: float32 throughout on both)")
+    be.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="a half type: both sides under autocast (Mica's --dtype, torch.autocast; float16 with loss "
+                         "scaling on both)")
     be.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
     ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
     ch.add_argument("--method", required=True, choices=["a", "b"])
@@ -281,6 +287,8 @@ def parser():
     ch.add_argument("--out", default=None)
     ch.add_argument("--device", default="cpu", help="cpu, or cuda: Mica's CUDA trainer and PyTorch on the first "
                     "NVIDIA GPU, float32, TF32 off")
+    ch.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="method A in a half type: both sides under autocast (float16 with loss scaling)")
     ch.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
     return p
 

@@ -155,3 +155,24 @@ def test_gpt2_protocol_in_miniature(tmp_path, monkeypatch):
     assert f"| {mica['plan_mb']:.0f} |" in protocol.table(res)
     saved = json.load(open(tmp_path / "b" / "bench-gpt2.json"))
     assert saved["configs"]["mica O2"]["plan_mb"] == mica["plan_mb"]
+
+
+def test_a_half_dtype_goes_to_both_sides(data):
+    """--dtype bfloat16 / float16: Mica's trainer gets --dtype, the PyTorch runner trains under
+    torch.autocast (float16 with a GradScaler), and the table says so."""
+    from mica.bench import protocol
+
+    cmd = protocol._mica_cmd("cpu", "d", "o", 30, 2, 2, dtype="bfloat16")
+    assert "--dtype='bfloat16'" in cmd
+    assert protocol._torch_cmd("cpu", "d", "eager", 30, 2, dtype="float16")[-2:] == ["--dtype", "float16"]
+    assert "--dtype" not in protocol._torch_cmd("cpu", "d", "eager", 30, 2)
+    for dtype in ("bfloat16", "float16"):
+        r = subprocess.run(protocol.torch_runner_cmd({**protocol.MODELS["cpu"], "n_layer": 1, "seed": 1}, str(
+            data / "data" / "shakespeare_char"), "eager", 4, 2, 0, 1, threads=2, dtype=dtype),
+            capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        losses = [float(line.split("loss ")[1].split(",")[0]) for line in r.stdout.splitlines() if line.startswith("iter")]
+        assert len(losses) == 3 and all(3.0 < x < 5.0 for x in losses), r.stdout
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "check", "--method", "b", "--dtype", "bfloat16"], cwd=data,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "method B is float32 by definition" in r.stderr

@@ -215,8 +215,8 @@ def test_a_failed_or_oom_mode_stays_in_the_table_and_the_json(tmp_path, monkeypa
     out = tmp_path / "b"
     res = protocol.bench(model="shakespeare_char", rounds=2, warmup=10, window=10, every=10, out=str(out), threads=1,
                          device="cuda", tf32=True, log=lambda *a: None)
-    assert ("mica", dict(device="cuda", tf32=True, simulate=False)) in calls
-    assert ("eager", dict(device="cuda", tf32=True)) in calls
+    assert ("mica", dict(device="cuda", tf32=True, simulate=False, dtype="float32")) in calls
+    assert ("eager", dict(device="cuda", tf32=True, dtype="float32")) in calls
     saved = json.load(open(out / "bench-shakespeare_char.json"))
     for r in (res, saved):
         assert set(r["failures"]) == {"pytorch default", "pytorch reduce-overhead", "pytorch max-autotune"}

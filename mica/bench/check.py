@@ -124,7 +124,7 @@ STEP = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
 
 def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=range(1337, 1342),
              data_dir="data/shakespeare_char", out_dir="check-a", threads=None, log=print, device="cpu",
-             simulate=False):
+             simulate=False, dtype="float32"):
     """Families of runs: each side trains with every seed; at every evaluation after the first
     quarter the two sides' median validation losses must differ by no more than the larger of
     the two families' ranges."""
@@ -133,8 +133,9 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
     os.makedirs(out_dir, exist_ok=True)
     settings = {**MODELS[model], "max_iters": iters, "eval_interval": eval_every, "eval_iters": eval_batches,
                 "log_interval": eval_every, "always_save_checkpoint": False, "device": "cpu", "data_dir": data_dir}
+    settings["dtype"] = dtype  # (a half type: both sides under autocast, float16 with loss scaling)
     if device == "cuda":
-        settings.update(device="cuda", dtype="float32", tf32=False, **({"simulate": True} if simulate else {}))
+        settings.update(device="cuda", tf32=False, **({"simulate": True} if simulate else {}))
     torch_device = "cuda" if device == "cuda" and not simulate else "cpu"
     if threads:
         settings["threads"] = threads
@@ -143,7 +144,7 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
         cmd = mica_train_cmd({**settings, "seed": seed, "out_dir": os.path.join(out_dir, f"mica-{seed}")})
         curves["mica"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "Mica", seed)
         cmd = torch_runner_cmd({**MODELS[model], "seed": seed}, data_dir, "eager", iters, eval_every, eval_every,
-                               eval_batches, threads, device=torch_device)
+                               eval_batches, threads, device=torch_device, dtype=dtype)
         curves["pytorch"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "PyTorch", seed)
         log(f"seed {seed}: done")
     steps = sorted(set.intersection(*(set(c) for side in curves.values() for c in side.values())))
@@ -156,7 +157,7 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
         judged = st >= iters / 4
         rows.append({"step": st, "mica_median": med_m, "pytorch_median": med_t, "difference": abs(med_m - med_t),
                      "larger_range": spread, "judged": judged, "ok": (not judged) or abs(med_m - med_t) <= spread})
-    verdict = {"method": "a", "seeds": list(seeds), "evaluations": rows, "curves": curves,
+    verdict = {"method": "a", "dtype": dtype, "seeds": list(seeds), "evaluations": rows, "curves": curves,
                "passed": bool(rows) and all(r["ok"] for r in rows)}
     with open(os.path.join(out_dir, "verdict.json"), "w") as f:
         json.dump(verdict, f, indent=1, default=str)

@@ -244,22 +244,25 @@ def mica_train_cmd(settings):
 
 
 def torch_runner_cmd(cfg, data_dir, mode, iters, every, eval_every, eval_batches, threads=None, device="cpu",
-                     tf32=False):
+                     tf32=False, dtype="float32"):
     """The PyTorch side's process (mica.bench.torch_runner) for nanoGPT settings `cfg`."""
     return [sys.executable, "-m", "mica.bench.torch_runner", "--data", data_dir, "--mode", mode, "--iters", str(iters),
             "--every", str(every), "--eval_every", str(eval_every), "--eval_batches", str(eval_batches),
             "--config", json.dumps(cfg)] + (["--threads", str(threads)] if threads else []) + (
-            ["--device", device] + (["--tf32"] if tf32 else []) if device != "cpu" else [])
+            ["--device", device] + (["--tf32"] if tf32 else []) if device != "cpu" else []) + (
+            ["--dtype", dtype] if dtype != "float32" else [])
 
 
 def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10, device="cpu", tf32=False,
-              simulate=False):
+              simulate=False, dtype="float32"):
     settings = {**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
                 "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir,
                 "device": device, "data_dir": data_dir, "threads": threads, "opt_level": opt_level,
                 "time_every_iter": True}
-    if device == "cuda":  # float32, TF32 only when both sides may
-        settings.update(dtype="float32", tf32=bool(tf32), **({"simulate": True} if simulate else {}))
+    if dtype != "float32":  # (a CPU run without a dtype is float32, as nanoGPT's)
+        settings["dtype"] = dtype
+    if device == "cuda":  # the dtype said (a card's default is bfloat16), TF32 only when both sides may
+        settings.update(dtype=dtype, tf32=bool(tf32), **({"simulate": True} if simulate else {}))
     return mica_train_cmd(settings)
 
 
@@ -277,11 +280,11 @@ def _lines_own_ms(r, warmup, window, every=10):
     return sum(r["line_ms"][i] for i in steps) / window
 
 
-def _torch_cmd(model, data_dir, mode, iters, threads, every=10, device="cpu", tf32=False):
+def _torch_cmd(model, data_dir, mode, iters, threads, every=10, device="cpu", tf32=False, dtype="float32"):
     # nanoGPT (and Mica's trainer) evaluate once before the first step; so does this side, on as many
     # batches as Mica's run (eval_iters 1), so the time to the first step counts the same work
     return torch_runner_cmd({**MODELS[model], "seed": 1337}, data_dir, mode, iters, every, iters + 100, 1, threads,
-                            device, tf32)
+                            device, tf32, dtype)
 
 
 def _mica_own_ms(out_dir, warmup, window):
@@ -353,7 +356,8 @@ def check_device(device="cpu", tf32=False, simulate=False, what="--device=cuda")
 
 
 def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, threads=None, opt_levels=(2,),
-          torch_modes=None, out="bench", log=print, every=None, device="cpu", tf32=False, simulate=False):
+          torch_modes=None, out="bench", log=print, every=None, device="cpu", tf32=False, simulate=False,
+          dtype="float32"):
     """Run the protocol; settings left as None take the model's DEFAULTS (on a card, CUDA_DEFAULTS)."""
     if model not in DEFAULTS:
         raise MicaError(f"unknown model {model!r}: choose from {', '.join(DEFAULTS)}")
@@ -381,8 +385,12 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     configs.update({f"pytorch {m}": ("torch", m) for m in torch_modes})
     runs = {name: [] for name in configs}
     failures, extras = {}, {}
-    mica_device = dict(device=device, tf32=tf32, simulate=simulate)
-    torch_device = dict(device="cuda" if on_card else "cpu", tf32=tf32 and on_card)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise MicaError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if dtype != "float32" and model == "tutorial":
+        raise MicaError("--dtype: the tutorial's model is benchmarked in float32 only; drop --dtype or pick a GPT model")
+    mica_device = dict(device=device, tf32=tf32, simulate=simulate, dtype=dtype)
+    torch_device = dict(device="cuda" if on_card else "cpu", tf32=tf32 and on_card, dtype=dtype)
     gpu = device == "cuda"
 
     def once(name):
@@ -424,6 +432,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
                 failures.setdefault(name, str(e))
         log(f"round {k + 1}: " + ", ".join(f"{n} {runs[n][-1]['step_ms']:.1f}" for n in order if runs[n]))
     result = summarize(model, threads, rounds, warmup, window, runs, failures, extras)
+    result["dtype"] = dtype
     if device == "cuda":
         result.update(device="cuda", tf32=bool(tf32), gpu=gpu_name(), simulated=bool(simulate))
     with open(os.path.join(out, f"bench-{model}.json"), "w") as f:
@@ -523,7 +532,9 @@ def _nvidia(c, mica):
 def table(res):
     if res.get("device") == "cuda":
         return cuda_table(res)
-    lines = [f"model {res['model']}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
+    dtype = res.get("dtype", "float32")
+    precision = f", {dtype} (both sides under autocast)" if dtype != "float32" else ""
+    lines = [f"model {res['model']}{precision}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
              f"{res['window']}, {res['rounds']} rounds, {res['date']}", "",
              "| configuration | median ms/step | range | peak RSS MB | memory plan MB | first step s | "
              "libraries (MB on disk) | verdict |",

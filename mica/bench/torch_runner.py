@@ -12,6 +12,7 @@ starting "CUDA out of memory" and exit status 3, so the protocol records it (ame
     python -m mica.bench.torch_runner --data DIR --mode eager --iters 120 --every 10 [--device cuda [--tf32]]
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -32,6 +33,8 @@ def main(argv=None):
     p.add_argument("--eval_batches", type=int, default=20)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--tf32", action="store_true", help="with --device cuda: let products use TF32")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="a half type: the forward under torch.autocast (float16 with a GradScaler), on any device")
     a = p.parse_args(argv)
     import torch
 
@@ -97,9 +100,14 @@ def train(a, torch):
         model.eval()
         out = {}
         for split in ("train", "val"):
-            out[split] = float(np.mean([model(*get_batch(split))[1].item() for _ in range(a.eval_batches)]))
+            with ctx:
+                out[split] = float(np.mean([model(*get_batch(split))[1].item() for _ in range(a.eval_batches)]))
         model.train()
         return out
+
+    half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(a.dtype)
+    ctx = torch.autocast(device_type=a.device, dtype=half) if half is not None else contextlib.nullcontext()
+    scaler = torch.amp.GradScaler(a.device, enabled=a.dtype == "float16")
 
     X, Y = get_batch()
     t0 = time.time()
@@ -110,13 +118,16 @@ def train(a, torch):
         for g in opt.param_groups:
             g["lr"] = get_lr(cfg, it)
         for _ in range(accum):
-            _, loss = fwd(X, Y)
-            loss = loss / accum
+            with ctx:
+                _, loss = fwd(X, Y)
+                loss = loss / accum
             X, Y = get_batch()
-            loss.backward()
+            scaler.scale(loss).backward()
         if cfg["grad_clip"] != 0.0:
+            scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         if it % a.every == 0:
             lossf = loss.item() * accum  # waits for the work
