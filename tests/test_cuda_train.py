@@ -9,26 +9,16 @@ import numpy as np
 import pytest
 
 from helpers import mica_cli
-from mica.data.prepare import prepare_char
 from mica.errors import MicaError
 from mica.train import checkpoint, run
 from test_cuda import needs_gpu, needs_simulator
+from test_runtime import work  # noqa: F401  (the prepared folder, as a fixture)
 
-SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
 TINY = ["shakespeare_char", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
         "--eval_iters=2", "--log_interval=1", "--max_iters=20", "--eval_interval=10", "--dropout=0.1",
         "--compile=False", "--dtype=float32", "--always_save_checkpoint=True"]
 SIM = ["--device=cuda", "--simulate=True"]
 QUIET = dict(log=lambda *a: None)
-
-
-@pytest.fixture()
-def work(tmp_path, monkeypatch):
-    d = tmp_path / "data" / "shakespeare_char"
-    d.mkdir(parents=True)
-    prepare_char(open(SHAKESPEARE).read()[:20000], str(d), **QUIET)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def train(args):

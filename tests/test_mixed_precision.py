@@ -11,6 +11,7 @@ from mica.bench.torch_gpt import TorchGPT
 from mica.errors import MicaError
 from mica.models.gpt import GPT, GPTConfig, loss_fn
 from test_cuda import needs_simulator
+from test_runtime import work  # noqa: F401  (the prepared folder, as a fixture)
 
 F = mica.nn.functional
 
@@ -141,20 +142,6 @@ def test_the_bfloat16_step_is_the_same_for_any_thread_count_and_opt_level(bf16_s
 TINY = ["shakespeare_char", "--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
         "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--max_iters=8", "--eval_interval=4",
         "--dropout=0.1", "--always_save_checkpoint=True", "--compile=False"]
-
-
-@pytest.fixture()
-def work(tmp_path, monkeypatch):
-    import os
-
-    from mica.data.prepare import prepare_char
-
-    d = tmp_path / "data" / "shakespeare_char"
-    d.mkdir(parents=True)
-    text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")).read()
-    prepare_char(text[:20000], str(d), log=lambda *a: None)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _train(args):
