@@ -140,7 +140,8 @@ class GradScaler:
         inv = F.to(F.as_tensor(1.0, dtypes.float64) / F.to(state["scale"], dtypes.float64), dtypes.float32)
         flags = [F.amax(F.to((g - g) != 0, dtypes.float32)) for g in leaves]  # inf - inf and NaN - NaN are NaN
         found = F.amax(F.stack(flags)) > 0
-        return pytree.unflatten(tree, [g * F.to(inv, g.dtype) for g in leaves]), found
+        # (in float32, then back to the gradient's type, as GradScaler: 1/scale in a half type could round to 0)
+        return pytree.unflatten(tree, [F.to(F.to(g, dtypes.float32) * inv, g.dtype) for g in leaves]), found
 
     def step(self, found_inf, old, new):
         """`new` (the optimizer's result) where the step is taken, else `old`, leaf by leaf."""

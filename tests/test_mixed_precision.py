@@ -66,14 +66,15 @@ def test_autocast_disabled_and_on_cuda():
             with mica.autocast(enabled=False):
                 plain = x @ x
         with mica.autocast("cuda", dtype=mica.bfloat16):  # CUDA's float32 list is longer
-            cuda = [F.softmax(y, dim=-1), F.layer_norm(y, (4,)), mica.exp(y), x @ x]
+            cuda = [F.softmax(y, dim=-1), F.layer_norm(y, (4,)), mica.exp(y), x @ x, y.mean(-1), y.sum(-1)]
         with mica.autocast("cuda"):  # (torch's CUDA default: float16)
             half = x @ x
         return [plain, *cuda, half]
 
     program = mica.trace(step, mica.f32[4, 4], mica.bf16[4, 4])
     got = [v.dtype.name for v in program.graph.outputs]
-    assert got == ["float32", "float32", "float32", "float32", "bfloat16", "float16"]
+    # (mean keeps its input's type there, as torch's: only sum is on CUDA's float32 list)
+    assert got == ["float32", "float32", "float32", "float32", "bfloat16", "bfloat16", "float32", "float16"]
 
 
 def test_autocast_settings_it_cannot_take_are_sentences():
@@ -193,6 +194,11 @@ def test_float16_training_keeps_its_loss_scaler_in_the_checkpoint_and_resumes_ex
     _train([*TINY, "--dtype=bfloat16", "--out_dir=bf16", "--max_iters=4"])
     with pytest.raises(MicaError, match="holds no loss-scaler state"):
         run.prepare_run(TINY[0], [*TINY[1:], "--dtype=float16", "--out_dir=bf16", "--init_from=resume"],
+                        log=lambda *a: None)
+    with pytest.raises(MicaError, match="was trained in float16 .* resume it with --dtype=float16"):
+        run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=straight", "--init_from=resume"], log=lambda *a: None)
+    with pytest.raises(MicaError, match="dtype=float16 with init_from='bf16/ckpt.safetensors' is not supported yet"):
+        run.prepare_run(TINY[0], [*TINY[1:], "--dtype=float16", "--out_dir=new", "--init_from=bf16/ckpt.safetensors"],
                         log=lambda *a: None)
 
 

@@ -307,6 +307,10 @@ def check_supported(cfg, log=print):
     notes = []
     if cfg["dtype"] not in ("float32", "bfloat16", "float16"):
         raise MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
+    init = cfg["init_from"]
+    if cfg["dtype"] == "float16" and isinstance(init, str) and init not in ("scratch", "resume"):
+        raise MicaError(f"dtype=float16 with init_from={init!r} is not supported yet: the loss scaler starts with a "
+                        "run from scratch; start from scratch, or train from the file in bfloat16 or float32")
     if cfg["dtype"] != "float32" and cfg["device"] == "cpu":
         notes.append(f"dtype={cfg['dtype']} on the CPU: Mica trains under {cfg['dtype']} autocast"
                      f"{' with loss scaling' if cfg['dtype'] == 'float16' else ''} (nanoGPT's train.py trains "

@@ -104,7 +104,7 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32):
         os.path.join(out_dir, n[:-2] + ".o") for n in RUNTIME_SOURCES]
     fd, tmp = tempfile.mkstemp(dir=out_dir)
     os.close(fd)
-    _run([link[0], *objects, "-o", tmp, *link[1:]], "trainer")
+    _run([link[0], *objects, "-o", tmp, *link[1:]], "trainer", "the linker")
     os.chmod(tmp, 0o755)
     cbuild.install(tmp, exe)
     return exe, lowered
@@ -125,11 +125,11 @@ def _run_all(jobs):
         raise MicaError(f"the compiler failed on the {what} program ({first})")
 
 
-def _run(cmd, what):
+def _run(cmd, what, tool="the C compiler"):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
-        raise MicaError(f"the C compiler failed on the {what} program ({first})")
+        raise MicaError(f"{tool} failed on the {what} program ({first})")
 
 
 def _input_index(lowered):

@@ -121,7 +121,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"])
-    _products_record(cfg["device"])
+    _products_record(cfg["device"], cfg["simulate"])
     native.check_in_place(lowered["train"])
     log(memory_plan.report(lowered))  # what the trainer will hold, exact, before the first step
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
@@ -146,12 +146,14 @@ def prepare_run(config_path=None, overrides=(), log=print):
 A100_BF16_PEAK = 312e12  # nanoGPT's estimate_mfu divides by it on any card; so does Mica's log on a GPU
 
 
-def _products_record(device):
+def _products_record(device, simulate=False):
     """A CUDA trainer times cuBLASLt's routines for each product shape once and keeps the fastest in
     this file (it names the card, driver and cuBLASLt version), so every later run on this machine
-    uses the same routines. MICA_PRODUCTS chooses another file."""
+    uses the same routines; the simulator keeps its own, so it never displaces a card's.
+    MICA_PRODUCTS chooses another file."""
     if device == "cuda":
-        os.environ.setdefault("MICA_PRODUCTS", os.path.join(cbuild.cache_dir(), "cuda-products.txt"))
+        name = "cuda-products-simulator.txt" if simulate else "cuda-products.txt"
+        os.environ.setdefault("MICA_PRODUCTS", os.path.join(cbuild.cache_dir(), name))
 
 
 _LOCKS = {}  # out_dir -> the descriptor holding its lock (inherited by the trainer across exec)
@@ -255,6 +257,9 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         if scaler and not all(n in st.tensors for n in scaler):
             raise MicaError(f"checkpoint {path} holds no loss-scaler state (it was not trained in float16); resume "
                             "it with the dtype it was trained in")
+        if not scaler and "optimizer.scaler.scale" in st.tensors:
+            raise MicaError(f"checkpoint {path} was trained in float16 (it holds a loss scaler); resume it with "
+                            "--dtype=float16")
         has_state = _check_resume_names(st, by_name, log)
         rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
         if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] != (rows,):
@@ -457,7 +462,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     cfg.update(device=device, dtype="float32")  # (sampling computes in float32, as nanoGPT's sample.py on a CPU)
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
-    _products_record(device)
+    _products_record(device, simulate)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
     settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=config_mod.seed_int64(seed),
                     threads=threads or os.cpu_count() or 1, num_samples=num_samples,

@@ -342,7 +342,10 @@ def mean(input, dim=None, keepdim=False, dtype=None):
         fail(f"mean: needs a floating tensor, got {x.dtype.name}; cast with .float() first")
     axes = _axes(x, dim, "mean")
     count = math.prod(x.shape[a] for a in axes)
-    return sum(x, axes, keepdim) / count if axes else x
+    if not axes:
+        return x
+    with amp.autocast(enabled=False):  # (mean is not on autocast's float32 list, though sum is)
+        return sum(x, axes, keepdim) / count
 
 
 MaxResult = collections.namedtuple("max", ["values", "indices"])

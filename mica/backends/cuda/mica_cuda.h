@@ -70,6 +70,7 @@ static inline unsigned mica_blocks(int64_t n) {
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc, sa, sb, sc, count;
     int ta, tb, f64, tf32;
+    int align_a, align_b, align_c; /* bytes (a power of two up to 256) every matrix's start is a multiple of */
 } mica_product_shape;
 
 typedef struct {
@@ -93,7 +94,8 @@ static struct {
 static int mica_same_shape(const mica_product_shape *a, const mica_product_shape *b) {
     return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
            a->ldc == b->ldc && a->sa == b->sa && a->sb == b->sb && a->sc == b->sc && a->count == b->count &&
-           a->ta == b->ta && a->tb == b->tb && a->f64 == b->f64 && a->tf32 == b->tf32;
+           a->ta == b->ta && a->tb == b->tb && a->f64 == b->f64 && a->tf32 == b->tf32 && a->align_a == b->align_a &&
+           a->align_b == b->align_b && a->align_c == b->align_c;
 }
 
 static mica_product *mica_record_find(const mica_product_shape *s) {
@@ -155,15 +157,17 @@ static void mica_record_read(const char *path) {
         mica_product_shape s;
         unsigned long long w[8];
         long long v[10];
-        int t[4], used = 0;
+        int t[7], used = 0;
         double us;
         memset(&s, 0, sizeof s);
-        if (sscanf(line, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld algo %llx %llx %llx "
-                         "%llx %llx %llx %llx %llx us %lf%n",
+        if (sscanf(line, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld align %d %d %d "
+                         "algo %llx %llx %llx %llx %llx %llx %llx %llx us %lf%n",
                    &t[0], &t[1], &v[0], &v[1], &v[2], &t[2], &t[3], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
-                   &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6], &w[7], &us, &used) != 23 || used == 0)
+                   &t[4], &t[5], &t[6], &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6], &w[7], &us, &used) != 26 ||
+            used == 0)
             continue;
         s.f64 = t[0], s.tf32 = t[1], s.M = v[0], s.N = v[1], s.K = v[2], s.ta = t[2], s.tb = t[3];
+        s.align_a = t[4], s.align_b = t[5], s.align_c = t[6];
         s.lda = v[3], s.ldb = v[4], s.ldc = v[5], s.sa = v[6], s.sb = v[7], s.sc = v[8], s.count = v[9];
         if (mica_record_find(&s)) continue;
         mica_product *e = mica_record_add(&s);
@@ -190,9 +194,10 @@ static void mica_record_write(void) {
         const mica_product *e = &mica_record.p[i];
         const mica_product_shape *s = &e->shape;
         if (e->pending) continue;
-        fprintf(f, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld algo", s->f64, s->tf32,
-                (long long)s->M, (long long)s->N, (long long)s->K, s->ta, s->tb, (long long)s->lda, (long long)s->ldb,
-                (long long)s->ldc, (long long)s->sa, (long long)s->sb, (long long)s->sc, (long long)s->count);
+        fprintf(f, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld align %d %d %d algo", s->f64,
+                s->tf32, (long long)s->M, (long long)s->N, (long long)s->K, s->ta, s->tb, (long long)s->lda,
+                (long long)s->ldb, (long long)s->ldc, (long long)s->sa, (long long)s->sb, (long long)s->sc,
+                (long long)s->count, s->align_a, s->align_b, s->align_c);
         for (int k = 0; k < 8; k++) fprintf(f, " %llx", (unsigned long long)e->algo[k]);
         fprintf(f, " us %.3f\n", e->us);
     }
@@ -323,6 +328,14 @@ static int mica_lt_describe(mica_lt *lt, const mica_product_shape *s, mica_lt_pr
              cublasLtMatmulPreferenceCreate(&p->pref) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulPreferenceSetAttribute(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt->workspace_bytes,
                                                   sizeof lt->workspace_bytes) == CUBLAS_STATUS_SUCCESS;
+    /* the routines must take the operands' real alignment (views start inside buffers: heads, q/k/v);
+     * cuBLASLt's A is Mica's B (the column-major trick) */
+    uint32_t al[4] = {(uint32_t)s->align_b, (uint32_t)s->align_a, (uint32_t)s->align_c, (uint32_t)s->align_c};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; ok && i < 4; i++)
+        ok = cublasLtMatmulPreferenceSetAttribute(p->pref, which[i], &al[i], sizeof al[i]) == CUBLAS_STATUS_SUCCESS;
     if (!ok) mica_lt_release(p);
     return ok;
 }
@@ -391,13 +404,19 @@ static int mica_product_time(mica_product *e) {
     cublasLtMatmulHeuristicResult_t cand[8];
     int found = 0, best = -1;
     float best_ms = 0;
-    int ok = lt && mica_lt_describe(lt, s, &p);
-    ok = ok && cudaMalloc(&A, (size_t)na * size) == cudaSuccess && cudaMalloc(&B, (size_t)nb * size) == cudaSuccess &&
-         cudaMalloc(&C, (size_t)nc * size) == cudaSuccess && cudaMemset(A, 0, (size_t)na * size) == cudaSuccess &&
-         cudaMemset(B, 0, (size_t)nb * size) == cudaSuccess && cudaEventCreate(&t0) == cudaSuccess &&
-         cudaEventCreate(&t1) == cudaSuccess &&
-         cublasLtMatmulAlgoGetHeuristic(lt->handle, p.desc, p.lb, p.la, p.lc, p.lc, p.pref, 8, cand, &found) ==
-             CUBLAS_STATUS_SUCCESS;
+    int described = lt && mica_lt_describe(lt, s, &p);
+    int ok = described &&
+             cublasLtMatmulAlgoGetHeuristic(lt->handle, p.desc, p.lb, p.la, p.lc, p.lc, p.pref, 8, cand, &found) ==
+                 CUBLAS_STATUS_SUCCESS;
+    int room = ok && cudaMalloc(&A, (size_t)na * size) == cudaSuccess && cudaMalloc(&B, (size_t)nb * size) == cudaSuccess &&
+               cudaMalloc(&C, (size_t)nc * size) == cudaSuccess && cudaMemset(A, 0, (size_t)na * size) == cudaSuccess &&
+               cudaMemset(B, 0, (size_t)nb * size) == cudaSuccess && cudaEventCreate(&t0) == cudaSuccess &&
+               cudaEventCreate(&t1) == cudaSuccess;
+    if (ok && !room) { /* no room to time on scratch (the arenas hold the card): cuBLASLt's first choice, untimed */
+        for (int c = 0; best < 0 && c < found; c++)
+            if (cand[c].state == CUBLAS_STATUS_SUCCESS) best = c, best_ms = -0.005f;
+        ok = 0;
+    }
     for (int c = 0; ok && c < found; c++) {
         if (cand[c].state != CUBLAS_STATUS_SUCCESS) continue;
         if (!mica_lt_matmul(lt, &p, &cand[c].algo, s->f64, 1.0, A, B, C, 0)) continue; /* (warm-up) */
@@ -416,7 +435,8 @@ static int mica_product_time(mica_product *e) {
     if (t0) cudaEventDestroy(t0);
     if (t1) cudaEventDestroy(t1);
     cudaFree(A), cudaFree(B), cudaFree(C);
-    if (lt) mica_lt_release(&p);
+    cudaGetLastError(); /* (nor does a failed allocation) */
+    if (described) mica_lt_release(&p);
     if (best < 0) {
         snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt has no routine for a %lld x %lld x %lld product",
                  (long long)s->M, (long long)s->N, (long long)s->K);
@@ -425,6 +445,13 @@ static int mica_product_time(mica_product *e) {
     return 0;
 }
 #endif
+
+/* the largest power of two up to 256 that the start of every row and every matrix is a multiple of */
+static int mica_alignment(const void *p, int64_t ld_bytes, int64_t stride_bytes) {
+    int a = 256;
+    while (a > 1 && ((uintptr_t)p % a || ld_bytes % a || stride_bytes % a)) a /= 2;
+    return a;
+}
 
 /* C[M,N] = alpha op(A) op(B) for `count` matrices, the i-th at A + i*sa, B + i*sb, C + i*sc
  * (strides in elements), in float (f64 = 0) or double (f64 = 1) */
@@ -436,6 +463,10 @@ static int mica_gemm_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t 
     s.M = M, s.N = N, s.K = K, s.lda = lda, s.ldb = ldb, s.ldc = ldc, s.ta = ta, s.tb = tb, s.f64 = f64;
     s.sa = count > 1 ? sa : 0, s.sb = count > 1 ? sb : 0, s.sc = count > 1 ? sc : 0, s.count = count;
     s.tf32 = f64 ? 0 : MICA_TF32_ON;
+    const int64_t size = f64 ? 8 : 4;
+    s.align_a = mica_alignment(A, lda * size, s.sa * size);
+    s.align_b = mica_alignment(B, ldb * size, s.sb * size);
+    s.align_c = mica_alignment(C, ldc * size, s.sc * size);
     return mica_product_run(stream, &s, alpha, A, B, C);
 }
 

@@ -1105,7 +1105,7 @@ inline cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, size_t n, si
     return cudaSuccess;
 }
 template <class T>
-inline cudaError_t cudaGetSymbolAddress(void** p, T& symbol) { *p = &symbol; return cudaSuccess; }
+inline cudaError_t cudaGetSymbolAddress(void** p, T& symbol) { *p = const_cast<void*>(static_cast<const void*>(&symbol)); return cudaSuccess; }
 
 /* streams */
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = new CUstream_st(); return cudaSuccess; }

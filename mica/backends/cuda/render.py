@@ -8,9 +8,9 @@ plain CPU product in the simulator). Launches go through MICA_LAUNCH, so only nv
 import math
 
 from ... import __version__, dtypes
-from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, Reduce, row_major
+from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, Literal, Reduce, row_major
 from ..cstyle import types as ct
-from ..cstyle.expr import ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
+from ..cstyle.expr import Accessor, ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
 from ..cstyle.expr import product_operand, reduce_init as _init
 from ..cstyle.render import CStyleRenderer, _c_string
 
@@ -66,14 +66,43 @@ def _grid_stride(total, body):
              "t += (int64_t)gridDim.x * blockDim.x) {"] + ["    " + b for b in body] + ["}"])
 
 
+class _CudaAccessor(Accessor):
+    """A literal is a __device__ array: device code names it, host code (a product's call) passes the
+    device address resolved before the first capture (the array's name there is its host shadow)."""
+
+    def base(self, view):
+        if isinstance(view.src, Literal) and self.e.on_host:
+            return f"lit{view.src.id}_dev"
+        return super().base(view)
+
+
 class CudaRenderer(CStyleRenderer):
     kernel_qualifier = "static __global__ void"
     constant_qualifier = "static __device__ const"
 
     def __init__(self, schedule, plan, name, target):
         super().__init__(schedule, plan, name, target)
+        self.accessor = _CudaAccessor(self)
+        self.on_host = False  # rendering a host function: a literal is named by its device address
         self.launches = []  # per kernel: the host statement that runs it
         self.may_fail = False  # does a kernel check its input (an index in range)?
+
+    def ptr(self, view):
+        if isinstance(view.src, Literal) and self.on_host:
+            return f"(lit{view.src.id}_dev + {view.offset})"
+        return super().ptr(view)
+
+    def literals(self):
+        out = super().literals()
+        for lit in self.s.literals:
+            out.append(f"static const {ct.stype(lit.dtype)} *lit{lit.id}_dev;  /* lit{lit.id}'s device address */")
+        out += ["/* the literals' device addresses, for host code (products, attention) to pass */",
+                "static int mica_resolve_literals(void) {"]
+        for lit in self.s.literals:
+            out.append(f"    if (cudaGetSymbolAddress((void **)&lit{lit.id}_dev, lit{lit.id}) != cudaSuccess) "
+                       "return mica_cuda_failed(\"finding a constant on the GPU\");")
+        out += ["    return 0;", "}", ""]
+        return out
 
     def workspace_lines(self):
         # the scratch pointers a kernel primitive's call may name (nvcc warns of an unused one)
@@ -251,9 +280,9 @@ class CudaRenderer(CStyleRenderer):
         def off(v):
             return " + ".join([str(v.offset)] + [f"{n} * {st}" for n, st in zip(bn, v.strides[:-2]) if st])
 
-        self._declared = {}
+        self._declared, self.on_host = {}, True
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
-        self._declared = None
+        self._declared, self.on_host = None, False
         call = (f"if (mica_gemm_{s}(stream, {M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, "
                 f"{tb}, {pc} + {off(out)}, {N}) != 0) return 1;")
         lines, depth = [], 0
@@ -265,9 +294,9 @@ class CudaRenderer(CStyleRenderer):
 
     def host_call(self, k, kern):
         """A kernel primitive whose lowering runs on the host and launches its own device work."""
-        self._declared = {}
+        self._declared, self.on_host = {}, True
         body = self.target.lowering(kern.op).rule(self, kern)
-        used, self._declared = self._declared, None
+        used, self._declared, self.on_host = self._declared, None, False
         views = [v for v in list(kern.inputs) + list(kern.outputs)
                  if isinstance(v.src, Buffer) and self.plan.root(v.src).id in used]  # (the rng is named apart)
         decls = self.declare_pointers(views) + self.workspace_lines()
@@ -366,7 +395,7 @@ class CudaRenderer(CStyleRenderer):
         out += ["    if (graph_arena != arena) {",
                 "        if (graph) cudaGraphExecDestroy(graph);",
                 "        graph = 0, graph_arena = 0;",
-                "        if (mica_capture(stream, A, mica_enqueue, &graph) != 0) return 1;",
+                "        if (mica_resolve_literals() != 0 || mica_capture(stream, A, mica_enqueue, &graph) != 0) return 1;",
                 "        graph_arena = arena;",
                 "    }",
                 "    /* (the ABI's copies run on the legacy stream, and a copy from pageable memory may still be on its",
