@@ -9,7 +9,7 @@ import os
 
 from ... import __version__, dtypes
 from ...passes.schedule import Call
-from ..cstyle.expr import product_operand
+from ..cstyle.expr import ProductLayout
 from ..cstyle.render import CStyleRenderer
 from .loops import copy_body, loop_body, reduce_body, tile_body
 
@@ -37,16 +37,8 @@ class Emitter(CStyleRenderer):
     def gemm(self, kern):
         a, b, out = kern.a, kern.b, kern.out
         dt = out.dtype
-        M, K = a.shape[-2:]
-        N = b.shape[-1]
-        ta, lda = product_operand(a)
-        tb, ldb = product_operand(b)
-        batch = a.shape[:-2]
-        names = [f"n{d}" for d in range(len(batch))]
-
-        def off(v):
-            terms = [str(v.offset)] + [f"{n} * {st}" for n, st in zip(names, v.strides[:-2]) if st]
-            return " + ".join(terms)
+        p = ProductLayout(kern)
+        M, N, K, ta, lda, tb, ldb, batch, off = p.M, p.N, p.K, p.ta, p.lda, p.tb, p.ldb, p.batch, p.offset
 
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
         if kern.epilogue is not None and self.blas == "openblas" and not batch:
@@ -75,11 +67,7 @@ class Emitter(CStyleRenderer):
             from ...errors import MicaError
 
             raise MicaError(f"matmul on {dt.name} is not supported by the CPU backend yet; cast to float32 first")
-        lines, depth = [], 0
-        for n, size in zip(names, batch):
-            lines.append("    " * depth + f"for (int64_t {n} = 0; {n} < {size}; {n}++)")
-            depth += 1
-        lines.append("    " * depth + call)
+        lines = p.over_batch(call)
         if kern.epilogue is not None:  # without a tile loop to ride on: after the product, as its own loop
             lines += loop_body(self, kern.epilogue)
         return lines

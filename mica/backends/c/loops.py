@@ -10,7 +10,7 @@ import math
 from ...passes.schedule import Const, Iota, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import ExprWriter, coalesce, loop_statements, offset_expr
-from ..cstyle.expr import combine as _combine, reduce_init as _init
+from ..cstyle.expr import canonical_sum, combine as _combine, reduce_init as _init
 
 PARALLEL_MIN = 8192  # elements below which a loop runs on one thread (a parallel region costs more)
 
@@ -195,22 +195,8 @@ def _generic(emitter, kernel, t, comb, tree, dtype):
         lines.append("    " * depth + f"for (int64_t {names[d]} = 0; {names[d]} < {shape[d]}; {names[d]}++) {{")
         depth += 1
     pad = "    " * depth
-    lines += [pad + f"{t} a[8] = {{{', '.join([init] * 8)}}}, tot = {init};",
-              pad + "int64_t r = 0;"]
-    for d in axes:
-        lines.append(pad + f"for (int64_t {names[d]} = 0; {names[d]} < {shape[d]}; {names[d]}++) {{")
-        pad += "    "
-    lines += [pad + x for x in writer.lines()]
-    lines += [pad + f"a[r & 7] = {comb('a[r & 7]', f'v{kernel.result}')};",
-              pad + "if (++r % 8192 == 0) {",
-              pad + f"    tot = r == 8192 ? {tree} : {comb('tot', tree)};",
-              pad + f"    for (int l = 0; l < 8; l++) a[l] = {init};",
-              pad + "}"]
-    for _ in axes:
-        pad = pad[:-4]
-        lines.append(pad + "}")
-    lines += [pad + f"if (r % 8192 != 0 || r == 0) tot = r <= 8192 ? {tree} : {comb('tot', tree)};",
-              pad + f"{emitter.accessor.base(out)}[{oidx}] = {_store(out, 'tot')};"]
+    lines += [pad + x for x in canonical_sum(names, shape, axes, writer.lines(), kernel.result, comb, tree, init, t)]
+    lines.append(pad + f"{emitter.accessor.base(out)}[{oidx}] = {_store(out, 'tot')};")
     for _ in kept:
         depth -= 1
         lines.append("    " * depth + "}")

@@ -144,3 +144,48 @@ def product_operand(view):
     if sc == 1 and (sr >= cols or rows == 1):
         return 0, max(sr, cols)
     return 1, max(sc, rows)
+
+
+class ProductLayout:
+    """A product C[..., M, N] = A[..., M, K] B[..., K, N] in the terms a BLAS call takes: sizes, each
+    operand's (transposed, leading dimension), the batch dims' index names and, per operand, the
+    C expression of a batch member's element offset."""
+
+    def __init__(self, kern):
+        a, b = kern.a, kern.b
+        self.M, self.K = a.shape[-2:]
+        self.N = b.shape[-1]
+        self.ta, self.lda = product_operand(a)
+        self.tb, self.ldb = product_operand(b)
+        self.batch = a.shape[:-2]
+        self.names = [f"n{d}" for d in range(len(self.batch))]
+
+    def offset(self, view):
+        return " + ".join([str(view.offset)] + [f"{n} * {st}" for n, st in zip(self.names, view.strides[:-2]) if st])
+
+    def over_batch(self, call):
+        """The statement `call` inside a loop per batch dim."""
+        lines = [f"{'    ' * d}for (int64_t {n} = 0; {n} < {size}; {n}++)"
+                 for d, (n, size) in enumerate(zip(self.names, self.batch))]
+        return lines + ["    " * len(self.batch) + call]
+
+
+def canonical_sum(names, shape, axes, element_lines, result, comb, tree, init, t):
+    """The statements that sum v<result> over `axes` (nested loops, the reduced index r counted in
+    row-major order) in the canonical order: eight lanes by index inside blocks of 8192, blocks
+    added left to right. They leave the total in `tot`; the caller stores it."""
+    lines, pad = [f"{t} a[8] = {{{', '.join([init] * 8)}}}, tot = {init};", "int64_t r = 0;"], ""
+    for d in axes:
+        lines.append(pad + f"for (int64_t {names[d]} = 0; {names[d]} < {shape[d]}; {names[d]}++) {{")
+        pad += "    "
+    lines += [pad + x for x in element_lines]
+    lines += [pad + f"a[r & 7] = {comb('a[r & 7]', f'v{result}')};",
+              pad + "if (++r % 8192 == 0) {",
+              pad + f"    tot = r == 8192 ? {tree} : {comb('tot', tree)};",
+              pad + f"    for (int l = 0; l < 8; l++) a[l] = {init};",
+              pad + "}"]
+    for _ in axes:
+        pad = pad[:-4]
+        lines.append(pad + "}")
+    lines.append(f"if (r % 8192 != 0 || r == 0) tot = r <= 8192 ? {tree} : {comb('tot', tree)};")
+    return lines

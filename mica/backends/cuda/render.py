@@ -11,7 +11,7 @@ from ... import __version__, dtypes
 from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, Literal, Reduce, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import Accessor, ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
-from ..cstyle.expr import product_operand, reduce_init as _init
+from ..cstyle.expr import ProductLayout, canonical_sum, reduce_init as _init
 from ..cstyle.render import CStyleRenderer, _c_string
 
 THREADS = 256  # threads per block; results do not depend on it (tests change it)
@@ -128,7 +128,6 @@ class CudaRenderer(CStyleRenderer):
         kept_dims = [(shape[d], None) for d in kept]
         body = _decompose(kept_dims, [names[d] for d in kept], "t") if kept else []
         oidx = offset_expr(out.offset, row_major([shape[d] for d in kept]), [names[d] for d in kept])
-        pad = ""
         if kern.op == "argmax":
             axis = axes[0]
             v = f"v{kern.result}"
@@ -144,21 +143,8 @@ class CudaRenderer(CStyleRenderer):
         init = _init(kern.op, dtype)
         if cooperative(kern):
             return self._reduce_by_lanes(kern, name, writer, names, kept, body, oidx, comb, tree, init, t)
-        body += [f"{t} a[8] = {{{', '.join([init] * 8)}}}, tot = {init};", "int64_t r = 0;"]
-        for d in axes:
-            body.append(pad + f"for (int64_t {names[d]} = 0; {names[d]} < {shape[d]}; {names[d]}++) {{")
-            pad += "    "
-        body += [pad + x for x in writer.lines()]
-        body += [pad + f"a[r & 7] = {comb('a[r & 7]', f'v{kern.result}')};",
-                 pad + "if (++r % 8192 == 0) {",
-                 pad + f"    tot = r == 8192 ? {tree} : {comb('tot', tree)};",
-                 pad + f"    for (int l = 0; l < 8; l++) a[l] = {init};",
-                 pad + "}"]
-        for _ in axes:
-            pad = pad[:-4]
-            body.append(pad + "}")
-        body += [f"if (r % 8192 != 0 || r == 0) tot = r <= 8192 ? {tree} : {comb('tot', tree)};",
-                 f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};"]
+        body += canonical_sum(names, shape, axes, writer.lines(), kern.result, comb, tree, init, t)
+        body.append(f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};")
         return [], _grid_stride(max(O, 1), body)
 
     def _lanes_kernels(self, k, kern):
@@ -270,26 +256,14 @@ class CudaRenderer(CStyleRenderer):
 
             raise MicaError(f"matmul on {out.dtype.name} is not supported by the CUDA backend yet; cast to float32")
         s = ct.suffix(out.dtype)
-        M, K = a.shape[-2:]
-        N = b.shape[-1]
-        ta, lda = product_operand(a)
-        tb, ldb = product_operand(b)
-        batch = a.shape[:-2]
-        bn = [f"n{d}" for d in range(len(batch))]
-
-        def off(v):
-            return " + ".join([str(v.offset)] + [f"{n} * {st}" for n, st in zip(bn, v.strides[:-2]) if st])
-
+        p = ProductLayout(kern)
+        off = p.offset
         self._declared, self.on_host = {}, True
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
         self._declared, self.on_host = None, False
-        call = (f"if (mica_gemm_{s}(stream, {M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, "
-                f"{tb}, {pc} + {off(out)}, {N}) != 0) return 1;")
-        lines, depth = [], 0
-        for n, size in zip(bn, batch):
-            lines.append("    " * depth + f"for (int64_t {n} = 0; {n} < {size}; {n}++)")
-            depth += 1
-        lines.append("    " * depth + call)
+        call = (f"if (mica_gemm_{s}(stream, {p.M}, {p.N}, {p.K}, {pa} + {off(a)}, {p.lda}, {p.ta}, {pb} + {off(b)}, "
+                f"{p.ldb}, {p.tb}, {pc} + {off(out)}, {p.N}) != 0) return 1;")
+        lines = p.over_batch(call)
         return self._host_function(k, kern, "a product", self.declare_pointers([a, b, out]), lines)
 
     def host_call(self, k, kern):
