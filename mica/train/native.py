@@ -35,30 +35,46 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
     sources = {name: lowered[name].target.render(lowered[name], api=f"{name}_") for name in PROGRAMS}
     runtime = _runtime_text()
     cc = cbuild.compiler()
-    key = hashlib.sha256("\0".join([*sources.values(), runtime, cc, *flags, *ldflags,
-                                    cbuild._headers_digest()]).encode()).hexdigest()[:24]
-    out_dir = os.path.join(cbuild.cache_dir(), "trainer-" + key)
-    exe = os.path.join(out_dir, "mica-trainer")
+    out_dir, exe = _place("trainer-", [*sources.values(), runtime, cc, *flags, *ldflags, cbuild._headers_digest()])
     if cbuild.cached(exe):
         return exe, lowered
-    os.makedirs(out_dir, exist_ok=True)
     log(f"compiling the trainer ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} kernels) ...")
     objects = []
-    for name, src in sources.items():
-        path = os.path.join(out_dir, f"{name}.c")
-        with open(path, "w") as f:
-            f.write(src)
+    for name, path in _write_sources(out_dir, sources, ".c").items():
         obj = path[:-2] + ".o"
         _run([cc, *flags, "-c", *cbuild.INCLUDES, path, "-o", obj], name)
         objects.append(obj)
+    runtime_sources = [os.path.join(RUNTIME_DIR, name) for name in RUNTIME_SOURCES]
+    _link(out_dir, exe, lambda tmp: [cc, *flags, "-I", RUNTIME_DIR, *runtime_sources, *objects, "-o", tmp, *ldflags,
+                                     "-lm"], "the C compiler")
+    return exe, lowered
+
+
+def _place(prefix, parts):
+    """(folder, executable path) in the cache for a trainer built from `parts` (sources, flags)."""
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+    out_dir = os.path.join(cbuild.cache_dir(), prefix + key)
+    return out_dir, os.path.join(out_dir, "mica-trainer")
+
+
+def _write_sources(out_dir, sources, ext):
+    """{program name: path} of its source written into out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {}
+    for name, src in sources.items():
+        paths[name] = os.path.join(out_dir, name + ext)
+        with open(paths[name], "w") as f:
+            f.write(src)
+    return paths
+
+
+def _link(out_dir, exe, command, tool):
+    """Link to a temporary file (`command(tmp)`) and install it as `exe` (never half a file)."""
     fd, tmp = tempfile.mkstemp(dir=out_dir)
     os.close(fd)
-    runtime_sources = [os.path.join(RUNTIME_DIR, name) for name in RUNTIME_SOURCES]
-    _run([cc, *flags, "-I", RUNTIME_DIR, *runtime_sources, *objects, "-o", tmp, *ldflags, "-lm"],
-         "trainer")
+    _run(command(tmp), "trainer", tool)
     os.chmod(tmp, 0o755)
     cbuild.install(tmp, exe)
-    return exe, lowered
 
 
 def _build_cuda_trainer(programs, opt_level, log, simulate, tf32):
@@ -80,21 +96,13 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32):
         link = [cuda_build.nvcc(), *cuda_build.link_flags(), "-lm"]
         what = "nvcc"
     runtime = _runtime_text()
-    key = hashlib.sha256("\0".join([*sources.values(), runtime, cc, what, str(tf32), *compile_cmd("x", "y"), *link,
-                                    cuda_build.headers_digest()]).encode()).hexdigest()[:24]
-    out_dir = os.path.join(cbuild.cache_dir(), f"trainer-cuda{'-sim' if simulate else ''}-" + key)
-    exe = os.path.join(out_dir, "mica-trainer")
+    out_dir, exe = _place(f"trainer-cuda{'-sim' if simulate else ''}-", [
+        *sources.values(), runtime, cc, what, str(tf32), *compile_cmd("x", "y"), *link, cuda_build.headers_digest()])
     if cbuild.cached(exe):
         return exe, lowered
-    os.makedirs(out_dir, exist_ok=True)
     log(f"compiling the CUDA trainer with {what} ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} "
         "kernels) ...")
-    jobs = []
-    for name, src in sources.items():
-        path = os.path.join(out_dir, f"{name}.cu")
-        with open(path, "w") as f:
-            f.write(src)
-        jobs.append((name, compile_cmd(path, path[:-3] + ".o")))
+    jobs = [(name, compile_cmd(path, path[:-3] + ".o")) for name, path in _write_sources(out_dir, sources, ".cu").items()]
     for name in RUNTIME_SOURCES:
         obj = os.path.join(out_dir, name[:-2] + ".o")
         jobs.append(("runtime", [cc, "-O2", "-std=gnu11", "-fPIC", "-I", RUNTIME_DIR, "-c",
@@ -102,11 +110,7 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32):
     _run_all(jobs)  # (the three nvcc builds take most of the time: run together)
     objects = [os.path.join(out_dir, f"{n}.o") for n in PROGRAMS] + [
         os.path.join(out_dir, n[:-2] + ".o") for n in RUNTIME_SOURCES]
-    fd, tmp = tempfile.mkstemp(dir=out_dir)
-    os.close(fd)
-    _run([link[0], *objects, "-o", tmp, *link[1:]], "trainer", "the linker")
-    os.chmod(tmp, 0o755)
-    cbuild.install(tmp, exe)
+    _link(out_dir, exe, lambda tmp: [link[0], *objects, "-o", tmp, *link[1:]], "the linker")
     return exe, lowered
 
 
