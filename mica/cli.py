@@ -121,7 +121,7 @@ def cmd_plot(args, extra):
 def cmd_export(args, extra):
     from .train import convert
 
-    convert.export_nanogpt(args.out_dir, args.to)
+    convert.export_nanogpt(args.out_dir, args.to, dtype=args.dtype)
     print(f"wrote {args.to}")
     return 0
 
@@ -246,6 +246,8 @@ def parser():
     ex = sub.add_parser("export", help="convert out_dir's checkpoint to a nanoGPT ckpt.pt (needs torch)")
     ex.add_argument("out_dir")
     ex.add_argument("--to", required=True, help="path of the ckpt.pt to write")
+    ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                    help="store the weights in this type (default: as the checkpoint holds them)")
     im = sub.add_parser("import", help="convert a nanoGPT ckpt.pt (needs torch) or a Hugging Face GPT-2 "
                         "model.safetensors into out_dir/ckpt.safetensors")
     im.add_argument("checkpoint")

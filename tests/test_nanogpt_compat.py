@@ -281,10 +281,12 @@ def test_files_that_are_not_hugging_faces_gpt2_are_sentences(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"n_head": 3}))
     with pytest.raises(mica.MicaError, match="gives no usable n_head"):
         convert.read_hf_gpt2(str(tmp_path / "model.safetensors"))
-    raw = (tmp_path / "model.safetensors").read_bytes().replace(b'"F32"', b'"BF16"', 1)
-    (tmp_path / "bf16.safetensors").write_bytes(raw)
-    with pytest.raises(mica.MicaError, match="holds bfloat16 tensors"):
-        convert.read_hf_gpt2(str(tmp_path / "bf16.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"n_head": 2}))
+    write_safetensors(tmp_path / "model.safetensors", hf_gpt2(11, n_layer=1, n_embd=8), {"format": "pt"})
+    raw = (tmp_path / "model.safetensors").read_bytes().replace(b'"F32"', b'"I32"', 1)
+    (tmp_path / "ints.safetensors").write_bytes(raw)
+    with pytest.raises(mica.MicaError, match="holds int32, not floating-point weights"):
+        convert.read_hf_gpt2(str(tmp_path / "ints.safetensors"))
     checkpoint.write(str(tmp_path / "mica.safetensors"), {"transformer.h.0.attn.c_attn.weight": np.zeros((24, 8),
                                                                                                        np.float32)})
     r = mica_cli("import", "mica.safetensors", "--out_dir", "x", cwd=tmp_path, check=False)

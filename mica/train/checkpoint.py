@@ -2,6 +2,10 @@
 
 The format: an 8-byte little-endian header length, a JSON header (tensor name -> dtype, shape,
 data_offsets; "__metadata__" -> string values), then the tensors' bytes.
+
+bfloat16 ("BF16"): numpy has no such type, so a BF16 tensor is a `BF16Tensor` (its raw uint16
+bits) when written, `info()` names its dtype `BFLOAT16`, and `read()` returns it widened to float32
+(exact: every bfloat16 is a float32) while `read_bits()` returns the stored bits.
 """
 import json
 import math
@@ -16,6 +20,46 @@ from ..errors import MicaError
 DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64, "I32": np.int32,
           "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
 CODES = {np.dtype(v): k for k, v in DTYPES.items()}
+
+
+class _BFloat16:
+    """The dtype `info()` gives a BF16 tensor: it prints as bfloat16, is floating point, 2 bytes,
+    and equals no numpy dtype (so a float32 slot never takes BF16 bytes by mistake)."""
+    name, kind, itemsize, code = "bfloat16", "f", 2, "BF16"
+
+    def __repr__(self):
+        return "bfloat16"
+
+
+BFLOAT16 = _BFloat16()
+
+
+class BF16Tensor:
+    """A tensor to store as BF16: `bits` is a uint16 array of bfloat16 bit patterns."""
+
+    def __init__(self, bits):
+        bits = np.asarray(bits)
+        if bits.dtype != np.uint16:
+            raise TypeError("BF16Tensor holds uint16 bit patterns; use BF16Tensor.round(floats) for values")
+        self.bits = bits
+        self.shape = bits.shape
+
+    @classmethod
+    def round(cls, values):
+        """Values (as float32) rounded to the nearest bfloat16, ties to even, as torch's
+        .to(torch.bfloat16): overflow goes to infinity; a NaN stays a NaN (0x7FC0)."""
+        a = np.array(values, dtype=np.float32)
+        u = a.view(np.uint32).astype(np.uint64)
+        rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        return cls(np.where(np.isnan(a), np.uint16(0x7FC0), rounded).astype(np.uint16))
+
+    def float32(self):
+        return widen_bf16(self.bits)
+
+
+def widen_bf16(bits):
+    """bfloat16 bit patterns (uint16) as the float32 values they are (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def crc32(array):
@@ -57,14 +101,18 @@ class SafeTensors:
         self.data_start = 8 + hlen
         self.tensors = header
         for name, t in header.items():
+            code = t.get("dtype") if isinstance(t, dict) else None
+            if isinstance(code, str) and code not in DTYPES and code != "BF16":
+                raise MicaError(f"checkpoint {path} holds tensor {name!r} as {code[:20]}, a type Mica does not read "
+                                "(it reads F64, F32, BF16, F16 and integers); convert the file to float32")
             try:
-                dtype, shape, (a, b) = DTYPES[t["dtype"]], t["shape"], t["data_offsets"]
+                dtype, shape, (a, b) = _dtype(t["dtype"]), t["shape"], t["data_offsets"]
                 if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
                         and type(a) is int and type(b) is int and 0 <= a <= b):
                     raise ValueError
             except (KeyError, TypeError, ValueError):
                 raise MicaError(f"checkpoint {path} is corrupt: tensor {name!r} has a malformed entry") from None
-            if b - a != math.prod(shape) * np.dtype(dtype).itemsize or self.data_start + b > size:
+            if b - a != math.prod(shape) * dtype.itemsize or self.data_start + b > size:
                 raise MicaError(f"checkpoint {path} is truncated or corrupt: tensor {name!r} does not fit the file")
         self._crcs = self._read_crcs()
 
@@ -116,29 +164,44 @@ class SafeTensors:
         return None if self._crcs is None else self._crcs[name]
 
     def info(self, name):
+        """(dtype, shape, file offset): a numpy dtype, or BFLOAT16."""
         t = self.tensors[name]
-        return np.dtype(DTYPES[t["dtype"]]), tuple(t["shape"]), self.data_start + t["data_offsets"][0]
+        return _dtype(t["dtype"]), tuple(t["shape"]), self.data_start + t["data_offsets"][0]
 
     def read(self, name):
+        """The tensor as a numpy array (a BF16 tensor widened to float32, exactly)."""
+        dtype, _, _ = self.info(name)
+        return widen_bf16(self.read_bits(name)) if dtype is BFLOAT16 else self.read_bits(name)
+
+    def read_bits(self, name):
+        """The tensor's stored values (a BF16 tensor's uint16 bit patterns), checked."""
         dtype, shape, offset = self.info(name)
-        a = np.fromfile(self.path, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+        storage = np.uint16 if dtype is BFLOAT16 else dtype
+        a = np.fromfile(self.path, dtype=storage, count=math.prod(shape), offset=offset).reshape(shape)
         if self._crcs is not None and crc32(a) != self._crcs[name]:
             raise MicaError(f"checkpoint {self.path} is corrupt: tensor {name} does not match its checksum (its "
                             "bytes changed after it was written); use another checkpoint")
         return a
 
 
+def _dtype(code):
+    """The dtype of a safetensors dtype code (KeyError for codes Mica does not read)."""
+    return BFLOAT16 if code == "BF16" else np.dtype(DTYPES[code])
+
+
 def write(path, tensors, metadata=None):
-    """Write {name: array} (and string metadata, plus a CRC-32 of every tensor) to `path`
-    atomically: a temporary file, synced, then renamed; on failure nothing is replaced."""
+    """Write {name: array or BF16Tensor} (and string metadata, plus a CRC-32 of every tensor) to
+    `path` atomically: a temporary file, synced, then renamed; on failure nothing is replaced."""
     header, arrays, at = {}, [], 0
     for name, a in tensors.items():
-        a = np.asarray(a)
+        code = "BF16" if isinstance(a, BF16Tensor) else None
+        a = a.bits if code else np.asarray(a)
         if not a.flags.c_contiguous:
             a = a.copy()  # (np.ascontiguousarray would turn a 0-d array into 1-d)
-        if a.dtype not in CODES:
+        if code is None and a.dtype not in CODES:
             raise MicaError(f"cannot store tensor {name!r} of dtype {a.dtype} in safetensors")
-        header[name] = {"dtype": CODES[a.dtype], "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
+        code = code or CODES[a.dtype]
+        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
         arrays.append(a)
         at += a.nbytes
     meta = {k: str(v) for k, v in (metadata or {}).items()}

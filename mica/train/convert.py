@@ -1,7 +1,6 @@
 """Move between Mica's checkpoints and nanoGPT's ckpt.pt (torch needed for the .pt side)."""
 import json
 import os
-import struct
 
 import numpy as np
 
@@ -24,9 +23,12 @@ def _groups(names, shapes):
     return [[n for n in names if len(shapes[n]) >= 2], [n for n in names if len(shapes[n]) < 2]]
 
 
-def check_gpt_tensors(found, args, where):
-    """`found` ({name: (numpy dtype, shape)}) must be exactly nanoGPT's GPT of `args` (n_layer,
-    n_head, n_embd, block_size, bias, vocab_size) in float32: the sentence names what differs."""
+FLOATS = (np.dtype(np.float32), np.dtype(np.float16), ckpt.BFLOAT16)
+
+
+def check_gpt_tensors(found, args, where, dtypes=(np.dtype(np.float32),)):
+    """`found` ({name: (dtype, shape)}) must be exactly nanoGPT's GPT of `args` (n_layer, n_head,
+    n_embd, block_size, bias, vocab_size) in one of `dtypes`: the sentence names what differs."""
     from ..models.gpt import GPT, GPTConfig
 
     try:
@@ -37,8 +39,9 @@ def check_gpt_tensors(found, args, where):
                         "vocabulary); it is not a checkpoint of nanoGPT's model") from None
     missing = [n for n in want if n not in found]
     extra = [n for n in found if n not in want]
-    wrong = [f"{n} is {found[n][0].name}{list(found[n][1])} where {list(want[n])} float32 belongs"
-             for n in want if n in found and (tuple(found[n][1]) != want[n] or found[n][0] != np.float32)]
+    kinds = " or ".join(d.name for d in dtypes)
+    wrong = [f"{n} is {found[n][0].name}{list(found[n][1])} where {list(want[n])} {kinds} belongs"
+             for n in want if n in found and (tuple(found[n][1]) != want[n] or found[n][0] not in dtypes)]
     if missing or extra or wrong:
         parts = [f"missing {', '.join(missing[:3])}"] if missing else []
         parts += [f"unknown {', '.join(extra[:3])}"] if extra else []
@@ -47,8 +50,23 @@ def check_gpt_tensors(found, args, where):
                         f"{'; '.join(parts)}")
 
 
-def export_nanogpt(out_dir, to):
+def _torch_tensor(torch, st, name):
+    """A stored tensor as a torch tensor of its own dtype (BF16 from its bits, exactly)."""
+    if st.info(name)[0] is ckpt.BFLOAT16:
+        return torch.from_numpy(st.read_bits(name).view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(st.read(name).copy())
+
+
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def export_nanogpt(out_dir, to, dtype=None):
+    """out_dir's checkpoint as nanoGPT's ckpt.pt: each weight in the dtype it is stored in, or all
+    of them rounded to `dtype` (float32, bfloat16, float16: half copies of the float32 masters,
+    rounded to nearest even, as torch's .to()); the optimizer's moments stay as stored."""
     torch = _torch()
+    if dtype is not None and dtype not in EXPORT_DTYPES:
+        raise MicaError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     if os.path.isdir(to):
         raise MicaError(f"--to {to} is a folder; give the path of the file to write, e.g. {os.path.join(to, 'ckpt.pt')}")
     st = ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors"))
@@ -61,8 +79,10 @@ def export_nanogpt(out_dir, to):
     if "transformer.wte.weight" not in shapes:
         raise MicaError(f"{st.path} holds no GPT weights (transformer.wte.weight)")
     check_gpt_tensors({n: st.info(n)[:2] for n in params},
-                      {**cfg, "vocab_size": shapes["transformer.wte.weight"][0]}, st.path)
-    model = {n: torch.from_numpy(st.read(n).copy()) for n in params}
+                      {**cfg, "vocab_size": shapes["transformer.wte.weight"][0]}, st.path, dtypes=FLOATS)
+    model = {n: _torch_tensor(torch, st, n) for n in params}
+    if dtype is not None:
+        model = {n: t.to(getattr(torch, dtype)) for n, t in model.items()}
     model["lm_head.weight"] = model["transformer.wte.weight"]  # the tie, one tensor under both names
     decay, nodecay = _groups(params, shapes)
     order = decay + nodecay
@@ -70,8 +90,8 @@ def export_nanogpt(out_dir, to):
     if "optimizer.step" in st.names:
         step = float(st.read("optimizer.step"))
         for i, n in enumerate(order):
-            state[i] = {"step": torch.tensor(step), "exp_avg": torch.from_numpy(st.read(f"optimizer.exp_avg.{n}").copy()),
-                        "exp_avg_sq": torch.from_numpy(st.read(f"optimizer.exp_avg_sq.{n}").copy())}
+            state[i] = {"step": torch.tensor(step), "exp_avg": _torch_tensor(torch, st, f"optimizer.exp_avg.{n}"),
+                        "exp_avg_sq": _torch_tensor(torch, st, f"optimizer.exp_avg_sq.{n}")}
     group = dict(lr=cfg.get("learning_rate", 6e-4), betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)), eps=1e-8,
                  amsgrad=False, foreach=None, maximize=False, capturable=False, differentiable=False, fused=None)
     optimizer = {"state": state, "param_groups": [
@@ -201,20 +221,8 @@ _LAYER = {"ln_1.weight": "C", "ln_1.bias": "C", "attn.c_attn.weight": "C,3C", "a
 
 
 def _open(path):
-    """SafeTensors(path), with a sentence for bfloat16 files (Mica's reader takes F32/F16/F64)."""
-    try:
-        return ckpt.SafeTensors(path)
-    except MicaError:
-        try:
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                head = f.read(min(n, 1 << 28)).decode("utf-8", "replace")
-        except (OSError, struct.error):
-            raise MicaError(f"{path} is not a readable safetensors file") from None
-        if '"BF16"' in head:
-            raise MicaError(f"{path} holds bfloat16 tensors, which Mica's safetensors reader does not take yet; save "
-                            "the model as float32 (in PyTorch: model.float(), then save_pretrained)") from None
-        raise
+    """SafeTensors(path): float32, float16 and bfloat16 files alike (read() widens to float32)."""
+    return ckpt.SafeTensors(path)
 
 
 def _hf_names(st):

@@ -280,9 +280,28 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
             init = os.path.join(out_dir, "init.safetensors")
             ckpt.write(init, tensors, {"format": "mica", "converted_from": os.path.abspath(cfg["init_from"]),
                                        "config": json.dumps(cfg)})
+        else:
+            init = _widened(init, by_name, out_dir, cfg, log)
         return _loads(init, by_name, settings, params_only=True)
     raise MicaError(f"init_from={init!r} is not available: use scratch, resume or a .safetensors file (Mica's "
                     "own, or Hugging Face's GPT-2 model.safetensors)")
+
+
+def _widened(path, by_name, out_dir, cfg, log):
+    """A weights file whose floating tensors are half types (bfloat16, float16) where the model's
+    are float32: the trainer keeps float32 master weights, so the file's values are widened
+    (exactly) into out_dir/init.safetensors; any other file is read as it is."""
+    st = ckpt.SafeTensors(path)
+    half = [n for n in st.names if st.info(n)[0] in (ckpt.BFLOAT16, np.dtype(np.float16))
+            and by_name.get(n, (0, 0, np.float32))[2] == np.float32]
+    if not half:
+        return path
+    log(f"note: {path} holds {len(half)} tensors in {st.info(half[0])[0].name}; the model trains float32 "
+        "master weights, widened from them exactly")
+    tensors = {n: (st.read(n).astype(np.float32) if n in half else st.read(n)) for n in st.names}
+    out = os.path.join(out_dir, "init.safetensors")
+    ckpt.write(out, tensors, {"format": "mica", "converted_from": os.path.abspath(path), "config": json.dumps(cfg)})
+    return out
 
 
 def _saved_config(st):
