@@ -33,7 +33,8 @@ from test_cuda import needs_simulator
 TARGETS = [pytest.param(("cpu", "float64"), id="cpu"),
            pytest.param(("cuda-sim", "float64"), id="cuda-sim", marks=needs_simulator),
            pytest.param(("cpu", "bfloat16"), id="cpu-bf16"), pytest.param(("cpu", "float16"), id="cpu-f16"),
-           pytest.param(("cuda-sim", "bfloat16"), id="cuda-sim-bf16", marks=needs_simulator)]
+           pytest.param(("cuda-sim", "bfloat16"), id="cuda-sim-bf16", marks=needs_simulator),
+           pytest.param(("cuda-sim", "float16"), id="cuda-sim-f16", marks=needs_simulator)]
 # a half type's eps: the oracle's half-rounding mode is matched to one rounding (products sum in
 # another order); against float64, which also skips rounding the inputs, to ten
 HALF_EPS = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}

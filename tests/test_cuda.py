@@ -84,6 +84,21 @@ def row_kernels():
     return mica.trace(step, mica.f32[30, 24], mica.f32[24], mica.f32[24], mica.i64[3, 7], mica.i64[3, 7])
 
 
+def half_products(dtype):
+    """Products of a half type under autocast: plain, with a transposed operand, batched, and the
+    backward's (which read the half operands' transposes)."""
+    def step(x, w, q, k):
+        with mica.autocast(device_type="cuda", dtype=dtype):
+            y = x @ w
+            s = q @ k.transpose(-2, -1)
+            t = x.transpose(0, 1) @ x
+        loss = (y.float() * y.float()).sum() + s.float().sum() + t.float().mean()
+        gx, gw = mica.grad(loss, [x, w])
+        return {"y": y, "s": s, "t": t, "gx": gx, "gw": gw}
+
+    return mica.trace(step, mica.f32[12, 20], mica.f32[20, 9], mica.f32[2, 3, 5, 8], mica.f32[2, 3, 7, 8])
+
+
 def row_data():
     rng = np.random.default_rng(4)
     wte, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((30, 24), (24,), (24,)))
@@ -116,6 +131,32 @@ def test_the_same_bits_for_any_launch_configuration():
     for r in runs[1:]:
         for k in r:
             assert np.array_equal(r[k], runs[0][k]), k
+
+
+@needs_simulator
+@pytest.mark.parametrize("dtype", [mica.bfloat16, mica.float16], ids=["bfloat16", "float16"])
+def test_half_products_go_to_cublaslt_as_they_are_and_keep_the_widened_bits(dtype, monkeypatch):
+    """The CUDA target takes half products itself (cuBLASLt's 16BF/16F with COMPUTE_32F): no casts
+    around them in the source; in the simulator they give the bits of the same product widened to
+    float32 and rounded once, and match the oracle's half-rounding mode to one rounding."""
+    from mica.backends.cuda.target import CudaTarget
+
+    program = half_products(dtype)
+    args = data(((12, 20), (20, 9), (2, 3, 5, 8), (2, 3, 7, 8)), seed=6)
+    native = program.lower("cuda", simulate=True)
+    suffix = "bf16" if dtype is mica.bfloat16 else "f16"
+    assert f"mica_gemm_{suffix}(" in native.source and "mica_gemm_f32(" not in native.source
+    got = native.build()(*args)
+    monkeypatch.setattr(CudaTarget, "half_kernel", lambda self, op: False)
+    widened = program.lower("cuda", simulate=True)
+    assert "mica_gemm_f32(" in widened.source and f"mica_gemm_{suffix}(" not in widened.source
+    want = widened.build()(*args)
+    for k in got:
+        assert np.array_equal(got[k], want[k]), k
+    oracle = mica.reference.run(program, *args, precision="float32")
+    eps = 2.0 ** -8 if dtype is mica.bfloat16 else 2.0 ** -11
+    for k in ("y", "s", "t"):
+        assert rel_err(got[k], oracle[k]) <= 2 * eps, k
 
 
 @needs_simulator
@@ -430,7 +471,8 @@ def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tm
     from mica.backends.cuda import build
 
     for name, program in (("gpt", gpt_step[0]), ("rows", row_kernels()),
-                          ("rows64", every_row_kernel(4, np.float64, widths=(24,)))):
+                          ("rows64", every_row_kernel(4, np.float64, widths=(24,))),
+                          ("bf16", half_products(mica.bfloat16))):
         src = tmp_path / f"{name}.cu"
         src.write_text(program.lower("cuda").source)
         obj = tmp_path / f"{name}.o"

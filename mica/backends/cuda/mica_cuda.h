@@ -3,8 +3,10 @@
  *
  * Products: C[M,N] = op(A)[M,K] @ op(B)[K,N], row-major with leading dimensions, through
  * cuBLASLt (COMPUTE_32F; TF32 only when the program is built with MICA_TF32, as the user
- * permits); in the simulator a plain product on the CPU (its bits are not cuBLASLt's: products
- * aside, Mica's own kernels give the simulator's bits on a card).
+ * permits); A, B and C are float32, float64 (COMPUTE_64F), bfloat16 or float16 (a half product
+ * reads half operands, accumulates in float32 and rounds C once); in the simulator a plain
+ * product on the CPU in the same arithmetic (its bits are not cuBLASLt's: products aside, Mica's
+ * own kernels give the simulator's bits on a card).
  */
 #ifndef MICA_CUDA_H
 #define MICA_CUDA_H
@@ -67,9 +69,14 @@ static inline unsigned mica_blocks(int64_t n) {
  * version; a file made elsewhere is not used (and is rewritten). A shape the record lacks is met
  * while the step is captured as a graph: it is timed after that capture, recorded, and the capture
  * is redone. The simulator has one routine; it records its shapes the same way. */
+/* a product's element type (the record's first field: 0 and 1 as float32 and float64 always were) */
+enum { MICA_F32 = 0, MICA_F64 = 1, MICA_BF16 = 2, MICA_F16 = 3 };
+
+static inline int64_t mica_type_size(int type) { return type == MICA_F64 ? 8 : type == MICA_F32 ? 4 : 2; }
+
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc, sa, sb, sc, count;
-    int ta, tb, f64, tf32;
+    int ta, tb, type, tf32; /* type: A's, B's and C's (MICA_F32 ...) */
     int align_a, align_b, align_c; /* bytes (a power of two up to 256) every matrix's start is a multiple of */
 } mica_product_shape;
 
@@ -94,7 +101,7 @@ static struct {
 static int mica_same_shape(const mica_product_shape *a, const mica_product_shape *b) {
     return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
            a->ldc == b->ldc && a->sa == b->sa && a->sb == b->sb && a->sc == b->sc && a->count == b->count &&
-           a->ta == b->ta && a->tb == b->tb && a->f64 == b->f64 && a->tf32 == b->tf32 && a->align_a == b->align_a &&
+           a->ta == b->ta && a->tb == b->tb && a->type == b->type && a->tf32 == b->tf32 && a->align_a == b->align_a &&
            a->align_b == b->align_b && a->align_c == b->align_c;
 }
 
@@ -166,7 +173,8 @@ static void mica_record_read(const char *path) {
                    &t[4], &t[5], &t[6], &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6], &w[7], &us, &used) != 26 ||
             used == 0)
             continue;
-        s.f64 = t[0], s.tf32 = t[1], s.M = v[0], s.N = v[1], s.K = v[2], s.ta = t[2], s.tb = t[3];
+        if (t[0] < MICA_F32 || t[0] > MICA_F16) continue;
+        s.type = t[0], s.tf32 = t[1], s.M = v[0], s.N = v[1], s.K = v[2], s.ta = t[2], s.tb = t[3];
         s.align_a = t[4], s.align_b = t[5], s.align_c = t[6];
         s.lda = v[3], s.ldb = v[4], s.ldc = v[5], s.sa = v[6], s.sb = v[7], s.sc = v[8], s.count = v[9];
         if (mica_record_find(&s)) continue;
@@ -194,7 +202,7 @@ static void mica_record_write(void) {
         const mica_product *e = &mica_record.p[i];
         const mica_product_shape *s = &e->shape;
         if (e->pending) continue;
-        fprintf(f, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld align %d %d %d algo", s->f64,
+        fprintf(f, "product %d %d %lld %lld %lld %d %d %lld %lld %lld %lld %lld %lld %lld align %d %d %d algo", s->type,
                 s->tf32, (long long)s->M, (long long)s->N, (long long)s->K, s->ta, s->tb, (long long)s->lda,
                 (long long)s->ldb, (long long)s->ldc, (long long)s->sa, (long long)s->sb, (long long)s->sc,
                 (long long)s->count, s->align_a, s->align_b, s->align_c);
@@ -222,6 +230,28 @@ static void mica_sim_gemm(const mica_product_shape *s, T alpha, const T *A, cons
     }
 }
 
+/* a half product: half operands, each product and sum in float32 in k order, C rounded once */
+static inline float mica_sim_load(mica_bf16 x) { return mica_bf16_load(x); }
+static inline float mica_sim_load(mica_f16 x) { return (float)x; }
+static inline void mica_sim_store(mica_bf16 *p, float f) { *p = mica_bf16_store(f); }
+static inline void mica_sim_store(mica_f16 *p, float f) { *p = (mica_f16)f; }
+
+template <class H>
+static void mica_sim_gemm_half(const mica_product_shape *s, float alpha, const H *A, const H *B, H *C) {
+    for (int64_t n = 0; n < s->count; n++) {
+        const H *a = A + n * s->sa, *b = B + n * s->sb;
+        H *c = C + n * s->sc;
+        for (int64_t i = 0; i < s->M; i++)
+            for (int64_t j = 0; j < s->N; j++) {
+                float acc = 0;
+                for (int64_t k = 0; k < s->K; k++)
+                    acc += mica_sim_load(s->ta ? a[k * s->lda + i] : a[i * s->lda + k]) *
+                           mica_sim_load(s->tb ? b[j * s->ldb + k] : b[k * s->ldb + j]);
+                mica_sim_store(&c[i * s->ldc + j], alpha == 1.0f ? acc : alpha * acc);
+            }
+    }
+}
+
 static int mica_products_ready(void) {
     if (!mica_record.loaded) {
         const char *path = getenv("MICA_PRODUCTS");
@@ -239,8 +269,11 @@ static int mica_product_run(cudaStream_t stream, const mica_product_shape *s, do
     }
     mica_product_shape shape = *s;
     ::mica_cudasim::detail::enqueue(stream, [=] {
-        if (shape.f64) mica_sim_gemm<double>(&shape, alpha, (const double *)A, (const double *)B, (double *)C);
-        else mica_sim_gemm<float>(&shape, (float)alpha, (const float *)A, (const float *)B, (float *)C);
+        if (shape.type == MICA_F64) mica_sim_gemm<double>(&shape, alpha, (const double *)A, (const double *)B, (double *)C);
+        else if (shape.type == MICA_F32) mica_sim_gemm<float>(&shape, (float)alpha, (const float *)A, (const float *)B, (float *)C);
+        else if (shape.type == MICA_BF16) mica_sim_gemm_half<mica_bf16>(&shape, (float)alpha, (const mica_bf16 *)A,
+                                                                         (const mica_bf16 *)B, (mica_bf16 *)C);
+        else mica_sim_gemm_half<mica_f16>(&shape, (float)alpha, (const mica_f16 *)A, (const mica_f16 *)B, (mica_f16 *)C);
     });
     return 0;
 }
@@ -313,12 +346,14 @@ static void mica_lt_release(mica_lt_problem *p) {
 }
 
 static int mica_lt_describe(mica_lt *lt, const mica_product_shape *s, mica_lt_problem *p) {
-    cublasComputeType_t compute = s->f64 ? CUBLAS_COMPUTE_64F : s->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    cudaDataType_t type = s->f64 ? CUDA_R_64F : CUDA_R_32F;
+    const int f64 = s->type == MICA_F64;
+    cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : s->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F; /* (alpha's type: float for every type but double) */
+    cudaDataType_t type = f64 ? CUDA_R_64F : s->type == MICA_BF16 ? CUDA_R_16BF : s->type == MICA_F16 ? CUDA_R_16F : CUDA_R_32F;
     cublasOperation_t opb = s->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = s->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int64_t M = s->M, N = s->N, K = s->K;
     memset(p, 0, sizeof *p);
-    int ok = cublasLtMatmulDescCreate(&p->desc, compute, type) == CUBLAS_STATUS_SUCCESS &&
+    int ok = cublasLtMatmulDescCreate(&p->desc, compute, scale) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa) == CUBLAS_STATUS_SUCCESS &&
              /* stored column-major: B as (tb ? K : N) x (tb ? N : K), A as (ta ? M : K) x (ta ? K : M) */
@@ -375,7 +410,7 @@ static int mica_product_run(cudaStream_t stream, const mica_product_shape *s, do
         if (ok) algo = check.algo;
         if (ok && !e && (e = mica_record_add(s)) != 0) e->pending = 1;
     }
-    ok = ok && mica_lt_matmul(lt, &p, &algo, s->f64, alpha, A, B, C, stream);
+    ok = ok && mica_lt_matmul(lt, &p, &algo, s->type == MICA_F64, alpha, A, B, C, stream);
     mica_lt_release(&p);
     if (!ok) {
         snprintf(mica_error_text, sizeof mica_error_text, "cuBLASLt could not compute a %lld x %lld x %lld product",
@@ -395,7 +430,8 @@ static int mica_product_time(mica_product *e) {
     const mica_product_shape *s = &e->shape;
     mica_lt *lt = mica_lt_get();
     mica_lt_problem p;
-    size_t size = s->f64 ? 8 : 4;
+    size_t size = (size_t)mica_type_size(s->type);
+    const int f64 = s->type == MICA_F64;
     int64_t na = mica_span(s->ta ? s->K : s->M, s->ta ? s->M : s->K, s->lda, s->sa, s->count);
     int64_t nb = mica_span(s->tb ? s->N : s->K, s->tb ? s->K : s->N, s->ldb, s->sb, s->count);
     int64_t nc = mica_span(s->M, s->N, s->ldc, s->sc, s->count);
@@ -419,9 +455,9 @@ static int mica_product_time(mica_product *e) {
     }
     for (int c = 0; ok && c < found; c++) {
         if (cand[c].state != CUBLAS_STATUS_SUCCESS) continue;
-        if (!mica_lt_matmul(lt, &p, &cand[c].algo, s->f64, 1.0, A, B, C, 0)) continue; /* (warm-up) */
+        if (!mica_lt_matmul(lt, &p, &cand[c].algo, f64, 1.0, A, B, C, 0)) continue; /* (warm-up) */
         int good = cudaEventRecord(t0, 0) == cudaSuccess;
-        for (int r = 0; good && r < 5; r++) good = mica_lt_matmul(lt, &p, &cand[c].algo, s->f64, 1.0, A, B, C, 0);
+        for (int r = 0; good && r < 5; r++) good = mica_lt_matmul(lt, &p, &cand[c].algo, f64, 1.0, A, B, C, 0);
         float ms = 0;
         good = good && cudaEventRecord(t1, 0) == cudaSuccess && cudaEventSynchronize(t1) == cudaSuccess &&
                cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
@@ -454,35 +490,37 @@ static int mica_alignment(const void *p, int64_t ld_bytes, int64_t stride_bytes)
 }
 
 /* C[M,N] = alpha op(A) op(B) for `count` matrices, the i-th at A + i*sa, B + i*sb, C + i*sc
- * (strides in elements), in float (f64 = 0) or double (f64 = 1) */
-static int mica_gemm_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, int f64, double alpha,
+ * (strides in elements), all of one element type (MICA_F32, MICA_F64, MICA_BF16, MICA_F16) */
+static int mica_gemm_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, int type, double alpha,
                              const void *A, int64_t lda, int ta, int64_t sa, const void *B, int64_t ldb, int tb,
                              int64_t sb, void *C, int64_t ldc, int64_t sc, int64_t count) {
     mica_product_shape s;
     memset(&s, 0, sizeof s);
-    s.M = M, s.N = N, s.K = K, s.lda = lda, s.ldb = ldb, s.ldc = ldc, s.ta = ta, s.tb = tb, s.f64 = f64;
+    s.M = M, s.N = N, s.K = K, s.lda = lda, s.ldb = ldb, s.ldc = ldc, s.ta = ta, s.tb = tb, s.type = type;
     s.sa = count > 1 ? sa : 0, s.sb = count > 1 ? sb : 0, s.sc = count > 1 ? sc : 0, s.count = count;
-    s.tf32 = f64 ? 0 : MICA_TF32_ON;
-    const int64_t size = f64 ? 8 : 4;
+    s.tf32 = type == MICA_F32 ? MICA_TF32_ON : 0;
+    const int64_t size = mica_type_size(type);
     s.align_a = mica_alignment(A, lda * size, s.sa * size);
     s.align_b = mica_alignment(B, ldb * size, s.sb * size);
     s.align_c = mica_alignment(C, ldc * size, s.sc * size);
     return mica_product_run(stream, &s, alpha, A, B, C);
 }
 
-#define MICA_DEFINE_GEMM(T, S, F64)                                                                 \
-static int mica_gemm_##S##_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, T alpha, const T *A,  \
+#define MICA_DEFINE_GEMM(T, ALPHA, S, TYPE)                                                        \
+static int mica_gemm_##S##_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, ALPHA alpha, const T *A, \
                                    int64_t lda, int ta, int64_t sa, const T *B, int64_t ldb, int tb, int64_t sb, \
                                    T *C, int64_t ldc, int64_t sc, int64_t count) {                 \
-    return mica_gemm_batched(stream, M, N, K, F64, alpha, A, lda, ta, sa, B, ldb, tb, sb, C, ldc, sc, count); \
+    return mica_gemm_batched(stream, M, N, K, TYPE, alpha, A, lda, ta, sa, B, ldb, tb, sb, C, ldc, sc, count); \
 }                                                                                                  \
 /* one product C[M,N] = op(A) op(B), row-major with leading dimensions */                          \
 static int mica_gemm_##S(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, int ta, \
                          const T *B, int64_t ldb, int tb, T *C, int64_t ldc) {                     \
-    return mica_gemm_batched(stream, M, N, K, F64, 1.0, A, lda, ta, 0, B, ldb, tb, 0, C, ldc, 0, 1); \
+    return mica_gemm_batched(stream, M, N, K, TYPE, 1.0, A, lda, ta, 0, B, ldb, tb, 0, C, ldc, 0, 1); \
 }
-MICA_DEFINE_GEMM(float, f32, 0)
-MICA_DEFINE_GEMM(double, f64, 1)
+MICA_DEFINE_GEMM(float, float, f32, MICA_F32)
+MICA_DEFINE_GEMM(double, double, f64, MICA_F64)
+MICA_DEFINE_GEMM(mica_bf16, float, bf16, MICA_BF16)
+MICA_DEFINE_GEMM(mica_f16, float, f16, MICA_F16)
 
 /* ---- the step as one CUDA graph ------------------------------------------------------------- */
 typedef int (*mica_steps)(char *A, cudaStream_t stream);

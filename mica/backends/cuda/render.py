@@ -7,7 +7,7 @@ plain CPU product in the simulator). Launches go through MICA_LAUNCH, so only nv
 """
 import math
 
-from ... import __version__, dtypes
+from ... import __version__
 from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, Literal, Reduce, row_major
 from ..cstyle import types as ct
 from ..cstyle.expr import Accessor, ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
@@ -15,6 +15,8 @@ from ..cstyle.expr import ProductLayout, canonical_sum, reduce_init as _init
 from ..cstyle.render import CStyleRenderer, _c_string
 
 THREADS = 256  # threads per block; results do not depend on it (tests change it)
+
+GEMM_SUFFIX = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}  # mica_cuda.h's
 
 
 def _decompose(dims, names, flat="t"):
@@ -232,7 +234,7 @@ class CudaRenderer(CStyleRenderer):
     def _element(self, x, idx):
         return ct.store(x.dtype, self._load(x, idx))
 
-    # ---- products: host calls --------------------------------------------------------------------
+    # ---- products: host calls (mica_gemm_<type>) --------------------------------------------------------------------
     def product(self, kern):
         raise AssertionError("products are host calls (see kernel)")
 
@@ -251,11 +253,7 @@ class CudaRenderer(CStyleRenderer):
                 return self._lanes_kernels(k, kern)
             return super().kernel(k, kern)
         a, b, out = kern.a, kern.b, kern.out
-        if out.dtype not in (dtypes.float32, dtypes.float64):
-            from ...errors import MicaError
-
-            raise MicaError(f"matmul on {out.dtype.name} is not supported by the CUDA backend yet; cast to float32")
-        s = ct.suffix(out.dtype)
+        s = GEMM_SUFFIX[out.dtype.name]  # (a product's operands and result share one floating type)
         p = ProductLayout(kern)
         off = p.offset
         self._declared, self.on_host = {}, True

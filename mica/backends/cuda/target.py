@@ -4,7 +4,7 @@ without a GPU run it.
 
 What it answers for the shared pipeline: 256-byte alignment (cuBLASLt wants 16; 256 keeps every
 buffer on its own cache lines); one workspace for the one stream the program runs on; products
-carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel primitives are
+of every floating type, half ones included (`half_kernel`), carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel primitives are
 lowered under platform "cuda" (lowerings.py: the row kernels; attention not yet, so a program that
 needs it is refused with a sentence naming it).
 """
@@ -32,6 +32,11 @@ class CudaTarget(Target):
 
     def product_epilogue(self, gemm, loop):
         return False
+
+    def half_kernel(self, op):
+        """Products of bfloat16 or float16 go to cuBLASLt as they are (half operands, COMPUTE_32F,
+        C rounded once), as the widened product would compute them; kernel primitives widen."""
+        return op == "matmul"
 
     def workspace(self, kernel):
         from .render import reduce_scratch
