@@ -147,7 +147,7 @@ def test_half_products_go_to_cublaslt_as_they_are_and_keep_the_widened_bits(dtyp
     suffix = "bf16" if dtype is mica.bfloat16 else "f16"
     assert f"mica_gemm_{suffix}(" in native.source and "mica_gemm_f32(" not in native.source
     got = native.build()(*args)
-    monkeypatch.setattr(CudaTarget, "half_kernel", lambda self, op: False)
+    monkeypatch.setattr(CudaTarget, "half_kernel", lambda self, op, dtype=None: False)
     widened = program.lower("cuda", simulate=True)
     assert "mica_gemm_f32(" in widened.source and f"mica_gemm_{suffix}(" not in widened.source
     want = widened.build()(*args)

@@ -33,7 +33,7 @@ class CudaTarget(Target):
     def product_epilogue(self, gemm, loop):
         return False
 
-    def half_kernel(self, op):
+    def half_kernel(self, op, dtype=None):
         """Products of bfloat16 or float16 go to cuBLASLt as they are (half operands, COMPUTE_32F,
         C rounded once), as the widened product would compute them; kernel primitives widen."""
         return op == "matmul"
