@@ -221,3 +221,39 @@ def test_launches_mica_cannot_share_are_sentences(tmp_path, data):
     assert r.returncode != 0 and "run mpirun -np 2 mica train" in r.stderr and "Traceback" not in r.stderr
     r = run(args, d, env=dict(_env(), OMPI_COMM_WORLD_SIZE="3", OMPI_COMM_WORLD_RANK="0"))
     assert r.returncode != 0 and "gradient_accumulation_steps=4 does not divide among 3 ranks" in r.stderr
+
+
+def _nccl_ready():
+    try:
+        from mica.backends.cuda import build as cb
+        from mica.backends.cuda import collectives as cc
+
+        cb.nvcc(), cc.nccl_paths(), cb.cuda_libraries()
+        return shutil.which("mpicc") is not None
+    except mica.MicaError:
+        return False
+
+
+@pytest.mark.skipif(not _nccl_ready(), reason="needs nvcc, the nvidia-nccl-cu13 wheel and Open MPI")
+def test_nccl_lowering_compiles_and_links_with_nvcc(tmp_path):
+    """(It runs only on a card; here nvcc builds it for one architecture and the library must name
+    NCCL's and MPI's entry points.)"""
+    from mica.backends.cuda import build as cb
+    from mica.backends.cuda import collectives as cc
+
+    def program(a, b, x):
+        d = mica.distributed
+        return d.all_reduce([a, b], world=2) * 2.0, d.reduce_scatter(x, world=2), d.all_gather(x, world=2)
+
+    src = mica.trace(program, mica.f32[1000], mica.f32[1000], mica.f64[8, 3]).lower("cuda").source
+    assert '#include "mica_nccl.h"' in src and "mica_nccl_all_reduce<float>" in src
+    cu, so = str(tmp_path / "p.cu"), str(tmp_path / "p.so")
+    open(cu, "w").write(src)
+    compile_flags, link_flags = cc.build_flags()
+    cmd = cb.nvcc_command(cu, so, shared=True, archs=["-gencode", "arch=compute_90,code=sm_90"])
+    at = cmd.index("-shared")
+    r = subprocess.run(cmd[:at] + compile_flags + cmd[at:] + link_flags, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    symbols = subprocess.run(["nm", "-D", so], capture_output=True, text=True).stdout
+    for name in ("ncclCommInitRank", "ncclSend", "ncclRecv", "ncclBroadcast", "ncclAllGather", "MPI_Bcast"):
+        assert name in symbols, name
