@@ -214,6 +214,21 @@ def test_ranks_prepared_differently_refuse_to_start(tmp_path, data):
     assert "Traceback" not in r.stderr and "iter 0:" not in r.stdout
 
 
+@needs_mpi
+def test_a_rank_that_cannot_start_ends_the_others_within_seconds(tmp_path, data):
+    d = _folder(tmp_path, "nostart", data)
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=2", "--eval_interval=2", "--out_dir=out"]
+    # rank 1's settings are refused before it reaches MPI: rank 0, waiting for it, is ended by mpirun
+    r = run(mpirun(1, *cli(*args)) + [":", "-np", "1", *cli(*args, "--n_layer=x")], d)
+    assert r.returncode != 0 and "mica: error: --n_layer: n_layer must be int" in r.stderr, r.stderr
+    assert r.stderr.count("mica: rank 0 of 2 stopped:") == 1 and "Traceback" not in r.stderr
+    # a rank that never joins (here not Mica at all): rank 0 stops after MICA_START_TIMEOUT seconds
+    t = time.time()
+    r = run(mpirun(1, *cli(*args)) + [":", "-np", "1", "sleep", "120"], d, env=dict(_env(), MICA_START_TIMEOUT="5"))
+    assert r.returncode != 0 and time.time() - t < 100
+    assert "mica: rank 0 of 2 stopped: the other ranks did not all join within 5 s" in r.stderr, r.stderr
+
+
 def test_launches_mica_cannot_share_are_sentences(tmp_path, data):
     d = _folder(tmp_path, "env", data)
     args = cli("train", "shakespeare_char", *TINY, "--max_iters=1", "--out_dir=out")

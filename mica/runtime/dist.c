@@ -36,6 +36,23 @@ static void stop_now(int sig) {
     _exit(143);
 }
 
+/* the ranks must all join within MICA_START_TIMEOUT seconds (default 600) of this one, or it stops */
+static char late_text[512];
+
+static void too_late(int sig) {
+    (void)sig;
+    ssize_t r = write(2, late_text, strlen(late_text));
+    (void)r;
+    _exit(2);
+}
+
+static unsigned start_timeout(void) {
+    const char *text = getenv("MICA_START_TIMEOUT");
+    char *end;
+    long v = text ? strtol(text, &end, 10) : 0;
+    return text && *text && !*end && v > 0 && v < 86400 ? (unsigned)v : 600;
+}
+
 void dist_init(void) {
     if (S.world <= 1) return;
 #ifndef MICA_MPI
@@ -51,6 +68,12 @@ void dist_init(void) {
     sigaction(SIGTERM, &sa, 0);
     dist_set_stop_text("mpirun ended this run (another rank failed or the run was interrupted); this run saved no "
                        "checkpoint");
+    unsigned timeout = start_timeout();
+    snprintf(late_text, sizeof late_text, "mica: rank %lld of %lld stopped: the other ranks did not all join within %u s "
+             "(one failed to start, or is still compiling: raise MICA_START_TIMEOUT); this run saved no checkpoint\n",
+             (long long)S.rank, (long long)S.world, timeout);
+    signal(SIGALRM, too_late);
+    alarm(timeout);
     int provided, size, rank;
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
         die(2, "MPI could not start this rank; start the run with mpirun -np %lld mica train ...", (long long)S.world);
@@ -74,6 +97,7 @@ void dist_init(void) {
             die(2, "rank %d's configuration differs from rank 0's; this rank stops too", r);
         }
     free(all);
+    alarm(0);
 #endif
 }
 
