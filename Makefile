@@ -16,6 +16,7 @@ $(VENV)/.core: pyproject.toml
 $(VENV)/.tests: $(VENV)/.core
 	$(PY) -m pip install --quiet -e '.[test,cuda]'
 	dpkg -s libboost-context-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y libboost-context-dev)
+	dpkg -s openmpi-bin libopenmpi-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y openmpi-bin libopenmpi-dev)
 	touch $@
 
 # nanoGPT's CPU run on the built-in Shakespeare corpus, then a sample of what it learned

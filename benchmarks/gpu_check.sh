@@ -2,7 +2,7 @@
 # The prepared GPU check: run it on a lent GPU machine (the device tool) from the repository root.
 # Under 6 minutes; one table printed last. What it checks:
 #   1. nvcc builds the test programs for this card;
-#   2. the CUDA tests for real: Mica's kernels give the CPU target's (= the simulator's) bits on
+#   2. the CUDA tests for real (and the collectives' NCCL lowering built and linked, one rank): Mica's kernels give the CPU target's (= the simulator's) bits on
 #      the card, the MLP and GPT steps match the float64 oracle, 20 iterations of the CUDA trainer
 #      give the CPU trainer's losses;
 #   3. compute-sanitizer memcheck and racecheck over those programs and the GPT step;
@@ -44,6 +44,11 @@ within 200 env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests/test_cuda
     > "$out/pytest.txt" 2>&1
 rc=$?
 row "CUDA tests on the card (pytest)" "$(verdict $rc)" "$(tail -1 "$out/pytest.txt") ($(( $(date +%s) - t0 )) s)"
+# the collectives' NCCL lowering, one rank: nvcc builds and links it (it skips without Open MPI's mpicc)
+t0=$(date +%s)
+within 90 env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests/test_distributed.py -k nccl > "$out/nccl.txt" 2>&1
+rc=$?
+row "NCCL lowering builds (pytest, one rank)" "$(verdict $rc)" "$(tail -1 "$out/nccl.txt") ($(( $(date +%s) - t0 )) s)"
 for prog in no_products row_kernels mlp_step; do
     within 60 env PYTHONPATH=.:tests $PY - "$prog" "$out" <<'PYEOF' > "$out/build-$prog.txt" 2>&1
 import sys, numpy as np

@@ -21,7 +21,7 @@ from .verbs import (
     squeeze, stack, sub, sum, tanh, tensor, to, transpose, tril, triu, unbind, unsqueeze, var, view,
     where, zeros, zeros_like,
 )
-from . import nn, optim, reference  # noqa: E402
+from . import distributed, nn, optim, reference  # noqa: E402
 
 bool = bool_  # noqa: A001  (mica.bool, like torch.bool)
 f32, bf16, f16, f64, i32, i64, b8 = float32, bfloat16, float16, float64, int32, int64, bool_

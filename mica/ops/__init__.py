@@ -64,4 +64,4 @@ class _LazyVerbs:
 
 F = _LazyVerbs()
 
-from . import elementwise, reduce, shape, matmul, nn  # noqa: E402,F401  (each registers its family)
+from . import elementwise, reduce, shape, matmul, nn, collective  # noqa: E402,F401  (each registers its family)

@@ -1,6 +1,11 @@
 /* nanoGPT's training loop around the compiled programs: estimate_loss over eval_iters batches per
  * split, one optimizer step per iteration (the train program does the micro-batches, clipping,
- * schedule and AdamW), nanoGPT's log lines, checkpoints, and a clean stop on Ctrl-C. */
+ * schedule and AdamW), nanoGPT's log lines, checkpoints, and a clean stop on Ctrl-C.
+ *
+ * In a data-parallel run every rank draws every batch row one process would draw (so the
+ * generator, and the data the run sees, do not depend on the world size) and feeds the train
+ * program its contiguous share of the micro-batches; rank 0 alone evaluates (its losses are
+ * broadcast, so every rank takes the same decisions), logs and writes checkpoints. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +51,15 @@ static const char *last_good(void) {
     return text;
 }
 
+/* what a rank of a multi-rank run says when a signal ends it (dist.c) */
+static void update_stop_text(void) {
+    if (S.world > 1) {
+        char text[8600];
+        snprintf(text, sizeof text, "mpirun ended this run (another rank failed or the run was interrupted); %s", last_good());
+        dist_set_stop_text(text);
+    }
+}
+
 static int stop_interrupted(int64_t iter, const char *during) {
     log_clear_progress();
     fflush(stdout);
@@ -81,6 +95,7 @@ static double estimate_split(const token_set *data, int64_t *offs) {
     for (int64_t k = 0; k < S.eval_iters; k++) {
         if (interrupted) return NAN;
         for (int64_t r = 0; r < S.batch; r++) offs[r] = draw_offset(data, 0);
+        if (S.rank != 0) continue; /* (the other ranks keep the generator in step) */
         fill_batch(ARENA_EVAL, S.ev_x, S.ev_y, data, offs, S.batch);
         if (eval_run(ev, (int)S.threads, S.seed, 0) != 0) die(2, "%s", eval_error());
         float loss;
@@ -111,6 +126,7 @@ int train_loop(void) {
         best_val_loss = S.resume_best;
         last_saved = iter;
     }
+    update_stop_text();
     if (S.resume && S.n_resume_next) {
         if (!S.has_resume_rng) die(2, "the checkpoint has a data position but no generator state; it is damaged");
         rng_set(S.resume_rng);
@@ -123,7 +139,7 @@ int train_loop(void) {
     } else {
         for (int64_t r = 0; r < rows; r++) next[r] = draw_offset(&train_data, 1);
     }
-    log_open_metrics(S.resume != 0);
+    if (S.rank == 0) log_open_metrics(S.resume != 0);
     double t0 = now(), running_mfu = -1.0, started = now();
     int64_t started_iter = iter;
     for (;;) {
@@ -132,33 +148,37 @@ int train_loop(void) {
         rng_get(before_eval);
         if (iter % S.eval_interval == 0) {
             log_clear_progress();
-            copy_parameters_to_eval();
+            if (S.rank == 0) copy_parameters_to_eval();
             double lt = estimate_split(&train_data, eval_offs), lv = estimate_split(&val_data, eval_offs);
+            double losses[2] = {lt, lv};
+            dist_broadcast(losses, 2);
+            lt = losses[0], lv = losses[1];
             if (interrupted) return stop_interrupted(iter, "while evaluating at");
             if (!isfinite(lt) || !isfinite(lv)) {
                 log_clear_progress();
-                fprintf(stderr, "mica: error: the evaluated loss is not finite at step %lld (train %g, val %g), so "
+                if (S.rank == 0) fprintf(stderr, "mica: error: the evaluated loss is not finite at step %lld (train %g, val %g), so "
                         "training stopped without saving; %s\n", (long long)iter, fabs(lt), fabs(lv), last_good());
                 log_metrics("{\"step\": %lld, \"train_loss\": null, \"val_loss\": null, \"stopped\": "
                             "\"non-finite loss\"}", (long long)iter);
                 log_close_metrics();
                 return 3;
             }
-            printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)iter, lt, lv);
+            if (S.rank == 0) printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)iter, lt, lv);
             fflush(stdout);
             log_metrics("{\"step\": %lld, \"train_loss\": %.9g, \"val_loss\": %.9g}", (long long)iter, lt, lv);
             if (lv < best_val_loss || S.always_save) {
                 best_val_loss = lv;
                 if (iter > 0) {
-                    checkpoint_save(iter, best_val_loss, next, rows, before_eval);
+                    if (S.rank == 0) checkpoint_save(iter, best_val_loss, next, rows, before_eval);
                     last_saved = iter;
-                    printf("saving checkpoint to %s\n", S.out_dir);
+                    update_stop_text();
+                    if (S.rank == 0) printf("saving checkpoint to %s\n", S.out_dir);
                 }
             }
             /* the eval drew from the generator: what follows continues from here, as nanoGPT's does */
         }
         if (iter == 0 && S.eval_only) break;
-        fill_batch(ARENA_TRAIN, S.tr_x, S.tr_y, &train_data, next, rows);
+        fill_batch(ARENA_TRAIN, S.tr_x, S.tr_y, &train_data, next + S.rank * (rows / S.world), rows / S.world);
         prog_set_input(ARENA_TRAIN, (int)S.tr_iter, &iter);
         if (iter < S.max_iters) /* the batch after the last one is never used: not drawn */
             for (int64_t r = 0; r < rows; r++) next[r] = draw_offset(&train_data, 1);
@@ -172,7 +192,7 @@ int train_loop(void) {
         if (!isfinite(loss)) {
             log_clear_progress();
             fflush(stdout);
-            fprintf(stderr, "mica: error: the loss is %s at iter %lld, so training stopped; %s\n",
+            if (S.rank == 0) fprintf(stderr, "mica: error: the loss is %s at iter %lld, so training stopped; %s\n",
                     isnan(loss) ? "nan" : "infinite", (long long)iter, last_good());
             log_metrics("{\"iter\": %lld, \"loss\": null, \"stopped\": \"non-finite loss\"}", (long long)iter);
             log_close_metrics();
@@ -180,7 +200,7 @@ int train_loop(void) {
         }
         if (iter % S.log_interval != 0 && S.time_every_iter) /* the trainer's own clock, for mica bench */
             log_metrics("{\"iter\": %lld, \"time_ms\": %.3f}", (long long)iter, dt * 1000);
-        if (iter % S.log_interval == 0) {
+        if (iter % S.log_interval == 0 && S.rank == 0) {
             if (local_iter >= 5) {
                 double mfu = S.flops_per_iter / dt / S.peak_flops;
                 running_mfu = running_mfu == -1.0 ? mfu : 0.9 * running_mfu + 0.1 * mfu;
@@ -196,7 +216,7 @@ int train_loop(void) {
         local_iter++;
         if (interrupted && iter <= S.max_iters) return stop_interrupted(iter - 1, "after");
         double el = now() - started, rate = (iter - started_iter) / (el > 0 ? el : 1e-9);
-        log_progress(iter, rate * S.batch * S.accum * S.block, (S.max_iters - iter) / (rate > 0 ? rate : 1e-9));
+        if (S.rank == 0) log_progress(iter, rate * S.batch * S.accum * S.block, (S.max_iters - iter) / (rate > 0 ? rate : 1e-9));
         if (iter > S.max_iters) break;
     }
     log_clear_progress();

@@ -42,6 +42,11 @@ int main(int argc, char **argv) {
     sa.sa_flags = SA_RESETHAND | SA_RESTART; /* a write in progress finishes; the loop stops after it */
     sigaction(SIGINT, &sa, 0);
     sigaction(SIGTERM, &sa, 0);
-    if (!strcmp(S.mode, "train")) return train_loop();
+    dist_init();
+    if (!strcmp(S.mode, "train")) {
+        int code = train_loop();
+        dist_finalize();
+        return code;
+    }
     return sample();
 }

@@ -169,8 +169,10 @@ static void validate(void) {
                  S.log_interval >= 1,
              "a loop setting is not positive");
         need(S.n_train_files >= 1 && S.n_val_files >= 1, "no training or validation data");
-        int64_t rows = S.batch * S.accum, cells = rows * S.block;
-        need(rows / S.accum == S.batch && cells / S.block == rows && cells < (INT64_MAX / 8), "the batch is too large");
+        need(S.world >= 1 && S.rank >= 0 && S.rank < S.world && S.accum % S.world == 0,
+             "its world size, rank and accumulation steps do not fit together");
+        int64_t rows = S.batch * S.accum, cells = rows / S.world * S.block; /* (a rank's share) */
+        need(rows / S.accum == S.batch && cells / S.block == rows / S.world && cells < (INT64_MAX / 8), "the batch is too large");
         need(input_is(ARENA_TRAIN, S.tr_x, cells * 8) && input_is(ARENA_TRAIN, S.tr_y, cells * 8) &&
                  input_is(ARENA_TRAIN, S.tr_iter, 8) && output_is(ARENA_TRAIN, S.tr_loss, 4) &&
                  output_is(ARENA_TRAIN, S.tr_lr, 8),
@@ -200,6 +202,7 @@ void read_manifest(const char *path) {
     S.tr_x = S.tr_y = S.tr_iter = S.tr_loss = S.tr_lr = S.ev_x = S.ev_y = S.ev_loss = S.lg_idx = S.lg_logits = -1;
     S.vocab = S.block = S.batch = S.accum = S.max_iters = S.eval_interval = S.eval_iters = S.log_interval = -1;
     S.temperature = 1.0;
+    S.world = 1;
     char *line = 0;
     size_t cap = 0;
     ssize_t len;
@@ -217,7 +220,8 @@ void read_manifest(const char *path) {
 #define DBL(k, dst) else if (!strcmp(key, k)) dst = parse_double(v)
         if (!strcmp(key, "mode")) snprintf(S.mode, sizeof S.mode, "%s", v);
         STR("out_dir", S.out_dir); STR("init_file", S.init_file); STR("batch_order", S.batch_order);
-        STR("config_json", S.config_json);
+        STR("config_json", S.config_json); STR("run_hash", S.run_hash);
+        INT("world", S.world); INT("rank", S.rank);
         INT("vocab", S.vocab); INT("block", S.block); INT("batch", S.batch); INT("accum", S.accum);
         INT("max_iters", S.max_iters); INT("eval_interval", S.eval_interval); INT("eval_iters", S.eval_iters);
         INT("log_interval", S.log_interval); INT("eval_only", S.eval_only); INT("always_save", S.always_save);

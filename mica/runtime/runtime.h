@@ -13,6 +13,7 @@
  *   log.c         log lines, metrics.jsonl, the progress line
  *   loop.c        nanoGPT's training loop: evaluation, steps, checkpoints, interruption
  *   sampler.c     generation from the logits program
+ *   dist.c        data parallelism: MPI's start, the ranks' agreement, a signal's one sentence
  *   main.c        the entry point and the user's errors
  */
 #ifndef MICA_RUNTIME_H
@@ -88,6 +89,8 @@ typedef struct {
     int64_t *start_tokens, n_start;
     slot *slots;
     int nslots;
+    int64_t world, rank; /* a data-parallel run's ranks (1, 0: one process) */
+    char *run_hash;      /* the same on every rank of a run, or it does not start */
 } settings;
 
 extern settings S;
@@ -151,5 +154,12 @@ void log_clear_progress(void);
 /* ---- loop.c / sampler.c ---------------------------------------------------------------------- */
 int train_loop(void);
 int sample(void);
+
+/* ---- dist.c ---------------------------------------------------------------------------------- */
+void dist_init(void);
+void dist_finalize(void);
+void dist_broadcast(double *values, int n); /* rank 0's values on every rank */
+int dist_any(int flag);
+void dist_set_stop_text(const char *text); /* what a rank says when a signal ends it */
 
 #endif

@@ -6,12 +6,13 @@ import subprocess
 import tempfile
 
 from ..backends.c import build as cbuild
+from ..backends.c import collectives
 from ..errors import MicaError
 
 RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 # the trainer's runtime modules (mica/runtime/runtime.h says what each does)
 RUNTIME_SOURCES = ("main.c", "manifest.c", "programs.c", "tokens.c", "rng.c", "checkpoint.c", "log.c", "loop.c",
-                   "sampler.c")
+                   "sampler.c", "dist.c")
 PROGRAMS = ("train", "eval", "logits")
 
 
@@ -31,6 +32,9 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
     lowered = {name: programs[name].lower("cpu", opt_level=opt_level) for name in PROGRAMS}
     blas = lowered["train"].target.blas
     cflags, ldflags = cbuild.blas_flags(blas)
+    if collectives.distributed(lowered["train"].schedule):  # a data-parallel trainer: Open MPI (runtime/dist.c)
+        mpi_c, mpi_l = collectives.mpi_flags()
+        cflags, ldflags = [*cflags, "-DMICA_MPI", *mpi_c], [*ldflags, *mpi_l]
     flags = cbuild.flags(opt_level) + cflags
     sources = {name: lowered[name].target.render(lowered[name], api=f"{name}_") for name in PROGRAMS}
     runtime = _runtime_text()

@@ -39,12 +39,14 @@ def precision(cfg):
     return mica.autocast(device_type=cfg.get("device", "cpu"), dtype=getattr(mica, cfg["dtype"]))
 
 
-def build(cfg, vocab_size):
-    """{name: Program} for train, eval and logits, plus the model."""
+def build(cfg, vocab_size, world=1, rank=0):
+    """{name: Program} for train, eval and logits, plus the model. With world > 1 the train
+    program is rank `rank`'s share of a data-parallel step (data_parallel below)."""
     model = GPT(model_config(cfg, vocab_size))
     specs = model.param_specs()
     opt = optimizer(cfg, specs)
     accum, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
+    local = accum // world  # (run.py checks that the ranks share the micro-batches evenly)
     forward = loss_fn(model)
 
     def objective(params, x, y):
@@ -56,9 +58,15 @@ def build(cfg, vocab_size):
     def train(params, opt_state, x, y, iter_num):
         grads, loss = None, None
         sc = opt_state.get("scaler") if scaler.enabled else None
-        for micro in range(accum):
-            loss, g = mica.value_and_grad(lambda p: objective(p, x[micro], y[micro]) / accum)(params) \
+
+        def micro_grad(micro):
+            return mica.value_and_grad(lambda p: objective(p, x[micro], y[micro]) / accum)(params) \
                 if sc is None else _scaled_grad(objective, scaler, sc, params, x[micro], y[micro], accum)
+
+        if world > 1:
+            grads, loss = data_parallel(micro_grad, local, world, rank)
+        for micro in range(accum if world == 1 else 0):
+            loss, g = micro_grad(micro)
             grads = g if grads is None else {n: grads[n] + g[n] for n in grads}
         if sc is not None:
             grads, found_inf = scaler.unscale(grads, sc)
@@ -81,7 +89,7 @@ def build(cfg, vocab_size):
         return out
 
     model.train()
-    batch = mica.i64[accum, B, T]
+    batch = mica.i64[local, B, T]
     state_specs = opt.state_specs(specs)
     if scaler.enabled:
         state_specs = {**state_specs, "scaler": scaler.state_specs()}
@@ -97,6 +105,25 @@ def build(cfg, vocab_size):
 
     logits_prog = mica.trace(all_logits, specs, mica.i64[1, T], name="logits")
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
+
+
+def data_parallel(micro_grad, local, world, rank):
+    """(gradients, the last micro-batch's loss) of a data-parallel step, on rank `rank` of `world`:
+    its `local` micro-batches' gradients are all-reduced together, so every rank gets one process's
+    sum, added in the same order (rank 0's micro-batches first, one by one: the collective's order,
+    mica/ops/collective.py), and the loss nanoGPT logs is the last rank's last micro-batch's.
+    Dropout's streams are those one process gives these micro-batches: a throwaway trace of one
+    micro-batch counts them, and this rank's start after `rank * local` micro-batches' worth."""
+    from ..tensor import current
+
+    ctx = current("train")
+    start = ctx.random_streams
+    micro_grad(0)  # (dead: only counted; the graph drops what nothing reads)
+    ctx.random_streams = start + rank * local * (ctx.random_streams - start)
+    parts = [micro_grad(m) for m in range(local)]
+    grads = {n: mica.distributed.all_reduce([g[n] for _, g in parts], world=world) for n in parts[0][1]}
+    losses = mica.distributed.all_gather(mica.reshape(parts[-1][0], (1,)), world=world)
+    return grads, losses[world - 1]
 
 
 def _scaled_grad(objective, scaler, sc, params, x, y, accum):

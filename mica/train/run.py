@@ -17,7 +17,7 @@ from ..errors import MicaError
 from . import checkpoint as ckpt
 from . import config as config_mod
 from . import convert
-from . import memory_plan, native, programs
+from . import distributed, memory_plan, native, programs
 from ..files import read_text, writable_folder
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -58,7 +58,7 @@ def _check_split(paths, vocab, need, what, log):
     return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
 
 
-_TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|trainer\.manifest)\.tmp(\d+)")
+_TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|trainer(?:\.rank\d+)?\.manifest)\.tmp(\d+)")
 
 
 def _remove_stale_temporaries(out_dir, log):
@@ -114,10 +114,12 @@ def prepare_run(config_path=None, overrides=(), log=print):
     if cfg["batch_order"] and not os.path.isfile(cfg["batch_order"]):
         raise MicaError(f"batch order file {cfg['batch_order']} is a folder, not a file")
     out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
-    _lock(out_dir)
-    _remove_stale_temporaries(out_dir, log)
+    world, rank = distributed.ranks(cfg)
+    if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
+        _lock(out_dir)
+        _remove_stale_temporaries(out_dir, log)
 
-    model, _, progs = programs.build(cfg, vocab)
+    model, _, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"])
@@ -139,6 +141,9 @@ def prepare_run(config_path=None, overrides=(), log=print):
     settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     manifest = os.path.join(out_dir, "trainer.manifest")
+    if world > 1:
+        settings.update(world=world, rank=rank, run_hash=distributed.run_hash(cfg, lowered, world))
+        manifest = os.path.join(out_dir, f"trainer.rank{rank}.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
 
@@ -374,10 +379,16 @@ def _loads(path, by_name, settings, params_only=False, st=None):
 
 
 def train(config_path=None, overrides=(), log=print, execute=True):
+    if distributed.ranks()[1] > 0:  # (rank 0 says what every rank would)
+        log = _quiet
     exe, manifest, cfg = prepare_run(config_path, overrides, log)
     if execute:
         os.execv(exe, [exe, manifest])
     return subprocess.run([exe, manifest]).returncode
+
+
+def _quiet(message):
+    pass
 
 
 # ---- sampling -------------------------------------------------------------------------------------

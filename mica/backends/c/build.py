@@ -82,6 +82,11 @@ def build(source, opt_level, name="program", profile=False, blas="openblas"):
     kernel (mica_kernel_time)."""
     cc = compiler()
     cflags, ldflags = blas_flags(blas)
+    if '#include "mica_collectives.h"' in source:  # collectives across ranks: Open MPI
+        from .collectives import mpi_flags
+
+        mpi_c, mpi_l = mpi_flags()
+        cflags, ldflags = [*cflags, *mpi_c], [*ldflags, *mpi_l]
     fl = flags(opt_level) + cflags + (["-DMICA_PROFILE"] if profile else [])
     key = hashlib.sha256("\0".join([source, cc, *fl, *ldflags, _headers_digest()]).encode()).hexdigest()[:24]
     return compile_cached(source, os.path.join(cache_dir(), key), "program.c", "the C compiler", name,

@@ -10,6 +10,7 @@ from ... import dtypes
 from ...targets import Target
 from . import build as _build
 from .lowerings import gemm_scratch
+from . import collectives as _collectives  # noqa: F401  (registers the collectives' lowerings)
 
 
 def default_max_threads():

@@ -13,6 +13,7 @@ from ..cstyle import types as ct
 from ..cstyle.expr import Accessor, ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
 from ..cstyle.expr import ProductLayout, canonical_sum, reduce_init as _init
 from ..cstyle.render import CStyleRenderer, _c_string
+from .collectives import headers as collective_headers
 
 THREADS = 256  # threads per block; results do not depend on it (tests change it)
 
@@ -314,7 +315,8 @@ class CudaRenderer(CStyleRenderer):
         out += [" * " + line for line in report.splitlines()]
         out += [" */", "#ifndef MICA_THREADS",
                 f"#define MICA_THREADS {THREADS}  /* per block: the results do not depend on it */", "#endif",
-                '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', '#include "mica_cuda_attention.h"', "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
+                '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', '#include "mica_cuda_attention.h"',
+                *[f'#include "{h}"' for h in collective_headers(s)], "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
         out += self.literals()
         for k, kern in enumerate(s.kernels):
             out += self.kernel(k, kern)

@@ -11,6 +11,7 @@ needs it is refused with a sentence naming it).
 from ...errors import MicaError
 from ...targets import Target
 from . import lowerings  # noqa: F401  (registers the CUDA kernels' lowerings)
+from . import collectives  # noqa: F401  (and the collectives')
 
 
 class CudaTarget(Target):

@@ -1,0 +1,31 @@
+"""Collectives over the ranks of a data-parallel run, as verbs (mica/ops/collective.py defines
+them). `world` is the number of ranks the program is compiled for; every rank runs the same program.
+
+    total = mica.distributed.all_reduce([g0, g1], world=2)   # ((rank0.g0 + rank0.g1) + rank1.g0) + rank1.g1
+    mine = mica.distributed.reduce_scatter(x, world=2)       # x: [2n, ...] -> [n, ...]
+    every = mica.distributed.all_gather(x, world=2)          # [n, ...] -> [2n, ...], rank order
+"""
+from .tensor import Tensor, current, emit
+
+
+def _tensors(xs, verb):
+    xs = [xs] if isinstance(xs, Tensor) else list(xs)
+    current(verb)
+    return xs
+
+
+def all_reduce(tensors, world):
+    """The sum, on every rank, of every rank's tensors: rank 0's in order, then rank 1's, ..."""
+    return emit("all_reduce", _tensors(tensors, "distributed.all_reduce"), world=world)
+
+
+def reduce_scatter(tensor, world):
+    """Rank r's block r of the rank-ordered sum of every rank's tensor (split along axis 0)."""
+    current("distributed.reduce_scatter")
+    return emit("reduce_scatter", [tensor], world=world)
+
+
+def all_gather(tensor, world):
+    """Every rank's tensor, concatenated along axis 0 in rank order."""
+    current("distributed.all_gather")
+    return emit("all_gather", [tensor], world=world)

@@ -1,0 +1,62 @@
+"""Which rank of a data-parallel run this process is, and what every rank must agree on.
+
+`mpirun -np N mica train ...` starts N copies of `mica train`; each finds its rank in Open MPI's
+environment (OMPI_COMM_WORLD_SIZE / _RANK), prepares the same programs (rank `r`'s train program
+takes the r-th contiguous share of the micro-batches one process would take) and hands over to
+the trainer, which joins MPI, compares every rank's run hash and trains. torchrun's variables
+(WORLD_SIZE, RANK) name the ranks where MPI's are absent, but the ranks exchange gradients over
+MPI, which only mpirun starts: a torchrun launch of several ranks is refused with a sentence.
+"""
+import hashlib
+import json
+import os
+
+from ..errors import MicaError
+
+
+def _int(name):
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise MicaError(f"the environment variable {name}={text!r} is not a whole number; it names this "
+                        "process's place in a multi-process run") from None
+
+
+def ranks(cfg=None):
+    """(world size, rank) of this process; checks that cfg can be shared among the ranks."""
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        world, rank = _int("OMPI_COMM_WORLD_SIZE"), _int("OMPI_COMM_WORLD_RANK")
+    elif "WORLD_SIZE" in os.environ:
+        world, rank = _int("WORLD_SIZE"), _int("RANK") if "RANK" in os.environ else 0
+        if world > 1:
+            raise MicaError(f"WORLD_SIZE={world} asks for {world} ranks (torchrun's launch), but Mica's ranks sum "
+                            f"their gradients over MPI, which only mpirun starts: run mpirun -np {world} mica train "
+                            "... instead")
+    else:
+        return 1, 0
+    if world < 1 or not 0 <= rank < world:
+        raise MicaError(f"this process is rank {rank} of {world}, which cannot be; start the run with mpirun -np N")
+    if cfg is not None and world > 1:
+        accum = cfg["gradient_accumulation_steps"]
+        if accum % world:
+            raise MicaError(f"gradient_accumulation_steps={accum} does not divide among {world} ranks (each takes an "
+                            f"equal share of the micro-batches); use a multiple of {world}")
+        if cfg["device"] != "cpu":
+            raise MicaError(f"training on {world} ranks runs on the CPU for now (device={cfg['device']!r}); the "
+                            "collectives' NCCL lowering is built but its trainer is not yet")
+    return world, rank
+
+
+def run_hash(cfg, lowered, world):
+    """What every rank of a run must share: its configuration, the world size and the programs
+    (the train program's own source too where it is the same on every rank: without dropout)."""
+    from .native import PROGRAMS, _runtime_text
+
+    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
+    h.update(f"\0{world}\0".encode())
+    h.update(_runtime_text().encode())
+    for name in PROGRAMS:
+        if name != "train" or not cfg["dropout"]:
+            h.update(lowered[name].source.encode())
+    return h.hexdigest()

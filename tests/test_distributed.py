@@ -1,0 +1,274 @@
+"""Data parallelism: the collectives (identity at world size 1 on the oracle and in C, their VJPs,
+their MPI lowering across 2 ranks bit for bit), and `mpirun -np 2 mica train` against one process
+(the same losses and checkpoint bytes), a killed rank, ranks prepared differently.
+
+Open MPI refuses to run as root without OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM), and a machine with fewer
+cores than ranks needs --oversubscribe: mpirun() passes both."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import mica
+from mica.train import checkpoint
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAKESPEARE = os.path.join(HERE, "data", "tinyshakespeare.txt")
+MPIRUN = shutil.which("mpirun")
+needs_mpi = pytest.mark.skipif(MPIRUN is None or shutil.which("mpicc") is None,
+                               reason="Open MPI is not installed (apt-get install openmpi-bin libopenmpi-dev)")
+TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
+        "--batch_size=2", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--lr_decay_iters=40",
+        "--threads=1", "--dropout=0.1", "--gradient_accumulation_steps=4"]
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(k, None)
+    return env
+
+
+def mpirun(np_, *args):
+    return [MPIRUN, "-np", str(np_), "--oversubscribe", *args]
+
+
+def cli(*args):
+    return [sys.executable, "-m", "mica.cli", *args]
+
+
+def run(cmd, cwd, timeout=600, env=None):
+    return subprocess.run(cmd, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=timeout)
+
+
+# ---- the collectives on the oracle and in one process ----------------------------------------------
+
+def test_world_size_one_is_the_identity_on_the_oracle_and_in_c():
+    rng = np.random.default_rng(0)
+    a, b, c = rng.standard_normal((3, 4, 6)).astype(np.float32)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+
+    def f(a, b, c, x):
+        d = mica.distributed
+        return d.all_reduce([a, b, c], world=1), d.reduce_scatter(x, world=1), d.all_gather(x, world=1)
+
+    prog = mica.trace(f, mica.f32[4, 6], mica.f32[4, 6], mica.f32[4, 6], mica.f32[6, 3])
+    want = ((a + b) + c, x, x)
+    for got, exp in zip(mica.reference.run(prog, a, b, c, x), want):
+        np.testing.assert_allclose(got, exp.astype(np.float64), rtol=1e-6, atol=1e-6)
+    for got, exp in zip(prog.lower("cpu").build()(a, b, c, x), want):
+        assert np.asarray(got).tobytes() == exp.tobytes()  # (float32 left to right: the same bits)
+
+
+def test_vjps_are_the_transposed_collectives():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 3))
+    w = rng.standard_normal((4, 3))
+
+    def loss(x, w):
+        d = mica.distributed
+        y = d.all_gather(x * w, world=1)
+        z = d.reduce_scatter(y * y, world=1)
+        return d.all_reduce([z, z * 2.0], world=1).sum()
+
+    prog = mica.trace(lambda x, w: mica.value_and_grad(lambda x: loss(x, w))(x)[1], mica.f64[4, 3], mica.f64[4, 3])
+    got = mica.reference.run(prog, x, w)
+    np.testing.assert_allclose(got, 2 * 3 * (x * w) * w, rtol=1e-12)  # d/dx of 3 (xw)^2
+    ops = [line.split("= ")[1].split()[0] for line in prog.ir.splitlines() if "= " in line]
+    # all_reduce's transpose is all_reduce; reduce_scatter's is all_gather; all_gather's, reduce_scatter
+    assert ops.count("all_reduce") == 2 and ops.count("all_gather") == 2 and ops.count("reduce_scatter") == 2
+
+
+def test_collectives_check_their_operands():
+    d = mica.distributed
+    with pytest.raises(mica.ShapeError, match="divide among 2 ranks"):
+        mica.trace(lambda x: d.reduce_scatter(x, world=2), mica.f32[3, 2])
+    with pytest.raises(mica.ShapeError, match="every operand must be"):
+        mica.trace(lambda a, b: d.all_reduce([a, b], world=1), mica.f32[3], mica.f32[4])
+    with pytest.raises(mica.ShapeError, match="floating-point"):
+        mica.trace(lambda a: d.all_gather(a, world=1), mica.i64[3])
+    with pytest.raises(mica.ShapeError, match="positive count of ranks"):
+        mica.trace(lambda a: d.all_gather(a, world=0), mica.f32[3])
+    prog = mica.trace(lambda a: d.all_gather(a, world=2), mica.f32[3])
+    assert prog.graph.outputs[0].shape == (6,)
+    with pytest.raises(mica.MicaError, match="mpirun -np 2"):
+        mica.reference.run(prog, np.zeros(3, np.float32))
+
+
+@needs_mpi
+def test_mpi_lowering_sums_in_rank_order_bit_for_bit(tmp_path):
+    r = run(mpirun(2, sys.executable, os.path.join(HERE, "mpi", "collectives_check.py")), tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.split("\n")[:2]) == ["rank 0: ok", "rank 1: ok"]
+
+
+# ---- mpirun -np 2 mica train --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dp")
+    r = run(cli("prepare", "shakespeare-char", "--input", SHAKESPEARE), d)
+    assert r.returncode == 0, r.stderr
+    return d / "data"
+
+
+def _folder(tmp_path, name, data):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "data").symlink_to(data)
+    return d
+
+
+def _metrics(path):
+    """metrics.jsonl without the clock's values."""
+    return [{k: v for k, v in json.loads(line).items() if k not in ("time_ms", "mfu")} for line in open(path)]
+
+
+@needs_mpi
+def test_two_ranks_train_bitwise_like_one_process(tmp_path, data):
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=4", "--eval_interval=2", "--always_save_checkpoint=True",
+            "--out_dir=out"]
+    one, two = _folder(tmp_path, "one", data), _folder(tmp_path, "two", data)
+    r1 = run(cli(*args), one)
+    assert r1.returncode == 0, r1.stderr
+    r2 = run(mpirun(2, *cli(*args)), two)
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    pattern = re.compile(r"^(?:iter \d+: loss [\d.]+|step \d+: .*$)", re.M)
+    losses = pattern.findall(r1.stdout)
+    # (mpirun gives its ranks a terminal: rank 0 draws the progress line, cleared by \r and ESC[K)
+    assert len(losses) == 5 + 3 and losses == pattern.findall(re.sub(r"\r|\x1b\[K", "\n", r2.stdout))
+    assert r2.stdout.count("step 2: train loss") == 1  # rank 0 alone logs
+    assert _metrics(one / "out" / "metrics.jsonl") == _metrics(two / "out" / "metrics.jsonl")
+    a, b = (open(d / "out" / "ckpt.safetensors", "rb").read() for d in (one, two))
+    assert a == b  # every tensor, the data position, the generator and the metadata
+    # every rank resumes from the one checkpoint, still in step with one process
+    more = [a.replace("--max_iters=4", "--max_iters=6") for a in args] + ["--init_from=resume"]
+    r1, r2 = run(cli(*more), one), run(mpirun(2, *cli(*more)), two)
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    assert open(one / "out" / "ckpt.safetensors", "rb").read() == open(two / "out" / "ckpt.safetensors", "rb").read()
+
+
+@needs_mpi
+def test_a_killed_rank_ends_the_others_with_one_sentence(tmp_path, data):
+    d = _folder(tmp_path, "killed", data)
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=100000", "--eval_interval=3",
+            "--always_save_checkpoint=True", "--out_dir=out"]
+    p = subprocess.Popen(mpirun(2, *cli(*args)), cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        metrics = d / "out" / "metrics.jsonl"
+        deadline = time.time() + 300
+        while time.time() < deadline and not (metrics.exists() and '"step": 6' in metrics.read_text()):
+            time.sleep(0.2)
+        assert metrics.exists() and '"step": 6' in metrics.read_text(), "the run did not get going"
+        pid = _trainer_pid(d / "out" / "trainer.rank1.manifest")
+        os.kill(pid, signal.SIGKILL)
+        t = time.time()
+        out, err = p.communicate(timeout=30)
+        took = time.time() - t
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0 and took < 20
+    assert err.count("mica: rank 0 of 2 stopped:") == 1, err
+    sentence = next(line for line in err.splitlines() if line.startswith("mica: rank 0 of 2 stopped:"))
+    assert "is untouched" in sentence and "Traceback" not in err
+    st = checkpoint.SafeTensors(str(d / "out" / "ckpt.safetensors"))
+    assert int(st.metadata["iter_num"]) >= 6
+    for name in st.names:
+        st.read(name)  # every CRC-32 checks out
+    r = run(cli(*[a.replace("--max_iters=100000", f"--max_iters={int(st.metadata['iter_num']) + 1}")
+                  for a in args], "--init_from=resume"), d)
+    assert r.returncode == 0, r.stderr
+
+
+def _trainer_pid(manifest):
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if len(cmd) > 1 and cmd[1].decode(errors="replace").endswith(os.path.join("out", manifest.name)) and \
+                    os.path.realpath(os.path.join(f"/proc/{pid}/cwd", cmd[1].decode())) == os.path.realpath(manifest):
+                return int(pid)
+    raise AssertionError(f"no trainer runs {manifest}")
+
+
+@needs_mpi
+def test_ranks_prepared_differently_refuse_to_start(tmp_path, data):
+    d = _folder(tmp_path, "mismatch", data)
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=2", "--eval_interval=2", "--out_dir=out"]
+    cmd = mpirun(1, *cli(*args)) + [":", "-np", "1", *cli(*args, "--eval_iters=3")]
+    r = run(cmd, d, timeout=600)
+    assert r.returncode != 0
+    assert "rank 1 was prepared with another configuration or program than rank 0" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "iter 0:" not in r.stdout
+
+
+@needs_mpi
+def test_a_rank_that_cannot_start_ends_the_others_within_seconds(tmp_path, data):
+    d = _folder(tmp_path, "nostart", data)
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=2", "--eval_interval=2", "--out_dir=out"]
+    # rank 1's settings are refused before it reaches MPI: rank 0, waiting for it, is ended by mpirun
+    r = run(mpirun(1, *cli(*args)) + [":", "-np", "1", *cli(*args, "--n_layer=x")], d)
+    assert r.returncode != 0 and "mica: error: --n_layer: n_layer must be int" in r.stderr, r.stderr
+    assert r.stderr.count("mica: rank 0 of 2 stopped:") == 1 and "Traceback" not in r.stderr
+    # a rank that never joins (here not Mica at all): rank 0 stops after MICA_START_TIMEOUT seconds
+    t = time.time()
+    r = run(mpirun(1, *cli(*args)) + [":", "-np", "1", "sleep", "120"], d, env=dict(_env(), MICA_START_TIMEOUT="5"))
+    assert r.returncode != 0 and time.time() - t < 100
+    assert "mica: rank 0 of 2 stopped: the other ranks did not all join within 5 s" in r.stderr, r.stderr
+
+
+def test_launches_mica_cannot_share_are_sentences(tmp_path, data):
+    d = _folder(tmp_path, "env", data)
+    args = cli("train", "shakespeare_char", *TINY, "--max_iters=1", "--out_dir=out")
+    r = run(args, d, env=dict(_env(), WORLD_SIZE="2", RANK="0", LOCAL_RANK="0"))
+    assert r.returncode != 0 and "run mpirun -np 2 mica train" in r.stderr and "Traceback" not in r.stderr
+    r = run(args, d, env=dict(_env(), OMPI_COMM_WORLD_SIZE="3", OMPI_COMM_WORLD_RANK="0"))
+    assert r.returncode != 0 and "gradient_accumulation_steps=4 does not divide among 3 ranks" in r.stderr
+
+
+def _nccl_ready():
+    try:
+        from mica.backends.cuda import build as cb
+        from mica.backends.cuda import collectives as cc
+
+        cb.nvcc(), cc.nccl_paths(), cb.cuda_libraries()
+        return shutil.which("mpicc") is not None
+    except mica.MicaError:
+        return False
+
+
+@pytest.mark.skipif(not _nccl_ready(), reason="needs nvcc, the nvidia-nccl-cu13 wheel and Open MPI")
+def test_nccl_lowering_compiles_and_links_with_nvcc(tmp_path):
+    """(It runs only on a card; here nvcc builds it for one architecture and the library must name
+    NCCL's and MPI's entry points.)"""
+    from mica.backends.cuda import build as cb
+    from mica.backends.cuda import collectives as cc
+
+    def program(a, b, x):
+        d = mica.distributed
+        return d.all_reduce([a, b], world=2) * 2.0, d.reduce_scatter(x, world=2), d.all_gather(x, world=2)
+
+    src = mica.trace(program, mica.f32[1000], mica.f32[1000], mica.f64[8, 3]).lower("cuda").source
+    assert '#include "mica_nccl.h"' in src and "mica_nccl_all_reduce<float>" in src
+    cu, so = str(tmp_path / "p.cu"), str(tmp_path / "p.so")
+    open(cu, "w").write(src)
+    compile_flags, link_flags = cc.build_flags()
+    cmd = cb.nvcc_command(cu, so, shared=True, archs=["-gencode", "arch=compute_90,code=sm_90"])
+    at = cmd.index("-shared")
+    r = subprocess.run(cmd[:at] + compile_flags + cmd[at:] + link_flags, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    symbols = subprocess.run(["nm", "-D", so], capture_output=True, text=True).stdout
+    for name in ("ncclCommInitRank", "ncclSend", "ncclRecv", "ncclBroadcast", "ncclAllGather", "MPI_Bcast"):
+        assert name in symbols, name
