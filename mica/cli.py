@@ -29,7 +29,8 @@ def cmd_prepare(args, extra):
     elif args.what == "text":
         if not args.input:
             raise MicaError("mica prepare text needs --input FILE [FILE ...]")
-        prepare.prepare_text(args.input, args.tokenizer, args.out or "data/text", args.format)
+        prepare.prepare_text(args.input, args.tokenizer, args.out or "data/text", args.format,
+                             shard_tokens=args.shard_tokens)
     return 0
 
 
@@ -235,6 +236,8 @@ def parser():
     pr.add_argument("--out", help="output folder (default data/shakespeare_char or data/text)")
     pr.add_argument("--tokenizer", default="char", help="char, bpe[:VOCAB] or gpt2 (text only)")
     pr.add_argument("--format", default="bin", choices=["bin", "shards"], help="token file layout (text only)")
+    pr.add_argument("--shard_tokens", type=int, default=None,
+                    help="with --format shards: at most this many tokens per shard (default: one shard per split)")
     # (their --help lists every setting: see cmd_train, cmd_sample)
     sub.add_parser("train", add_help=False,
                    help="train with nanoGPT's config files and flags: mica train CONFIG [--key=value ...]")

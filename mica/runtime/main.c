@@ -42,6 +42,6 @@ int main(int argc, char **argv) {
     sa.sa_flags = SA_RESETHAND | SA_RESTART; /* a write in progress finishes; the loop stops after it */
     sigaction(SIGINT, &sa, 0);
     sigaction(SIGTERM, &sa, 0);
-    if (!strcmp(S.mode, "train")) return train_loop();
+    if (!strcmp(S.mode, "train")) return !strcmp(S.loop, "speedrun") ? speedrun_loop() : train_loop();
     return sample();
 }

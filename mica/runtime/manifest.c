@@ -179,7 +179,10 @@ static void validate(void) {
                  output_is(ARENA_EVAL, S.ev_loss, 4),
              "the eval program has no such inputs or outputs");
         need(!S.resume || S.resume_iter >= 0, "a resumed run needs its iteration");
-        need(!S.n_resume_next || S.n_resume_next == rows, "the checkpoint's batch does not match this configuration");
+        need(!S.loop[0] || !strcmp(S.loop, "nanogpt") || !strcmp(S.loop, "speedrun"), "its loop is unknown");
+        int speedrun = !strcmp(S.loop, "speedrun"); /* (its data position is a shard and a token) */
+        need(!S.n_resume_next || S.n_resume_next == (speedrun ? 2 : rows),
+             "the checkpoint's batch does not match this configuration");
     } else {
         need(S.num_samples >= 0 && S.max_new_tokens >= 0 && S.top_k >= 0 && S.temperature > 0 &&
                  isfinite(S.temperature),
@@ -216,6 +219,7 @@ void read_manifest(const char *path) {
 #define INT(k, dst) else if (!strcmp(key, k)) dst = parse_int(v)
 #define DBL(k, dst) else if (!strcmp(key, k)) dst = parse_double(v)
         if (!strcmp(key, "mode")) snprintf(S.mode, sizeof S.mode, "%s", v);
+        else if (!strcmp(key, "loop")) snprintf(S.loop, sizeof S.loop, "%s", v);
         STR("out_dir", S.out_dir); STR("init_file", S.init_file); STR("batch_order", S.batch_order);
         STR("config_json", S.config_json);
         INT("vocab", S.vocab); INT("block", S.block); INT("batch", S.batch); INT("accum", S.accum);

@@ -12,6 +12,7 @@
  *                 tensor, verified as they are read back
  *   log.c         log lines, metrics.jsonl, the progress line
  *   loop.c        nanoGPT's training loop: evaluation, steps, checkpoints, interruption
+ *   speedrun.c    the speedrun seed's loop: shards in order, validation on the first val_tokens
  *   sampler.c     generation from the logits program
  *   main.c        the entry point and the user's errors
  */
@@ -70,7 +71,7 @@ typedef struct {
 } slot;
 
 typedef struct {
-    char mode[16];
+    char mode[16], loop[16]; /* loop: nanogpt or speedrun */
     char *out_dir, *init_file, *batch_order, *config_json;
     file_spec *train_files, *val_files;
     int n_train_files, n_val_files;
@@ -150,6 +151,7 @@ void log_clear_progress(void);
 
 /* ---- loop.c / sampler.c ---------------------------------------------------------------------- */
 int train_loop(void);
+int speedrun_loop(void);
 int sample(void);
 
 #endif
