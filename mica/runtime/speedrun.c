@@ -5,7 +5,8 @@
  *
  * The loop's sizes come in the shared settings: block = seq_len, batch = mbs (sequences per
  * micro-batch), accum = micro-batches per step, max_iters = train_steps, eval_interval =
- * val_every, eval_iters = micro-batches in the validation set. */
+ * val_every, eval_iters = micro-batches in the validation set; stop_at > 0 ends the run after that
+ * step, validated and saved, to be resumed later (the schedule still runs to train_steps). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,7 +124,8 @@ int speedrun_loop(void) {
     double training_time = 0, t0 = now();
     for (;; step++) {
         /* --------------- VALIDATION SECTION ----------------- */
-        if (step == S.max_iters || step % S.eval_interval == 0) {
+        int last = step == S.max_iters || (S.stop_at > 0 && step == S.stop_at);
+        if (last || step % S.eval_interval == 0) {
             training_time += now() - t0;
             log_clear_progress();
             float val_loss = validate(vx, vy);
@@ -150,7 +152,7 @@ int speedrun_loop(void) {
             }
             t0 = now();
         }
-        if (step == S.max_iters) break;
+        if (last) break;
 
         /* --------------- TRAINING SECTION ----------------- */
         stream_next(&train, tokens, &file, &pos);

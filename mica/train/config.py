@@ -97,6 +97,7 @@ SPEEDRUN_DEFAULTS = {
     "ns_dtype": "bfloat16",
     "cooldown_frac": 0.7,
     "log_interval": 1,
+    "stop_at": 0,
     "init_from": "scratch",
     "seed": 1337,
     "device": "cuda",
@@ -139,6 +140,7 @@ SPEEDRUN_DESCRIPTIONS = {
     "ns_dtype": "bfloat16 (the seed's) or float32: the element type of the Newton-Schulz products",
     "cooldown_frac": "the last fraction of steps, over which the learning rates decay linearly to zero",
     "log_interval": "steps between the seed's step:N/M train_time lines",
+    "stop_at": "0, or a step to stop after (validated and saved; resume with --init_from=resume)",
     "init_from": "scratch or resume (out_dir/ckpt.safetensors)",
     "seed": "seeds the initialization (any 64-bit int)",
     "device": "cpu, or cuda (an NVIDIA GPU)",
@@ -408,6 +410,8 @@ def check_speedrun(cfg):
                 "head_dim", "ns_steps", "log_interval"):
         if cfg[key] <= 0:
             raise MicaError(f"{key} must be positive, got {cfg[key]}")
+    if not 0 <= cfg["stop_at"] <= cfg["train_steps"]:
+        raise MicaError(f"stop_at must be 0 or a step from 1 to train_steps ({cfg['train_steps']}), got {cfg['stop_at']}")
     if cfg["vocab_size"] < 0:
         raise MicaError(f"vocab_size must be positive (or 0: from the data's meta.json), got {cfg['vocab_size']}")
     rows = cfg["mbs"] * cfg["seq_len"]

@@ -219,7 +219,7 @@ def prepare_speedrun(cfg, log):
                     log_interval=cfg["log_interval"], eval_only=0, always_save=1,
                     seed=config_mod.seed_int64(cfg["seed"]), threads=cfg["threads"] or os.cpu_count() or 1,
                     time_every_iter=int(cfg["time_every_iter"]), flops_per_iter=programs.flops_per_iter(cfg, model),
-                    peak_flops=1.0, config_json=json.dumps(cfg, separators=(",", ":")))
+                    peak_flops=1.0, stop_at=cfg["stop_at"], config_json=json.dumps(cfg, separators=(",", ":")))
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
         path = os.path.join(out_dir, "init.safetensors")
@@ -240,7 +240,7 @@ def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
     if saved.get("recipe") != "speedrun":
         raise MicaError(f"the checkpoint in {out_dir} was not trained with the speedrun recipe; resume it with its own "
                         "config, or train into another out_dir")
-    for k in (*SPEEDRUN_MODEL_KEYS, "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac"):
+    for k in (*SPEEDRUN_MODEL_KEYS, "vocab_size", "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac"):
         if saved.get(k, cfg[k]) != cfg[k]:
             raise MicaError(f"the checkpoint in {out_dir} was trained with {k}={saved[k]!r}, not {cfg[k]!r}; resume with "
                             "the same settings")
