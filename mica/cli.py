@@ -152,6 +152,8 @@ def cmd_inspect(args, extra):
 
     from .models.gpt import GPT, GPTConfig, loss_fn
 
+    if extra and not extra[0].startswith("-"):
+        return _inspect_recipe(args, extra[0], extra[1:])
     known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
     s = _settings(extra, {**known, "batch_size": 1})
     batch = s.pop("batch_size")
@@ -178,6 +180,30 @@ def cmd_inspect(args, extra):
 
         spec = mica.i64[batch, cfg.block_size]
         print(mica.trace(step, params, opt.state_specs(params), spec, spec).ir)
+    return 0
+
+
+def _inspect_recipe(args, config, overrides):
+    """`mica inspect CONFIG [--key=value ...]` for a speedrun config (built-in speedrun or
+    speedrun_tiny, or a file with recipe = "speedrun"): its parameter count, and with --ir the IR of
+    one training step (the micro-batches, AdamW + Muon, the schedule) at its sizes."""
+    from .train import config as config_mod, programs
+
+    cfg = config_mod.load(config, overrides)
+    if cfg["recipe"] != "speedrun":
+        raise MicaError(f"mica inspect CONFIG takes a speedrun config; {config} is nanoGPT's: inspect nanoGPT's GPT "
+                        "with --key=value settings alone")
+    config_mod.check_speedrun(cfg)
+    vocab = cfg["vocab_size"] or 50304
+    print(f"speedrun GPT(vocab_size={vocab}, num_layers={cfg['num_layers']}, model_dim={cfg['model_dim']}, "
+          f"head_dim={cfg['head_dim']})")
+    if not args.ir:
+        model = programs.speedrun_model(cfg, vocab)
+        print(f"number of parameters: {model.num_parameters():,}")
+        return 0
+    model, _, progs = programs.build_speedrun(cfg, vocab)
+    print(f"number of parameters: {model.num_parameters():,}")
+    print(progs["train"].ir)
     return 0
 
 
@@ -253,7 +279,8 @@ def parser():
                         "model.safetensors into out_dir/ckpt.safetensors")
     im.add_argument("checkpoint")
     im.add_argument("--out_dir", required=True)
-    ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")
+    ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings, or of a "
+                         "speedrun config: mica inspect speedrun [--ir]")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
     be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
     be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium"],

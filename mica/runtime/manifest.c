@@ -188,6 +188,7 @@ static void validate(void) {
                  isfinite(S.temperature),
              "a sampling setting is out of range");
         need(S.n_start >= 1, "no start tokens");
+        need(S.decodable >= 0 && S.decodable <= S.vocab, "its decodable count is outside the vocabulary");
         for (int64_t i = 0; i < S.n_start; i++)
             need(S.start_tokens[i] >= 0 && S.start_tokens[i] < S.vocab, "a start token is outside the vocabulary");
         need(S.vocab <= (INT64_MAX / 4) / S.block && input_is(ARENA_LOGITS, S.lg_idx, S.block * 8) &&
@@ -232,7 +233,7 @@ void read_manifest(const char *path) {
         INT("train.lr", S.tr_lr); INT("eval.x", S.ev_x); INT("eval.y", S.ev_y); INT("eval.loss", S.ev_loss);
         INT("logits.idx", S.lg_idx); INT("logits.out", S.lg_logits);
         INT("resume", S.resume); INT("resume_iter", S.resume_iter); DBL("resume_best", S.resume_best);
-        INT("num_samples", S.num_samples); INT("max_new_tokens", S.max_new_tokens); INT("top_k", S.top_k);
+        INT("num_samples", S.num_samples); INT("max_new_tokens", S.max_new_tokens); INT("top_k", S.top_k); INT("decodable", S.decodable);
         DBL("temperature", S.temperature);
         else if (!strcmp(key, "train_file")) add_file(&S.train_files, &S.n_train_files, v);
         else if (!strcmp(key, "val_file")) add_file(&S.val_files, &S.n_val_files, v);

@@ -84,7 +84,7 @@ typedef struct {
     double resume_best;
     uint64_t resume_rng[4];
     int has_resume_rng;
-    int64_t num_samples, max_new_tokens, top_k;
+    int64_t num_samples, max_new_tokens, top_k, decodable; /* decodable > 0: draw only ids below it */
     double temperature;
     int64_t *start_tokens, n_start;
     slot *slots;

@@ -475,7 +475,7 @@ def train(config_path=None, overrides=(), log=print, execute=True):
 
 # ---- sampling -------------------------------------------------------------------------------------
 
-def _codec(cfg, vocab=None):
+def _codec(cfg, vocab=None, padded=False):
     """(encode, decode) for sampling, from the data folder's meta.json or meta.pkl, as nanoGPT's
     sample.py decodes; with neither, GPT-2's encoding (tiktoken) for a model of GPT-2's vocabulary.
     `vocab` is the model's vocabulary size, checked against the meta file's."""
@@ -486,7 +486,7 @@ def _codec(cfg, vocab=None):
             raise MicaError(f"no vocabulary in {folder} (meta.json or meta.pkl) to decode this model's {vocab} tokens "
                             "with; sampling needs the data folder it was trained on (data_dir)")
         return _gpt2_codec(folder)
-    if vocab is not None and (m.vocab_size > vocab or (m.stoi is not None and m.vocab_size != vocab)):
+    if vocab is not None and (m.vocab_size > vocab or (m.stoi is not None and m.vocab_size != vocab and not padded)):
         raise MicaError(f"{m.path} has a vocabulary of {m.vocab_size} tokens but the checkpoint's model has {vocab}; "
                         "point data_dir at the data the model was trained on")
     if m.stoi is not None:
@@ -498,7 +498,7 @@ def _codec(cfg, vocab=None):
                 raise MicaError(f"the start text has characters the vocabulary lacks: {''.join(bad)!r}")
             return [stoi[c] for c in s]
 
-        return encode, lambda ids: "".join(itos[i] for i in ids)
+        return encode, _checked(lambda ids: "".join(itos[i] for i in ids), len(itos))
     if m.tokenizer_file:
         path = os.path.join(folder, m.tokenizer_file)
         try:
@@ -552,12 +552,17 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     or from `data_dir`."""
     path = os.path.join(out_dir, "ckpt.safetensors")
     st = ckpt.SafeTensors(path)
-    cfg = {**config_mod.DEFAULTS, **config_mod.MICA_DEFAULTS, **_saved_config(st)}
+    saved = _saved_config(st)
+    speedrun = saved.get("recipe") == "speedrun"
+    cfg = {**config_mod.defaults_for(saved.get("recipe", "nanogpt") if speedrun else "nanogpt"), **saved}
     if data_dir:
         cfg["data_dir"] = data_dir
-    if "transformer.wte.weight" not in st.tensors:
-        raise MicaError(f"{path} holds no GPT weights (transformer.wte.weight)")
-    vocab = st.info("transformer.wte.weight")[1][0]
+    elif speedrun:  # the tokenizer is the one the shards were made with: their folder's meta.json
+        cfg["data_dir"] = os.path.dirname(cfg["train_files"]) or "."
+    embedding = "embed.weight" if speedrun else "transformer.wte.weight"
+    if embedding not in st.tensors:
+        raise MicaError(f"{path} holds no GPT weights ({embedding})")
+    vocab = st.info(embedding)[1][0]
     if start.startswith("FILE:"):
         start = read_text(start[5:], "--start prompt file")
     if temperature <= 0 or max_new_tokens < 0 or num_samples < 1:
@@ -567,7 +572,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     if threads is not None and threads < 0:
         raise MicaError(f"threads must be 0 (one per core) or a positive count, got {threads}")
     config_mod.check_seed(seed)
-    encode, decode = _codec(cfg, vocab)
+    encode, decode = _codec(cfg, vocab, padded=speedrun)  # (the speedrun pads its vocabulary to 128s)
     ids = encode(start)
     if not ids:
         raise MicaError("the start text is empty; give at least one character")
@@ -576,10 +581,14 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
     _products_record(device, simulate)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
-    settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=config_mod.seed_int64(seed),
+    settings = dict(mode="sample", vocab=vocab, block=cfg["seq_len" if speedrun else "block_size"],
+                    seed=config_mod.seed_int64(seed),
                     threads=threads or os.cpu_count() or 1, num_samples=num_samples,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
                     start_tokens=" ".join(map(str, ids)))
+    meta = meta_mod.read(cfg["data_dir"]) if speedrun else None
+    if meta is not None and meta.vocab_size < vocab:
+        settings["decodable"] = meta.vocab_size
     loads = _loads(path, _expected(slots, lowered), settings, params_only=True)
     # the manifest goes to a private folder, so sampling writes nothing into out_dir (it may be read-only)
     with tempfile.TemporaryDirectory(prefix="mica-sample-") as tmp:
