@@ -233,17 +233,27 @@ def cmd_check(args, extra):
     if args.method == "b" and args.dtype != "float32":
         raise MicaError("method B is float32 by definition (its step-0 losses must agree to 1e-5); use --method a "
                         f"for {args.dtype}")
-    if args.method == "b":
+    if args.model.startswith("speedrun"):
+        if args.method != "b":
+            raise MicaError(f"--model {args.model} is checked by method B (one shared start); pass --method b")
+        overrides = []
+        if args.data_dir:
+            overrides = [f"--train_files={args.data_dir}/train_*.bin", f"--val_files={args.data_dir}/val_*.bin"]
+        v = check.method_b_speedrun(args.model, overrides, iters=args.iters, out_dir=args.out, threads=args.threads)
+        print(f"method B: step-0 relative difference {v['relative_difference'][0]:.2e} (needs < 1e-5), largest later "
+              f"{max(v['relative_difference'][1:] or [0]):.2e} (needs < 1e-2): {'PASS' if v['passed'] else 'FAIL'}")
+    elif args.method == "b":
         from .bench.protocol import MODELS
 
         v = check.method_b("shakespeare_char", [f"--{k}={val}" for k, val in MODELS[args.model].items()]
-                           + [f"--data_dir={args.data_dir}"], iters=args.iters, out_dir=args.out,
+                           + [f"--data_dir={args.data_dir or 'data/shakespeare_char'}"], iters=args.iters, out_dir=args.out,
                            threads=args.threads, device=device, simulate=args.simulate)
         print(f"method B: step-0 relative difference {v['relative_difference'][0]:.2e} (needs < 1e-5), largest later "
               f"{max(v['relative_difference'][1:] or [0]):.2e} (needs < 1e-2): {'PASS' if v['passed'] else 'FAIL'}")
     else:
         v = check.method_a(args.model, iters=args.iters, eval_every=args.eval_every, eval_batches=args.eval_batches,
-                           data_dir=args.data_dir, out_dir=args.out, threads=args.threads, device=device,
+                           data_dir=args.data_dir or "data/shakespeare_char", out_dir=args.out, threads=args.threads,
+                           device=device,
                            simulate=args.simulate, dtype=args.dtype)
         worst = max((r["difference"] - r["larger_range"] for r in v["evaluations"] if r["judged"]), default=0)
         print(f"method A: {len(v['seeds'])} seeds a side, {len(v['evaluations'])} evaluations; "
@@ -308,8 +318,10 @@ def parser():
     be.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
     ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
     ch.add_argument("--method", required=True, choices=["a", "b"])
-    ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char"])
-    ch.add_argument("--data_dir", default="data/shakespeare_char")
+    ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "speedrun_tiny"],
+                    help="nanoGPT's cpu or shakespeare_char config, or the speedrun recipe's speedrun_tiny (method B)")
+    ch.add_argument("--data_dir", default=None, help="default data/shakespeare_char (speedrun_tiny: its config's "
+                    "data/speedrun_tiny shards; a folder given here is read as DIR/train_*.bin and DIR/val_*.bin)")
     ch.add_argument("--iters", type=int, default=200)
     ch.add_argument("--eval_every", type=int, default=50)
     ch.add_argument("--eval_batches", type=int, default=20)

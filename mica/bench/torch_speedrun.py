@@ -317,9 +317,10 @@ def val_loss(model, val_inputs, val_targets, mbs, val_tokens):
 #        Training and Validation       #
 ########################################
 
-def train(cfg, weights=None, device="cpu", dtype=None, log=print):
+def train(cfg, weights=None, device="cpu", dtype=None, log=print, train_losses=False):
     """The seed's loop with a config's settings (mica.train.config's speedrun keys); weights, when
-    given ({name: array}), replace the initialization. Returns [(step, val_loss)]."""
+    given ({name: array}), replace the initialization. Returns [(step, val_loss)]; with
+    train_losses=True also each step's training loss per token (the summed loss / batch_size)."""
     dtype = dtype or cfg.get("dtype", "bfloat16")
     ns_dtype = torch.float32 if cfg.get("ns_dtype", "bfloat16") == "float32" else torch.bfloat16
     model = make_model(cfg["vocab_size"], cfg["num_layers"], cfg["model_dim"], cfg["head_dim"], dtype, device)
@@ -330,7 +331,7 @@ def train(cfg, weights=None, device="cpu", dtype=None, log=print):
     train_steps, mbs, seq_len = cfg["train_steps"], cfg["mbs"], cfg["seq_len"]
     train_loader = distributed_data_generator(cfg["train_files"], cfg["batch_size"], seq_len, device)
     val_inputs, val_targets = next(distributed_data_generator(cfg["val_files"], cfg["val_tokens"], seq_len, device))
-    results, training_time, t0 = [], 0.0, time.perf_counter()
+    results, losses, training_time, t0 = [], [], 0.0, time.perf_counter()
     for step in range(train_steps + 1):
         if step == train_steps or step % cfg["val_every"] == 0:
             training_time += time.perf_counter() - t0
@@ -342,5 +343,14 @@ def train(cfg, weights=None, device="cpu", dtype=None, log=print):
         if step == train_steps:
             break
         inputs, targets = next(train_loader)
-        train_step(model, optimizers, inputs, targets, mbs, step, train_steps, cfg["cooldown_frac"])
-    return results
+        loss = train_step(model, optimizers, inputs, targets, mbs, step, train_steps, cfg["cooldown_frac"])
+        losses.append(loss / cfg["batch_size"])
+    return (results, losses) if train_losses else results
+
+
+def seed_init(cfg, vocab_size, dtype="float32"):
+    """The seed's initial weights from PyTorch's side (its init under torch.manual_seed(cfg seed)),
+    as {name: array}."""
+    torch.manual_seed(cfg["seed"] % 2**63)
+    model = make_model(vocab_size, cfg["num_layers"], cfg["model_dim"], cfg["head_dim"], dtype)
+    return {n: p.detach().float().numpy().copy() for n, p in model.named_parameters()}

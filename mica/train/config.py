@@ -141,7 +141,7 @@ SPEEDRUN_DESCRIPTIONS = {
     "cooldown_frac": "the last fraction of steps, over which the learning rates decay linearly to zero",
     "log_interval": "steps between the seed's step:N/M train_time lines",
     "stop_at": "0, or a step to stop after (validated and saved; resume with --init_from=resume)",
-    "init_from": "scratch or resume (out_dir/ckpt.safetensors)",
+    "init_from": "scratch, resume (out_dir/ckpt.safetensors) or PATH.safetensors (weights under the seed's names)",
     "seed": "seeds the initialization (any 64-bit int)",
     "device": "cpu, or cuda (an NVIDIA GPU)",
     "dtype": "float32: parameters and activations in float32 (the seed's bfloat16 embedding and activations are "
@@ -429,8 +429,10 @@ def check_speedrun(cfg):
     if cfg["dtype"] != "float32":
         raise MicaError(f"dtype={_show(cfg['dtype'])}: the speedrun recipe trains in float32 for now (the seed's "
                         "bfloat16 embedding and activations are not available yet); pass --dtype=float32")
-    if cfg["init_from"] not in ("scratch", "resume"):
-        raise MicaError(f"init_from must be 'scratch' or 'resume' for the speedrun recipe, got {_show(cfg['init_from'])}")
+    if not isinstance(cfg["init_from"], str) or (cfg["init_from"] not in ("scratch", "resume") and
+                                                  not cfg["init_from"].endswith(".safetensors")):
+        raise MicaError(f"init_from must be scratch, resume or PATH.safetensors (weights with the seed's names) for the "
+                        f"speedrun recipe, got {_show(cfg['init_from'])}")
     check_seed(cfg["seed"])
     if cfg["threads"] < 0:
         raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")

@@ -225,8 +225,11 @@ def prepare_speedrun(cfg, log):
         path = os.path.join(out_dir, "init.safetensors")
         ckpt.write(path, dict(model.init(cfg["seed"])), {"format": "mica", "config": json.dumps(cfg)})
         loads = _loads(path, expected, settings, params_only=True)
-    else:
+    elif cfg["init_from"] == "resume":
         loads = _speedrun_resume(cfg, vocab, out_dir, expected, settings, log)
+    else:
+        log(f"initializing from weights in {cfg['init_from']}")
+        loads = _loads(cfg["init_from"], expected, settings, params_only=True)
     manifest = os.path.join(out_dir, "trainer.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
