@@ -177,3 +177,21 @@ def test_compiled_step_is_bitwise_the_same_on_any_thread_count(compiled_step):
     runs = [exe(params, state, x, y, np.int64(0), threads=t) for t in (1, 2)]
     for name in params:
         assert np.array_equal(runs[0][0][name], runs[1][0][name]), name
+
+
+def test_the_seeds_bfloat16_newton_schulz_compiled_is_the_oracles_bfloat16_rounding():
+    """The step with Newton–Schulz in bf16, as the seed runs it: compiled, every Muon update equals
+    the oracle's half-rounding mode (precision="float32"), and is not float64's answer (twelve
+    iterations of the seed's cubic amplify bf16's rounding in the small singular directions)."""
+    model = S.build(V, L, D, HD)
+    params = _weights(model, np.float32)
+    prog, state = _step_program(model, params, ns_dtype=mica.bfloat16)
+    (x, y), = _batches(1, seed=8)
+    got, _, _ = prog.lower("cpu", opt_level=2).build()(params, state, x, y, np.int64(0), threads=2)
+    want, _, _ = mica.reference.run(prog, params, state, x, y, np.int64(0), precision="float32")
+    exact, _, _ = mica.reference.run(prog, params, state, x, y, np.int64(0))
+    muon = [n for n in params if n.startswith("blocks.") and params[n].ndim == 2]
+    for name in muon:
+        step = lambda p: p[name].astype(np.float64) - params[name]  # noqa: E731
+        assert rel_err(step(got), step(want)) < 1e-3, name
+        assert rel_err(step(got), step(exact)) > 1e-3, name

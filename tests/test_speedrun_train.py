@@ -129,3 +129,34 @@ def test_sampling_decodes_with_the_shards_tokenizer_and_never_draws_padding(run_
     for s in samples:
         text = s.strip("\n")
         assert text.startswith("ab") and len(text) == 62 and set(text) <= set(ALPHABET), text
+
+
+def test_method_b_passes_against_the_seeds_pytorch_loop(tmp_path):
+    """`mica check --method b --model speedrun_tiny`'s procedure (here at smaller sizes, to compile
+    quickly): one start made by PyTorch's side, the same shards, every step's loss within the
+    report's bounds (step 0 to 1e-5, later steps to 1%), and in fact much closer."""
+    from mica.bench import check
+
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        tok.write_shard(str(tmp_path / "d" / f"train_{i:06d}.bin"), np.minimum(rng.geometric(0.2, 300) - 1, 29))
+    tok.write_shard(str(tmp_path / "d" / "val_000000.bin"), np.minimum(rng.geometric(0.2, 200) - 1, 29))
+    _write_meta(str(tmp_path / "d"), {"vocab_size": 30, "tokenizer": "char", "itos": list(ALPHABET),
+                                      "stoi": {c: i for i, c in enumerate(ALPHABET)}})
+    small = ["--num_layers=2", "--model_dim=64", "--head_dim=32", "--seq_len=32", "--mbs=2", "--batch_size=128",
+             "--val_tokens=128", f"--train_files={tmp_path}/d/train_*.bin", f"--val_files={tmp_path}/d/val_*.bin"]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        v = check.method_b_speedrun("speedrun_tiny", small, iters=4, out_dir=str(tmp_path / "check"), threads=2,
+                                    log=lambda s: None)
+    finally:
+        os.chdir(cwd)
+    assert v["passed"] and len(v["mica"]) == 4
+    assert max(v["relative_difference"]) < 1e-5
+    assert v["mica"][0] == pytest.approx(np.log(128), rel=1e-6)  # the zeroed head: uniform over 128 padded ids
+
+
+def test_mica_check_refuses_method_a_for_the_speedrun(tmp_path):
+    r = mica_cli("check", "--method", "a", "--model", "speedrun_tiny", cwd=tmp_path)
+    assert r.returncode == 2 and "is checked by method B" in r.stderr
