@@ -293,9 +293,11 @@ def parser():
                          "speedrun config: mica inspect speedrun [--ir]")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
     be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
-    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium"],
+    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium",
+                                                       "speedrun_tiny"],
                     help="nanoGPT's CPU or shakespeare_char config, GPT-2 small or medium (batch 1, block 1024) "
-                    "on --data_dir, or the tutorial's model")
+                    "on --data_dir, the tutorial's model, or the speedrun recipe's speedrun_tiny (its shards: --data_dir, "
+                    "default data/speedrun_tiny)")
     be.add_argument("--data_dir", default=None, help="default data/shakespeare_char (gpt2*: data/openwebtext)")
     be.add_argument("--rounds", type=int, default=None, help="default 5 (gpt2*: 2)")
     be.add_argument("--warmup", type=int, default=None, help="steps never measured (default 20; gpt2*: 2)")

@@ -317,7 +317,7 @@ def val_loss(model, val_inputs, val_targets, mbs, val_tokens):
 #        Training and Validation       #
 ########################################
 
-def train(cfg, weights=None, device="cpu", dtype=None, log=print, train_losses=False):
+def train(cfg, weights=None, device="cpu", dtype=None, log=print, train_losses=False, mode="eager"):
     """The seed's loop with a config's settings (mica.train.config's speedrun keys); weights, when
     given ({name: array}), replace the initialization. Returns [(step, val_loss)]; with
     train_losses=True also each step's training loss per token (the summed loss / batch_size)."""
@@ -326,6 +326,8 @@ def train(cfg, weights=None, device="cpu", dtype=None, log=print, train_losses=F
     model = make_model(cfg["vocab_size"], cfg["num_layers"], cfg["model_dim"], cfg["head_dim"], dtype, device)
     if weights is not None:
         model.load_arrays(weights)
+    if mode != "eager":  # the seed's model.compile(dynamic=False), in a torch.compile mode
+        model.compile(dynamic=False, **({} if mode == "default" else {"mode": mode}))
     optimizers = make_optimizers(model, cfg["embed_lr"], cfg["head_lr"], cfg["scalar_lr"], cfg["muon_lr"],
                                  cfg["muon_weight_decay"], ns_dtype)
     train_steps, mbs, seq_len = cfg["train_steps"], cfg["mbs"], cfg["seq_len"]
@@ -345,6 +347,10 @@ def train(cfg, weights=None, device="cpu", dtype=None, log=print, train_losses=F
         inputs, targets = next(train_loader)
         loss = train_step(model, optimizers, inputs, targets, mbs, step, train_steps, cfg["cooldown_frac"])
         losses.append(loss / cfg["batch_size"])
+        if (step + 1) % cfg.get("log_interval", 1) == 0:  # (the loss's .item() waited for the work)
+            approx_training_time = training_time + (time.perf_counter() - t0)
+            log(f"step:{step+1}/{train_steps} train_time:{approx_training_time:.3f}s"
+                + f" step_avg:{1000*approx_training_time/(step + 1):.2f}ms")
     return (results, losses) if train_losses else results
 
 
@@ -354,3 +360,28 @@ def seed_init(cfg, vocab_size, dtype="float32"):
     torch.manual_seed(cfg["seed"] % 2**63)
     model = make_model(vocab_size, cfg["num_layers"], cfg["model_dim"], cfg["head_dim"], dtype)
     return {n: p.detach().float().numpy().copy() for n, p in model.named_parameters()}
+
+
+def main(argv=None):
+    """`python -m mica.bench.torch_speedrun --config JSON [--mode eager|default] [--threads N]`: the
+    seed's loop for a speedrun config (mica.train.config's keys, vocab_size resolved), float32, its
+    lines on stdout (mica bench stamps them)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--mode", default="eager", choices=["eager", "default", "reduce-overhead", "max-autotune"])
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = json.loads(a.config)
+    torch.manual_seed(cfg["seed"] % 2**63)
+    train(cfg, device=a.device, dtype="float32", log=lambda s: print(s, flush=True), mode=a.mode)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -59,6 +59,7 @@ MICA_DEFAULTS = {
     "time_every_iter": False,  # record every iteration's time in metrics.jsonl (mica bench)
     "simulate": False,     # device=cuda: run the CUDA trainer on the CPU simulator (no GPU needed)
     "tf32": False,         # device=cuda: products may use TF32 (nanoGPT's train.py allows it)
+    "recipe": "nanogpt",   # or "speedrun": the speedrun seed's model, optimizers and loop (SPEEDRUN_DEFAULTS)
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -167,7 +168,7 @@ def recipe_of(config=None, overrides=()):
 def defaults_for(recipe):
     if recipe == "speedrun":
         return {**SPEEDRUN_DEFAULTS, **SPEEDRUN_MICA_DEFAULTS}
-    return {**DEFAULTS, **MICA_DEFAULTS, "recipe": "nanogpt"}
+    return {**DEFAULTS, **MICA_DEFAULTS}
 
 # one line per setting for `mica train --help`
 DESCRIPTIONS = {
@@ -242,7 +243,7 @@ def train_help(config=None):
         "CONFIG is a nanoGPT config file (Python assigning some of the settings below) or a built-in name\n"
         f"({', '.join(BUILTIN_CONFIGS)}). Each --key=value then overrides one setting: a Python literal of the\n"
         f"default's type, or a bare word as a string. The settings and their {where}:",
-        [("nanoGPT's settings (train.py):", list(DEFAULTS)), ("Mica's settings:", [*MICA_DEFAULTS, "recipe"])],
+        [("nanoGPT's settings (train.py):", list(DEFAULTS)), ("Mica's settings:", list(MICA_DEFAULTS))],
         DESCRIPTIONS, defaults)
 
 
