@@ -160,3 +160,21 @@ def test_method_b_passes_against_the_seeds_pytorch_loop(tmp_path):
 def test_mica_check_refuses_method_a_for_the_speedrun(tmp_path):
     r = mica_cli("check", "--method", "a", "--model", "speedrun_tiny", cwd=tmp_path)
     assert r.returncode == 2 and "is checked by method B" in r.stderr
+
+
+def test_the_bench_protocol_stamps_both_sides_heartbeats(run_folder):
+    """mica bench --model speedrun_tiny times both sides by the seed's heartbeat lines: Mica's (the
+    trainer's stdout) and the PyTorch side's process, run here at the fixture's sizes."""
+    import sys
+
+    from mica.bench import protocol
+
+    folder, out = run_folder
+    beats = [line for line in out.splitlines() if protocol.SPEEDRUN_LINE.match(line)]
+    assert [int(protocol.SPEEDRUN_LINE.match(b).group(1)) for b in beats] == [1, 2, 3, 4, 5, 6]
+    cfg = {**config_mod.SPEEDRUN_DEFAULTS, **SETTINGS, "log_interval": 2, "train_files": str(folder / "data" / "train_*.bin"),
+           "val_files": str(folder / "data" / "val_*.bin")}
+    cmd = [sys.executable, "-m", "mica.bench.torch_speedrun", "--config", json.dumps(cfg), "--threads", "1"]
+    r = protocol.run_once(cmd, dict(os.environ), warmup=2, window=4)
+    assert r["step_ms"] > 0 and r["first_step_s"] > 0
+    assert protocol._mica_own_ms(str(folder / "full"), 2, 4, first=0) > 0  # (its metrics: iters 2..5)
