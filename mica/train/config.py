@@ -150,13 +150,14 @@ SPEEDRUN_DESCRIPTIONS = {
 }
 
 
-def recipe_of(config=None, overrides=()):
-    """'speedrun' or 'nanogpt': a built-in's, else a config file's `recipe = ...`, else --recipe=..."""
+def recipe_of(config=None, overrides=(), scope=None):
+    """'speedrun' or 'nanogpt': a built-in's, else a config file's `recipe = ...` (from `scope`, the
+    globals it assigned), else --recipe=..."""
     recipe = "nanogpt"
     if config in BUILTIN_CONFIGS and not os.path.exists(config):
         recipe = BUILTIN_CONFIGS[config].get("recipe", "nanogpt")
     elif config and os.path.exists(config):
-        recipe = _run_config_file(config).get("recipe", "nanogpt")
+        recipe = (scope if scope is not None else _run_config_file(config)).get("recipe", "nanogpt")
     for item in overrides:
         if item.startswith("--recipe="):
             recipe = item.split("=", 1)[1]
@@ -296,7 +297,8 @@ def load(config=None, overrides=(), log=print):
     """The full configuration from an optional config file (or built-in name) and --key=value items.
     A config file may define helper names of its own, as nanoGPT's configurator allows (they are
     ignored, said once); a name one letter or so from a setting is taken for a typo and refused."""
-    recipe = recipe_of(config, overrides)
+    scope = _run_config_file(config) if config and os.path.exists(config) else None
+    recipe = recipe_of(config, overrides, scope)
     cfg = defaults_for(recipe)
     explicit = set()
     if config:
@@ -306,7 +308,7 @@ def load(config=None, overrides=(), log=print):
         elif not os.path.exists(config):
             raise MicaError(f"config file {config} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            for key, value in _run_config_file(config).items():
+            for key, value in scope.items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
                 if key not in cfg:
