@@ -29,7 +29,8 @@ def cmd_prepare(args, extra):
     elif args.what == "text":
         if not args.input:
             raise MicaError("mica prepare text needs --input FILE [FILE ...]")
-        prepare.prepare_text(args.input, args.tokenizer, args.out or "data/text", args.format)
+        prepare.prepare_text(args.input, args.tokenizer, args.out or "data/text", args.format,
+                             shard_tokens=args.shard_tokens)
     return 0
 
 
@@ -151,6 +152,8 @@ def cmd_inspect(args, extra):
 
     from .models.gpt import GPT, GPTConfig, loss_fn
 
+    if extra and not extra[0].startswith("-"):
+        return _inspect_recipe(args, extra[0], extra[1:])
     known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
     s = _settings(extra, {**known, "batch_size": 1})
     batch = s.pop("batch_size")
@@ -180,6 +183,30 @@ def cmd_inspect(args, extra):
     return 0
 
 
+def _inspect_recipe(args, config, overrides):
+    """`mica inspect CONFIG [--key=value ...]` for a speedrun config (built-in speedrun or
+    speedrun_tiny, or a file with recipe = "speedrun"): its parameter count, and with --ir the IR of
+    one training step (the micro-batches, AdamW + Muon, the schedule) at its sizes."""
+    from .train import config as config_mod, programs
+
+    cfg = config_mod.load(config, overrides)
+    if cfg["recipe"] != "speedrun":
+        raise MicaError(f"mica inspect CONFIG takes a speedrun config; {config} is nanoGPT's: inspect nanoGPT's GPT "
+                        "with --key=value settings alone")
+    config_mod.check_speedrun(cfg)
+    vocab = cfg["vocab_size"] or 50304
+    print(f"speedrun GPT(vocab_size={vocab}, num_layers={cfg['num_layers']}, model_dim={cfg['model_dim']}, "
+          f"head_dim={cfg['head_dim']})")
+    if not args.ir:
+        model = programs.speedrun_model(cfg, vocab)
+        print(f"number of parameters: {model.num_parameters():,}")
+        return 0
+    model, _, progs = programs.build_speedrun(cfg, vocab)
+    print(f"number of parameters: {model.num_parameters():,}")
+    print(progs["train"].ir)
+    return 0
+
+
 def cmd_bench(args, extra):
     from .bench import protocol
 
@@ -206,17 +233,27 @@ def cmd_check(args, extra):
     if args.method == "b" and args.dtype != "float32":
         raise MicaError("method B is float32 by definition (its step-0 losses must agree to 1e-5); use --method a "
                         f"for {args.dtype}")
-    if args.method == "b":
+    if args.model.startswith("speedrun"):
+        if args.method != "b":
+            raise MicaError(f"--model {args.model} is checked by method B (one shared start); pass --method b")
+        overrides = []
+        if args.data_dir:
+            overrides = [f"--train_files={args.data_dir}/train_*.bin", f"--val_files={args.data_dir}/val_*.bin"]
+        v = check.method_b_speedrun(args.model, overrides, iters=args.iters, out_dir=args.out, threads=args.threads)
+        print(f"method B: step-0 relative difference {v['relative_difference'][0]:.2e} (needs < 1e-5), largest later "
+              f"{max(v['relative_difference'][1:] or [0]):.2e} (needs < 1e-2): {'PASS' if v['passed'] else 'FAIL'}")
+    elif args.method == "b":
         from .bench.protocol import MODELS
 
         v = check.method_b("shakespeare_char", [f"--{k}={val}" for k, val in MODELS[args.model].items()]
-                           + [f"--data_dir={args.data_dir}"], iters=args.iters, out_dir=args.out,
+                           + [f"--data_dir={args.data_dir or 'data/shakespeare_char'}"], iters=args.iters, out_dir=args.out,
                            threads=args.threads, device=device, simulate=args.simulate)
         print(f"method B: step-0 relative difference {v['relative_difference'][0]:.2e} (needs < 1e-5), largest later "
               f"{max(v['relative_difference'][1:] or [0]):.2e} (needs < 1e-2): {'PASS' if v['passed'] else 'FAIL'}")
     else:
         v = check.method_a(args.model, iters=args.iters, eval_every=args.eval_every, eval_batches=args.eval_batches,
-                           data_dir=args.data_dir, out_dir=args.out, threads=args.threads, device=device,
+                           data_dir=args.data_dir or "data/shakespeare_char", out_dir=args.out, threads=args.threads,
+                           device=device,
                            simulate=args.simulate, dtype=args.dtype)
         worst = max((r["difference"] - r["larger_range"] for r in v["evaluations"] if r["judged"]), default=0)
         print(f"method A: {len(v['seeds'])} seeds a side, {len(v['evaluations'])} evaluations; "
@@ -235,6 +272,8 @@ def parser():
     pr.add_argument("--out", help="output folder (default data/shakespeare_char or data/text)")
     pr.add_argument("--tokenizer", default="char", help="char, bpe[:VOCAB] or gpt2 (text only)")
     pr.add_argument("--format", default="bin", choices=["bin", "shards"], help="token file layout (text only)")
+    pr.add_argument("--shard_tokens", type=int, default=None,
+                    help="with --format shards: at most this many tokens per shard (default: one shard per split)")
     # (their --help lists every setting: see cmd_train, cmd_sample)
     sub.add_parser("train", add_help=False,
                    help="train with nanoGPT's config files and flags: mica train CONFIG [--key=value ...]")
@@ -252,12 +291,15 @@ def parser():
                         "model.safetensors into out_dir/ckpt.safetensors")
     im.add_argument("checkpoint")
     im.add_argument("--out_dir", required=True)
-    ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings")
+    ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings, or of a "
+                         "speedrun config: mica inspect speedrun [--ir]")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
     be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
-    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium"],
+    be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium",
+                                                       "speedrun_tiny"],
                     help="nanoGPT's CPU or shakespeare_char config, GPT-2 small or medium (batch 1, block 1024) "
-                    "on --data_dir, or the tutorial's model")
+                    "on --data_dir, the tutorial's model, or the speedrun recipe's speedrun_tiny (its shards: --data_dir, "
+                    "default data/speedrun_tiny)")
     be.add_argument("--data_dir", default=None, help="default data/shakespeare_char (gpt2*: data/openwebtext)")
     be.add_argument("--rounds", type=int, default=None, help="default 5 (gpt2*: 2)")
     be.add_argument("--warmup", type=int, default=None, help="steps never measured (default 20; gpt2*: 2)")
@@ -280,8 +322,10 @@ def parser():
     be.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
     ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
     ch.add_argument("--method", required=True, choices=["a", "b"])
-    ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char"])
-    ch.add_argument("--data_dir", default="data/shakespeare_char")
+    ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "speedrun_tiny"],
+                    help="nanoGPT's cpu or shakespeare_char config, or the speedrun recipe's speedrun_tiny (method B)")
+    ch.add_argument("--data_dir", default=None, help="default data/shakespeare_char (speedrun_tiny: its config's "
+                    "data/speedrun_tiny shards; a folder given here is read as DIR/train_*.bin and DIR/val_*.bin)")
     ch.add_argument("--iters", type=int, default=200)
     ch.add_argument("--eval_every", type=int, default=50)
     ch.add_argument("--eval_batches", type=int, default=20)

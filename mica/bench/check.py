@@ -93,6 +93,45 @@ def method_b(config=None, overrides=(), iters=100, out_dir="check-b", threads=No
     return verdict
 
 
+def method_b_speedrun(config, overrides=(), iters=100, out_dir="check-b", threads=None, log=print):
+    """Method B for a speedrun config: one start made by PyTorch's side (the seed's init), both
+    sides reading the same shards in the seed's order, float32 with float32 Newton-Schulz, the
+    schedule over `iters` steps. Compares every step's training loss per token."""
+    from . import torch_speedrun
+
+    settings = [*overrides, "--dtype=float32", "--ns_dtype=float32", "--device=cpu", f"--train_steps={iters}",
+                f"--val_every={iters}"]
+    cfg = config_mod.check_speedrun(config_mod.load(config, settings))
+    vocab = train_run.speedrun_vocab(cfg, log)
+    os.makedirs(out_dir, exist_ok=True)
+    init = os.path.join(out_dir, "shared_start.safetensors")
+    weights = torch_speedrun.seed_init(cfg, vocab)
+    checkpoint.write(init, weights, {"made_by": "PyTorch, the speedrun seed's init"})
+    mica_dir = os.path.join(out_dir, "mica")
+    args = [*settings, f"--out_dir={mica_dir}", f"--init_from={init}", f"--vocab_size={vocab}"]
+    if threads:
+        args.append(f"--threads={threads}")
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "train", config, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise MicaError(f"the Mica side failed: {r.stderr.strip()}")
+    mica_losses = _mica_losses(mica_dir)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    _, torch_losses = torch_speedrun.train({**cfg, "vocab_size": vocab}, weights, dtype="float32",
+                                           log=lambda s: None, train_losses=True)
+    rel = [abs(a - b) / abs(b) for a, b in zip(mica_losses, torch_losses)]
+    verdict = {"method": "b", "recipe": "speedrun", "iters": iters, "mica": mica_losses, "pytorch": torch_losses,
+               "relative_difference": rel, "step0_ok": bool(rel) and rel[0] < 1e-5,
+               "later_ok": all(x < 0.01 for x in rel[1:])}
+    verdict["passed"] = bool(len(rel) == iters and verdict["step0_ok"] and verdict["later_ok"])
+    with open(os.path.join(out_dir, "verdict.json"), "w") as f:
+        json.dump(verdict, f, indent=1)
+    _plot(out_dir, {"Mica": mica_losses, "PyTorch": torch_losses}, "method B: one shared start (speedrun)")
+    return verdict
+
+
 def checkpoint_arrays(path):
     st = checkpoint.SafeTensors(path)
     return {n: st.read(n) for n in st.names}

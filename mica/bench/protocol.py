@@ -34,6 +34,8 @@ import time
 from ..errors import MicaError
 
 LINE = re.compile(r"^iter (\d+): loss ([-\d.naif]+)(?:, time ([\d.]+)ms)?")
+# the speedrun seed's heartbeat, printed after step N - 1 (it carries no loss)
+SPEEDRUN_LINE = re.compile(r"^step:(\d+)/\d+ train_time:[\d.]+s step_avg:[\d.]+ms$")
 PLAN = re.compile(r"^memory plan \(exact, before the first step\): the trainer holds ([\d,]+) bytes")
 TORCH_CUDA_MEMORY = re.compile(r"^cuda memory: max_memory_reserved (\d+) bytes, max_memory_allocated (\d+) bytes")
 
@@ -65,6 +67,9 @@ TORCH_MODES = ("eager", "default", "reduce-overhead", "max-autotune")
 DEFAULTS = {"cpu": dict(data_dir="data/shakespeare_char", rounds=5, warmup=20, window=100, every=10,
                         modes=TORCH_MODES)}
 DEFAULTS["shakespeare_char"] = DEFAULTS["tutorial"] = DEFAULTS["cpu"]
+# the speedrun recipe's CPU config (mica train speedrun_tiny) against the seed's loop in PyTorch
+DEFAULTS["speedrun_tiny"] = dict(data_dir="data/speedrun_tiny", rounds=3, warmup=10, window=20, every=10,
+                                 modes=("eager", "default"))
 DEFAULTS["gpt2"] = DEFAULTS["gpt2-medium"] = dict(data_dir="data/openwebtext", rounds=2, warmup=2, window=4,
                                                   every=1, modes=TORCH_MODES)
 # on a card, every model by the report's window: 400 steps a run, the first 100 never measured
@@ -207,6 +212,9 @@ def run_once(cmd, env, warmup, window, gpu=False):
         m = TORCH_CUDA_MEMORY.match(line)
         if m:  # PyTorch's side on a card: its caching allocator's own peaks
             plan["torch_max_reserved_bytes"], plan["torch_max_allocated_bytes"] = int(m.group(1)), int(m.group(2))
+        m = SPEEDRUN_LINE.match(line)
+        if m:
+            stamps[int(m.group(1))] = t
         m = LINE.match(line)
         if m:
             it = int(m.group(1))
@@ -266,6 +274,28 @@ def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10, dev
     return mica_train_cmd(settings)
 
 
+def _speedrun_settings(data_dir, iters, every):
+    """speedrun_tiny's overrides for a bench run: `iters` steps (the schedule over them), validation
+    only before the first step, a heartbeat every `every` steps, the shards of data_dir."""
+    return [f"--train_files={data_dir}/train_*.bin", f"--val_files={data_dir}/val_*.bin", f"--train_steps={iters}",
+            f"--val_every={iters + 100}", f"--log_interval={every}"]
+
+
+def _speedrun_mica_cmd(data_dir, out_dir, iters, threads, opt_level, every):
+    return [sys.executable, "-m", "mica.cli", "train", "speedrun_tiny", *_speedrun_settings(data_dir, iters, every),
+            f"--out_dir={out_dir}", f"--threads={threads}", f"--opt_level={opt_level}", "--time_every_iter=True"]
+
+
+def _speedrun_torch_cmd(data_dir, mode, iters, threads, every):
+    from ..train import config as config_mod
+    from ..train import run as train_run
+
+    cfg = config_mod.check_speedrun(config_mod.load("speedrun_tiny", _speedrun_settings(data_dir, iters, every)))
+    cfg["vocab_size"] = train_run.speedrun_vocab(cfg, log=lambda *a: None)
+    return [sys.executable, "-m", "mica.bench.torch_speedrun", "--config", json.dumps(cfg), "--mode", mode,
+            "--threads", str(threads)]
+
+
 def _tutorial_cmd(side, arg, iters, threads, every=10):
     how = ["--opt_level", str(arg)] if side == "mica" else ["--mode", arg]
     return [sys.executable, "-m", "mica.bench.tutorial_runner", "--side", side, *how, "--iters", str(iters),
@@ -287,15 +317,17 @@ def _torch_cmd(model, data_dir, mode, iters, threads, every=10, device="cpu", tf
                             device, tf32, dtype)
 
 
-def _mica_own_ms(out_dir, warmup, window):
-    """Mica's own clock over the window, from its per-iteration times in metrics.jsonl."""
+def _mica_own_ms(out_dir, warmup, window, first=1):
+    """Mica's own clock over the window, from its per-iteration times in metrics.jsonl (the
+    window's first iteration is warmup + first: nanoGPT's line N follows iteration N, the
+    speedrun's step:N follows its step N - 1)."""
     times = {}
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         for line in f:
             m = json.loads(line)
             if "iter" in m and "time_ms" in m:
                 times[m["iter"]] = m["time_ms"]
-    steps = range(warmup + 1, warmup + window + 1)
+    steps = range(warmup + first, warmup + window + first)
     if not all(i in times for i in steps):
         return None
     return sum(times[i] for i in steps) / window
@@ -374,6 +406,8 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     every = d["every"] if every is None else every
     torch_modes = d["modes"] if torch_modes is None else torch_modes
     check_data(model, data_dir)
+    if model == "speedrun_tiny" and (device != "cpu" or dtype != "float32"):
+        raise MicaError("--model speedrun_tiny is benchmarked on the CPU in float32 for now; drop --device and --dtype")
     threads = threads or os.cpu_count() or 1
     if every < 1 or warmup % every or window % every:
         raise MicaError(f"the warm-up ({warmup}) and the window ({window}) must be multiples of every ({every}): "
@@ -400,6 +434,14 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
             if kind == "mica":
                 r["own_step_ms"] = own = _lines_own_ms(r, warmup, window, every)
                 r["void"] = own is None or abs(own - r["step_ms"]) / r["step_ms"] > 0.01
+        elif model == "speedrun_tiny":
+            run_dir = os.path.join(out, name.replace(" ", "_"))
+            if kind == "mica":
+                r = run_once(_speedrun_mica_cmd(data_dir, run_dir, iters, threads, arg, every), env, warmup, window)
+                r["own_step_ms"] = own = _mica_own_ms(run_dir, warmup, window, first=0)
+                r["void"] = own is None or abs(own - r["step_ms"]) / r["step_ms"] > 0.01
+            else:
+                r = run_once(_speedrun_torch_cmd(data_dir, arg, iters, threads, every), env, warmup, window)
         elif kind == "mica":
             run_dir = os.path.join(out, name.replace(" ", "_"))
             if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):

@@ -113,7 +113,27 @@ def _bpe_tokenizer(text, vocab):
     return t
 
 
-def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=print):
+def write_shards(out_dir, split, ids, shard_tokens=None):
+    """`split`_000000.bin, `split`_000001.bin, ... of at most shard_tokens tokens each (one shard
+    when None), replacing any earlier shards of the split; returns the paths."""
+    if shard_tokens is not None and shard_tokens < 1:
+        raise MicaError(f"--shard_tokens must be a positive number of tokens, got {shard_tokens}")
+    step = shard_tokens or max(len(ids), 1)
+    paths = []
+    for i, start in enumerate(range(0, max(len(ids), 1), step)):
+        path = os.path.join(out_dir, f"{split}_{i:06d}.bin")
+        tok.write_shard(path, ids[start:start + step])
+        paths.append(path)
+    for name in os.listdir(out_dir):  # shards of an earlier, longer preparation would be read too
+        full = os.path.join(out_dir, name)
+        if name.startswith(f"{split}_") and name.endswith(".bin") and full not in paths and name[len(split) + 1:-4].isdigit():
+            os.unlink(full)
+    return paths
+
+
+def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=print, shard_tokens=None):
+    if shard_tokens is not None and fmt != "shards":
+        raise MicaError("--shard_tokens sizes shards; pass it with --format shards")
     text = _read_text(inputs)
     writable_folder(out_dir, "output folder (--out)")
     meta = {"tokenizer": tokenizer}
@@ -155,8 +175,8 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
         tok.write_bin(os.path.join(out_dir, "train.bin"), ids[:split])
         tok.write_bin(os.path.join(out_dir, "val.bin"), ids[split:])
     elif fmt == "shards":
-        tok.write_shard(os.path.join(out_dir, "train_000000.bin"), ids[:split])
-        tok.write_shard(os.path.join(out_dir, "val_000000.bin"), ids[split:])
+        write_shards(out_dir, "train", ids[:split], shard_tokens)
+        write_shards(out_dir, "val", ids[split:], shard_tokens)
     else:
         raise MicaError(f"unknown format {fmt!r}; use bin or shards")
     _write_meta(out_dir, meta)

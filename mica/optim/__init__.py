@@ -5,3 +5,4 @@ from .clip import clip_grad_norm  # noqa: F401
 from .muon import QUINTIC_COEFFICIENTS, SEED_COEFFICIENTS, Muon, muon, zeropower_via_newtonschulz  # noqa: F401
 from .schedules import cosine, cosine_with_warmup, stable_then_decay  # noqa: F401
 from .sgd import SGD, sgd  # noqa: F401
+from .combined import Optimizers  # noqa: F401

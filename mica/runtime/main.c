@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, 0);
     dist_init();
     if (!strcmp(S.mode, "train")) {
-        int code = train_loop();
+        int code = !strcmp(S.loop, "speedrun") ? speedrun_loop() : train_loop();
         dist_finalize();
         return code;
     }

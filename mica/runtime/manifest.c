@@ -181,12 +181,16 @@ static void validate(void) {
                  output_is(ARENA_EVAL, S.ev_loss, 4),
              "the eval program has no such inputs or outputs");
         need(!S.resume || S.resume_iter >= 0, "a resumed run needs its iteration");
-        need(!S.n_resume_next || S.n_resume_next == rows, "the checkpoint's batch does not match this configuration");
+        need(!S.loop[0] || !strcmp(S.loop, "nanogpt") || !strcmp(S.loop, "speedrun"), "its loop is unknown");
+        int speedrun = !strcmp(S.loop, "speedrun"); /* (its data position is a shard and a token) */
+        need(!S.n_resume_next || S.n_resume_next == (speedrun ? 2 : rows),
+             "the checkpoint's batch does not match this configuration");
     } else {
         need(S.num_samples >= 0 && S.max_new_tokens >= 0 && S.top_k >= 0 && S.temperature > 0 &&
                  isfinite(S.temperature),
              "a sampling setting is out of range");
         need(S.n_start >= 1, "no start tokens");
+        need(S.decodable >= 0 && S.decodable <= S.vocab, "its decodable count is outside the vocabulary");
         for (int64_t i = 0; i < S.n_start; i++)
             need(S.start_tokens[i] >= 0 && S.start_tokens[i] < S.vocab, "a start token is outside the vocabulary");
         need(S.vocab <= (INT64_MAX / 4) / S.block && input_is(ARENA_LOGITS, S.lg_idx, S.block * 8) &&
@@ -219,6 +223,7 @@ void read_manifest(const char *path) {
 #define INT(k, dst) else if (!strcmp(key, k)) dst = parse_int(v)
 #define DBL(k, dst) else if (!strcmp(key, k)) dst = parse_double(v)
         if (!strcmp(key, "mode")) snprintf(S.mode, sizeof S.mode, "%s", v);
+        else if (!strcmp(key, "loop")) snprintf(S.loop, sizeof S.loop, "%s", v);
         STR("out_dir", S.out_dir); STR("init_file", S.init_file); STR("batch_order", S.batch_order);
         STR("config_json", S.config_json); STR("run_hash", S.run_hash);
         INT("world", S.world); INT("rank", S.rank);
@@ -226,12 +231,13 @@ void read_manifest(const char *path) {
         INT("max_iters", S.max_iters); INT("eval_interval", S.eval_interval); INT("eval_iters", S.eval_iters);
         INT("log_interval", S.log_interval); INT("eval_only", S.eval_only); INT("always_save", S.always_save);
         INT("seed", S.seed); INT("threads", S.threads); INT("time_every_iter", S.time_every_iter);
+        INT("stop_at", S.stop_at);
         DBL("flops_per_iter", S.flops_per_iter); DBL("peak_flops", S.peak_flops);
         INT("train.x", S.tr_x); INT("train.y", S.tr_y); INT("train.iter", S.tr_iter); INT("train.loss", S.tr_loss);
         INT("train.lr", S.tr_lr); INT("eval.x", S.ev_x); INT("eval.y", S.ev_y); INT("eval.loss", S.ev_loss);
         INT("logits.idx", S.lg_idx); INT("logits.out", S.lg_logits);
         INT("resume", S.resume); INT("resume_iter", S.resume_iter); DBL("resume_best", S.resume_best);
-        INT("num_samples", S.num_samples); INT("max_new_tokens", S.max_new_tokens); INT("top_k", S.top_k);
+        INT("num_samples", S.num_samples); INT("max_new_tokens", S.max_new_tokens); INT("top_k", S.top_k); INT("decodable", S.decodable);
         DBL("temperature", S.temperature);
         else if (!strcmp(key, "train_file")) add_file(&S.train_files, &S.n_train_files, v);
         else if (!strcmp(key, "val_file")) add_file(&S.val_files, &S.n_val_files, v);

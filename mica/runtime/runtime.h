@@ -12,6 +12,7 @@
  *                 tensor, verified as they are read back
  *   log.c         log lines, metrics.jsonl, the progress line
  *   loop.c        nanoGPT's training loop: evaluation, steps, checkpoints, interruption
+ *   speedrun.c    the speedrun seed's loop: shards in order, validation on the first val_tokens
  *   sampler.c     generation from the logits program
  *   dist.c        data parallelism: MPI's start, the ranks' agreement, a signal's one sentence
  *   main.c        the entry point and the user's errors
@@ -71,12 +72,12 @@ typedef struct {
 } slot;
 
 typedef struct {
-    char mode[16];
+    char mode[16], loop[16]; /* loop: nanogpt or speedrun */
     char *out_dir, *init_file, *batch_order, *config_json;
     file_spec *train_files, *val_files;
     int n_train_files, n_val_files;
     int64_t vocab, block, batch, accum, max_iters, eval_interval, eval_iters, log_interval;
-    int64_t eval_only, always_save, seed, threads, time_every_iter;
+    int64_t eval_only, always_save, seed, threads, time_every_iter, stop_at; /* stop_at: 0, or a step to stop after */
     double flops_per_iter, peak_flops;
     /* the programs' inputs (tr_x, ...) and outputs (tr_loss, ...) the loop uses, by index */
     int64_t tr_x, tr_y, tr_iter, tr_loss, tr_lr, ev_x, ev_y, ev_loss, lg_idx, lg_logits;
@@ -84,7 +85,7 @@ typedef struct {
     double resume_best;
     uint64_t resume_rng[4];
     int has_resume_rng;
-    int64_t num_samples, max_new_tokens, top_k;
+    int64_t num_samples, max_new_tokens, top_k, decodable; /* decodable > 0: draw only ids below it */
     double temperature;
     int64_t *start_tokens, n_start;
     slot *slots;
@@ -153,6 +154,7 @@ void log_clear_progress(void);
 
 /* ---- loop.c / sampler.c ---------------------------------------------------------------------- */
 int train_loop(void);
+int speedrun_loop(void);
 int sample(void);
 
 /* ---- dist.c ---------------------------------------------------------------------------------- */

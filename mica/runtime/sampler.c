@@ -1,5 +1,6 @@
 /* Generation, as nanoGPT's sample.py: the logits program over the last block_size tokens (padded
- * on the right), temperature, an optional top-k cut, then one draw from the softmax. */
+ * on the right), temperature, an optional top-k cut, then one draw from the softmax (over the ids
+ * below `decodable` when it is set: the speedrun pads its vocabulary, and the padding decodes to nothing). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,8 @@ int sample(void) {
             prog_set_input(ARENA_LOGITS, (int)S.lg_idx, window);
             if (logits_run(lg, (int)S.threads, S.seed, 0) != 0) die(2, "%s", logits_error());
             prog_get_output_part(ARENA_LOGITS, (int)S.lg_logits, (len - 1) * S.vocab, S.vocab, row); /* row len-1 */
+            if (S.decodable > 0) /* a padded vocabulary's unused rows are never drawn */
+                for (int64_t v = S.decodable; v < S.vocab; v++) row[v] = -INFINITY;
             float cut = -INFINITY;
             if (S.top_k > 0 && S.top_k < S.vocab) {
                 memcpy(sorted, row, S.vocab * sizeof(float));

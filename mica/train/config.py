@@ -59,6 +59,7 @@ MICA_DEFAULTS = {
     "time_every_iter": False,  # record every iteration's time in metrics.jsonl (mica bench)
     "simulate": False,     # device=cuda: run the CUDA trainer on the CPU simulator (no GPU needed)
     "tf32": False,         # device=cuda: products may use TF32 (nanoGPT's train.py allows it)
+    "recipe": "nanogpt",   # or "speedrun": the speedrun seed's model, optimizers and loop (SPEEDRUN_DEFAULTS)
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -70,6 +71,105 @@ BUILTIN_CONFIGS = {
                              warmup_iters=100),
 }
 
+# The speedrun seed's settings (train_gpt_simple.py), for configs with recipe = "speedrun": its model
+# (mica.models.speedrun), AdamW + Muon, stable-then-decay, and its data loader over shards in order.
+SPEEDRUN_DEFAULTS = {
+    "recipe": "speedrun",
+    "out_dir": "out-speedrun",
+    "train_files": "data/fineweb10B/fineweb_train_*.bin",
+    "val_files": "data/fineweb10B/fineweb_val_*.bin",
+    "vocab_size": 50304,
+    "train_steps": 3500,
+    "batch_size": 8 * 64 * 1024,
+    "seq_len": 1024,
+    "mbs": 64,
+    "val_tokens": 20 * 524288,
+    "val_every": 125,
+    "num_layers": 12,
+    "model_dim": 768,
+    "head_dim": 128,
+    "embed_lr": 0.3,
+    "head_lr": 1 / 320,
+    "scalar_lr": 0.01,
+    "muon_lr": 0.025,
+    "muon_weight_decay": 0.0125,
+    "mu": 0.95,
+    "ns_steps": 12,
+    "ns_dtype": "bfloat16",
+    "cooldown_frac": 0.7,
+    "log_interval": 1,
+    "stop_at": 0,
+    "init_from": "scratch",
+    "seed": 1337,
+    "device": "cuda",
+    "dtype": "float32",
+}
+SPEEDRUN_MICA_DEFAULTS = {k: MICA_DEFAULTS[k] for k in ("threads", "opt_level", "time_every_iter", "simulate", "tf32")}
+BUILTIN_CONFIGS.update({
+    # the seed as it stands: 162M parameters, 3,500 steps of 524,288 tokens, on FineWeb's GPT-2 shards
+    "speedrun": dict(SPEEDRUN_DEFAULTS),
+    # the same recipe small enough for a CPU: 4 blocks of width 256, sequences of 256, 300 steps,
+    # on shards made by `mica prepare text --format shards --out data/speedrun_tiny`
+    "speedrun_tiny": dict(SPEEDRUN_DEFAULTS, out_dir="out-speedrun-tiny", train_files="data/speedrun_tiny/train_*.bin",
+                          val_files="data/speedrun_tiny/val_*.bin", vocab_size=0, train_steps=300,
+                          batch_size=8 * 256, seq_len=256, mbs=4, val_tokens=8 * 256, val_every=50, num_layers=4,
+                          model_dim=256, head_dim=64, log_interval=10, device="cpu"),
+})
+
+SPEEDRUN_DESCRIPTIONS = {
+    "recipe": "speedrun: the speedrun seed's model, optimizers and loop (nanogpt: nanoGPT's)",
+    "out_dir": "the run's folder: ckpt.safetensors, metrics.jsonl, init.safetensors",
+    "train_files": "glob of the training shards, read in sorted order (the folder's meta.json names the tokenizer)",
+    "val_files": "glob of the validation shards (the first val_tokens of them are the validation set)",
+    "vocab_size": "the model's vocabulary; 0: the data's meta.json vocabulary rounded up to a multiple of 128",
+    "train_steps": "optimizer steps",
+    "batch_size": "tokens per step (a multiple of mbs * seq_len)",
+    "seq_len": "tokens per sequence",
+    "mbs": "sequences per micro-batch (gradients are summed over the micro-batches)",
+    "val_tokens": "tokens of the validation set (a multiple of mbs * seq_len)",
+    "val_every": "steps between validations (and checkpoints); one more after the last step",
+    "num_layers": "transformer blocks",
+    "model_dim": "embedding width (a multiple of head_dim)",
+    "head_dim": "channels per attention head (the seed's 128)",
+    "embed_lr": "AdamW's learning rate for the embedding",
+    "head_lr": "AdamW's learning rate for the output head",
+    "scalar_lr": "AdamW's learning rate for the gains and biases",
+    "muon_lr": "Muon's learning rate for the blocks' matrices",
+    "muon_weight_decay": "Muon's decoupled weight decay",
+    "mu": "Muon's momentum",
+    "ns_steps": "Newton-Schulz iterations (2, -1.5, 0.5) per Muon update",
+    "ns_dtype": "bfloat16 (the seed's) or float32: the element type of the Newton-Schulz products",
+    "cooldown_frac": "the last fraction of steps, over which the learning rates decay linearly to zero",
+    "log_interval": "steps between the seed's step:N/M train_time lines",
+    "stop_at": "0, or a step to stop after (validated and saved; resume with --init_from=resume)",
+    "init_from": "scratch, resume (out_dir/ckpt.safetensors) or PATH.safetensors (weights under the seed's names)",
+    "seed": "seeds the initialization (any 64-bit int)",
+    "device": "cpu, or cuda (an NVIDIA GPU)",
+    "dtype": "float32: parameters and activations in float32 (the seed's bfloat16 embedding and activations are "
+             "not available yet)",
+}
+
+
+def recipe_of(config=None, overrides=(), scope=None):
+    """'speedrun' or 'nanogpt': a built-in's, else a config file's `recipe = ...` (from `scope`, the
+    globals it assigned), else --recipe=..."""
+    recipe = "nanogpt"
+    if config in BUILTIN_CONFIGS and not os.path.exists(config):
+        recipe = BUILTIN_CONFIGS[config].get("recipe", "nanogpt")
+    elif config and os.path.exists(config):
+        recipe = (scope if scope is not None else _run_config_file(config)).get("recipe", "nanogpt")
+    for item in overrides:
+        if item.startswith("--recipe="):
+            recipe = item.split("=", 1)[1]
+    if recipe not in ("nanogpt", "speedrun"):
+        raise MicaError(f"recipe must be 'nanogpt' or 'speedrun', got {_show(recipe)}")
+    return recipe
+
+
+def defaults_for(recipe):
+    if recipe == "speedrun":
+        return {**SPEEDRUN_DEFAULTS, **SPEEDRUN_MICA_DEFAULTS}
+    return {**DEFAULTS, **MICA_DEFAULTS}
 
 # one line per setting for `mica train --help`
 DESCRIPTIONS = {
@@ -114,6 +214,7 @@ DESCRIPTIONS = {
     "tf32": "with device=cuda: let products use TF32, as nanoGPT's train.py does; False: float32 throughout",
     "data_dir": "the data folder (train.bin and val.bin, or shards; meta.json or meta.pkl); default data/<dataset>",
     "time_every_iter": "record every iteration's time in metrics.jsonl (mica bench)",
+    "recipe": "nanogpt (these settings) or speedrun (the speedrun seed's: mica train speedrun --help)",
 }
 
 
@@ -131,6 +232,13 @@ def help_text(usage, intro, groups, descriptions, defaults):
 def train_help(config=None):
     defaults = load(config)
     where = f"defaults after {config}" if config else "defaults"
+    if defaults["recipe"] == "speedrun":
+        return help_text(
+            "usage: mica train CONFIG [--key=value ...]",
+            f"CONFIG sets recipe = 'speedrun' (as the built-in speedrun and speedrun_tiny do): the speedrun seed's\n"
+            f"model, AdamW + Muon and loop. Each --key=value overrides one setting; the settings and their {where}:",
+            [("the speedrun seed's settings:", list(SPEEDRUN_DEFAULTS)), ("Mica's settings:", list(SPEEDRUN_MICA_DEFAULTS))],
+            {**DESCRIPTIONS, **SPEEDRUN_DESCRIPTIONS}, defaults)
     return help_text(
         "usage: mica train [CONFIG] [--key=value ...]",
         "CONFIG is a nanoGPT config file (Python assigning some of the settings below) or a built-in name\n"
@@ -189,7 +297,9 @@ def load(config=None, overrides=(), log=print):
     """The full configuration from an optional config file (or built-in name) and --key=value items.
     A config file may define helper names of its own, as nanoGPT's configurator allows (they are
     ignored, said once); a name one letter or so from a setting is taken for a typo and refused."""
-    cfg = {**DEFAULTS, **MICA_DEFAULTS}
+    scope = _run_config_file(config) if config and os.path.exists(config) else None
+    recipe = recipe_of(config, overrides, scope)
+    cfg = defaults_for(recipe)
     explicit = set()
     if config:
         if config in BUILTIN_CONFIGS and not os.path.exists(config):
@@ -198,7 +308,7 @@ def load(config=None, overrides=(), log=print):
         elif not os.path.exists(config):
             raise MicaError(f"config file {config} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            for key, value in _run_config_file(config).items():
+            for key, value in scope.items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
                 if key not in cfg:
@@ -210,7 +320,8 @@ def load(config=None, overrides=(), log=print):
                 explicit.add(key)
     cfg = apply_overrides(cfg, overrides)
     explicit.update(item[2:].split("=", 1)[0] for item in overrides if item.startswith("--") and "=" in item)
-    if "dtype" not in explicit and isinstance(cfg["device"], str) and cfg["device"].startswith("cpu"):
+    if recipe == "nanogpt" and "dtype" not in explicit and isinstance(cfg["device"], str) and \
+            cfg["device"].startswith("cpu"):
         cfg["dtype"] = "float32"  # nanoGPT trains float32 on a CPU (nullcontext) whatever its default dtype says
     return cfg
 
@@ -290,6 +401,48 @@ def cuda_unusable():
 def check_supported(cfg, log=print):
     """Refuse what Mica cannot do yet; say what is accepted but means nothing here."""
     cfg["device"] = device(cfg["device"])
+    _check_device(cfg)
+    if cfg.get("recipe") == "speedrun":
+        return check_speedrun(cfg)
+    return _check_nanogpt(cfg, log)
+
+
+def check_speedrun(cfg):
+    """The speedrun settings' own rules, each a sentence."""
+    for key in ("train_steps", "batch_size", "seq_len", "mbs", "val_tokens", "val_every", "num_layers", "model_dim",
+                "head_dim", "ns_steps", "log_interval"):
+        if cfg[key] <= 0:
+            raise MicaError(f"{key} must be positive, got {cfg[key]}")
+    if not 0 <= cfg["stop_at"] <= cfg["train_steps"]:
+        raise MicaError(f"stop_at must be 0 or a step from 1 to train_steps ({cfg['train_steps']}), got {cfg['stop_at']}")
+    if cfg["vocab_size"] < 0:
+        raise MicaError(f"vocab_size must be positive (or 0: from the data's meta.json), got {cfg['vocab_size']}")
+    rows = cfg["mbs"] * cfg["seq_len"]
+    for key in ("batch_size", "val_tokens"):
+        if cfg[key] % rows:
+            raise MicaError(f"{key} ({cfg[key]:,}) must be a multiple of mbs * seq_len ({rows:,}): the seed cuts it "
+                            "into micro-batches of mbs sequences")
+    if cfg["model_dim"] % cfg["head_dim"] or cfg["head_dim"] % 4:
+        raise MicaError(f"model_dim ({cfg['model_dim']}) must be a multiple of head_dim ({cfg['head_dim']}), and "
+                        "head_dim a multiple of 4")
+    if not 0.0 <= cfg["cooldown_frac"] <= 1.0:
+        raise MicaError(f"cooldown_frac must be in [0, 1], got {cfg['cooldown_frac']}")
+    if cfg["ns_dtype"] not in ("bfloat16", "float32"):
+        raise MicaError(f"ns_dtype must be 'bfloat16' or 'float32', got {_show(cfg['ns_dtype'])}")
+    if cfg["dtype"] != "float32":
+        raise MicaError(f"dtype={_show(cfg['dtype'])}: the speedrun recipe trains in float32 for now (the seed's "
+                        "bfloat16 embedding and activations are not available yet); pass --dtype=float32")
+    if not isinstance(cfg["init_from"], str) or (cfg["init_from"] not in ("scratch", "resume") and
+                                                  not cfg["init_from"].endswith(".safetensors")):
+        raise MicaError(f"init_from must be scratch, resume or PATH.safetensors (weights with the seed's names) for the "
+                        f"speedrun recipe, got {_show(cfg['init_from'])}")
+    check_seed(cfg["seed"])
+    if cfg["threads"] < 0:
+        raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")
+    return cfg
+
+
+def _check_device(cfg):
     if cfg["device"] == "cuda" and not cfg["simulate"]:
         why = cuda_unusable()
         if why:
@@ -297,6 +450,9 @@ def check_supported(cfg, log=print):
                             "--simulate=True to run the CUDA trainer on the CPU simulator (slow: tiny configs only)")
     if cfg["simulate"] and cfg["device"] != "cuda":
         raise MicaError("simulate=True simulates the CUDA trainer; pass it with --device=cuda")
+
+
+def _check_nanogpt(cfg, log):
     if isinstance(cfg["init_from"], str) and cfg["init_from"].startswith("gpt2"):
         raise MicaError(f"init_from={cfg['init_from']!r} downloads GPT-2 from a hub, which Mica never does; get "
                         "Hugging Face's model.safetensors (and its config.json) yourself and pass "

@@ -12,7 +12,7 @@ from ..errors import MicaError
 RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 # the trainer's runtime modules (mica/runtime/runtime.h says what each does)
 RUNTIME_SOURCES = ("main.c", "manifest.c", "programs.c", "tokens.c", "rng.c", "checkpoint.c", "log.c", "loop.c",
-                   "sampler.c", "dist.c")
+                   "speedrun.c", "sampler.c", "dist.c")
 PROGRAMS = ("train", "eval", "logits")
 
 

@@ -40,8 +40,59 @@ def precision(cfg):
 
 
 def build(cfg, vocab_size, world=1, rank=0):
-    """{name: Program} for train, eval and logits, plus the model. With world > 1 the train
-    program is rank `rank`'s share of a data-parallel step (data_parallel below)."""
+    """(model, optimizer, {name: Program} for train, eval and logits) for the config's recipe. With
+    world > 1 the train program is rank `rank`'s share of a data-parallel step (data_parallel
+    below; nanoGPT's recipe only)."""
+    if cfg.get("recipe") == "speedrun":
+        if world > 1:
+            from ..errors import MicaError
+
+            raise MicaError("the speedrun recipe trains in one process so far; run it without mpirun")
+        return build_speedrun(cfg, vocab_size)
+    return build_nanogpt(cfg, vocab_size, world, rank)
+
+
+def speedrun_model(cfg, vocab_size):
+    from ..models import speedrun
+
+    return speedrun.build(vocab_size, cfg["num_layers"], cfg["model_dim"], cfg["head_dim"]).float()
+
+
+def build_speedrun(cfg, vocab_size):
+    """The speedrun seed's programs: train is one step of its loop (the micro-batches' summed-loss
+    gradients added, set_hparams(step), AdamW + Muon); eval the summed loss of one micro-batch;
+    logits every position's soft-capped logits of one window."""
+    from ..models import speedrun
+
+    model = speedrun_model(cfg, vocab_size)
+    specs = model.param_specs()
+    opt = speedrun.optimizers(model, cfg["embed_lr"], cfg["head_lr"], cfg["scalar_lr"], cfg["muon_lr"],
+                              cfg["muon_weight_decay"], cfg["mu"], ((2.0, -1.5, 0.5),) * cfg["ns_steps"],
+                              getattr(mica, cfg["ns_dtype"]))
+    step = speedrun.train_step(model, opt, cfg["train_steps"], cfg["cooldown_frac"])
+    forward = speedrun.loss_fn(model)
+    mbs, T = cfg["mbs"], cfg["seq_len"]
+    accum = cfg["batch_size"] // (mbs * T)
+
+    def train(params, opt_state, x, y, iter_num):
+        return step(params, opt_state, x, y, iter_num)
+
+    def evaluate(params, x, y):
+        return forward(params, x, y)
+
+    def logits(params, idx):
+        with model.bind(params):
+            return model.logits(idx)
+
+    batch = mica.i64[accum, mbs, T]
+    train_prog = mica.trace(train, specs, opt.state_specs(specs), batch, batch, mica.i64[()], name="train")
+    eval_prog = mica.trace(evaluate, specs, mica.i64[mbs, T], mica.i64[mbs, T], name="eval")
+    logits_prog = mica.trace(logits, specs, mica.i64[1, T], name="logits")
+    return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
+
+
+def build_nanogpt(cfg, vocab_size, world=1, rank=0):
+    """{name: Program} for train, eval and logits, plus the model."""
     model = GPT(model_config(cfg, vocab_size))
     specs = model.param_specs()
     opt = optimizer(cfg, specs)
@@ -145,6 +196,10 @@ def _all_position_logits(model, idx):
 
 def flops_per_iter(cfg, model):
     """nanoGPT's estimate_mfu numerator: 6N + 12 L H Q T per token, for one iteration."""
+    if cfg.get("recipe") == "speedrun":
+        N = model.num_parameters() - model.embed.weight.numel()
+        L, T = cfg["num_layers"], cfg["seq_len"]
+        return (6 * N + 12 * L * cfg["model_dim"] * T) * cfg["batch_size"]
     N = model.get_num_params()
     L, H, Q, T = cfg["n_layer"], cfg["n_head"], cfg["n_embd"] // cfg["n_head"], cfg["block_size"]
     per_token = 6 * N + 12 * L * H * Q * T

@@ -102,6 +102,8 @@ def _model_config_json(cfg):
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides, log), log)
+    if cfg["recipe"] == "speedrun":
+        return prepare_speedrun(cfg, log)
     folder, (train_paths, val_paths) = data_files(cfg, log)
     vocab, _ = vocab_size(folder, log)
     vocab = _follow_hf_weights(cfg, vocab, log)
@@ -146,6 +148,119 @@ def prepare_run(config_path=None, overrides=(), log=print):
         manifest = os.path.join(out_dir, f"trainer.rank{rank}.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
+
+
+# ---- the speedrun recipe ------------------------------------------------------------------------
+
+SPEEDRUN_MODEL_KEYS = ("num_layers", "model_dim", "head_dim")
+
+
+def speedrun_files(pattern, what):
+    """The files a train_files / val_files glob matches, sorted as the seed sorts them."""
+    if not isinstance(pattern, str) or not pattern:
+        raise MicaError(f"the {what} glob is empty; give one, e.g. data/fineweb10B/fineweb_train_*.bin")
+    paths = sorted(p for p in glob.glob(pattern) if not os.path.isdir(p))
+    if not paths:
+        raise MicaError(f"no {what} files match {pattern}; prepare shards first, e.g. mica prepare text --input "
+                        f"FILE --format shards --out {os.path.dirname(pattern) or '.'}")
+    return paths
+
+
+def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
+    paths = speedrun_files(pattern, what)
+    lengths = []
+    for p in paths:
+        if tok.token_layout(p)[0] != "shard":
+            tok.open_tokens(p, None, 0, what)  # a damaged header is named there
+            raise MicaError(f"{what} file {p} is not a shard (no magic number {tok.SHARD_MAGIC} at its start); the "
+                            "speedrun reads shards: prepare them with mica prepare text --format shards")
+        lengths.append(len(tok.open_tokens(p, vocab, 0, what)))
+    tok.seed_batches(lengths, tokens_per_batch, batches, what, paths)
+    log(f"{what}: {len(paths)} shards, {sum(lengths):,} tokens, from {paths[0]} to {os.path.basename(paths[-1])}")
+    return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
+
+
+def speedrun_vocab(cfg, log=print):
+    """The model's vocabulary: vocab_size, or with 0 the data's meta.json vocabulary rounded up to a
+    multiple of 128, as the seed rounds GPT-2's 50257 up to 50304."""
+    folder = os.path.dirname(cfg["train_files"]) or "."
+    meta = meta_mod.read(folder) if os.path.isdir(folder) else None
+    if cfg["vocab_size"]:
+        if meta is not None and meta.vocab_size > cfg["vocab_size"]:
+            raise MicaError(f"vocab_size={cfg['vocab_size']} is smaller than the {meta.vocab_size} tokens of {meta.path}; "
+                            "pass a larger vocab_size, or 0 to follow the data")
+        return cfg["vocab_size"]
+    if meta is None:
+        raise MicaError(f"vocab_size=0 follows the data's meta.json, but {folder} has none; pass --vocab_size=N")
+    vocab = -(-meta.vocab_size // 128) * 128
+    log(f"vocab_size: {meta.vocab_size} from {meta.path}, rounded up to {vocab}")
+    return vocab
+
+
+def prepare_speedrun(cfg, log):
+    """The speedrun recipe up to the trainer's manifest: its shards checked against the seed's
+    loader (every batch the run will take exists), its programs built, its starting state."""
+    vocab = speedrun_vocab(cfg, log)
+    rows = cfg["mbs"] * cfg["seq_len"]
+    files = [("train", *f) for f in _speedrun_split(cfg["train_files"], vocab, cfg["batch_size"], cfg["train_steps"],
+                                                     "training data", log)]
+    files += [("val", *f) for f in _speedrun_split(cfg["val_files"], vocab, cfg["val_tokens"], 1, "validation data",
+                                                   log)]
+    out_dir = writable_folder(cfg["out_dir"], "out_dir")
+    _lock(out_dir)
+    _remove_stale_temporaries(out_dir, log)
+    model, _, progs = programs.build(cfg, vocab)
+    log(f"number of parameters: {model.num_parameters():,}")
+    exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
+                                        tf32=cfg["tf32"])
+    _products_record(cfg["device"], cfg["simulate"])
+    native.check_in_place(lowered["train"])
+    log(memory_plan.report(lowered))
+    slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
+    expected = _expected(slots, lowered)
+    settings = dict(mode="train", loop="speedrun", out_dir=out_dir, vocab=vocab, block=cfg["seq_len"],
+                    batch=cfg["mbs"], accum=cfg["batch_size"] // rows, max_iters=cfg["train_steps"],
+                    eval_interval=cfg["val_every"], eval_iters=cfg["val_tokens"] // rows,
+                    log_interval=cfg["log_interval"], eval_only=0, always_save=1,
+                    seed=config_mod.seed_int64(cfg["seed"]), threads=cfg["threads"] or os.cpu_count() or 1,
+                    time_every_iter=int(cfg["time_every_iter"]), flops_per_iter=programs.flops_per_iter(cfg, model),
+                    peak_flops=1.0, stop_at=cfg["stop_at"], config_json=json.dumps(cfg, separators=(",", ":")))
+    if cfg["init_from"] == "scratch":
+        log("initializing a new model from scratch")
+        path = os.path.join(out_dir, "init.safetensors")
+        ckpt.write(path, dict(model.init(cfg["seed"])), {"format": "mica", "config": json.dumps(cfg)})
+        loads = _loads(path, expected, settings, params_only=True)
+    elif cfg["init_from"] == "resume":
+        loads = _speedrun_resume(cfg, vocab, out_dir, expected, settings, log)
+    else:
+        log(f"initializing from weights in {cfg['init_from']}")
+        loads = _loads(cfg["init_from"], expected, settings, params_only=True)
+    manifest = os.path.join(out_dir, "trainer.manifest")
+    native.write_manifest(manifest, settings, slots, lowered, loads, files)
+    return exe, manifest, cfg
+
+
+def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
+    path = os.path.join(out_dir, "ckpt.safetensors")
+    log(f"resuming training from {out_dir}")
+    st = ckpt.SafeTensors(path)
+    saved = _saved_config(st)
+    if saved.get("recipe") != "speedrun":
+        raise MicaError(f"the checkpoint in {out_dir} was not trained with the speedrun recipe; resume it with its own "
+                        "config, or train into another out_dir")
+    for k in (*SPEEDRUN_MODEL_KEYS, "vocab_size", "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac"):
+        if saved.get(k, cfg[k]) != cfg[k]:
+            raise MicaError(f"the checkpoint in {out_dir} was trained with {k}={saved[k]!r}, not {cfg[k]!r}; resume with "
+                            "the same settings")
+    st.check_metadata()
+    try:
+        settings.update(resume=1, resume_iter=int(st.metadata["iter_num"]), resume_best=0.0)
+    except (KeyError, ValueError):
+        raise MicaError(f"checkpoint {path} has no readable iter_num in its metadata; use another checkpoint") from None
+    if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] == (2,):
+        settings["resume_next"] = " ".join(str(int(v)) for v in st.read("data.next_offsets").reshape(-1))
+    has_state = _check_resume_names(st, expected, log)
+    return _loads(path, expected, settings, st=st, params_only=not has_state)
 
 
 A100_BF16_PEAK = 312e12  # nanoGPT's estimate_mfu divides by it on any card; so does Mica's log on a GPU
@@ -393,7 +508,7 @@ def _quiet(message):
 
 # ---- sampling -------------------------------------------------------------------------------------
 
-def _codec(cfg, vocab=None):
+def _codec(cfg, vocab=None, padded=False):
     """(encode, decode) for sampling, from the data folder's meta.json or meta.pkl, as nanoGPT's
     sample.py decodes; with neither, GPT-2's encoding (tiktoken) for a model of GPT-2's vocabulary.
     `vocab` is the model's vocabulary size, checked against the meta file's."""
@@ -404,7 +519,7 @@ def _codec(cfg, vocab=None):
             raise MicaError(f"no vocabulary in {folder} (meta.json or meta.pkl) to decode this model's {vocab} tokens "
                             "with; sampling needs the data folder it was trained on (data_dir)")
         return _gpt2_codec(folder)
-    if vocab is not None and (m.vocab_size > vocab or (m.stoi is not None and m.vocab_size != vocab)):
+    if vocab is not None and (m.vocab_size > vocab or (m.stoi is not None and m.vocab_size != vocab and not padded)):
         raise MicaError(f"{m.path} has a vocabulary of {m.vocab_size} tokens but the checkpoint's model has {vocab}; "
                         "point data_dir at the data the model was trained on")
     if m.stoi is not None:
@@ -416,7 +531,7 @@ def _codec(cfg, vocab=None):
                 raise MicaError(f"the start text has characters the vocabulary lacks: {''.join(bad)!r}")
             return [stoi[c] for c in s]
 
-        return encode, lambda ids: "".join(itos[i] for i in ids)
+        return encode, _checked(lambda ids: "".join(itos[i] for i in ids), len(itos))
     if m.tokenizer_file:
         path = os.path.join(folder, m.tokenizer_file)
         try:
@@ -470,12 +585,17 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     or from `data_dir`."""
     path = os.path.join(out_dir, "ckpt.safetensors")
     st = ckpt.SafeTensors(path)
-    cfg = {**config_mod.DEFAULTS, **config_mod.MICA_DEFAULTS, **_saved_config(st)}
+    saved = _saved_config(st)
+    speedrun = saved.get("recipe") == "speedrun"
+    cfg = {**config_mod.defaults_for(saved.get("recipe", "nanogpt") if speedrun else "nanogpt"), **saved}
     if data_dir:
         cfg["data_dir"] = data_dir
-    if "transformer.wte.weight" not in st.tensors:
-        raise MicaError(f"{path} holds no GPT weights (transformer.wte.weight)")
-    vocab = st.info("transformer.wte.weight")[1][0]
+    elif speedrun:  # the tokenizer is the one the shards were made with: their folder's meta.json
+        cfg["data_dir"] = os.path.dirname(cfg["train_files"]) or "."
+    embedding = "embed.weight" if speedrun else "transformer.wte.weight"
+    if embedding not in st.tensors:
+        raise MicaError(f"{path} holds no GPT weights ({embedding})")
+    vocab = st.info(embedding)[1][0]
     if start.startswith("FILE:"):
         start = read_text(start[5:], "--start prompt file")
     if temperature <= 0 or max_new_tokens < 0 or num_samples < 1:
@@ -485,7 +605,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     if threads is not None and threads < 0:
         raise MicaError(f"threads must be 0 (one per core) or a positive count, got {threads}")
     config_mod.check_seed(seed)
-    encode, decode = _codec(cfg, vocab)
+    encode, decode = _codec(cfg, vocab, padded=speedrun)  # (the speedrun pads its vocabulary to 128s)
     ids = encode(start)
     if not ids:
         raise MicaError("the start text is empty; give at least one character")
@@ -494,10 +614,14 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
     _products_record(device, simulate)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
-    settings = dict(mode="sample", vocab=vocab, block=cfg["block_size"], seed=config_mod.seed_int64(seed),
+    settings = dict(mode="sample", vocab=vocab, block=cfg["seq_len" if speedrun else "block_size"],
+                    seed=config_mod.seed_int64(seed),
                     threads=threads or os.cpu_count() or 1, num_samples=num_samples,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
                     start_tokens=" ".join(map(str, ids)))
+    meta = meta_mod.read(cfg["data_dir"]) if speedrun else None
+    if meta is not None and meta.vocab_size < vocab:
+        settings["decodable"] = meta.vocab_size
     loads = _loads(path, _expected(slots, lowered), settings, params_only=True)
     # the manifest goes to a private folder, so sampling writes nothing into out_dir (it may be read-only)
     with tempfile.TemporaryDirectory(prefix="mica-sample-") as tmp:

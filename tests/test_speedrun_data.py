@@ -1,0 +1,130 @@
+"""The speedrun seed's data loader: shards in sorted order, the batch sequence and its shard
+switches as the seed's distributed_data_generator takes them (its PyTorch transcription), shards
+made by `mica prepare text --format shards --shard_tokens N`, and bad shards as sentences."""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from helpers import mica_cli
+from mica.bench import torch_speedrun as TS
+from mica.data import tokens as tok
+from mica.errors import MicaError
+from mica.train import run
+
+
+def _shards(folder, lengths, seed=0, prefix="train"):
+    rng = np.random.default_rng(seed)
+    data = []
+    for i, n in enumerate(lengths):
+        t = rng.integers(0, 60000, n).astype(np.uint16)
+        tok.write_shard(os.path.join(folder, f"{prefix}_{i:06d}.bin"), t)
+        data.append(t)
+    return data
+
+
+@pytest.mark.parametrize("lengths,batch", [
+    ([150, 100, 200, 90, 65], 64),   # switches mid-run; 200 holds three batches; 65 = batch + 1 exactly
+    ([50, 300, 129, 129], 64),       # a first shard too short is skipped, as the seed's first check does
+    ([1000], 7),                     # one shard, an odd batch
+])
+def test_the_batch_sequence_is_the_seeds_generator(tmp_path, lengths, batch):
+    data = _shards(str(tmp_path), lengths, seed=len(lengths))
+    gen = TS.distributed_data_generator(str(tmp_path / "train_*.bin"), batch, seq_len=batch)
+    count = 0
+    while True:
+        try:
+            x, y = next(gen)
+        except StopIteration:  # (the seed's generator raises it when the shards run out)
+            break
+        except RuntimeError:
+            break
+        count += 1
+    where = tok.seed_batches(lengths, batch, count)
+    gen = TS.distributed_data_generator(str(tmp_path / "train_*.bin"), batch, seq_len=batch)
+    for file, pos in where:
+        x, y = next(gen)
+        assert np.array_equal(x.numpy().ravel(), data[file][pos:pos + batch])
+        assert np.array_equal(y.numpy().ravel(), data[file][pos + 1:pos + batch + 1])
+    assert len({f for f, _ in where}) > 1 or len(lengths) == 1
+    with pytest.raises(MicaError, match="runs out after"):
+        tok.seed_batches(lengths, batch, count + 1)
+
+
+def test_a_short_shard_after_a_switch_is_a_sentence():
+    with pytest.raises(MicaError, match=r"shard b holds 20 tokens, fewer than one batch of 64 \+ 1"):
+        tok.seed_batches([100, 20, 500], 64, 3, paths=["a", "b", "c"])
+
+
+def test_shards_are_read_in_sorted_order(tmp_path):
+    for name in ("train_000002.bin", "train_000000.bin", "train_000001.bin"):
+        tok.write_shard(str(tmp_path / name), np.arange(10, dtype=np.uint16))
+    assert [os.path.basename(p) for p in run.speedrun_files(str(tmp_path / "train_*.bin"), "training data")] == \
+        ["train_000000.bin", "train_000001.bin", "train_000002.bin"]
+    with pytest.raises(MicaError, match="no validation data files match"):
+        run.speedrun_files(str(tmp_path / "val_*.bin"), "validation data")
+
+
+def _bad(path, header, payload):
+    with open(path, "wb") as f:
+        f.write(np.asarray(header, dtype=np.int32).tobytes())
+        f.write(np.asarray(payload, dtype=np.uint16).tobytes())
+
+
+def test_bad_shards_are_sentences(tmp_path):
+    head = np.zeros(256, np.int32)
+    cases = {
+        "version": ((20240520, 2, 10), 10, "is a shard of version 2; only version 1"),
+        "short": ((20240520, 1, 10), 7, "claims 10 tokens in its header but holds 7.0"),
+        "magic": ((20240521, 1, 10), 10, "its magic number is 20240521, not 20240520"),
+        "raw": ((5, 5, 5), 3, "is not a shard"),
+    }
+    for name, (fields, n, message) in cases.items():
+        h = head.copy()
+        h[:3] = fields
+        path = tmp_path / f"{name}_000000.bin"
+        _bad(path, h, np.arange(n))
+        with pytest.raises(MicaError, match=message):
+            run._speedrun_split(str(tmp_path / f"{name}_*.bin"), 100, 4, 1, "training data", print)
+    truncated = tmp_path / "cut_000000.bin"
+    truncated.write_bytes(np.asarray([20240520, 1], np.int32).tobytes())
+    with pytest.raises(MicaError, match="truncated shard"):
+        run._speedrun_split(str(tmp_path / "cut_*.bin"), 100, 4, 1, "training data", print)
+
+
+def test_fuzzed_shard_headers_never_escape_as_tracebacks(tmp_path):
+    rng = np.random.default_rng(7)
+    for i in range(60):
+        h = np.zeros(256, np.int32)
+        h[:3] = (20240520 if i % 2 else rng.integers(-2**31, 2**31), rng.integers(-2, 3), rng.integers(-5, 40))
+        path = tmp_path / f"f{i}_000000.bin"
+        payload = rng.integers(0, 2**16, rng.integers(0, 40))
+        data = h.tobytes()[:rng.integers(0, 1025)] if i % 7 == 0 else h.tobytes()
+        path.write_bytes(data + payload.astype(np.uint16).tobytes()[:rng.integers(0, 81)])
+        try:
+            run._speedrun_split(str(path), 2**16, 4, 1, "training data", lambda s: None)
+        except MicaError as e:
+            assert str(e) and "\n" not in str(e)
+
+
+def test_prepare_writes_shards_of_at_most_shard_tokens(tmp_path):
+    text = "".join(chr(97 + (i * 7) % 26) for i in range(5000))
+    (tmp_path / "in.txt").write_text(text)
+    mica_cli("prepare", "text", "--input", "in.txt", "--format", "shards", "--shard_tokens", "1000", "--out", "d",
+             cwd=tmp_path, check=True)
+    train = sorted(glob.glob(str(tmp_path / "d" / "train_*.bin")))
+    val = sorted(glob.glob(str(tmp_path / "d" / "val_*.bin")))
+    assert [len(tok.open_tokens(p)) for p in train] == [1000, 1000, 1000, 1000, 500]
+    assert [len(tok.open_tokens(p)) for p in val] == [500]
+    joined = np.concatenate([tok.open_tokens(p) for p in train + val])
+    import json
+
+    itos = json.loads((tmp_path / "d" / "meta.json").read_text())["itos"]
+    assert "".join(itos[i] for i in joined) == text
+    # a second preparation with larger shards leaves none of the first's behind
+    mica_cli("prepare", "text", "--input", "in.txt", "--format", "shards", "--shard_tokens", "3000", "--out", "d",
+             cwd=tmp_path, check=True)
+    assert len(glob.glob(str(tmp_path / "d" / "train_*.bin"))) == 2
+    r = mica_cli("prepare", "text", "--input", "in.txt", "--shard_tokens", "10", "--out", "e", cwd=tmp_path)
+    assert r.returncode != 0 and "pass it with --format shards" in r.stderr and "Traceback" not in r.stderr
