@@ -3,6 +3,7 @@
     program.lower(target, **options)
       widen      half-type kernels and products in float32      .graph
       simplify   exact rewrites, CSE, DCE                       .graph
+      remat      what the backward keeps or recomputes          .graph, .remat
       order      costly slopes computed beside their forward    .graph
       fuse       Schedule: loops, reductions, products, calls   .schedule
       memory     MemoryPlan: an offset per buffer, one arena    .plan, .memory_report
@@ -10,31 +11,74 @@
     .build()     the target's compiler: an in-process Executable
 
 A Target (mica/targets.py) answers everything that differs between targets; nothing here names one.
+`remat` (default on) and `memory_budget` (bytes of the program's arena) are the pipeline's own
+options: under a budget the pipeline recomputes more (up to whole blocks) until the plan fits.
 """
-from .passes import fuse, memory, order, simplify, widen
+from .errors import MicaError
+from .passes import fuse, memory, order, remat as remat_pass, simplify, widen
 from .targets import get_target
 
 
 class Lowered:
     """A Program lowered for a target: its graph, schedule, exact memory plan and source."""
 
-    def __init__(self, program, target):
+    def __init__(self, program, target, remat=True, memory_budget=None):
         self.program = program
         self.target = target
         self.opt_level = target.opt_level
-        self.graph = simplify.simplify(widen.widen(program.graph, target))
+        self.memory_budget = _check_budget(memory_budget)
+        attempts = _attempts(remat, self.memory_budget is not None)
+        tried = []
+        for mode, every in attempts:
+            self._plan(mode, every)
+            tried.append((self.plan.total, self.remat))
+            if self.memory_budget is None or self.plan.total <= self.memory_budget:
+                break
+            if mode == "checkpoint" and every >= max(self.remat.checkpoints, 1):
+                best, choice = min(tried, key=lambda t: t[0])
+                raise MicaError(f"memory_budget={self.memory_budget:,} bytes is less than the smallest plan Mica "
+                                f"can make for {program.name} ({best:,} bytes, with {choice.mode}); give at least "
+                                f"{best:,} bytes")
+        self.memory_report = self.plan.report(program.name) + "\n  " + self.remat.summary()
+        if self.memory_budget is not None:
+            self.memory_report += f"\n  memory budget {self.memory_budget:,} bytes: the plan fits"
+        self.source = target.render(self)
+
+    def _plan(self, mode, every):
+        target = self.target
+        self.graph = simplify.simplify(widen.widen(self.program.graph, target))
+        if mode == "off":
+            self.remat = remat_pass.Choice("off", [], [], 0)
+        else:
+            self.remat = remat_pass.rematerialize(self.graph, mode, every)
         if target.opt_level > 0:
             order.hoist(self.graph)
         self.schedule = fuse.build(self.graph, target, fuse=target.opt_level > 0)
         self.plan = memory.plan(self.schedule, target)
-        self.memory_report = self.plan.report(program.name)
-        self.source = target.render(self)
 
     def build(self, **options):
         """Compile (cached) and load: an Executable to call with numpy arrays."""
         return self.target.build(self, **options)
 
 
-def lower(program, target, **options):
-    """Lower `program` for `target` (a name or a Target); options go to the target."""
-    return Lowered(program, get_target(target, **options))
+def _check_budget(budget):
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise MicaError(f"memory_budget must be a positive number of bytes, got {budget!r}")
+    return budget
+
+
+def _attempts(remat, budget):
+    """(mode, every) in the order tried: the default choice, then (under a budget) block
+    checkpoints ever further apart, each recomputing more and saving less."""
+    first = [("min-cut", 1) if remat else ("off", 1)]
+    if not budget:
+        return first
+    return first + [("checkpoint", k) for k in range(1, 1 << 16)]
+
+
+def lower(program, target, remat=True, memory_budget=None, **options):
+    """Lower `program` for `target` (a name or a Target); `remat` and `memory_budget` are the
+    pipeline's (see above), other options go to the target."""
+    return Lowered(program, get_target(target, **options), remat=remat, memory_budget=memory_budget)
