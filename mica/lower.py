@@ -18,6 +18,8 @@ from .errors import MicaError
 from .passes import fuse, memory, order, remat as remat_pass, simplify, widen
 from .targets import get_target
 
+MAX_EVERY = 8  # block checkpoints at most this many bottlenecks apart are tried under a budget
+
 
 class Lowered:
     """A Program lowered for a target: its graph, schedule, exact memory plan and source."""
@@ -27,25 +29,41 @@ class Lowered:
         self.target = target
         self.opt_level = target.opt_level
         self.memory_budget = _check_budget(memory_budget)
-        attempts = _attempts(remat, self.memory_budget is not None)
-        tried = []
-        for mode, every in attempts:
-            self._plan(mode, every)
-            tried.append((self.plan.total, self.remat))
-            if self.memory_budget is None or self.plan.total <= self.memory_budget:
-                break
-            if mode == "checkpoint" and every >= max(self.remat.checkpoints, 1):
-                best, choice = min(tried, key=lambda t: t[0])
-                raise MicaError(f"memory_budget={self.memory_budget:,} bytes is less than the smallest plan Mica "
-                                f"can make for {program.name} ({best:,} bytes, with {choice.mode}); give at least "
-                                f"{best:,} bytes")
+        self._plan(*(("min-cut", 1) if remat else ("off", 1)))
+        if self.memory_budget is not None and self.plan.total > self.memory_budget:
+            self._fit(remat)
         self.memory_report = self.plan.report(program.name) + "\n  " + self.remat.summary()
         if self.memory_budget is not None:
             self.memory_report += f"\n  memory budget {self.memory_budget:,} bytes: the plan fits"
         self.source = target.render(self)
 
+    def _fit(self, remat):
+        """Of the plans that recompute more (block checkpoints, one every k bottlenecks of the
+        forward), the one within the budget that adds the fewest FLOPs (then the fewest bytes):
+        so a smaller budget never gets a larger plan."""
+        tried = [(self.plan.total, self.remat.flops, ("min-cut", 1) if remat else ("off", 1))]
+        if not remat:
+            self._plan("min-cut", 1)
+            tried.append((self.plan.total, self.remat.flops, ("min-cut", 1)))
+        self._plan("checkpoint", 1)
+        tried.append((self.plan.total, self.remat.flops, ("checkpoint", 1)))
+        for every in range(2, min(self.remat.checkpoints, MAX_EVERY) + 1):
+            self._plan("checkpoint", every)
+            tried.append((self.plan.total, self.remat.flops, ("checkpoint", every)))
+        fits = [t for t in tried if t[0] <= self.memory_budget]
+        if not fits:
+            best = min(tried, key=lambda t: (t[0], t[1]))
+            self._plan(*best[2])
+            raise MicaError(f"memory_budget={self.memory_budget:,} bytes is less than the smallest plan Mica can "
+                            f"make for {self.program.name} ({best[0]:,} bytes, with {self.remat.mode}); give at "
+                            f"least {best[0]:,} bytes")
+        choice = min(fits, key=lambda t: (t[1], t[0]))
+        if choice[2] != self._planned:
+            self._plan(*choice[2])
+
     def _plan(self, mode, every):
         target = self.target
+        self._planned = (mode, every)
         self.graph = simplify.simplify(widen.widen(self.program.graph, target))
         if mode == "off":
             self.remat = remat_pass.Choice("off", [], [], 0)
@@ -67,15 +85,6 @@ def _check_budget(budget):
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
         raise MicaError(f"memory_budget must be a positive number of bytes, got {budget!r}")
     return budget
-
-
-def _attempts(remat, budget):
-    """(mode, every) in the order tried: the default choice, then (under a budget) block
-    checkpoints ever further apart, each recomputing more and saving less."""
-    first = [("min-cut", 1) if remat else ("off", 1)]
-    if not budget:
-        return first
-    return first + [("checkpoint", k) for k in range(1, 1 << 16)]
 
 
 def lower(program, target, remat=True, memory_budget=None, **options):

@@ -125,7 +125,7 @@ def test_budget_plans_are_monotone_and_below_the_budget():
 def test_checkpointing_is_bitwise_and_the_report_counts_its_work():
     program, args = _gpt(0.1, True, n_layer=3)
     default = program.lower("cpu")
-    tight = program.lower("cpu", memory_budget=int(default.plan.total * 0.8))
+    tight = program.lower("cpu", memory_budget=int(default.plan.total * 0.9))
     assert tight.plan.total < default.plan.total
     assert any(n.op == "matmul" for n in tight.remat.recomputed)
     assert tight.remat.flops > default.remat.flops > 0
