@@ -140,3 +140,93 @@ def test_a_bad_budget_is_a_sentence(bad):
     program, _ = _gpt(0.0, False)
     with pytest.raises(MicaError, match="memory_budget must be a positive number of bytes"):
         program.lower("cpu", memory_budget=bad)
+
+
+# ---- mica train's memory_budget setting ------------------------------------------------------------
+
+from mica.train import memory_plan  # noqa: E402
+
+
+@pytest.mark.parametrize("text,want", [(None, None), ("", None), (123456, 123456), (2.5e9, 2_500_000_000),
+                                       ("2GB", 2 * 10 ** 9), ("1.5GiB", 3 * 2 ** 29), ("800MiB", 800 * 2 ** 20),
+                                       (" 3G ", 3 * 2 ** 30), ("64kb", 64000), ("1e9", 10 ** 9), ("42b", 42)])
+def test_budget_sizes(text, want):
+    assert memory_plan.parse_budget(text) == want
+
+
+def test_auto_is_nine_tenths_of_the_free_memory():
+    free = memory_plan.free_memory("cpu")
+    got = memory_plan.parse_budget("auto")
+    assert 0 < got <= free and abs(got - 0.9 * free) < 0.05 * free  # (the free memory moves meanwhile)
+
+
+def test_budget_parser_fuzz():
+    """Random strings and values: a byte count or a one-sentence MicaError, never anything else."""
+    rng = np.random.default_rng(0)
+    alphabet = list("0123456789.eEkKmMgGtTiIbB auto-+x_\n") + ["GB", "MiB", "auto", "1e99", "nan", "inf"]
+    values = [[], {}, -1, 0, 0.5, float("nan"), float("inf"), 2 ** 70, True, b"1GB"]
+    for _ in range(3000):
+        values.append("".join(rng.choice(alphabet, size=rng.integers(0, 8))))
+    for v in values:
+        try:
+            got = memory_plan.parse_budget(v)
+        except MicaError as e:
+            assert "memory_budget" in str(e) and "\n" not in str(e)
+            continue
+        assert got is None or (isinstance(got, int) and 1 <= got <= 2 ** 62), v
+
+
+def test_trainer_budget_leaves_the_eval_arena_its_bytes():
+    class Eval:
+        class plan:
+            total = 1000
+    assert memory_plan.train_budget(None, Eval) is None
+    assert memory_plan.train_budget(5000, Eval) == 4000
+    with pytest.raises(MicaError, match="does not even hold the eval arena"):
+        memory_plan.train_budget(999, Eval)
+
+
+def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_path):
+    """`mica train --memory_budget=B` as a user runs it: the plan it prints fits B, says what it
+    recomputes, and every logged loss is the one the run without a budget logs."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from mica.data.prepare import prepare_char
+    from mica.train import config as config_mod, native, programs
+
+    text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")).read()
+    vocab = prepare_char(text[:100_000], str(tmp_path / "data" / "shakespeare_char"), log=lambda *a: None)["vocab_size"]
+    tiny = ["--device=cpu", "--compile=False", "--n_layer=3", "--n_head=2", "--n_embd=32", "--block_size=32",
+            "--batch_size=8", "--eval_iters=2", "--log_interval=1", "--max_iters=3", "--eval_interval=2",
+            "--always_save_checkpoint=True", "--dropout=0.1"]
+    cfg = config_mod.check_supported(config_mod.load("shakespeare_char", tiny), lambda *a: None)
+    _, _, progs = programs.build(cfg, vocab)
+    default = native._lower_all(progs, None, "cpu")
+    budget = default["train"].plan.total + default["eval"].plan.total - 1
+
+    def train(*extra):
+        r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "shakespeare_char", *tiny, *extra],
+                           cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    plain, tight = train("--out_dir=a"), train("--out_dir=b", f"--memory_budget={budget}")
+    held = int(re.search(r"the trainer holds ([\d,]+) bytes", tight).group(1).replace(",", ""))
+    assert held <= budget
+    assert "train rematerialization (checkpoint every" in tight and "memory budget: the train arena fits" in tight
+    assert "train rematerialization (min-cut)" in plain
+    losses = re.compile(r"^(iter \d+: loss [\d.]+|step \d+: train loss [\d.]+, val loss [\d.]+)", re.M)
+    assert losses.findall(plain) and losses.findall(plain) == losses.findall(tight)
+    from mica.train.checkpoint import SafeTensors
+
+    a, b = SafeTensors(str(tmp_path / "a" / "ckpt.safetensors")), SafeTensors(str(tmp_path / "b" / "ckpt.safetensors"))
+    assert sorted(a.names) == sorted(b.names) and a.names
+    for name in a.names:  # every weight and moment, bit for bit
+        assert a.read(name).tobytes() == b.read(name).tobytes(), name
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "shakespeare_char", *tiny, "--out_dir=c",
+                        "--memory_budget=10kB"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert re.search(r"memory_budget=[\d,]+ bytes does not even hold the eval arena", r.stdout + r.stderr)

@@ -59,6 +59,7 @@ MICA_DEFAULTS = {
     "time_every_iter": False,  # record every iteration's time in metrics.jsonl (mica bench)
     "simulate": False,     # device=cuda: run the CUDA trainer on the CPU simulator (no GPU needed)
     "tf32": False,         # device=cuda: products may use TF32 (nanoGPT's train.py allows it)
+    "memory_budget": None,  # bytes, a size (2GB), or "auto": recompute more until the arenas fit
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -114,6 +115,8 @@ DESCRIPTIONS = {
     "tf32": "with device=cuda: let products use TF32, as nanoGPT's train.py does; False: float32 throughout",
     "data_dir": "the data folder (train.bin and val.bin, or shards; meta.json or meta.pkl); default data/<dataset>",
     "time_every_iter": "record every iteration's time in metrics.jsonl (mica bench)",
+    "memory_budget": "bytes (or 2GB, 800MiB) the trainer's arenas may take, or auto (nine tenths of the free "
+                     "memory): the backward recomputes more, up to whole blocks, until the plan fits",
 }
 
 
