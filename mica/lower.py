@@ -11,8 +11,10 @@
     .build()     the target's compiler: an in-process Executable
 
 A Target (mica/targets.py) answers everything that differs between targets; nothing here names one.
-`remat` (default on) and `memory_budget` (bytes of the program's arena) are the pipeline's own
-options: under a budget the pipeline recomputes more (up to whole blocks) until the plan fits.
+`remat` and `memory_budget` (bytes of the program's arena) are the pipeline's own options: `remat`
+turns the min-cut rematerialization on (off by default: on the CPU its recomputation costs some
+7-10% of a shakespeare_char step, BENCHMARKS.md section 9); under a budget the pipeline recomputes
+as much as the plan needs to fit (the min-cut first, then block checkpoints).
 """
 from .errors import MicaError
 from .passes import fuse, memory, order, remat as remat_pass, simplify, widen
@@ -24,7 +26,7 @@ MAX_EVERY = 8  # block checkpoints at most this many bottlenecks apart are tried
 class Lowered:
     """A Program lowered for a target: its graph, schedule, exact memory plan and source."""
 
-    def __init__(self, program, target, remat=True, memory_budget=None):
+    def __init__(self, program, target, remat=False, memory_budget=None):
         self.program = program
         self.target = target
         self.opt_level = target.opt_level
@@ -87,7 +89,7 @@ def _check_budget(budget):
     return budget
 
 
-def lower(program, target, remat=True, memory_budget=None, **options):
+def lower(program, target, remat=False, memory_budget=None, **options):
     """Lower `program` for `target` (a name or a Target); `remat` and `memory_budget` are the
     pipeline's (see above), other options go to the target."""
     return Lowered(program, get_target(target, **options), remat=remat, memory_budget=memory_budget)

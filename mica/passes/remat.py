@@ -8,8 +8,9 @@ the backward reads must reach it either saved or recomputed from saved values, a
 min-cut over the forward values between the program's free values (inputs, state, constants: held
 anyway) and the backward's reads finds the saved set of the fewest bytes. A node may be recomputed
 when it is cheap and exact to repeat: elementwise (casts, GELU, dropout, whose mask is a function
-of the Philox key, never stored), views, reductions, and the row kernels (norms, softmax,
-embedding), which recompute their statistics with the same arithmetic. Products and attention are
+of the Philox key, never stored), views, reductions, and the row kernels (norms, softmax):
+a norm's output from its saved statistics by its kernel's own elementwise steps. Products, attention and
+embeddings are
 never recomputed unless asked (`checkpoint`, under a memory budget: then the residual stream's
 bottlenecks are saved and whole blocks are recomputed).
 
@@ -20,8 +21,8 @@ same order, so every bit of the step is the same with or without this pass.
 from ..ops import OPS
 
 VIEW_OPS = {"reshape", "permute", "slice", "expand"}
-CHEAP_KERNELS = {"layer_norm", "rms_norm", "softmax", "log_softmax", "embedding"}
-ASKED = {"matmul", "attention"}  # recomputed only when a budget asks for block checkpointing
+CHEAP_KERNELS = {"layer_norm", "rms_norm", "softmax", "log_softmax"}
+ASKED = {"matmul", "attention", "embedding"}  # recomputed only when a budget asks for block checkpointing
 INF = 1 << 120
 
 
@@ -165,6 +166,51 @@ class _Flow:
         return seen
 
 
+def _norm_from_statistics(graph, node, ins, keep, pending):
+    """A norm's output recomputed from its input and its saved statistics by the elementwise
+    operations its row kernel applies, in the same order (mica_rows.h: ((x - mean) * rstd) * w + b,
+    (x * rstd) * w), so the same bits; None where that does not apply (statistics not saved, or a
+    mixed-type norm)."""
+    if node.op not in ("layer_norm", "rms_norm") or node.attrs["ndims"] != 1:
+        return None
+    x, y, stats = ins[0], node.outputs[0], node.outputs[1:]
+    if any(v.id not in keep for v in stats) or any(v.dtype is not x.dtype for v in node.outputs):
+        return None
+    params = list(ins[1:])
+    w = params.pop(0) if node.attrs["has_weight"] else None
+    b = params.pop(0) if node.attrs.get("has_bias") else None
+    loc, shape, dt = node.loc, y.shape, y.dtype
+
+    def add(op, inputs, attrs=None, out_shape=shape):
+        n = graph.add(op, tuple(inputs), attrs or {}, [(out_shape, dt)], loc, cse=False)
+        graph.nodes.pop()
+        pending.append(n)
+        return n.out
+
+    def spread(v, keep_shape):
+        r = add("reshape", [v], {"shape": keep_shape}, keep_shape)
+        return add("expand", [r], {"shape": shape})
+
+    per_row = shape[:-1] + (1,)
+    per_col = (1,) * (len(shape) - 1) + shape[-1:]
+    if node.op == "layer_norm":
+        v = add("mul", [add("sub", [x, spread(stats[0], per_row)]), spread(stats[1], per_row)])
+    else:
+        v = add("mul", [x, spread(stats[0], per_row)])
+    if w is not None:
+        v = add("mul", [v, spread(w, per_col)])
+    if b is not None:
+        v = add("add", [v, spread(b, per_col)])
+    return v
+
+
+def _base(v):
+    """The value whose storage a view reads (the value itself when it is no view)."""
+    while v.node.op in VIEW_OPS:
+        v = v.node.inputs[0]
+    return v
+
+
 def _free_values(graph):
     """Values the step holds anyway or needs no memory for: inputs, state, results, constants and
     views of them."""
@@ -181,18 +227,13 @@ def _free_values(graph):
 def _bottlenecks(graph, region, free, position):
     """Forward values that alone carry the forward from one side of a point to the other (the
     residual stream between blocks), in program order: the places a block checkpoint can be."""
-    def base(v):
-        while v.node.op in VIEW_OPS:
-            v = v.node.inputs[0]
-        return v
-
     first = min((position[id(n)] for n in graph.nodes if n.outputs and n.outputs[0].id in region), default=0)
     forward = [n for n in graph.nodes[:first] if n.outputs and n.outputs[0].id not in free
                and n.outputs[0].id not in region and n.op not in VIEW_OPS]
     last_use, defined = {}, {}
     for n in graph.nodes[:first]:
         for u in n.inputs:
-            b = base(u)
+            b = _base(u)
             if b.id not in free and b.node.op not in VIEW_OPS:
                 last_use[b.id] = max(last_use.get(b.id, -1), position[id(n)])
     for n in forward:
@@ -218,9 +259,10 @@ def rematerialize(graph, mode="min-cut", every=1):
     of the forward and recomputing the rest, products and attention included); returns a Choice."""
     free = _free_values(graph)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
+    consumers = graph.consumers()
     asked = ASKED if mode == "checkpoint" else set()
     saved, recomputed, flops, n_checkpoints = [], [], 0, 0
-    inserts = {}   # id(backward node) -> copies to place before it
+    inserts = {}   # index of a node -> copies to place right after it
     for k, region in enumerate(graph.backward):
         forced = set()
         if mode == "checkpoint":
@@ -231,7 +273,7 @@ def rematerialize(graph, mode="min-cut", every=1):
         cut = _min_cut(graph, region, free | forced, asked, position)
         saved += [v for v in cut if v.id not in free]
         keep = {v.id for v in cut} | free | forced
-        copies, made = {}, []
+        copies, made, anchor = {}, [], {}  # anchor: copy's value id -> the index it is placed after
         region_nodes = [n for n in graph.nodes if n.outputs and n.outputs[0].id in region]
 
         def resolve(v, pending):
@@ -250,6 +292,11 @@ def rematerialize(graph, mode="min-cut", every=1):
                 stack.pop()
                 node = w.node
                 ins = tuple(u if u.id in keep or u.id in region else copies[u.id] for u in node.inputs)
+                norm = _norm_from_statistics(graph, node, ins, keep, pending)
+                if norm is not None and w is node.outputs[0]:
+                    copies[w.id] = norm
+                    made.append(node)
+                    continue
                 if node.op in VIEW_OPS and all(a is b for a, b in zip(ins, node.inputs)):
                     copies[w.id] = w
                     continue
@@ -267,18 +314,29 @@ def rematerialize(graph, mode="min-cut", every=1):
             pending = []
             ins = tuple(resolve(u, pending) for u in n.inputs)
             if pending:
-                inserts[id(n)] = pending
-                n.inputs = ins
-            elif any(a is not b for a, b in zip(ins, n.inputs)):
+                # as early as the reader's other backward operands allow (and after the copies it
+                # reuses), so a recomputed slope is ready before the product whose epilogue uses it
+                used = {c.id for p in pending for c in p.inputs} | {u.id for u in ins}
+                reader = n
+                while reader.op in VIEW_OPS and consumers.get(reader.out.id):  # (a view of a copy: where its reader is)
+                    reader = consumers[reader.out.id][0]
+                others = [position[id(_base(u).node)] for u in reader.inputs if u.id in region and u.id not in copies
+                          and _base(u).id not in copies and position[id(_base(u).node)] < position[id(n)]]
+                at = max(others + [anchor[c] for c in used if c in anchor], default=position[id(n)] - 1)
+                inserts.setdefault(at, []).extend(pending)
+                for p in pending:
+                    for o in p.outputs:
+                        anchor[o.id] = at
+            if any(a is not b for a, b in zip(ins, n.inputs)):
                 n.inputs = ins
         graph.backward[k] = region | {o.id for p in inserts.values() for c in p for o in c.outputs}
         recomputed += made
         flops += sum(node_flops(n) for n in made)
     if inserts:
-        order = []
-        for n in graph.nodes:
-            order += inserts.get(id(n), [])
+        order = inserts.get(-1, [])
+        for i, n in enumerate(graph.nodes):
             order.append(n)
+            order += inserts.get(i, [])
         graph.nodes = order
     seen = set()
     saved = [v for v in saved if not (v.id in seen or seen.add(v.id))]
@@ -324,7 +382,9 @@ def _min_cut(graph, region, free, asked, position):
         # among equal cuts the later value wins, so less is recomputed
         flow.edge(i, o, INF if view else v.nbytes * scale + (n_nodes - position[id(node)]))
         other = any(x.id in b for x in node.outputs for b in graph.backward if b is not region)
-        if not _recomputable(node, asked) or other:
+        stats = node.op in ("layer_norm", "rms_norm") and v is not node.outputs[0] and not asked
+        # (a norm's statistics are a row's two scalars: kept, so its output is a few multiplies away)
+        if not _recomputable(node, asked) or other or stats:
             flow.edge(src, i, INF)
             continue
         for u in node.inputs:
