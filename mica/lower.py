@@ -34,7 +34,9 @@ class Lowered:
         self._plan(*(("min-cut", 1) if remat else ("off", 1)))
         if self.memory_budget is not None and self.plan.total > self.memory_budget:
             self._fit(remat)
-        self.memory_report = self.plan.report(program.name) + "\n  " + self.remat.summary()
+        self.memory_report = self.plan.report(program.name)
+        if self._planned[0] != "off":  # (without it the report, and so the source, is as before the pass)
+            self.memory_report += "\n  " + self.remat.summary()
         if self.memory_budget is not None:
             self.memory_report += f"\n  memory budget {self.memory_budget:,} bytes: the plan fits"
         self.source = target.render(self)
