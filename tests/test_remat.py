@@ -129,7 +129,7 @@ def test_checkpointing_is_bitwise_and_the_report_counts_its_work():
     assert tight.plan.total < default.plan.total
     assert any(n.op == "matmul" for n in tight.remat.recomputed)
     assert tight.remat.flops > default.remat.flops > 0
-    assert "GFLOP more a step" in tight.memory_report and "memory budget" in tight.memory_report
+    assert "MFLOP more a step" in tight.memory_report and "memory budget" in tight.memory_report
     a = _bits(tight.build()(*args, threads=2, seed=9, offset=0))
     b = _bits(program.lower("cpu", remat=False).build()(*args, threads=2, seed=9, offset=0))
     assert a == b

@@ -52,7 +52,11 @@ class Choice:
         what = ", ".join(f"{c} {op}" for op, c in sorted(ops.items(), key=lambda x: (-x[1], x[0]))) or "nothing"
         return (f"rematerialization ({self.mode}): the backward keeps {len(self.saved)} forward values "
                 f"({self.saved_bytes:,} bytes) and recomputes {len(self.recomputed)} ({self.recomputed_bytes:,} "
-                f"bytes: {what}), {self.flops / 1e9:,.2f} GFLOP more a step")
+                f"bytes: {what}), {_flops(self.flops)} more a step")
+
+
+def _flops(n):
+    return f"{n / 1e9:,.2f} GFLOP" if n >= 1e7 or n == 0 else f"{n / 1e6:,.3f} MFLOP"
 
 
 def node_flops(node):
@@ -270,6 +274,7 @@ def rematerialize(graph, mode="min-cut", every=1):
             chosen = points[::-1][::every]
             forced = {v.id for v in chosen}
             n_checkpoints += len(chosen)
+            saved += chosen
         cut = _min_cut(graph, region, free | forced, asked, position)
         saved += [v for v in cut if v.id not in free]
         keep = {v.id for v in cut} | free | forced
