@@ -232,3 +232,26 @@ def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_pa
                         "--memory_budget=10kB"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert re.search(r"memory_budget=[\d,]+ bytes does not even hold the eval arena", r.stdout + r.stderr)
+
+
+def test_gradient_accumulation_each_micro_batch_is_cut_on_its_own():
+    """Two micro-batches: two backwards, each recomputing from its own forward; the same bits."""
+    from mica.train import config as config_mod, programs
+
+    cfg = config_mod.load("shakespeare_char", ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                                               "--block_size=16", "--batch_size=3", "--gradient_accumulation_steps=2",
+                                               "--dropout=0.1"], log=lambda *a: None)
+    model, opt, progs = programs.build(cfg, 29)
+    program = progs["train"]
+    assert len(program.graph.backward) == 2
+    params = model.init(5)
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 29, (2, 3, 16)), rng.integers(0, 29, (2, 3, 16))
+    args = (params, opt.init(params), x, y, np.int64(7))
+    plain = program.lower("cpu")
+    cut = program.lower("cpu", remat=True)
+    blocks = program.lower("cpu", memory_budget=cut.plan.total - 1)
+    assert blocks.plan.total < cut.plan.total < plain.plan.total
+    want = _bits(plain.build()(*args, threads=2, seed=1, offset=0))
+    for low in (cut, blocks):
+        assert _bits(low.build()(*args, threads=2, seed=1, offset=0)) == want, low.remat.mode

@@ -232,10 +232,20 @@ def _bottlenecks(graph, region, free, position):
     """Forward values that alone carry the forward from one side of a point to the other (the
     residual stream between blocks), in program order: the places a block checkpoint can be."""
     first = min((position[id(n)] for n in graph.nodes if n.outputs and n.outputs[0].id in region), default=0)
-    forward = [n for n in graph.nodes[:first] if n.outputs and n.outputs[0].id not in free
+    # this backward's forward: what the values it reads are computed from (not another micro-batch's)
+    mine, stack = set(), [u.node for n in graph.nodes[first:] if n.outputs and n.outputs[0].id in region
+                          for u in n.inputs if u.id not in region and u.id not in free]
+    while stack:
+        n = stack.pop()
+        if id(n) not in mine:
+            mine.add(id(n))
+            stack += [u.node for u in n.inputs if u.id not in free]
+    forward = [n for n in graph.nodes[:first] if id(n) in mine and n.outputs[0].id not in free
                and n.outputs[0].id not in region and n.op not in VIEW_OPS]
     last_use, defined = {}, {}
     for n in graph.nodes[:first]:
+        if id(n) not in mine:
+            continue
         for u in n.inputs:
             b = _base(u)
             if b.id not in free and b.node.op not in VIEW_OPS:
