@@ -46,6 +46,9 @@ class Choice:
         return sum(o.nbytes for n in self.recomputed for o in n.outputs)
 
     def summary(self):
+        if self.mode == "off":
+            return ("rematerialization off: the backward keeps every forward value it reads "
+                    "(a memory budget recomputes instead)")
         ops = {}
         for n in self.recomputed:
             ops[n.op] = ops.get(n.op, 0) + 1
