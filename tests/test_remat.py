@@ -255,3 +255,20 @@ def test_gradient_accumulation_each_micro_batch_is_cut_on_its_own():
     want = _bits(plain.build()(*args, threads=2, seed=1, offset=0))
     for low in (cut, blocks):
         assert _bits(low.build()(*args, threads=2, seed=1, offset=0)) == want, low.remat.mode
+
+
+def test_the_cuda_target_runs_the_rematerialized_step_bitwise():
+    """The pass is the shared pipeline's: the CUDA program (on the simulator) with it, and with
+    block checkpoints, gives the bits of the CUDA program without it."""
+    import shutil
+
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    program, args = _gpt(0.1, True)
+    runs = []
+    tight = program.lower("cuda", simulate=True, remat=True).plan.total - 1
+    for options in ({}, {"remat": True}, {"memory_budget": tight}):
+        low = program.lower("cuda", simulate=True, **options)
+        runs.append((low.remat.mode, _bits(low.build()(*args, seed=4))))
+    assert [m for m, _ in runs][1:] == ["min-cut", "checkpoint every 1 of the forward's bottlenecks"]
+    assert runs[1][1] == runs[0][1] and runs[2][1] == runs[0][1]
