@@ -21,8 +21,6 @@ same order, so every bit of the step is the same with or without this pass.
 from ..ops import OPS
 
 VIEW_OPS = {"reshape", "permute", "slice", "expand"}
-CHEAP_KERNELS = {"layer_norm", "rms_norm", "softmax", "log_softmax"}
-ASKED = {"matmul", "attention", "embedding"}  # recomputed only when a budget asks for block checkpointing
 INF = 1 << 120
 
 
@@ -64,31 +62,26 @@ def _flops(n):
 
 def node_flops(node):
     """Floating-point operations of one node, as the copies' cost is reported."""
-    fam = OPS[node.op].family
-    if fam == "shape" and node.op in VIEW_OPS or fam == "source":
+    op = OPS[node.op]
+    if op.flops is not None:
+        return op.flops(node)
+    if node.op in VIEW_OPS or op.family == "source":
         return 0
-    if node.op == "matmul":
-        a = node.inputs[0]
-        return 2 * node.out.numel * a.shape[-1]
-    if node.op == "attention":
-        q, k, v = node.inputs[:3]
-        lead = q.numel // (q.shape[-1] * q.shape[-2])
-        pairs = q.shape[-2] * k.shape[-2] // (2 if node.attrs.get("causal") else 1)
-        return lead * pairs * 2 * (q.shape[-1] + v.shape[-1])
-    if fam == "kernel":
+    if op.family == "matmul":
+        return 2 * node.out.numel * node.inputs[0].shape[-1]
+    if op.family == "kernel":
         return 8 * max(v.numel for v in node.inputs)
-    if fam == "reduce":
+    if op.family == "reduce":
         return node.inputs[0].numel
     return sum(o.numel for o in node.outputs)
 
 
 def _recomputable(node, asked):
+    """May the backward recompute `node`: its op record says (asked: under block checkpoints)."""
     if node.op in ("input", "rng_key"):
         return False
-    fam = OPS[node.op].family
-    if fam in ("elementwise", "shape", "reduce", "source") or node.op in CHEAP_KERNELS:
-        return True
-    return node.op in asked
+    rule = OPS[node.op].remat
+    return rule == "recompute" or (asked and rule == "asked")
 
 
 class _Flow:
@@ -174,41 +167,23 @@ class _Flow:
 
 
 def _norm_from_statistics(graph, node, ins, keep, pending):
-    """A norm's output recomputed from its input and its saved statistics by the elementwise
-    operations its row kernel applies, in the same order (mica_rows.h: ((x - mean) * rstd) * w + b,
-    (x * rstd) * w), so the same bits; None where that does not apply (statistics not saved, or a
-    mixed-type norm)."""
-    if node.op not in ("layer_norm", "rms_norm") or node.attrs["ndims"] != 1:
+    """A norm's output recomputed from its input and its saved statistics by the elementwise steps
+    of its kernel (the op record's `from_statistics`), so the same bits; None where that does not
+    apply (no such rule, statistics not saved, a mixed-type norm, several normalized dims)."""
+    rebuild = OPS[node.op].from_statistics
+    if rebuild is None or node.attrs.get("ndims") != 1:
         return None
-    x, y, stats = ins[0], node.outputs[0], node.outputs[1:]
+    x, stats = ins[0], node.outputs[1:]
     if any(v.id not in keep for v in stats) or any(v.dtype is not x.dtype for v in node.outputs):
         return None
-    params = list(ins[1:])
-    w = params.pop(0) if node.attrs["has_weight"] else None
-    b = params.pop(0) if node.attrs.get("has_bias") else None
-    loc, shape, dt = node.loc, y.shape, y.dtype
 
-    def add(op, inputs, attrs=None, out_shape=shape):
-        n = graph.add(op, tuple(inputs), attrs or {}, [(out_shape, dt)], loc, cse=False)
+    def emit(op, inputs, attrs, shape):
+        n = graph.add(op, tuple(inputs), attrs, [(shape, x.dtype)], node.loc, cse=False)
         graph.nodes.pop()
         pending.append(n)
         return n.out
 
-    def spread(v, keep_shape):
-        r = add("reshape", [v], {"shape": keep_shape}, keep_shape)
-        return add("expand", [r], {"shape": shape})
-
-    per_row = shape[:-1] + (1,)
-    per_col = (1,) * (len(shape) - 1) + shape[-1:]
-    if node.op == "layer_norm":
-        v = add("mul", [add("sub", [x, spread(stats[0], per_row)]), spread(stats[1], per_row)])
-    else:
-        v = add("mul", [x, spread(stats[0], per_row)])
-    if w is not None:
-        v = add("mul", [v, spread(w, per_col)])
-    if b is not None:
-        v = add("add", [v, spread(b, per_col)])
-    return v
+    return rebuild(emit, list(ins) + list(stats), node.attrs)
 
 
 def _base(v):
@@ -277,7 +252,7 @@ def rematerialize(graph, mode="min-cut", every=1):
     free = _free_values(graph)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     consumers = graph.consumers()
-    asked = ASKED if mode == "checkpoint" else set()
+    asked = mode == "checkpoint"
     saved, recomputed, flops, n_checkpoints = [], [], 0, 0
     inserts = {}   # index of a node -> copies to place right after it
     for k, region in enumerate(graph.backward):
@@ -400,7 +375,7 @@ def _min_cut(graph, region, free, asked, position):
         # among equal cuts the later value wins, so less is recomputed
         flow.edge(i, o, INF if view else v.nbytes * scale + (n_nodes - position[id(node)]))
         other = any(x.id in b for x in node.outputs for b in graph.backward if b is not region)
-        stats = node.op in ("layer_norm", "rms_norm") and v is not node.outputs[0] and not asked
+        stats = OPS[node.op].from_statistics is not None and v is not node.outputs[0] and not asked
         # (a norm's statistics are a row's two scalars: kept, so its output is a few multiplies away)
         if not _recomputable(node, asked) or other or stats:
             flow.edge(src, i, INF)
