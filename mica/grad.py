@@ -59,6 +59,7 @@ def grad(loss, wrt, grad_output=None):
 
     cts = {loss_v.id: seed}
     saved_loc = ctx.loc_override
+    first_id = graph._next_id
     try:
         for n in reversed(nodes):
             outs_ct = [cts.get(o.id) for o in n.outputs]
@@ -85,6 +86,8 @@ def grad(loss, wrt, grad_output=None):
                 cts[v.id] = g if prev is None else prev + g
     finally:
         ctx.loc_override = saved_loc
+    # what this call's backward defined (the rematerialization pass, passes/remat.py, reads it)
+    graph.backward.append(frozenset(range(first_id, graph._next_id)))
 
     out = []
     for x in leaves:

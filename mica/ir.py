@@ -80,6 +80,7 @@ class Graph:
         self.rng = None           # the Value holding (seed, offset) when any random op is used
         self.roles = {}           # value id -> "parameter" | "gradient" | "optimizer state"
         self.updates = {}         # value id of a new state value -> value id of the one it replaces
+        self.backward = []        # per mica.grad call, the ids of the values its VJPs defined
         self._cons = {}
         self._next_id = 0
 

@@ -3,6 +3,7 @@
     program.lower(target, **options)
       widen      half-type kernels and products in float32      .graph
       simplify   exact rewrites, CSE, DCE                       .graph
+      remat      what the backward keeps or recomputes          .graph, .remat
       order      costly slopes computed beside their forward    .graph
       fuse       Schedule: loops, reductions, products, calls   .schedule
       memory     MemoryPlan: an offset per buffer, one arena    .plan, .memory_report
@@ -10,31 +11,87 @@
     .build()     the target's compiler: an in-process Executable
 
 A Target (mica/targets.py) answers everything that differs between targets; nothing here names one.
+`remat` and `memory_budget` (bytes of the program's arena) are the pipeline's own options: `remat`
+turns the min-cut rematerialization on (off by default: on the CPU its recomputation costs some
+7-10% of a shakespeare_char step, BENCHMARKS.md section 10); under a budget the pipeline recomputes
+as much as the plan needs to fit (the min-cut first, then block checkpoints).
 """
-from .passes import fuse, memory, order, simplify, widen
+from .errors import MicaError
+from .passes import fuse, memory, order, remat as remat_pass, simplify, widen
 from .targets import get_target
+
+MAX_EVERY = 8  # block checkpoints at most this many bottlenecks apart are tried under a budget
 
 
 class Lowered:
     """A Program lowered for a target: its graph, schedule, exact memory plan and source."""
 
-    def __init__(self, program, target):
+    def __init__(self, program, target, remat=False, memory_budget=None):
         self.program = program
         self.target = target
         self.opt_level = target.opt_level
-        self.graph = simplify.simplify(widen.widen(program.graph, target))
+        self.memory_budget = _check_budget(memory_budget)
+        self._plan(*(("min-cut", 1) if remat else ("off", 1)))
+        if self.memory_budget is not None and self.plan.total > self.memory_budget:
+            self._fit(remat)
+        self.memory_report = self.plan.report(program.name)
+        if self._planned[0] != "off":  # (without it the report, and so the source, is as before the pass)
+            self.memory_report += "\n  " + self.remat.summary()
+        if self.memory_budget is not None:
+            self.memory_report += f"\n  memory budget {self.memory_budget:,} bytes: the plan fits"
+        self.source = target.render(self)
+
+    def _fit(self, remat):
+        """Of the plans that recompute more (block checkpoints, one every k bottlenecks of the
+        forward), the one within the budget that adds the fewest FLOPs (then the fewest bytes):
+        so a smaller budget never gets a larger plan."""
+        tried = [(self.plan.total, self.remat.flops, ("min-cut", 1) if remat else ("off", 1))]
+        if not remat:
+            self._plan("min-cut", 1)
+            tried.append((self.plan.total, self.remat.flops, ("min-cut", 1)))
+        self._plan("checkpoint", 1)
+        tried.append((self.plan.total, self.remat.flops, ("checkpoint", 1)))
+        for every in range(2, min(self.remat.checkpoints, MAX_EVERY) + 1):
+            self._plan("checkpoint", every)
+            tried.append((self.plan.total, self.remat.flops, ("checkpoint", every)))
+        fits = [t for t in tried if t[0] <= self.memory_budget]
+        if not fits:
+            best = min(tried, key=lambda t: (t[0], t[1]))
+            self._plan(*best[2])
+            raise MicaError(f"memory_budget={self.memory_budget:,} bytes is less than the smallest plan Mica can "
+                            f"make for {self.program.name} ({best[0]:,} bytes, with {self.remat.mode}); give at "
+                            f"least {best[0]:,} bytes")
+        choice = min(fits, key=lambda t: (t[1], t[0]))
+        if choice[2] != self._planned:
+            self._plan(*choice[2])
+
+    def _plan(self, mode, every):
+        target = self.target
+        self._planned = (mode, every)
+        self.graph = simplify.simplify(widen.widen(self.program.graph, target))
+        if mode == "off":
+            self.remat = remat_pass.Choice("off", [], [], 0)
+        else:
+            self.remat = remat_pass.rematerialize(self.graph, mode, every)
         if target.opt_level > 0:
             order.hoist(self.graph)
         self.schedule = fuse.build(self.graph, target, fuse=target.opt_level > 0)
         self.plan = memory.plan(self.schedule, target)
-        self.memory_report = self.plan.report(program.name)
-        self.source = target.render(self)
 
     def build(self, **options):
         """Compile (cached) and load: an Executable to call with numpy arrays."""
         return self.target.build(self, **options)
 
 
-def lower(program, target, **options):
-    """Lower `program` for `target` (a name or a Target); options go to the target."""
-    return Lowered(program, get_target(target, **options))
+def _check_budget(budget):
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise MicaError(f"memory_budget must be a positive number of bytes, got {budget!r}")
+    return budget
+
+
+def lower(program, target, remat=False, memory_budget=None, **options):
+    """Lower `program` for `target` (a name or a Target); `remat` and `memory_budget` are the
+    pipeline's (see above), other options go to the target."""
+    return Lowered(program, get_target(target, **options), remat=remat, memory_budget=memory_budget)

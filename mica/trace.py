@@ -66,8 +66,10 @@ class Program:
 
     def lower(self, target="cpu", **options):
         """Run the shared pipeline for `target` (a name, e.g. "cpu", or a Target): schedule, memory
-        plan and source; `.build()` the result. Options go to the target: for the CPU `opt_level`
-        (0-2), `max_threads`, `blas` ('openblas', the default, or 'own': Mica's own product kernel)."""
+        plan and source; `.build()` the result. `remat=True` lets the backward recompute cheap forward
+        values instead of keeping them, `memory_budget=BYTES` recomputes as much as the plan needs to
+        fit (mica/lower.py). Other options go to the target: for the CPU `opt_level` (0-2),
+        `max_threads`, `blas` ('openblas', the default, or 'own': Mica's own product kernel)."""
         from .lower import lower
 
         return lower(self, target, **options)

@@ -24,10 +24,14 @@ class KernelABI:
         return bool(self.rng_attr and attrs.get(self.rng_attr))
 
 
-class OpDef:
-    __slots__ = ("name", "infer", "ref", "vjp", "family", "c", "kernel")
+REMAT_BY_FAMILY = {"source": "recompute", "elementwise": "recompute", "shape": "recompute", "reduce": "recompute",
+                   "matmul": "asked", "kernel": "never"}
 
-    def __init__(self, name, infer, ref, vjp, family, c, kernel=None):
+
+class OpDef:
+    __slots__ = ("name", "infer", "ref", "vjp", "family", "c", "kernel", "remat", "from_statistics", "flops")
+
+    def __init__(self, name, infer, ref, vjp, family, c, kernel=None, remat=None, from_statistics=None, flops=None):
         self.name = name
         self.infer = infer    # infer(specs, **attrs) -> [(shape, dtype), ...]
         self.ref = ref        # ref(arrays, attrs, run) -> array or tuple of arrays
@@ -38,6 +42,13 @@ class OpDef:
         self.c = c
         # a "kernel" primitive's calling convention (lowered per target: mica/targets.py)
         self.kernel = kernel or (KernelABI() if family == "kernel" else None)
+        # may the backward recompute it (passes/remat.py): "recompute" (cheap and exact to repeat),
+        # "asked" (only under a memory budget's block checkpoints: products, attention), "never"
+        self.remat = remat or REMAT_BY_FAMILY[family]
+        # a norm: from_statistics(emit, ins, attrs) rebuilds output 0 from the input and the saved
+        # statistics (outputs 1:) with the elementwise steps its kernel takes, in its order
+        self.from_statistics = from_statistics
+        self.flops = flops    # flops(node) -> floating-point operations, where not elementwise-like
 
     def __repr__(self):
         return f"OpDef({self.name}, {self.family})"
@@ -46,10 +57,10 @@ class OpDef:
 OPS = {}
 
 
-def defop(name, *, infer, ref, vjp=None, family, c=None, kernel=None):
+def defop(name, *, infer, ref, vjp=None, family, c=None, kernel=None, remat=None, from_statistics=None, flops=None):
     if name in OPS:
         raise ValueError(f"primitive {name} is defined twice")
-    OPS[name] = OpDef(name, infer, ref, vjp, family, c, kernel)
+    OPS[name] = OpDef(name, infer, ref, vjp, family, c, kernel, remat, from_statistics, flops)
     return OPS[name]
 
 

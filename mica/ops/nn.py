@@ -70,11 +70,11 @@ def _pair_infer(op):
     return infer
 
 
-defop("softmax", infer=_rowwise_infer("softmax"), ref=_softmax_ref, family="kernel",
+defop("softmax", remat="recompute", infer=_rowwise_infer("softmax"), ref=_softmax_ref, family="kernel",
       vjp=lambda c, o, i, a, n: [emit("softmax_backward", [c[0], o[0]])])
 defop("softmax_backward", infer=_pair_infer("softmax_backward"), family="kernel",
       ref=lambda a, at, run: a[1] * (a[0] - (a[0] * a[1]).sum(-1, keepdims=True)))
-defop("log_softmax", infer=_rowwise_infer("log_softmax"), ref=_log_softmax_ref, family="kernel",
+defop("log_softmax", remat="recompute", infer=_rowwise_infer("log_softmax"), ref=_log_softmax_ref, family="kernel",
       vjp=lambda c, o, i, a, n: [emit("log_softmax_backward", [c[0], o[0]])])
 defop("log_softmax_backward", infer=_pair_infer("log_softmax_backward"), family="kernel",
       ref=lambda a, at, run: a[0] - np.exp(a[1]) * a[0].sum(-1, keepdims=True))
@@ -161,7 +161,34 @@ def _layer_norm_bwd_ref(a, at, run):
     return tuple(outs)
 
 
-defop("layer_norm", infer=_layer_norm_infer, ref=_layer_norm_ref, vjp=_layer_norm_vjp, family="kernel")
+def _norm_from_statistics(centered):
+    """Output 0 of a norm over the last dim from its input and saved statistics, by the steps of its
+    row kernel (mica_rows.h), in their order: ((x - mean) * rstd) * w + b, or (x * rstd) * w."""
+    def rebuild(emit, ins, attrs):
+        x, rest = ins[0], list(ins[1:])
+        w = rest.pop(0) if attrs["has_weight"] else None
+        b = rest.pop(0) if attrs.get("has_bias") else None
+        stats = rest
+        shape = x.shape
+        row, col = shape[:-1] + (1,), (1,) * (len(shape) - 1) + shape[-1:]
+
+        def spread(v, keep):
+            return emit("expand", [emit("reshape", [v], {"shape": keep}, keep)], {"shape": shape}, shape)
+
+        if centered:
+            v = emit("mul", [emit("sub", [x, spread(stats[0], row)], {}, shape), spread(stats[1], row)], {}, shape)
+        else:
+            v = emit("mul", [x, spread(stats[0], row)], {}, shape)
+        if w is not None:
+            v = emit("mul", [v, spread(w, col)], {}, shape)
+        if b is not None:
+            v = emit("add", [v, spread(b, col)], {}, shape)
+        return v
+    return rebuild
+
+
+defop("layer_norm", infer=_layer_norm_infer, ref=_layer_norm_ref, vjp=_layer_norm_vjp, family="kernel",
+      remat="recompute", from_statistics=_norm_from_statistics(True))
 defop("layer_norm_backward", infer=_layer_norm_bwd_infer, ref=_layer_norm_bwd_ref, family="kernel")
 
 
@@ -214,7 +241,8 @@ def _rms_norm_bwd_ref(a, at, run):
     return dx
 
 
-defop("rms_norm", infer=_rms_norm_infer, ref=_rms_norm_ref, vjp=_rms_norm_vjp, family="kernel")
+defop("rms_norm", infer=_rms_norm_infer, ref=_rms_norm_ref, vjp=_rms_norm_vjp, family="kernel",
+      remat="recompute", from_statistics=_norm_from_statistics(False))
 defop("rms_norm_backward", infer=_rms_norm_bwd_infer, ref=_rms_norm_bwd_ref, family="kernel")
 
 
@@ -350,8 +378,16 @@ def _attention_bwd_ref(a, at, run):
 
 # q, k, v (and the backward's g, q, k, v, o, lse) are read through strides, so the heads need no
 # copy out of the fused qkv product; the output (and dq, dk, dv) are written in their reader's layout
+def _attention_flops(node):
+    q, k, v = node.inputs[:3]
+    heads = q.numel // (q.shape[-1] * q.shape[-2])
+    pairs = q.shape[-2] * k.shape[-2] // (2 if node.attrs.get("causal") else 1)
+    return heads * pairs * 2 * (q.shape[-1] + v.shape[-1])
+
+
 defop("attention", infer=_attention_infer, ref=_attention_ref, vjp=_attention_vjp, family="kernel",
-      kernel=KernelABI(strided_inputs=3, strided_outputs=1, rng_attr="dropout_p"))
+      kernel=KernelABI(strided_inputs=3, strided_outputs=1, rng_attr="dropout_p"), remat="asked",
+      flops=_attention_flops)
 defop("attention_backward", infer=_attention_bwd_infer, ref=_attention_bwd_ref, family="kernel",
       kernel=KernelABI(strided_inputs=6, strided_outputs=3, rng_attr="dropout_p"))
 
@@ -399,7 +435,7 @@ def _embedding_bwd_ref(a, at, run):
 
 # an index out of range stops the program with a sentence
 defop("embedding", infer=_embedding_infer, ref=_embedding_ref, vjp=_embedding_vjp, family="kernel",
-      kernel=KernelABI(may_fail=True))
+      kernel=KernelABI(may_fail=True), remat="asked")
 defop("embedding_backward", infer=_embedding_bwd_infer, ref=_embedding_bwd_ref, family="kernel",
       kernel=KernelABI(may_fail=True))
 

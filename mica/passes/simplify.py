@@ -149,6 +149,8 @@ class _Rebuilder:
     def run(self):
         g = self.old
         needed = _live_nodes(g)
+        region = {vid: k for k, ids in enumerate(g.backward) for vid in ids}
+        backward = [set() for _ in g.backward]
         for node in g.nodes:
             if id(node) not in needed and node.op != "input":
                 continue
@@ -162,15 +164,20 @@ class _Rebuilder:
                 self.map[node.out.id] = n.out
                 continue
             ins = [self.map[v.id] for v in node.inputs]
+            fresh = self.new._next_id
             outs = self.rewrite(node, ins)
             if outs is None:
                 outs = self.add(node, node.op, ins, node.attrs, node.loc)
             for old, new in zip(node.outputs, outs):
                 self.map[old.id] = new
+            k = region.get(node.outputs[0].id) if node.outputs else None
+            if k is not None:  # what a backward node made stays backward (not what CSE found in the forward)
+                backward[k].update(range(fresh, self.new._next_id))
         self.new.outputs = [self.map[v.id] for v in g.outputs]
         for vid, role in g.roles.items():
             if vid in self.map:
                 self.new.roles.setdefault(self.map[vid].id, role)
+        self.new.backward = [frozenset(ids) for ids in backward]
         for new_id, old_id in g.updates.items():
             if new_id in self.map and old_id in self.map:
                 self.new.updates.setdefault(self.map[new_id].id, self.map[old_id].id)

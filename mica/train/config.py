@@ -60,6 +60,7 @@ MICA_DEFAULTS = {
     "simulate": False,     # device=cuda: run the CUDA trainer on the CPU simulator (no GPU needed)
     "tf32": False,         # device=cuda: products may use TF32 (nanoGPT's train.py allows it)
     "recipe": "nanogpt",   # or "speedrun": the speedrun seed's model, optimizers and loop (SPEEDRUN_DEFAULTS)
+    "memory_budget": None,  # bytes, a size (2GB), or "auto": recompute more until the arenas fit
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -215,6 +216,8 @@ DESCRIPTIONS = {
     "data_dir": "the data folder (train.bin and val.bin, or shards; meta.json or meta.pkl); default data/<dataset>",
     "time_every_iter": "record every iteration's time in metrics.jsonl (mica bench)",
     "recipe": "nanogpt (these settings) or speedrun (the speedrun seed's: mica train speedrun --help)",
+    "memory_budget": "bytes (or 2GB, 800MiB) the trainer's arenas may take, or auto (nine tenths of the free "
+                     "memory): the backward recomputes more, up to whole blocks, until the plan fits",
 }
 
 

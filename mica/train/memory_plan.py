@@ -8,6 +8,9 @@ zeroed when allocated, so every byte of them is resident from the start. The log
 allocated only when sampling. The trainer's measured peak RSS is these arenas plus the program,
 its shared libraries and the pages of the token files it has read.
 """
+import re
+
+from ..errors import MicaError
 from ..passes.memory import CLASSES
 
 ARENAS = ("train", "eval")  # what a training run allocates; "logits" only for mica sample
@@ -20,6 +23,66 @@ NOTES = {
     "eval": {"io": "its own copy of the parameters, the batch and the loss",
              "workspace": "shared scratch for products and rows"},
 }
+
+
+UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+         "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40,
+         "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e(\d{1,2}))?\s*([a-z]*)\s*$")
+AUTO_RESERVE = 0.9  # `auto` leaves a tenth of the free memory for the program, its libraries and the data
+
+
+def parse_budget(value, device="cpu"):
+    """The setting memory_budget as bytes: None (no budget), a positive int, a size with a unit
+    ("2.5GB", "800MiB", "3G") or "auto" (nine tenths of the memory now free: RAM on the CPU, the
+    GPU's on cuda)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise MicaError(f"memory_budget must be a number of bytes, a size such as 2GB, or auto; got {value!r}")
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return int(free_memory(device) * AUTO_RESERVE)
+    if isinstance(value, str):
+        m = SIZE.match(value.lower())
+        if not m or m.group(3) not in UNITS:
+            raise MicaError(f"memory_budget must be a number of bytes, a size such as 2GB, or auto; got {value!r}")
+        value = float(m.group(1)) * 10 ** int(m.group(2) or 0) * UNITS[m.group(3)]
+    if not value >= 1 or value != value or value > 2 ** 62:
+        raise MicaError(f"memory_budget must be a positive number of bytes (at most 2**62), got {value!r}")
+    return int(value)
+
+
+def free_memory(device="cpu"):
+    """Bytes free now: the kernel's MemAvailable on the CPU, nvidia-smi's memory.free on cuda."""
+    if str(device).startswith("cuda"):
+        import subprocess
+
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+                                 capture_output=True, text=True, timeout=30).stdout
+            return int(out.split()[0]) * 2 ** 20
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+            raise MicaError("memory_budget=auto could not read the GPU's free memory from nvidia-smi; give the "
+                            "budget in bytes") from None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    raise MicaError("memory_budget=auto could not read the free memory (/proc/meminfo); give the budget in bytes")
+
+
+def train_budget(budget, eval_lowered):
+    """What the train arena may take when both arenas must fit in `budget` bytes (None: no budget)."""
+    if budget is None:
+        return None
+    left = budget - eval_lowered.plan.total
+    if left <= 0:
+        raise MicaError(f"memory_budget={budget:,} bytes does not even hold the eval arena "
+                        f"({eval_lowered.plan.total:,} bytes); give more than that")
+    return left
 
 
 def trainer_plan(lowered):
@@ -47,6 +110,10 @@ def report(lowered):
             if classes[c] or name == "train":
                 note = NOTES[name].get(c, "the peak of the live values" if c == "activations" else "")
                 lines.append(f"    {c:<16} {classes[c]:>16,}   {note}".rstrip())
+    train = lowered["train"]
+    lines.append("  train " + train.remat.summary())
+    if train.memory_budget is not None:
+        lines.append(f"  memory budget: the train arena fits in the {train.memory_budget:,} bytes the budget leaves it")
     if gpu:
         lines.append("  (the logits arena is allocated only by mica sample; the GPU also holds cuBLASLt's 32 MiB "
                      "workspace per program and the CUDA context)")

@@ -24,12 +24,12 @@ def _runtime_text():
     return "\0".join(parts)
 
 
-def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False, tf32=False):
+def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False, tf32=False, memory_budget=None):
     """Lower the programs for the device, compile and link them with the runtime (cached); returns
-    (executable path, {name: Lowered})."""
+    (executable path, {name: Lowered}). `memory_budget`: bytes the two arenas may take together."""
     if device == "cuda":
-        return _build_cuda_trainer(programs, opt_level, log, simulate, tf32)
-    lowered = {name: programs[name].lower("cpu", opt_level=opt_level) for name in PROGRAMS}
+        return _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget)
+    lowered = _lower_all(programs, memory_budget, "cpu", opt_level=opt_level)
     blas = lowered["train"].target.blas
     cflags, ldflags = cbuild.blas_flags(blas)
     if collectives.distributed(lowered["train"].schedule):  # a data-parallel trainer: Open MPI (runtime/dist.c)
@@ -52,6 +52,15 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
     _link(out_dir, exe, lambda tmp: [cc, *flags, "-I", RUNTIME_DIR, *runtime_sources, *objects, "-o", tmp, *ldflags,
                                      "-lm"], "the C compiler")
     return exe, lowered
+
+
+def _lower_all(programs, memory_budget, target, **options):
+    """Each program lowered; under a budget the train program gets what the eval arena leaves."""
+    from .memory_plan import train_budget
+
+    lowered = {name: programs[name].lower(target, **options) for name in PROGRAMS if name != "train"}
+    budget = train_budget(memory_budget, lowered["eval"])
+    return {"train": programs["train"].lower(target, memory_budget=budget, **options), **lowered}
 
 
 def _place(prefix, parts):
@@ -81,14 +90,13 @@ def _link(out_dir, exe, command, tool):
     cbuild.install(tmp, exe)
 
 
-def _build_cuda_trainer(programs, opt_level, log, simulate, tf32):
+def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=None):
     """The CUDA trainer: each program's CUDA source compiled by nvcc (a fatbin for every
     architecture) or, simulated, by g++ against mica_cudasim.h; the same C runtime; linked by nvcc
     (cuBLASLt from the nvidia-cublas wheel, by rpath) or g++ (Boost.Context)."""
     from ..backends.cuda import build as cuda_build
 
-    lowered = {name: programs[name].lower("cuda", opt_level=opt_level, simulate=simulate, tf32=tf32)
-               for name in PROGRAMS}
+    lowered = _lower_all(programs, memory_budget, "cuda", opt_level=opt_level, simulate=simulate, tf32=tf32)
     sources = {name: lowered[name].target.render(lowered[name], api=f"{name}_") for name in PROGRAMS}
     cc = cbuild.compiler()
     if simulate:

@@ -1,0 +1,274 @@
+"""The rematerialization pass (passes/remat.py) and the memory budget (lower(..., memory_budget=)):
+the rematerialized step is bitwise the step without it, on the CPU and on the oracle; it saves
+fewer bytes than it did; a budget's plan is below it and monotone in it; an impossible budget is a
+sentence naming the smallest plan."""
+import copy
+
+import numpy as np
+import pytest
+
+import mica
+from helpers import rel_err
+from mica.errors import MicaError
+from mica.models.gpt import GPT, GPTConfig, loss_fn
+from mica.models.tutorial import TutorialConfig, TutorialModel, make_step, specs as tutorial_specs
+
+
+def _gpt(dropout, bias, n_layer=2):
+    cfg = GPTConfig(block_size=16, vocab_size=29, n_layer=n_layer, n_head=2, n_embd=32, dropout=dropout, bias=bias)
+    model = GPT(cfg)
+    rng = np.random.default_rng(0)
+    params = {n: (a + 0.05 * rng.standard_normal(a.shape)).astype(np.float32) for n, a in model.init(seed=3).items()}
+    opt = mica.optim.adamw(lr=1e-3, betas=(0.9, 0.95),
+                           param_groups=mica.optim.nanogpt_param_groups(params, weight_decay=0.1))
+
+    def step(params, state, idx, targets):
+        loss, grads = mica.value_and_grad(loss_fn(model))(params, idx, targets)
+        norm = mica.optim.clip_grad_norm(grads, 1.0)
+        new_params, new_state = opt.update(params, grads, state, lr=1e-3)
+        return new_params, new_state, {"loss": loss, "norm": norm}
+
+    B, T = 4, 16
+    program = mica.trace(step, model.param_specs(), opt.state_specs(model.param_specs()), mica.i64[B, T],
+                         mica.i64[B, T])
+    args = (params, opt.init(params), rng.integers(0, 29, (B, T)), rng.integers(0, 29, (B, T)))
+    return program, args
+
+
+def _tutorial():
+    model = TutorialModel(TutorialConfig(dim=8, hidden=32, batch=3, seq=5, vocab_size=7))
+    step, opt = make_step(model)
+    program = mica.trace(step, *tutorial_specs(model, opt))
+    params = model.init(4)
+    rng = np.random.default_rng(2)
+    args = (params, opt.init(params), rng.integers(0, 7, (3, 5)), rng.integers(0, 7, (3, 5)))
+    return program, args
+
+
+PROGRAMS = {"gpt": lambda: _gpt(0.0, True), "gpt-dropout": lambda: _gpt(0.1, False), "tutorial": _tutorial}
+
+
+def _bits(result):
+    return [np.asarray(x).tobytes() for x in mica.pytree.flatten(result)[0]]
+
+
+def _on_oracle(program, graph, args, **kw):
+    """The oracle running `graph` (a lowered program's, rematerialized) in place of the traced one."""
+    p = copy.copy(program)
+    p.graph = graph
+    return mica.reference.run(p, *args, **kw)
+
+
+@pytest.fixture(scope="module", params=sorted(PROGRAMS))
+def case(request):
+    return (request.param, *PROGRAMS[request.param]())
+
+
+def test_the_pass_recomputes_and_saves_fewer_bytes(case):
+    name, program, _ = case
+    on, off = program.lower("cpu", remat=True), program.lower("cpu")
+    assert on.remat.recomputed and not off.remat.recomputed
+    # every forward value the backward read without the pass is still there, saved or recomputed
+    assert on.plan.class_bytes["activations"] <= off.plan.class_bytes["activations"]
+    assert "rematerialization (min-cut)" in on.memory_report
+    assert any(n.op in ("layer_norm", "rms_norm") for n in on.remat.recomputed), name
+
+
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_rematerialized_step_is_bitwise_the_step_without_it(case, opt_level):
+    name, program, args = case
+    runs = {}
+    for remat in (True, False):
+        exe = program.lower("cpu", opt_level=opt_level, remat=remat).build()
+        runs[remat] = _bits(exe(*args, threads=2, seed=5, offset=1))
+    assert runs[True] == runs[False], name
+
+
+def test_rematerialized_graph_matches_the_oracle(case):
+    name, program, args = case
+    lowered = program.lower("cpu", remat=True)
+    want = mica.reference.run(program, *args, seed=5, offset=1)
+    got = _on_oracle(program, lowered.graph, args, seed=5, offset=1)
+    assert _bits(got) == _bits(want), name  # the same float64 operations in the same order
+    compiled = lowered.build()(*args, threads=2, seed=5, offset=1)
+    assert rel_err(compiled[2]["loss"], want[2]["loss"]) < 1e-5, name
+    flat_c, flat_w = mica.pytree.flatten(compiled)[0], mica.pytree.flatten(want)[0]
+    for c, w in zip(flat_c, flat_w):  # (AdamW's first step divides by a tiny gradient's root)
+        if np.asarray(w).dtype.kind == "f":
+            assert rel_err(c, w) < 1e-3, name
+
+
+def test_budget_plans_are_monotone_and_below_the_budget():
+    program, _ = _gpt(0.0, False, n_layer=4)
+    default = program.lower("cpu", remat=True).plan.total
+    smallest = None
+    plans = []
+    for frac in (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6):
+        budget = int(default * frac)
+        try:
+            low = program.lower("cpu", memory_budget=budget)
+        except MicaError as e:
+            smallest = e
+            break
+        assert low.plan.total <= budget
+        plans.append(low.plan.total)
+    assert plans == sorted(plans, reverse=True) and len(plans) >= 3
+    assert "checkpoint" in program.lower("cpu", memory_budget=plans[-1]).remat.mode
+    if smallest is None:
+        with pytest.raises(MicaError) as info:
+            program.lower("cpu", memory_budget=1000)
+        smallest = info.value
+    msg = str(smallest)
+    assert "is less than the smallest plan" in msg and "give at least" in msg and "\n" not in msg
+
+
+def test_checkpointing_is_bitwise_and_the_report_counts_its_work():
+    program, args = _gpt(0.1, True, n_layer=3)
+    default = program.lower("cpu", remat=True)
+    tight = program.lower("cpu", memory_budget=int(default.plan.total * 0.9))
+    assert tight.plan.total < default.plan.total
+    assert any(n.op == "matmul" for n in tight.remat.recomputed)
+    assert tight.remat.flops > default.remat.flops > 0
+    assert "MFLOP more a step" in tight.memory_report and "memory budget" in tight.memory_report
+    a = _bits(tight.build()(*args, threads=2, seed=9, offset=0))
+    b = _bits(program.lower("cpu", remat=False).build()(*args, threads=2, seed=9, offset=0))
+    assert a == b
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "lots", True])
+def test_a_bad_budget_is_a_sentence(bad):
+    program, _ = _gpt(0.0, False)
+    with pytest.raises(MicaError, match="memory_budget must be a positive number of bytes"):
+        program.lower("cpu", memory_budget=bad)
+
+
+# ---- mica train's memory_budget setting ------------------------------------------------------------
+
+from mica.train import memory_plan  # noqa: E402
+
+
+@pytest.mark.parametrize("text,want", [(None, None), ("", None), (123456, 123456), (2.5e9, 2_500_000_000),
+                                       ("2GB", 2 * 10 ** 9), ("1.5GiB", 3 * 2 ** 29), ("800MiB", 800 * 2 ** 20),
+                                       (" 3G ", 3 * 2 ** 30), ("64kb", 64000), ("1e9", 10 ** 9), ("42b", 42)])
+def test_budget_sizes(text, want):
+    assert memory_plan.parse_budget(text) == want
+
+
+def test_auto_is_nine_tenths_of_the_free_memory():
+    free = memory_plan.free_memory("cpu")
+    got = memory_plan.parse_budget("auto")
+    assert 0 < got <= free and abs(got - 0.9 * free) < 0.05 * free  # (the free memory moves meanwhile)
+
+
+def test_budget_parser_fuzz():
+    """Random strings and values: a byte count or a one-sentence MicaError, never anything else."""
+    rng = np.random.default_rng(0)
+    alphabet = list("0123456789.eEkKmMgGtTiIbB auto-+x_\n") + ["GB", "MiB", "auto", "1e99", "nan", "inf"]
+    values = [[], {}, -1, 0, 0.5, float("nan"), float("inf"), 2 ** 70, True, b"1GB"]
+    for _ in range(3000):
+        values.append("".join(rng.choice(alphabet, size=rng.integers(0, 8))))
+    for v in values:
+        try:
+            got = memory_plan.parse_budget(v)
+        except MicaError as e:
+            assert "memory_budget" in str(e) and "\n" not in str(e)
+            continue
+        assert got is None or (isinstance(got, int) and 1 <= got <= 2 ** 62), v
+
+
+def test_trainer_budget_leaves_the_eval_arena_its_bytes():
+    class Eval:
+        class plan:
+            total = 1000
+    assert memory_plan.train_budget(None, Eval) is None
+    assert memory_plan.train_budget(5000, Eval) == 4000
+    with pytest.raises(MicaError, match="does not even hold the eval arena"):
+        memory_plan.train_budget(999, Eval)
+
+
+def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_path):
+    """`mica train --memory_budget=B` as a user runs it: the plan it prints fits B, says what it
+    recomputes, and every logged loss is the one the run without a budget logs."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from mica.data.prepare import prepare_char
+    from mica.train import config as config_mod, native, programs
+
+    text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")).read()
+    vocab = prepare_char(text[:100_000], str(tmp_path / "data" / "shakespeare_char"), log=lambda *a: None)["vocab_size"]
+    tiny = ["--device=cpu", "--compile=False", "--n_layer=3", "--n_head=2", "--n_embd=32", "--block_size=32",
+            "--batch_size=8", "--eval_iters=2", "--log_interval=1", "--max_iters=3", "--eval_interval=2",
+            "--always_save_checkpoint=True", "--dropout=0.1"]
+    cfg = config_mod.check_supported(config_mod.load("shakespeare_char", tiny), lambda *a: None)
+    _, _, progs = programs.build(cfg, vocab)
+    default = native._lower_all(progs, None, "cpu")
+    min_cut = progs["train"].lower("cpu", remat=True)
+    assert min_cut.plan.total < default["train"].plan.total
+    budget = min_cut.plan.total + default["eval"].plan.total - 1  # (so it takes block checkpoints)
+
+    def train(*extra):
+        r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "shakespeare_char", *tiny, *extra],
+                           cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    plain, tight = train("--out_dir=a"), train("--out_dir=b", f"--memory_budget={budget}")
+    held = int(re.search(r"the trainer holds ([\d,]+) bytes", tight).group(1).replace(",", ""))
+    assert held <= budget
+    assert "train rematerialization (checkpoint every" in tight and "memory budget: the train arena fits" in tight
+    assert "train rematerialization off: the backward keeps every forward value it reads" in plain
+    losses = re.compile(r"^(iter \d+: loss [\d.]+|step \d+: train loss [\d.]+, val loss [\d.]+)", re.M)
+    assert losses.findall(plain) and losses.findall(plain) == losses.findall(tight)
+    from mica.train.checkpoint import SafeTensors
+
+    a, b = SafeTensors(str(tmp_path / "a" / "ckpt.safetensors")), SafeTensors(str(tmp_path / "b" / "ckpt.safetensors"))
+    assert sorted(a.names) == sorted(b.names) and a.names
+    for name in a.names:  # every weight and moment, bit for bit
+        assert a.read(name).tobytes() == b.read(name).tobytes(), name
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "shakespeare_char", *tiny, "--out_dir=c",
+                        "--memory_budget=10kB"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert re.search(r"memory_budget=[\d,]+ bytes does not even hold the eval arena", r.stdout + r.stderr)
+
+
+def test_gradient_accumulation_each_micro_batch_is_cut_on_its_own():
+    """Two micro-batches: two backwards, each recomputing from its own forward; the same bits."""
+    from mica.train import config as config_mod, programs
+
+    cfg = config_mod.load("shakespeare_char", ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                                               "--block_size=16", "--batch_size=3", "--gradient_accumulation_steps=2",
+                                               "--dropout=0.1"], log=lambda *a: None)
+    model, opt, progs = programs.build(cfg, 29)
+    program = progs["train"]
+    assert len(program.graph.backward) == 2
+    params = model.init(5)
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 29, (2, 3, 16)), rng.integers(0, 29, (2, 3, 16))
+    args = (params, opt.init(params), x, y, np.int64(7))
+    plain = program.lower("cpu")
+    cut = program.lower("cpu", remat=True)
+    blocks = program.lower("cpu", memory_budget=cut.plan.total - 1)
+    assert blocks.plan.total < cut.plan.total < plain.plan.total
+    want = _bits(plain.build()(*args, threads=2, seed=1, offset=0))
+    for low in (cut, blocks):
+        assert _bits(low.build()(*args, threads=2, seed=1, offset=0)) == want, low.remat.mode
+
+
+def test_the_cuda_target_runs_the_rematerialized_step_bitwise():
+    """The pass is the shared pipeline's: the CUDA program (on the simulator) with it, and with
+    block checkpoints, gives the bits of the CUDA program without it."""
+    import shutil
+
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    program, args = _gpt(0.1, True)
+    runs = []
+    tight = program.lower("cuda", simulate=True, remat=True).plan.total - 1
+    for options in ({}, {"remat": True}, {"memory_budget": tight}):
+        low = program.lower("cuda", simulate=True, **options)
+        runs.append((low.remat.mode, _bits(low.build()(*args, seed=4))))
+    assert [m for m, _ in runs][1:] == ["min-cut", "checkpoint every 1 of the forward's bottlenecks"]
+    assert runs[1][1] == runs[0][1] and runs[2][1] == runs[0][1]
