@@ -201,6 +201,9 @@ def speedrun_vocab(cfg, log=print):
 def prepare_speedrun(cfg, log):
     """The speedrun recipe up to the trainer's manifest: its shards checked against the seed's
     loader (every batch the run will take exists), its programs built, its starting state."""
+    if distributed.ranks()[0] > 1:
+        raise MicaError("the speedrun recipe trains in one process so far (its sharded Muon is not built yet); "
+                        "run it without mpirun")
     vocab = speedrun_vocab(cfg, log)
     rows = cfg["mbs"] * cfg["seq_len"]
     files = [("train", *f) for f in _speedrun_split(cfg["train_files"], vocab, cfg["batch_size"], cfg["train_steps"],
