@@ -6,6 +6,7 @@ from ... import dtypes
 from ...errors import MicaError
 from ...targets import register_lowering
 from ..cstyle import types as ct
+from . import bf16gemm
 
 
 def lower(op, scratch=None):
@@ -38,8 +39,12 @@ def _attn_dims(view):
     return shape[0], shape[1], shape[2], shape[3], strides[0], strides[1], strides[2]
 
 
-def gemm_scratch(kernel, blas):
-    """(shared bytes, per-thread bytes) of a product: Mica's own kernel packs its operands."""
+def gemm_scratch(kernel, blas, bf16_kernel="f32"):
+    """(shared bytes, per-thread bytes) of a product: Mica's own kernel packs its operands, and so
+    does every bfloat16 kernel (mica_bf16gemm.h)."""
+    if kernel.a.dtype is dtypes.bfloat16:
+        M, K, N = kernel.a.shape[-2], kernel.a.shape[-1], kernel.b.shape[-1]
+        return bf16gemm.shared_bytes(bf16_kernel, M, N, K), bf16gemm.thread_bytes(bf16_kernel, K)
     if kernel.out.dtype is dtypes.float32 and blas == "own":
         K, N = kernel.a.shape[-1], kernel.b.shape[-1]
         return packed_b_floats(K, N) * 4, GEMM_THREAD_FLOATS * 4

@@ -2,13 +2,16 @@
 
 What it answers for the shared pipeline: 64-byte alignment; scratch per thread (up to
 `max_threads` of them); a product carries any float32 elementwise loop on its output tiles (the
-tile loop inlines it); the kernels' lowerings are registered under platform "c" (lowerings.py).
+tile loop inlines it); bfloat16 products are its own (mica_bf16gemm.h, the kernel chosen from the
+processor: bf16gemm.py), float16 ones are widened to float32; the kernels' lowerings are
+registered under platform "c" (lowerings.py).
 """
 import os
 
 from ... import dtypes
 from ...targets import Target
 from . import build as _build
+from . import bf16gemm
 from .lowerings import gemm_scratch
 
 
@@ -22,11 +25,15 @@ class CTarget(Target):
     align = 64
     unit_name = "thread"
 
-    def __init__(self, opt_level=2, max_threads=None, blas=None):
+    def __init__(self, opt_level=2, max_threads=None, blas=None, bf16_gemm=None):
         super().__init__(opt_level)
         self.blas = blas or os.environ.get("MICA_BLAS", "openblas")
         _build.blas_flags(self.blas)  # a missing library is an error now, not after the build
         self.max_threads = max_threads or default_max_threads()
+        self.bf16_gemm = bf16gemm.choose(bf16_gemm)
+
+    def half_kernel(self, op, dtype):
+        return op == "matmul" and dtype is dtypes.bfloat16
 
     @property
     def workspace_units(self):
@@ -36,11 +43,11 @@ class CTarget(Target):
         from ...passes.schedule import Gemm
 
         if isinstance(kernel, Gemm):
-            return gemm_scratch(kernel, self.blas)
+            return gemm_scratch(kernel, self.blas, self.bf16_gemm)
         return super().workspace(kernel)
 
     def product_epilogue(self, gemm, loop):
-        return gemm.out.dtype is dtypes.float32
+        return gemm.out.dtype is dtypes.float32 and gemm.a.dtype is dtypes.float32
 
     def render(self, lowered, api="mica_"):
         from .emit import Emitter
