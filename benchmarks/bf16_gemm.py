@@ -9,6 +9,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from mica.backends.c import bf16gemm  # noqa: E402
@@ -20,9 +21,9 @@ tokens, embd = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("768", "128
 flags = bf16gemm.machine_flags()
 kernels = [k for k in bf16gemm.PREFERENCE if all(f in flags for f in bf16gemm.NEEDS[k])]
 _, ld = blas_flags("openblas")
-exes = {}
+exes, build_dir = {}, tempfile.mkdtemp(prefix="mica-bf16-bench-")
 for k in kernels:
-    exes[k] = os.path.join(here, f"bf16_shapes_{k}")
+    exes[k] = os.path.join(build_dir, f"bf16_shapes_{k}")
     subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *INCLUDES,
                     f"-DMICA_BF16_GEMM={bf16gemm.KERNELS[k]}", os.path.join(here, "bf16_shapes.c"), "-o", exes[k],
                     *ld, "-lm"], check=True)
@@ -31,7 +32,7 @@ times = {}  # (kernel or "f32 sgemm", shape) -> [seconds per round]
 for r in range(rounds):
     for k in kernels[r % len(kernels):] + kernels[:r % len(kernels)]:
         out = subprocess.run([exes[k], tokens, embd], env=env, capture_output=True, text=True, check=True).stdout
-        for line in out.split():
+        for line in out.splitlines():
             shape, t16, t32 = line.split(",")
             times.setdefault((k, shape), []).append(float(t16))
             times.setdefault(("f32 sgemm", shape), []).append(float(t32))

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import mica
+from helpers import rel_err
 from mica.backends.c import bf16gemm
+from mica.backends.c.target import CTarget
 from mica.errors import MicaError
 
 BF16 = mica.bfloat16
@@ -168,3 +170,38 @@ def test_amx_refused_falls_back_to_avx512bf16():
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "1"
+
+
+class _WidenedAttention(CTarget):
+    """The CPU target with its bfloat16 attention kernels widened to float32 around the float ones."""
+
+    def half_kernel(self, op, dtype):
+        return op == "matmul" and super().half_kernel(op, dtype)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_bfloat16_attention_is_the_widened_float_attention_bit_for_bit(causal):
+    """The bfloat16 attention kernels widen each head in scratch and round their results once: the
+    same bits as widening the tensors around the float kernels, forward and backward, on strided
+    heads (a fused qkv product's columns, as in the GPT) with fewer queries than keys."""
+    F = mica.nn.functional
+
+    def step(x, w, u):
+        q, k, v = mica.matmul(x, w).split(24, dim=-1)
+        q, k, v = (t.reshape(2, 9, 3, 8).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q[:, :, :7], k, v, is_causal=causal)
+        return o, mica.grad(o, [x, w], grad_output=u)
+
+    program = mica.trace(step, mica.dtypes.Spec((2, 9, 16), BF16), mica.dtypes.Spec((16, 72), BF16),
+                         mica.dtypes.Spec((2, 3, 7, 8), BF16))
+    rng = np.random.default_rng(4)
+    args = [_bf16_values(rng, s) for s in ((2, 9, 16), (16, 72), (2, 3, 7, 8))]
+    native = program.lower("cpu")
+    assert sum(n.op.startswith("attention") and n.inputs[0].dtype is BF16 for n in native.graph.nodes) == 2
+    got = native.build()(*args, threads=2)
+    want = program.lower(_WidenedAttention()).build()(*args, threads=2)
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(want)[0]):
+        np.testing.assert_array_equal(np.asarray(g, np.float32).view(np.uint32), np.asarray(w, np.float32).view(np.uint32))
+    oracle = mica.reference.run(program, *args, precision="float32")
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(oracle)[0]):
+        assert rel_err(g, w) <= 2.0 ** -8

@@ -22,9 +22,12 @@ def packed_b_floats(K, N):
 
 
 def attention_slot(dtype, L, S, E, Ev):
-    """Per-thread scratch elements of the attention kernels (mica_attention_slot_f32 in C)."""
+    """Per-thread scratch elements of the attention kernels (mica_attention_slot_f32 and _bf16 in C:
+    floats; doubles for float64)."""
     if dtype is dtypes.float32:
         return E * S + Ev * S + 2 * L * S
+    if dtype is dtypes.bfloat16:
+        return E * S + Ev * S + 2 * L * S + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev
     return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
 
 
@@ -59,7 +62,8 @@ def _per_row(kernel):
 def _attention_scratch(kernel):
     q, k, v = kernel.inputs[:3] if kernel.op == "attention" else kernel.inputs[1:4]
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    return 0, attention_slot(q.dtype, L, S, E, Ev) * kernel.inputs[0].dtype.itemsize
+    element = 4 if q.dtype is dtypes.bfloat16 else q.dtype.itemsize  # (bfloat16 heads are widened in it)
+    return 0, attention_slot(q.dtype, L, S, E, Ev) * element
 
 
 def _embedding_backward_scratch(kernel):
@@ -71,9 +75,15 @@ def _rows(view, ndims):
     return math.prod(view.shape[:len(view.shape) - ndims]), math.prod(view.shape[len(view.shape) - ndims:])
 
 
+BF16_KERNELS = ("attention", "attention_backward")  # the kernels that also exist for bfloat16 operands
+
+
 def _dtype(kernel):
-    """The element type the kernel computes in; the CPU kernels exist for float32 and float64."""
+    """The element type the kernel computes in and its kernels' suffix; the CPU kernels exist for
+    float32 and float64, and those of BF16_KERNELS for bfloat16 too."""
     dt = kernel.inputs[0].dtype if kernel.op != "embedding" else kernel.inputs[1].dtype
+    if dt is dtypes.bfloat16 and kernel.op in BF16_KERNELS:
+        return dt, "bf16"
     if dt not in (dtypes.float32, dtypes.float64):
         raise MicaError(f"{kernel.op} on {dt.name} is not supported by the CPU backend yet; cast to float32 first")
     return dt, ct.suffix(dt)

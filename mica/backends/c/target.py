@@ -3,8 +3,9 @@
 What it answers for the shared pipeline: 64-byte alignment; scratch per thread (up to
 `max_threads` of them); a product carries any float32 elementwise loop on its output tiles (the
 tile loop inlines it); bfloat16 products are its own (mica_bf16gemm.h, the kernel chosen from the
-processor: bf16gemm.py), float16 ones are widened to float32; the kernels' lowerings are
-registered under platform "c" (lowerings.py).
+processor: bf16gemm.py), and so is bfloat16 attention (mica_kernels.h); float16 ones and the other
+kernels are widened to float32 (passes/widen.py); the kernels' lowerings are registered under
+platform "c" (lowerings.py).
 """
 import os
 
@@ -12,7 +13,7 @@ from ... import dtypes
 from ...targets import Target
 from . import build as _build
 from . import bf16gemm
-from .lowerings import gemm_scratch
+from .lowerings import BF16_KERNELS, gemm_scratch
 
 
 def default_max_threads():
@@ -33,7 +34,7 @@ class CTarget(Target):
         self.bf16_gemm = bf16gemm.choose(bf16_gemm)
 
     def half_kernel(self, op, dtype):
-        return op == "matmul" and dtype is dtypes.bfloat16
+        return dtype is dtypes.bfloat16 and (op == "matmul" or op in BF16_KERNELS)
 
     @property
     def workspace_units(self):
