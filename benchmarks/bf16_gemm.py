@@ -19,7 +19,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 tokens, embd = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("768", "128")
 flags = bf16gemm.machine_flags()
-kernels = [k for k in bf16gemm.PREFERENCE if all(f in flags for f in bf16gemm.NEEDS[k])]
+kernels = [k for k in bf16gemm.KERNELS if all(f in flags for f in bf16gemm.NEEDS[k])]
 _, ld = blas_flags("openblas")
 exes, build_dir = {}, tempfile.mkdtemp(prefix="mica-bf16-bench-")
 for k in kernels:

@@ -141,7 +141,7 @@ def test_bfloat16_products_stay_native_and_float16_ones_are_widened():
 def test_the_kernel_is_chosen_from_the_processor_flags():
     amx = {"amx_bf16", "amx_tile", "avx512_bf16", "avx2"}
     assert bf16gemm.choose(flags=amx) == "amx"
-    assert bf16gemm.choose(flags={"avx512_bf16", "avx2"}) == "avx512bf16"
+    assert bf16gemm.choose(flags={"avx512_bf16", "avx2"}) == "f32"  # (measured slower than float32's)
     assert bf16gemm.choose(flags={"avx2", "fma"}) == "f32"
     assert bf16gemm.choose("f32", flags=amx) == "f32"
     assert bf16gemm.choose("avx512bf16", flags=amx) == "avx512bf16"

@@ -1,11 +1,14 @@
 """Which bfloat16 product kernel (mica_bf16gemm.h) a CPU program is built with, and its scratch.
 
-Chosen when the target is made, from the building machine's processor flags (/proc/cpuinfo), the
-fastest that the processor has (measured: BENCHMARKS.md section 8.1): "amx" (AMX-BF16 tiles),
-"avx512bf16" (vdpbf16ps), or "f32" (the operands widened to float32, any processor).
+Chosen when the target is made, from the building machine's processor flags (/proc/cpuinfo), by
+measurement (BENCHMARKS.md section 8.1): "amx" (AMX-BF16 tiles) where the processor has AMX, else
+"f32" (the operands widened to float32, then OpenBLAS or Mica's float32 kernel: any processor).
+"avx512bf16" (vdpbf16ps) is slower than OpenBLAS's float32 product on the measured machine (one
+vdpbf16ps per cycle does what two float32 FMAs do), so it is only taken when asked for, and by an
+AMX build whose operating system refuses the tile state (it reads the same packed operands).
 `MICA_BF16_GEMM=amx|avx512bf16|f32` (or CTarget(bf16_gemm=...)) forces one, e.g. to test the
 fallback. The choice is written into the generated C (`#define MICA_BF16_GEMM`, with a comment
-naming it), so it is part of the program's source, its build key and its memory report.
+naming it in the file's header), so it is part of the program's source and its build key.
 """
 import os
 
@@ -13,7 +16,7 @@ from ...errors import MicaError
 
 KERNELS = {"f32": 0, "avx512bf16": 1, "amx": 2}
 NEEDS = {"f32": (), "avx512bf16": ("avx512_bf16",), "amx": ("amx_bf16", "amx_tile", "avx512_bf16")}
-PREFERENCE = ("amx", "avx512bf16", "f32")
+PREFERENCE = ("amx", "f32")  # what choose() takes unasked, first that the processor has
 
 MB, KSTEP = 32, 32           # MICA_BF16_MB, MICA_BF16_KSTEP
 KC, NR = 384, 32             # MICA_KC, MICA_NR of mica_gemm.h (AVX-512 build)
@@ -34,13 +37,13 @@ def machine_flags(path="/proc/cpuinfo"):
 
 def choose(requested=None, flags=None):
     """The kernel's name: `requested` (or $MICA_BF16_GEMM) when the processor has what it needs,
-    else the fastest that it has."""
+    else the first of PREFERENCE that it has."""
     flags = machine_flags() if flags is None else flags
     requested = requested or os.environ.get("MICA_BF16_GEMM") or None
     if requested is not None:
         if requested not in KERNELS:
             raise MicaError(f"unknown bfloat16 product kernel {requested!r} (MICA_BF16_GEMM); use one of "
-                            f"{', '.join(PREFERENCE)}")
+                            f"{', '.join(KERNELS)}")
         missing = [f for f in NEEDS[requested] if f not in flags]
         if missing:
             raise MicaError(f"this processor lacks {', '.join(missing)}, which the {requested} bfloat16 product "
