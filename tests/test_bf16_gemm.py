@@ -205,3 +205,15 @@ def test_bfloat16_attention_is_the_widened_float_attention_bit_for_bit(causal):
     oracle = mica.reference.run(program, *args, precision="float32")
     for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(oracle)[0]):
         assert rel_err(g, w) <= 2.0 ** -8
+
+
+def test_the_float32_fallback_runs_on_mica_own_float32_kernel_too():
+    """Without OpenBLAS (blas="own") the fallback's float32 product is mica_sgemm, its packing in the
+    bfloat16 product's scratch: the same bound against the oracle, batched and transposed."""
+    shape = ((2,), 70, 45, 131, 1, 1)
+    rng = np.random.default_rng(12)
+    program, sa, sb = _program(*shape)
+    a, b = _bf16_values(rng, sa), _bf16_values(rng, sb)
+    got = np.asarray(program.lower("cpu", blas="own", bf16_gemm="f32").build()(a, b, threads=2), np.float32)
+    size = np.abs(np.swapaxes(a, -1, -2)).astype(np.float64) @ np.abs(np.swapaxes(b, -1, -2)).astype(np.float64)
+    _check_against_oracle(got, mica.reference.run(program, a, b, precision="float32"), 131, size)
