@@ -217,3 +217,37 @@ def test_the_float32_fallback_runs_on_mica_own_float32_kernel_too():
     got = np.asarray(program.lower("cpu", blas="own", bf16_gemm="f32").build()(a, b, threads=2), np.float32)
     size = np.abs(np.swapaxes(a, -1, -2)).astype(np.float64) @ np.abs(np.swapaxes(b, -1, -2)).astype(np.float64)
     _check_against_oracle(got, mica.reference.run(program, a, b, precision="float32"), 131, size)
+
+
+class _NoBf16Epilogue(CTarget):
+    """The CPU target with every elementwise loop after a bfloat16 product run as its own pass."""
+
+    def product_epilogue(self, gemm, loop):
+        return gemm.a.dtype is not BF16 and super().product_epilogue(gemm, loop)
+
+
+@pytest.mark.skipif(bf16gemm.choose() == "f32", reason="the float32 fallback carries no epilogue")
+def test_elementwise_loops_riding_on_bfloat16_products_change_no_bit():
+    """gelu on a bfloat16 product, a float32 residual add after another, and the backward's casts:
+    run on each 32-row block of the product, the same bits as run as passes of their own."""
+    F = mica.nn.functional
+
+    def step(x, w1, w2, u):
+        with mica.autocast(dtype=mica.bfloat16):
+            h = F.gelu(F.linear(x, w1))
+            y = x + F.linear(h, w2)
+        return y, mica.grad(y, [x, w1, w2], grad_output=u)
+
+    shapes = ((70, 48), (100, 48), (48, 100), (70, 48))
+    program = mica.trace(step, *(mica.f32[s] for s in shapes))
+    rng = np.random.default_rng(8)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    fused = program.lower("cpu")
+    assert sum(k.kind == "gemm" and k.epilogue is not None for k in fused.schedule.kernels) >= 2
+    got = fused.build()(*args, threads=2)
+    want = program.lower(_NoBf16Epilogue()).build()(*args, threads=2)
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(want)[0]):
+        np.testing.assert_array_equal(np.asarray(g, np.float32).view(np.uint32), np.asarray(w, np.float32).view(np.uint32))
+    oracle = mica.reference.run(program, *args, precision="float32")
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(oracle)[0]):
+        assert rel_err(g, w) <= 2.0 ** -8

@@ -42,6 +42,21 @@ class Emitter(CStyleRenderer):
         M, N, K, ta, lda, tb, ldb, batch, off = p.M, p.N, p.K, p.ta, p.lda, p.tb, p.ldb, p.batch, p.offset
 
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
+        if kern.epilogue is not None and a.dtype is dtypes.bfloat16 and self.target.bf16_gemm != "f32" and not batch:
+            args = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
+                    f"{pc} + {off(out)}, {N}, {int(dt is dtypes.bfloat16)}, work, scratch")
+            body = tile_body(self, kern.epilogue)
+            return [f"mica_bf16_product p = mica_bf16_product_make({args});",
+                    "#pragma omp parallel if (p.parallel)",
+                    "{",
+                    "    mica_bf16_product_begin(&p);",
+                    "    #pragma omp for schedule(static)",
+                    "    for (int64_t t = 0; t < p.mblocks; t++) {  /* each 32-row block, then its epilogue */",
+                    "        mica_bf16_product_block(&p, t, 0, p.nblocks);",
+                    f"        int64_t r1 = t * MICA_BF16_MB + MICA_BF16_MB < {M} ? t * MICA_BF16_MB + MICA_BF16_MB : {M};",
+                    "        for (int64_t i0 = t * MICA_BF16_MB; i0 < r1; i0++)",
+                    f"            for (int64_t i1 = 0; i1 < {N}; i1++) {{"] + \
+                ["                " + x for x in body] + ["            }", "    }", "    mica_bf16_product_end(&p);", "}"]
         if kern.epilogue is not None and self.blas == "openblas" and not batch:
             args = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
                     f"{pc} + {off(out)}, {N}")

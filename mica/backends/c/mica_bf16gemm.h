@@ -230,57 +230,89 @@ __attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(con
 }
 #endif
 
+/* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed
+ * by the team, this thread's tiles set up), block (one 32-row block of the output over column
+ * blocks [q0, q1): one kernel call over all of k per 32 x 32 block, whichever thread runs it), end. */
+typedef struct {
+    int64_t M, N, K, lda, ldb, ldc, Kp, Np, slot, mblocks, nblocks;
+    int ta, tb, out_bf16, amx, parallel;
+    const mica_bf16 *A, *B;
+    void *C;
+    mica_bf16 *packed;
+    char *scratch;
+} mica_bf16_product;
+
+static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda,
+                                                int ta, const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc,
+                                                int out_bf16, char *work, char *scratch) {
+    mica_bf16_product p;
+    p.M = M; p.N = N; p.K = K; p.lda = lda; p.ldb = ldb; p.ldc = ldc; p.ta = ta; p.tb = tb; p.out_bf16 = out_bf16;
+    p.A = A; p.B = B; p.C = C; p.scratch = scratch;
+    p.Kp = mica_bf16_kpad(K); p.Np = mica_bf16_npad(N); p.slot = mica_bf16gemm_thread_bytes(K);
+    p.mblocks = (M + MICA_BF16_MB - 1) / MICA_BF16_MB; p.nblocks = p.Np / MICA_BF16_MB;
+    p.packed = (mica_bf16 *)mica_align64(work);
+    p.parallel = (double)M * N * (K ? K : 1) > 262144.0;
+    p.amx = 0;
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    p.amx = mica_amx_ready();
+#endif
+    return p;
+}
+
+static void mica_bf16_product_begin(const mica_bf16_product *p) {
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < p->Np / 16; q++) mica_bf16_pack_b(p->B, p->ldb, p->tb, p->K, p->N, p->Kp, q, p->packed);
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (p->amx) mica_amx_configure();
+#endif
+}
+
+static void mica_bf16_product_end(const mica_bf16_product *p) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (p->amx) mica_amx_release();
+#endif
+    (void)p;
+}
+
+static void mica_bf16_product_block(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1) {
+    char *mine = (char *)mica_align64(p->scratch + (int64_t)omp_get_thread_num() * p->slot);
+    mica_bf16 *ap = (mica_bf16 *)mine;
+    float *acc = (float *)(mine + 2 * MICA_BF16_MB * p->Kp);
+    int64_t m0 = t * MICA_BF16_MB, h = p->M - m0 < MICA_BF16_MB ? p->M - m0 : MICA_BF16_MB;
+    mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, p->Kp, m0, ap);
+    for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {
+        const mica_bf16 *b0p = p->packed + 2 * q * p->Kp * 16, *b1p = b0p + p->Kp * 16;
+        int64_t n0 = q * MICA_BF16_MB, w = p->N - n0 < MICA_BF16_MB ? p->N - n0 : MICA_BF16_MB;
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+        if (p->amx) mica_bf16_block_amx(ap, p->Kp, b0p, b1p, acc);
+        else
+#endif
+            mica_bf16_block_avx512(ap, p->Kp, b0p, b1p, acc);
+        mica_bf16_write(acc, MICA_BF16_MB, h, w, p->C, p->ldc, m0, n0, p->out_bf16);
+    }
+}
+
 /* C = op(A) @ op(B) over the threads of a team of its own (or the calling thread for small
  * products); `work` holds mica_bf16gemm_shared_bytes, `scratch` mica_bf16gemm_thread_bytes(K) per
- * thread. Output blocks (32 x 32) are dealt to threads; each is one kernel call over all of k. */
+ * thread. Output blocks are dealt to threads (row blocks, split into column groups when there
+ * are too few of them to go round): who computes a block never changes how. */
 static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
                           const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
                           char *scratch) {
-    int64_t Kp = mica_bf16_kpad(K), Np = mica_bf16_npad(N), slot = mica_bf16gemm_thread_bytes(K);
-    int64_t mblocks = (M + MICA_BF16_MB - 1) / MICA_BF16_MB, nblocks = Np / MICA_BF16_MB;
-    mica_bf16 *packed = (mica_bf16 *)mica_align64(work);
-    int parallel = (double)M * N * (K ? K : 1) > 262144.0;
-    int amx = 0;
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-    amx = mica_amx_ready();
-#endif
-    int threads = parallel ? omp_get_max_threads() : 1;
-    /* enough blocks for every thread: column groups when there are too few row blocks */
-    int64_t ngroups = mblocks >= 2 * threads ? 1 : (2 * threads + mblocks - 1) / (mblocks ? mblocks : 1);
-    ngroups = ngroups > nblocks ? nblocks : ngroups;
+    mica_bf16_product p = mica_bf16_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, out_bf16, work, scratch);
+    int threads = p.parallel ? omp_get_max_threads() : 1;
+    int64_t ngroups = p.mblocks >= 2 * threads ? 1 : (2 * threads + p.mblocks - 1) / (p.mblocks ? p.mblocks : 1);
+    ngroups = ngroups > p.nblocks ? p.nblocks : ngroups;
     ngroups = ngroups < 1 ? 1 : ngroups;
-    int64_t per = (nblocks + ngroups - 1) / ngroups;
-#pragma omp parallel if (parallel)
+    int64_t per = (p.nblocks + ngroups - 1) / ngroups;
+#pragma omp parallel if (p.parallel)
     {
+        mica_bf16_product_begin(&p);
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < Np / 16; p++) mica_bf16_pack_b(B, ldb, tb, K, N, Kp, p, packed);
-        char *mine = (char *)mica_align64(scratch + (int64_t)omp_get_thread_num() * slot);
-        mica_bf16 *ap = (mica_bf16 *)mine;
-        float *acc = (float *)(mine + 2 * MICA_BF16_MB * Kp);
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-        if (amx) mica_amx_configure();
-#endif
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < mblocks * ngroups; t++) {
-            int64_t m0 = (t / ngroups) * MICA_BF16_MB, g = t % ngroups;
-            int64_t h = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB;
-            mica_bf16_pack_a(A, lda, ta, M, K, Kp, m0, ap);
-            for (int64_t q = g * per; q < (g + 1) * per && q < nblocks; q++) {
-                const mica_bf16 *b0p = packed + 2 * q * Kp * 16, *b1p = b0p + Kp * 16;
-                int64_t n0 = q * MICA_BF16_MB, w = N - n0 < MICA_BF16_MB ? N - n0 : MICA_BF16_MB;
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-                if (amx) mica_bf16_block_amx(ap, Kp, b0p, b1p, acc);
-                else
-#endif
-                    mica_bf16_block_avx512(ap, Kp, b0p, b1p, acc);
-                mica_bf16_write(acc, MICA_BF16_MB, h, w, C, ldc, m0, n0, out_bf16);
-            }
-        }
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-        if (amx) mica_amx_release();
-#endif
+        for (int64_t t = 0; t < p.mblocks * ngroups; t++)
+            mica_bf16_product_block(&p, t / ngroups, (t % ngroups) * per, (t % ngroups + 1) * per);
+        mica_bf16_product_end(&p);
     }
-    (void)amx;
 }
 #endif
 #endif
