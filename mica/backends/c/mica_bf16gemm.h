@@ -204,7 +204,9 @@ __attribute__((target("amx-tile,amx-bf16"))) static void mica_amx_configure(void
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
-    _tile_loadconfig(&cfg);
+    /* (ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads all 64
+     * bytes, and the stores above were dropped once this function was inlined) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");
 }
 
 __attribute__((target("amx-tile"))) static void mica_amx_release(void) { _tile_release(); }
