@@ -55,6 +55,7 @@ class Emitter(CStyleRenderer):
                     "        mica_bf16_product_block(&p, t, 0, p.nblocks);",
                     f"        int64_t r1 = t * MICA_BF16_MB + MICA_BF16_MB < {M} ? t * MICA_BF16_MB + MICA_BF16_MB : {M};",
                     "        for (int64_t i0 = t * MICA_BF16_MB; i0 < r1; i0++)",
+                    "            #pragma omp simd  /* (elements are independent: loops.py) */",
                     f"            for (int64_t i1 = 0; i1 < {N}; i1++) {{"] + \
                 ["                " + x for x in body] + ["            }", "    }", "    mica_bf16_product_end(&p);", "}"]
         if kern.epilogue is not None and self.blas == "openblas" and not batch:
