@@ -5,7 +5,8 @@ measurement (BENCHMARKS.md section 8.1): "amx" (AMX-BF16 tiles) where the proces
 "f32" (the operands widened to float32, then OpenBLAS or Mica's float32 kernel: any processor).
 "avx512bf16" (vdpbf16ps) is slower than OpenBLAS's float32 product on the measured machine (one
 vdpbf16ps per cycle does what two float32 FMAs do), so it is only taken when asked for, and by an
-AMX build whose operating system refuses the tile state (it reads the same packed operands).
+AMX build whose operating system refuses the tile state (it reads the same packed operands;
+MICA_NO_AMX=1 in a program's environment stands in for a refusal).
 `MICA_BF16_GEMM=amx|avx512bf16|f32` (or CTarget(bf16_gemm=...)) forces one, e.g. to test the
 fallback. The choice is written into the generated C (`#define MICA_BF16_GEMM`, with a comment
 naming it in the file's header), so it is part of the program's source and its build key.
