@@ -8,8 +8,8 @@ the Target:
   `workspace_units`: how many units run at once (threads on a CPU, streams on a GPU);
 - `product_epilogue(gemm, loop)`: may this elementwise loop ride on this product's output tiles;
 - `kernel_abi(op)`: a hand-written kernel's calling convention (the op record's, by default);
-- `half_kernel(op)`: does it compute a product or kernel primitive on half types itself (else the
-  pipeline computes it in float32 between casts, passes/widen.py);
+- `half_kernel(op, dtype)`: does it compute a product or kernel primitive on operands of half type
+  `dtype` itself (else the pipeline computes it in float32 between casts, passes/widen.py);
 - `render(lowered)` -> source text, `build(lowered)` -> an in-process Executable.
 
 Per-op lowering lives with each target's kernels, registered per platform as JAX does it:
@@ -79,9 +79,10 @@ class Target:
             raise MicaError(f"the {self.name} target has no kernel for {op}")
         return rule
 
-    def half_kernel(self, op):
-        """Does this target compute primitive `op` (or a product, "matmul") on bfloat16/float16
-        operands itself? Otherwise the shared pipeline widens them to float32 around it."""
+    def half_kernel(self, op, dtype):
+        """Does this target compute primitive `op` (or a product, "matmul") on operands of half type
+        `dtype` (bfloat16 or float16) itself? Otherwise the shared pipeline widens them to float32
+        around it."""
         return False
 
     def workspace(self, kernel):

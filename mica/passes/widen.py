@@ -5,8 +5,9 @@ backwards) whose floating operands are bfloat16 or float16 becomes: its half ope
 float32 (exact: every half value is a float32 value), the primitive in float32, and each half
 output rounded once to its type. That is the semantics Mica gives these primitives in every dtype
 (products accumulate in float32, every other digit is kept: see mica.autocast), written as visible
-cast nodes, so every target runs half-type programs with its float32 kernels; a target that gains a
-half kernel for a primitive says so (`Target.half_kernel(op)`) and keeps the node as it is.
+cast nodes, so every target runs half-type programs with its float32 kernels; a target that has a
+half kernel for a primitive says so (`Target.half_kernel(op, dtype)`: the CPU's bfloat16 products)
+and keeps the node as it is.
 """
 from .. import dtypes
 from ..ops import OPS
@@ -15,10 +16,11 @@ from .simplify import _Rebuilder
 HALF = (dtypes.bfloat16, dtypes.float16)
 
 
-def _computed_in_float32(node):
+def _half_type(node):
+    """The half type a product or kernel primitive computes on (None when it has no half operand)."""
     if node.op != "matmul" and OPS[node.op].family != "kernel":
-        return False
-    return any(v.dtype in HALF for v in list(node.inputs) + list(node.outputs))
+        return None
+    return next((v.dtype for v in list(node.inputs) + list(node.outputs) if v.dtype in HALF), None)
 
 
 class _Widener(_Rebuilder):
@@ -30,7 +32,8 @@ class _Widener(_Rebuilder):
         return self.new.add("cast", (v,), {"dtype": dtype}, [(v.shape, dtype)], loc).out
 
     def rewrite(self, node, ins):
-        if not _computed_in_float32(node) or self.target.half_kernel(node.op):
+        half = _half_type(node)
+        if half is None or self.target.half_kernel(node.op, half):
             return None
         loc = node.loc
         wide = [self.cast(v, dtypes.float32, loc) if v.dtype in HALF else v for v in ins]
@@ -42,6 +45,6 @@ class _Widener(_Rebuilder):
 def widen(graph, target):
     """`graph` with every half-type product and kernel primitive the target has no half kernel for
     computed in float32 between casts (the graph itself when there is none)."""
-    if not any(_computed_in_float32(n) for n in graph.nodes):
+    if not any(_half_type(n) is not None for n in graph.nodes):
         return graph
     return _Widener(graph, target).run()

@@ -6,6 +6,7 @@ from ... import dtypes
 from ...errors import MicaError
 from ...targets import register_lowering
 from ..cstyle import types as ct
+from . import bf16gemm
 
 
 def lower(op, scratch=None):
@@ -21,9 +22,12 @@ def packed_b_floats(K, N):
 
 
 def attention_slot(dtype, L, S, E, Ev):
-    """Per-thread scratch elements of the attention kernels (mica_attention_slot_f32 in C)."""
+    """Per-thread scratch elements of the attention kernels (mica_attention_slot_f32 and _bf16 in C:
+    floats; doubles for float64)."""
     if dtype is dtypes.float32:
         return E * S + Ev * S + 2 * L * S
+    if dtype is dtypes.bfloat16:
+        return E * S + Ev * S + 2 * L * S + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev
     return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
 
 
@@ -38,8 +42,12 @@ def _attn_dims(view):
     return shape[0], shape[1], shape[2], shape[3], strides[0], strides[1], strides[2]
 
 
-def gemm_scratch(kernel, blas):
-    """(shared bytes, per-thread bytes) of a product: Mica's own kernel packs its operands."""
+def gemm_scratch(kernel, blas, bf16_kernel="f32"):
+    """(shared bytes, per-thread bytes) of a product: Mica's own kernel packs its operands, and so
+    does every bfloat16 kernel (mica_bf16gemm.h)."""
+    if kernel.a.dtype is dtypes.bfloat16:
+        M, K, N = kernel.a.shape[-2], kernel.a.shape[-1], kernel.b.shape[-1]
+        return bf16gemm.shared_bytes(bf16_kernel, M, N, K), bf16gemm.thread_bytes(bf16_kernel, K)
     if kernel.out.dtype is dtypes.float32 and blas == "own":
         K, N = kernel.a.shape[-1], kernel.b.shape[-1]
         return packed_b_floats(K, N) * 4, GEMM_THREAD_FLOATS * 4
@@ -54,7 +62,8 @@ def _per_row(kernel):
 def _attention_scratch(kernel):
     q, k, v = kernel.inputs[:3] if kernel.op == "attention" else kernel.inputs[1:4]
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    return 0, attention_slot(q.dtype, L, S, E, Ev) * kernel.inputs[0].dtype.itemsize
+    element = 4 if q.dtype is dtypes.bfloat16 else q.dtype.itemsize  # (bfloat16 heads are widened in it)
+    return 0, attention_slot(q.dtype, L, S, E, Ev) * element
 
 
 def _embedding_backward_scratch(kernel):
@@ -66,9 +75,15 @@ def _rows(view, ndims):
     return math.prod(view.shape[:len(view.shape) - ndims]), math.prod(view.shape[len(view.shape) - ndims:])
 
 
+BF16_KERNELS = ("attention", "attention_backward")  # the kernels that also exist for bfloat16 operands
+
+
 def _dtype(kernel):
-    """The element type the kernel computes in; the CPU kernels exist for float32 and float64."""
+    """The element type the kernel computes in and its kernels' suffix; the CPU kernels exist for
+    float32 and float64, and those of BF16_KERNELS for bfloat16 too."""
     dt = kernel.inputs[0].dtype if kernel.op != "embedding" else kernel.inputs[1].dtype
+    if dt is dtypes.bfloat16 and kernel.op in BF16_KERNELS:
+        return dt, "bf16"
     if dt not in (dtypes.float32, dtypes.float64):
         raise MicaError(f"{kernel.op} on {dt.name} is not supported by the CPU backend yet; cast to float32 first")
     return dt, ct.suffix(dt)

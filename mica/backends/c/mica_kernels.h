@@ -281,10 +281,25 @@ static inline int64_t mica_attn_visible(const mica_attn_shape *a, int64_t i1) {
     return a->causal ? (i1 < a->S ? i1 : a->S) : a->S;
 }
 
+/* one head (bh) of the float attention: Q rows at q_st, K transposed in kt [E, S], V rows at v_st;
+ * p holds MICA_ATTN_ROWS x S floats */
+static void mica_attention_head_f32(const mica_attn_shape *a, int64_t bh, const float *qb, int64_t q_st,
+                                    const float *kt, const float *vb, int64_t v_st, float *ob, int64_t o_st,
+                                    float *lse, float *p) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+    const float scale = (float)a->scale;
+    for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
+        int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
+        mica_small_gemm(rows, n, E, scale, qb + i0 * q_st, q_st, 0, kt, S, p, S);
+        for (int64_t r = 0; r < rows; r++)
+            mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r);
+        mica_small_gemm(rows, Ev, n, 1.0f, p, S, 0, vb, v_st, ob + i0 * o_st, o_st);
+    }
+}
+
 static void mica_attention_f32(const mica_attn_shape *a, const float *q, const float *k, const float *v,
                                float *o, float *lse, float *scratch, int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-    const float scale = (float)a->scale;
 #pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
     for (int64_t bh = 0; bh < a->B * a->H; bh++) {
         int64_t b = bh / a->H, h = bh % a->H;
@@ -293,13 +308,40 @@ static void mica_attention_f32(const mica_attn_shape *a, const float *q, const f
         float *ob = o + b * a->o_sb + h * a->o_sh;
         float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *p = kt + E * S;
         mica_transpose_f32(kb, a->k_st, kt, S, S, E);
-        for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
-            int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
-            mica_small_gemm(rows, n, E, scale, qb + i0 * a->q_st, a->q_st, 0, kt, S, p, S);
-            for (int64_t r = 0; r < rows; r++)
-                mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r);
-            mica_small_gemm(rows, Ev, n, 1.0f, p, S, 0, vb, a->v_st, ob + i0 * a->o_st, a->o_st);
+        mica_attention_head_f32(a, bh, qb, a->q_st, kt, vb, a->v_st, ob, a->o_st, lse, p);
+    }
+}
+
+/* one head of the float attention's backward: K both as it lies (kb, k_st) and transposed (kt), V
+ * transposed (vt); pd and ds hold L x S floats each */
+static void mica_attention_backward_head_f32(const mica_attn_shape *a, int64_t bh, const float *gb, int64_t g_st,
+                                             const float *qb, int64_t q_st, const float *kb, int64_t k_st,
+                                             const float *kt, const float *vt, const float *ob, int64_t o_st,
+                                             const float *lse, float *dqb, int64_t dq_st, float *dkb, int64_t dk_st,
+                                             float *dvb, int64_t dv_st, float *pd, float *ds) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+    const float scale = (float)a->scale;
+    for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
+        int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
+        float *pb = pd + i0 * S, *db = ds + i0 * S;
+        mica_small_gemm(rows, n, E, scale, qb + i0 * q_st, q_st, 0, kt, S, pb, S);       /* scores */
+        mica_small_gemm(rows, n, Ev, 1.0f, gb + i0 * g_st, g_st, 0, vt, S, db, S);       /* dPd */
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t i = i0 + r;
+            /* (zeroed to S, not n: with fewer queries than keys, the dK and dV products below read
+             * key columns past the block's last visible one) */
+            mica_attention_backward_row_f32(a, bh, i, pb + r * S, db + r * S, S, lse[bh * L + i], gb + i * g_st,
+                                            ob + i * o_st);
         }
+        mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, k_st, dqb + i0 * dq_st, dq_st); /* dQ */
+    }
+    for (int64_t j0 = 0; j0 < S; j0 += MICA_ATTN_ROWS) {
+        int64_t cols = S - j0 < MICA_ATTN_ROWS ? S - j0 : MICA_ATTN_ROWS;
+        int64_t first = a->causal ? (j0 < L ? j0 : L) : 0;   /* queries before j0 cannot see these keys */
+        mica_small_gemm(cols, E, L - first, 1.0f, ds + first * S + j0, S, 1, qb + first * q_st, q_st,
+                        dkb + j0 * dk_st, dk_st);                                           /* dK */
+        mica_small_gemm(cols, Ev, L - first, 1.0f, pd + first * S + j0, S, 1, gb + first * g_st, g_st,
+                        dvb + j0 * dv_st, dv_st);                                           /* dV */
     }
 }
 
@@ -308,7 +350,6 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
                                         float *dv, int64_t g_sb, int64_t g_sh, int64_t g_st, float *scratch,
                                         int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-    const float scale = (float)a->scale;
 #pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
     for (int64_t bh = 0; bh < a->B * a->H; bh++) {
         int64_t b = bh / a->H, h = bh % a->H;
@@ -319,30 +360,75 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
         float *pd = vt + Ev * S, *ds = pd + L * S;  /* dropped P and dS, [L, S] */
         mica_transpose_f32(kb, a->k_st, kt, S, S, E);
         mica_transpose_f32(vb, a->v_st, vt, S, S, Ev);
-        float *dqb = dq + b * a->dq_sb + h * a->dq_sh, *dkb = dk + b * a->dk_sb + h * a->dk_sh;
-        float *dvb = dv + b * a->dv_sb + h * a->dv_sh;
-        for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
-            int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
-            float *pb = pd + i0 * S, *db = ds + i0 * S;
-            mica_small_gemm(rows, n, E, scale, qb + i0 * a->q_st, a->q_st, 0, kt, S, pb, S);       /* scores */
-            mica_small_gemm(rows, n, Ev, 1.0f, gb + i0 * g_st, g_st, 0, vt, S, db, S);             /* dPd */
-            for (int64_t r = 0; r < rows; r++) {
-                int64_t i = i0 + r;
-                /* (zeroed to S, not n: with fewer queries than keys, the dK and dV products below read
-                 * key columns past the block's last visible one) */
-                mica_attention_backward_row_f32(a, bh, i, pb + r * S, db + r * S, S, lse[bh * L + i], gb + i * g_st,
-                                                ob + i * a->o_st);
-            }
-            mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, a->k_st, dqb + i0 * a->dq_st, a->dq_st); /* dQ */
+        mica_attention_backward_head_f32(a, bh, gb, g_st, qb, a->q_st, kb, a->k_st, kt, vt, ob, a->o_st, lse,
+                                         dq + b * a->dq_sb + h * a->dq_sh, a->dq_st, dk + b * a->dk_sb + h * a->dk_sh,
+                                         a->dk_st, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st, pd, ds);
+    }
+}
+
+/* bfloat16 attention: each head's operands widened to dense float32 copies in the thread's scratch
+ * (exact), the float head above, its results rounded once to bfloat16 — the same arithmetic as
+ * widening the whole tensors around the float kernel (passes/widen.py), without those copies in
+ * memory. Per-thread scratch: mica_attention_slot_bf16(L, S, E, Ev) floats. */
+static inline int64_t mica_attention_slot_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
+    return mica_attention_slot_f32(L, S, E, Ev) + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev;
+}
+
+/* dst[r * cols + c] (or, transposed, dst[c * rows + r]) = src[r * st + c] widened */
+static void mica_bf16_rows_in(const mica_bf16 *src, int64_t st, int64_t rows, int64_t cols, float *dst, int trans) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            float x = mica_bf16_load(src[r * st + c]);
+            if (trans) dst[c * rows + r] = x;
+            else dst[r * cols + c] = x;
         }
-        for (int64_t j0 = 0; j0 < S; j0 += MICA_ATTN_ROWS) {
-            int64_t cols = S - j0 < MICA_ATTN_ROWS ? S - j0 : MICA_ATTN_ROWS;
-            int64_t first = a->causal ? (j0 < L ? j0 : L) : 0;   /* queries before j0 cannot see these keys */
-            mica_small_gemm(cols, E, L - first, 1.0f, ds + first * S + j0, S, 1, qb + first * a->q_st, a->q_st,
-                            dkb + j0 * a->dk_st, a->dk_st);                                           /* dK */
-            mica_small_gemm(cols, Ev, L - first, 1.0f, pd + first * S + j0, S, 1, gb + first * g_st, g_st,
-                            dvb + j0 * a->dv_st, a->dv_st);                                           /* dV */
-        }
+}
+
+static void mica_bf16_rows_out(const float *src, int64_t rows, int64_t cols, mica_bf16 *dst, int64_t st) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[r * st + c] = mica_bf16_store(src[r * cols + c]);
+}
+
+static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, const mica_bf16 *k,
+                                const mica_bf16 *v, mica_bf16 *o, float *lse, float *scratch, int64_t slot) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
+    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
+        int64_t b = bh / a->H, h = bh % a->H;
+        float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *p = kt + E * S;
+        float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev;
+        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf, 0);
+        mica_bf16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kt, 1);
+        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf, 0);
+        mica_attention_head_f32(a, bh, qf, E, kt, vf, Ev, of, Ev, lse, p);
+        mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
+    }
+}
+
+static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf16 *g, const mica_bf16 *q,
+                                         const mica_bf16 *k, const mica_bf16 *v, const mica_bf16 *o, const float *lse,
+                                         mica_bf16 *dq, mica_bf16 *dk, mica_bf16 *dv, int64_t g_sb, int64_t g_sh,
+                                         int64_t g_st, float *scratch, int64_t slot) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
+    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
+        int64_t b = bh / a->H, h = bh % a->H;
+        float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *vt = kt + E * S;
+        float *pd = vt + Ev * S, *ds = pd + L * S;
+        float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
+        float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
+        const mica_bf16 *kb = k + b * a->k_sb + h * a->k_sh;
+        mica_bf16_rows_in(g + b * g_sb + h * g_sh, g_st, L, Ev, gf, 0);
+        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf, 0);
+        mica_bf16_rows_in(kb, a->k_st, S, E, kf, 0);
+        mica_bf16_rows_in(kb, a->k_st, S, E, kt, 1);
+        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vt, 1);
+        mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of, 0);
+        mica_attention_backward_head_f32(a, bh, gf, Ev, qf, E, kf, E, kt, vt, of, Ev, lse, dqf, E, dkf, E, dvf, Ev,
+                                         pd, ds);
+        mica_bf16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
+        mica_bf16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
+        mica_bf16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);
     }
 }
 #endif

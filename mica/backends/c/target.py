@@ -1,15 +1,20 @@
 """The CPU target: C with OpenMP, products through OpenBLAS (or Mica's own kernel).
 
 What it answers for the shared pipeline: 64-byte alignment; scratch per thread (up to
-`max_threads` of them); a product carries any float32 elementwise loop on its output tiles (the
-tile loop inlines it); the kernels' lowerings are registered under platform "c" (lowerings.py).
+`max_threads` of them); a product carries any elementwise loop on its output tiles (the tile loop
+inlines it: float32 products through OpenBLAS, bfloat16 ones on each 32-row block of the tile
+kernels); bfloat16 products are its own (mica_bf16gemm.h, the kernel chosen from the processor:
+bf16gemm.py), and so is bfloat16 attention (mica_kernels.h); float16 ones and the other kernels
+are widened to float32 (passes/widen.py); the kernels' lowerings are registered under platform
+"c" (lowerings.py).
 """
 import os
 
 from ... import dtypes
 from ...targets import Target
 from . import build as _build
-from .lowerings import gemm_scratch
+from . import bf16gemm
+from .lowerings import BF16_KERNELS, gemm_scratch
 from . import collectives as _collectives  # noqa: F401  (registers the collectives' lowerings)
 
 
@@ -23,11 +28,15 @@ class CTarget(Target):
     align = 64
     unit_name = "thread"
 
-    def __init__(self, opt_level=2, max_threads=None, blas=None):
+    def __init__(self, opt_level=2, max_threads=None, blas=None, bf16_gemm=None):
         super().__init__(opt_level)
         self.blas = blas or os.environ.get("MICA_BLAS", "openblas")
         _build.blas_flags(self.blas)  # a missing library is an error now, not after the build
         self.max_threads = max_threads or default_max_threads()
+        self.bf16_gemm = bf16gemm.choose(bf16_gemm)
+
+    def half_kernel(self, op, dtype):
+        return dtype is dtypes.bfloat16 and (op == "matmul" or op in BF16_KERNELS)
 
     @property
     def workspace_units(self):
@@ -37,11 +46,13 @@ class CTarget(Target):
         from ...passes.schedule import Gemm
 
         if isinstance(kernel, Gemm):
-            return gemm_scratch(kernel, self.blas)
+            return gemm_scratch(kernel, self.blas, self.bf16_gemm)
         return super().workspace(kernel)
 
     def product_epilogue(self, gemm, loop):
-        return gemm.out.dtype is dtypes.float32
+        if gemm.a.dtype is dtypes.bfloat16:  # the tile kernels run it on each 32-row block
+            return self.bf16_gemm != "f32"
+        return gemm.out.dtype is dtypes.float32 and gemm.a.dtype is dtypes.float32
 
     def render(self, lowered, api="mica_"):
         from .emit import Emitter

@@ -1,0 +1,320 @@
+/* bfloat16 products: C[M,N] = op(A)[M,K] @ op(B)[K,N], A and B bfloat16 (row-major storage, op =
+ * optional transpose), accumulated in float32, C float32 or bfloat16 (rounded once from the
+ * float32 sum, ties to even: mica_bf16_store).
+ *
+ * Three kernels; the generated program picks one with MICA_BF16_GEMM before including this file
+ * (the CPU target chooses it from the building machine's processor flags, backends/c/bf16gemm.py:
+ * AMX where there is AMX, else the float32 fallback, which was measured faster than AVX512-BF16):
+ *   MICA_BF16_AMX     AMX-BF16 tiles (tdpbf16ps), 32x32 output blocks in four tile registers;
+ *   MICA_BF16_AVX512  AVX512-BF16 (vdpbf16ps), 8x32 register blocks;
+ *   MICA_BF16_F32     any processor: the operands widened to float32, then the float32 product.
+ * The first two read the same packed operands: B in pairs along k ("VNNI": [k/2][16 columns][2])
+ * per 16-column panel, A as row blocks of 32 rows with k padded with zeros to a multiple of 32.
+ * Both flush bfloat16 subnormal inputs to zero and float32 subnormal partial sums to zero (the
+ * instructions do so whatever MXCSR says); the float32 fallback flushes the inputs too, so all three
+ * compute the same mathematical sum. Summation order: k ascending, in pairs (the instruction's own
+ * order inside a pair, or inside a tile's 32-deep step for AMX), fixed by the shape alone: every
+ * output block is computed whole by one thread, so the bits never depend on the thread count.
+ * AMX needs the operating system's permission for the tile state (arch_prctl, asked once); a
+ * kernel that refuses it gets the AVX512-BF16 kernel, on the same packed operands.
+ */
+#ifndef MICA_BF16GEMM_H
+#define MICA_BF16GEMM_H
+#include <stdint.h>
+#include <string.h>
+#include "mica_runtime.h"
+#include "mica_gemm.h"
+
+#define MICA_BF16_F32 0
+#define MICA_BF16_AVX512 1
+#define MICA_BF16_AMX 2
+#ifndef MICA_BF16_GEMM
+#define MICA_BF16_GEMM MICA_BF16_F32
+#endif
+#if MICA_BF16_GEMM != MICA_BF16_F32
+#include <immintrin.h>
+#endif
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#define MICA_BF16_MB 32  /* rows of a packed A block, rows and columns of an output block */
+#define MICA_BF16_KSTEP 32
+
+static inline int64_t mica_bf16_kpad(int64_t K) { return (K + MICA_BF16_KSTEP - 1) / MICA_BF16_KSTEP * MICA_BF16_KSTEP; }
+static inline int64_t mica_bf16_npad(int64_t N) { return (N + MICA_BF16_MB - 1) / MICA_BF16_MB * MICA_BF16_MB; }
+
+/* a bfloat16 value with subnormals flushed to zero (sign kept), as the bf16 instructions read it */
+static inline mica_bf16 mica_bf16_daz(mica_bf16 h) { return (h & 0x7F80u) ? h : (mica_bf16)(h & 0x8000u); }
+
+/* Scratch, in bytes: shared by all threads, and per thread (the generated program reserves both) */
+static inline int64_t mica_bf16gemm_shared_bytes(int64_t M, int64_t N, int64_t K) {
+#if MICA_BF16_GEMM == MICA_BF16_F32
+    /* widened A [M,K], B [K,N], the float32 result, then the float32 product's own scratch */
+    int64_t kc = K < MICA_KC ? K : MICA_KC;
+    return 4 * (M * K + K * N + M * N + (kc ? kc : 1) * ((N + MICA_NR - 1) / MICA_NR * MICA_NR)) + 256;
+#else
+    (void)M;
+    return 2 * mica_bf16_kpad(K) * mica_bf16_npad(N) + 64;
+#endif
+}
+static inline int64_t mica_bf16gemm_thread_bytes(int64_t K) {
+#if MICA_BF16_GEMM == MICA_BF16_F32
+    (void)K;
+    return 4 * MICA_GEMM_THREAD_FLOATS + 64;
+#else
+    return (2 * MICA_BF16_MB * mica_bf16_kpad(K) + 4 * MICA_BF16_MB * MICA_BF16_MB + 63) / 64 * 64 + 64;
+#endif
+}
+
+static inline void *mica_align64(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+/* write a block of float32 sums (row stride ld) to C, as float32 or rounded to bfloat16 */
+static inline void mica_bf16_write(const float *acc, int64_t ld, int64_t h, int64_t w, void *C, int64_t ldc, int64_t r0,
+                                   int64_t c0, int out_bf16) {
+    for (int64_t r = 0; r < h; r++) {
+        const float *src = acc + r * ld;
+        if (out_bf16) {
+            mica_bf16 *dst = (mica_bf16 *)C + (r0 + r) * ldc + c0;
+            for (int64_t c = 0; c < w; c++) dst[c] = mica_bf16_store(src[c]);
+        } else {
+            float *dst = (float *)C + (r0 + r) * ldc + c0;
+            for (int64_t c = 0; c < w; c++) dst[c] = src[c];
+        }
+    }
+}
+
+#if MICA_BF16_GEMM == MICA_BF16_F32
+/* ---- any processor: widen, then the float32 product (OpenBLAS tiles or Mica's own kernel) ----- */
+static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
+                          const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
+                          char *scratch) {
+    float *a = (float *)mica_align64(work), *b = a + M * K, *c = b + K * N, *packed = c + M * N;
+    int parallel = (double)M * N * (K ? K : 1) > 262144.0;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) a[i * K + k] = mica_bf16_load(mica_bf16_daz(ta ? A[k * lda + i] : A[i * lda + k]));
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t j = 0; j < N; j++) b[k * N + j] = mica_bf16_load(mica_bf16_daz(tb ? B[j * ldb + k] : B[k * ldb + j]));
+    float *dst = out_bf16 ? c : (float *)C;
+    int64_t ldd = out_bf16 ? N : ldc;
+#ifdef MICA_OPENBLAS
+    (void)packed; (void)scratch;
+    if (M > 0 && N > 0 && K > 0) mica_blas_sgemm(M, N, K, a, K, 0, b, N, 0, dst, ldd);
+    else for (int64_t i = 0; i < M; i++) memset(dst + i * ldd, 0, sizeof(float) * N);
+#else
+    mica_sgemm(M, N, K, a, K, 0, b, N, 0, 0.0f, dst, ldd, packed, (float *)mica_align64(scratch));
+#endif
+    if (out_bf16) {
+#pragma omp parallel for schedule(static) if (parallel)
+        for (int64_t i = 0; i < M; i++) mica_bf16_write(c + i * N, N, 1, N, C, ldc, i, 0, 1);
+    }
+}
+#else
+/* ---- packing, shared by the AVX512-BF16 and AMX kernels ------------------------------------------ */
+/* B's 16-column panel p: ((p * Kp/2 + kk) * 16 + c) * 2 + e holds op(B)[2kk + e][16p + c] */
+static void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N, int64_t Kp, int64_t p,
+                             mica_bf16 *restrict out) {
+    mica_bf16 *dst = out + p * Kp * 16;
+    memset(dst, 0, sizeof(mica_bf16) * Kp * 16);
+    int64_t n0 = p * 16, w = N - n0 < 16 ? N - n0 : 16;
+    if (w <= 0) return;
+    if (!tb) {
+        for (int64_t k = 0; k < K; k++) {
+            const mica_bf16 *src = B + k * ldb + n0;
+            mica_bf16 *d = dst + (k >> 1) * 32 + (k & 1);
+            for (int64_t c = 0; c < w; c++) d[2 * c] = mica_bf16_daz(src[c]);
+        }
+    } else {
+        for (int64_t c = 0; c < w; c++) {
+            const mica_bf16 *src = B + (n0 + c) * ldb;
+            for (int64_t k = 0; k < K; k++) dst[(k >> 1) * 32 + 2 * c + (k & 1)] = mica_bf16_daz(src[k]);
+        }
+    }
+}
+
+/* A's rows [m0, m0 + 32) as 32 rows of Kp (zeros past M and K) */
+static void mica_bf16_pack_a(const mica_bf16 *A, int64_t lda, int ta, int64_t M, int64_t K, int64_t Kp, int64_t m0,
+                             mica_bf16 *restrict out) {
+    int64_t h = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB;
+    memset(out, 0, sizeof(mica_bf16) * MICA_BF16_MB * Kp);
+    if (!ta) {
+        for (int64_t r = 0; r < h; r++) {
+            const mica_bf16 *src = A + (m0 + r) * lda;
+            for (int64_t k = 0; k < K; k++) out[r * Kp + k] = mica_bf16_daz(src[k]);
+        }
+    } else {
+        for (int64_t k = 0; k < K; k++) {
+            const mica_bf16 *src = A + k * lda + m0;
+            for (int64_t r = 0; r < h; r++) out[r * Kp + k] = mica_bf16_daz(src[r]);
+        }
+    }
+}
+
+/* acc[32][32] = a block (32 x Kp) @ two B panels (q, q + 1), by AVX512-BF16: 8 rows at a time */
+__attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512(const mica_bf16 *a, int64_t Kp,
+                                                                                 const mica_bf16 *b0p,
+                                                                                 const mica_bf16 *b1p, float *acc) {
+    for (int64_t r0 = 0; r0 < MICA_BF16_MB; r0 += 8) {
+        __m512 c[8][2];
+        for (int r = 0; r < 8; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+        const mica_bf16 *ar = a + r0 * Kp;
+        for (int64_t kk = 0; kk < Kp / 2; kk++) {
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512(b0p + kk * 32);
+            __m512bh b1 = (__m512bh)_mm512_loadu_si512(b1p + kk * 32);
+            for (int r = 0; r < 8; r++) {
+                int32_t pair;
+                memcpy(&pair, ar + r * Kp + 2 * kk, 4);
+                __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+                c[r][0] = _mm512_dpbf16_ps(c[r][0], x, b0);
+                c[r][1] = _mm512_dpbf16_ps(c[r][1], x, b1);
+            }
+        }
+        for (int r = 0; r < 8; r++) {
+            _mm512_storeu_ps(acc + (r0 + r) * MICA_BF16_MB, c[r][0]);
+            _mm512_storeu_ps(acc + (r0 + r) * MICA_BF16_MB + 16, c[r][1]);
+        }
+    }
+}
+
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+#define MICA_ARCH_REQ_XCOMP_PERM 0x1023
+#define MICA_XFEATURE_XTILEDATA 18
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} mica_tile_config;
+
+/* 1 when the kernel lets this process use the AMX tile state (asked once), else 0 */
+static int mica_amx_ready(void) {
+    static int state = -1;
+    if (state < 0) {
+        if (getenv("MICA_NO_AMX")) state = 0;
+        else state = syscall(SYS_arch_prctl, MICA_ARCH_REQ_XCOMP_PERM, MICA_XFEATURE_XTILEDATA) == 0;
+    }
+    return state;
+}
+
+/* tiles 0-3: the 2x2 float32 output tiles; 4, 5: A rows 0-15, 16-31; 6, 7: B panels q, q + 1 */
+__attribute__((target("amx-tile,amx-bf16"))) static void mica_amx_configure(void) {
+    mica_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    /* (ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads all 64
+     * bytes, and the stores above were dropped once this function was inlined) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");
+}
+
+__attribute__((target("amx-tile"))) static void mica_amx_release(void) { _tile_release(); }
+
+__attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(const mica_bf16 *a, int64_t Kp,
+                                                                            const mica_bf16 *b0p,
+                                                                            const mica_bf16 *b1p, float *acc) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t k = 0; k < Kp; k += MICA_BF16_KSTEP) {
+        _tile_loadd(4, a + k, Kp * 2);
+        _tile_loadd(5, a + 16 * Kp + k, Kp * 2);
+        _tile_loadd(6, b0p + k * 16, 64);
+        _tile_loadd(7, b1p + k * 16, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, acc, 4 * MICA_BF16_MB);
+    _tile_stored(1, acc + 16, 4 * MICA_BF16_MB);
+    _tile_stored(2, acc + 16 * MICA_BF16_MB, 4 * MICA_BF16_MB);
+    _tile_stored(3, acc + 16 * MICA_BF16_MB + 16, 4 * MICA_BF16_MB);
+}
+#endif
+
+/* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed
+ * by the team, this thread's tiles set up), block (one 32-row block of the output over column
+ * blocks [q0, q1): one kernel call over all of k per 32 x 32 block, whichever thread runs it), end. */
+typedef struct {
+    int64_t M, N, K, lda, ldb, ldc, Kp, Np, slot, mblocks, nblocks;
+    int ta, tb, out_bf16, amx, parallel;
+    const mica_bf16 *A, *B;
+    void *C;
+    mica_bf16 *packed;
+    char *scratch;
+} mica_bf16_product;
+
+static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda,
+                                                int ta, const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc,
+                                                int out_bf16, char *work, char *scratch) {
+    mica_bf16_product p;
+    p.M = M; p.N = N; p.K = K; p.lda = lda; p.ldb = ldb; p.ldc = ldc; p.ta = ta; p.tb = tb; p.out_bf16 = out_bf16;
+    p.A = A; p.B = B; p.C = C; p.scratch = scratch;
+    p.Kp = mica_bf16_kpad(K); p.Np = mica_bf16_npad(N); p.slot = mica_bf16gemm_thread_bytes(K);
+    p.mblocks = (M + MICA_BF16_MB - 1) / MICA_BF16_MB; p.nblocks = p.Np / MICA_BF16_MB;
+    p.packed = (mica_bf16 *)mica_align64(work);
+    p.parallel = (double)M * N * (K ? K : 1) > 262144.0;
+    p.amx = 0;
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    p.amx = mica_amx_ready();
+#endif
+    return p;
+}
+
+static void mica_bf16_product_begin(const mica_bf16_product *p) {
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < p->Np / 16; q++) mica_bf16_pack_b(p->B, p->ldb, p->tb, p->K, p->N, p->Kp, q, p->packed);
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (p->amx) mica_amx_configure();
+#endif
+}
+
+static void mica_bf16_product_end(const mica_bf16_product *p) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (p->amx) mica_amx_release();
+#endif
+    (void)p;
+}
+
+static void mica_bf16_product_block(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1) {
+    char *mine = (char *)mica_align64(p->scratch + (int64_t)omp_get_thread_num() * p->slot);
+    mica_bf16 *ap = (mica_bf16 *)mine;
+    float *acc = (float *)(mine + 2 * MICA_BF16_MB * p->Kp);
+    int64_t m0 = t * MICA_BF16_MB, h = p->M - m0 < MICA_BF16_MB ? p->M - m0 : MICA_BF16_MB;
+    mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, p->Kp, m0, ap);
+    for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {
+        const mica_bf16 *b0p = p->packed + 2 * q * p->Kp * 16, *b1p = b0p + p->Kp * 16;
+        int64_t n0 = q * MICA_BF16_MB, w = p->N - n0 < MICA_BF16_MB ? p->N - n0 : MICA_BF16_MB;
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+        if (p->amx) mica_bf16_block_amx(ap, p->Kp, b0p, b1p, acc);
+        else
+#endif
+            mica_bf16_block_avx512(ap, p->Kp, b0p, b1p, acc);
+        mica_bf16_write(acc, MICA_BF16_MB, h, w, p->C, p->ldc, m0, n0, p->out_bf16);
+    }
+}
+
+/* C = op(A) @ op(B) over the threads of a team of its own (or the calling thread for small
+ * products); `work` holds mica_bf16gemm_shared_bytes, `scratch` mica_bf16gemm_thread_bytes(K) per
+ * thread. Output blocks are dealt to threads (row blocks, split into column groups when there
+ * are too few of them to go round): who computes a block never changes how. */
+static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
+                          const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
+                          char *scratch) {
+    mica_bf16_product p = mica_bf16_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, out_bf16, work, scratch);
+    int threads = p.parallel ? omp_get_max_threads() : 1;
+    int64_t ngroups = p.mblocks >= 2 * threads ? 1 : (2 * threads + p.mblocks - 1) / (p.mblocks ? p.mblocks : 1);
+    ngroups = ngroups > p.nblocks ? p.nblocks : ngroups;
+    ngroups = ngroups < 1 ? 1 : ngroups;
+    int64_t per = (p.nblocks + ngroups - 1) / ngroups;
+#pragma omp parallel if (p.parallel)
+    {
+        mica_bf16_product_begin(&p);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < p.mblocks * ngroups; t++)
+            mica_bf16_product_block(&p, t / ngroups, (t % ngroups) * per, (t % ngroups + 1) * per);
+        mica_bf16_product_end(&p);
+    }
+}
+#endif
+#endif

@@ -1,0 +1,253 @@
+"""The CPU's bfloat16 products (mica_bf16gemm.h): every kernel the machine has (AMX tiles,
+AVX512-BF16, the float32 fallback), on shapes that are no multiple of the tiles, transposed and
+batched operands, against the oracle's half-rounding mode (tight: equal but for results whose
+float32 sum lies near a bfloat16 rounding boundary, and those one bfloat16 step apart) and torch's
+float64 product of the same bfloat16 values (one bfloat16 rounding); the same bits for any thread
+count and opt level; subnormal inputs read as zeros by every kernel and by the oracle."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import mica
+from helpers import rel_err
+from mica.backends.c import bf16gemm
+from mica.backends.c.target import CTarget
+from mica.errors import MicaError
+
+BF16 = mica.bfloat16
+HERE = os.path.dirname(os.path.abspath(__file__))
+FLAGS = bf16gemm.machine_flags()
+KERNELS = [pytest.param(k, marks=pytest.mark.skipif(not all(f in FLAGS for f in bf16gemm.NEEDS[k]),
+                                                    reason=f"this processor has no {k}"))
+           for k in ("amx", "avx512bf16", "f32")]
+
+# (batch, M, N, K, A transposed, B transposed): none a multiple of the 32 x 32 blocks or the 32-deep
+# k step, K odd, k shorter than one step, and sizes large enough to run on both threads
+SHAPES = [((), 1, 1, 1, 0, 0), ((), 7, 5, 3, 0, 0), ((), 33, 17, 65, 0, 1), ((), 65, 37, 99, 1, 0),
+          ((), 65, 37, 99, 1, 1), ((), 130, 97, 161, 0, 0), ((), 96, 130, 64, 1, 1), ((2, 3), 19, 40, 33, 0, 1),
+          ((3,), 45, 29, 70, 1, 0)]
+
+
+def _program(batch, M, N, K, ta, tb):
+    sa = (*batch, K, M) if ta else (*batch, M, K)
+    sb = (*batch, N, K) if tb else (*batch, K, N)
+
+    def product(a, b):
+        return mica.matmul(a.mT if ta else a, b.mT if tb else b)
+
+    return mica.trace(product, mica.dtypes.Spec(sa, BF16), mica.dtypes.Spec(sb, BF16)), sa, sb
+
+
+def _bf16_values(rng, shape):
+    """Random values that bfloat16 holds exactly, of varied magnitudes (float32 arrays)."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-6, 6, shape))
+    return mica.reference.round_bf16(x.astype(np.float32))
+
+
+def _ulp_bf16(x):
+    """The spacing of bfloat16 values at |x| (2^-133 below the normal range)."""
+    e = np.floor(np.log2(np.maximum(np.abs(x), 2.0 ** -126)))
+    return np.exp2(e - 7)
+
+
+def _check_against_oracle(got, want, K, size):
+    """Equal bits but for results whose float32 sums (in two orders, K roundings each, 2^-24 of
+    sum |a||b| = `size` apiece) straddle a bfloat16 rounding boundary: at most 2% of them, apart
+    by one bfloat16 step plus those sums' difference."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    differ = got != want
+    assert differ.mean() <= 0.02, f"{differ.sum()} of {got.size} results differ from the oracle"
+    bound = _ulp_bf16(np.maximum(np.abs(got), np.abs(want))) + 2 * K * 2.0 ** -24 * size
+    assert np.all(np.abs(got - want)[differ] <= bound[differ])
+
+
+def _run(kernel, shape, a, b, threads=2, opt_level=2):
+    program, _, _ = _program(*shape)
+    lowered = program.lower("cpu", opt_level=opt_level, bf16_gemm=kernel)
+    return np.asarray(lowered.build()(a, b, threads=threads), np.float32), program
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, (*s[0], *s[1:4]))) + f"-{s[4]}{s[5]}")
+def test_products_match_the_oracle_and_torch_float64(kernel, shape):
+    rng = np.random.default_rng(abs(hash(shape)) % 2 ** 32)
+    program, sa, sb = _program(*shape)
+    a, b = _bf16_values(rng, sa), _bf16_values(rng, sb)
+    got, program = _run(kernel, shape, a, b)
+    ta, tb = shape[4:]
+    ta_, tb_ = torch.from_numpy(a).double(), torch.from_numpy(b).double()
+    exact = torch.matmul(ta_.mT if ta else ta_, tb_.mT if tb else tb_).numpy()
+    size = torch.matmul((ta_.mT if ta else ta_).abs(), (tb_.mT if tb else tb_).abs()).numpy()
+    K = shape[3]
+    _check_against_oracle(got, mica.reference.run(program, a, b, precision="float32"), K, size)
+    # one bfloat16 rounding of each result (half a step: 2^-8 of it), plus the float32 sum's error
+    # (K roundings of 2^-24, taken as 2^-23 each, of sum |a||b|)
+    assert np.all(np.abs(got - exact) <= 2.0 ** -8 * np.abs(exact) + K * 2.0 ** -23 * size)
+
+
+def test_the_bits_do_not_depend_on_threads_or_opt_level():
+    shape = ((), 130, 97, 161, 1, 0)
+    rng = np.random.default_rng(5)
+    _, sa, sb = _program(*shape)
+    a, b = _bf16_values(rng, sa), _bf16_values(rng, sb)
+    kernels = [k for k in ("amx", "avx512bf16", "f32") if all(f in FLAGS for f in bf16gemm.NEEDS[k])]
+    for kernel in kernels:
+        runs = [_run(kernel, shape, a, b, threads, opt)[0] for threads in (1, 2) for opt in (0, 2)]
+        for r in runs[1:]:
+            np.testing.assert_array_equal(r.view(np.uint32), runs[0].view(np.uint32))
+
+
+def test_subnormal_inputs_read_as_zeros_everywhere():
+    """2^-130 (a bfloat16 subnormal) times 2^100 would be 2^-30; the bf16 instructions, the float32
+    fallback and the oracle all read it as zero, so only the normal terms remain."""
+    shape = ((), 40, 33, 35, 0, 0)
+    rng = np.random.default_rng(9)
+    a = _bf16_values(rng, (40, 35))
+    b = _bf16_values(rng, (35, 33))
+    a[:, 3] = 2.0 ** -130
+    a[:, 4] = -(2.0 ** -128)
+    b[3, :] = 2.0 ** 100
+    b[4, :] = 2.0 ** 100
+    kernels = [k for k in ("amx", "avx512bf16", "f32") if all(f in FLAGS for f in bf16gemm.NEEDS[k])]
+    program, _, _ = _program(*shape)
+    want = mica.reference.run(program, a, b, precision="float32")
+    keep = np.ones(35, bool)
+    keep[[3, 4]] = False
+    normal = mica.reference.round_bf16(a[:, keep].astype(np.float64) @ b[keep].astype(np.float64))
+    size = np.abs(a[:, keep]).astype(np.float64) @ np.abs(b[keep]).astype(np.float64)
+    _check_against_oracle(want, normal, 35, size)
+    for kernel in kernels:
+        _check_against_oracle(_run(kernel, shape, a, b)[0], want, 35, size)
+
+
+def test_bfloat16_products_stay_native_and_float16_ones_are_widened():
+    def product(a, b):
+        return mica.matmul(a, b)
+
+    for dtype, native in ((mica.bfloat16, True), (mica.float16, False)):
+        program = mica.trace(product, mica.dtypes.Spec((4, 8), dtype), mica.dtypes.Spec((8, 3), dtype))
+        lowered = program.lower("cpu")
+        products = [n for n in lowered.graph.nodes if n.op == "matmul"]
+        assert [n.inputs[0].dtype is dtype for n in products] == [native]
+    source = mica.trace(product, mica.dtypes.Spec((4, 8), BF16), mica.dtypes.Spec((8, 3), BF16)).lower(
+        "cpu", bf16_gemm="f32").source
+    assert "#define MICA_BF16_GEMM 0  /* f32 */" in source and "mica_bf16gemm(4, 3, 8," in source
+
+
+def test_the_kernel_is_chosen_from_the_processor_flags():
+    amx = {"amx_bf16", "amx_tile", "avx512_bf16", "avx2"}
+    assert bf16gemm.choose(flags=amx) == "amx"
+    assert bf16gemm.choose(flags={"avx512_bf16", "avx2"}) == "f32"  # (measured slower than float32's)
+    assert bf16gemm.choose(flags={"avx2", "fma"}) == "f32"
+    assert bf16gemm.choose("f32", flags=amx) == "f32"
+    assert bf16gemm.choose("avx512bf16", flags=amx) == "avx512bf16"
+    with pytest.raises(MicaError, match="lacks amx_bf16, amx_tile, avx512_bf16"):
+        bf16gemm.choose("amx", flags={"avx2"})
+    with pytest.raises(MicaError, match="unknown bfloat16 product kernel 'tiles'"):
+        bf16gemm.choose("tiles", flags=amx)
+
+
+@pytest.mark.skipif(not all(f in FLAGS for f in bf16gemm.NEEDS["amx"]), reason="this processor has no AMX")
+def test_amx_refused_falls_back_to_avx512bf16():
+    """MICA_NO_AMX stands in for a kernel that refuses the tile state: the AVX512-BF16 kernel runs on
+    the same packed operands, and the results are those of an AVX512-BF16 build."""
+    script = (
+        "import numpy as np, mica, sys\n"
+        "sys.path.insert(0, %r)\n"
+        "from test_bf16_gemm import _program, _bf16_values, _run\n"
+        "shape = ((), 65, 37, 99, 1, 1)\n"
+        "_, sa, sb = _program(*shape)\n"
+        "rng = np.random.default_rng(2)\n"
+        "a, b = _bf16_values(rng, sa), _bf16_values(rng, sb)\n"
+        "amx = _run('amx', shape, a, b)[0]\n"
+        "avx = _run('avx512bf16', shape, a, b)[0]\n"
+        "print(int(np.array_equal(amx.view(np.uint32), avx.view(np.uint32))))\n" % HERE)
+    env = dict(os.environ, MICA_NO_AMX="1")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "1"
+
+
+class _WidenedAttention(CTarget):
+    """The CPU target with its bfloat16 attention kernels widened to float32 around the float ones."""
+
+    def half_kernel(self, op, dtype):
+        return op == "matmul" and super().half_kernel(op, dtype)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_bfloat16_attention_is_the_widened_float_attention_bit_for_bit(causal):
+    """The bfloat16 attention kernels widen each head in scratch and round their results once: the
+    same bits as widening the tensors around the float kernels, forward and backward, on strided
+    heads (a fused qkv product's columns, as in the GPT) with fewer queries than keys."""
+    F = mica.nn.functional
+
+    def step(x, w, u):
+        q, k, v = mica.matmul(x, w).split(24, dim=-1)
+        q, k, v = (t.reshape(2, 9, 3, 8).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q[:, :, :7], k, v, is_causal=causal)
+        return o, mica.grad(o, [x, w], grad_output=u)
+
+    program = mica.trace(step, mica.dtypes.Spec((2, 9, 16), BF16), mica.dtypes.Spec((16, 72), BF16),
+                         mica.dtypes.Spec((2, 3, 7, 8), BF16))
+    rng = np.random.default_rng(4)
+    args = [_bf16_values(rng, s) for s in ((2, 9, 16), (16, 72), (2, 3, 7, 8))]
+    native = program.lower("cpu")
+    assert sum(n.op.startswith("attention") and n.inputs[0].dtype is BF16 for n in native.graph.nodes) == 2
+    got = native.build()(*args, threads=2)
+    want = program.lower(_WidenedAttention()).build()(*args, threads=2)
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(want)[0]):
+        np.testing.assert_array_equal(np.asarray(g, np.float32).view(np.uint32), np.asarray(w, np.float32).view(np.uint32))
+    oracle = mica.reference.run(program, *args, precision="float32")
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(oracle)[0]):
+        assert rel_err(g, w) <= 2.0 ** -8
+
+
+def test_the_float32_fallback_runs_on_mica_own_float32_kernel_too():
+    """Without OpenBLAS (blas="own") the fallback's float32 product is mica_sgemm, its packing in the
+    bfloat16 product's scratch: the same bound against the oracle, batched and transposed."""
+    shape = ((2,), 70, 45, 131, 1, 1)
+    rng = np.random.default_rng(12)
+    program, sa, sb = _program(*shape)
+    a, b = _bf16_values(rng, sa), _bf16_values(rng, sb)
+    got = np.asarray(program.lower("cpu", blas="own", bf16_gemm="f32").build()(a, b, threads=2), np.float32)
+    size = np.abs(np.swapaxes(a, -1, -2)).astype(np.float64) @ np.abs(np.swapaxes(b, -1, -2)).astype(np.float64)
+    _check_against_oracle(got, mica.reference.run(program, a, b, precision="float32"), 131, size)
+
+
+class _NoBf16Epilogue(CTarget):
+    """The CPU target with every elementwise loop after a bfloat16 product run as its own pass."""
+
+    def product_epilogue(self, gemm, loop):
+        return gemm.a.dtype is not BF16 and super().product_epilogue(gemm, loop)
+
+
+@pytest.mark.skipif(bf16gemm.choose() == "f32", reason="the float32 fallback carries no epilogue")
+def test_elementwise_loops_riding_on_bfloat16_products_change_no_bit():
+    """gelu on a bfloat16 product, a float32 residual add after another, and the backward's casts:
+    run on each 32-row block of the product, the same bits as run as passes of their own."""
+    F = mica.nn.functional
+
+    def step(x, w1, w2, u):
+        with mica.autocast(dtype=mica.bfloat16):
+            h = F.gelu(F.linear(x, w1))
+            y = x + F.linear(h, w2)
+        return y, mica.grad(y, [x, w1, w2], grad_output=u)
+
+    shapes = ((70, 48), (100, 48), (48, 100), (70, 48))
+    program = mica.trace(step, *(mica.f32[s] for s in shapes))
+    rng = np.random.default_rng(8)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    fused = program.lower("cpu")
+    assert sum(k.kind == "gemm" and k.epilogue is not None for k in fused.schedule.kernels) >= 2
+    got = fused.build()(*args, threads=2)
+    want = program.lower(_NoBf16Epilogue()).build()(*args, threads=2)
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(want)[0]):
+        np.testing.assert_array_equal(np.asarray(g, np.float32).view(np.uint32), np.asarray(w, np.float32).view(np.uint32))
+    oracle = mica.reference.run(program, *args, precision="float32")
+    for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(oracle)[0]):
+        assert rel_err(g, w) <= 2.0 ** -8
