@@ -86,6 +86,16 @@ def test_torch_side_profile_groups_families():
     assert fams["products"] > 0 and fams.get("optimizer", 0) > 0 and fams.get("norms", 0) > 0
 
 
+def test_mica_side_profile_groups_families():
+    """Every kernel of one profiled step lands in a family, the optimizer's loops among them (they
+    store into the parameters' and optimizer state's buffers)."""
+    from mica.bench.step import profile
+
+    fams = profile("cpu", steps=1, threads=1)
+    assert {"products", "attention", "norms", "optimizer", "elementwise"} <= set(fams)
+    assert fams["products"] > 0 and fams["optimizer"] > 0 and min(fams.values()) >= 0
+
+
 # ---- TR-2's GPT-2 small and medium (never trained here: the entries, the command lines, a miniature) --------
 
 def test_gpt2_models_are_tr2s_shapes():

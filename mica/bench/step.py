@@ -213,8 +213,9 @@ FAMILIES = (("products", ("matmul",)), ("attention", ("attention",)), ("norms", 
             ("loss", ("cross_entropy", "softmax")), ("embedding", ("embedding",)))
 
 
-def family(kernel):
-    """The family a kernel's time is reported under."""
+def family(kernel, plan):
+    """The family a kernel's time is reported under (`plan`: the program's MemoryPlan, which knows
+    the buffer each store lands in)."""
     from ..passes.schedule import Copy, Gemm, Loop, Reduce
 
     if isinstance(kernel, Gemm):
@@ -224,7 +225,8 @@ def family(kernel):
             if any(kernel.op.startswith(o) for o in ops):
                 return fam
         return "other"
-    if isinstance(kernel, Loop) and any(v.src.root().cls in ("parameters", "optimizer state") for v, _ in kernel.stores):
+    if isinstance(kernel, Loop) and any(plan.root(v.src).cls in ("parameters", "optimizer state")
+                                         for v, _ in kernel.stores):
         return "optimizer"
     if isinstance(kernel, (Loop, Reduce)):
         return "elementwise"
@@ -244,9 +246,10 @@ def profile(config="cpu", steps=20, threads=2):
     for _ in range(steps):
         exe.run(threads=threads)
     fams = {}
+    plan = exe.lowered.plan
     for (label, t), k in zip(exe.profile(), exe.lowered.schedule.kernels):
         ms = (t - base[label]) / steps * 1000
-        fams[family(k)] = fams.get(family(k), 0.0) + ms
+        fams[family(k, plan)] = fams.get(family(k, plan), 0.0) + ms
     return fams
 
 
