@@ -211,19 +211,26 @@ def loss_fn(model):
     return loss
 
 
-def train_step(model, opt, train_steps, cooldown_frac=0.7):
+def train_step(model, opt, train_steps, cooldown_frac=0.7, accumulate=None):
     """The seed's training section as one traced function: the micro-batches' summed-loss backward
     passes accumulate (gradients added), then set_hparams(step) and both optimizers step.
     (params, opt_state, inputs [accum, mbs, T], targets [accum, mbs, T], step) ->
-    (params, opt_state, {"loss": summed loss over the batch, "lr": eta})."""
+    (params, opt_state, {"loss": summed loss over the batch, "lr": eta}). `accumulate(micro_grad,
+    count)` -> (gradients, total loss) replaces the sum of the `count` micro-batches' (loss,
+    gradients) (a data-parallel rank's share: mica/train/programs.py)."""
     forward = loss_fn(model)
 
-    def step_fn(params, opt_state, inputs, targets, step):
+    def summed(micro_grad, count):
         grads, total = None, None
-        for i in range(inputs.size(0)):
-            loss, g = mica.value_and_grad(forward)(params, inputs[i], targets[i])
+        for i in range(count):
+            loss, g = micro_grad(i)
             grads = g if grads is None else {n: grads[n] + g[n] for n in grads}
             total = loss if total is None else total + loss
+        return grads, total
+
+    def step_fn(params, opt_state, inputs, targets, step):
+        micro_grad = lambda i: mica.value_and_grad(forward)(params, inputs[i], targets[i])  # noqa: E731
+        grads, total = (accumulate or summed)(micro_grad, inputs.size(0))
         eta = set_hparams(step, train_steps, cooldown_frac)
         params, opt_state = opt.update(params, grads, opt_state, lr_scale=eta)
         return params, opt_state, {"loss": total, "lr": eta}

@@ -6,7 +6,12 @@
  * The loop's sizes come in the shared settings: block = seq_len, batch = mbs (sequences per
  * micro-batch), accum = micro-batches per step, max_iters = train_steps, eval_interval =
  * val_every, eval_iters = micro-batches in the validation set; stop_at > 0 ends the run after that
- * step, validated and saved, to be resumed later (the schedule still runs to train_steps). */
+ * step, validated and saved, to be resumed later (the schedule still runs to train_steps).
+ *
+ * In a data-parallel run every rank walks the same stream of batches and reads its contiguous
+ * share of each (the seed's `pos + rank * local_batch_size`), so the data does not depend on the
+ * world size; the train program sums the gradients and losses across the ranks; rank 0 alone
+ * validates (its loss is broadcast, so every rank takes the same decisions), logs and saves. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,8 +105,8 @@ int speedrun_loop(void) {
     void *tr = prog_arena(ARENA_TRAIN);
     prog_arena(ARENA_EVAL);
     checkpoint_load(ARENA_TRAIN);
-    int64_t tokens = S.accum * S.batch * S.block, val_tokens = S.eval_iters * S.batch * S.block;
-    int64_t *x = malloc(tokens * 8), *y = malloc(tokens * 8), *vx = malloc(val_tokens * 8), *vy = malloc(val_tokens * 8);
+    int64_t tokens = S.accum * S.batch * S.block, local = tokens / S.world, val_tokens = S.eval_iters * S.batch * S.block;
+    int64_t *x = malloc(local * 8), *y = malloc(local * 8), *vx = malloc(val_tokens * 8), *vy = malloc(val_tokens * 8);
     if (!x || !y || !vx || !vy) die(2, "cannot allocate the batch buffers");
     token_stream val, train;
     int file;
@@ -119,7 +124,7 @@ int speedrun_loop(void) {
                 "shards give shard %d, token %lld): resume with the data the run was trained on",
                 (long long)S.resume_next[0], (long long)S.resume_next[1], train.file, (long long)train.pos);
     }
-    log_open_metrics(S.resume != 0);
+    if (S.rank == 0) log_open_metrics(S.resume != 0);
     uint64_t no_generator[4] = {0, 0, 0, 0};
     double training_time = 0, t0 = now();
     for (;; step++) {
@@ -128,27 +133,36 @@ int speedrun_loop(void) {
         if (last || step % S.eval_interval == 0) {
             training_time += now() - t0;
             log_clear_progress();
-            float val_loss = validate(vx, vy);
+            double shared = S.rank == 0 ? validate(vx, vy) : 0;
+            dist_broadcast(&shared, 1);
+            float val_loss = (float)shared;
             if (interrupted) {
                 fprintf(stderr, "mica: interrupted while validating at step %lld\n", (long long)step);
                 log_close_metrics();
                 return 130;
             }
             int64_t done = step - start > 1 ? step - start : 1;
-            printf("step:%lld/%lld val_loss:%.5f train_time:%.3fs step_avg:%.2fms\n", (long long)step,
+            if (S.rank == 0) printf("step:%lld/%lld val_loss:%.5f train_time:%.3fs step_avg:%.2fms\n", (long long)step,
                    (long long)S.max_iters, val_loss, training_time, 1000 * training_time / done);
             fflush(stdout);
             log_metrics("{\"step\": %lld, \"val_loss\": %.9g, \"train_time\": %.6f}", (long long)step, val_loss,
                         training_time);
             if (!isfinite(val_loss)) {
-                fprintf(stderr, "mica: error: the validation loss is not finite at step %lld, so training stopped "
+                if (S.rank == 0) fprintf(stderr, "mica: error: the validation loss is not finite at step %lld, so training stopped "
                         "without saving\n", (long long)step);
                 log_close_metrics();
                 return 3;
             }
             if (step > start) {
                 int64_t next[2] = {train.file, train.pos};
-                checkpoint_save(step, val_loss, next, 2, no_generator);
+                if (S.rank == 0) checkpoint_save(step, val_loss, next, 2, no_generator);
+                if (S.world > 1) {
+                    char text[8600];
+                    snprintf(text, sizeof text, "mpirun ended this run (another rank failed or the run was interrupted); "
+                             "the last good checkpoint, %s/ckpt.safetensors (step %lld), is untouched", S.out_dir,
+                             (long long)step);
+                    dist_set_stop_text(text);
+                }
             }
             t0 = now();
         }
@@ -157,7 +171,7 @@ int speedrun_loop(void) {
         /* --------------- TRAINING SECTION ----------------- */
         double before = now(); /* (the step's own time, as mica bench compares with its outside clock) */
         stream_next(&train, tokens, &file, &pos);
-        read_batch(&train_data, file, pos, tokens, x, y);
+        read_batch(&train_data, file, pos + S.rank * local, local, x, y);
         prog_set_input(ARENA_TRAIN, (int)S.tr_x, x);
         prog_set_input(ARENA_TRAIN, (int)S.tr_y, y);
         prog_set_input(ARENA_TRAIN, (int)S.tr_iter, &step);
@@ -168,7 +182,7 @@ int speedrun_loop(void) {
         prog_get_output(ARENA_TRAIN, (int)S.tr_lr, &lr);
         if (!isfinite(loss)) {
             log_clear_progress();
-            fprintf(stderr, "mica: error: the training loss is %s at step %lld, so training stopped\n",
+            if (S.rank == 0) fprintf(stderr, "mica: error: the training loss is %s at step %lld, so training stopped\n",
                     isnan(loss) ? "nan" : "infinite", (long long)step);
             log_metrics("{\"iter\": %lld, \"loss\": null, \"stopped\": \"non-finite loss\"}", (long long)step);
             log_close_metrics();
@@ -177,7 +191,7 @@ int speedrun_loop(void) {
         double approx_training_time = training_time + (now() - t0);
         log_metrics("{\"iter\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"time_ms\": %.3f}", (long long)step,
                     loss / (double)tokens, lr, (now() - before) * 1000);
-        if ((step + 1) % S.log_interval == 0) {
+        if ((step + 1) % S.log_interval == 0 && S.rank == 0) {
             log_clear_progress();
             printf("step:%lld/%lld train_time:%.3fs step_avg:%.2fms\n", (long long)(step + 1), (long long)S.max_iters,
                    approx_training_time, 1000 * approx_training_time / (step + 1 - start));

@@ -106,6 +106,7 @@ SPEEDRUN_DEFAULTS = {
     "dtype": "float32",
 }
 SPEEDRUN_MICA_DEFAULTS = {k: MICA_DEFAULTS[k] for k in ("threads", "opt_level", "time_every_iter", "simulate", "tf32")}
+SPEEDRUN_MICA_DEFAULTS["shard_muon"] = True  # under mpirun: each rank orthogonalizes every N-th matrix (the seed's)
 BUILTIN_CONFIGS.update({
     # the seed as it stands: 162M parameters, 3,500 steps of 524,288 tokens, on FineWeb's GPT-2 shards
     "speedrun": dict(SPEEDRUN_DEFAULTS),
@@ -118,6 +119,8 @@ BUILTIN_CONFIGS.update({
 })
 
 SPEEDRUN_DESCRIPTIONS = {
+    "shard_muon": "under mpirun -np N: each rank orthogonalizes every N-th Muon matrix and the updated ones are "
+                  "all-gathered, as the seed shards Muon (the same bits either way); False: every rank updates all",
     "recipe": "speedrun: the speedrun seed's model, optimizers and loop (nanogpt: nanoGPT's)",
     "out_dir": "the run's folder: ckpt.safetensors, metrics.jsonl, init.safetensors",
     "train_files": "glob of the training shards, read in sorted order (the folder's meta.json names the tokenizer)",

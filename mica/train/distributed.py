@@ -38,8 +38,14 @@ def ranks(cfg=None):
     if world < 1 or not 0 <= rank < world:
         raise MicaError(f"this process is rank {rank} of {world}, which cannot be; start the run with mpirun -np N")
     if cfg is not None and world > 1:
-        accum = cfg["gradient_accumulation_steps"]
-        if accum % world:
+        if cfg.get("recipe") == "speedrun":
+            accum = cfg["batch_size"] // (cfg["mbs"] * cfg["seq_len"])
+            if accum % world:
+                raise MicaError(f"batch_size={cfg['batch_size']} holds {accum} micro-batches of mbs * seq_len tokens, "
+                                f"which do not divide among {world} ranks (each takes an equal share); use a "
+                                f"batch_size of a multiple of {world} micro-batches")
+        elif cfg["gradient_accumulation_steps"] % world:
+            accum = cfg["gradient_accumulation_steps"]
             raise MicaError(f"gradient_accumulation_steps={accum} does not divide among {world} ranks (each takes an "
                             f"equal share of the micro-batches); use a multiple of {world}")
         if cfg["device"] != "cpu":
@@ -50,13 +56,21 @@ def ranks(cfg=None):
 
 def run_hash(cfg, lowered, world):
     """What every rank of a run must share: its configuration, the world size and the programs
-    (the train program's own source too where it is the same on every rank: without dropout)."""
+    (the train program's own source too where it is the same on every rank)."""
     from .native import PROGRAMS, _runtime_text
 
     h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
     h.update(f"\0{world}\0".encode())
     h.update(_runtime_text().encode())
     for name in PROGRAMS:
-        if name != "train" or not cfg["dropout"]:
+        if name != "train" or same_train_on_every_rank(cfg):
             h.update(lowered[name].source.encode())
     return h.hexdigest()
+
+
+def same_train_on_every_rank(cfg):
+    """Whether every rank compiles the same train program: not with dropout (each rank's streams
+    start at its own micro-batches), nor with a sharded optimizer (each rank updates its own part)."""
+    if cfg.get("recipe") == "speedrun":
+        return not cfg.get("shard_muon", True)
+    return not cfg.get("dropout") and not cfg.get("zero")

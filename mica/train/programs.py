@@ -44,11 +44,7 @@ def build(cfg, vocab_size, world=1, rank=0):
     world > 1 the train program is rank `rank`'s share of a data-parallel step (data_parallel
     below; nanoGPT's recipe only)."""
     if cfg.get("recipe") == "speedrun":
-        if world > 1:
-            from ..errors import MicaError
-
-            raise MicaError("the speedrun recipe trains in one process so far; run it without mpirun")
-        return build_speedrun(cfg, vocab_size)
+        return build_speedrun(cfg, vocab_size, world, rank)
     return build_nanogpt(cfg, vocab_size, world, rank)
 
 
@@ -58,10 +54,13 @@ def speedrun_model(cfg, vocab_size):
     return speedrun.build(vocab_size, cfg["num_layers"], cfg["model_dim"], cfg["head_dim"]).float()
 
 
-def build_speedrun(cfg, vocab_size):
+def build_speedrun(cfg, vocab_size, world=1, rank=0):
     """The speedrun seed's programs: train is one step of its loop (the micro-batches' summed-loss
     gradients added, set_hparams(step), AdamW + Muon); eval the summed loss of one micro-batch;
-    logits every position's soft-capped logits of one window."""
+    logits every position's soft-capped logits of one window. With world > 1 the train program is
+    rank `rank`'s: its contiguous share of the micro-batches, the gradients and losses summed across
+    the ranks in one process's order (data_parallel), and with shard_muon each rank
+    orthogonalizing every world-th matrix of the Muon group (mica/optim/muon.py)."""
     from ..models import speedrun
 
     model = speedrun_model(cfg, vocab_size)
@@ -69,10 +68,22 @@ def build_speedrun(cfg, vocab_size):
     opt = speedrun.optimizers(model, cfg["embed_lr"], cfg["head_lr"], cfg["scalar_lr"], cfg["muon_lr"],
                               cfg["muon_weight_decay"], cfg["mu"], ((2.0, -1.5, 0.5),) * cfg["ns_steps"],
                               getattr(mica, cfg["ns_dtype"]))
-    step = speedrun.train_step(model, opt, cfg["train_steps"], cfg["cooldown_frac"])
-    forward = speedrun.loss_fn(model)
+    if world > 1 and cfg.get("shard_muon", True):
+        opt.optimizers["optimizer2"].shard(world, rank)
     mbs, T = cfg["mbs"], cfg["seq_len"]
     accum = cfg["batch_size"] // (mbs * T)
+    local = accum // world  # (distributed.ranks checks that the ranks share the micro-batches evenly)
+
+    def across_ranks(micro_grad, count):
+        grads, losses = data_parallel(micro_grad, count, world, rank)
+        total = losses[0]
+        for i in range(1, world * count):
+            total = total + losses[i]  # (one process's running sum of the micro-batches' losses)
+        return grads, total
+
+    step = speedrun.train_step(model, opt, cfg["train_steps"], cfg["cooldown_frac"],
+                               accumulate=across_ranks if world > 1 else None)
+    forward = speedrun.loss_fn(model)
 
     def train(params, opt_state, x, y, iter_num):
         return step(params, opt_state, x, y, iter_num)
@@ -84,7 +95,7 @@ def build_speedrun(cfg, vocab_size):
         with model.bind(params):
             return model.logits(idx)
 
-    batch = mica.i64[accum, mbs, T]
+    batch = mica.i64[local, mbs, T]
     train_prog = mica.trace(train, specs, opt.state_specs(specs), batch, batch, mica.i64[()], name="train")
     eval_prog = mica.trace(evaluate, specs, mica.i64[mbs, T], mica.i64[mbs, T], name="eval")
     logits_prog = mica.trace(logits, specs, mica.i64[1, T], name="logits")
@@ -115,7 +126,8 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
                 if sc is None else _scaled_grad(objective, scaler, sc, params, x[micro], y[micro], accum)
 
         if world > 1:
-            grads, loss = data_parallel(micro_grad, local, world, rank)
+            grads, losses = data_parallel(micro_grad, local, world, rank)
+            loss = losses[world * local - 1]
         for micro in range(accum if world == 1 else 0):
             loss, g = micro_grad(micro)
             grads = g if grads is None else {n: grads[n] + g[n] for n in grads}
@@ -159,10 +171,11 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
 
 
 def data_parallel(micro_grad, local, world, rank):
-    """(gradients, the last micro-batch's loss) of a data-parallel step, on rank `rank` of `world`:
-    its `local` micro-batches' gradients are all-reduced together, so every rank gets one process's
-    sum, added in the same order (rank 0's micro-batches first, one by one: the collective's order,
-    mica/ops/collective.py), and the loss nanoGPT logs is the last rank's last micro-batch's.
+    """(gradients, every micro-batch's loss [world * local]) of a data-parallel step, on rank `rank`
+    of `world`: its `local` micro-batches' gradients are all-reduced together, so every rank gets one
+    process's sum, added in the same order (rank 0's micro-batches first, one by one: the
+    collective's order, mica/ops/collective.py), and every rank gets every micro-batch's loss, in
+    one process's order (nanoGPT logs the last; the speedrun their sum).
     Dropout's streams are those one process gives these micro-batches: a throwaway trace of one
     micro-batch counts them, and this rank's start after `rank * local` micro-batches' worth."""
     from ..tensor import current
@@ -173,8 +186,8 @@ def data_parallel(micro_grad, local, world, rank):
     ctx.random_streams = start + rank * local * (ctx.random_streams - start)
     parts = [micro_grad(m) for m in range(local)]
     grads = {n: mica.distributed.all_reduce([g[n] for _, g in parts], world=world) for n in parts[0][1]}
-    losses = mica.distributed.all_gather(mica.reshape(parts[-1][0], (1,)), world=world)
-    return grads, losses[world - 1]
+    mine = mica.cat([mica.reshape(loss, (1,)) for loss, _ in parts]) if local > 1 else mica.reshape(parts[0][0], (1,))
+    return grads, mica.distributed.all_gather(mine, world=world)
 
 
 def _scaled_grad(objective, scaler, sc, params, x, y, accum):

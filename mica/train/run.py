@@ -201,9 +201,7 @@ def speedrun_vocab(cfg, log=print):
 def prepare_speedrun(cfg, log):
     """The speedrun recipe up to the trainer's manifest: its shards checked against the seed's
     loader (every batch the run will take exists), its programs built, its starting state."""
-    if distributed.ranks()[0] > 1:
-        raise MicaError("the speedrun recipe trains in one process so far (its sharded Muon is not built yet); "
-                        "run it without mpirun")
+    world, rank = distributed.ranks(cfg)
     vocab = speedrun_vocab(cfg, log)
     rows = cfg["mbs"] * cfg["seq_len"]
     files = [("train", *f) for f in _speedrun_split(cfg["train_files"], vocab, cfg["batch_size"], cfg["train_steps"],
@@ -211,9 +209,10 @@ def prepare_speedrun(cfg, log):
     files += [("val", *f) for f in _speedrun_split(cfg["val_files"], vocab, cfg["val_tokens"], 1, "validation data",
                                                    log)]
     out_dir = writable_folder(cfg["out_dir"], "out_dir")
-    _lock(out_dir)
-    _remove_stale_temporaries(out_dir, log)
-    model, _, progs = programs.build(cfg, vocab)
+    if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
+        _lock(out_dir)
+        _remove_stale_temporaries(out_dir, log)
+    model, _, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.num_parameters():,}")
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"])
@@ -240,6 +239,9 @@ def prepare_speedrun(cfg, log):
         log(f"initializing from weights in {cfg['init_from']}")
         loads = _loads(cfg["init_from"], expected, settings, params_only=True)
     manifest = os.path.join(out_dir, "trainer.manifest")
+    if world > 1:
+        settings.update(world=world, rank=rank, run_hash=distributed.run_hash(cfg, lowered, world))
+        manifest = os.path.join(out_dir, f"trainer.rank{rank}.manifest")
     native.write_manifest(manifest, settings, slots, lowered, loads, files)
     return exe, manifest, cfg
 
