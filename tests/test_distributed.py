@@ -272,3 +272,79 @@ def test_nccl_lowering_compiles_and_links_with_nvcc(tmp_path):
     symbols = subprocess.run(["nm", "-D", so], capture_output=True, text=True).stdout
     for name in ("ncclCommInitRank", "ncclSend", "ncclRecv", "ncclBroadcast", "ncclAllGather", "MPI_Bcast"):
         assert name in symbols, name
+
+
+# ---- mpirun -np 2 mica train with the speedrun recipe -------------------------------------------------
+
+SPEEDRUN = dict(recipe="speedrun", train_files="data/train_*.bin", val_files="data/val_*.bin", vocab_size=40,
+                train_steps=6, batch_size=64, seq_len=16, mbs=2, val_tokens=64, val_every=3, num_layers=2,
+                model_dim=32, head_dim=16, ns_steps=3, ns_dtype="bfloat16", device="cpu", threads=1,
+                log_interval=1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def speedrun_one(tmp_path_factory):
+    """Shards that switch mid-run, the config file, and one process's run of it (out_dir=out)."""
+    from mica.data import tokens as tok
+
+    folder = tmp_path_factory.mktemp("speedrun_dp")
+    rng = np.random.default_rng(0)
+    draw = lambda n: np.minimum(rng.geometric(0.15, n) - 1, 29).astype(np.uint16)  # noqa: E731
+    for i, n in enumerate((150, 100, 200, 90)):  # six batches of 64 + 1: two shard switches
+        tok.write_shard(str(folder / "data" / f"train_{i:06d}.bin"), draw(n))
+    tok.write_shard(str(folder / "data" / "val_000000.bin"), draw(100))
+    (folder / "tiny.py").write_text("".join(f"{k} = {v!r}\n" for k, v in SPEEDRUN.items()))
+    one = folder / "one"
+    one.mkdir()
+    for name in ("data", "tiny.py"):
+        (one / name).symlink_to(folder / name)
+    r = run(cli("train", "tiny.py", "--out_dir=out"), one)
+    assert r.returncode == 0, r.stderr
+    return folder
+
+
+def _speedrun_folder(base, name):
+    d = base / name
+    d.mkdir()
+    for n in ("data", "tiny.py"):
+        (d / n).symlink_to(base / n)
+    return d
+
+
+def _speedrun_metrics(path):
+    return [{k: v for k, v in m.items() if k != "train_time"} for m in _metrics(path)]
+
+
+@needs_mpi
+def test_speedrun_on_two_ranks_with_sharded_muon_is_bitwise_one_process(speedrun_one):
+    """Each rank takes its half of every batch and orthogonalizes every other Muon matrix (the
+    seed's sharding); the losses and the checkpoint's bytes are one process's."""
+    two = _speedrun_folder(speedrun_one, "two_sharded")
+    r = run(mpirun(2, *cli("train", "tiny.py", "--out_dir=out")), two)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Muon sharded over 2 ranks (the seed's): Newton–Schulz per step, rank 0: 6 matrices" in r.stdout  # (2 blocks x 6 matrices / 2)
+    assert [line.split()[0] for line in re.findall(r"step:\d+/6 val_loss:\S+", r.stdout)] == \
+        ["step:0/6", "step:3/6", "step:6/6"]  # (rank 0 alone logs)
+    one_metrics = _speedrun_metrics(speedrun_one / "one" / "out" / "metrics.jsonl")
+    assert len(one_metrics) == 9 and one_metrics == _speedrun_metrics(two / "out" / "metrics.jsonl")
+    a = (speedrun_one / "one" / "out" / "ckpt.safetensors").read_bytes()
+    assert a == (two / "out" / "ckpt.safetensors").read_bytes()
+
+
+@needs_mpi
+def test_speedrun_on_two_ranks_unsharded_stops_and_resumes_as_one_process(speedrun_one):
+    """shard_muon=False (every rank updates every matrix), stopped at step 3 and resumed by both
+    ranks from the one checkpoint: every tensor and loss of one process's straight run."""
+    two = _speedrun_folder(speedrun_one, "two_unsharded")
+    r = run(mpirun(2, *cli("train", "tiny.py", "--out_dir=out", "--shard_muon=False", "--stop_at=3")), two)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Muon unsharded (shard_muon=False)" in r.stdout
+    r = run(mpirun(2, *cli("train", "tiny.py", "--out_dir=out", "--shard_muon=False", "--init_from=resume")), two)
+    assert r.returncode == 0, r.stdout + r.stderr
+    a = checkpoint.SafeTensors(str(speedrun_one / "one" / "out" / "ckpt.safetensors"))
+    b = checkpoint.SafeTensors(str(two / "out" / "ckpt.safetensors"))
+    assert sorted(a.names) == sorted(b.names) and any(n.startswith("optimizer.optimizer2.momentum") for n in a.names)
+    for name in a.names:
+        assert a.read(name).tobytes() == b.read(name).tobytes(), name
+    assert _speedrun_metrics(speedrun_one / "one" / "out" / "metrics.jsonl") == \
+        _speedrun_metrics(two / "out" / "metrics.jsonl")

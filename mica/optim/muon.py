@@ -105,6 +105,26 @@ class Muon(Optimizer):
         return updates
 
 
+def newton_schulz_flops(shape, steps):
+    """Multiply-add FLOPs of `steps` Newton–Schulz iterations on a matrix of `shape` (in the wide
+    orientation r <= c: A = X X^T, A @ A, B @ X)."""
+    r, c = sorted(shape[-2:])
+    return steps * (4 * r * r * c + 2 * r ** 3)
+
+
+def sharding_plan(shapes, world, steps):
+    """[(matrices, Newton–Schulz FLOPs, bytes all-gathered)] per rank of the seed's sharding of one
+    group of {name: shape} over `world` ranks (each rank's share padded to its chunks' largest
+    matrices, in float32)."""
+    import math
+
+    order = sorted(shapes, key=lambda n: tuple(shapes[n]), reverse=True)
+    chunks = [order[i:i + world] for i in range(0, len(order), world)]
+    gathered = 4 * world * sum(max(math.prod(shapes[n]) for n in chunk) for chunk in chunks)
+    return [(len(order[r::world]), sum(newton_schulz_flops(shapes[n], steps) for n in order[r::world]), gathered)
+            for r in range(world)]
+
+
 def _update_dtype(hyper, p):
     """The element type Newton–Schulz leaves an update of `p` in (its ns_dtype, or p's)."""
     return hyper["ns_dtype"] if hyper["ns_dtype"] is not None else p.dtype

@@ -102,6 +102,23 @@ def build_speedrun(cfg, vocab_size, world=1, rank=0):
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
 
 
+def muon_sharding_report(cfg, model, opt, world):
+    """What each rank of an N-rank speedrun step orthogonalizes, from the compile-time shapes."""
+    from ..optim.muon import sharding_plan
+
+    muon = opt.optimizers["optimizer2"]
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if n in muon.managed(
+        [n for n, _ in model.named_parameters()])}
+    plan = sharding_plan(shapes, world, cfg["ns_steps"])
+    total = sum(f for _, f, _ in plan)
+    if not cfg.get("shard_muon", True):
+        return (f"Muon unsharded (shard_muon=False): every rank orthogonalizes all {len(shapes)} matrices, "
+                f"{total / 1e6:,.1f} MFLOP of Newton–Schulz per step")
+    per = ", ".join(f"rank {r}: {k} matrices ({f / 1e6:,.1f} MFLOP)" for r, (k, f, _) in enumerate(plan))
+    return (f"Muon sharded over {world} ranks (the seed's): Newton–Schulz per step, {per}, against "
+            f"{total / 1e6:,.1f} MFLOP in one process; each rank all-gathers {plan[0][2]:,} bytes of updates per step")
+
+
 def build_nanogpt(cfg, vocab_size, world=1, rank=0):
     """{name: Program} for train, eval and logits, plus the model."""
     model = GPT(model_config(cfg, vocab_size))

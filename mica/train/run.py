@@ -212,8 +212,10 @@ def prepare_speedrun(cfg, log):
     if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
         _lock(out_dir)
         _remove_stale_temporaries(out_dir, log)
-    model, _, progs = programs.build(cfg, vocab, world, rank)
+    model, opt, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.num_parameters():,}")
+    if world > 1:
+        log(programs.muon_sharding_report(cfg, model, opt, world))
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"])
     _products_record(cfg["device"], cfg["simulate"])
