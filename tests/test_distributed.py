@@ -366,3 +366,11 @@ def test_muon_shards_as_the_seed_sorts_by_size():
     assert [(k, fl) for k, fl, _ in plan] == [(3, f["b"] + f["a"] + f["e"]), (2, f["d"] + f["c"])]
     assert plan[0][2] == plan[1][2] == 4 * 2 * (32 + 32 + 4)  # chunks (b, d), (a, c), (e, pad)
     assert f["a"] == f["b"] == 3 * (4 * 4 * 4 * 8 + 2 * 4 ** 3)  # (either way round: the wide orientation)
+
+
+def test_a_speedrun_batch_the_ranks_cannot_share_is_a_sentence(speedrun_one):
+    d = _speedrun_folder(speedrun_one, "three")
+    r = run(cli("train", "tiny.py", "--out_dir=out"), d, env=dict(_env(), OMPI_COMM_WORLD_SIZE="3",
+                                                                   OMPI_COMM_WORLD_RANK="0"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "batch_size=64 holds 2 micro-batches of mbs * seq_len tokens, which do not divide among 3 ranks" in r.stderr
