@@ -56,11 +56,11 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
 
 def _lower_all(programs, memory_budget, target, **options):
     """Each program lowered; under a budget the train program gets what the eval arena leaves."""
-    from .memory_plan import train_budget
+    from .memory_plan import lower_train_within
 
     lowered = {name: programs[name].lower(target, **options) for name in PROGRAMS if name != "train"}
-    budget = train_budget(memory_budget, lowered["eval"])
-    return {"train": programs["train"].lower(target, memory_budget=budget, **options), **lowered}
+    return {"train": lower_train_within(programs["train"], memory_budget, lowered["eval"], target, **options),
+            **lowered}
 
 
 def _place(prefix, parts):
