@@ -176,7 +176,9 @@ def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
             raise MicaError(f"{what} file {p} is not a shard (no magic number {tok.SHARD_MAGIC} at its start); the "
                             "speedrun reads shards: prepare them with mica prepare text --format shards")
         lengths.append(len(tok.open_tokens(p, vocab, 0, what)))
-    tok.seed_batches(lengths, tokens_per_batch, batches, what, paths)
+    fixes = ("fewer train_steps" if what == "training data" else
+             f"fewer val_tokens (a shard here holds a batch of at most {max(max(lengths) - 2, 0):,})")
+    tok.seed_batches(lengths, tokens_per_batch, batches, what, paths, fixes)
     log(f"{what}: {len(paths)} shards, {sum(lengths):,} tokens, from {paths[0]} to {os.path.basename(paths[-1])}")
     return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
 
@@ -184,6 +186,7 @@ def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
 def speedrun_vocab(cfg, log=print):
     """The model's vocabulary: vocab_size, or with 0 the data's meta.json vocabulary rounded up to a
     multiple of 128, as the seed rounds GPT-2's 50257 up to 50304."""
+    speedrun_files(cfg["train_files"], "training data")  # (no shards at all: say that, not what meta.json lacks)
     folder = os.path.dirname(cfg["train_files"]) or "."
     meta = meta_mod.read(folder) if os.path.isdir(folder) else None
     if cfg["vocab_size"]:
