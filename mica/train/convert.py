@@ -75,6 +75,9 @@ def export_nanogpt(out_dir, to, dtype=None):
         cfg = json.loads(st.metadata.get("config", "{}"))
     except ValueError:
         raise MicaError(f"checkpoint {st.path} has unreadable config metadata") from None
+    if isinstance(cfg, dict) and cfg.get("recipe") == "speedrun":
+        raise MicaError(f"{st.path} holds the speedrun recipe's model, which nanoGPT's ckpt.pt cannot hold (it is "
+                        "nanoGPT's GPT only); sample from it with mica sample, or use the safetensors file itself")
     params = [n for n in st.names if not n.startswith(("optimizer.", "data."))]
     shapes = {n: st.info(n)[1] for n in params}
     if "transformer.wte.weight" not in shapes:
