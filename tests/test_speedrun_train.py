@@ -16,7 +16,7 @@ from mica.train import config as config_mod
 
 SETTINGS = dict(recipe="speedrun", train_files="data/train_*.bin", val_files="data/val_*.bin", vocab_size=40,
                 train_steps=6, batch_size=64, seq_len=16, mbs=2, val_tokens=64, val_every=3, num_layers=2,
-                model_dim=32, head_dim=16, ns_dtype="float32", device="cpu", threads=2, log_interval=1, seed=3)
+                model_dim=32, head_dim=16, ns_dtype="float32", dtype="float32", device="cpu", threads=2, log_interval=1, seed=3)
 
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!"
