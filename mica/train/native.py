@@ -190,7 +190,7 @@ def write_manifest(path, settings, slots, lowered, loads=(), files=()):
               f"train.loss {n_out - 2}", f"train.lr {n_out - 1}",
               f"eval.x {ev['x']}", f"eval.y {ev['y']}", "eval.loss 0", f"logits.idx {lg['idx']}", "logits.out 0"]
     views = dict(zip(lowered["train"].program.input_names, lowered["train"].schedule.inputs))
-    codes = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32"}
+    codes = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32", "bfloat16": "BF16"}
     for kind, tensor, input_name in slots:
         v = views[input_name]
         shape = " ".join(str(s) for s in v.shape)
