@@ -24,13 +24,18 @@ def cmd_prepare(args, extra):
 
     if extra:
         raise MicaError(f"unexpected arguments: {' '.join(extra)}")
+    from .files import no_empty_folders_left
+
     if args.what == "shakespeare-char":
-        prepare.prepare_shakespeare_char(args.input[0] if args.input else None, args.out or "data/shakespeare_char")
+        out = args.out or "data/shakespeare_char"
+        with no_empty_folders_left(out):
+            prepare.prepare_shakespeare_char(args.input[0] if args.input else None, out)
     elif args.what == "text":
         if not args.input:
             raise MicaError("mica prepare text needs --input FILE [FILE ...]")
-        prepare.prepare_text(args.input, args.tokenizer, args.out or "data/text", args.format,
-                             shard_tokens=args.shard_tokens)
+        out = args.out or "data/text"
+        with no_empty_folders_left(out):
+            prepare.prepare_text(args.input, args.tokenizer, out, args.format, shard_tokens=args.shard_tokens)
     return 0
 
 
@@ -130,17 +135,18 @@ def cmd_export(args, extra):
 def cmd_import(args, extra):
     import os
 
-    from .files import writable_folder
+    from .files import no_empty_folders_left, writable_folder
     from .train import convert
 
-    if os.path.exists(args.checkpoint):  # (a missing one is convert's sentence, and creates nothing)
-        writable_folder(args.out_dir, "--out_dir")
-    if args.checkpoint.endswith(".safetensors"):  # Hugging Face's GPT-2
-        path, a = convert.import_hf_gpt2(args.checkpoint, args.out_dir)
-        print(f"wrote {path} (GPT-2 from Hugging Face's layout: n_layer={a['n_layer']}, n_head={a['n_head']}, "
-              f"n_embd={a['n_embd']}, block_size={a['block_size']}, bias=True, vocab_size={a['vocab_size']})")
-        return 0
-    path = convert.import_nanogpt(args.checkpoint, args.out_dir)
+    with no_empty_folders_left(args.out_dir):
+        if os.path.exists(args.checkpoint):  # (a missing one is convert's sentence, and creates nothing)
+            writable_folder(args.out_dir, "--out_dir")
+        if args.checkpoint.endswith(".safetensors"):  # Hugging Face's GPT-2
+            path, a = convert.import_hf_gpt2(args.checkpoint, args.out_dir)
+            print(f"wrote {path} (GPT-2 from Hugging Face's layout: n_layer={a['n_layer']}, n_head={a['n_head']}, "
+                  f"n_embd={a['n_embd']}, block_size={a['block_size']}, bias=True, vocab_size={a['vocab_size']})")
+            return 0
+        path = convert.import_nanogpt(args.checkpoint, args.out_dir)
     print(f"wrote {path}")
     return 0
 

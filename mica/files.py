@@ -1,5 +1,6 @@
 """Files the user names: a folder Mica will write into, a text file it will read. Every problem
 is one sentence (MicaError) saying which path and what to do."""
+import contextlib
 import os
 import tempfile
 
@@ -23,6 +24,30 @@ def writable_folder(path, what="output folder"):
         raise MicaError(f"cannot write into the {what} {path} ({e.strerror}); choose a folder you can write "
                         "to") from None
     return path
+
+
+@contextlib.contextmanager
+def no_empty_folders_left(*paths):
+    """Folders among `paths` (and their parents) that this command creates are removed again if it
+    fails while they are still empty: a failed command leaves no trace behind."""
+    made = []  # (folder, the nearest ancestor that already existed)
+    for p in paths:
+        if p and not os.path.exists(p):
+            top = os.path.abspath(p)
+            while not os.path.exists(os.path.dirname(top)):
+                top = os.path.dirname(top)
+            made.append((os.path.abspath(p), os.path.dirname(top)))
+    try:
+        yield
+    except BaseException:
+        for path, stop in made:
+            while path != stop and os.path.isdir(path):
+                try:
+                    os.rmdir(path)  # (only an empty folder goes)
+                except OSError:
+                    break
+                path = os.path.dirname(path)
+        raise
 
 
 def read_text(path, what="file"):

@@ -23,6 +23,14 @@ from .targets import get_target
 MAX_EVERY = 8  # block checkpoints at most this many bottlenecks apart are tried under a budget
 
 
+class BudgetError(MicaError):
+    """No plan fits the memory budget: `smallest` is the fewest bytes one can take."""
+
+    def __init__(self, message, smallest, mode):
+        super().__init__(message)
+        self.smallest, self.mode = smallest, mode
+
+
 class Lowered:
     """A Program lowered for a target: its graph, schedule, exact memory plan and source."""
 
@@ -58,9 +66,9 @@ class Lowered:
         if not fits:
             best = min(tried, key=lambda t: (t[0], t[1]))
             self._plan(*best[2])
-            raise MicaError(f"memory_budget={self.memory_budget:,} bytes is less than the smallest plan Mica can "
-                            f"make for {self.program.name} ({best[0]:,} bytes, with {self.remat.mode}); give at "
-                            f"least {best[0]:,} bytes")
+            raise BudgetError(f"memory_budget={self.memory_budget:,} bytes is less than the smallest plan Mica can "
+                              f"make for {self.program.name} ({best[0]:,} bytes, with {self.remat.mode}); give at "
+                              f"least {best[0]:,} bytes", smallest=best[0], mode=self.remat.mode)
         choice = min(fits, key=lambda t: (t[1], t[0]))
         if choice[2] != self._planned:
             self._plan(*choice[2])

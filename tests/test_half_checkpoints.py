@@ -229,3 +229,12 @@ def test_init_from_bfloat16_weights_trains_their_exact_float32_widening(work):
     train([*TINY, "--init_from=wide.safetensors", "--out_dir=from_wide"])
     assert a.returncode == 0, a.stderr
     assert _first_loss("from_half") == _first_loss("from_wide") and len(_first_loss("from_half")) >= 2
+
+
+def test_a_speedrun_checkpoint_is_not_exported_as_nanogpts(tmp_path):
+    os.makedirs(tmp_path / "sr")
+    checkpoint.write(str(tmp_path / "sr" / "ckpt.safetensors"), {"embed.weight": np.ones((4, 8), np.float32)},
+                     {"config": json.dumps({"recipe": "speedrun", "num_layers": 1})})
+    with pytest.raises(MicaError, match="holds the speedrun recipe's model, which nanoGPT's ckpt.pt cannot hold"):
+        convert.export_nanogpt(str(tmp_path / "sr"), str(tmp_path / "x.pt"))
+    assert not (tmp_path / "x.pt").exists()

@@ -182,8 +182,7 @@ def test_trainer_budget_leaves_the_eval_arena_its_bytes():
             total = 1000
     assert memory_plan.train_budget(None, Eval) is None
     assert memory_plan.train_budget(5000, Eval) == 4000
-    with pytest.raises(MicaError, match="does not even hold the eval arena"):
-        memory_plan.train_budget(999, Eval)
+    assert memory_plan.train_budget(999, Eval) <= 0  # (nothing left: lower_train_within says how much is needed)
 
 
 def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_path):
@@ -231,7 +230,14 @@ def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_pa
     r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "shakespeare_char", *tiny, "--out_dir=c",
                         "--memory_budget=10kB"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert re.search(r"memory_budget=[\d,]+ bytes does not even hold the eval arena", r.stdout + r.stderr)
+    said = re.search(r"memory_budget=10,000 bytes is less than the smallest plan Mica can make for this run "
+                     r"\(([\d,]+) bytes: .* give at least ([\d,]+) bytes, or memory_budget=auto", r.stderr)
+    assert said and said.group(1) == said.group(2), r.stderr
+    need = int(said.group(2).replace(",", ""))  # the smallest total it names is one that fits, and exactly
+    fitted = native._lower_all(progs, need, "cpu")
+    assert fitted["train"].plan.total + fitted["eval"].plan.total <= need
+    with pytest.raises(MicaError, match=f"give at least {need:,} bytes"):
+        native._lower_all(progs, need - 1, "cpu")
 
 
 def test_gradient_accumulation_each_micro_batch_is_cut_on_its_own():

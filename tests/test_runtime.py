@@ -356,7 +356,7 @@ def test_a_changed_value_in_the_checkpoints_metadata_is_refused(work, edit):
     (lambda t: t.update({"transformer.h.0.ln_3.weight": t.pop("transformer.h.0.ln_2.weight")}),
      "missing transformer.h.0.ln_2.weight; unknown transformer.h.0.ln_3.weight"),
     (lambda t: t.update({"transformer.wpe.weight": t["transformer.wpe.weight"].astype(np.int32)}),
-     "transformer.wpe.weight is int32[16, 16] where [16, 16] float32 belongs"),
+     "transformer.wpe.weight is int32[16, 16] where [16, 16] float32 or float16 or bfloat16 belongs"),
 ])
 def test_export_refuses_a_checkpoint_that_is_not_the_gpt_it_says(work, edit, needle):
     pytest.importorskip("torch")

@@ -36,7 +36,7 @@ def test_a_config_file_with_recipe_speedrun_takes_its_keys(tmp_path):
     ("--head_dim=6", "model_dim (256) must be a multiple of head_dim (6)"),
     ("--cooldown_frac=1.5", "cooldown_frac must be in [0, 1]"),
     ("--ns_dtype=float16", "ns_dtype must be 'bfloat16' or 'float32'"),
-    ("--dtype=bfloat16", "trains in float32 for now"),
+    ("--dtype=float16", "dtype must be 'bfloat16' (the seed's) or 'float32' for the speedrun recipe"),
     ("--init_from=gpt2", "init_from must be scratch, resume or PATH.safetensors"),
     ("--train_steps=0", "train_steps must be positive"),
     ("--stop_at=400", "stop_at must be 0 or a step from 1 to train_steps (300)"),

@@ -16,7 +16,7 @@ from mica.train import config as config_mod
 
 SETTINGS = dict(recipe="speedrun", train_files="data/train_*.bin", val_files="data/val_*.bin", vocab_size=40,
                 train_steps=6, batch_size=64, seq_len=16, mbs=2, val_tokens=64, val_every=3, num_layers=2,
-                model_dim=32, head_dim=16, ns_dtype="float32", device="cpu", threads=2, log_interval=1, seed=3)
+                model_dim=32, head_dim=16, ns_dtype="float32", dtype="float32", device="cpu", threads=2, log_interval=1, seed=3)
 
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!"
@@ -178,3 +178,51 @@ def test_the_bench_protocol_stamps_both_sides_heartbeats(run_folder):
     r = protocol.run_once(cmd, dict(os.environ), warmup=2, window=4)
     assert r["step_ms"] > 0 and r["first_step_s"] > 0
     assert protocol._mica_own_ms(str(folder / "full"), 2, 4, first=0) > 0  # (its metrics: iters 2..5)
+
+
+@pytest.fixture(scope="module")
+def bf16_run(run_folder):
+    """The same run at the seed's precision (dtype=bfloat16): straight through, and stopped at step 3
+    then resumed."""
+    folder, _ = run_folder
+    mica_cli("train", "tiny.py", "--dtype=bfloat16", "--out_dir=bf16", cwd=folder, check=True)
+    mica_cli("train", "tiny.py", "--dtype=bfloat16", "--out_dir=bf16split", "--stop_at=3", cwd=folder, check=True)
+    mica_cli("train", "tiny.py", "--dtype=bfloat16", "--out_dir=bf16split", "--init_from=resume", cwd=folder,
+             check=True)
+    return folder
+
+
+def test_a_bfloat16_run_stores_its_embedding_as_bf16_and_resumes_bit_for_bit(bf16_run):
+    folder = bf16_run
+    init = ckpt.SafeTensors(str(folder / "bf16" / "init.safetensors"))
+    a = ckpt.SafeTensors(str(folder / "bf16" / "ckpt.safetensors"))
+    b = ckpt.SafeTensors(str(folder / "bf16split" / "ckpt.safetensors"))
+    half = sorted(n for n in a.names if a.info(n)[0] is ckpt.BFLOAT16)
+    assert half == ["embed.weight", "optimizer.optimizer1.exp_avg.embed.weight",
+                    "optimizer.optimizer1.exp_avg_sq.embed.weight"]
+    assert init.info("embed.weight")[0] is ckpt.BFLOAT16 and a.info("proj.weight")[0] == np.float32
+    assert not np.array_equal(init.read_bits("embed.weight"), a.read_bits("embed.weight"))  # it trained
+    assert sorted(a.names) == sorted(b.names)
+    for name in a.names:
+        assert np.array_equal(a.read_bits(name), b.read_bits(name)), name
+    # a bf16 checkpoint resumed at float32 is a sentence, not a slot of another type
+    r = mica_cli("train", "tiny.py", "--out_dir=bf16", "--init_from=resume", cwd=folder)
+    assert r.returncode != 0 and "was trained with dtype='bfloat16', not 'float32'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_bfloat16_run_follows_the_seeds_loop_in_bfloat16(bf16_run):
+    """The native trainer at the seed's precision against the seed's loop in PyTorch at the same
+    precision (bf16 embedding, fused AdamW), from the same init.safetensors: every validation loss
+    within 1e-2 (each side rounds to bf16 in its own places, so not bit for bit)."""
+    folder = bf16_run
+    init = ckpt.SafeTensors(str(folder / "bf16" / "init.safetensors"))
+    weights = {n: init.read(n) for n in init.names}
+    cfg = {**config_mod.SPEEDRUN_DEFAULTS, **SETTINGS, "dtype": "bfloat16",
+           "train_files": str(folder / "data" / "train_*.bin"), "val_files": str(folder / "data" / "val_*.bin")}
+    want = TS.train(cfg, weights, dtype="bfloat16", log=lambda s: None)
+    got = [(m["step"], m["val_loss"]) for m in _metrics(folder / "bf16" / "metrics.jsonl") if "val_loss" in m]
+    assert [s for s, _ in got] == [s for s, _ in want] == [0, 3, 6]
+    for (_, a), (_, b) in zip(got, want):
+        assert abs(a - b) / b < 1e-2
+    assert got[-1][1] < got[0][1]

@@ -278,7 +278,7 @@ def _speedrun_settings(data_dir, iters, every):
     """speedrun_tiny's overrides for a bench run: `iters` steps (the schedule over them), validation
     only before the first step, a heartbeat every `every` steps, the shards of data_dir."""
     return [f"--train_files={data_dir}/train_*.bin", f"--val_files={data_dir}/val_*.bin", f"--train_steps={iters}",
-            f"--val_every={iters + 100}", f"--log_interval={every}"]
+            f"--val_every={iters + 100}", f"--log_interval={every}", "--dtype=float32"]
 
 
 def _speedrun_mica_cmd(data_dir, out_dir, iters, threads, opt_level, every):

@@ -255,7 +255,9 @@ def make_model(vocab_size, num_layers, model_dim, head_dim=128, dtype="bfloat16"
 
 def make_optimizers(model, embed_lr=0.3, head_lr=1 / 320, scalar_lr=0.01, muon_lr=0.025, muon_weight_decay=0.0125,
                     ns_dtype=torch.bfloat16):
-    fused = next(model.parameters()).is_cuda
+    # the seed's fused=True; on a CPU the float32 comparisons keep the single-tensor path, while a
+    # bf16 embedding (the seed's precision) takes the fused kernel, whose bf16 rounding is the seed's
+    fused = next(model.parameters()).is_cuda or model.embed.weight.dtype is torch.bfloat16
     optimizer1 = torch.optim.AdamW([dict(params=[model.embed.weight], lr=embed_lr),
                         dict(params=[model.proj.weight], lr=head_lr),
                         dict(params=[p for p in model.parameters() if p.ndim < 2], lr=scalar_lr)],

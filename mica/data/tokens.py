@@ -106,11 +106,12 @@ def _open_tokens(path, vocab_size, min_tokens, what):
     return tokens
 
 
-def seed_batches(lengths, batch_size, count, what="training data", paths=None):
+def seed_batches(lengths, batch_size, count, what="training data", paths=None, fixes="fewer steps"):
     """Where the speedrun seed's distributed_data_generator (world size 1) takes its first `count`
     batches of batch_size + 1 tokens from shards of these lengths, in order: [(shard index, start)].
     It moves to the next shard when pos + batch_size + 1 >= len(tokens), dropping the rest; where
-    the seed would fail (no next shard, or one too short for a batch) this is a sentence."""
+    the seed would fail (no next shard, or one too short for a batch) this is a sentence (`fixes`:
+    the settings that would make the batches fit, as the sentence offers them)."""
     names = paths or [f"shard {i}" for i in range(len(lengths))]
     if not lengths:
         raise MicaError(f"the {what} has no shards")
@@ -119,7 +120,7 @@ def seed_batches(lengths, batch_size, count, what="training data", paths=None):
         if pos + batch_size + 1 >= lengths[file]:
             if file + 1 >= len(lengths):
                 raise MicaError(f"the {what} runs out after {len(out):,} batches of {batch_size:,} tokens, but "
-                                f"{count:,} are needed; give more shards or fewer steps")
+                                f"{count:,} are needed; give more shards or {fixes}")
             file, pos = file + 1, 0
             if lengths[file] < batch_size + 1:
                 raise MicaError(f"the {what} shard {names[file]} holds {lengths[file]:,} tokens, fewer than one batch "

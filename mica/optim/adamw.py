@@ -1,5 +1,10 @@
 """AdamW exactly as torch.optim.AdamW's single-tensor path computes it (decoupled decay, bias
-correction from the step count in double precision, eps added after the square-root correction)."""
+correction from the step count in double precision, eps added after the square-root correction).
+
+A bfloat16 parameter (the speedrun seed's embedding) is updated as torch's fused AdamW updates one
+(`fused=True`, the seed's): its state is bfloat16 too, the arithmetic is float32 ("opmath") with
+the kernel's fused multiply-adds, and the parameter and both moments are rounded to bfloat16 once,
+at the end (the square root and the step read the unrounded float32 moments)."""
 import numpy as np
 
 from .. import dtypes, verbs as F
@@ -8,6 +13,17 @@ from .base import Optimizer, zeros_like_tree
 
 class AdamW(Optimizer):
     defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+
+    def state_specs(self, param_specs):
+        """As Optimizer's, with a bfloat16 parameter's moments in bfloat16 (fused AdamW's state)."""
+        from ..dtypes import Spec
+
+        specs = super().state_specs(param_specs)
+        for key in ("exp_avg", "exp_avg_sq"):
+            for n, spec in specs[key].items():
+                if param_specs[n].dtype is dtypes.bfloat16:
+                    specs[key][n] = Spec(spec.shape, dtypes.bfloat16)
+        return specs
 
     def _init(self, params):
         return {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(params),
@@ -26,6 +42,10 @@ class AdamW(Optimizer):
             bias_correction2_sqrt = bias_correction2 ** 0.5
             for n in names:
                 p, g, m, v = params[n], grads[n], exp_avg[n], exp_avg_sq[n]
+                if p.dtype is dtypes.bfloat16:
+                    params[n], exp_avg[n], exp_avg_sq[n] = _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps,
+                                                                       step_size, bias_correction2_sqrt)
+                    continue
                 if wd != 0:
                     p = p * (1 - lr * wd)
                 m = F.lerp(m, g, 1 - beta1)
@@ -34,6 +54,33 @@ class AdamW(Optimizer):
                 params[n] = F.addcdiv(p, m, denom, value=-step_size)
                 exp_avg[n], exp_avg_sq[n] = m, v
         return {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+
+
+def _fma(a, b, c):
+    """float32 a * b + c rounded once, as the kernel's vector fmadd: the float32 product is exact in
+    float64, so only the sum rounds (and then to float32; the double rounding this adds changes a
+    result about once in 2**29)."""
+    f64 = dtypes.float64
+    return F.to(F.to(a, f64) * F.to(b, f64) + F.to(c, f64), dtypes.float32)
+
+
+def _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correction2_sqrt):
+    """torch's CPU fused AdamW step (_fused_adamw_) on bfloat16 p, g, m, v: (p, m, v) in bfloat16.
+    The scalars are computed in float64 and taken as float32, as the kernel's opmath_t(...) casts."""
+    f32 = dtypes.float32
+
+    def scalar(x):
+        return F.to(x, f32) if hasattr(x, "dtype") else np.float32(x)
+
+    p, g, m, v = (F.to(t, f32) for t in (p, g, m, v))
+    if wd != 0:
+        p = p * scalar(1 - lr * wd)
+    w = 1 - beta1  # exp_avg.lerp_(grad, w): from the nearer end, as the kernel's blendv
+    m = _fma(np.float32(w), g - m, m) if abs(w) < 0.5 else _fma(np.float32(w - 1), g - m, g)
+    v = _fma(g * np.float32(1 - beta2), g, v * np.float32(beta2))
+    denom = F.sqrt(v) / scalar(bias_correction2_sqrt) + np.float32(eps)
+    p = p + (scalar(-step_size) * m) / denom
+    return tuple(F.to(t, dtypes.bfloat16) for t in (p, m, v))
 
 
 def adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, param_groups=None):

@@ -216,8 +216,10 @@ int train_loop(void) {
         local_iter++;
         if (interrupted && iter <= S.max_iters) return stop_interrupted(iter - 1, "after");
         double el = now() - started, rate = (iter - started_iter) / (el > 0 ? el : 1e-9);
-        if (S.rank == 0) log_progress(iter, rate * S.batch * S.accum * S.block, (S.max_iters - iter) / (rate > 0 ? rate : 1e-9));
         if (iter > S.max_iters) break;
+        /* (under mpirun a rank's stdout is a pseudo-terminal even when the job's output goes to a file) */
+        if (S.rank == 0 && S.world == 1)
+            log_progress(iter, rate * S.batch * S.accum * S.block, (S.max_iters - iter) / (rate > 0 ? rate : 1e-9));
     }
     log_clear_progress();
     log_close_metrics();

@@ -103,7 +103,7 @@ SPEEDRUN_DEFAULTS = {
     "init_from": "scratch",
     "seed": 1337,
     "device": "cuda",
-    "dtype": "float32",
+    "dtype": "bfloat16",
 }
 SPEEDRUN_MICA_DEFAULTS = {k: MICA_DEFAULTS[k] for k in ("threads", "opt_level", "time_every_iter", "simulate", "tf32")}
 SPEEDRUN_MICA_DEFAULTS["shard_muon"] = True  # under mpirun: each rank orthogonalizes every N-th matrix (the seed's)
@@ -149,8 +149,8 @@ SPEEDRUN_DESCRIPTIONS = {
     "init_from": "scratch, resume (out_dir/ckpt.safetensors) or PATH.safetensors (weights under the seed's names)",
     "seed": "seeds the initialization (any 64-bit int)",
     "device": "cpu, or cuda (an NVIDIA GPU)",
-    "dtype": "float32: parameters and activations in float32 (the seed's bfloat16 embedding and activations are "
-             "not available yet)",
+    "dtype": "bfloat16 (the seed's: a bf16 embedding, its optimizer's state bf16 as fused AdamW's, and the "
+             "activations bf16 where the seed's are) or float32 (every parameter and activation float32)"
 }
 
 
@@ -435,9 +435,9 @@ def check_speedrun(cfg):
         raise MicaError(f"cooldown_frac must be in [0, 1], got {cfg['cooldown_frac']}")
     if cfg["ns_dtype"] not in ("bfloat16", "float32"):
         raise MicaError(f"ns_dtype must be 'bfloat16' or 'float32', got {_show(cfg['ns_dtype'])}")
-    if cfg["dtype"] != "float32":
-        raise MicaError(f"dtype={_show(cfg['dtype'])}: the speedrun recipe trains in float32 for now (the seed's "
-                        "bfloat16 embedding and activations are not available yet); pass --dtype=float32")
+    if cfg["dtype"] not in ("bfloat16", "float32"):
+        raise MicaError(f"dtype must be 'bfloat16' (the seed's) or 'float32' for the speedrun recipe, got "
+                        f"{_show(cfg['dtype'])}")
     if not isinstance(cfg["init_from"], str) or (cfg["init_from"] not in ("scratch", "resume") and
                                                   not cfg["init_from"].endswith(".safetensors")):
         raise MicaError(f"init_from must be scratch, resume or PATH.safetensors (weights with the seed's names) for the "

@@ -1,6 +1,7 @@
 """Move between Mica's checkpoints and nanoGPT's ckpt.pt (torch needed for the .pt side)."""
 import json
 import os
+import warnings
 
 import numpy as np
 
@@ -74,6 +75,9 @@ def export_nanogpt(out_dir, to, dtype=None):
         cfg = json.loads(st.metadata.get("config", "{}"))
     except ValueError:
         raise MicaError(f"checkpoint {st.path} has unreadable config metadata") from None
+    if isinstance(cfg, dict) and cfg.get("recipe") == "speedrun":
+        raise MicaError(f"{st.path} holds the speedrun recipe's model, which nanoGPT's ckpt.pt cannot hold (it is "
+                        "nanoGPT's GPT only); sample from it with mica sample, or use the safetensors file itself")
     params = [n for n in st.names if not n.startswith(("optimizer.", "data."))]
     shapes = {n: st.info(n)[1] for n in params}
     if "transformer.wte.weight" not in shapes:
@@ -148,10 +152,20 @@ def import_nanogpt(path, out_dir):
     torch = _torch()
     if not os.path.exists(path):
         raise MicaError(f"{path} does not exist")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise MicaError(f"cannot read {path} ({e.strerror})") from None
+    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip archive, or a legacy pickle
+        raise MicaError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive, this file is "
+                        "something else); give nanoGPT's ckpt.pt, or a Hugging Face model.safetensors")
     try:  # weights_only: a checkpoint is data; loading must never run code a pickle carries
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (a damaged file's warnings would come before the sentence)
+            warnings.simplefilter("ignore")
+            ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
+        if "unsupported global" in str(e).lower():  # (torch names the blocked GLOBAL it met)
             raise MicaError(f"{path} holds Python objects besides tensors and plain values, which Mica does not load "
                             "(loading them could run code); save the checkpoint with plain dicts, as nanoGPT does") \
                 from None

@@ -75,14 +75,26 @@ def free_memory(device="cpu"):
 
 
 def train_budget(budget, eval_lowered):
-    """What the train arena may take when both arenas must fit in `budget` bytes (None: no budget)."""
+    """What the train arena may take when both arenas must fit in `budget` bytes (None: no budget;
+    0 or less: nothing is left for it, lower_train_within says how much is needed)."""
     if budget is None:
         return None
-    left = budget - eval_lowered.plan.total
-    if left <= 0:
-        raise MicaError(f"memory_budget={budget:,} bytes does not even hold the eval arena "
-                        f"({eval_lowered.plan.total:,} bytes); give more than that")
-    return left
+    return budget - eval_lowered.plan.total
+
+
+def lower_train_within(train, budget, eval_lowered, target, **options):
+    """The train program lowered so that both arenas fit in `budget` bytes; where no plan fits,
+    the sentence names the run's smallest total (the smallest train plan plus the eval arena)."""
+    from ..lower import BudgetError
+
+    left = train_budget(budget, eval_lowered)
+    try:
+        return train.lower(target, memory_budget=max(left, 1) if left is not None else None, **options)
+    except BudgetError as e:
+        need = e.smallest + eval_lowered.plan.total
+        raise MicaError(f"memory_budget={budget:,} bytes is less than the smallest plan Mica can make for this run "
+                        f"({need:,} bytes: the train arena's {e.smallest:,} with {e.mode}, plus the eval arena's "
+                        f"{eval_lowered.plan.total:,}); give at least {need:,} bytes, or memory_budget=auto") from None
 
 
 def trainer_plan(lowered):

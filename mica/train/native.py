@@ -56,11 +56,11 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
 
 def _lower_all(programs, memory_budget, target, **options):
     """Each program lowered; under a budget the train program gets what the eval arena leaves."""
-    from .memory_plan import train_budget
+    from .memory_plan import lower_train_within
 
     lowered = {name: programs[name].lower(target, **options) for name in PROGRAMS if name != "train"}
-    budget = train_budget(memory_budget, lowered["eval"])
-    return {"train": programs["train"].lower(target, memory_budget=budget, **options), **lowered}
+    return {"train": lower_train_within(programs["train"], memory_budget, lowered["eval"], target, **options),
+            **lowered}
 
 
 def _place(prefix, parts):
@@ -190,7 +190,7 @@ def write_manifest(path, settings, slots, lowered, loads=(), files=()):
               f"train.loss {n_out - 2}", f"train.lr {n_out - 1}",
               f"eval.x {ev['x']}", f"eval.y {ev['y']}", "eval.loss 0", f"logits.idx {lg['idx']}", "logits.out 0"]
     views = dict(zip(lowered["train"].program.input_names, lowered["train"].schedule.inputs))
-    codes = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32"}
+    codes = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32", "bfloat16": "BF16"}
     for kind, tensor, input_name in slots:
         v = views[input_name]
         shape = " ".join(str(s) for s in v.shape)

@@ -51,7 +51,9 @@ def build(cfg, vocab_size, world=1, rank=0):
 def speedrun_model(cfg, vocab_size):
     from ..models import speedrun
 
-    return speedrun.build(vocab_size, cfg["num_layers"], cfg["model_dim"], cfg["head_dim"]).float()
+    model = speedrun.build(vocab_size, cfg["num_layers"], cfg["model_dim"], cfg["head_dim"])
+    # dtype bfloat16 is the seed's (its embedding is bf16, so the activations are); float32 widens it
+    return model if cfg.get("dtype", "bfloat16") == "bfloat16" else model.float()
 
 
 def build_speedrun(cfg, vocab_size, world=1, rank=0):

@@ -176,7 +176,9 @@ def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
             raise MicaError(f"{what} file {p} is not a shard (no magic number {tok.SHARD_MAGIC} at its start); the "
                             "speedrun reads shards: prepare them with mica prepare text --format shards")
         lengths.append(len(tok.open_tokens(p, vocab, 0, what)))
-    tok.seed_batches(lengths, tokens_per_batch, batches, what, paths)
+    fixes = ("fewer train_steps" if what == "training data" else
+             f"fewer val_tokens (a shard here holds a batch of at most {max(max(lengths) - 2, 0):,})")
+    tok.seed_batches(lengths, tokens_per_batch, batches, what, paths, fixes)
     log(f"{what}: {len(paths)} shards, {sum(lengths):,} tokens, from {paths[0]} to {os.path.basename(paths[-1])}")
     return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
 
@@ -184,6 +186,7 @@ def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
 def speedrun_vocab(cfg, log=print):
     """The model's vocabulary: vocab_size, or with 0 the data's meta.json vocabulary rounded up to a
     multiple of 128, as the seed rounds GPT-2's 50257 up to 50304."""
+    speedrun_files(cfg["train_files"], "training data")  # (no shards at all: say that, not what meta.json lacks)
     folder = os.path.dirname(cfg["train_files"]) or "."
     meta = meta_mod.read(folder) if os.path.isdir(folder) else None
     if cfg["vocab_size"]:
@@ -233,7 +236,7 @@ def prepare_speedrun(cfg, log):
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
         path = os.path.join(out_dir, "init.safetensors")
-        ckpt.write(path, dict(model.init(cfg["seed"])), {"format": "mica", "config": json.dumps(cfg)})
+        ckpt.write(path, _stored(model, model.init(cfg["seed"])), {"format": "mica", "config": json.dumps(cfg)})
         loads = _loads(path, expected, settings, params_only=True)
     elif cfg["init_from"] == "resume":
         loads = _speedrun_resume(cfg, vocab, out_dir, expected, settings, log)
@@ -256,7 +259,8 @@ def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
     if saved.get("recipe") != "speedrun":
         raise MicaError(f"the checkpoint in {out_dir} was not trained with the speedrun recipe; resume it with its own "
                         "config, or train into another out_dir")
-    for k in (*SPEEDRUN_MODEL_KEYS, "vocab_size", "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac"):
+    for k in (*SPEEDRUN_MODEL_KEYS, "vocab_size", "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac",
+              "dtype"):
         if saved.get(k, cfg[k]) != cfg[k]:
             raise MicaError(f"the checkpoint in {out_dir} was trained with {k}={saved[k]!r}, not {cfg[k]!r}; resume with "
                             "the same settings")
@@ -349,7 +353,24 @@ def _follow_hf_weights(cfg, vocab, log):
 def _expected(slots, lowered):
     """{tensor name: (slot index, shape, numpy dtype)} of the train program's state."""
     specs = dict(zip(lowered["train"].program.input_names, (v.spec for v in lowered["train"].program.graph.inputs)))
-    return {name: (i, specs[inp].shape, specs[inp].dtype.np_storage) for i, (_, name, inp) in enumerate(slots)}
+    return {name: (i, specs[inp].shape, _file_dtype(specs[inp].dtype)) for i, (_, name, inp) in enumerate(slots)}
+
+
+def _file_dtype(dtype):
+    """The dtype SafeTensors.info gives the tensor of a slot of this dtype: its numpy storage, or
+    checkpoint.BFLOAT16 for a bfloat16 slot (numpy has no bfloat16; the file holds BF16)."""
+    from .. import dtypes
+
+    return ckpt.BFLOAT16 if dtype is dtypes.bfloat16 else dtype.np_storage
+
+
+def _stored(model, values):
+    """The initial values as the trainer's file holds them: a bfloat16 parameter's rounded to
+    bfloat16 (ties to even, as the seed's .bfloat16() rounds its float32 init) and stored as BF16."""
+    from .. import dtypes
+
+    kinds = {n: p.dtype for n, p in model.named_parameters()}
+    return {n: ckpt.BF16Tensor.round(a) if kinds.get(n) is dtypes.bfloat16 else a for n, a in values.items()}
 
 
 def _initial_state(cfg, model, by_name, out_dir, settings, log):
@@ -487,7 +508,7 @@ def _loads(path, by_name, settings, params_only=False, st=None):
         got_dtype, got_shape, offset = st.info(key)
         if tuple(got_shape) != tuple(shape) or got_dtype != dtype:
             wrong.append(f"{key} is {got_dtype.name}{list(got_shape)} where this model needs "
-                         f"{np.dtype(dtype).name}{list(shape)}")
+                         f"{dtype.name if dtype is ckpt.BFLOAT16 else np.dtype(dtype).name}{list(shape)}")
             continue
         loads.append((index, offset, st.crc(key)))
     extra = [n for n in st.names if not n.startswith(("optimizer.", "data.")) and n not in by_name
@@ -617,7 +638,9 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     ids = encode(start)
     if not ids:
         raise MicaError("the start text is empty; give at least one character")
-    cfg.update(device=device, dtype="float32")  # (sampling computes in float32, as nanoGPT's sample.py on a CPU)
+    # (sampling computes in float32, as nanoGPT's sample.py on a CPU; a speedrun keeps the dtype it was
+    # trained in, as its embedding's slot is that dtype: an older checkpoint's config says float32)
+    cfg.update(device=device, dtype=saved.get("dtype", "float32") if speedrun else "float32")
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
     _products_record(device, simulate)
