@@ -16,18 +16,19 @@ from mica.bench.torch_gpt import TorchGPT
 from mica.errors import MicaError
 from mica.models.gpt import GPT, GPTConfig, loss_fn
 from test_cuda import needs_simulator
+from test_runtime import work  # noqa: F401  (the prepared folder, as a fixture)
 
 B, H, T, D = 2, 3, 24, 16  # (T below torch's 32-query block: its dK/dV sums have no bfloat16 partials)
 
 
-def _sdpa(q, k, v):
+def _sdpa(q, k, v, dropout_p=0.0):
     with mica.autocast(dtype=mica.bfloat16):
-        return mica.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return mica.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
 
 
-def _program():
+def _program(dropout_p=0.0):
     def step(q, k, v, g):
-        o = _sdpa(q, k, v).float()
+        o = _sdpa(q, k, v, dropout_p).float()
         grads = mica.grad((o * g).sum(), (q, k, v))
         return o, *grads
     spec = mica.f32[B, H, T, D]
@@ -75,13 +76,15 @@ def test_the_option_lands_on_torchs_bfloat16_attention(program, seed):
         assert rel_err(r, w) < 0.85 * rel_err(p, w), name  # (measured 0.07-0.75)
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
 @pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=needs_simulator)])
-def test_compiled_follows_the_oracles_rounding_mode_with_the_option(program, target):
+def test_compiled_follows_the_oracles_rounding_mode_with_the_option(program, target, dropout_p):
+    program = _program(dropout_p) if dropout_p else program
     args = _inputs(2)
     options = {"simulate": True} if target == "cuda" else {}
-    got = program.lower(target, fp_half_intermediates=True, **options).build()(*args)
-    oracle = mica.reference.run(program, *args, precision="float32", fp_half_intermediates=True)
-    plain_oracle = mica.reference.run(program, *args, precision="float32")
+    got = program.lower(target, fp_half_intermediates=True, **options).build()(*args, seed=5)
+    oracle = mica.reference.run(program, *args, precision="float32", fp_half_intermediates=True, seed=5)
+    plain_oracle = mica.reference.run(program, *args, precision="float32", seed=5)
     for name, x, o, p in zip(("o", "dq", "dk", "dv"), got, oracle, plain_oracle):
         # the same roundings: float32 sums in other orders apart (measured: bitwise but for a few elements)
         assert _bf16_equal(x, o) > 0.99, name
@@ -141,3 +144,15 @@ def test_the_gpt_step_with_the_option_is_torchs_autocast_step_and_the_oracles(gp
         assert rel_err(g, tgrads[name]) < 2e-2, name
     # the option is live: attention's roundings move every attention weight's gradient
     assert min(rel_err(grads[n], grads0[n]) for n in grads if "c_attn" in n) > 1e-3
+
+
+def test_mica_train_takes_the_option(work):
+    from test_mixed_precision import TINY, _losses, _train
+
+    _train([*TINY, "--dtype=bfloat16", "--out_dir=plain", "--max_iters=4"])
+    _train([*TINY, "--dtype=bfloat16", "--out_dir=rounded", "--max_iters=4", "--fp_half_intermediates=True"])
+    plain, rounded = _losses("plain"), _losses("rounded")
+    assert plain.keys() == rounded.keys() and plain != rounded  # (the option reaches the trainer's kernels)
+    assert all(abs(plain[i] - rounded[i]) < 1e-2 * plain[i] for i in plain)
+    with pytest.raises(MicaError, match="fp_half_intermediates must be bool"):
+        _train([*TINY, "--dtype=bfloat16", "--out_dir=bad", "--fp_half_intermediates=2"])
