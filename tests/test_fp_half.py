@@ -14,9 +14,9 @@ import mica
 from helpers import rel_err, to_torch
 from mica.bench.torch_gpt import TorchGPT
 from mica.errors import MicaError
-from mica.models.gpt import GPT, GPTConfig, loss_fn
+from mica.models.gpt import loss_fn
 from test_cuda import needs_simulator
-from test_runtime import work  # noqa: F401  (the prepared folder, as a fixture)
+import test_runtime
 
 B, H, T, D = 2, 3, 24, 16  # (T below torch's 32-query block: its dK/dV sums have no bfloat16 partials)
 
@@ -144,6 +144,9 @@ def test_the_gpt_step_with_the_option_is_torchs_autocast_step_and_the_oracles(gp
         assert rel_err(g, tgrads[name]) < 2e-2, name
     # the option is live: attention's roundings move every attention weight's gradient
     assert min(rel_err(grads[n], grads0[n]) for n in grads if "c_attn" in n) > 1e-3
+
+
+work = test_runtime.work  # (the prepared folder, as a fixture)
 
 
 def test_mica_train_takes_the_option(work):

@@ -405,10 +405,11 @@ def _attention_flops(node):
 
 
 defop("attention", infer=_attention_infer, ref=_attention_ref, vjp=_attention_vjp, family="kernel",
-      kernel=KernelABI(strided_inputs=3, strided_outputs=1, rng_attr="dropout_p"), remat="asked",
+      kernel=KernelABI(strided_inputs=3, strided_outputs=1, rng_attr="dropout_p", half_round_attr="half_round"),
+      remat="asked",
       flops=_attention_flops)
 defop("attention_backward", infer=_attention_bwd_infer, ref=_attention_bwd_ref, family="kernel",
-      kernel=KernelABI(strided_inputs=6, strided_outputs=3, rng_attr="dropout_p"))
+      kernel=KernelABI(strided_inputs=6, strided_outputs=3, rng_attr="dropout_p", half_round_attr="half_round"))
 
 
 # ---- embedding --------------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ cast nodes, so every target runs half-type programs with its float32 kernels; a 
 half kernel for a primitive says so (`Target.half_kernel(op, dtype)`: the CPU's bfloat16 products)
 and keeps the node as it is.
 
-With `fp_half_intermediates` (a lowering option, off by default) the attention kernels of half
-operands also round where PyTorch's CPU attention rounds: their node gets the attribute
-`half_round` (the half type's name), which every target's attention rows read (mica_rows.h) and the
-oracle's reference code follows (reference.run(..., fp_half_intermediates=True)). Products need no
+With `fp_half_intermediates` (a lowering option, off by default) a kernel of half operands whose
+ABI names a `half_round_attr` (attention and its backward) also rounds where PyTorch's CPU kernel
+rounds: its node gets that attribute (the half type's name), which every target's kernel reads
+(the attention rows of mica_rows.h) and the oracle's reference code follows
+(reference.run(..., fp_half_intermediates=True)). Products need no
 such attribute: PyTorch's CPU half products accumulate in float32 and round once, as Mica's do.
 """
 from .. import dtypes
@@ -20,13 +21,14 @@ from ..ops import OPS
 from .simplify import _Rebuilder
 
 HALF = (dtypes.bfloat16, dtypes.float16)
-ROUNDED = ("attention", "attention_backward")  # the kernels fp_half_intermediates rounds inside
 
 
 def half_round_attrs(node, half):
-    """`node`'s attributes with fp_half_intermediates' rounding named (its own when it has none)."""
-    if node.op in ROUNDED and half is not None:
-        return {**node.attrs, "half_round": half.name}
+    """`node`'s attributes with fp_half_intermediates' rounding named, where its kernel's ABI has
+    an attribute for it (its own attributes otherwise)."""
+    abi = OPS[node.op].kernel
+    if abi is not None and abi.half_round_attr and half is not None:
+        return {**node.attrs, abi.half_round_attr: half.name}
     return node.attrs
 
 
