@@ -15,6 +15,8 @@ A Target (mica/targets.py) answers everything that differs between targets; noth
 turns the min-cut rematerialization on (off by default: on the CPU its recomputation costs some
 7-10% of a shakespeare_char step, BENCHMARKS.md section 10); under a budget the pipeline recomputes
 as much as the plan needs to fit (the min-cut first, then block checkpoints).
+`fp_half_intermediates` (off by default) lets half-type attention round where PyTorch's CPU
+attention rounds (passes/widen.py); without it every digit but the outputs' is kept.
 """
 from .errors import MicaError
 from .passes import fuse, memory, order, remat as remat_pass, simplify, widen
@@ -34,9 +36,10 @@ class BudgetError(MicaError):
 class Lowered:
     """A Program lowered for a target: its graph, schedule, exact memory plan and source."""
 
-    def __init__(self, program, target, remat=False, memory_budget=None):
+    def __init__(self, program, target, remat=False, memory_budget=None, fp_half_intermediates=False):
         self.program = program
         self.target = target
+        self.fp_half_intermediates = _check_flag("fp_half_intermediates", fp_half_intermediates)
         self.opt_level = target.opt_level
         self.memory_budget = _check_budget(memory_budget)
         self._plan(*(("min-cut", 1) if remat else ("off", 1)))
@@ -76,7 +79,7 @@ class Lowered:
     def _plan(self, mode, every):
         target = self.target
         self._planned = (mode, every)
-        self.graph = simplify.simplify(widen.widen(self.program.graph, target))
+        self.graph = simplify.simplify(widen.widen(self.program.graph, target, self.fp_half_intermediates))
         if mode == "off":
             self.remat = remat_pass.Choice("off", [], [], 0)
         else:
@@ -91,6 +94,12 @@ class Lowered:
         return self.target.build(self, **options)
 
 
+def _check_flag(name, value):
+    if not isinstance(value, bool):
+        raise MicaError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _check_budget(budget):
     if budget is None:
         return None
@@ -99,7 +108,8 @@ def _check_budget(budget):
     return budget
 
 
-def lower(program, target, remat=False, memory_budget=None, **options):
-    """Lower `program` for `target` (a name or a Target); `remat` and `memory_budget` are the
-    pipeline's (see above), other options go to the target."""
-    return Lowered(program, get_target(target, **options), remat=remat, memory_budget=memory_budget)
+def lower(program, target, remat=False, memory_budget=None, fp_half_intermediates=False, **options):
+    """Lower `program` for `target` (a name or a Target); `remat`, `memory_budget` and
+    `fp_half_intermediates` are the pipeline's (see above), other options go to the target."""
+    return Lowered(program, get_target(target, **options), remat=remat, memory_budget=memory_budget,
+                   fp_half_intermediates=fp_half_intermediates)

@@ -8,6 +8,8 @@ operands as the CPU's bfloat16 kernels do (mica_bf16gemm.h): subnormal values as
 in float32 (in another order than the compiled kernel: compiled and oracle products differ by
 float32 roundings of the sum, and by at most one bfloat16 rounding of a result that lies near a
 rounding boundary; tests/test_bf16_gemm.py bounds both).
+fp_half_intermediates=True runs the program as `program.lower(..., fp_half_intermediates=True)`
+compiles it: its half-type attention rounds where PyTorch's CPU attention rounds (passes/widen.py).
 """
 import numpy as np
 
@@ -34,6 +36,13 @@ def flush_bf16_subnormals(a):
 class Run:
     """What a primitive's reference code may ask of the interpreter."""
 
+    def round_half(self, array, half):
+        """`array` rounded to the half type named `half` ("bfloat16" or "float16"), in its own type."""
+        a = np.asarray(array)
+        b = np.asarray(a, dtype=np.float32)
+        b = round_bf16(b) if half == "bfloat16" else b.astype(np.float16).astype(np.float32)
+        return b.astype(a.dtype, copy=False)
+
     def __init__(self, precision, seed, offset):
         if precision not in ("float64", "float32"):
             raise MicaError(f"precision must be 'float64' or 'float32', got {precision!r}")
@@ -56,9 +65,12 @@ class Run:
         return a
 
 
-def run(program, *args, precision="float64", seed=0, offset=0):
+def run(program, *args, precision="float64", seed=0, offset=0, fp_half_intermediates=False):
     """Run `program` on numpy arrays shaped like its inputs; returns numpy results in the program's
-    output structure. `seed` and `offset` key the random streams (dropout)."""
+    output structure. `seed` and `offset` key the random streams (dropout); `fp_half_intermediates`
+    rounds half-type attention as the lowering option of that name does."""
+    from ..passes.widen import HALF, half_round_attrs
+
     r = Run(precision, seed, offset)
     graph = program.graph
     inputs = program.flatten_args(args)
@@ -76,7 +88,10 @@ def run(program, *args, precision="float64", seed=0, offset=0):
         args = [env[v.id] for v in node.inputs]
         if node.op == "matmul" and r.precision == "float32" and node.inputs[0].dtype is dtypes.bfloat16:
             args = [flush_bf16_subnormals(a) for a in args]
-        result = OPS[node.op].ref(args, node.attrs, r)
+        attrs = node.attrs
+        if fp_half_intermediates:
+            attrs = half_round_attrs(node, next((v.dtype for v in node.inputs if v.dtype in HALF), None))
+        result = OPS[node.op].ref(args, attrs, r)
         results = result if isinstance(result, tuple) else (result,)
         assert len(results) == len(node.outputs), node.op
         for v, a in zip(node.outputs, results):

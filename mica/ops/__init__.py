@@ -11,14 +11,15 @@ class KernelABI:
     """A hand-written kernel's calling convention, as data the shared passes read (no pass names
     a kernel): which leading inputs it reads through strides (last stride 1) and which leading
     outputs it may write through strides (laid out as their reader walks them), whether it can
-    report bad input (an index out of range: the program stops), and which attribute, when
-    nonzero, makes it draw random numbers."""
+    report bad input (an index out of range: the program stops), which attribute, when
+    nonzero, makes it draw random numbers, and which attribute (set by the lowering option
+    fp_half_intermediates, passes/widen.py) names the half type it may round intermediates to."""
 
-    __slots__ = ("strided_inputs", "strided_outputs", "may_fail", "rng_attr")
+    __slots__ = ("strided_inputs", "strided_outputs", "may_fail", "rng_attr", "half_round_attr")
 
-    def __init__(self, strided_inputs=0, strided_outputs=0, may_fail=False, rng_attr=None):
+    def __init__(self, strided_inputs=0, strided_outputs=0, may_fail=False, rng_attr=None, half_round_attr=None):
         self.strided_inputs, self.strided_outputs = strided_inputs, strided_outputs
-        self.may_fail, self.rng_attr = may_fail, rng_attr
+        self.may_fail, self.rng_attr, self.half_round_attr = may_fail, rng_attr, half_round_attr
 
     def uses_rng(self, attrs):
         return bool(self.rng_attr and attrs.get(self.rng_attr))

@@ -313,17 +313,22 @@ def _attn_check(q, k, v):
                          "[..., L, E], [..., S, E], [..., S, Ev] of one type")
 
 
-def _attention_infer(specs, causal, scale, dropout_p, stream, threshold):
+def _attention_infer(specs, causal, scale, dropout_p, stream, threshold, half_round=None):
     q, k, v = specs[:3]
     _attn_check(q, k, v)
     return [(q.shape[:-1] + (v.shape[-1],), q.dtype), (q.shape[:-1], acc(q.dtype))]
 
 
-def _attn_probs(q, k, lse, at):
+def _attn_scores(q, k, at):
     s = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(at["scale"])
     if at["causal"]:
         L, S = s.shape[-2:]
         s = np.where(np.tril(np.ones((L, S), dtype=bool)), s, -np.inf)
+    return s
+
+
+def _attn_probs(q, k, lse, at):
+    s = _attn_scores(q, k, at)
     if lse is None:
         m = s.max(-1, keepdims=True)
         lse = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
@@ -337,9 +342,23 @@ def _attn_keep(shape, at, run):
                      at["threshold"]).reshape(shape)
 
 
+def _attn_round(x, at, run):
+    """x rounded to the half type `half_round` names (fp_half_intermediates; x when it names none)."""
+    half = at.get("half_round")
+    return x if half is None else run.round_half(x, half)
+
+
 def _attention_ref(a, at, run):
     q, k, v = a[:3]
-    p, lse = _attn_probs(q, k, None, at)
+    if at.get("half_round") is None:
+        p, lse = _attn_probs(q, k, None, at)
+    else:  # exp(s - max) rounded to the half type before dividing by its float sum (mica_rows.h)
+        s = _attn_scores(q, k, at)
+        m = s.max(-1, keepdims=True)
+        e = np.exp(s - m)
+        total = e.sum(-1, keepdims=True)
+        lse = (m + np.log(total))[..., 0]
+        p = _attn_round(e, at, run) / total
     keep = _attn_keep(p.shape, at, run)
     if keep is not None:
         p = np.where(keep, p * p.dtype.type(1 / (1 - at["dropout_p"])), 0)
@@ -354,7 +373,7 @@ def _attention_vjp(c, o, i, a, n):
     return list(grads) + [None] * (len(i) - 3)
 
 
-def _attention_bwd_infer(specs, causal, scale, dropout_p, stream, threshold):
+def _attention_bwd_infer(specs, causal, scale, dropout_p, stream, threshold, half_round=None):
     g, q, k, v, o, lse = specs[:6]
     _attn_check(q, k, v)
     if g.shape != o.shape:
@@ -368,11 +387,11 @@ def _attention_bwd_ref(a, at, run):
     keep = _attn_keep(p.shape, at, run)
     scale_d = p.dtype.type(1 / (1 - at["dropout_p"])) if keep is not None else None
     pd = np.where(keep, p * scale_d, 0) if keep is not None else p
-    dv = np.swapaxes(pd, -1, -2) @ g
+    dv = np.swapaxes(_attn_round(pd, at, run), -1, -2) @ g
     dpd = g @ np.swapaxes(v, -1, -2)
     dp = np.where(keep, dpd * scale_d, 0) if keep is not None else dpd
     d = (g * o).sum(-1, keepdims=True)
-    ds = p * (dp - d) * q.dtype.type(at["scale"])
+    ds = _attn_round(p * (dp - d), at, run) * q.dtype.type(at["scale"])
     return ds @ k, np.swapaxes(ds, -1, -2) @ q, dv
 
 
@@ -386,10 +405,11 @@ def _attention_flops(node):
 
 
 defop("attention", infer=_attention_infer, ref=_attention_ref, vjp=_attention_vjp, family="kernel",
-      kernel=KernelABI(strided_inputs=3, strided_outputs=1, rng_attr="dropout_p"), remat="asked",
+      kernel=KernelABI(strided_inputs=3, strided_outputs=1, rng_attr="dropout_p", half_round_attr="half_round"),
+      remat="asked",
       flops=_attention_flops)
 defop("attention_backward", infer=_attention_bwd_infer, ref=_attention_bwd_ref, family="kernel",
-      kernel=KernelABI(strided_inputs=6, strided_outputs=3, rng_attr="dropout_p"))
+      kernel=KernelABI(strided_inputs=6, strided_outputs=3, rng_attr="dropout_p", half_round_attr="half_round"))
 
 
 # ---- embedding --------------------------------------------------------------------------------------

@@ -8,12 +8,28 @@ output rounded once to its type. That is the semantics Mica gives these primitiv
 cast nodes, so every target runs half-type programs with its float32 kernels; a target that has a
 half kernel for a primitive says so (`Target.half_kernel(op, dtype)`: the CPU's bfloat16 products)
 and keeps the node as it is.
+
+With `fp_half_intermediates` (a lowering option, off by default) a kernel of half operands whose
+ABI names a `half_round_attr` (attention and its backward) also rounds where PyTorch's CPU kernel
+rounds: its node gets that attribute (the half type's name), which every target's kernel reads
+(the attention rows of mica_rows.h) and the oracle's reference code follows
+(reference.run(..., fp_half_intermediates=True)). Products need no
+such attribute: PyTorch's CPU half products accumulate in float32 and round once, as Mica's do.
 """
 from .. import dtypes
 from ..ops import OPS
 from .simplify import _Rebuilder
 
 HALF = (dtypes.bfloat16, dtypes.float16)
+
+
+def half_round_attrs(node, half):
+    """`node`'s attributes with fp_half_intermediates' rounding named, where its kernel's ABI has
+    an attribute for it (its own attributes otherwise)."""
+    abi = OPS[node.op].kernel
+    if abi is not None and abi.half_round_attr and half is not None:
+        return {**node.attrs, abi.half_round_attr: half.name}
+    return node.attrs
 
 
 def _half_type(node):
@@ -24,27 +40,34 @@ def _half_type(node):
 
 
 class _Widener(_Rebuilder):
-    def __init__(self, graph, target):
+    def __init__(self, graph, target, half_intermediates):
         super().__init__(graph)
         self.target = target
+        self.half_intermediates = half_intermediates
 
     def cast(self, v, dtype, loc):
         return self.new.add("cast", (v,), {"dtype": dtype}, [(v.shape, dtype)], loc).out
 
     def rewrite(self, node, ins):
         half = _half_type(node)
-        if half is None or self.target.half_kernel(node.op, half):
+        attrs = half_round_attrs(node, half) if self.half_intermediates else node.attrs
+        if half is None:
             return None
         loc = node.loc
+        if self.target.half_kernel(node.op, half):
+            if attrs is node.attrs:
+                return None
+            return self.new.add(node.op, ins, attrs, [(o.shape, o.dtype) for o in node.outputs], loc).outputs
         wide = [self.cast(v, dtypes.float32, loc) if v.dtype in HALF else v for v in ins]
         types = [(o.shape, dtypes.float32 if o.dtype in HALF else o.dtype) for o in node.outputs]
-        outs = self.new.add(node.op, wide, node.attrs, types, loc).outputs
+        outs = self.new.add(node.op, wide, attrs, types, loc).outputs
         return [self.cast(n, o.dtype, loc) if o.dtype in HALF else n for n, o in zip(outs, node.outputs)]
 
 
-def widen(graph, target):
+def widen(graph, target, half_intermediates=False):
     """`graph` with every half-type product and kernel primitive the target has no half kernel for
-    computed in float32 between casts (the graph itself when there is none)."""
+    computed in float32 between casts (the graph itself when there is none); with
+    `half_intermediates` its half attention kernels carry `half_round`."""
     if not any(_half_type(n) is not None for n in graph.nodes):
         return graph
-    return _Widener(graph, target).run()
+    return _Widener(graph, target, bool(half_intermediates)).run()

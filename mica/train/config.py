@@ -61,6 +61,7 @@ MICA_DEFAULTS = {
     "tf32": False,         # device=cuda: products may use TF32 (nanoGPT's train.py allows it)
     "recipe": "nanogpt",   # or "speedrun": the speedrun seed's model, optimizers and loop (SPEEDRUN_DEFAULTS)
     "memory_budget": None,  # bytes, a size (2GB), or "auto": recompute more until the arenas fit
+    "fp_half_intermediates": False,  # half attention rounds where PyTorch's CPU attention rounds
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -221,6 +222,8 @@ DESCRIPTIONS = {
     "recipe": "nanogpt (these settings) or speedrun (the speedrun seed's: mica train speedrun --help)",
     "memory_budget": "bytes (or 2GB, 800MiB) the trainer's arenas may take, or auto (nine tenths of the free "
                      "memory): the backward recomputes more, up to whole blocks, until the plan fits",
+    "fp_half_intermediates": "with dtype=bfloat16 or float16: attention rounds its unnormalized weights (and, backward, P "
+                             "and dS) to the half type where PyTorch's CPU autocast does; False keeps every other digit",
 }
 
 

@@ -24,12 +24,14 @@ def _runtime_text():
     return "\0".join(parts)
 
 
-def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False, tf32=False, memory_budget=None):
+def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False, tf32=False, memory_budget=None,
+                  fp_half_intermediates=False):
     """Lower the programs for the device, compile and link them with the runtime (cached); returns
-    (executable path, {name: Lowered}). `memory_budget`: bytes the two arenas may take together."""
+    (executable path, {name: Lowered}). `memory_budget`: bytes the two arenas may take together;
+    `fp_half_intermediates`: the pipeline's option (mica/lower.py)."""
     if device == "cuda":
-        return _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget)
-    lowered = _lower_all(programs, memory_budget, "cpu", opt_level=opt_level)
+        return _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget, fp_half_intermediates)
+    lowered = _lower_all(programs, memory_budget, "cpu", opt_level=opt_level, fp_half_intermediates=fp_half_intermediates)
     blas = lowered["train"].target.blas
     cflags, ldflags = cbuild.blas_flags(blas)
     if collectives.distributed(lowered["train"].schedule):  # a data-parallel trainer: Open MPI (runtime/dist.c)
@@ -90,13 +92,14 @@ def _link(out_dir, exe, command, tool):
     cbuild.install(tmp, exe)
 
 
-def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=None):
+def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=None, fp_half_intermediates=False):
     """The CUDA trainer: each program's CUDA source compiled by nvcc (a fatbin for every
     architecture) or, simulated, by g++ against mica_cudasim.h; the same C runtime; linked by nvcc
     (cuBLASLt from the nvidia-cublas wheel, by rpath) or g++ (Boost.Context)."""
     from ..backends.cuda import build as cuda_build
 
-    lowered = _lower_all(programs, memory_budget, "cuda", opt_level=opt_level, simulate=simulate, tf32=tf32)
+    lowered = _lower_all(programs, memory_budget, "cuda", opt_level=opt_level, simulate=simulate, tf32=tf32,
+                         fp_half_intermediates=fp_half_intermediates)
     sources = {name: lowered[name].target.render(lowered[name], api=f"{name}_") for name in PROGRAMS}
     cc = cbuild.compiler()
     if simulate:

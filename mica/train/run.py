@@ -125,7 +125,8 @@ def prepare_run(config_path=None, overrides=(), log=print):
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
     budget = memory_plan.parse_budget(cfg["memory_budget"], cfg["device"])
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
-                                        tf32=cfg["tf32"], memory_budget=budget)
+                                        tf32=cfg["tf32"], memory_budget=budget,
+                                        fp_half_intermediates=cfg["fp_half_intermediates"])
     _products_record(cfg["device"], cfg["simulate"])
     native.check_in_place(lowered["train"])
     log(memory_plan.report(lowered))  # what the trainer will hold, exact, before the first step

@@ -193,6 +193,9 @@ def _embedding_backward(e, kernel):
             "(int64_t *)work);"]
 
 
+HALF_ROUND = {"bfloat16": 1, "float16": 2}  # mica_attn_shape.half_round (fp_half_intermediates)
+
+
 def attention_shape(e, kernel):
     """(statements declaring `mica_attn_shape shape` for an attention kernel — its sizes, every
     operand's strides, the mask and dropout settings —, q, k, v, o): the record both targets'
@@ -213,7 +216,8 @@ def attention_shape(e, kernel):
         f"    {B}, {H}, {L}, {S}, {E}, {Ev},",
         f"    {qsb}, {qsh}, {qst}, {ksb}, {ksh}, {kst}, {vsb}, {vsh}, {vst}, {osb}, {osh}, {ost},",
         f"    {gstrides}",
-        f"    {int(a['causal'])}, {a['scale']!r}, {a['dropout_p']!r}, {max(a['stream'], 0)}u, {a['threshold']}u, {rng}}};",
+        f"    {int(a['causal'])}, {a['scale']!r}, {a['dropout_p']!r}, {max(a['stream'], 0)}u, {a['threshold']}u, {rng}"
+        + (f", {HALF_ROUND[a['half_round']]}" if a.get("half_round") else "") + "};",
     ]
     return lines, q, k, v, o
 

@@ -124,7 +124,12 @@ typedef struct {
     double scale, dropout_p;
     uint32_t stream, threshold;
     const int64_t *rng;
+    int half_round; /* fp_half_intermediates: 0 none (every digit kept), 1 bfloat16, 2 float16 */
 } mica_attn_shape;
+
+/* x rounded to the half type the record names (x itself when it names none) */
+#define MICA_ATTN_ROUND(a, T, x) ((a)->half_round == 1 ? (T)mica_round_bf16((float)(x))                 \
+                                  : (a)->half_round == 2 ? (T)mica_round_f16((float)(x)) : (x))
 
 /* the keys query row i sees */
 static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64_t i) {
@@ -134,7 +139,11 @@ static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64
 /* query row i of head bh: its scores pi[0, n) become the (dropped) probabilities, its
  * log-sum-exp is stored; keys it cannot see (m_ <= j < n) get 0. And the backward's row: pi holds
  * the scores (scaled), di the output gradient's product with V; they become the dropped
- * probabilities (for dV) and dS (for dQ and dK). */
+ * probabilities (for dV) and dS (for dQ and dK).
+ * With a->half_round (fp_half_intermediates) the rows round where PyTorch's CPU attention rounds
+ * (measured: docs/design.md, Mixed precision): the forward rounds exp(s - max) to the half type
+ * before dividing by its float sum (the product with V reads the rounded weights); the backward
+ * rounds the probabilities (for dV) and dS before its scale (for dQ and dK). */
 #define MICA_DEFINE_ATTENTION_ROWS(T, S_)                                                           \
 MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i, T *pi,    \
                                          int64_t n, T *lse) {                                      \
@@ -144,7 +153,8 @@ MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, i
     MICA_ROW_FOR(j, 0, m_) pi[j] = mica_exp_##S_(pi[j] - m);                                       \
     T l = MICA_ROW_SUM(S_, pi, m_);                                                                \
     if (MICA_ROW_LEAD) *lse = m + mica_log_##S_(l);                                                \
-    MICA_ROW_FOR(j, 0, m_) pi[j] = pi[j] / l;                                                      \
+    if (a->half_round) MICA_ROW_FOR(j, 0, m_) pi[j] = MICA_ATTN_ROUND(a, T, pi[j]) / l;            \
+    else MICA_ROW_FOR(j, 0, m_) pi[j] = pi[j] / l;                                                 \
     MICA_ROW_FOR(j, m_, n) pi[j] = (T)0;                                                           \
     if (a->dropout_p > 0) {                                                                        \
         uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
@@ -165,8 +175,14 @@ MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int6
             T pj = mica_exp_##S_(pi[j] - li), dpj = di[j];                                          \
             int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);                       \
             dpj = kept ? dpj * keep_scale : (T)0;                                                  \
-            pi[j] = kept ? pj * keep_scale : (T)0;                                                 \
-            di[j] = (pj * (dpj - D)) * scale;                                                      \
+            pi[j] = MICA_ATTN_ROUND(a, T, kept ? pj * keep_scale : (T)0);                          \
+            di[j] = MICA_ATTN_ROUND(a, T, pj * (dpj - D)) * scale;                                 \
+        }                                                                                          \
+    } else if (a->half_round) {                                                                    \
+        MICA_ROW_FOR(j, 0, m_) {                                                                   \
+            T pj = mica_exp_##S_(pi[j] - li);                                                       \
+            di[j] = MICA_ATTN_ROUND(a, T, pj * (di[j] - D)) * scale;                               \
+            pi[j] = MICA_ATTN_ROUND(a, T, pj);                                                     \
         }                                                                                          \
     } else { /* the common case, kept apart so it vectorizes */                                    \
         MICA_ROW_FOR(j, 0, m_) {                                                                   \
