@@ -75,7 +75,7 @@ static int stop_interrupted(int64_t iter, const char *during) {
 }
 
 /* the eval program gets the train program's current parameters, through the staging buffer */
-static void copy_parameters_to_eval(void) {
+void copy_parameters_to_eval(void) {
     char *buffer = staging();
     for (int i = 0; i < S.nslots; i++) {
         const slot *s = &S.slots[i];

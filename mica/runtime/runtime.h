@@ -111,6 +111,7 @@ void prog_get_input_part(int which, int i, int64_t start, int64_t n, void *dst);
 /* tensors pass between programs and files through one host buffer of this many bytes */
 #define STAGING_BYTES ((int64_t)16 << 20)
 char *staging(void);
+void copy_parameters_to_eval(void); /* loop.c: the eval program gets the train program's parameters */
 void prog_get_output(int which, int i, void *dst);
 void prog_get_output_part(int which, int i, int64_t start, int64_t count, void *dst); /* elements, row-major */
 

@@ -67,25 +67,12 @@ static void read_batch(const token_set *set, int file, int64_t pos, int64_t toke
     }
 }
 
-static void copy_parameters(void) {
-    char *buffer = staging();
-    for (int i = 0; i < S.nslots; i++) {
-        const slot *s = &S.slots[i];
-        if (s->kind != 0 || s->input[ARENA_EVAL] < 0) continue;
-        for (int64_t at = 0; at < s->nbytes; at += STAGING_BYTES) {
-            int64_t n = s->nbytes - at < STAGING_BYTES ? s->nbytes - at : STAGING_BYTES;
-            prog_get_input_part(ARENA_TRAIN, (int)s->input[ARENA_TRAIN], at, n, buffer);
-            prog_set_input_part(ARENA_EVAL, (int)s->input[ARENA_EVAL], at, n, buffer);
-        }
-    }
-}
-
 /* the seed's validation: the summed loss of each micro-batch, added in float32, over val_tokens */
 static float validate(const int64_t *vx, const int64_t *vy) {
     void *ev = prog_arena(ARENA_EVAL);
     int64_t cells = S.batch * S.block;
     float total = 0;
-    copy_parameters();
+    copy_parameters_to_eval();
     for (int64_t k = 0; k < S.eval_iters; k++) {
         if (interrupted) return NAN;
         prog_set_input(ARENA_EVAL, (int)S.ev_x, vx + k * cells);

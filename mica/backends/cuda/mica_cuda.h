@@ -213,41 +213,30 @@ static void mica_record_write(void) {
 }
 
 #ifdef MICA_CUDASIM
-/* the simulator's product: each element a sum over k in order, then alpha; queued on the stream
- * like a kernel, so a captured graph replays it */
-template <class T>
-static void mica_sim_gemm(const mica_product_shape *s, T alpha, const T *A, const T *B, T *C) {
-    for (int64_t n = 0; n < s->count; n++) {
-        const T *a = A + n * s->sa, *b = B + n * s->sb;
-        T *c = C + n * s->sc;
-        for (int64_t i = 0; i < s->M; i++)
-            for (int64_t j = 0; j < s->N; j++) {
-                T acc = 0;
-                for (int64_t k = 0; k < s->K; k++)
-                    acc += (s->ta ? a[k * s->lda + i] : a[i * s->lda + k]) * (s->tb ? b[j * s->ldb + k] : b[k * s->ldb + j]);
-                c[i * s->ldc + j] = alpha == (T)1 ? acc : alpha * acc;
-            }
-    }
-}
-
-/* a half product: half operands, each product and sum in float32 in k order, C rounded once */
+/* the simulator's product: each element a sum over k in order (in A, the accumulator's type:
+ * float for float and the half types, whose operands are widened exactly), then alpha, then C
+ * rounded once to its type; queued on the stream like a kernel, so a captured graph replays it */
+static inline float mica_sim_load(float x) { return x; }
+static inline double mica_sim_load(double x) { return x; }
 static inline float mica_sim_load(mica_bf16 x) { return mica_bf16_load(x); }
 static inline float mica_sim_load(mica_f16 x) { return (float)x; }
+static inline void mica_sim_store(float *p, float f) { *p = f; }
+static inline void mica_sim_store(double *p, double f) { *p = f; }
 static inline void mica_sim_store(mica_bf16 *p, float f) { *p = mica_bf16_store(f); }
 static inline void mica_sim_store(mica_f16 *p, float f) { *p = (mica_f16)f; }
 
-template <class H>
-static void mica_sim_gemm_half(const mica_product_shape *s, float alpha, const H *A, const H *B, H *C) {
+template <class T, class A>
+static void mica_sim_gemm(const mica_product_shape *s, A alpha, const T *A_, const T *B, T *C) {
     for (int64_t n = 0; n < s->count; n++) {
-        const H *a = A + n * s->sa, *b = B + n * s->sb;
-        H *c = C + n * s->sc;
+        const T *a = A_ + n * s->sa, *b = B + n * s->sb;
+        T *c = C + n * s->sc;
         for (int64_t i = 0; i < s->M; i++)
             for (int64_t j = 0; j < s->N; j++) {
-                float acc = 0;
+                A acc = 0;
                 for (int64_t k = 0; k < s->K; k++)
                     acc += mica_sim_load(s->ta ? a[k * s->lda + i] : a[i * s->lda + k]) *
                            mica_sim_load(s->tb ? b[j * s->ldb + k] : b[k * s->ldb + j]);
-                mica_sim_store(&c[i * s->ldc + j], alpha == 1.0f ? acc : alpha * acc);
+                mica_sim_store(&c[i * s->ldc + j], alpha == (A)1 ? acc : alpha * acc);
             }
     }
 }
@@ -269,11 +258,11 @@ static int mica_product_run(cudaStream_t stream, const mica_product_shape *s, do
     }
     mica_product_shape shape = *s;
     ::mica_cudasim::detail::enqueue(stream, [=] {
-        if (shape.type == MICA_F64) mica_sim_gemm<double>(&shape, alpha, (const double *)A, (const double *)B, (double *)C);
-        else if (shape.type == MICA_F32) mica_sim_gemm<float>(&shape, (float)alpha, (const float *)A, (const float *)B, (float *)C);
-        else if (shape.type == MICA_BF16) mica_sim_gemm_half<mica_bf16>(&shape, (float)alpha, (const mica_bf16 *)A,
-                                                                         (const mica_bf16 *)B, (mica_bf16 *)C);
-        else mica_sim_gemm_half<mica_f16>(&shape, (float)alpha, (const mica_f16 *)A, (const mica_f16 *)B, (mica_f16 *)C);
+        if (shape.type == MICA_F64) mica_sim_gemm<double, double>(&shape, alpha, (const double *)A, (const double *)B, (double *)C);
+        else if (shape.type == MICA_F32) mica_sim_gemm<float, float>(&shape, (float)alpha, (const float *)A, (const float *)B, (float *)C);
+        else if (shape.type == MICA_BF16) mica_sim_gemm<mica_bf16, float>(&shape, (float)alpha, (const mica_bf16 *)A,
+                                                                          (const mica_bf16 *)B, (mica_bf16 *)C);
+        else mica_sim_gemm<mica_f16, float>(&shape, (float)alpha, (const mica_f16 *)A, (const mica_f16 *)B, (mica_f16 *)C);
     });
     return 0;
 }
