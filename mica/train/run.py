@@ -144,12 +144,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
     settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
-    manifest = os.path.join(out_dir, "trainer.manifest")
-    if world > 1:
-        settings.update(world=world, rank=rank, run_hash=distributed.run_hash(cfg, lowered, world))
-        manifest = os.path.join(out_dir, f"trainer.rank{rank}.manifest")
-    native.write_manifest(manifest, settings, slots, lowered, loads, files)
-    return exe, manifest, cfg
+    return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
 
 # ---- the speedrun recipe ------------------------------------------------------------------------
@@ -244,12 +239,7 @@ def prepare_speedrun(cfg, log):
     else:
         log(f"initializing from weights in {cfg['init_from']}")
         loads = _loads(cfg["init_from"], expected, settings, params_only=True)
-    manifest = os.path.join(out_dir, "trainer.manifest")
-    if world > 1:
-        settings.update(world=world, rank=rank, run_hash=distributed.run_hash(cfg, lowered, world))
-        manifest = os.path.join(out_dir, f"trainer.rank{rank}.manifest")
-    native.write_manifest(manifest, settings, slots, lowered, loads, files)
-    return exe, manifest, cfg
+    return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
 
 def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
@@ -349,6 +339,16 @@ def _follow_hf_weights(cfg, vocab, log):
         f"n_head={cfg['n_head']}, n_embd={cfg['n_embd']}, bias=True, vocab_size={args['vocab_size']}, "
         f"block_size={cfg['block_size']}")
     return args["vocab_size"]
+
+
+def _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files):
+    """The trainer's manifest (one per rank, with the run's hash, under mpirun); its path."""
+    manifest = os.path.join(out_dir, "trainer.manifest")
+    if world > 1:
+        settings.update(world=world, rank=rank, run_hash=distributed.run_hash(cfg, lowered, world))
+        manifest = os.path.join(out_dir, f"trainer.rank{rank}.manifest")
+    native.write_manifest(manifest, settings, slots, lowered, loads, files)
+    return manifest
 
 
 def _expected(slots, lowered):

@@ -43,9 +43,10 @@ class Emitter(CStyleRenderer):
         M, N, K, ta, lda, tb, ldb, batch, off = p.M, p.N, p.K, p.ta, p.lda, p.tb, p.ldb, p.batch, p.offset
 
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
+        operands = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
+                    f"{pc} + {off(out)}, {N}")  # (C[M,N] = op(A) op(B) at their offsets, for either grid)
         if kern.epilogue is not None and a.dtype is dtypes.bfloat16 and self.target.bf16_gemm != "f32" and not batch:
-            args = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
-                    f"{pc} + {off(out)}, {N}, {int(dt is dtypes.bfloat16)}, work, scratch")
+            args = f"{operands}, {int(dt is dtypes.bfloat16)}, work, scratch"
             body = tile_body(self, kern.epilogue)
             return [f"mica_bf16_product p = mica_bf16_product_make({args});",
                     "#pragma omp parallel if (p.parallel)",
@@ -60,10 +61,8 @@ class Emitter(CStyleRenderer):
                     f"            for (int64_t i1 = 0; i1 < {N}; i1++) {{"] + \
                 ["                " + x for x in body] + ["            }", "    }", "    mica_bf16_product_end(&p);", "}"]
         if kern.epilogue is not None and self.blas == "openblas" and not batch:
-            args = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
-                    f"{pc} + {off(out)}, {N}")
             body = tile_body(self, kern.epilogue)
-            return [f"mica_product p = mica_product_grid({args});",
+            return [f"mica_product p = mica_product_grid({operands});",
                     "#pragma omp parallel for schedule(static) if (mica_product_parallel(&p))",
                     "for (int64_t t = 0; t < p.tm * p.tn; t++) {",
                     "    int64_t r0, r1, c0, c1;",

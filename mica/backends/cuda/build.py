@@ -21,15 +21,23 @@ def nvcc():
     return path
 
 
+def wheel_dirs(module, missing):
+    """(include dir, lib dir) of an NVIDIA wheel's package (`module`, e.g. nvidia.cu13); `missing`:
+    the sentence when it is not installed."""
+    import importlib
+
+    try:
+        package = importlib.import_module(module)
+    except ImportError:
+        raise MicaError(missing) from None
+    root = list(package.__path__)[0]
+    return os.path.join(root, "include"), os.path.join(root, "lib")
+
+
 def cuda_libraries():
     """(include dir, lib dir) of the cuBLAS/cuBLASLt and CUDA runtime wheels (PyPI: nvidia-cublas,
     nvidia-cuda-runtime)."""
-    try:
-        import nvidia.cu13 as cu13
-    except ImportError:
-        raise MicaError("cuBLASLt is not installed: pip install nvidia-cublas nvidia-cuda-runtime") from None
-    root = list(cu13.__path__)[0]
-    return os.path.join(root, "include"), os.path.join(root, "lib")
+    return wheel_dirs("nvidia.cu13", "cuBLASLt is not installed: pip install nvidia-cublas nvidia-cuda-runtime")
 
 
 def gencode():

@@ -2,7 +2,6 @@
 mica_nccl.h, which moves bytes over NCCL and adds in Mica's fixed rank order. At world size 1 a
 single-operand collective is a device copy. Building one needs NCCL's headers and library (the
 nvidia-nccl-cu13 wheel: pip install -e '.[cuda]') and Open MPI's (the id is broadcast over MPI)."""
-import os
 
 from ...errors import MicaError
 from ...targets import register_lowering
@@ -18,12 +17,9 @@ def headers(schedule):
 
 def nccl_paths():
     """(include dir, lib dir) of the nvidia-nccl-cu13 wheel."""
-    try:
-        import nvidia.nccl as nccl
-    except ImportError:
-        raise MicaError("NCCL is not installed: pip install nvidia-nccl-cu13 (or pip install -e '.[cuda]')") from None
-    root = list(nccl.__path__)[0]
-    return os.path.join(root, "include"), os.path.join(root, "lib")
+    from .build import wheel_dirs
+
+    return wheel_dirs("nvidia.nccl", "NCCL is not installed: pip install nvidia-nccl-cu13 (or pip install -e '.[cuda]')")
 
 
 def build_flags():
