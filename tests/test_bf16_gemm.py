@@ -29,7 +29,7 @@ KERNELS = [pytest.param(k, marks=pytest.mark.skipif(not all(f in FLAGS for f in 
 # k step, K odd, k shorter than one step, and sizes large enough to run on both threads
 SHAPES = [((), 1, 1, 1, 0, 0), ((), 7, 5, 3, 0, 0), ((), 33, 17, 65, 0, 1), ((), 65, 37, 99, 1, 0),
           ((), 65, 37, 99, 1, 1), ((), 130, 97, 161, 0, 0), ((), 96, 130, 64, 1, 1), ((2, 3), 19, 40, 33, 0, 1),
-          ((3,), 45, 29, 70, 1, 0)]
+          ((3,), 45, 29, 70, 1, 0), ((), 33, 600, 1400, 1, 0)]  # (the last in two k chunks)
 
 
 def _program(batch, M, N, K, ta, tb):
@@ -229,7 +229,8 @@ class _NoBf16Epilogue(CTarget):
 @pytest.mark.skipif(bf16gemm.choose() == "f32", reason="the float32 fallback carries no epilogue")
 def test_elementwise_loops_riding_on_bfloat16_products_change_no_bit():
     """gelu on a bfloat16 product, a float32 residual add after another, and the backward's casts:
-    run on each 32-row block of the product, the same bits as run as passes of their own."""
+    run on each 32-row block of the product, the same bits as run as passes of their own (the
+    products' packed B past the L2 budget: their k in chunks, the epilogue after the last)."""
     F = mica.nn.functional
 
     def step(x, w1, w2, u):
@@ -238,7 +239,7 @@ def test_elementwise_loops_riding_on_bfloat16_products_change_no_bit():
             y = x + F.linear(h, w2)
         return y, mica.grad(y, [x, w1, w2], grad_output=u)
 
-    shapes = ((70, 48), (100, 48), (48, 100), (70, 48))
+    shapes = ((70, 4000), (200, 4000), (4000, 200), (70, 4000))
     program = mica.trace(step, *(mica.f32[s] for s in shapes))
     rng = np.random.default_rng(8)
     args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -251,3 +252,60 @@ def test_elementwise_loops_riding_on_bfloat16_products_change_no_bit():
     oracle = mica.reference.run(program, *args, precision="float32")
     for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(oracle)[0]):
         assert rel_err(g, w) <= 2.0 ** -8
+
+
+_CHUNKS_C = r"""
+#include "mica_bf16gemm.h"
+#include <stdio.h>
+/* each shape's product (bfloat16 out, then float32 out) written to stdout as bytes, after
+ * mica_bf16gemm_shared_bytes on stderr */
+int main(void) {
+    int shapes[][5] = {{40, 70, 20000, 0, 1}, {33, 600, 1400, 1, 0}, {65, 50, 13000, 1, 1}};
+    for (int s = 0; s < 3; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ta = shapes[s][3], tb = shapes[s][4];
+        mica_bf16 *a = malloc(2 * (size_t)M * K), *b = malloc(2 * (size_t)K * N);
+        float *c = malloc(4 * (size_t)M * N);
+        uint32_t x = 7u + s;
+        for (long i = 0; i < (long)M * K; i++) { x = x * 1664525u + 1013904223u; a[i] = mica_bf16_store((int)(x >> 9) / 4194304.0f - 1.0f); }
+        for (long i = 0; i < (long)K * N; i++) { x = x * 1664525u + 1013904223u; b[i] = mica_bf16_store((int)(x >> 9) / 4194304.0f - 1.0f); }
+        int64_t shared = mica_bf16gemm_shared_bytes(M, N, K);
+        fprintf(stderr, "%d %d %d %lld\n", M, N, K, (long long)shared);
+        char *work = aligned_alloc(64, (shared + 63) / 64 * 64), *scratch = aligned_alloc(64, 8 * mica_bf16gemm_thread_bytes(K));
+        for (int out_bf16 = 1; out_bf16 >= 0; out_bf16--) {
+            mica_bf16gemm(M, N, K, a, ta ? M : K, ta, b, tb ? K : N, tb, c, N, out_bf16, work, scratch);
+            fwrite(c, out_bf16 ? 2 : 4, (size_t)M * N, stdout);
+        }
+        free(a); free(b); free(c); free(work); free(scratch);
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k.values[0] != "f32"])
+def test_k_chunks_change_no_bit_and_the_scratch_sizes_agree(kernel, tmp_path):
+    """Products whose packed B passes the L2 budget run in k chunks, each block's float32 sums kept
+    between them: the same bits as one pass over k (a build with the budget raised), for 1 and 2
+    threads; and mica_bf16gemm_shared_bytes is what bf16gemm.shared_bytes reserves."""
+    from mica.backends.c.build import INCLUDES
+
+    src = tmp_path / "chunks.c"
+    src.write_text(_CHUNKS_C)
+    outs = {}
+    for budget in ("", "-DMICA_BF16_L2=(1LL<<40)"):
+        exe = str(tmp_path / f"chunks{len(outs)}")
+        subprocess.run(["gcc", "-O2", "-march=native", "-fopenmp", "-ffp-contract=off", *INCLUDES,
+                        f"-DMICA_BF16_GEMM={bf16gemm.KERNELS[kernel]}", *([budget] if budget else []), str(src),
+                        "-o", exe, "-lm"], check=True)
+        for threads in (1, 2):
+            r = subprocess.run([exe], capture_output=True, env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+                               check=True)
+            outs[(budget, threads)] = r.stdout
+            if not budget:
+                for line in r.stderr.decode().split("\n")[:-1]:
+                    M, N, K, shared = map(int, line.split())
+                    assert shared == bf16gemm.shared_bytes(kernel, M, N, K)
+                    assert bf16gemm.k_chunk(-(-K // 32) * 32, -(-N // 32) * 32) < -(-K // 32) * 32  # chunked
+    first = outs[("", 1)]
+    assert len(first) == 6 * (40 * 70 + 33 * 600 + 65 * 50)
+    assert all(o == first for o in outs.values())

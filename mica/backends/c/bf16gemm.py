@@ -22,6 +22,7 @@ PREFERENCE = ("amx", "f32")  # what choose() takes unasked, first that the proce
 MB, KSTEP = 32, 32           # MICA_BF16_MB, MICA_BF16_KSTEP
 KC, NR = 384, 32             # MICA_KC, MICA_NR of mica_gemm.h (AVX-512 build)
 GEMM_THREAD_FLOATS = 384 * 96 + 8 * 32
+L2_BUDGET, CHUNK_BYTES = 3 << 19, 1 << 20  # MICA_BF16_L2; a k chunk of packed B at most this
 
 
 def machine_flags(path="/proc/cpuinfo"):
@@ -57,12 +58,23 @@ def _pad(n, to):
     return -(-n // to) * to
 
 
+def k_chunk(Kp, Np):
+    """mica_bf16_kchunk: the packed kernels' k chunk (all of k while packed B fits the L2 budget)."""
+    if 2 * Kp * Np <= L2_BUDGET or Np == 0:
+        return Kp
+    return max(CHUNK_BYTES // (2 * Np) // KSTEP * KSTEP, KSTEP)
+
+
 def shared_bytes(kernel, M, N, K):
-    """mica_bf16gemm_shared_bytes: scratch shared by the threads."""
+    """mica_bf16gemm_shared_bytes: scratch shared by the threads (packed B, and the float32 sums
+    of every output block between k chunks when there are several)."""
     if kernel == "f32":
         kc = max(min(K, KC), 1)
         return 4 * (M * K + K * N + M * N + kc * _pad(N, NR)) + 256
-    return 2 * _pad(K, KSTEP) * _pad(N, MB) + 64
+    Kp, Np = _pad(K, KSTEP), _pad(N, MB)
+    kc = k_chunk(Kp, Np)
+    sums = 4 * _pad(M, MB) * Np + 64 if kc and kc < Kp else 0
+    return 2 * Kp * Np + 64 + sums
 
 
 def thread_bytes(kernel, K):

@@ -45,6 +45,18 @@
 static inline int64_t mica_bf16_kpad(int64_t K) { return (K + MICA_BF16_KSTEP - 1) / MICA_BF16_KSTEP * MICA_BF16_KSTEP; }
 static inline int64_t mica_bf16_npad(int64_t N) { return (N + MICA_BF16_MB - 1) / MICA_BF16_MB * MICA_BF16_MB; }
 
+/* The k chunk (a multiple of 32) of the packed kernels: all of k while packed B (2 Kp Np bytes) fits
+ * the L2 budget, else as much of k as keeps a chunk of packed B within 1 MB. bf16gemm.py mirrors
+ * it (the shared scratch depends on it). */
+#ifndef MICA_BF16_L2
+#define MICA_BF16_L2 (3 << 19)  /* (a build may set it: tests/test_bf16_gemm.py compares chunked and unchunked) */
+#endif
+static inline int64_t mica_bf16_kchunk(int64_t Kp, int64_t Np) {
+    if (2 * Kp * Np <= MICA_BF16_L2 || Np == 0) return Kp;
+    int64_t kc = (1 << 20) / (2 * Np) / MICA_BF16_KSTEP * MICA_BF16_KSTEP;
+    return kc < MICA_BF16_KSTEP ? MICA_BF16_KSTEP : kc;
+}
+
 /* a bfloat16 value with subnormals flushed to zero (sign kept), as the bf16 instructions read it */
 static inline mica_bf16 mica_bf16_daz(mica_bf16 h) { return (h & 0x7F80u) ? h : (mica_bf16)(h & 0x8000u); }
 
@@ -55,8 +67,9 @@ static inline int64_t mica_bf16gemm_shared_bytes(int64_t M, int64_t N, int64_t K
     int64_t kc = K < MICA_KC ? K : MICA_KC;
     return 4 * (M * K + K * N + M * N + (kc ? kc : 1) * ((N + MICA_NR - 1) / MICA_NR * MICA_NR)) + 256;
 #else
-    (void)M;
-    return 2 * mica_bf16_kpad(K) * mica_bf16_npad(N) + 64;
+    int64_t Kp = mica_bf16_kpad(K), Np = mica_bf16_npad(N), kc = mica_bf16_kchunk(Kp, Np);
+    int64_t sums = kc && kc < Kp ? 4 * (M + MICA_BF16_MB - 1) / MICA_BF16_MB * MICA_BF16_MB * Np + 64 : 0;
+    return 2 * Kp * Np + 64 + sums;
 #endif
 }
 static inline int64_t mica_bf16gemm_thread_bytes(int64_t K) {
@@ -114,20 +127,32 @@ static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, i
 }
 #else
 /* ---- packing, shared by the AVX512-BF16 and AMX kernels ------------------------------------------ */
-/* B's 16-column panel p: ((p * Kp/2 + kk) * 16 + c) * 2 + e holds op(B)[2kk + e][16p + c] */
-static void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N, int64_t Kp, int64_t p,
-                             mica_bf16 *restrict out) {
+/* B's 16-column panel p: ((p * Kp/2 + kk) * 16 + c) * 2 + e holds op(B)[2kk + e][16p + c]: k pairs
+ * interleaved as the instructions read them; zeros past K and N, subnormals flushed. B is packed
+ * whole, once per product, by the team. */
+#define MICA_BF16_VEC __attribute__((target("avx512f,avx512bw,avx512vl")))
+MICA_BF16_VEC static inline __m512i mica_bf16_daz16(__m512i x) {  /* mica_bf16_daz on 32 values */
+    __mmask32 normal = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7F80));
+    return _mm512_mask_blend_epi16(normal, _mm512_and_si512(x, _mm512_set1_epi16((short)0x8000)), x);
+}
+
+MICA_BF16_VEC static void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N, int64_t Kp,
+                                           int64_t p, mica_bf16 *restrict out) {
     mica_bf16 *dst = out + p * Kp * 16;
-    memset(dst, 0, sizeof(mica_bf16) * Kp * 16);
     int64_t n0 = p * 16, w = N - n0 < 16 ? N - n0 : 16;
-    if (w <= 0) return;
-    if (!tb) {
-        for (int64_t k = 0; k < K; k++) {
-            const mica_bf16 *src = B + k * ldb + n0;
-            mica_bf16 *d = dst + (k >> 1) * 32 + (k & 1);
-            for (int64_t c = 0; c < w; c++) d[2 * c] = mica_bf16_daz(src[c]);
+    if (w <= 0) { memset(dst, 0, sizeof(mica_bf16) * Kp * 16); return; }
+    if (!tb) {  /* rows k, k + 1 of B: 16 columns each, interleaved */
+        const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                             23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        __mmask16 m = (__mmask16)((1u << w) - 1);
+        for (int64_t k = 0; k < Kp; k += 2) {
+            __m256i r0 = k < K ? _mm256_maskz_loadu_epi16(m, B + k * ldb + n0) : _mm256_setzero_si256();
+            __m256i r1 = k + 1 < K ? _mm256_maskz_loadu_epi16(m, B + (k + 1) * ldb + n0) : _mm256_setzero_si256();
+            __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
+            _mm512_storeu_si512(dst + k * 16, mica_bf16_daz16(_mm512_permutexvar_epi16(idx, x)));
         }
     } else {
+        memset(dst, 0, sizeof(mica_bf16) * Kp * 16);
         for (int64_t c = 0; c < w; c++) {
             const mica_bf16 *src = B + (n0 + c) * ldb;
             for (int64_t k = 0; k < K; k++) dst[(k >> 1) * 32 + 2 * c + (k & 1)] = mica_bf16_daz(src[k]);
@@ -135,41 +160,118 @@ static void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K,
     }
 }
 
-/* A's rows [m0, m0 + 32) as 32 rows of Kp (zeros past M and K) */
-static void mica_bf16_pack_a(const mica_bf16 *A, int64_t lda, int ta, int64_t M, int64_t K, int64_t Kp, int64_t m0,
-                             mica_bf16 *restrict out) {
-    int64_t h = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB;
-    memset(out, 0, sizeof(mica_bf16) * MICA_BF16_MB * Kp);
-    if (!ta) {
-        for (int64_t r = 0; r < h; r++) {
-            const mica_bf16 *src = A + (m0 + r) * lda;
-            for (int64_t k = 0; k < K; k++) out[r * Kp + k] = mica_bf16_daz(src[k]);
+/* 16 x 16 transpose of 32-bit elements: block swaps of 8, 4, 2, 1 */
+MICA_BF16_VEC static void mica_bf16_transpose16x32(__m512i v[16]) {
+    for (int b = 8; b >= 1; b /= 2) {
+        int lo[16], hi[16];
+        for (int c = 0; c < 16; c++) {
+            lo[c] = (c & b) ? 16 + c - b : c;
+            hi[c] = (c & b) ? 16 + c : c + b;
         }
-    } else {
-        for (int64_t k = 0; k < K; k++) {
-            const mica_bf16 *src = A + k * lda + m0;
-            for (int64_t r = 0; r < h; r++) out[r * Kp + k] = mica_bf16_daz(src[r]);
+        __m512i ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi);
+        for (int i = 0; i < 16; i++)
+            if (!(i & b)) {
+                __m512i x = v[i], y = v[i + b];
+                v[i] = _mm512_permutex2var_epi32(x, ilo, y);
+                v[i + b] = _mm512_permutex2var_epi32(x, ihi, y);
+            }
+    }
+}
+
+/* tile[r][kk] = src[kk * ld + r] for r < h, kk < d (zeros elsewhere), subnormals flushed: k pairs
+ * interleaved into 32-bit elements, then two 16 x 16 transposes of those */
+MICA_BF16_VEC static void mica_bf16_transpose_tile(const mica_bf16 *src, int64_t ld, int64_t h, int64_t d,
+                                                   mica_bf16 *restrict tile) {
+    short lo[32], hi[32];
+    for (int j = 0; j < 32; j++) {
+        lo[j] = (short)((j & 1) ? 32 + j / 2 : j / 2);
+        hi[j] = (short)((j & 1) ? 48 + j / 2 : 16 + j / 2);
+    }
+    const __m512i ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi);
+    __mmask32 m = h >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << h) - 1);
+    __m512i top[16], bottom[16];
+    for (int i = 0; i < 16; i++) {
+        __m512i x = 2 * i < d ? _mm512_maskz_loadu_epi16(m, src + 2 * i * ld) : _mm512_setzero_si512();
+        __m512i y = 2 * i + 1 < d ? _mm512_maskz_loadu_epi16(m, src + (2 * i + 1) * ld) : _mm512_setzero_si512();
+        top[i] = _mm512_permutex2var_epi16(x, ilo, y);     /* (k 2i, 2i + 1) of rows 0-15 */
+        bottom[i] = _mm512_permutex2var_epi16(x, ihi, y);  /* and of rows 16-31 */
+    }
+    mica_bf16_transpose16x32(top);
+    mica_bf16_transpose16x32(bottom);
+    for (int r = 0; r < 16; r++) {
+        _mm512_storeu_si512(tile + r * MICA_BF16_KSTEP, mica_bf16_daz16(top[r]));
+        _mm512_storeu_si512(tile + (16 + r) * MICA_BF16_KSTEP, mica_bf16_daz16(bottom[r]));
+    }
+}
+
+/* A's rows [m0, m0 + 32), k in [k0, k0 + kc) (kc a multiple of 32), as kc/32 tiles of 32 rows x 32
+ * k, each 2 KB contiguous (rows 64 bytes apart: what a tile load reads best); zeros past M and K. */
+MICA_BF16_VEC static void mica_bf16_pack_a(const mica_bf16 *A, int64_t lda, int ta, int64_t M, int64_t K, int64_t m0,
+                                           int64_t k0, int64_t kc, mica_bf16 *restrict out) {
+    int64_t h = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB;
+    for (int64_t s = 0; s < kc; s += MICA_BF16_KSTEP) {
+        mica_bf16 *tile = out + s * MICA_BF16_MB;
+        int64_t ks = k0 + s, d = K - ks < MICA_BF16_KSTEP ? K - ks : MICA_BF16_KSTEP;
+        if (d <= 0) { memset(tile, 0, sizeof(mica_bf16) * MICA_BF16_MB * MICA_BF16_KSTEP); continue; }
+        if (!ta) {
+            __mmask32 m = d == 32 ? 0xFFFFFFFFu : (__mmask32)((1u << d) - 1);
+            for (int64_t r = 0; r < MICA_BF16_MB; r++) {
+                __m512i x = r < h ? _mm512_maskz_loadu_epi16(m, A + (m0 + r) * lda + ks) : _mm512_setzero_si512();
+                _mm512_storeu_si512(tile + r * MICA_BF16_KSTEP, mica_bf16_daz16(x));
+            }
+        } else {
+            mica_bf16_transpose_tile(A + ks * lda + m0, lda, h, d, tile);
         }
     }
 }
 
-/* acc[32][32] = a block (32 x Kp) @ two B panels (q, q + 1), by AVX512-BF16: 8 rows at a time */
-__attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512(const mica_bf16 *a, int64_t Kp,
+/* write a 32 x 32 block of float32 sums to C (h x w of it), as float32 or rounded to bfloat16
+ * (mica_bf16_store's rounding, 16 at a time) */
+MICA_BF16_VEC static void mica_bf16_write_block(const float *acc, int64_t h, int64_t w, void *C, int64_t ldc,
+                                                int64_t r0, int64_t c0, int out_bf16) {
+    __mmask16 m0 = w >= 16 ? 0xFFFF : (__mmask16)((1u << w) - 1);
+    __mmask16 m1 = w >= 32 ? 0xFFFF : w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1);
+    const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+    for (int64_t r = 0; r < h; r++)
+        for (int half = 0; half < 2; half++) {
+            __mmask16 m = half ? m1 : m0;
+            if (!m) continue;
+            __m512 x = _mm512_loadu_ps(acc + r * MICA_BF16_MB + 16 * half);
+            if (out_bf16) {
+                __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
+                __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
+                b = _mm512_mask_mov_epi32(b, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_or_si512(hi, quiet));
+                _mm256_mask_storeu_epi16((mica_bf16 *)C + (r0 + r) * ldc + c0 + 16 * half, m, _mm512_cvtepi32_epi16(b));
+            } else {
+                _mm512_mask_storeu_ps((float *)C + (r0 + r) * ldc + c0 + 16 * half, m, x);
+            }
+        }
+}
+
+/* acc[32][32] (+)= an A chunk (kc/32 tiles) @ two B panels (q, q + 1) from k row b0p/b1p on, by
+ * AVX512-BF16: 8 rows at a time, k ascending in pairs; `more` adds to the sums already in acc */
+__attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512(const mica_bf16 *a, int64_t kc,
                                                                                  const mica_bf16 *b0p,
-                                                                                 const mica_bf16 *b1p, float *acc) {
+                                                                                 const mica_bf16 *b1p, float *acc,
+                                                                                 int more) {
     for (int64_t r0 = 0; r0 < MICA_BF16_MB; r0 += 8) {
         __m512 c[8][2];
-        for (int r = 0; r < 8; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
-        const mica_bf16 *ar = a + r0 * Kp;
-        for (int64_t kk = 0; kk < Kp / 2; kk++) {
-            __m512bh b0 = (__m512bh)_mm512_loadu_si512(b0p + kk * 32);
-            __m512bh b1 = (__m512bh)_mm512_loadu_si512(b1p + kk * 32);
-            for (int r = 0; r < 8; r++) {
-                int32_t pair;
-                memcpy(&pair, ar + r * Kp + 2 * kk, 4);
-                __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
-                c[r][0] = _mm512_dpbf16_ps(c[r][0], x, b0);
-                c[r][1] = _mm512_dpbf16_ps(c[r][1], x, b1);
+        for (int r = 0; r < 8; r++) {
+            c[r][0] = more ? _mm512_loadu_ps(acc + (r0 + r) * MICA_BF16_MB) : _mm512_setzero_ps();
+            c[r][1] = more ? _mm512_loadu_ps(acc + (r0 + r) * MICA_BF16_MB + 16) : _mm512_setzero_ps();
+        }
+        for (int64_t s = 0; s < kc; s += MICA_BF16_KSTEP) {
+            const mica_bf16 *ar = a + s * MICA_BF16_MB + r0 * MICA_BF16_KSTEP;
+            for (int64_t kk = 0; kk < MICA_BF16_KSTEP / 2; kk++) {
+                __m512bh b0 = (__m512bh)_mm512_loadu_si512(b0p + (s / 2 + kk) * 32);
+                __m512bh b1 = (__m512bh)_mm512_loadu_si512(b1p + (s / 2 + kk) * 32);
+                for (int r = 0; r < 8; r++) {
+                    int32_t pair;
+                    memcpy(&pair, ar + r * MICA_BF16_KSTEP + 2 * kk, 4);
+                    __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+                    c[r][0] = _mm512_dpbf16_ps(c[r][0], x, b0);
+                    c[r][1] = _mm512_dpbf16_ps(c[r][1], x, b1);
+                }
             }
         }
         for (int r = 0; r < 8; r++) {
@@ -211,15 +313,24 @@ __attribute__((target("amx-tile,amx-bf16"))) static void mica_amx_configure(void
 
 __attribute__((target("amx-tile"))) static void mica_amx_release(void) { _tile_release(); }
 
-__attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(const mica_bf16 *a, int64_t Kp,
+/* the same block product on the tiles: tdpbf16ps over each 32-deep k step, k ascending */
+__attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(const mica_bf16 *a, int64_t kc,
                                                                             const mica_bf16 *b0p,
-                                                                            const mica_bf16 *b1p, float *acc) {
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t k = 0; k < Kp; k += MICA_BF16_KSTEP) {
-        _tile_loadd(4, a + k, Kp * 2);
-        _tile_loadd(5, a + 16 * Kp + k, Kp * 2);
-        _tile_loadd(6, b0p + k * 16, 64);
-        _tile_loadd(7, b1p + k * 16, 64);
+                                                                            const mica_bf16 *b1p, float *acc,
+                                                                            int more) {
+    if (more) {
+        _tile_loadd(0, acc, 4 * MICA_BF16_MB);
+        _tile_loadd(1, acc + 16, 4 * MICA_BF16_MB);
+        _tile_loadd(2, acc + 16 * MICA_BF16_MB, 4 * MICA_BF16_MB);
+        _tile_loadd(3, acc + 16 * MICA_BF16_MB + 16, 4 * MICA_BF16_MB);
+    } else {
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    }
+    for (int64_t s = 0; s < kc; s += MICA_BF16_KSTEP) {
+        _tile_loadd(4, a + s * MICA_BF16_MB, 2 * MICA_BF16_KSTEP);
+        _tile_loadd(5, a + s * MICA_BF16_MB + 16 * MICA_BF16_KSTEP, 2 * MICA_BF16_KSTEP);
+        _tile_loadd(6, b0p + s * 16, 64);
+        _tile_loadd(7, b1p + s * 16, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         _tile_dpbf16ps(2, 5, 6);
@@ -233,14 +344,20 @@ __attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(con
 #endif
 
 /* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed
- * by the team, this thread's tiles set up), block (one 32-row block of the output over column
- * blocks [q0, q1): one kernel call over all of k per 32 x 32 block, whichever thread runs it), end. */
+ * by the team, this thread's tiles set up, then every k chunk but the last), block (the last k
+ * chunk of one 32-row block of the output over column blocks [q0, q1), written to C), end.
+ * k is cut into chunks of kc (a multiple of 32, mica_bf16_kchunk) only when packed B is larger
+ * than the L2 budget: each chunk's slice of packed B then stays in L2 while every row block uses
+ * it, the float32 sums of each 32 x 32 block wait in `sums` between chunks (stored and reloaded
+ * exactly), so each block is still one ascending pass over all of k: the same bits as unchunked,
+ * whatever the chunk size or the thread count. */
 typedef struct {
-    int64_t M, N, K, lda, ldb, ldc, Kp, Np, slot, mblocks, nblocks;
+    int64_t M, N, K, lda, ldb, ldc, Kp, Np, kc, chunks, slot, mblocks, nblocks, ngroups, per;
     int ta, tb, out_bf16, amx, parallel;
     const mica_bf16 *A, *B;
     void *C;
     mica_bf16 *packed;
+    float *sums;
     char *scratch;
 } mica_bf16_product;
 
@@ -251,14 +368,46 @@ static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K,
     p.M = M; p.N = N; p.K = K; p.lda = lda; p.ldb = ldb; p.ldc = ldc; p.ta = ta; p.tb = tb; p.out_bf16 = out_bf16;
     p.A = A; p.B = B; p.C = C; p.scratch = scratch;
     p.Kp = mica_bf16_kpad(K); p.Np = mica_bf16_npad(N); p.slot = mica_bf16gemm_thread_bytes(K);
+    p.kc = mica_bf16_kchunk(p.Kp, p.Np);
+    p.chunks = p.kc ? (p.Kp + p.kc - 1) / p.kc : 1;
     p.mblocks = (M + MICA_BF16_MB - 1) / MICA_BF16_MB; p.nblocks = p.Np / MICA_BF16_MB;
     p.packed = (mica_bf16 *)mica_align64(work);
+    p.sums = (float *)mica_align64((char *)p.packed + 2 * p.Kp * p.Np);
     p.parallel = (double)M * N * (K ? K : 1) > 262144.0;
+    int threads = p.parallel ? omp_get_max_threads() : 1;
+    p.ngroups = p.mblocks >= 2 * threads ? 1 : (2 * threads + p.mblocks - 1) / (p.mblocks ? p.mblocks : 1);
+    p.ngroups = p.ngroups > p.nblocks ? p.nblocks : p.ngroups;
+    p.ngroups = p.ngroups < 1 ? 1 : p.ngroups;
+    p.per = (p.nblocks + p.ngroups - 1) / p.ngroups;
     p.amx = 0;
 #if MICA_BF16_GEMM == MICA_BF16_AMX
     p.amx = mica_amx_ready();
 #endif
     return p;
+}
+
+/* k chunk c of output row block t, column blocks [q0, q1): the sums go on to `sums`, or, after the
+ * last chunk, to C */
+static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1, int64_t c) {
+    char *mine = (char *)mica_align64(p->scratch + (int64_t)omp_get_thread_num() * p->slot);
+    mica_bf16 *ap = (mica_bf16 *)mine;
+    float *acc = (float *)(mine + 2 * MICA_BF16_MB * p->Kp);
+    int64_t k0 = c * p->kc, kc = p->Kp - k0 < p->kc ? p->Kp - k0 : p->kc;
+    int64_t m0 = t * MICA_BF16_MB, h = p->M - m0 < MICA_BF16_MB ? p->M - m0 : MICA_BF16_MB;
+    mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, m0, k0, kc, ap);
+    for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {
+        const mica_bf16 *b0p = p->packed + 2 * q * p->Kp * 16 + k0 * 16, *b1p = b0p + p->Kp * 16;
+        float *sum = p->chunks > 1 ? p->sums + (t * p->nblocks + q) * MICA_BF16_MB * MICA_BF16_MB : acc;
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+        if (p->amx) mica_bf16_block_amx(ap, kc, b0p, b1p, sum, c > 0);
+        else
+#endif
+            mica_bf16_block_avx512(ap, kc, b0p, b1p, sum, c > 0);
+        if (c == p->chunks - 1) {
+            int64_t n0 = q * MICA_BF16_MB, w = p->N - n0 < MICA_BF16_MB ? p->N - n0 : MICA_BF16_MB;
+            mica_bf16_write_block(sum, h, w, p->C, p->ldc, m0, n0, p->out_bf16);
+        }
+    }
 }
 
 static void mica_bf16_product_begin(const mica_bf16_product *p) {
@@ -267,6 +416,11 @@ static void mica_bf16_product_begin(const mica_bf16_product *p) {
 #if MICA_BF16_GEMM == MICA_BF16_AMX
     if (p->amx) mica_amx_configure();
 #endif
+    for (int64_t c = 0; c + 1 < p->chunks; c++) {
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < p->mblocks * p->ngroups; u++)
+            mica_bf16_product_chunk(p, u / p->ngroups, (u % p->ngroups) * p->per, (u % p->ngroups + 1) * p->per, c);
+    }
 }
 
 static void mica_bf16_product_end(const mica_bf16_product *p) {
@@ -277,21 +431,7 @@ static void mica_bf16_product_end(const mica_bf16_product *p) {
 }
 
 static void mica_bf16_product_block(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1) {
-    char *mine = (char *)mica_align64(p->scratch + (int64_t)omp_get_thread_num() * p->slot);
-    mica_bf16 *ap = (mica_bf16 *)mine;
-    float *acc = (float *)(mine + 2 * MICA_BF16_MB * p->Kp);
-    int64_t m0 = t * MICA_BF16_MB, h = p->M - m0 < MICA_BF16_MB ? p->M - m0 : MICA_BF16_MB;
-    mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, p->Kp, m0, ap);
-    for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {
-        const mica_bf16 *b0p = p->packed + 2 * q * p->Kp * 16, *b1p = b0p + p->Kp * 16;
-        int64_t n0 = q * MICA_BF16_MB, w = p->N - n0 < MICA_BF16_MB ? p->N - n0 : MICA_BF16_MB;
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-        if (p->amx) mica_bf16_block_amx(ap, p->Kp, b0p, b1p, acc);
-        else
-#endif
-            mica_bf16_block_avx512(ap, p->Kp, b0p, b1p, acc);
-        mica_bf16_write(acc, MICA_BF16_MB, h, w, p->C, p->ldc, m0, n0, p->out_bf16);
-    }
+    mica_bf16_product_chunk(p, t, q0, q1, p->chunks - 1);
 }
 
 /* C = op(A) @ op(B) over the threads of a team of its own (or the calling thread for small
@@ -302,17 +442,12 @@ static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, i
                           const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
                           char *scratch) {
     mica_bf16_product p = mica_bf16_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, out_bf16, work, scratch);
-    int threads = p.parallel ? omp_get_max_threads() : 1;
-    int64_t ngroups = p.mblocks >= 2 * threads ? 1 : (2 * threads + p.mblocks - 1) / (p.mblocks ? p.mblocks : 1);
-    ngroups = ngroups > p.nblocks ? p.nblocks : ngroups;
-    ngroups = ngroups < 1 ? 1 : ngroups;
-    int64_t per = (p.nblocks + ngroups - 1) / ngroups;
 #pragma omp parallel if (p.parallel)
     {
         mica_bf16_product_begin(&p);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < p.mblocks * ngroups; t++)
-            mica_bf16_product_block(&p, t / ngroups, (t % ngroups) * per, (t % ngroups + 1) * per);
+        for (int64_t u = 0; u < p.mblocks * p.ngroups; u++)
+            mica_bf16_product_block(&p, u / p.ngroups, (u % p.ngroups) * p.per, (u % p.ngroups + 1) * p.per);
         mica_bf16_product_end(&p);
     }
 }
