@@ -277,9 +277,36 @@ static void mica_transpose_f32(const float *src, int64_t ss, float *dst, int64_t
  * element is one fused multiply-add chain over k in increasing order. */
 #define MICA_AN(i, k) A[(i) * lda + (k)]
 #define MICA_AT(i, k) A[(k) * lda + (i)]
+/* (AVX-512: blocks of 8 rows x 32 columns first; each element the same chain, so the same bits) */
+#ifdef __AVX512F__
+#define MICA_SMALL_GEMM_512(AX)                                                                     \
+    for (; j + 32 <= N; j += 32)                                                                   \
+        for (int64_t i = 0; i < M; i += 8) {                                                       \
+            int64_t h = M - i < 8 ? M - i : 8, r[8];                                               \
+            for (int q = 0; q < 8; q++) r[q] = i + (h > q ? q : 0);                                \
+            __m512 c[8][2];                                                                        \
+            for (int q = 0; q < 8; q++) c[q][0] = c[q][1] = _mm512_setzero_ps();                   \
+            for (int64_t k = 0; k < K; k++) {                                                      \
+                __m512 b0 = _mm512_loadu_ps(B + k * ldb + j), b1 = _mm512_loadu_ps(B + k * ldb + j + 16); \
+                for (int q = 0; q < 8; q++) {                                                      \
+                    __m512 x = _mm512_set1_ps(AX(r[q], k));                                        \
+                    c[q][0] = _mm512_fmadd_ps(x, b0, c[q][0]);                                     \
+                    c[q][1] = _mm512_fmadd_ps(x, b1, c[q][1]);                                     \
+                }                                                                                  \
+            }                                                                                      \
+            __m512 al = _mm512_set1_ps(alpha);                                                     \
+            for (int64_t q = 0; q < h; q++) {                                                      \
+                _mm512_storeu_ps(C + (i + q) * ldc + j, _mm512_mul_ps(al, c[q][0]));               \
+                _mm512_storeu_ps(C + (i + q) * ldc + j + 16, _mm512_mul_ps(al, c[q][1]));          \
+            }                                                                                      \
+        }
+#else
+#define MICA_SMALL_GEMM_512(AX)
+#endif
 static void mica_small_gemm_n(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc) {
     int64_t j = 0;
+    MICA_SMALL_GEMM_512(MICA_AN)
 #if defined(__AVX2__) && defined(__FMA__)
     for (; j + 16 <= N; j += 16) {
         for (int64_t i = 0; i < M; i += 6) {
@@ -318,6 +345,7 @@ static void mica_small_gemm_n(int64_t M, int64_t N, int64_t K, float alpha, cons
 static void mica_small_gemm_t(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc) {
     int64_t j = 0;
+    MICA_SMALL_GEMM_512(MICA_AT)
 #if defined(__AVX2__) && defined(__FMA__)
     for (; j + 16 <= N; j += 16) {
         for (int64_t i = 0; i < M; i += 6) {
@@ -355,6 +383,7 @@ static void mica_small_gemm_t(int64_t M, int64_t N, int64_t K, float alpha, cons
 
 #undef MICA_AN
 #undef MICA_AT
+#undef MICA_SMALL_GEMM_512
 
 static void mica_small_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, int ta,
                             const float *B, int64_t ldb, float *C, int64_t ldc) {

@@ -374,14 +374,10 @@ static inline int64_t mica_attention_slot_bf16(int64_t L, int64_t S, int64_t E, 
     return mica_attention_slot_f32(L, S, E, Ev) + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev;
 }
 
-/* dst[r * cols + c] (or, transposed, dst[c * rows + r]) = src[r * st + c] widened */
-static void mica_bf16_rows_in(const mica_bf16 *src, int64_t st, int64_t rows, int64_t cols, float *dst, int trans) {
+/* dst[r * cols + c] = src[r * st + c] widened */
+static void mica_bf16_rows_in(const mica_bf16 *src, int64_t st, int64_t rows, int64_t cols, float *dst) {
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) {
-            float x = mica_bf16_load(src[r * st + c]);
-            if (trans) dst[c * rows + r] = x;
-            else dst[r * cols + c] = x;
-        }
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = mica_bf16_load(src[r * st + c]);
 }
 
 static void mica_bf16_rows_out(const float *src, int64_t rows, int64_t cols, mica_bf16 *dst, int64_t st) {
@@ -396,10 +392,11 @@ static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, co
     for (int64_t bh = 0; bh < a->B * a->H; bh++) {
         int64_t b = bh / a->H, h = bh % a->H;
         float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *p = kt + E * S;
-        float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev;
-        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf, 0);
-        mica_bf16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kt, 1);
-        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf, 0);
+        float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
+        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
+        mica_bf16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kf);  /* (then transposed) */
+        mica_transpose_f32(kf, E, kt, S, S, E);
+        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
         mica_attention_head_f32(a, bh, qf, E, kt, vf, Ev, of, Ev, lse, p);
         mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
     }
@@ -418,12 +415,14 @@ static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf
         float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
         float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
         const mica_bf16 *kb = k + b * a->k_sb + h * a->k_sh;
-        mica_bf16_rows_in(g + b * g_sb + h * g_sh, g_st, L, Ev, gf, 0);
-        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf, 0);
-        mica_bf16_rows_in(kb, a->k_st, S, E, kf, 0);
-        mica_bf16_rows_in(kb, a->k_st, S, E, kt, 1);
-        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vt, 1);
-        mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of, 0);
+        float *vf = dvf + S * Ev;  /* V widened, before its transpose */
+        mica_bf16_rows_in(g + b * g_sb + h * g_sh, g_st, L, Ev, gf);
+        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
+        mica_bf16_rows_in(kb, a->k_st, S, E, kf);
+        mica_transpose_f32(kf, E, kt, S, S, E);
+        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
+        mica_transpose_f32(vf, Ev, vt, S, S, Ev);
+        mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
         mica_attention_backward_head_f32(a, bh, gf, Ev, qf, E, kf, E, kt, vt, of, Ev, lse, dqf, E, dkf, E, dvf, Ev,
                                          pd, ds);
         mica_bf16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
