@@ -4,7 +4,7 @@ time and of its CPU time (all threads; on a loaded machine the CPU time is the s
 the work). Not `mica bench` (that is the protocol: separate processes, nanoGPT's loop); this is for
 the ratios on a noisy machine.
 
-    .venv/bin/python benchmarks/bf16_step.py [model=cpu] [rounds=5] [steps=20] [threads=2]
+    .venv/bin/python benchmarks/bf16_step.py [model=cpu] [rounds=5] [steps=20] [threads=2] [warmup=3]
 """
 import os
 import statistics
@@ -71,7 +71,7 @@ def main():
             for side, make in (("mica", mica_step), ("pytorch eager", torch_step))
             for dt in ("float32", "bfloat16")}
     for run in runs.values():  # warm-up
-        for _ in range(3):
+        for _ in range(int(args.get("warmup", 3))):
             run()
     wall, cpu = {k: [] for k in runs}, {k: [] for k in runs}
     keys = list(runs)

@@ -9,7 +9,11 @@
  *   MICA_BF16_AVX512  AVX512-BF16 (vdpbf16ps), 8x32 register blocks;
  *   MICA_BF16_F32     any processor: the operands widened to float32, then the float32 product.
  * The first two read the same packed operands: B in pairs along k ("VNNI": [k/2][16 columns][2])
- * per 16-column panel, A as row blocks of 32 rows with k padded with zeros to a multiple of 32.
+ * per 16-column panel, packed once per product; A per 32-row block as 32 x 32 tiles (k padded with
+ * zeros to a multiple of 32), packed per block and k chunk. When packed B is larger than the L2
+ * budget, k runs in chunks (mica_bf16_kchunk), every row block using a chunk before the next, the
+ * float32 sums waiting between chunks: a product whose k is the token count (a weight gradient) no
+ * longer streams all of B from memory once per row block.
  * Both flush bfloat16 subnormal inputs to zero and float32 subnormal partial sums to zero (the
  * instructions do so whatever MXCSR says); the float32 fallback flushes the inputs too, so all three
  * compute the same mathematical sum. Summation order: k ascending, in pairs (the instruction's own
