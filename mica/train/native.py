@@ -45,15 +45,43 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
     if cbuild.cached(exe):
         return exe, lowered
     log(f"compiling the trainer ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} kernels) ...")
-    objects = []
+    jobs, objects = [], []
     for name, path in _write_sources(out_dir, sources, ".c").items():
-        obj = path[:-2] + ".o"
-        _run([cc, *flags, "-c", *cbuild.INCLUDES, path, "-o", obj], name)
-        objects.append(obj)
-    runtime_sources = [os.path.join(RUNTIME_DIR, name) for name in RUNTIME_SOURCES]
-    _link(out_dir, exe, lambda tmp: [cc, *flags, "-I", RUNTIME_DIR, *runtime_sources, *objects, "-o", tmp, *ldflags,
-                                     "-lm"], "the C compiler")
+        objects.append(path[:-2] + ".o")
+        jobs.append((name, [cc, *flags, "-c", *cbuild.INCLUDES, path, "-o", objects[-1]]))
+    runtime_jobs, runtime_objects = _runtime_objects(runtime, cc, flags)
+    try:
+        _run_all(jobs + runtime_jobs)  # the three programs (and the runtime, once per flags) at once
+    except MicaError:
+        for tmp, _ in runtime_objects:
+            if tmp is not None:
+                _remove(tmp)
+        raise
+    for tmp, obj in runtime_objects:
+        if tmp is not None:
+            cbuild.install(tmp, obj)
+    _link(out_dir, exe, lambda tmp: [cc, *flags, *objects, *(obj for _, obj in runtime_objects), "-o", tmp,
+                                     *ldflags, "-lm"], "the C compiler")
     return exe, lowered
+
+
+def _runtime_objects(runtime, cc, flags):
+    """The C runtime's objects for these flags, compiled once into the cache and shared by every
+    trainer built with the same flags: ([(what, command)] still to run, [(temporary or None, object)]).
+    Each object is compiled to a temporary name and installed whole after its job succeeds."""
+    out_dir, _ = _place("runtime-", [runtime, cc, *flags])
+    os.makedirs(out_dir, exist_ok=True)
+    jobs, objects = [], []
+    for name in RUNTIME_SOURCES:
+        obj = os.path.join(out_dir, name[:-2] + ".o")
+        if cbuild.cached(obj):
+            objects.append((None, obj))
+            continue
+        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".o")
+        os.close(fd)
+        jobs.append(("runtime", [cc, *flags, "-I", RUNTIME_DIR, "-c", os.path.join(RUNTIME_DIR, name), "-o", tmp]))
+        objects.append((tmp, obj))
+    return jobs, objects
 
 
 def _lower_all(programs, memory_budget, target, **options):
