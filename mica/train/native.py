@@ -47,22 +47,28 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
     log(f"compiling the trainer ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} kernels) ...")
     jobs, objects = [], []
     for name, path in _write_sources(out_dir, sources, ".c").items():
-        objects.append(path[:-2] + ".o")
+        objects.append(_temporary(out_dir, name + ".o"))
         jobs.append((name, [cc, *flags, "-c", *cbuild.INCLUDES, path, "-o", objects[-1]]))
     runtime_jobs, runtime_objects = _runtime_objects(runtime, cc, flags)
     try:
         _run_all(jobs + runtime_jobs)  # the three programs (and the runtime, once per flags) at once
-    except MicaError:
-        for tmp, _ in runtime_objects:
+        for tmp, obj in runtime_objects:
             if tmp is not None:
-                _remove(tmp)
-        raise
-    for tmp, obj in runtime_objects:
-        if tmp is not None:
-            cbuild.install(tmp, obj)
-    _link(out_dir, exe, lambda tmp: [cc, *flags, *objects, *(obj for _, obj in runtime_objects), "-o", tmp,
-                                     *ldflags, "-lm"], "the C compiler")
+                cbuild.install(tmp, obj)
+        _link(out_dir, exe, lambda tmp: [cc, *flags, *objects, *(obj for _, obj in runtime_objects), "-o", tmp,
+                                         *ldflags, "-lm"], "the C compiler")
+    finally:
+        for path in [*objects, *(tmp for tmp, _ in runtime_objects if tmp is not None)]:
+            _remove(path)
     return exe, lowered
+
+
+def _temporary(folder, name):
+    """A fresh file name in `folder` for an object only this build writes (another process may be
+    building the same cache entry at the same time)."""
+    fd, path = tempfile.mkstemp(dir=folder, prefix=name[:-2] + ".", suffix=name[-2:])
+    os.close(fd)
+    return path
 
 
 def _runtime_objects(runtime, cc, flags):
@@ -77,8 +83,7 @@ def _runtime_objects(runtime, cc, flags):
         if cbuild.cached(obj):
             objects.append((None, obj))
             continue
-        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".o")
-        os.close(fd)
+        tmp = _temporary(out_dir, name[:-2] + ".o")
         jobs.append(("runtime", [cc, *flags, "-I", RUNTIME_DIR, "-c", os.path.join(RUNTIME_DIR, name), "-o", tmp]))
         objects.append((tmp, obj))
     return jobs, objects
@@ -106,8 +111,7 @@ def _write_sources(out_dir, sources, ext):
     paths = {}
     for name, src in sources.items():
         paths[name] = os.path.join(out_dir, name + ext)
-        with open(paths[name], "w") as f:
-            f.write(src)
+        cbuild.write_whole(paths[name], src)
     return paths
 
 
@@ -145,15 +149,20 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=
         return exe, lowered
     log(f"compiling the CUDA trainer with {what} ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} "
         "kernels) ...")
-    jobs = [(name, compile_cmd(path, path[:-3] + ".o")) for name, path in _write_sources(out_dir, sources, ".cu").items()]
+    jobs, objects = [], []
+    for name, path in _write_sources(out_dir, sources, ".cu").items():
+        objects.append(_temporary(out_dir, name + ".o"))
+        jobs.append((name, compile_cmd(path, objects[-1])))
     for name in RUNTIME_SOURCES:
-        obj = os.path.join(out_dir, name[:-2] + ".o")
+        objects.append(_temporary(out_dir, name[:-2] + ".o"))
         jobs.append(("runtime", [cc, "-O2", "-std=gnu11", "-fPIC", "-I", RUNTIME_DIR, "-c",
-                                 os.path.join(RUNTIME_DIR, name), "-o", obj]))
-    _run_all(jobs)  # (the three nvcc builds take most of the time: run together)
-    objects = [os.path.join(out_dir, f"{n}.o") for n in PROGRAMS] + [
-        os.path.join(out_dir, n[:-2] + ".o") for n in RUNTIME_SOURCES]
-    _link(out_dir, exe, lambda tmp: [link[0], *objects, "-o", tmp, *link[1:]], "the linker")
+                                 os.path.join(RUNTIME_DIR, name), "-o", objects[-1]]))
+    try:
+        _run_all(jobs)  # (the three nvcc builds take most of the time: run together)
+        _link(out_dir, exe, lambda tmp: [link[0], *objects, "-o", tmp, *link[1:]], "the linker")
+    finally:
+        for path in objects:
+            _remove(path)
     return exe, lowered
 
 

@@ -247,7 +247,7 @@ def peak_flops():
 
     import numpy as np
 
-    from ..backends.c.build import cache_dir
+    from ..backends.c.build import cache_dir, write_whole
 
     path = os.path.join(cache_dir(), "peak_flops.json")
     try:
@@ -263,6 +263,5 @@ def peak_flops():
         a @ a
         best = min(best, time.perf_counter() - t)
     flops = 2 * 1024 ** 3 / best
-    with open(path, "w") as f:
-        json.dump({"flops": flops}, f)
+    write_whole(path, json.dumps({"flops": flops}))
     return flops

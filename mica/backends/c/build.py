@@ -42,6 +42,15 @@ def install(tmp, path):
     os.replace(tmp + ".sha256", path + ".sha256")
 
 
+def write_whole(path, text):
+    """Write `text` to `path` through a temporary file and a rename, so a compiler another process
+    has started on the same cache entry never reads half a file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".part")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def compiler():
     cc = os.environ.get("CC") or "gcc"
     path = shutil.which(cc)
@@ -101,8 +110,7 @@ def compile_cached(source, out_dir, src_name, compiler_name, name, command):
         return lib
     os.makedirs(out_dir, exist_ok=True)
     src = os.path.join(out_dir, src_name)
-    with open(src, "w") as f:
-        f.write(source)
+    write_whole(src, source)
     with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
     r = subprocess.run(command(src, tmp_path), capture_output=True, text=True)
