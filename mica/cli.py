@@ -221,7 +221,8 @@ def cmd_bench(args, extra):
     res = protocol.bench(model=args.model, data_dir=args.data_dir, rounds=args.rounds, warmup=args.warmup,
                          window=args.window, threads=args.threads, opt_levels=args.opt_levels,
                          torch_modes=args.modes, out=args.out, every=args.every, device=args.device, tf32=args.tf32,
-                         simulate=args.simulate, dtype=args.dtype)
+                         simulate=args.simulate, dtype=args.dtype, batch_size=args.batch_size,
+                         memory_budgets=args.memory_budgets)
     print(protocol.table(res))
     print(f"raw numbers: {args.out}/bench-{args.model}.json; charts: {args.out}/steps-{args.model}.png, "
           f"{args.out}/losses-{args.model}.png")
@@ -314,6 +315,11 @@ def parser():
                     "and window are multiples of it; default 10, gpt2*: 1)")
     be.add_argument("--threads", type=int, default=0)
     be.add_argument("--opt_levels", type=int, nargs="+", default=[2])
+    be.add_argument("--batch_size", type=int, default=None, help="both sides at this many sequences a step "
+                    "(default the model's: 64 shakespeare_char, 1 gpt2*; not for tutorial or speedrun_tiny)")
+    be.add_argument("--memory_budgets", nargs="+", default=None, metavar="BUDGET",
+                    help="one Mica configuration per budget, as mica train --memory_budget reads it (bytes, a size "
+                    "such as 12GB, auto) or none (no budget); default: none")
     be.add_argument("--modes", nargs="+", default=None, help="PyTorch's modes (default eager, default, "
                     "reduce-overhead, max-autotune)")
     be.add_argument("--out", default="bench")

@@ -1,6 +1,7 @@
 """mica bench and mica check run as a user runs them (structure only: timings are not tested)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from mica.data.prepare import prepare_char
+from mica.errors import MicaError
 
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
 
@@ -129,6 +131,43 @@ def test_gpt2_command_lines_carry_the_same_model_to_both_sides(tmp_path):
     assert (cfg["n_layer"], cfg["n_embd"], cfg["max_iters"], cfg["log_interval"], cfg["data_dir"]) == \
         (24, 1024, 6, 1, "data/owt")
     assert torch_cmd[torch_cmd.index("--mode") + 1] == "default" and torch_cmd[torch_cmd.index("--iters") + 1] == "6"
+
+
+def test_batch_size_and_memory_budgets_reach_the_sides_they_belong_to(tmp_path):
+    """--batch_size goes to both sides; each --memory_budgets entry is a Mica configuration of its own
+    whose `mica train` reads that budget (auto left for the trainer to read when it starts)."""
+    from mica.bench import protocol
+    from mica.train import config as config_mod
+    from mica.train.memory_plan import parse_budget
+
+    budgets = protocol.check_mica_options("gpt2", 12, ["none", "15958859199", "12GB", "auto"])
+    assert budgets == [None, "15958859199", "12GB", "auto"]
+    assert [protocol.mica_config_name(2, b) for b in budgets[:2]] == ["mica O2", "mica O2 budget=15958859199"]
+    for b, want in zip(budgets, (None, 15958859199, 12 * 10 ** 9, "auto")):
+        cmd = protocol._mica_cmd("gpt2", "d", str(tmp_path / "m"), 2, 2, 2, every=1, batch_size=12, memory_budget=b)
+        cfg = config_mod.load(None, cmd[4:])
+        assert cfg["batch_size"] == 12 and cfg["block_size"] == 1024, cmd
+        assert cfg["memory_budget"] == want if want is None or want == "auto" else \
+            parse_budget(cfg["memory_budget"]) == want, (b, cfg["memory_budget"])
+    t = protocol._torch_cmd("gpt2", "d", "eager", 2, 2, every=1, batch_size=12)
+    assert json.loads(t[t.index("--config") + 1])["batch_size"] == 12
+    assert protocol.MODELS["gpt2"]["batch_size"] == 1  # (the model's own entry untouched)
+    plain = protocol._torch_cmd("gpt2", "d", "eager", 2, 2)
+    assert json.loads(plain[plain.index("--config") + 1])["batch_size"] == 1
+    for args, says in ((("tutorial", 4, None), "--model tutorial has its own step"),
+                       (("speedrun_tiny", None, ["auto"]), "--model speedrun_tiny has its own step"),
+                       (("gpt2", 0, None), "--batch_size must be a whole number of sequences, 1 or more; got 0"),
+                       (("gpt2", None, ["12 parsecs"]), "memory_budget must be a number of bytes, a size such as 2GB"),
+                       (("gpt2", None, ["auto", "AUTO"]), "--memory_budgets names auto twice")):
+        with pytest.raises(MicaError, match=re.escape(says)):
+            protocol.check_mica_options(*args)
+
+
+def test_bench_refuses_a_bad_budget_in_one_sentence(data):
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--model", "shakespeare_char", "--memory_budgets",
+                        "none", "0"], cwd=data, capture_output=True, text=True)
+    assert r.returncode == 2 and "memory_budget must be" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(data / "bench")  # nothing ran, nothing was written
 
 
 def test_gpt2_refuses_a_character_vocabulary(data):

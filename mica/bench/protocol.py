@@ -262,13 +262,15 @@ def torch_runner_cmd(cfg, data_dir, mode, iters, every, eval_every, eval_batches
 
 
 def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10, device="cpu", tf32=False,
-              simulate=False, dtype="float32"):
-    settings = {**MODELS[model], "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
+              simulate=False, dtype="float32", batch_size=None, memory_budget=None):
+    settings = {**_model(model, batch_size), "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
                 "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir,
                 "device": device, "data_dir": data_dir, "threads": threads, "opt_level": opt_level,
                 "time_every_iter": True}
     if dtype != "float32":  # (a CPU run without a dtype is float32, as nanoGPT's)
         settings["dtype"] = dtype
+    if memory_budget is not None:  # (as the user wrote it: `auto` is read by the trainer when it starts)
+        settings["memory_budget"] = memory_budget
     if device == "cuda":  # the dtype said (a card's default is bfloat16), TF32 only when both sides may
         settings.update(dtype=dtype, tf32=bool(tf32), **({"simulate": True} if simulate else {}))
     return mica_train_cmd(settings)
@@ -310,11 +312,47 @@ def _lines_own_ms(r, warmup, window, every=10):
     return sum(r["line_ms"][i] for i in steps) / window
 
 
-def _torch_cmd(model, data_dir, mode, iters, threads, every=10, device="cpu", tf32=False, dtype="float32"):
+def _torch_cmd(model, data_dir, mode, iters, threads, every=10, device="cpu", tf32=False, dtype="float32",
+               batch_size=None):
     # nanoGPT (and Mica's trainer) evaluate once before the first step; so does this side, on as many
     # batches as Mica's run (eval_iters 1), so the time to the first step counts the same work
-    return torch_runner_cmd({**MODELS[model], "seed": 1337}, data_dir, mode, iters, every, iters + 100, 1, threads,
-                            device, tf32, dtype)
+    return torch_runner_cmd({**_model(model, batch_size), "seed": 1337}, data_dir, mode, iters, every, iters + 100, 1,
+                            threads, device, tf32, dtype)
+
+
+def _model(model, batch_size=None):
+    """MODELS[model], at another batch size where one is given."""
+    return MODELS[model] if batch_size is None else {**MODELS[model], "batch_size": batch_size}
+
+
+def mica_config_name(opt_level, budget=None):
+    """A Mica configuration's name in the table: its opt level, and its memory budget where it has one."""
+    return f"mica O{opt_level}" + ("" if budget is None else f" budget={budget}")
+
+
+def check_mica_options(model, batch_size, memory_budgets):
+    """batch_size and memory_budgets as bench() takes them, or the sentence why not: only nanoGPT's
+    models take them (the tutorial's step and the speedrun recipe have their own shapes); each
+    budget is None or what `mica train --memory_budget` reads (bytes, a size, auto)."""
+    from ..train.memory_plan import parse_budget
+
+    budgets = list(memory_budgets) if memory_budgets else [None]
+    if (batch_size is not None or budgets != [None]) and model not in MODELS:
+        raise MicaError(f"--batch_size and --memory_budgets set nanoGPT's settings; --model {model} has its own "
+                        f"step, so drop them or choose from {', '.join(MODELS)}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise MicaError(f"--batch_size must be a whole number of sequences, 1 or more; got {batch_size!r}")
+    out = []
+    for b in budgets:
+        b = None if b is None or str(b).strip().lower() == "none" else str(b).strip()
+        if b is not None and b.lower() == "auto":
+            b = "auto"
+        elif b is not None:
+            parse_budget(b)  # (its own sentence for a bad one, before anything runs)
+        if b in out:
+            raise MicaError(f"--memory_budgets names {b or 'none'} twice; give each budget once")
+        out.append(b)
+    return out
 
 
 def _mica_own_ms(out_dir, warmup, window, first=1):
@@ -389,8 +427,11 @@ def check_device(device="cpu", tf32=False, simulate=False, what="--device=cuda")
 
 def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, threads=None, opt_levels=(2,),
           torch_modes=None, out="bench", log=print, every=None, device="cpu", tf32=False, simulate=False,
-          dtype="float32"):
-    """Run the protocol; settings left as None take the model's DEFAULTS (on a card, CUDA_DEFAULTS)."""
+          dtype="float32", batch_size=None, memory_budgets=None):
+    """Run the protocol; settings left as None take the model's DEFAULTS (on a card, CUDA_DEFAULTS).
+    batch_size: the model's batch at another size (both sides). memory_budgets: one Mica
+    configuration per budget (None: no budget; bytes, a size such as 12GB, or auto), each named
+    by it."""
     if model not in DEFAULTS:
         raise MicaError(f"unknown model {model!r}: choose from {', '.join(DEFAULTS)}")
     if model == "tutorial" and device != "cpu":
@@ -406,6 +447,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     every = d["every"] if every is None else every
     torch_modes = d["modes"] if torch_modes is None else torch_modes
     check_data(model, data_dir)
+    budgets = check_mica_options(model, batch_size, memory_budgets)
     if model == "speedrun_tiny" and (device != "cpu" or dtype != "float32"):
         raise MicaError("--model speedrun_tiny is benchmarked on the CPU in float32 for now; drop --device and --dtype")
     threads = threads or os.cpu_count() or 1
@@ -415,7 +457,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     iters = warmup + window
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    configs = {f"mica O{o}": ("mica", o) for o in opt_levels}
+    configs = {mica_config_name(o, b): ("mica", (o, b)) for o in opt_levels for b in budgets}
     configs.update({f"pytorch {m}": ("torch", m) for m in torch_modes})
     runs = {name: [] for name in configs}
     failures, extras = {}, {}
@@ -425,10 +467,15 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
         raise MicaError("--dtype: the tutorial's model is benchmarked in float32 only; drop --dtype or pick a GPT model")
     mica_device = dict(device=device, tf32=tf32, simulate=simulate, dtype=dtype)
     torch_device = dict(device="cuda" if on_card else "cpu", tf32=tf32 and on_card, dtype=dtype)
+    if batch_size is not None:
+        mica_device["batch_size"] = torch_device["batch_size"] = batch_size
     gpu = device == "cuda"
 
     def once(name):
         kind, arg = configs[name]
+        budget = None
+        if kind == "mica":
+            arg, budget = arg  # (an opt level and a memory budget: none but for nanoGPT's models)
         if model == "tutorial":
             r = run_once(_tutorial_cmd(kind, arg, iters, threads, every), env, warmup, window)
             if kind == "mica":
@@ -443,10 +490,11 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
             else:
                 r = run_once(_speedrun_torch_cmd(data_dir, arg, iters, threads, every), env, warmup, window)
         elif kind == "mica":
-            run_dir = os.path.join(out, name.replace(" ", "_"))
+            run_dir = os.path.join(out, re.sub(r"[^\w.-]+", "_", name))
             if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
                 os.unlink(os.path.join(run_dir, "metrics.jsonl"))
-            r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg, every, **mica_device), env, warmup,
+            budgeted = dict(mica_device, memory_budget=budget) if budget is not None else mica_device
+            r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg, every, **budgeted), env, warmup,
                          window, gpu)
             own = _mica_own_ms(run_dir, warmup, window)
             r["own_step_ms"] = own
@@ -475,6 +523,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
         log(f"round {k + 1}: " + ", ".join(f"{n} {runs[n][-1]['step_ms']:.1f}" for n in order if runs[n]))
     result = summarize(model, threads, rounds, warmup, window, runs, failures, extras)
     result["dtype"] = dtype
+    result["batch_size"] = _model(model, batch_size).get("batch_size") if model in MODELS else None
     if device == "cuda":
         result.update(device="cuda", tf32=bool(tf32), gpu=gpu_name(), simulated=bool(simulate))
     with open(os.path.join(out, f"bench-{model}.json"), "w") as f:
@@ -576,7 +625,8 @@ def table(res):
         return cuda_table(res)
     dtype = res.get("dtype", "float32")
     precision = f", {dtype} (both sides under autocast)" if dtype != "float32" else ""
-    lines = [f"model {res['model']}{precision}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
+    batch = f", batch {res['batch_size']}" if res.get("batch_size") else ""
+    lines = [f"model {res['model']}{batch}{precision}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
              f"{res['window']}, {res['rounds']} rounds, {res['date']}", "",
              "| configuration | median ms/step | range | peak RSS MB | memory plan MB | first step s | "
              "libraries (MB on disk) | verdict |",
