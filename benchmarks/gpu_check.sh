@@ -66,7 +66,7 @@ done
 # 3. compute-sanitizer
 if command -v compute-sanitizer > /dev/null; then
     for tool in memcheck racecheck; do
-        within 60 env PYTHONPATH=.:tests compute-sanitizer --tool "$tool" --error-exitcode 9 $PY - <<'PYEOF' \
+        within 90 env PYTHONPATH=.:tests compute-sanitizer --tool "$tool" --error-exitcode 9 $PY - <<'PYEOF' \
             > "$out/sanitizer-$tool.txt" 2>&1
 import numpy as np
 import test_cuda as t
