@@ -400,12 +400,15 @@ def attention_step(causal, dropout_p, q=(3, 2, 5, 8), k=None, v=None, dtype=mica
     return mica.trace(step, *(dtype[s] for s in shapes)), shapes
 
 
-# (the kernels' tiles are 32 query or key rows for these head dims in float32, 16 in float64)
+# (the kernels' tiles: 32 query or key rows for head dims up to 40 or so in float32, fewer past that)
 ATTENTION_CASES = [(True, 0.0, (3, 2, 5, 8), None, None), (True, 0.2, (3, 2, 5, 8), None, None),
                    (False, 0.0, (1, 4, 6, 8), (1, 4, 9, 8), (1, 4, 9, 12)), (True, 0.1, (2, 7, 8), (2, 5, 8), None),
                    (True, 0.0, (1, 2, 70, 8), None, None),  # three query and key tiles, the last one partial
                    (False, 0.15, (2, 1, 19, 12), (2, 1, 45, 12), (2, 1, 45, 20)),  # keys over two tiles
-                   (True, 0.1, (1, 2, 45, 4), (1, 2, 33, 4), (1, 2, 33, 9))]  # more queries than keys, tiles
+                   (True, 0.1, (1, 2, 45, 4), (1, 2, 33, 4), (1, 2, 33, 9)),  # more queries than keys, tiles
+                   (False, 0.0, (1, 1, 40, 64), None, None),  # GPT-2's head dim: key tiles of 16
+                   (True, 0.1, (1, 1, 20, 160), None, None),  # forward tiles of 16, backward 8
+                   (True, 0.0, (1, 1, 9, 400), None, None)]  # tiles of 8 past 48 KiB of shared memory
 
 
 def attention_cases_step(cases):
@@ -431,7 +434,7 @@ def attention_cases(cases, dtypes=None):
     return mica.trace(step, [tuple(dt[s] for s in case) for dt, case in zip(dtypes, shapes)]), shapes
 
 
-# float64 (tiles of 16 for these head dims): causal with dropout, 40 queries over 37 keys
+# float64 (tiles of 32 for these head dims): causal with dropout, 40 queries over 37 keys
 F64_CASE = (True, 0.1, (2, 1, 40, 8), (2, 1, 37, 8), None)
 
 
@@ -439,12 +442,12 @@ F64_CASE = (True, 0.1, (2, 1, 40, 8), (2, 1, 37, 8), None)
 def test_attention_in_the_simulator_matches_the_oracle():
     """B > H, B < H (and other key and value lengths), no head dim at all with more queries than
     keys; lengths that are not multiples of the kernels' tiles, causal or not; dropout (the CPU's
-    mask: the same Philox stream, so the oracle's); and float64 over several tiles, to float64's
-    rounding."""
+    mask: the same Philox stream, so the oracle's); head dims that take each tile size (and more
+    than 48 KiB of shared memory); and float64 over several tiles, to float64's rounding."""
     cases = ATTENTION_CASES + [F64_CASE]
     program, shapes = attention_cases(cases, [mica.f32] * len(ATTENTION_CASES) + [mica.f64])
     args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
-    args[-1] = tuple(a.astype(np.float64) * np.random.default_rng(7).standard_normal(a.shape) for a in args[-1])
+    args[-1] = tuple(np.random.default_rng(7).standard_normal(s) for s in shapes[-1])
     got = program.lower("cuda", simulate=True).build()(args, seed=4)
     want = mica.reference.run(program, args, seed=4)
     for n, case in enumerate(cases):
