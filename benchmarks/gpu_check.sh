@@ -3,9 +3,12 @@
 # Under 6 minutes; one table printed last. What it checks:
 #   1. nvcc builds the test programs for this card;
 #   2. the CUDA tests for real (and the collectives' NCCL lowering built and linked, one rank): Mica's kernels give the CPU target's (= the simulator's) bits on
-#      the card, the MLP and GPT steps match the float64 oracle, 20 iterations of the CUDA trainer
-#      give the CPU trainer's losses;
-#   3. compute-sanitizer memcheck and racecheck over those programs and the GPT step;
+#      the card, the fused (flash-style) attention kernels give the simulator's bits (multi-tile,
+#      causal or not, dropout), the MLP and GPT steps match the float64 oracle, 20 iterations of
+#      the CUDA trainer give the CPU trainer's losses;
+#   3. compute-sanitizer memcheck and racecheck over those programs, attention over several tiles
+#      (its shared-memory tiles: racecheck sees the dynamic shared memory the simulator does not
+#      check) and the GPT step;
 #   4. mica check --device=cuda --method b on shakespeare_char (Mica's CUDA trainer against PyTorch
 #      on the card from one start and one batch order, float32, TF32 off), 20 iterations;
 #   5. a short mica bench --device=cuda on shakespeare_char (PyTorch eager, default and
@@ -63,7 +66,7 @@ done
 # 3. compute-sanitizer
 if command -v compute-sanitizer > /dev/null; then
     for tool in memcheck racecheck; do
-        within 60 env PYTHONPATH=.:tests compute-sanitizer --tool "$tool" --error-exitcode 9 $PY - <<'PYEOF' \
+        within 90 env PYTHONPATH=.:tests compute-sanitizer --tool "$tool" --error-exitcode 9 $PY - <<'PYEOF' \
             > "$out/sanitizer-$tool.txt" 2>&1
 import numpy as np
 import test_cuda as t
@@ -72,11 +75,13 @@ from test_cpu_gpt import _setup
 for make, args in ((t.no_products, lambda: t.data(((33, 40), (33, 57)), seed=1)), (t.row_kernels, t.row_data),
                    (t.mlp_step, lambda: t.data(t.SHAPES))):
     make().lower("cuda").build()(*args(), seed=3)
+program, shapes = t.attention_cases(t.ATTENTION_CASES[4:])  # the fused attention kernels over several tiles
+program.lower("cuda").build()([tuple(t.data(case, seed=2)) for case in shapes], seed=4)
 step, specs, params, state, batch = _setup(dropout=0.1)  # attention, the graph, cuBLASLt's products
 mica.trace(step, *specs).lower("cuda").build()(params, state, *batch, seed=3)
 PYEOF
         rc=$?
-        row "compute-sanitizer $tool (4 programs)" "$(verdict $rc)" \
+        row "compute-sanitizer $tool (5 programs)" "$(verdict $rc)" \
             "$(grep -m1 'ERROR SUMMARY' "$out/sanitizer-$tool.txt" || echo "exit $rc")"
     done
 else

@@ -239,10 +239,11 @@ def _same_bits(a, b):
     return len(fa) == len(fb) and all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(fa, fb))
 
 
-def every_row_kernel(rows, dtype, widths=WIDTHS):
+def every_row_kernel(rows, dtype, widths=WIDTHS, attention=None):
     """For each width n: layer norm (weight and bias), RMS norm (weight), softmax, log-softmax and
     cross-entropy (per row, one target ignored) of [rows, n] inputs, and the gradients of their
-    inputs and weights (the row backward kernels and the norms' column sums)."""
+    inputs and weights (the row backward kernels and the norms' column sums). With `attention`
+    (an attention_step case), that attention too, in the same element type (one more input)."""
     F = mica.nn.functional
     T = mica.f32 if dtype == np.float32 else mica.f64
 
@@ -260,7 +261,10 @@ def every_row_kernel(rows, dtype, widths=WIDTHS):
         return out
 
     specs = {f"n{n}": (*[T[rows, n]] * 5, T[n], T[n], T[n], mica.i64[rows], T[rows, n], T[rows]) for n in widths}
-    return mica.trace(step, specs)
+    if attention is None:
+        return mica.trace(step, specs)
+    attend, shapes = attention_cases_step([attention])
+    return mica.trace(lambda rows, qkvg: {**step(rows), **attend(qkvg)}, specs, [tuple(T[s] for s in shapes[0])])
 
 
 def every_row_kernel_data(rows, dtype, widths=WIDTHS, seed=0):
@@ -382,7 +386,7 @@ def test_a_block_size_that_splits_a_row_group_is_a_sentence():
         row_kernels().lower("cuda", simulate=True, threads_per_block=100)
 
 
-def attention_step(causal, dropout_p, q=(3, 2, 5, 8), k=None, v=None):
+def attention_step(causal, dropout_p, q=(3, 2, 5, 8), k=None, v=None, dtype=mica.f32):
     """Attention's forward and the gradients of q, k and v (against a random output gradient)."""
     F = mica.nn.functional
 
@@ -393,37 +397,132 @@ def attention_step(causal, dropout_p, q=(3, 2, 5, 8), k=None, v=None):
 
     k, v = k or q, v or k or q
     shapes = (q, k, v, q[:-1] + v[-1:])
-    return mica.trace(step, *(mica.f32[s] for s in shapes)), shapes
+    return mica.trace(step, *(dtype[s] for s in shapes)), shapes
+
+
+# (the kernels' tiles: 32 query or key rows for head dims up to 40 or so in float32, fewer past that)
+ATTENTION_CASES = [(True, 0.0, (3, 2, 5, 8), None, None), (True, 0.2, (3, 2, 5, 8), None, None),
+                   (False, 0.0, (1, 4, 6, 8), (1, 4, 9, 8), (1, 4, 9, 12)), (True, 0.1, (2, 7, 8), (2, 5, 8), None),
+                   (True, 0.0, (1, 2, 70, 8), None, None),  # three query and key tiles, the last one partial
+                   (False, 0.15, (2, 1, 19, 12), (2, 1, 45, 12), (2, 1, 45, 20)),  # keys over two tiles
+                   (True, 0.1, (1, 2, 45, 4), (1, 2, 33, 4), (1, 2, 33, 9)),  # more queries than keys, tiles
+                   (False, 0.0, (1, 1, 40, 64), None, None),  # GPT-2's head dim: key tiles of 16
+                   (True, 0.1, (1, 1, 20, 160), None, None),  # forward tiles of 16, backward 8
+                   (True, 0.0, (1, 1, 9, 400), None, None)]  # tiles of 8 past 48 KiB of shared memory
+
+
+def attention_cases_step(cases):
+    """A step running several attention_step cases: {"c<index>": their results}."""
+    F = mica.nn.functional
+
+    def step(inputs):
+        out = {}
+        for n, ((causal, p, *_), (q, k, v, g)) in enumerate(zip(cases, inputs)):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=p)
+            dq, dk, dv = mica.grad((o * g).sum(), [q, k, v])
+            out[f"c{n}"] = {"o": o, "dq": dq, "dk": dk, "dv": dv}
+        return out
+
+    return step, [attention_step(*case)[1] for case in cases]
+
+
+def attention_cases(cases, dtypes=None):
+    """The cases in one program (one compile), each of its element type (float32 unless `dtypes`
+    says), and their shapes."""
+    step, shapes = attention_cases_step(cases)
+    dtypes = dtypes or [mica.f32] * len(cases)
+    return mica.trace(step, [tuple(dt[s] for s in case) for dt, case in zip(dtypes, shapes)]), shapes
+
+
+# float64 (tiles of 32 for these head dims): causal with dropout, 40 queries over 37 keys
+F64_CASE = (True, 0.1, (2, 1, 40, 8), (2, 1, 37, 8), None)
 
 
 @needs_simulator
-@pytest.mark.parametrize("causal,dropout_p,q,k,v", [(True, 0.0, (3, 2, 5, 8), None, None),
-                                                    (True, 0.2, (3, 2, 5, 8), None, None),
-                                                    (False, 0.0, (1, 4, 6, 8), (1, 4, 9, 8), (1, 4, 9, 12)),
-                                                    (True, 0.1, (2, 7, 8), (2, 5, 8), None)])
-def test_attention_in_the_simulator_matches_the_oracle(causal, dropout_p, q, k, v):
+def test_attention_in_the_simulator_matches_the_oracle():
     """B > H, B < H (and other key and value lengths), no head dim at all with more queries than
-    keys; dropout (the CPU's mask: the same Philox stream)."""
-    program, shapes = attention_step(causal, dropout_p, q, k, v)
-    args = data(shapes, seed=2)
-    got = program.lower("cuda", simulate=True).build()(*args, seed=4)
-    want = mica.reference.run(program, *args, seed=4)
-    for key in got:
-        assert rel_err(got[key], want[key]) < 1e-5, key
+    keys; lengths that are not multiples of the kernels' tiles, causal or not; dropout (the CPU's
+    mask: the same Philox stream, so the oracle's); head dims that take each tile size (and more
+    than 48 KiB of shared memory); and float64 over several tiles, to float64's rounding."""
+    cases = ATTENTION_CASES + [F64_CASE]
+    program, shapes = attention_cases(cases, [mica.f32] * len(ATTENTION_CASES) + [mica.f64])
+    args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
+    args[-1] = tuple(np.random.default_rng(7).standard_normal(s) for s in shapes[-1])
+    got = program.lower("cuda", simulate=True).build()(args, seed=4)
+    want = mica.reference.run(program, args, seed=4)
+    for n, case in enumerate(cases):
+        for key, value in got[f"c{n}"].items():
+            assert rel_err(value, want[f"c{n}"][key]) < (1e-12 if case is F64_CASE else 1e-5), (case, key)
+
+
+def test_attention_keeps_no_score_matrix():
+    """The plan holds no [B, H, L, S] scores: the forward takes no scratch, the backward D alone
+    (one value per query row), and the whole workspace is far below one score matrix."""
+    B, H, L, E = 4, 2, 512, 8
+    program, _ = attention_step(True, 0.1, (B, H, L, E))
+    lowered = program.lower("cuda", simulate=True)
+    target = lowered.target
+    work = {k.op: target.workspace(k) for k in lowered.schedule.kernels if getattr(k, "op", "").startswith("attention")}
+    assert work == {"attention": (0, 0), "attention_backward": (0, B * H * L * 4)}
+    assert lowered.plan.class_bytes["workspace"] < B * H * L * L * 4 // 100
+    assert "mica_attention_backward_cuda<float, 8, 8>" in lowered.source
+
+
+SAME_BITS_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+import test_cuda as t
+program, shapes = t.attention_step(True, 0.1, (2, 3, 45, 8))
+got = program.lower("cuda", simulate=True, threads_per_block=32).build()(*t.data(shapes, seed=6), seed=2)
+np.savez(sys.argv[1], **got)
+"""
 
 
 @needs_simulator
-def test_attention_rows_keep_their_bits_for_any_launch_configuration():
-    """Causal rows of 1..20 keys (past the sums' 8 lanes) with dropout, 32, 256 and 1024 threads per
-    block: the same bits, and the oracle's values."""
-    program, shapes = attention_step(True, 0.1, (2, 3, 20, 8))
+def test_attention_keeps_its_bits_run_after_run_and_for_any_os_threads(tmp_path):
+    """Causal rows over two tiles with dropout: the same bits twice in a row, and with 1 or 3 OS
+    threads running the simulator's blocks (the GPT step below varies the threads per block); and
+    the oracle's values."""
+    program, shapes = attention_step(True, 0.1, (2, 3, 45, 8))
     args = data(shapes, seed=6)
-    _, sims = _builds(program)
-    runs = [exe(*args, seed=2) for exe in sims]
-    assert all(_same_bits(r, runs[0]) for r in runs[1:])
+    exe = program.lower("cuda", simulate=True, threads_per_block=32).build()
+    runs = [exe(*args, seed=2), exe(*args, seed=2)]
+    assert _same_bits(runs[1], runs[0])
+    script = SAME_BITS_RUN.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    for threads in (1, 3):  # (the build is the one above, from the cache)
+        out = tmp_path / f"t{threads}.npz"
+        r = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, MICA_CUDASIM_THREADS=str(threads)))
+        assert r.returncode == 0, r.stderr
+        assert _same_bits(dict(np.load(out)), runs[0]), threads
     want = mica.reference.run(program, *args, seed=2)
     for key in runs[0]:
         assert rel_err(runs[0][key], want[key]) < 1e-5, key
+
+
+@needs_simulator
+def test_attention_rounds_where_the_oracle_does_with_fp_half_intermediates():
+    """bfloat16 attention with fp_half_intermediates over several key tiles: the forward's first pass
+    finds each row's max, so exp(s - max) rounds as the oracle's rounding mode rounds it."""
+    F = mica.nn.functional
+
+    def step(q, k, v, g):
+        with mica.autocast(device_type="cuda", dtype=mica.bfloat16):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1).float()
+        return (o, *mica.grad((o * g).sum(), [q, k, v]))
+
+    shape = (1, 2, 70, 8)
+    program = mica.trace(step, *[mica.f32[shape]] * 4)
+    rng = np.random.default_rng(9)
+    args = [(rng.standard_normal(shape) * 2).astype(np.float32) for _ in range(4)]
+    got = program.lower("cuda", simulate=True, fp_half_intermediates=True).build()(*args, seed=3)
+    want = mica.reference.run(program, *args, precision="float32", fp_half_intermediates=True, seed=3)
+    plain = mica.reference.run(program, *args, precision="float32", seed=3)
+    for name, x, w, p in zip(("o", "dq", "dk", "dv"), got, want, plain):
+        same = float(np.mean(mica.reference.round_bf16(x) == mica.reference.round_bf16(w)))
+        assert same > 0.99 and rel_err(x, w) < 1e-5, (name, same)
+        assert rel_err(x, w) < rel_err(x, p) / 100, name
 
 
 @pytest.fixture(scope="module")
@@ -465,13 +564,13 @@ def test_the_gpt_step_has_the_same_bits_twice_and_for_any_launch_configuration(g
 
 @needs_nvcc
 def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tmp_path, gpt_step):
-    """The GPT training step (loops, reductions, row kernels, attention, products) and the other row
-    kernels (in float32 and float64), for sm_80..sm_120 plus PTX; ptxas reports no register spills
-    in any of Mica's kernels."""
+    """The GPT training step (loops, reductions, row kernels, attention, products), the other row
+    kernels (in float32 and float64, with attention in float64), for sm_80..sm_120 plus PTX; ptxas
+    reports no register spills in any of Mica's kernels."""
     from mica.backends.cuda import build
 
     for name, program in (("gpt", gpt_step[0]), ("rows", row_kernels()),
-                          ("rows64", every_row_kernel(4, np.float64, widths=(24,))),
+                          ("rows64", every_row_kernel(4, np.float64, widths=(24,), attention=F64_CASE)),
                           ("bf16", half_products(mica.bfloat16))):
         src = tmp_path / f"{name}.cu"
         src.write_text(program.lower("cuda").source)
@@ -516,6 +615,32 @@ def test_on_the_gpu_mica_kernels_give_the_cpu_targets_bits(make, args):
     cpu = program.lower("cpu", blas="own").build()(*a, seed=9, threads=1)
     for k in cpu:
         assert np.array_equal(gpu[k], cpu[k]), k
+
+
+@needs_gpu
+def test_on_the_gpu_attention_matches_the_oracle_and_keeps_its_bits():
+    """The fused attention kernels on the card, over several tiles (causal or not, dropout): the
+    oracle's values, the same bits twice."""
+    program, shapes = attention_cases(ATTENTION_CASES)
+    args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
+    exe = program.lower("cuda").build()
+    got, again = exe(args, seed=4), exe(args, seed=4)
+    want = mica.reference.run(program, args, seed=4)
+    assert _same_bits(got, again)
+    for n, case in enumerate(ATTENTION_CASES):
+        for key, value in got[f"c{n}"].items():
+            assert rel_err(value, want[f"c{n}"][key]) < 1e-5, (case, key)
+
+
+@needs_gpu
+@needs_simulator
+def test_on_the_gpu_attention_gives_the_simulators_bits():
+    """Attention is Mica's kernels alone (no product): the card gives the simulator's bits."""
+    program, shapes = attention_cases(ATTENTION_CASES)
+    args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
+    gpu = program.lower("cuda").build()(args, seed=4)
+    sim = program.lower("cuda", simulate=True).build()(args, seed=4)
+    assert _same_bits(gpu, sim)
 
 
 @needs_gpu
@@ -591,8 +716,7 @@ def test_a_record_from_another_machine_or_damaged_is_not_used(tmp_path):
 
 @needs_gpu
 def test_on_the_gpu_the_gpt_step_matches_the_float64_oracle(gpt_step):
-    """Attention (cuBLASLt's strided-batched products around Mica's rows), the CUDA graph and the
-    products record on the card."""
+    """Attention (Mica's fused kernels), the CUDA graph and the products record on the card."""
     program, params, state, batch = gpt_step
     new_params, _, m = program.lower("cuda").build()(params, state, *batch, seed=3)
     want_params, _, want = mica.reference.run(program, params, state, *batch, seed=3)

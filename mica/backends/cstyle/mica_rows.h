@@ -114,8 +114,9 @@ MICA_DEFINE_ROWS(double, f64)
 /* ---- attention ----------------------------------------------------------------------------------
  * q [BH, L, E], k [BH, S, E], v [BH, S, Ev] given by strides (bh index split as b * H + h), the
  * last dim contiguous. Causal masks j > i (top-left aligned, as PyTorch). The rows below are the
- * float kernels' softmax steps on both targets: the scores (already scaled) come from a product,
- * which differs per target; what follows them is these lines. */
+ * CPU kernel's softmax steps: the scores (already scaled) come from a product; what follows them
+ * is these lines. The CUDA target's fused kernels (mica_cuda_attention.h) take this record and
+ * mica_attn_row_keys, and compute the same formulas tile by tile (an online softmax). */
 typedef struct {
     int64_t B, H, L, S, E, Ev;
     int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;

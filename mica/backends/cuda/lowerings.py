@@ -2,8 +2,9 @@
 (mica_cuda_kernels.h) take the CPU kernels' arguments, so the C target's rule writes the call for
 both; what differs is only the routine behind the name (a __device__ routine here, each row on a
 group of 8 threads; `threads` sizes its launch).
-Attention is a host lowering: its statements run on the host and launch products and row kernels
-(mica_cuda_attention.h), with the [B, H, L, S] scores as scratch.
+Attention is a host lowering: its statements run on the host and launch the fused, tiled kernels
+of mica_cuda_attention.h (no [L, S] matrix anywhere; the backward's scratch is D, one value per
+query row).
 """
 import math
 
@@ -38,15 +39,12 @@ def threads(kernel):
     return max(ROW_GROUP * max(rows, columns), 1)
 
 
-def _scores(kernel):
-    """The [B, H, L, S] scores attention keeps in scratch (twice for the backward: P and dP)."""
-    q, k = kernel.inputs[:2] if kernel.op == "attention" else kernel.inputs[1:3]
-    return math.prod(q.shape[:-1]) * k.shape[-2]
-
-
 def _attention_scratch(kernel):
-    copies = 1 if kernel.op == "attention" else 2
-    return 0, copies * _scores(kernel) * kernel.inputs[0].dtype.itemsize
+    """The backward's D = rowsum(dO * O), B * H * L values (the forward needs none: no [L, S] matrix
+    is kept anywhere, mica_cuda_attention.h)."""
+    if kernel.op == "attention":
+        return 0, 0
+    return 0, math.prod(kernel.inputs[1].shape[:-1]) * kernel.inputs[0].dtype.itemsize
 
 
 @register_lowering("attention", "cuda", scratch=_attention_scratch, host=True)
@@ -56,15 +54,15 @@ def _attention(e, kernel):
     if q.dtype not in (dtypes.float32, dtypes.float64):
         raise MicaError(f"scaled_dot_product_attention on {q.dtype.name} is not supported by the CUDA backend yet; "
                         "cast q, k and v to float32")
-    p, s, t = e.ptr, ct.suffix(q.dtype), ct.ctype(q.dtype)
     lines, q, k, v, o = _c.attention_shape(e, kernel)
+    p, t = e.ptr, f"{ct.ctype(q.dtype)}, {q.shape[-1]}, {v.shape[-1]}"  # (the head dims pick the kernels' tiles)
     if kernel.op == "attention":
-        lines.append(f"if (mica_attention_cuda_{s}(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
-                     f"{p(kernel.outputs[1])}, ({t} *)scratch) != 0) return 1;")
+        lines.append(f"if (mica_attention_cuda<{t}>(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
+                     f"{p(kernel.outputs[1])}) != 0) return 1;")
     else:
         gsb, gsh, gst = _c.attention_grad_strides(kernel)
         dq, dk, dv = kernel.outputs
-        lines.append(f"if (mica_attention_backward_cuda_{s}(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, {p(k)}, "
+        lines.append(f"if (mica_attention_backward_cuda<{t}>(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, {p(k)}, "
                      f"{p(v)}, {p(o)}, {p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
-                     f"({t} *)scratch) != 0) return 1;")
+                     f"({ct.ctype(q.dtype)} *)scratch) != 0) return 1;")
     return ["{"] + ["    " + x for x in lines] + ["}"]

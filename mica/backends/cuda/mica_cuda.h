@@ -22,6 +22,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #define MICA_LAUNCH(kernel, grid, block, shared, stream, ...) kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__)
+#define MICA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[] /* (mica_cudasim.h's, under nvcc) */
 #endif
 #include "mica_math.h"
 

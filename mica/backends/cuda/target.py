@@ -5,8 +5,7 @@ without a GPU run it.
 What it answers for the shared pipeline: 256-byte alignment (cuBLASLt wants 16; 256 keeps every
 buffer on its own cache lines); one workspace for the one stream the program runs on; products
 of every floating type, half ones included (`half_kernel`), carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel primitives are
-lowered under platform "cuda" (lowerings.py: the row kernels; attention not yet, so a program that
-needs it is refused with a sentence naming it).
+lowered under platform "cuda" (lowerings.py: the row kernels and the fused attention).
 """
 from ...errors import MicaError
 from ...targets import Target
