@@ -58,10 +58,11 @@ def test_world_size_one_is_the_identity_on_the_oracle_and_in_c():
 
     def f(a, b, c, x):
         d = mica.distributed
-        return d.all_reduce([a, b, c], world=1), d.reduce_scatter(x, world=1), d.all_gather(x, world=1)
+        return d.all_reduce([a, b, c], world=1), d.reduce_scatter(x, world=1), d.all_gather(x, world=1), \
+            d.reduce_scatter([c, a, b], world=1)
 
     prog = mica.trace(f, mica.f32[4, 6], mica.f32[4, 6], mica.f32[4, 6], mica.f32[6, 3])
-    want = ((a + b) + c, x, x)
+    want = ((a + b) + c, x, x, (c + a) + b)
     for got, exp in zip(mica.reference.run(prog, a, b, c, x), want):
         np.testing.assert_allclose(got, exp.astype(np.float64), rtol=1e-6, atol=1e-6)
     for got, exp in zip(prog.lower("cpu").build()(a, b, c, x), want):
@@ -77,6 +78,7 @@ def test_vjps_are_the_transposed_collectives():
         d = mica.distributed
         y = d.all_gather(x * w, world=1)
         z = d.reduce_scatter(y * y, world=1)
+        z = d.reduce_scatter([z, z], world=1) * 0.5
         return d.all_reduce([z, z * 2.0], world=1).sum()
 
     prog = mica.trace(lambda x, w: mica.value_and_grad(lambda x: loss(x, w))(x)[1], mica.f64[4, 3], mica.f64[4, 3])
@@ -84,7 +86,7 @@ def test_vjps_are_the_transposed_collectives():
     np.testing.assert_allclose(got, 2 * 3 * (x * w) * w, rtol=1e-12)  # d/dx of 3 (xw)^2
     ops = [line.split("= ")[1].split()[0] for line in prog.ir.splitlines() if "= " in line]
     # all_reduce's transpose is all_reduce; reduce_scatter's is all_gather; all_gather's, reduce_scatter
-    assert ops.count("all_reduce") == 2 and ops.count("all_gather") == 2 and ops.count("reduce_scatter") == 2
+    assert ops.count("all_reduce") == 2 and ops.count("all_gather") == 3 and ops.count("reduce_scatter") == 3
 
 
 def test_collectives_check_their_operands():

@@ -20,17 +20,21 @@ def main():
     # more elements than one chain chunk (2**18), so the chunked chain is exercised
     n, m = int(sys.argv[1]) if len(sys.argv) > 1 else 300_001, 3
     for dtype, spec in ((np.float32, mica.f32), (np.float64, mica.f64)):
-        def program(a, b, c, x):
-            total = mica.distributed.all_reduce([a, b, c], world=world)
-            return total, mica.distributed.reduce_scatter(x, world=world), mica.distributed.all_gather(x, world=world)
+        def program(a, b, c, x, s, t, u):
+            d = mica.distributed
+            total = d.all_reduce([a, b, c], world=world)
+            return total, d.reduce_scatter(x, world=world), d.all_gather(x, world=world), \
+                d.reduce_scatter([s, t, u], world=world)
 
         shape = (n,)
         xs = (world * 7, 5)
-        prog = mica.trace(program, spec[shape], spec[shape], spec[shape], spec[xs])
+        ss = (world * ((n + world - 1) // world),)  # (several operands: a block of the chain's sum)
+        prog = mica.trace(program, spec[shape], spec[shape], spec[shape], spec[xs], spec[ss], spec[ss], spec[ss])
         exe = prog.lower("cpu").build()
         mine = operands(rank, shape, m, dtype)
         x = np.random.default_rng(2000 + rank).standard_normal(xs).astype(dtype)
-        total, scattered, gathered = (np.asarray(r) for r in exe(*mine, x, threads=1))
+        several = operands(rank + 500, ss, m, dtype)
+        total, scattered, gathered, blocks = (np.asarray(r) for r in exe(*mine, x, *several, threads=1))
         want = None
         for r in range(world):
             for v in operands(r, shape, m, dtype):
@@ -40,8 +44,14 @@ def main():
         want_rs = every[0][rank * block:(rank + 1) * block].copy()
         for r in range(1, world):
             want_rs = want_rs + every[r][rank * block:(rank + 1) * block]
+        want_blocks = None
+        for r in range(world):
+            for v in operands(r + 500, ss, m, dtype):
+                want_blocks = v.copy() if want_blocks is None else want_blocks + v
+        k = ss[0] // world
         for what, got, exp in (("all_reduce", total, want), ("reduce_scatter", scattered, want_rs),
-                               ("all_gather", gathered, np.concatenate(every))):
+                               ("all_gather", gathered, np.concatenate(every)),
+                               ("reduce_scatter of 3 operands", blocks, want_blocks[rank * k:(rank + 1) * k])):
             if got.dtype != exp.dtype or got.shape != exp.shape or got.tobytes() != exp.tobytes():
                 print(f"rank {rank}: {what} {dtype.__name__} differs (max {np.max(np.abs(got - exp))})")
                 sys.exit(1)

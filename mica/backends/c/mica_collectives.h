@@ -6,8 +6,8 @@
  *                   rank world-1 broadcasts the total. Each element is ((c0 + c1) + c2) + ... over
  *                   every rank's operands in rank order, the bits of one process adding them in turn.
  *                   The chain runs in chunks, so the ranks work on different chunks at once.
- *   reduce_scatter  MPI_Alltoall of the blocks, then each rank adds the world blocks it received in
- *                   rank order 0..world-1.
+ *   reduce_scatter  the same chain over all `world` blocks, ending at rank world-1, which scatters
+ *                   block r to rank r: each element holds all_reduce's bits (ZeRO-1's gradients).
  *   all_gather      MPI_Allgather (a copy).
  *
  * A program loaded by Python initializes MPI itself (and finalizes it at exit); the trainer has
@@ -64,12 +64,11 @@ static int mica_mpi_count(int64_t n) {
 }
 
 #define MICA_COLLECTIVES(S, T, MT)                                                                          \
-    static int mica_all_reduce_##S(T *out, const T *const *in, int m, int64_t n, int world) {               \
-        int rank;                                                                                           \
-        if (mica_mpi_ready(world, &rank)) return 1;                                                         \
+    /* acc (n elements) := the chain's total on rank world-1 (a partial sum elsewhere) */                   \
+    static int mica_chain_##S(T *acc, const T *const *in, int m, int64_t n, int world, int rank) {         \
         for (int64_t at = 0; at < n; at += MICA_CHAIN_CHUNK) {                                              \
             int k = (int)(n - at < MICA_CHAIN_CHUNK ? n - at : MICA_CHAIN_CHUNK);                            \
-            T *o = out + at;                                                                                \
+            T *o = acc + at;                                                                                \
             int first = 0;                                                                                  \
             if (rank == 0) {                                                                                \
                 memcpy(o, in[0] + at, (size_t)k * sizeof(T));                                               \
@@ -79,32 +78,31 @@ static int mica_mpi_count(int64_t n) {
             }                                                                                               \
             _Pragma("omp parallel for schedule(static) if (k > 32768)")                                     \
             for (int i = 0; i < k; i++) {                                                                   \
-                T acc = o[i];                                                                               \
-                for (int j = first; j < m; j++) acc = acc + in[j][at + i];                                  \
-                o[i] = acc;                                                                                 \
+                T a = o[i];                                                                                 \
+                for (int j = first; j < m; j++) a = a + in[j][at + i];                                      \
+                o[i] = a;                                                                                   \
             }                                                                                               \
-            if (rank < world - 1 && mica_mpi_failed(MPI_Send(o, k, MT, rank + 1, 0, MPI_COMM_WORLD)))  \
+            if (rank < world - 1 && mica_mpi_failed(MPI_Send(o, k, MT, rank + 1, 0, MPI_COMM_WORLD)))         \
                 return 1;                                                                                   \
-        }                                                                                                   \
-        for (int64_t at = 0; at < n; at += INT_MAX / 2) {                                                   \
-            int k = (int)(n - at < INT_MAX / 2 ? n - at : INT_MAX / 2);                                      \
-            if (mica_mpi_failed(MPI_Bcast(out + at, k, MT, world - 1, MPI_COMM_WORLD))) return 1;  \
         }                                                                                                   \
         return 0;                                                                                           \
     }                                                                                                       \
-    /* x: world blocks of n elements; out: n; received: world * n elements of scratch */                    \
-    static int mica_reduce_scatter_##S(T *out, const T *x, int64_t n, int world, T *received) {             \
+    static int mica_all_reduce_##S(T *out, const T *const *in, int m, int64_t n, int world) {               \
         int rank;                                                                                           \
-        if (mica_mpi_ready(world, &rank) || mica_mpi_count(n)) return 1;                                   \
-        if (mica_mpi_failed(MPI_Alltoall(x, (int)n, MT, received, (int)n, MT, MPI_COMM_WORLD))) \
-            return 1;                                                                                       \
-        _Pragma("omp parallel for schedule(static) if (n > 32768)")                                         \
-        for (int64_t i = 0; i < n; i++) {                                                                   \
-            T acc = received[i];                                                                            \
-            for (int r = 1; r < world; r++) acc = acc + received[(int64_t)r * n + i];                       \
-            out[i] = acc;                                                                                   \
+        if (mica_mpi_ready(world, &rank) || mica_chain_##S(out, in, m, n, world, rank)) return 1;          \
+        for (int64_t at = 0; at < n; at += INT_MAX / 2) {                                                   \
+            int k = (int)(n - at < INT_MAX / 2 ? n - at : INT_MAX / 2);                                      \
+            if (mica_mpi_failed(MPI_Bcast(out + at, k, MT, world - 1, MPI_COMM_WORLD))) return 1;          \
         }                                                                                                   \
         return 0;                                                                                           \
+    }                                                                                                       \
+    /* in: m operands of world blocks of n elements; out: n; total: world * n elements of scratch */        \
+    static int mica_reduce_scatter_##S(T *out, const T *const *in, int m, int64_t n, int world, T *total) {  \
+        int rank;                                                                                           \
+        if (mica_mpi_ready(world, &rank) || mica_mpi_count(n) ||                                            \
+            mica_chain_##S(total, in, m, n * world, world, rank))                                           \
+            return 1;                                                                                       \
+        return mica_mpi_failed(MPI_Scatter(total, (int)n, MT, out, (int)n, MT, world - 1, MPI_COMM_WORLD));  \
     }                                                                                                       \
     static int mica_all_gather_##S(T *out, const T *x, int64_t n, int world) {                              \
         int rank;                                                                                           \

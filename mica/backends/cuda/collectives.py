@@ -66,6 +66,9 @@ def _all_reduce(e, kernel):
 @register_lowering("reduce_scatter", "cuda", scratch=_scatter_scratch, host=True)
 def _reduce_scatter(e, kernel):
     t, world, x, out = _types(kernel), kernel.attrs["world"], kernel.inputs[0], kernel.outputs[0]
+    if len(kernel.inputs) > 1:
+        raise MicaError("reduce_scatter of several operands is not lowered for CUDA yet; add them before the "
+                        "collective")
     if world == 1:
         return _copy(e, x, out)
     return [f"if (mica_nccl_reduce_scatter<{t}>({e.ptr(out)}, {e.ptr(x)}, {out.numel}LL, {world}, ({t} *)work, "
