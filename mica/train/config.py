@@ -62,6 +62,7 @@ MICA_DEFAULTS = {
     "recipe": "nanogpt",   # or "speedrun": the speedrun seed's model, optimizers and loop (SPEEDRUN_DEFAULTS)
     "memory_budget": None,  # bytes, a size (2GB), or "auto": recompute more until the arenas fit
     "fp_half_intermediates": False,  # half attention rounds where PyTorch's CPU attention rounds
+    "zero_stage": 0,       # 1: under mpirun, AdamW's state sharded among the ranks (ZeRO-1, mica/optim/zero.py)
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -222,6 +223,9 @@ DESCRIPTIONS = {
     "recipe": "nanogpt (these settings) or speedrun (the speedrun seed's: mica train speedrun --help)",
     "memory_budget": "bytes (or 2GB, 800MiB) the trainer's arenas may take, or auto (nine tenths of the free "
                      "memory): the backward recomputes more, up to whole blocks, until the plan fits",
+    "zero_stage": "0, or 1 (ZeRO-1): under mpirun -np N each rank keeps AdamW's moments of its share of the "
+                  "tensors, gets only their summed gradients (reduce-scatter) and all-gathers the updated ones "
+                  "(the same bits; in one process nothing changes)",
     "fp_half_intermediates": "with dtype=bfloat16 or float16: attention rounds its unnormalized weights (and, backward, P "
                              "and dS) to the half type where PyTorch's CPU autocast does; False keeps every other digit",
 }
@@ -495,6 +499,9 @@ def _check_nanogpt(cfg, log):
         raise MicaError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise MicaError(f"dropout must be in [0, 1), got {cfg['dropout']}")
+    if cfg["zero_stage"] not in (0, 1):
+        raise MicaError(f"zero_stage must be 0 (off) or 1 (AdamW's state sharded among the ranks); Mica has no stage "
+                        f"{cfg['zero_stage']} (its gradients and parameters stay whole on every rank)")
     for n in notes:
         log(f"note: {n}")
     return cfg

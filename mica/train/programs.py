@@ -12,6 +12,7 @@ import math
 
 import mica
 from ..models.gpt import GPT, GPTConfig, loss_fn
+from ..optim import zero
 
 
 def model_config(cfg, vocab_size):
@@ -126,6 +127,9 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
     model = GPT(model_config(cfg, vocab_size))
     specs = model.param_specs()
     opt = optimizer(cfg, specs)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is not None:
+        opt.shard(layout, rank)
     accum, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
     local = accum // world  # (run.py checks that the ranks share the micro-batches evenly)
     forward = loss_fn(model)
@@ -145,7 +149,7 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
                 if sc is None else _scaled_grad(objective, scaler, sc, params, x[micro], y[micro], accum)
 
         if world > 1:
-            grads, losses = data_parallel(micro_grad, local, world, rank)
+            grads, losses = data_parallel(micro_grad, local, world, rank, layout)
             loss = losses[world * local - 1]
         for micro in range(accum if world == 1 else 0):
             loss, g = micro_grad(micro)
@@ -153,7 +157,8 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
         if sc is not None:
             grads, found_inf = scaler.unscale(grads, sc)
         if cfg["grad_clip"] != 0.0:
-            mica.optim.clip_grad_norm(grads, cfg["grad_clip"])
+            mica.optim.clip_grad_norm(grads, cfg["grad_clip"], gather=None if layout is None else
+                                      lambda norms: zero.gather_norms(layout, rank, norms, mica.float32))
         lr = learning_rate(cfg, iter_num)
         if sc is None:
             params, opt_state = opt.update(params, grads, opt_state, lr=lr)
@@ -189,12 +194,61 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
 
 
-def data_parallel(micro_grad, local, world, rank):
+def zero_layout(cfg, specs, opt, world):
+    """ZeRO-1's assignment of AdamW's tensors to the ranks (mica/optim/zero.py), or None when the
+    run is not sharded (zero_stage=0, or one process)."""
+    if world == 1 or not cfg.get("zero_stage"):
+        return None
+    managed = set(opt.managed(list(specs)))
+    return zero.Layout({n: s.shape for n, s in specs.items() if n in managed}, world)
+
+
+def zero_slots(cfg, specs, world):
+    """[(checkpoint name, shape, dtype, owner rank)] of one process's optimizer state, in its order,
+    each moment owned by its tensor's rank (-1: every rank holds it, as AdamW's step), or None
+    when the run is not sharded: what each ZeRO-1 rank's trainer knows of the checkpoint it helps
+    write (mica/train/native.py state_slots)."""
+    from .. import pytree
+
+    opt = optimizer(cfg, specs)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is None:
+        return None
+    out = []
+
+    def walk(path, node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk((*path, k), v)
+            return
+        owner = layout.owner[path[-1]] if len(path) == 2 and path[0] in ("exp_avg", "exp_avg_sq") else -1
+        out.append(("optimizer." + ".".join(path), node.shape, node.dtype, owner))
+
+    walk((), opt.state_specs(specs))
+    assert len(out) == len(pytree.flatten(opt.state_specs(specs))[0])
+    return out
+
+
+def zero_report(cfg, specs, world):
+    """What ZeRO-1 leaves each rank of AdamW's moments, from the compile-time shapes."""
+    opt = optimizer(cfg, specs)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is None:
+        return None
+    full = 2 * 4 * sum(layout.elements)
+    per = ", ".join(f"rank {r}: {len(names)} tensors, {b:,} bytes" for r, (names, b) in
+                    enumerate(zip(layout.owned, layout.optimizer_state_bytes(4))))
+    return (f"ZeRO-1 over {world} ranks: AdamW's moments per rank {per}, against {full:,} bytes in one process; each "
+            f"rank reduce-scatters and all-gathers blocks of {layout.width:,} elements")
+
+
+def data_parallel(micro_grad, local, world, rank, layout=None):
     """(gradients, every micro-batch's loss [world * local]) of a data-parallel step, on rank `rank`
     of `world`: its `local` micro-batches' gradients are all-reduced together, so every rank gets one
     process's sum, added in the same order (rank 0's micro-batches first, one by one: the
     collective's order, mica/ops/collective.py), and every rank gets every micro-batch's loss, in
-    one process's order (nanoGPT logs the last; the speedrun their sum).
+    one process's order (nanoGPT logs the last; the speedrun their sum). Under ZeRO-1 (`layout`) they
+    are reduce-scattered instead: the same sums, of this rank's tensors only.
     Dropout's streams are those one process gives these micro-batches: a throwaway trace of one
     micro-batch counts them, and this rank's start after `rank * local` micro-batches' worth."""
     from ..tensor import current
@@ -204,7 +258,10 @@ def data_parallel(micro_grad, local, world, rank):
     micro_grad(0)  # (dead: only counted; the graph drops what nothing reads)
     ctx.random_streams = start + rank * local * (ctx.random_streams - start)
     parts = [micro_grad(m) for m in range(local)]
-    grads = {n: mica.distributed.all_reduce([g[n] for _, g in parts], world=world) for n in parts[0][1]}
+    if layout is not None:
+        grads = zero.scatter_gradients(layout, rank, [g for _, g in parts])
+    else:
+        grads = {n: mica.distributed.all_reduce([g[n] for _, g in parts], world=world) for n in parts[0][1]}
     mine = mica.cat([mica.reshape(loss, (1,)) for loss, _ in parts]) if local > 1 else mica.reshape(parts[0][0], (1,))
     return grads, mica.distributed.all_gather(mine, world=world)
 
