@@ -13,6 +13,11 @@ operands. The sums have one fixed order, never a library's implementation-define
   block holds the bits all_reduce would give it there (ZeRO-1's gradients: mica/optim/zero.py).
 - all_gather(x): every rank's x, concatenated along axis 0 in rank order.
 
+Both take uneven blocks too: `counts` (each rank's rows along axis 0) with `rank` (which rank this
+program is; every rank's program is then its own): reduce_scatter's x holds sum(counts) rows and
+rank r gets its counts[r]; all_gather's x is this rank's counts[rank] rows (ZeRO-1's whole tensors
+per rank, mica/optim/zero.py, move without padding).
+
 At world size 1 each is the identity (all_reduce and reduce_scatter: their operands' left-to-right
 sum). The oracle
 runs one process, so it computes world size 1 only. VJPs follow from each output's value being
@@ -87,19 +92,41 @@ def _leading(op, x, what):
         raise ShapeError(f"{op}: {what} needs at least one dim, got {x!r}")
 
 
-def _reduce_scatter_infer(specs, world):
+def _shares(op, world, counts, rank):
+    """Uneven blocks (`counts`: each rank's rows along axis 0, this being rank `rank`), or None."""
+    if counts is None:
+        if rank is not None:
+            raise ShapeError(f"{op}: rank= goes with counts= (each rank's rows), not alone")
+        return None
+    if (not isinstance(counts, tuple) or len(counts) != world or
+            any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts)):
+        raise ShapeError(f"{op}: counts must be a tuple of {world} positive row counts, one per rank, got {counts!r}")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
+        raise ShapeError(f"{op}: with counts, rank must say which of the {world} ranks this program is, got {rank!r}")
+    return counts
+
+
+def _reduce_scatter_infer(specs, world, counts=None, rank=None):
     x = _operands("reduce_scatter", specs, world)
     _leading("reduce_scatter", x, "the scattered axis 0")
+    if _shares("reduce_scatter", world, counts, rank) is not None:
+        if x.shape[0] != sum(counts):
+            raise ShapeError(f"reduce_scatter: axis 0 of {x!r} must hold the ranks' {sum(counts)} rows (counts)")
+        return [((counts[rank], *x.shape[1:]), x.dtype)]
     if x.shape[0] % world:
         raise ShapeError(f"reduce_scatter: axis 0 of {x!r} must divide among {world} ranks")
     return [((x.shape[0] // world, *x.shape[1:]), x.dtype)]
 
 
-def _all_gather_infer(specs, world):
+def _all_gather_infer(specs, world, counts=None, rank=None):
     _world("all_gather", world)
     (x,) = specs
     _float("all_gather", x)
     _leading("all_gather", x, "the gathered axis 0")
+    if _shares("all_gather", world, counts, rank) is not None:
+        if x.shape[0] != counts[rank]:
+            raise ShapeError(f"all_gather: axis 0 of {x!r} must be rank {rank}'s {counts[rank]} rows (counts)")
+        return [((sum(counts), *x.shape[1:]), x.dtype)]
     return [((x.shape[0] * world, *x.shape[1:]), x.dtype)]
 
 
@@ -110,14 +137,19 @@ def _identity(op):
     return ref
 
 
-_ABI = KernelABI(may_fail=True)  # (a peer that stopped, a world of another size)
+def _same_blocks(a):
+    return {k: a[k] for k in ("world", "counts", "rank") if a.get(k) is not None}
+
+
 def _reduce_scatter_vjp(c, o, i, a, n):
-    g = emit("all_gather", [c[0]], world=a["world"])
+    g = emit("all_gather", [c[0]], **_same_blocks(a))
     return [g for _ in i]
 
+
+_ABI = KernelABI(may_fail=True)  # (a peer that stopped, a world of another size)
 
 defop("all_reduce", infer=_all_reduce_infer, ref=_summed("all_reduce"), vjp=_all_reduce_vjp, family="kernel", kernel=_ABI)
 defop("reduce_scatter", infer=_reduce_scatter_infer, ref=_summed("reduce_scatter"), vjp=_reduce_scatter_vjp,
       family="kernel", kernel=_ABI)
 defop("all_gather", infer=_all_gather_infer, ref=_identity("all_gather"), family="kernel", kernel=_ABI,
-      vjp=lambda c, o, i, a, n: [emit("reduce_scatter", [c[0]], world=a["world"])])
+      vjp=lambda c, o, i, a, n: [emit("reduce_scatter", [c[0]], **_same_blocks(a))])

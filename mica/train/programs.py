@@ -68,17 +68,18 @@ def build_speedrun(cfg, vocab_size, world=1, rank=0):
 
     model = speedrun_model(cfg, vocab_size)
     specs = model.param_specs()
-    opt = speedrun.optimizers(model, cfg["embed_lr"], cfg["head_lr"], cfg["scalar_lr"], cfg["muon_lr"],
-                              cfg["muon_weight_decay"], cfg["mu"], ((2.0, -1.5, 0.5),) * cfg["ns_steps"],
-                              getattr(mica, cfg["ns_dtype"]))
+    opt = speedrun_optimizer(cfg, model)
     if world > 1 and cfg.get("shard_muon", True):
         opt.optimizers["optimizer2"].shard(world, rank)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is not None:
+        _adamw(opt).shard(layout, rank)
     mbs, T = cfg["mbs"], cfg["seq_len"]
     accum = cfg["batch_size"] // (mbs * T)
     local = accum // world  # (distributed.ranks checks that the ranks share the micro-batches evenly)
 
     def across_ranks(micro_grad, count):
-        grads, losses = data_parallel(micro_grad, count, world, rank)
+        grads, losses = data_parallel(micro_grad, count, world, rank, layout)
         total = losses[0]
         for i in range(1, world * count):
             total = total + losses[i]  # (one process's running sum of the micro-batches' losses)
@@ -103,6 +104,15 @@ def build_speedrun(cfg, vocab_size, world=1, rank=0):
     eval_prog = mica.trace(evaluate, specs, mica.i64[mbs, T], mica.i64[mbs, T], name="eval")
     logits_prog = mica.trace(logits, specs, mica.i64[1, T], name="logits")
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
+
+
+def speedrun_optimizer(cfg, model):
+    """The seed's AdamW + Muon over the model's parameters, from the config."""
+    from ..models import speedrun
+
+    return speedrun.optimizers(model, cfg["embed_lr"], cfg["head_lr"], cfg["scalar_lr"], cfg["muon_lr"],
+                               cfg["muon_weight_decay"], cfg["mu"], ((2.0, -1.5, 0.5),) * cfg["ns_steps"],
+                               getattr(mica, cfg["ns_dtype"]))
 
 
 def muon_sharding_report(cfg, model, opt, world):
@@ -194,23 +204,31 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
 
 
+def _adamw(opt):
+    """The AdamW among a recipe's optimizers (nanoGPT's only one; the speedrun's optimizer1)."""
+    return opt.optimizers["optimizer1"] if isinstance(opt, mica.optim.Optimizers) else opt
+
+
+def _unsharded_optimizer(cfg, model):
+    return speedrun_optimizer(cfg, model) if cfg.get("recipe") == "speedrun" else optimizer(cfg, model.param_specs())
+
+
 def zero_layout(cfg, specs, opt, world):
     """ZeRO-1's assignment of AdamW's tensors to the ranks (mica/optim/zero.py), or None when the
     run is not sharded (zero_stage=0, or one process)."""
     if world == 1 or not cfg.get("zero_stage"):
         return None
-    managed = set(opt.managed(list(specs)))
+    managed = set(_adamw(opt).managed(list(specs)))
     return zero.Layout({n: s.shape for n, s in specs.items() if n in managed}, world)
 
 
-def zero_slots(cfg, specs, world):
+def zero_slots(cfg, model, world):
     """[(checkpoint name, shape, dtype, owner rank)] of one process's optimizer state, in its order,
-    each moment owned by its tensor's rank (-1: every rank holds it, as AdamW's step), or None
-    when the run is not sharded: what each ZeRO-1 rank's trainer knows of the checkpoint it helps
-    write (mica/train/native.py state_slots)."""
-    from .. import pytree
-
-    opt = optimizer(cfg, specs)
+    each AdamW moment owned by its tensor's rank (-1: every rank holds it, as AdamW's step and
+    Muon's momenta), or None when the run is not sharded: what each ZeRO-1 rank's trainer knows of
+    the checkpoint it helps write (mica/train/native.py state_slots)."""
+    specs = model.param_specs()
+    opt = _unsharded_optimizer(cfg, model)
     layout = zero_layout(cfg, specs, opt, world)
     if layout is None:
         return None
@@ -221,25 +239,26 @@ def zero_slots(cfg, specs, world):
             for k, v in node.items():
                 walk((*path, k), v)
             return
-        owner = layout.owner[path[-1]] if len(path) == 2 and path[0] in ("exp_avg", "exp_avg_sq") else -1
-        out.append(("optimizer." + ".".join(path), node.shape, node.dtype, owner))
+        sharded = len(path) >= 2 and path[-2] in ("exp_avg", "exp_avg_sq") and path[-1] in layout.owner
+        out.append(("optimizer." + ".".join(path), node.shape, node.dtype, layout.owner[path[-1]] if sharded else -1))
 
     walk((), opt.state_specs(specs))
-    assert len(out) == len(pytree.flatten(opt.state_specs(specs))[0])
     return out
 
 
-def zero_report(cfg, specs, world):
+def zero_report(cfg, model, world):
     """What ZeRO-1 leaves each rank of AdamW's moments, from the compile-time shapes."""
-    opt = optimizer(cfg, specs)
+    specs = model.param_specs()
+    opt = _unsharded_optimizer(cfg, model)
     layout = zero_layout(cfg, specs, opt, world)
     if layout is None:
         return None
-    full = 2 * 4 * sum(layout.elements)
+    moments = [sum(2 * math.prod(specs[n].shape) * specs[n].dtype.itemsize for n in names) for names in layout.owned]
     per = ", ".join(f"rank {r}: {len(names)} tensors, {b:,} bytes" for r, (names, b) in
-                    enumerate(zip(layout.owned, layout.optimizer_state_bytes(4))))
-    return (f"ZeRO-1 over {world} ranks: AdamW's moments per rank {per}, against {full:,} bytes in one process; each "
-            f"rank reduce-scatters and all-gathers blocks of {layout.width:,} elements")
+                    enumerate(zip(layout.owned, moments)))
+    return (f"ZeRO-1 over {world} ranks: AdamW's moments, {per}, against {sum(moments):,} bytes in one process; rank r "
+            f"gets the summed gradients of its tensors (reduce-scatter) and sends their update to every rank "
+            f"(all-gather)")
 
 
 def data_parallel(micro_grad, local, world, rank, layout=None):
@@ -258,10 +277,11 @@ def data_parallel(micro_grad, local, world, rank, layout=None):
     micro_grad(0)  # (dead: only counted; the graph drops what nothing reads)
     ctx.random_streams = start + rank * local * (ctx.random_streams - start)
     parts = [micro_grad(m) for m in range(local)]
-    if layout is not None:
-        grads = zero.scatter_gradients(layout, rank, [g for _, g in parts])
-    else:
-        grads = {n: mica.distributed.all_reduce([g[n] for _, g in parts], world=world) for n in parts[0][1]}
+    mine = zero.scatter_gradients(layout, rank, [g for _, g in parts]) if layout is not None else {}
+    grads = {}
+    for n in parts[0][1]:  # (in the parameters' order; under ZeRO-1 another rank's AdamW tensors are absent)
+        if n in mine or layout is None or n not in layout.owner:
+            grads[n] = mine[n] if n in mine else mica.distributed.all_reduce([g[n] for _, g in parts], world=world)
     mine = mica.cat([mica.reshape(loss, (1,)) for loss, _ in parts]) if local > 1 else mica.reshape(parts[0][0], (1,))
     return grads, mica.distributed.all_gather(mine, world=world)
 

@@ -123,11 +123,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
 
     model, _, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
-    shards = programs.zero_slots(cfg, model.param_specs(), world)
-    if shards is not None:
-        log(programs.zero_report(cfg, model.param_specs(), world))
-    elif cfg["zero_stage"]:
-        log("note: zero_stage=1 shards AdamW's state among the ranks of mpirun -np N; one process holds it all")
+    shards = _zero(cfg, model, world, log)
     budget = memory_plan.parse_budget(cfg["memory_budget"], cfg["device"])
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"], memory_budget=budget,
@@ -220,12 +216,13 @@ def prepare_speedrun(cfg, log):
     log(f"number of parameters: {model.num_parameters():,}")
     if world > 1:
         log(programs.muon_sharding_report(cfg, model, opt, world))
+    shards = _zero(cfg, model, world, log)
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"])
     _products_record(cfg["device"], cfg["simulate"])
     native.check_in_place(lowered["train"])
-    log(memory_plan.report(lowered))
-    slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
+    log(memory_plan.report(lowered, rank if world > 1 else None))
+    slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()], shards, rank)
     expected = _expected(slots, lowered)
     settings = dict(mode="train", loop="speedrun", out_dir=out_dir, vocab=vocab, block=cfg["seq_len"],
                     batch=cfg["mbs"], accum=cfg["batch_size"] // rows, max_iters=cfg["train_steps"],
@@ -344,6 +341,16 @@ def _follow_hf_weights(cfg, vocab, log):
         f"n_head={cfg['n_head']}, n_embd={cfg['n_embd']}, bias=True, vocab_size={args['vocab_size']}, "
         f"block_size={cfg['block_size']}")
     return args["vocab_size"]
+
+
+def _zero(cfg, model, world, log):
+    """ZeRO-1's shards of the checkpoint (programs.zero_slots), its report said; None when unsharded."""
+    shards = programs.zero_slots(cfg, model, world)
+    if shards is not None:
+        log(programs.zero_report(cfg, model, world))
+    elif cfg.get("zero_stage"):
+        log("note: zero_stage=1 shards AdamW's state among the ranks of mpirun -np N; one process holds it all")
+    return shards
 
 
 def _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files):

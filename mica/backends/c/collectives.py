@@ -81,6 +81,17 @@ def _all_reduce(e, kernel):
             f"    if (mica_all_reduce_{s}({p(out)}, operands, {len(ins)}, {n}LL, {world})) return;", "}"]
 
 
+def _uneven(kernel, x):
+    """`static const int` lines of an uneven collective's counts and displacements, in elements."""
+    row = x.numel // x.shape[0] if x.shape[0] else 0
+    counts = [c * row for c in kernel.attrs["counts"]]
+    if sum(counts) > 2 ** 31 - 1:
+        raise MicaError(f"{kernel.op} moves {sum(counts):,} elements, more than MPI's counts ({2 ** 31 - 1:,}) take")
+    displs = [sum(counts[:r]) for r in range(len(counts))]
+    return [f"    static const int counts[{len(counts)}] = {{{', '.join(map(str, counts))}}};",
+            f"    static const int displs[{len(counts)}] = {{{', '.join(map(str, displs))}}};"]
+
+
 @register_lowering("reduce_scatter", "c", scratch=_scatter_scratch)
 def _reduce_scatter(e, kernel):
     _checked(kernel)
@@ -89,6 +100,10 @@ def _reduce_scatter(e, kernel):
     if world == 1:
         return _summed_here(p, ins, out, t) if len(ins) > 1 else \
             [f"memcpy({p(out)}, {p(ins[0])}, {out.numel * out.dtype.itemsize});"]
+    if kernel.attrs.get("counts") is not None:
+        return ["{", _operands(p, ins, t), *_uneven(kernel, ins[0]),
+                f"    if (mica_reduce_scatter_v_{s}({p(out)}, operands, {len(ins)}, {ins[0].numel}LL, counts, displs, "
+                f"{world}, ({t} *)work)) return;", "}"]
     return ["{", _operands(p, ins, t), f"    if (mica_reduce_scatter_{s}({p(out)}, operands, {len(ins)}, "
             f"{out.numel}LL, {world}, ({t} *)work)) return;", "}"]
 
@@ -100,4 +115,7 @@ def _all_gather(e, kernel):
     world, s = kernel.attrs["world"], ct.suffix(out.dtype)
     if world == 1:
         return [f"memcpy({p(out)}, {p(x)}, {out.numel * out.dtype.itemsize});"]
+    if kernel.attrs.get("counts") is not None:
+        return ["{", *_uneven(kernel, out), f"    if (mica_all_gather_v_{s}({p(out)}, {p(x)}, counts, displs, {world})) "
+                "return;", "}"]
     return [f"if (mica_all_gather_{s}({p(out)}, {p(x)}, {x.numel}LL, {world})) return;"]

@@ -9,6 +9,7 @@
  *   reduce_scatter  the same chain over all `world` blocks, ending at rank world-1, which scatters
  *                   block r to rank r: each element holds all_reduce's bits (ZeRO-1's gradients).
  *   all_gather      MPI_Allgather (a copy).
+ *   the _v forms    uneven blocks (counts[r] elements at displs[r]): MPI_Scatterv / MPI_Allgatherv.
  *
  * A program loaded by Python initializes MPI itself (and finalizes it at exit); the trainer has
  * initialized it already. A failed call stops the program with a sentence (the trainer sets
@@ -103,6 +104,19 @@ static int mica_mpi_count(int64_t n) {
             mica_chain_##S(total, in, m, n * world, world, rank))                                           \
             return 1;                                                                                       \
         return mica_mpi_failed(MPI_Scatter(total, (int)n, MT, out, (int)n, MT, world - 1, MPI_COMM_WORLD));  \
+    }                                                                                                       \
+    /* in: m operands of `total` elements, rank r's counts[r] of them at displs[r]; out: this rank's */      \
+    static int mica_reduce_scatter_v_##S(T *out, const T *const *in, int m, int64_t total, const int *counts, \
+                                         const int *displs, int world, T *sum) {                            \
+        int rank;                                                                                           \
+        if (mica_mpi_ready(world, &rank) || mica_chain_##S(sum, in, m, total, world, rank)) return 1;      \
+        return mica_mpi_failed(MPI_Scatterv(sum, counts, displs, MT, out, counts[rank], MT, world - 1,        \
+                                            MPI_COMM_WORLD));                                               \
+    }                                                                                                       \
+    static int mica_all_gather_v_##S(T *out, const T *x, const int *counts, const int *displs, int world) {  \
+        int rank;                                                                                           \
+        if (mica_mpi_ready(world, &rank)) return 1;                                                         \
+        return mica_mpi_failed(MPI_Allgatherv(x, counts[rank], MT, out, counts, displs, MT, MPI_COMM_WORLD)); \
     }                                                                                                       \
     static int mica_all_gather_##S(T *out, const T *x, int64_t n, int world) {                              \
         int rank;                                                                                           \
