@@ -20,7 +20,7 @@ def main():
     # more elements than one chain chunk (2**18), so the chunked chain is exercised
     n, m = int(sys.argv[1]) if len(sys.argv) > 1 else 300_001, 3
     for dtype, spec in ((np.float32, mica.f32), (np.float64, mica.f64)):
-        counts = tuple(3 + 2 * r for r in range(world))  # (uneven blocks of rows of 5)
+        counts = tuple(40_000 + 30_001 * r for r in range(world))  # (uneven blocks of rows of 5, across chunks)
 
         def program(a, b, c, x, s, t, u, v, w):
             d = mica.distributed

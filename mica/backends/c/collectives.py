@@ -47,9 +47,13 @@ def _elements(view):
     return view.numel
 
 
+CHAIN_CHUNK = 1 << 18  # elements per message of the chain (MICA_CHAIN_CHUNK in mica_collectives.h)
+
+
 def _scatter_scratch(kernel):
+    """One chunk of the chain's running sum (the last rank sends each owner its part chunk by chunk)."""
     x = kernel.inputs[0]
-    return (x.numel * x.dtype.itemsize if kernel.attrs["world"] > 1 else 0), 0
+    return (min(x.numel, CHAIN_CHUNK) * x.dtype.itemsize if kernel.attrs["world"] > 1 else 0), 0
 
 
 def _checked(kernel):
@@ -81,15 +85,15 @@ def _all_reduce(e, kernel):
             f"    if (mica_all_reduce_{s}({p(out)}, operands, {len(ins)}, {n}LL, {world})) return;", "}"]
 
 
-def _uneven(kernel, x):
-    """`static const int` lines of an uneven collective's counts and displacements, in elements."""
+def _uneven(kernel, x, ctype="int"):
+    """`static const` lines of an uneven collective's counts and displacements, in elements."""
     row = x.numel // x.shape[0] if x.shape[0] else 0
     counts = [c * row for c in kernel.attrs["counts"]]
-    if sum(counts) > 2 ** 31 - 1:
+    if ctype == "int" and sum(counts) > 2 ** 31 - 1:
         raise MicaError(f"{kernel.op} moves {sum(counts):,} elements, more than MPI's counts ({2 ** 31 - 1:,}) take")
     displs = [sum(counts[:r]) for r in range(len(counts))]
-    return [f"    static const int counts[{len(counts)}] = {{{', '.join(map(str, counts))}}};",
-            f"    static const int displs[{len(counts)}] = {{{', '.join(map(str, displs))}}};"]
+    return [f"    static const {ctype} counts[{len(counts)}] = {{{', '.join(map(str, counts))}}};",
+            f"    static const {ctype} displs[{len(counts)}] = {{{', '.join(map(str, displs))}}};"]
 
 
 @register_lowering("reduce_scatter", "c", scratch=_scatter_scratch)
@@ -101,7 +105,7 @@ def _reduce_scatter(e, kernel):
         return _summed_here(p, ins, out, t) if len(ins) > 1 else \
             [f"memcpy({p(out)}, {p(ins[0])}, {out.numel * out.dtype.itemsize});"]
     if kernel.attrs.get("counts") is not None:
-        return ["{", _operands(p, ins, t), *_uneven(kernel, ins[0]),
+        return ["{", _operands(p, ins, t), *_uneven(kernel, ins[0], "int64_t"),
                 f"    if (mica_reduce_scatter_v_{s}({p(out)}, operands, {len(ins)}, {ins[0].numel}LL, counts, displs, "
                 f"{world}, ({t} *)work)) return;", "}"]
     return ["{", _operands(p, ins, t), f"    if (mica_reduce_scatter_{s}({p(out)}, operands, {len(ins)}, "
