@@ -64,7 +64,7 @@ def main(argv):
         return paper(cfg, vocab, world)
     ranks = list(range(world)) if ranks is None else ranks
     columns = [("one process", {**cfg, "zero_stage": 0}, 1, 0)]
-    columns += [(f"rank {r} of {world}", {**cfg, "zero_stage": 0}, world, r) for r in ranks[:1]]
+    columns += [(f"rank {r} of {world}", {**cfg, "zero_stage": 0}, world, r) for r in ranks]
     columns += [(f"rank {r} of {world}, ZeRO-1", {**cfg, "zero_stage": 1}, world, r) for r in ranks]
     plans = [(label, plan(c, vocab, w, r)) for label, c, w, r in columns]
     print("| bytes | " + " | ".join(label for label, _ in plans) + " |")
