@@ -427,6 +427,45 @@ def test_speedrun_on_two_ranks_with_zero1_and_sharded_muon_is_one_process(speedr
         _speedrun_metrics(two / "out" / "metrics.jsonl")
 
 
+def test_zero1_assigns_whole_tensors_largest_first_to_the_least_loaded_rank():
+    from mica.optim.zero import Layout
+
+    shapes = {"a": (4, 8), "b": (10,), "c": (8, 8), "d": (3,), "e": (2, 10), "f": (5,)}
+    lay = Layout(shapes, 3)
+    # by size: c 64, a 32, e 20, b 10, f 5, d 3 -> c: 0, a: 1, e: 2, b: 2 (20 < 32), f: 2 (30 < 32), d: 1 (32 < 35)
+    assert lay.owner == {"a": 1, "b": 2, "c": 0, "d": 1, "e": 2, "f": 2}
+    assert lay.owned == [["c"], ["a", "d"], ["b", "e", "f"]]  # (in the given order on the wire)
+    assert lay.counts == (64, 35, 35) and lay.starts == (0, 64, 99) and lay.offset["e"] == 10
+    assert Layout(shapes, 8).counts == (64, 32, 20, 10, 5, 3, 1, 1)  # (a rank with nothing sends one zero)
+
+
+def test_zero1_ranks_run_the_same_collectives_in_the_same_order():
+    """Every rank's program differs under ZeRO-1 (its own tensors, its own moments), but MPI needs
+    the same collectives in the same order everywhere, with the same blocks; each rank's moments
+    are its share only."""
+    from mica.train import config as config_mod
+    from mica.train import programs
+
+    def collectives(cfg, vocab, rank):
+        _, _, progs = programs.build(cfg, vocab, 2, rank)
+        lowered = progs["train"].lower("cpu")
+        seq = [(k.op, len(k.inputs), k.attrs.get("counts"), (k.outputs if k.op == "all_gather" else k.inputs)[0].numel)
+               for k in lowered.schedule.kernels if getattr(k, "op", None) in ("all_reduce", "reduce_scatter",
+                                                                               "all_gather")]
+        return seq, lowered.plan.class_bytes["optimizer state"]
+
+    nanogpt = config_mod.load("shakespeare_char", ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                                                    "--block_size=32", "--batch_size=2", "--zero_stage=1",
+                                                    "--gradient_accumulation_steps=4"])
+    speedrun = {**config_mod.load(None, [f"--{k}={v}" for k, v in SPEEDRUN.items()]), "zero_stage": 1}
+    for cfg, vocab in ((nanogpt, 65), (speedrun, 40)):
+        (s0, m0), (s1, m1) = collectives(cfg, vocab, 0), collectives(cfg, vocab, 1)
+        assert s0 == s1 and [op for op, *_ in s0].count("reduce_scatter") == 1
+        _, _, one = programs.build({**cfg, "zero_stage": 0}, vocab, 1, 0)
+        full = one["train"].lower("cpu").plan.class_bytes["optimizer state"]
+        assert m0 < full and m1 < full
+
+
 def test_muon_shards_as_the_seed_sorts_by_size():
     """The seed's order: sorted by size, largest first, ties in the group's order (a stable sort);
     rank r takes matrices r, r + N, ...; each rank's gathered share is padded to its chunks' largest."""
