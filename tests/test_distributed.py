@@ -458,7 +458,10 @@ def test_zero1_ranks_run_the_same_collectives_in_the_same_order():
                                                     "--block_size=32", "--batch_size=2", "--zero_stage=1",
                                                     "--gradient_accumulation_steps=4"])
     speedrun = {**config_mod.load(None, [f"--{k}={v}" for k, v in SPEEDRUN.items()]), "zero_stage": 1}
+    from mica.train.distributed import same_train_on_every_rank
+
     for cfg, vocab in ((nanogpt, 65), (speedrun, 40)):
+        assert not same_train_on_every_rank(cfg) and not same_train_on_every_rank({**cfg, "shard_muon": False})
         (s0, m0), (s1, m1) = collectives(cfg, vocab, 0), collectives(cfg, vocab, 1)
         assert s0 == s1 and [op for op, *_ in s0].count("reduce_scatter") == 1
         _, _, one = programs.build({**cfg, "zero_stage": 0}, vocab, 1, 0)

@@ -74,7 +74,8 @@ def run_hash(cfg, lowered, world):
 
 def same_train_on_every_rank(cfg):
     """Whether every rank compiles the same train program: not with dropout (each rank's streams
-    start at its own micro-batches), nor with a sharded optimizer (each rank updates its own part)."""
+    start at its own micro-batches), nor with a sharded optimizer (sharded Muon, ZeRO-1: each rank
+    updates its own part)."""
     if cfg.get("recipe") == "speedrun":
-        return not cfg.get("shard_muon", True)
+        return not cfg.get("shard_muon", True) and not cfg.get("zero_stage")
     return not cfg.get("dropout") and not cfg.get("zero_stage")
