@@ -75,10 +75,6 @@ class Layout:
             out[n] = F.reshape(flat[start:start + math.prod(self.shapes[n])], self.shapes[n])
         return out
 
-    def optimizer_state_bytes(self, itemsize, moments=2):
-        """[bytes of AdamW's moments each rank holds] (the step count aside)."""
-        return [moments * itemsize * e for e in self.elements]
-
 
 def carrier(tensors):
     """The element type a block of these tensors travels in: float64 where one is float64, else
