@@ -6,8 +6,8 @@
 Builds `mica train`'s train program for this rank (nanoGPT's GPT, the given overrides on the
 shakespeare_char config, vocabulary 65) with per-kernel timing, runs WARMUP + STEPS steps on random
 tokens at --threads=1 and prints (rank 0) the median step time and the median share of it spent in
-the all_reduce / all_gather kernels (which includes waiting for the slower rank), and the compile-time
-arena bytes of this rank's train program."""
+the collectives' kernels (which includes waiting for the slower rank), and the compile-time
+arena bytes of this rank's train program. --zero_stage=1 measures ZeRO-1's step."""
 import os
 import statistics
 import sys
@@ -19,6 +19,7 @@ from mica.train import config as config_mod
 from mica.train import distributed, programs
 
 WARMUP, STEPS = 3, int(os.environ.get("STEPS", "15"))
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def main(overrides):
@@ -38,7 +39,7 @@ def main(overrides):
         t = time.perf_counter()
         exe.run(threads=1)
         wall = time.perf_counter() - t
-        comm = sum(s for label, s in exe.profile() if "all_reduce" in label or "all_gather" in label)
+        comm = sum(s for label, s in exe.profile() if any(c in label for c in COLLECTIVES))
         if step >= WARMUP:
             walls.append(wall)
             shares.append((comm - before) / wall)

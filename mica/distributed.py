@@ -3,6 +3,7 @@ them). `world` is the number of ranks the program is compiled for; every rank ru
 
     total = mica.distributed.all_reduce([g0, g1], world=2)   # ((rank0.g0 + rank0.g1) + rank1.g0) + rank1.g1
     mine = mica.distributed.reduce_scatter(x, world=2)       # x: [2n, ...] -> [n, ...]
+    mine = mica.distributed.reduce_scatter([x0, x1], world=2)  # block r of all_reduce([x0, x1])
     every = mica.distributed.all_gather(x, world=2)          # [n, ...] -> [2n, ...], rank order
 """
 from .tensor import Tensor, current, emit
@@ -19,13 +20,20 @@ def all_reduce(tensors, world):
     return emit("all_reduce", _tensors(tensors, "distributed.all_reduce"), world=world)
 
 
-def reduce_scatter(tensor, world):
-    """Rank r's block r of the rank-ordered sum of every rank's tensor (split along axis 0)."""
-    current("distributed.reduce_scatter")
-    return emit("reduce_scatter", [tensor], world=world)
+def _blocks(counts, rank):
+    return {} if counts is None else {"counts": tuple(counts), "rank": rank}
 
 
-def all_gather(tensor, world):
-    """Every rank's tensor, concatenated along axis 0 in rank order."""
+def reduce_scatter(tensors, world, counts=None, rank=None):
+    """Rank r's block r (along axis 0) of the rank-ordered sum of every rank's tensors: all_reduce's
+    sum, in all_reduce's order, of which each rank keeps its own block. Uneven blocks: `counts`
+    gives each rank's rows and `rank` this program's rank."""
+    return emit("reduce_scatter", _tensors(tensors, "distributed.reduce_scatter"), world=world,
+                **_blocks(counts, rank))
+
+
+def all_gather(tensor, world, counts=None, rank=None):
+    """Every rank's tensor, concatenated along axis 0 in rank order (uneven ones: each rank's rows
+    in `counts`, this program being rank `rank`)."""
     current("distributed.all_gather")
-    return emit("all_gather", [tensor], world=world)
+    return emit("all_gather", [tensor], world=world, **_blocks(counts, rank))

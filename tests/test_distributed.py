@@ -58,10 +58,12 @@ def test_world_size_one_is_the_identity_on_the_oracle_and_in_c():
 
     def f(a, b, c, x):
         d = mica.distributed
-        return d.all_reduce([a, b, c], world=1), d.reduce_scatter(x, world=1), d.all_gather(x, world=1)
+        return d.all_reduce([a, b, c], world=1), d.reduce_scatter(x, world=1), d.all_gather(x, world=1), \
+            d.reduce_scatter([c, a, b], world=1), d.reduce_scatter([x, x], world=1, counts=(6,), rank=0), \
+            d.all_gather(x, world=1, counts=(6,), rank=0)
 
     prog = mica.trace(f, mica.f32[4, 6], mica.f32[4, 6], mica.f32[4, 6], mica.f32[6, 3])
-    want = ((a + b) + c, x, x)
+    want = ((a + b) + c, x, x, (c + a) + b, x + x, x)
     for got, exp in zip(mica.reference.run(prog, a, b, c, x), want):
         np.testing.assert_allclose(got, exp.astype(np.float64), rtol=1e-6, atol=1e-6)
     for got, exp in zip(prog.lower("cpu").build()(a, b, c, x), want):
@@ -77,6 +79,7 @@ def test_vjps_are_the_transposed_collectives():
         d = mica.distributed
         y = d.all_gather(x * w, world=1)
         z = d.reduce_scatter(y * y, world=1)
+        z = d.reduce_scatter([z, z], world=1) * 0.5
         return d.all_reduce([z, z * 2.0], world=1).sum()
 
     prog = mica.trace(lambda x, w: mica.value_and_grad(lambda x: loss(x, w))(x)[1], mica.f64[4, 3], mica.f64[4, 3])
@@ -84,7 +87,7 @@ def test_vjps_are_the_transposed_collectives():
     np.testing.assert_allclose(got, 2 * 3 * (x * w) * w, rtol=1e-12)  # d/dx of 3 (xw)^2
     ops = [line.split("= ")[1].split()[0] for line in prog.ir.splitlines() if "= " in line]
     # all_reduce's transpose is all_reduce; reduce_scatter's is all_gather; all_gather's, reduce_scatter
-    assert ops.count("all_reduce") == 2 and ops.count("all_gather") == 2 and ops.count("reduce_scatter") == 2
+    assert ops.count("all_reduce") == 2 and ops.count("all_gather") == 3 and ops.count("reduce_scatter") == 3
 
 
 def test_collectives_check_their_operands():
@@ -97,6 +100,16 @@ def test_collectives_check_their_operands():
         mica.trace(lambda a: d.all_gather(a, world=1), mica.i64[3])
     with pytest.raises(mica.ShapeError, match="positive count of ranks"):
         mica.trace(lambda a: d.all_gather(a, world=0), mica.f32[3])
+    with pytest.raises(mica.ShapeError, match=r"f32\[5\] must hold the ranks' 4 rows"):
+        mica.trace(lambda x: d.reduce_scatter(x, world=2, counts=(2, 2), rank=0), mica.f32[5])
+    with pytest.raises(mica.ShapeError, match="counts must be a tuple of 2 positive row counts"):
+        mica.trace(lambda x: d.reduce_scatter(x, world=2, counts=(5, 0), rank=0), mica.f32[5])
+    with pytest.raises(mica.ShapeError, match="rank must say which of the 2 ranks"):
+        mica.trace(lambda x: d.all_gather(x, world=2, counts=(2, 3), rank=2), mica.f32[2])
+    with pytest.raises(mica.ShapeError, match="must be rank 1's 3 rows"):
+        mica.trace(lambda x: d.all_gather(x, world=2, counts=(2, 3), rank=1), mica.f32[2])
+    assert mica.trace(lambda x: d.all_gather(x, world=2, counts=(2, 3), rank=1), mica.f32[3, 4]).graph.outputs[0].shape \
+        == (5, 4)
     prog = mica.trace(lambda a: d.all_gather(a, world=2), mica.f32[3])
     assert prog.graph.outputs[0].shape == (6,)
     with pytest.raises(mica.MicaError, match="mpirun -np 2"):
@@ -154,6 +167,43 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, data):
     r1, r2 = run(cli(*more), one), run(mpirun(2, *cli(*more)), two)
     assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
     assert open(one / "out" / "ckpt.safetensors", "rb").read() == open(two / "out" / "ckpt.safetensors", "rb").read()
+
+
+@needs_mpi
+def test_zero1_on_two_ranks_is_bitwise_one_process_and_resumes_so(tmp_path, data):
+    """zero_stage=1: each rank reduce-scatters the gradients, keeps AdamW's moments of its own
+    tensors and all-gathers the parameters; clipping and dropout on. The losses, metrics and
+    checkpoint bytes are one process's (rank 0 gathers the moments to write it: the unsharded
+    checkpoint), and both resume from it in step. (In one process zero_stage=1 changes nothing.)"""
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=4", "--eval_interval=2", "--always_save_checkpoint=True",
+            "--out_dir=out", "--zero_stage=1", "--grad_clip=0.05"]
+    one, two = _folder(tmp_path, "one", data), _folder(tmp_path, "two", data)
+    r1 = run(cli(*args), one)
+    assert r1.returncode == 0, r1.stderr
+    assert "note: zero_stage=1 shards AdamW's state among the ranks of mpirun -np N" in r1.stdout
+    r2 = run(mpirun(2, *cli(*args)), two)
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    report = re.search(r"ZeRO-1 over 2 ranks: AdamW's moments, rank 0: (\d+) tensors, ([\d,]+) bytes, rank 1: (\d+) "
+                       r"tensors, ([\d,]+) bytes, against ([\d,]+) bytes in one process", r2.stdout)
+    assert report, r2.stdout
+    n0, b0, n1, b1, full = (int(g.replace(",", "")) for g in report.groups())
+    assert n0 + n1 == 15 and b0 + b1 == full and max(b0, b1) < 0.6 * full  # (2 blocks x 6, wte, wpe, ln_f)
+    plan = lambda out: int(re.search(r"optimizer state +([\d,]+)", out).group(1).replace(",", ""))  # noqa: E731
+    assert b0 + 8 <= plan(r2.stdout) < b0 + 8 + 4096 < full + 8 <= plan(r1.stdout)  # (rank 0's; AdamW's step: 8 bytes)
+    pattern = re.compile(r"^(?:iter \d+: loss [\d.]+|step \d+: .*$)", re.M)
+    losses = pattern.findall(r1.stdout)
+    assert len(losses) == 5 + 3 and losses == pattern.findall(re.sub(r"\r|\x1b\[K", "\n", r2.stdout))
+    assert _metrics(one / "out" / "metrics.jsonl") == _metrics(two / "out" / "metrics.jsonl")
+    a = (one / "out" / "ckpt.safetensors").read_bytes()
+    assert a == (two / "out" / "ckpt.safetensors").read_bytes()
+    st = checkpoint.SafeTensors(str(two / "out" / "ckpt.safetensors"))
+    assert len([n for n in st.names if n.startswith("optimizer.exp_avg")]) == 2 * 15  # (every moment, whole)
+    # each rank resumes its own moments from the one checkpoint; one process resumes all of them
+    more = [a.replace("--max_iters=4", "--max_iters=6") for a in args] + ["--init_from=resume"]
+    r1, r2 = run(cli(*more), one), run(mpirun(2, *cli(*more)), two)
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    assert (one / "out" / "ckpt.safetensors").read_bytes() == (two / "out" / "ckpt.safetensors").read_bytes()
+    assert _metrics(one / "out" / "metrics.jsonl") == _metrics(two / "out" / "metrics.jsonl")
 
 
 @needs_mpi
@@ -236,6 +286,11 @@ def test_launches_mica_cannot_share_are_sentences(tmp_path, data):
     assert r.returncode != 0 and "run mpirun -np 2 mica train" in r.stderr and "Traceback" not in r.stderr
     r = run(args, d, env=dict(_env(), OMPI_COMM_WORLD_SIZE="3", OMPI_COMM_WORLD_RANK="0"))
     assert r.returncode != 0 and "gradient_accumulation_steps=4 does not divide among 3 ranks" in r.stderr
+    r = run(args + ["--zero_stage=1", "--dtype=float16"], d, env=dict(_env(), OMPI_COMM_WORLD_SIZE="2",
+                                                                     OMPI_COMM_WORLD_RANK="0"))
+    assert r.returncode != 0 and "zero_stage=1 with dtype=float16 is not supported yet" in r.stderr, r.stderr
+    r = run(args + ["--zero_stage=2"], d)
+    assert r.returncode != 0 and "zero_stage must be 0 (off) or 1" in r.stderr and "Traceback" not in r.stderr
 
 
 def _nccl_ready():
@@ -352,6 +407,66 @@ def test_speedrun_on_two_ranks_unsharded_stops_and_resumes_as_one_process(speedr
     assert len(want) == 9 and want == got
     assert [m["val_loss"] for m in _speedrun_metrics(two / "out" / "metrics.jsonl") if m.get("step") == 3] == \
         [want[(3, None)]["val_loss"]] * 2
+
+
+@needs_mpi
+def test_speedrun_on_two_ranks_with_zero1_and_sharded_muon_is_one_process(speedrun_one):
+    """zero_stage=1 beside the seed's sharded Muon: AdamW's tensors (the bfloat16 embedding, the
+    head, the gains) have one owner each, Muon's gradients are all-reduced as before. Every tensor
+    of the checkpoint and every loss is one process's (the config in its metadata says zero_stage=1)."""
+    two = _speedrun_folder(speedrun_one, "two_zero1")
+    r = run(mpirun(2, *cli("train", "tiny.py", "--out_dir=out", "--zero_stage=1")), two)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ZeRO-1 over 2 ranks: AdamW's moments, rank 0:" in r.stdout and "Muon sharded over 2 ranks" in r.stdout
+    a = checkpoint.SafeTensors(str(speedrun_one / "one" / "out" / "ckpt.safetensors"))
+    b = checkpoint.SafeTensors(str(two / "out" / "ckpt.safetensors"))
+    assert a.names == b.names and "optimizer.optimizer1.exp_avg.embed.weight" in a.names
+    for name in a.names:
+        assert a.read(name).tobytes() == b.read(name).tobytes(), name
+    assert _speedrun_metrics(speedrun_one / "one" / "out" / "metrics.jsonl") == \
+        _speedrun_metrics(two / "out" / "metrics.jsonl")
+
+
+def test_zero1_assigns_whole_tensors_largest_first_to_the_least_loaded_rank():
+    from mica.optim.zero import Layout
+
+    shapes = {"a": (4, 8), "b": (10,), "c": (8, 8), "d": (3,), "e": (2, 10), "f": (5,)}
+    lay = Layout(shapes, 3)
+    # by size: c 64, a 32, e 20, b 10, f 5, d 3 -> c: 0, a: 1, e: 2, b: 2 (20 < 32), f: 2 (30 < 32), d: 1 (32 < 35)
+    assert lay.owner == {"a": 1, "b": 2, "c": 0, "d": 1, "e": 2, "f": 2}
+    assert lay.owned == [["c"], ["a", "d"], ["b", "e", "f"]]  # (in the given order on the wire)
+    assert lay.counts == (64, 35, 35) and lay.starts == (0, 64, 99) and lay.offset["e"] == 10
+    assert Layout(shapes, 8).counts == (64, 32, 20, 10, 5, 3, 1, 1)  # (a rank with nothing sends one zero)
+
+
+def test_zero1_ranks_run_the_same_collectives_in_the_same_order():
+    """Every rank's program differs under ZeRO-1 (its own tensors, its own moments), but MPI needs
+    the same collectives in the same order everywhere, with the same blocks; each rank's moments
+    are its share only."""
+    from mica.train import config as config_mod
+    from mica.train import programs
+
+    def collectives(cfg, vocab, rank):
+        _, _, progs = programs.build(cfg, vocab, 2, rank)
+        lowered = progs["train"].lower("cpu")
+        seq = [(k.op, len(k.inputs), k.attrs.get("counts"), (k.outputs if k.op == "all_gather" else k.inputs)[0].numel)
+               for k in lowered.schedule.kernels if getattr(k, "op", None) in ("all_reduce", "reduce_scatter",
+                                                                               "all_gather")]
+        return seq, lowered.plan.class_bytes["optimizer state"]
+
+    nanogpt = config_mod.load("shakespeare_char", ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                                                    "--block_size=32", "--batch_size=2", "--zero_stage=1",
+                                                    "--gradient_accumulation_steps=4"])
+    speedrun = {**config_mod.load(None, [f"--{k}={v}" for k, v in SPEEDRUN.items()]), "zero_stage": 1}
+    from mica.train.distributed import same_train_on_every_rank
+
+    for cfg, vocab in ((nanogpt, 65), (speedrun, 40)):
+        assert not same_train_on_every_rank(cfg) and not same_train_on_every_rank({**cfg, "shard_muon": False})
+        (s0, m0), (s1, m1) = collectives(cfg, vocab, 0), collectives(cfg, vocab, 1)
+        assert s0 == s1 and [op for op, *_ in s0].count("reduce_scatter") == 1
+        _, _, one = programs.build({**cfg, "zero_stage": 0}, vocab, 1, 0)
+        full = one["train"].lower("cpu").plan.class_bytes["optimizer state"]
+        assert m0 < full and m1 < full
 
 
 def test_muon_shards_as_the_seed_sorts_by_size():

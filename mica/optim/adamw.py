@@ -25,11 +25,25 @@ class AdamW(Optimizer):
                     specs[key][n] = Spec(spec.shape, dtypes.bfloat16)
         return specs
 
+    layout, rank = None, 0
+
+    def shard(self, layout, rank):
+        """ZeRO-1 on rank `rank` of `layout.world` (mica/optim/zero.py): the state holds the moments
+        of this rank's tensors only, `grads` only their (reduce-scattered) gradients, and the
+        updated tensors are all-gathered, so every rank ends the step with every parameter one
+        process computes (AdamW is elementwise: the same arithmetic wherever a tensor is updated)."""
+        self.layout, self.rank = layout, rank
+        return self
+
+    def _mine(self, names):
+        return [n for n in names if self.layout is None or self.layout.owner[n] == self.rank]
+
     def _init(self, params):
-        return {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(params),
-                "exp_avg_sq": zeros_like_tree(params)}
+        mine = {n: params[n] for n in self._mine(params)}
+        return {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(mine), "exp_avg_sq": zeros_like_tree(mine)}
 
     def _update(self, params, grads, state, groups):
+        before = dict(params)
         step = state["step"] + 1
         step_f = F.to(step, dtypes.float64)
         exp_avg, exp_avg_sq = dict(state["exp_avg"]), dict(state["exp_avg_sq"])
@@ -40,7 +54,7 @@ class AdamW(Optimizer):
             bias_correction2 = 1 - beta2 ** step_f
             step_size = lr / bias_correction1
             bias_correction2_sqrt = bias_correction2 ** 0.5
-            for n in names:
+            for n in self._mine(names):
                 p, g, m, v = params[n], grads[n], exp_avg[n], exp_avg_sq[n]
                 if p.dtype is dtypes.bfloat16:
                     params[n], exp_avg[n], exp_avg_sq[n] = _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps,
@@ -53,6 +67,11 @@ class AdamW(Optimizer):
                 denom = F.sqrt(v) / bias_correction2_sqrt + eps
                 params[n] = F.addcdiv(p, m, denom, value=-step_size)
                 exp_avg[n], exp_avg_sq[n] = m, v
+        if self.layout is not None:
+            from .zero import gather_parameters
+
+            mine = {n: params[n] for n in self._mine(self.layout.shapes)}
+            params.update(gather_parameters(self.layout, self.rank, {n: before[n] for n in self.layout.shapes}, mine))
         return {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
 

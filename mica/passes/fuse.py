@@ -442,6 +442,12 @@ class _Builder:
                 buf = View.of(s.new_buffer(v.numel, v.dtype, "io", name=f"%{v.id}"), v.shape)
                 self._copy_loop(_broadcast_view(view, v.shape), buf, "materialize output", None)
                 view = buf
+            elif v.id in self.graph.updates and not view.is_whole():
+                # (a state's new value that is part of another buffer, as ZeRO-1's all-gathered
+                # parameters are: copied whole, so that it can take the old value's place)
+                buf = View.of(s.new_buffer(v.numel, v.dtype, self.cls_of(v), name=f"%{v.id}"), v.shape)
+                self._copy_loop(view, buf, "materialize update", None)
+                self.loc[v.id] = view = buf
             view.src.persistent = True
             s.outputs.append(view)
         s.updates = []

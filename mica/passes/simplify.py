@@ -1,7 +1,7 @@
 """Simplify a graph without changing a single bit of its results.
 
 Rebuilds the graph in order, so hash-consing merges common subexpressions (CSE), and only what
-the outputs need is kept (DCE). Rewrites are exact: multiplying by a constant one, casting to the
+the outputs need is kept (DCE; a collective across ranks always is). Rewrites are exact: multiplying by a constant one, casting to the
 same type, composing reshapes and permutes, folding arithmetic on scalar constants in their own
 element type (IEEE, as the compiled code would compute it), and turning a sum of disjoint pads —
 what the gradient of a split looks like — into one concat.
@@ -191,8 +191,14 @@ def _widens(small, big):
 
 
 def _live_nodes(graph):
+    """The nodes the outputs need, and every collective across ranks: its result may be unused here
+    but not on another rank (ZeRO-1's non-owners take part in a sum only its owner keeps), and every
+    rank must run the same collectives in the same order."""
+    from ..ops.collective import COLLECTIVES
+
     live = set()
     stack = [v.node for v in graph.outputs]
+    stack += [n for n in graph.nodes if n.op in COLLECTIVES and n.attrs["world"] > 1]
     while stack:
         n = stack.pop()
         if id(n) in live:

@@ -113,7 +113,22 @@ static void header(text *t, int64_t iter, double best, int64_t nnext, const uint
     while (t->n % 8) put(t, " ");
 }
 
+/* a rank other than 0: its shards of the optimizer state (kind 2 slots), in order, to rank 0 */
+static void send_shards(void) {
+    char *buffer = staging();
+    for (int i = 0; i < S.nslots; i++)
+        for (int64_t at = 0; S.slots[i].kind == 2 && at < S.slots[i].nbytes; at += STAGING_BYTES) {
+            int64_t n = S.slots[i].nbytes - at < STAGING_BYTES ? S.slots[i].nbytes - at : STAGING_BYTES;
+            prog_get_input_part(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], at, n, buffer);
+            dist_send_to_root(buffer, n);
+        }
+}
+
 void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nnext, const uint64_t gen[4]) {
+    if (S.rank != 0) {
+        send_shards();
+        return;
+    }
     char path[8192], tmp[8300];
     snprintf(path, sizeof path, "%s/ckpt.safetensors", S.out_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
@@ -125,10 +140,17 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
     uint64_t hlen = h.n;
     int ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(h.p, 1, h.n, f) == h.n;
     char *buffer = staging();
+    int lost = -1; /* a rank whose shard did not arrive */
     for (int i = 0; i < S.nslots && ok; i++)
         for (int64_t at = 0; at < S.slots[i].nbytes && ok; at += STAGING_BYTES) {
             int64_t n = S.slots[i].nbytes - at < STAGING_BYTES ? S.slots[i].nbytes - at : STAGING_BYTES;
-            prog_get_input_part(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], at, n, buffer);
+            if (S.slots[i].kind != 3)
+                prog_get_input_part(ARENA_TRAIN, (int)S.slots[i].input[ARENA_TRAIN], at, n, buffer);
+            else if (dist_recv_from(S.slots[i].owner, buffer, n)) {
+                lost = S.slots[i].owner;
+                ok = 0;
+                break;
+            }
             crc[i] = crc32_update(crc[i], buffer, n);
             ok = fwrite(buffer, 1, n, f) == (size_t)n;
         }
@@ -139,6 +161,12 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
     ok = ok && h.n == before && fseeko(f, 8, SEEK_SET) == 0 && fwrite(h.p, 1, h.n, f) == h.n;
     ok = fflush(f) == 0 && ok && fsync(fileno(f)) == 0;
     int err = errno;
+    if (lost >= 0) {
+        fclose(f);
+        unlink(tmp);
+        die(2, "rank %d stopped before it sent its share of the optimizer state, so no checkpoint was written (the "
+            "last good one in %s is untouched); see its message", lost, S.out_dir);
+    }
     if (fclose(f) != 0 || !ok) {
         unlink(tmp);
         die(2, "writing the checkpoint in %s failed (%s); nothing was replaced", S.out_dir, strerror(err ? err : errno));

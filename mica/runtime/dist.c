@@ -129,3 +129,28 @@ int dist_any(int flag) {
     return flag;
 #endif
 }
+
+/* ZeRO-1's checkpoint: each rank's optimizer-state shards travel to rank 0, which writes them */
+#define CHECKPOINT_TAG 7
+
+void dist_send_to_root(const void *data, int64_t n) {
+#ifdef MICA_MPI
+    if (MPI_Send(data, (int)n, MPI_BYTE, 0, CHECKPOINT_TAG, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die(2, "rank 0 stopped answering while this rank sent it its share of a checkpoint; see its message");
+#else
+    (void)data;
+    (void)n;
+    die(2, "internal: a one-process trainer has no rank 0 to send to");
+#endif
+}
+
+int dist_recv_from(int owner, void *data, int64_t n) {
+#ifdef MICA_MPI
+    return MPI_Recv(data, (int)n, MPI_BYTE, owner, CHECKPOINT_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS;
+#else
+    (void)owner;
+    (void)data;
+    (void)n;
+    return 1;
+#endif
+}

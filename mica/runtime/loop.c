@@ -169,7 +169,7 @@ int train_loop(void) {
             if (lv < best_val_loss || S.always_save) {
                 best_val_loss = lv;
                 if (iter > 0) {
-                    if (S.rank == 0) checkpoint_save(iter, best_val_loss, next, rows, before_eval);
+                    checkpoint_save(iter, best_val_loss, next, rows, before_eval); /* (rank 0 writes) */
                     last_saved = iter;
                     update_stop_text();
                     if (S.rank == 0) printf("saving checkpoint to %s\n", S.out_dir);

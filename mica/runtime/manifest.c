@@ -80,6 +80,8 @@ static int64_t itemsize(const char *dtype) {
     return 0;
 }
 
+static void slot_shape(slot *s, char *p);
+
 /* "KIND TRAIN_INPUT EVAL_INPUT LOGITS_INPUT NBYTES DTYPE NDIM DIMS... NAME" (input indices, -1: absent) */
 static void add_slot(char *v) {
     S.slots = realloc(S.slots, (S.nslots + 1) * sizeof *S.slots);
@@ -90,14 +92,36 @@ static void add_slot(char *v) {
     if (sscanf(v, "%lld %lld %lld %lld %lld %7s %lld %n", &kind, &input[0], &input[1], &input[2], &nbytes, s->dtype,
                &ndim, &used) != 7 || used == 0)
         bad("a slot line is incomplete");
-    if ((kind != 0 && kind != 1) || ndim < 0 || ndim > 8) bad("a slot has an impossible kind or rank");
+    if (kind < 0 || kind > 2 || ndim < 0 || ndim > 8) bad("a slot has an impossible kind or rank");
     s->kind = (int)kind;
     s->nbytes = nbytes;
     s->ndim = ndim;
     for (int i = 0; i < 3; i++) s->input[i] = input[i];
-    char *p = v + used;
+    slot_shape(s, v + used);
+}
+
+/* "OWNER NBYTES DTYPE NDIM DIMS... NAME": a checkpoint tensor another rank holds (ZeRO-1) */
+static void add_remote(char *v) {
+    S.slots = realloc(S.slots, (S.nslots + 1) * sizeof *S.slots);
+    slot *s = &S.slots[S.nslots];
+    memset(s, 0, sizeof *s);
+    long long owner, nbytes, ndim;
+    int used = 0;
+    if (sscanf(v, "%lld %lld %7s %lld %n", &owner, &nbytes, s->dtype, &ndim, &used) != 4 || used == 0)
+        bad("a remote slot line is incomplete");
+    if (owner < 0 || owner > 1 << 20 || ndim < 0 || ndim > 8) bad("a remote slot has an impossible owner or rank");
+    s->kind = 3;
+    s->owner = (int)owner;
+    s->nbytes = nbytes;
+    s->ndim = ndim;
+    for (int i = 0; i < 3; i++) s->input[i] = -1;
+    slot_shape(s, v + used);
+}
+
+/* the rest of a slot line, "DIMS... NAME", into s; checks and counts it */
+static void slot_shape(slot *s, char *p) {
     int64_t elements = 1;
-    for (int d = 0; d < ndim; d++) {
+    for (int d = 0; d < s->ndim; d++) {
         char *end;
         errno = 0;
         long long dim = strtoll(p, &end, 10);
@@ -124,6 +148,7 @@ static void add_load(char *v) {
     if (sscanf(v, "%lld %lld %15s", &index, &at, crc) != 3) bad("a load line is incomplete");
     if (index < 0 || index >= S.nslots || at < 0) bad("a load line names no slot");
     slot *s = &S.slots[index];
+    if (s->kind == 3) bad("a load line names a tensor another rank holds");
     s->load_at = at;
     if (strcmp(crc, "-")) {
         char *end;
@@ -158,6 +183,8 @@ static void validate(void) {
     if (S.threads < 1) S.threads = 1;
     for (int i = 0; i < S.nslots; i++) { /* each slot is its programs' input of that dtype and shape */
         slot *s = &S.slots[i];
+        need(s->kind != 3 || (s->owner < S.world && s->owner != S.rank), "a remote slot's owner is not another rank");
+        if (s->kind == 3) continue;
         for (int w = ARENA_TRAIN; w <= ARENA_LOGITS; w++)
             need((w != ARENA_TRAIN && s->input[w] == -1) ||
                      prog_input_matches(w, (int)s->input[w], s->dtype, s->ndim, s->shape),
@@ -252,6 +279,7 @@ void read_manifest(const char *path) {
         else if (!strcmp(key, "resume_next")) S.resume_next = parse_int_list(v, &S.n_resume_next);
         else if (!strcmp(key, "start_tokens")) S.start_tokens = parse_int_list(v, &S.n_start);
         else if (!strcmp(key, "slot")) add_slot(v);
+        else if (!strcmp(key, "remote")) add_remote(v);
         else if (!strcmp(key, "load")) add_load(v);
         else bad("an unknown key; it was written by another version of Mica");
 #undef STR

@@ -65,7 +65,8 @@ typedef struct {
     char *name, dtype[8];
     int64_t input[3]; /* its input index in the train, eval and logits programs; -1 where absent */
     int64_t nbytes, ndim, shape[8];
-    int kind;        /* 0 parameter, 1 optimizer state */
+    int kind;        /* 0 parameter, 1 optimizer state, 2 this rank's shard of it (ZeRO-1), 3 another rank's */
+    int owner;       /* kind 3: the rank that holds it (it has no input here) */
     int64_t load_at; /* byte offset of its data in init_file, -1: not loaded */
     uint32_t crc;    /* the CRC-32 its data must have when loaded */
     int has_crc;
@@ -143,6 +144,8 @@ void rng_set(const uint64_t state[4]);
 
 /* ---- checkpoint.c ---------------------------------------------------------------------------- */
 uint32_t crc32_update(uint32_t crc, const void *data, size_t n); /* zlib's CRC-32: start from 0 */
+/* every rank calls it: rank 0 writes, receiving ZeRO-1's shards (kind 3 slots) from their owners, which send
+ * their kind 2 slots; any other rank of a run without shards returns at once */
 void checkpoint_save(int64_t iter, double best_val_loss, const int64_t *next, int64_t nnext, const uint64_t gen[4]);
 void checkpoint_load(int which); /* the `load` slots from init_file into a program, each verified */
 
@@ -164,5 +167,7 @@ void dist_finalize(void);
 void dist_broadcast(double *values, int n); /* rank 0's values on every rank */
 int dist_any(int flag);
 void dist_set_stop_text(const char *text); /* what a rank says when a signal ends it */
+void dist_send_to_root(const void *data, int64_t n); /* n <= STAGING_BYTES bytes to rank 0 */
+int dist_recv_from(int owner, void *data, int64_t n); /* rank 0: 0, or nonzero when the owner stopped */
 
 #endif

@@ -142,7 +142,7 @@ int speedrun_loop(void) {
             }
             if (step > start) {
                 int64_t next[2] = {train.file, train.pos};
-                if (S.rank == 0) checkpoint_save(step, val_loss, next, 2, no_generator);
+                checkpoint_save(step, val_loss, next, 2, no_generator); /* (rank 0 writes) */
                 if (S.world > 1) {
                     char text[8600];
                     snprintf(text, sizeof text, "mpirun ended this run (another rank failed or the run was interrupted); "

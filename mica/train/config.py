@@ -62,6 +62,7 @@ MICA_DEFAULTS = {
     "recipe": "nanogpt",   # or "speedrun": the speedrun seed's model, optimizers and loop (SPEEDRUN_DEFAULTS)
     "memory_budget": None,  # bytes, a size (2GB), or "auto": recompute more until the arenas fit
     "fp_half_intermediates": False,  # half attention rounds where PyTorch's CPU attention rounds
+    "zero_stage": 0,       # 1: under mpirun, AdamW's state sharded among the ranks (ZeRO-1, mica/optim/zero.py)
 }
 BUILTIN_CONFIGS = {
     # config/train_shakespeare_char.py of nanoGPT: a baby GPT on Shakespeare's characters
@@ -108,6 +109,7 @@ SPEEDRUN_DEFAULTS = {
 }
 SPEEDRUN_MICA_DEFAULTS = {k: MICA_DEFAULTS[k] for k in ("threads", "opt_level", "time_every_iter", "simulate", "tf32")}
 SPEEDRUN_MICA_DEFAULTS["shard_muon"] = True  # under mpirun: each rank orthogonalizes every N-th matrix (the seed's)
+SPEEDRUN_MICA_DEFAULTS["zero_stage"] = 0  # 1: under mpirun, AdamW's state sharded among the ranks (ZeRO-1)
 BUILTIN_CONFIGS.update({
     # the seed as it stands: 162M parameters, 3,500 steps of 524,288 tokens, on FineWeb's GPT-2 shards
     "speedrun": dict(SPEEDRUN_DEFAULTS),
@@ -222,6 +224,9 @@ DESCRIPTIONS = {
     "recipe": "nanogpt (these settings) or speedrun (the speedrun seed's: mica train speedrun --help)",
     "memory_budget": "bytes (or 2GB, 800MiB) the trainer's arenas may take, or auto (nine tenths of the free "
                      "memory): the backward recomputes more, up to whole blocks, until the plan fits",
+    "zero_stage": "0, or 1 (ZeRO-1): under mpirun -np N each rank keeps AdamW's moments of its share of the "
+                  "tensors, gets only their summed gradients (reduce-scatter) and all-gathers the updated ones "
+                  "(the same bits; in one process nothing changes)",
     "fp_half_intermediates": "with dtype=bfloat16 or float16: attention rounds its unnormalized weights (and, backward, P "
                              "and dS) to the half type where PyTorch's CPU autocast does; False keeps every other digit",
 }
@@ -436,6 +441,7 @@ def check_speedrun(cfg):
                         "head_dim a multiple of 4")
     if not 0.0 <= cfg["cooldown_frac"] <= 1.0:
         raise MicaError(f"cooldown_frac must be in [0, 1], got {cfg['cooldown_frac']}")
+    _check_zero_stage(cfg)
     if cfg["ns_dtype"] not in ("bfloat16", "float32"):
         raise MicaError(f"ns_dtype must be 'bfloat16' or 'float32', got {_show(cfg['ns_dtype'])}")
     if cfg["dtype"] not in ("bfloat16", "float32"):
@@ -449,6 +455,12 @@ def check_speedrun(cfg):
     if cfg["threads"] < 0:
         raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")
     return cfg
+
+
+def _check_zero_stage(cfg):
+    if cfg["zero_stage"] not in (0, 1):
+        raise MicaError(f"zero_stage must be 0 (off) or 1 (AdamW's state sharded among the ranks); Mica has no stage "
+                        f"{cfg['zero_stage']} (its gradients and parameters stay whole on every rank)")
 
 
 def _check_device(cfg):
@@ -495,6 +507,7 @@ def _check_nanogpt(cfg, log):
         raise MicaError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise MicaError(f"dropout must be in [0, 1), got {cfg['dropout']}")
+    _check_zero_stage(cfg)
     for n in notes:
         log(f"note: {n}")
     return cfg

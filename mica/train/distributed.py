@@ -48,6 +48,10 @@ def ranks(cfg=None):
             accum = cfg["gradient_accumulation_steps"]
             raise MicaError(f"gradient_accumulation_steps={accum} does not divide among {world} ranks (each takes an "
                             f"equal share of the micro-batches); use a multiple of {world}")
+        if cfg.get("zero_stage") and cfg.get("dtype") == "float16":
+            raise MicaError("zero_stage=1 with dtype=float16 is not supported yet (the loss scaler's overflow check "
+                            "reads every gradient, and a ZeRO-1 rank holds its share only); use dtype=bfloat16 or "
+                            "float32, or zero_stage=0")
         if cfg["device"] != "cpu":
             raise MicaError(f"training on {world} ranks runs on the CPU for now (device={cfg['device']!r}); the "
                             "collectives' NCCL lowering is built but its trainer is not yet")
@@ -70,7 +74,8 @@ def run_hash(cfg, lowered, world):
 
 def same_train_on_every_rank(cfg):
     """Whether every rank compiles the same train program: not with dropout (each rank's streams
-    start at its own micro-batches), nor with a sharded optimizer (each rank updates its own part)."""
+    start at its own micro-batches), nor with a sharded optimizer (sharded Muon, ZeRO-1: each rank
+    updates its own part)."""
     if cfg.get("recipe") == "speedrun":
-        return not cfg.get("shard_muon", True)
-    return not cfg.get("dropout") and not cfg.get("zero")
+        return not cfg.get("shard_muon", True) and not cfg.get("zero_stage")
+    return not cfg.get("dropout") and not cfg.get("zero_stage")

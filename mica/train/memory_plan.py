@@ -106,14 +106,16 @@ def _mib(n):
     return f"{n / 2 ** 20:,.1f} MiB"
 
 
-def report(lowered):
-    """The text `mica train` prints: every class of both arenas, each arena's size and the total."""
+def report(lowered, rank=None):
+    """The text `mica train` prints: every class of both arenas, each arena's size and the total
+    (`rank`: of rank `rank` of a data-parallel run, whose plans may differ from rank to rank)."""
     plan = trainer_plan(lowered)
     total = sum(sum(classes.values()) for classes in plan.values())
     gpu = lowered["train"].target.name == "cuda"
     where = " of GPU memory" if gpu else ""
+    who = "" if rank is None else f", on rank {rank} (each rank's plan is its own)"
     lines = [f"memory plan (exact, before the first step): the trainer holds {total:,} bytes ({_mib(total)}){where} "
-             f"in {len(plan)} arenas"]
+             f"in {len(plan)} arenas{who}"]
     for name, classes in plan.items():
         size = sum(classes.values())
         assert size == lowered[name].plan.total

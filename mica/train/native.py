@@ -1,6 +1,7 @@
 """Build the native trainer (the C runtime linked with the three generated programs) and write
 the manifest that tells it where everything lives."""
 import hashlib
+import math
 import os
 import subprocess
 import tempfile
@@ -193,14 +194,35 @@ def _input_index(lowered):
     return {name: i for i, name in enumerate(lowered.program.input_names)}
 
 
-def state_slots(lowered, param_names):
-    """[(kind, tensor name, train input name)] for parameters and optimizer state, in order."""
+class Remote:
+    """A slot of the checkpoint that another rank holds (ZeRO-1's optimizer state): its owner,
+    shape and dtype; rank 0 receives its bytes when it writes a checkpoint."""
+
+    def __init__(self, owner, shape, dtype):
+        self.owner, self.shape, self.dtype = owner, tuple(shape), dtype
+
+
+def state_slots(lowered, param_names, shards=None, rank=0):
+    """[(kind, tensor name, train input name)] for parameters (kind 0) and optimizer state (kind 1),
+    in order. Under ZeRO-1 `shards` is [(tensor name, shape, dtype, owner rank or -1: every rank's)]
+    of one process's optimizer state, in its order: this rank's own shards are kind 2 (sent to
+    rank 0 for a checkpoint) and the others' kind 3, with a Remote for the input name, so that
+    every rank's list is one process's checkpoint."""
     slots = [(0, n, f"params[{n!r}]") for n in param_names]
+    local = {}
     for name in lowered["train"].program.input_names:
         if name.startswith("opt_state["):
             inner = name[len("opt_state"):]
             parts = [p.strip("[]'") for p in inner.split("][")]
-            slots.append((1, "optimizer." + ".".join(parts), name))
+            local["optimizer." + ".".join(parts)] = name
+    if shards is None:
+        return slots + [(1, tensor, name) for tensor, name in local.items()]
+    for tensor, shape, dtype, owner in shards:
+        if owner in (-1, rank):
+            slots.append((1 if owner == -1 else 2, tensor, local.pop(tensor)))
+        else:
+            slots.append((3, tensor, Remote(owner, shape, dtype)))
+    assert not local, f"internal: optimizer state {sorted(local)} is not one process's"
     return slots
 
 
@@ -220,7 +242,7 @@ def check_in_place(lowered):
 def write_manifest(path, settings, slots, lowered, loads=(), files=()):
     """The trainer's manifest: settings, the token files (`train_file`/`val_file HEADER PATH`), the
     programs' inputs and outputs the loop uses (by their index in each program's ABI, never an
-    arena offset), a `slot` line per state tensor, and a `load INDEX OFFSET CRC32` line per tensor
+    arena offset), a `slot` line per state tensor (a `remote` line for one another rank holds), and a `load INDEX OFFSET CRC32` line per tensor
     to read from init_file. Lines have no length limit."""
     tr, ev, lg = (_input_index(lowered[n]) for n in PROGRAMS)
     n_out = len(lowered["train"].schedule.outputs)  # ..., then the loss and the learning rate
@@ -232,6 +254,12 @@ def write_manifest(path, settings, slots, lowered, loads=(), files=()):
     views = dict(zip(lowered["train"].program.input_names, lowered["train"].schedule.inputs))
     codes = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32", "bfloat16": "BF16"}
     for kind, tensor, input_name in slots:
+        if kind == 3:  # held by another rank (ZeRO-1): "remote OWNER NBYTES DTYPE NDIM DIMS... NAME"
+            r = input_name
+            nbytes = math.prod(r.shape) * r.dtype.itemsize
+            lines.append(f"remote {r.owner} {nbytes} {codes[r.dtype.name]} {len(r.shape)} "
+                         f"{' '.join(str(d) for d in r.shape)} {tensor}".replace("  ", " "))
+            continue
         v = views[input_name]
         shape = " ".join(str(s) for s in v.shape)
         lines.append(f"slot {kind} {tr[input_name]} {ev.get(input_name, -1)} {lg.get(input_name, -1)} "

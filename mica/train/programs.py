@@ -12,6 +12,7 @@ import math
 
 import mica
 from ..models.gpt import GPT, GPTConfig, loss_fn
+from ..optim import zero
 
 
 def model_config(cfg, vocab_size):
@@ -67,17 +68,18 @@ def build_speedrun(cfg, vocab_size, world=1, rank=0):
 
     model = speedrun_model(cfg, vocab_size)
     specs = model.param_specs()
-    opt = speedrun.optimizers(model, cfg["embed_lr"], cfg["head_lr"], cfg["scalar_lr"], cfg["muon_lr"],
-                              cfg["muon_weight_decay"], cfg["mu"], ((2.0, -1.5, 0.5),) * cfg["ns_steps"],
-                              getattr(mica, cfg["ns_dtype"]))
+    opt = speedrun_optimizer(cfg, model)
     if world > 1 and cfg.get("shard_muon", True):
         opt.optimizers["optimizer2"].shard(world, rank)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is not None:
+        _adamw(opt).shard(layout, rank)
     mbs, T = cfg["mbs"], cfg["seq_len"]
     accum = cfg["batch_size"] // (mbs * T)
     local = accum // world  # (distributed.ranks checks that the ranks share the micro-batches evenly)
 
     def across_ranks(micro_grad, count):
-        grads, losses = data_parallel(micro_grad, count, world, rank)
+        grads, losses = data_parallel(micro_grad, count, world, rank, layout)
         total = losses[0]
         for i in range(1, world * count):
             total = total + losses[i]  # (one process's running sum of the micro-batches' losses)
@@ -104,6 +106,15 @@ def build_speedrun(cfg, vocab_size, world=1, rank=0):
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
 
 
+def speedrun_optimizer(cfg, model):
+    """The seed's AdamW + Muon over the model's parameters, from the config."""
+    from ..models import speedrun
+
+    return speedrun.optimizers(model, cfg["embed_lr"], cfg["head_lr"], cfg["scalar_lr"], cfg["muon_lr"],
+                               cfg["muon_weight_decay"], cfg["mu"], ((2.0, -1.5, 0.5),) * cfg["ns_steps"],
+                               getattr(mica, cfg["ns_dtype"]))
+
+
 def muon_sharding_report(cfg, model, opt, world):
     """What each rank of an N-rank speedrun step orthogonalizes, from the compile-time shapes."""
     from ..optim.muon import sharding_plan
@@ -126,6 +137,9 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
     model = GPT(model_config(cfg, vocab_size))
     specs = model.param_specs()
     opt = optimizer(cfg, specs)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is not None:
+        opt.shard(layout, rank)
     accum, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
     local = accum // world  # (run.py checks that the ranks share the micro-batches evenly)
     forward = loss_fn(model)
@@ -145,7 +159,7 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
                 if sc is None else _scaled_grad(objective, scaler, sc, params, x[micro], y[micro], accum)
 
         if world > 1:
-            grads, losses = data_parallel(micro_grad, local, world, rank)
+            grads, losses = data_parallel(micro_grad, local, world, rank, layout)
             loss = losses[world * local - 1]
         for micro in range(accum if world == 1 else 0):
             loss, g = micro_grad(micro)
@@ -153,7 +167,8 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
         if sc is not None:
             grads, found_inf = scaler.unscale(grads, sc)
         if cfg["grad_clip"] != 0.0:
-            mica.optim.clip_grad_norm(grads, cfg["grad_clip"])
+            mica.optim.clip_grad_norm(grads, cfg["grad_clip"], gather=None if layout is None else
+                                      lambda norms: zero.gather_norms(layout, rank, norms, mica.float32))
         lr = learning_rate(cfg, iter_num)
         if sc is None:
             params, opt_state = opt.update(params, grads, opt_state, lr=lr)
@@ -189,12 +204,70 @@ def build_nanogpt(cfg, vocab_size, world=1, rank=0):
     return model, opt, {"train": train_prog, "eval": eval_prog, "logits": logits_prog}
 
 
-def data_parallel(micro_grad, local, world, rank):
+def _adamw(opt):
+    """The AdamW among a recipe's optimizers (nanoGPT's only one; the speedrun's optimizer1)."""
+    return opt.optimizers["optimizer1"] if isinstance(opt, mica.optim.Optimizers) else opt
+
+
+def _unsharded_optimizer(cfg, model):
+    return speedrun_optimizer(cfg, model) if cfg.get("recipe") == "speedrun" else optimizer(cfg, model.param_specs())
+
+
+def zero_layout(cfg, specs, opt, world):
+    """ZeRO-1's assignment of AdamW's tensors to the ranks (mica/optim/zero.py), or None when the
+    run is not sharded (zero_stage=0, or one process)."""
+    if world == 1 or not cfg.get("zero_stage"):
+        return None
+    managed = set(_adamw(opt).managed(list(specs)))
+    return zero.Layout({n: s.shape for n, s in specs.items() if n in managed}, world)
+
+
+def zero_slots(cfg, model, world):
+    """[(checkpoint name, shape, dtype, owner rank)] of one process's optimizer state, in its order,
+    each AdamW moment owned by its tensor's rank (-1: every rank holds it, as AdamW's step and
+    Muon's momenta), or None when the run is not sharded: what each ZeRO-1 rank's trainer knows of
+    the checkpoint it helps write (mica/train/native.py state_slots)."""
+    specs = model.param_specs()
+    opt = _unsharded_optimizer(cfg, model)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is None:
+        return None
+    out = []
+
+    def walk(path, node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk((*path, k), v)
+            return
+        sharded = len(path) >= 2 and path[-2] in ("exp_avg", "exp_avg_sq") and path[-1] in layout.owner
+        out.append(("optimizer." + ".".join(path), node.shape, node.dtype, layout.owner[path[-1]] if sharded else -1))
+
+    walk((), opt.state_specs(specs))
+    return out
+
+
+def zero_report(cfg, model, world):
+    """What ZeRO-1 leaves each rank of AdamW's moments, from the compile-time shapes."""
+    specs = model.param_specs()
+    opt = _unsharded_optimizer(cfg, model)
+    layout = zero_layout(cfg, specs, opt, world)
+    if layout is None:
+        return None
+    moments = [sum(2 * math.prod(specs[n].shape) * specs[n].dtype.itemsize for n in names) for names in layout.owned]
+    per = ", ".join(f"rank {r}: {len(names)} tensors, {b:,} bytes" for r, (names, b) in
+                    enumerate(zip(layout.owned, moments)))
+    return (f"ZeRO-1 over {world} ranks: AdamW's moments, {per}, against {sum(moments):,} bytes in one process; rank r "
+            f"gets the summed gradients of its tensors (reduce-scatter) and sends their update to every rank "
+            f"(all-gather)")
+
+
+def data_parallel(micro_grad, local, world, rank, layout=None):
     """(gradients, every micro-batch's loss [world * local]) of a data-parallel step, on rank `rank`
     of `world`: its `local` micro-batches' gradients are all-reduced together, so every rank gets one
     process's sum, added in the same order (rank 0's micro-batches first, one by one: the
     collective's order, mica/ops/collective.py), and every rank gets every micro-batch's loss, in
-    one process's order (nanoGPT logs the last; the speedrun their sum).
+    one process's order (nanoGPT logs the last; the speedrun their sum). Under ZeRO-1 (`layout`) they
+    are reduce-scattered instead: the same sums, of this rank's tensors only.
     Dropout's streams are those one process gives these micro-batches: a throwaway trace of one
     micro-batch counts them, and this rank's start after `rank * local` micro-batches' worth."""
     from ..tensor import current
@@ -204,7 +277,11 @@ def data_parallel(micro_grad, local, world, rank):
     micro_grad(0)  # (dead: only counted; the graph drops what nothing reads)
     ctx.random_streams = start + rank * local * (ctx.random_streams - start)
     parts = [micro_grad(m) for m in range(local)]
-    grads = {n: mica.distributed.all_reduce([g[n] for _, g in parts], world=world) for n in parts[0][1]}
+    mine = zero.scatter_gradients(layout, rank, [g for _, g in parts]) if layout is not None else {}
+    grads = {}
+    for n in parts[0][1]:  # (in the parameters' order; under ZeRO-1 another rank's AdamW tensors are absent)
+        if n in mine or layout is None or n not in layout.owner:
+            grads[n] = mine[n] if n in mine else mica.distributed.all_reduce([g[n] for _, g in parts], world=world)
     mine = mica.cat([mica.reshape(loss, (1,)) for loss, _ in parts]) if local > 1 else mica.reshape(parts[0][0], (1,))
     return grads, mica.distributed.all_gather(mine, world=world)
 

@@ -123,14 +123,15 @@ def prepare_run(config_path=None, overrides=(), log=print):
 
     model, _, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
+    shards = _zero(cfg, model, world, log)
     budget = memory_plan.parse_budget(cfg["memory_budget"], cfg["device"])
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"], memory_budget=budget,
                                         fp_half_intermediates=cfg["fp_half_intermediates"])
     _products_record(cfg["device"], cfg["simulate"])
     native.check_in_place(lowered["train"])
-    log(memory_plan.report(lowered))  # what the trainer will hold, exact, before the first step
-    slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
+    log(memory_plan.report(lowered, rank if world > 1 else None))  # what the trainer will hold, exact
+    slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()], shards, rank)
     expected = _expected(slots, lowered)
     settings = dict(mode="train", out_dir=out_dir, vocab=vocab, block=cfg["block_size"],
                     batch=cfg["batch_size"], accum=cfg["gradient_accumulation_steps"], max_iters=cfg["max_iters"],
@@ -215,12 +216,13 @@ def prepare_speedrun(cfg, log):
     log(f"number of parameters: {model.num_parameters():,}")
     if world > 1:
         log(programs.muon_sharding_report(cfg, model, opt, world))
+    shards = _zero(cfg, model, world, log)
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"])
     _products_record(cfg["device"], cfg["simulate"])
     native.check_in_place(lowered["train"])
-    log(memory_plan.report(lowered))
-    slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()])
+    log(memory_plan.report(lowered, rank if world > 1 else None))
+    slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()], shards, rank)
     expected = _expected(slots, lowered)
     settings = dict(mode="train", loop="speedrun", out_dir=out_dir, vocab=vocab, block=cfg["seq_len"],
                     batch=cfg["mbs"], accum=cfg["batch_size"] // rows, max_iters=cfg["train_steps"],
@@ -341,6 +343,16 @@ def _follow_hf_weights(cfg, vocab, log):
     return args["vocab_size"]
 
 
+def _zero(cfg, model, world, log):
+    """ZeRO-1's shards of the checkpoint (programs.zero_slots), its report said; None when unsharded."""
+    shards = programs.zero_slots(cfg, model, world)
+    if shards is not None:
+        log(programs.zero_report(cfg, model, world))
+    elif cfg.get("zero_stage"):
+        log("note: zero_stage=1 shards AdamW's state among the ranks of mpirun -np N; one process holds it all")
+    return shards
+
+
 def _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files):
     """The trainer's manifest (one per rank, with the run's hash, under mpirun); its path."""
     manifest = os.path.join(out_dir, "trainer.manifest")
@@ -352,9 +364,14 @@ def _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, 
 
 
 def _expected(slots, lowered):
-    """{tensor name: (slot index, shape, numpy dtype)} of the train program's state."""
+    """{tensor name: (slot index, shape, numpy dtype)} of the train program's state; the slot index
+    is None for a tensor another rank holds (ZeRO-1's optimizer state: this rank loads none of it)."""
     specs = dict(zip(lowered["train"].program.input_names, (v.spec for v in lowered["train"].program.graph.inputs)))
-    return {name: (i, specs[inp].shape, _file_dtype(specs[inp].dtype)) for i, (_, name, inp) in enumerate(slots)}
+    out = {}
+    for i, (kind, name, inp) in enumerate(slots):
+        spec = inp if kind == 3 else specs[inp]
+        out[name] = (None if kind == 3 else i, tuple(spec.shape), _file_dtype(spec.dtype))
+    return out
 
 
 def _file_dtype(dtype):
@@ -501,6 +518,8 @@ def _loads(path, by_name, settings, params_only=False, st=None):
         if params_only and name.startswith("optimizer.") and not name.startswith("optimizer.scaler."):
             continue
         key = name
+        if index is None and key in st.tensors:  # (another rank's to load; the file holds it, as it must)
+            continue
         if key not in st.tensors and name == "transformer.wte.weight" and "lm_head.weight" in st.tensors:
             key = "lm_head.weight"  # the tie: either name holds the matrix
         if key not in st.tensors:

@@ -66,6 +66,9 @@ def _all_reduce(e, kernel):
 @register_lowering("reduce_scatter", "cuda", scratch=_scatter_scratch, host=True)
 def _reduce_scatter(e, kernel):
     t, world, x, out = _types(kernel), kernel.attrs["world"], kernel.inputs[0], kernel.outputs[0]
+    if len(kernel.inputs) > 1 or kernel.attrs.get("counts") is not None:
+        raise MicaError("reduce_scatter of several operands or uneven blocks is not lowered for CUDA yet (ZeRO-1 "
+                        "trains on the CPU)")
     if world == 1:
         return _copy(e, x, out)
     return [f"if (mica_nccl_reduce_scatter<{t}>({e.ptr(out)}, {e.ptr(x)}, {out.numel}LL, {world}, ({t} *)work, "
@@ -75,6 +78,8 @@ def _reduce_scatter(e, kernel):
 @register_lowering("all_gather", "cuda", host=True)
 def _all_gather(e, kernel):
     t, world, x, out = _types(kernel), kernel.attrs["world"], kernel.inputs[0], kernel.outputs[0]
+    if kernel.attrs.get("counts") is not None:
+        raise MicaError("all_gather of uneven blocks is not lowered for CUDA yet (ZeRO-1 trains on the CPU)")
     if world == 1:
         return _copy(e, x, out)
     return [f"if (mica_nccl_all_gather<{t}>({e.ptr(out)}, {e.ptr(x)}, {x.numel}LL, {world}, stream)) return 1;"]
