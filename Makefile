@@ -25,8 +25,11 @@ train: $(VENV)/.core
 	$(PY) -m mica.cli train shakespeare_char $(TRAIN_FLAGS)
 	$(PY) -m mica.cli sample --out_dir=out-shakespeare-char --num_samples=1 --max_new_tokens=500
 
+# TEST_JOBS test processes at once, each taking whole files (a file's compiled fixtures are built once);
+# most of a test's time is a single-threaded compiler, so two processes keep two cores busy
+TEST_JOBS ?= 2
 test: $(VENV)/.tests
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
