@@ -153,11 +153,12 @@ def _plan_bytes(stdout):
 
 def test_eval_inside_the_train_arena_changes_no_bit(workdir, monkeypatch):
     """The eval arena lies in the train arena's bytes dead between steps: evaluating after every
-    step (two micro-batches each, dropout on) gives bitwise the losses, validation losses and
-    checkpoint of a run that keeps the two arenas apart, and the plan is max(train, state + eval)."""
+    step (dropout on) gives bitwise the losses, validation losses and checkpoint of a run that keeps
+    the two arenas apart, and the plan is max(train, state + eval). (The resume test's trainer: no
+    compile of its own.)"""
     d, _ = workdir
     common = ["shakespeare_char", *TINY, "--eval_interval=1", "--always_save_checkpoint=True", "--dropout=0.1",
-              "--gradient_accumulation_steps=2", "--max_iters=3"]
+              "--max_iters=3"]
     shared = mica("train", *common, "--out_dir=overlap", cwd=d).stdout
     monkeypatch.setenv("MICA_SEPARATE_ARENAS", "1")
     apart = mica("train", *common, "--out_dir=apart", cwd=d).stdout
