@@ -72,7 +72,13 @@ def test_the_printed_classes_sum_to_the_arenas_the_trainer_allocates(run):
         assert sum(classes.values()) == size == plan.total
         # the C the trainer is built from allocates exactly this
         assert f"#define MICA_ARENA_BYTES {size}LL" in lowered[name].source
-    assert total == lowered["train"].plan.total + lowered["eval"].plan.total
+    # one allocation: the eval arena lies past the train arena's state (parameters, optimizer state)
+    offset = memory_plan.eval_offset(lowered["train"])
+    state = lowered["train"].plan.class_bytes
+    assert offset == (state["parameters"] + state["optimizer state"] + 4095) // 4096 * 4096
+    assert total == max(lowered["train"].plan.total, offset + lowered["eval"].plan.total) == \
+        memory_plan.trainer_bytes(lowered)
+    assert f"at offset {offset:,}" in stdout
 
 
 def test_the_classes_are_the_models_state(run):

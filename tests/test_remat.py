@@ -176,11 +176,13 @@ def test_budget_parser_fuzz():
         assert got is None or (isinstance(got, int) and 1 <= got <= 2 ** 62), v
 
 
-def test_trainer_budget_leaves_the_eval_arena_its_bytes():
+def test_trainer_budget_leaves_the_eval_arena_its_bytes(monkeypatch):
     class Eval:
         class plan:
             total = 1000
     assert memory_plan.train_budget(None, Eval) is None
+    assert memory_plan.train_budget(5000, Eval) == 5000  # (eval lies in the train arena's dead bytes)
+    monkeypatch.setenv("MICA_SEPARATE_ARENAS", "1")  # apart, the train arena gets what eval leaves
     assert memory_plan.train_budget(5000, Eval) == 4000
     assert memory_plan.train_budget(999, Eval) <= 0  # (nothing left: lower_train_within says how much is needed)
 
@@ -206,7 +208,8 @@ def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_pa
     default = native._lower_all(progs, None, "cpu")
     min_cut = progs["train"].lower("cpu", remat=True)
     assert min_cut.plan.total < default["train"].plan.total
-    budget = min_cut.plan.total + default["eval"].plan.total - 1  # (so it takes block checkpoints)
+    budget = min_cut.plan.total - 1  # (so it takes block checkpoints; eval lies in the train arena's dead bytes)
+    assert memory_plan.eval_offset(min_cut) + default["eval"].plan.total <= budget
 
     def train(*extra):
         r = subprocess.run([sys.executable, "-m", "mica.cli", "train", "shakespeare_char", *tiny, *extra],
@@ -235,7 +238,7 @@ def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_pa
     assert said and said.group(1) == said.group(2), r.stderr
     need = int(said.group(2).replace(",", ""))  # the smallest total it names is one that fits, and exactly
     fitted = native._lower_all(progs, need, "cpu")
-    assert fitted["train"].plan.total + fitted["eval"].plan.total <= need
+    assert memory_plan.trainer_bytes(fitted) <= need
     with pytest.raises(MicaError, match=f"give at least {need:,} bytes"):
         native._lower_all(progs, need - 1, "cpu")
 

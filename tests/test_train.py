@@ -143,3 +143,38 @@ def test_trainer_refuses_a_step_that_would_not_update_in_place(workdir, monkeypa
     monkeypatch.chdir(d)
     with pytest.raises(MicaError, match="not updated in place"):
         run.prepare_run("shakespeare_char", TINY + ["--out_dir=frozen"], log=lambda *a: None)
+
+
+def _plan_bytes(stdout):
+    m = re.search(r"the trainer holds ([\d,]+) bytes", stdout)
+    arenas = dict(re.findall(r"^  (train|eval) arena\s+([\d,]+) bytes", stdout, re.M))
+    return int(m.group(1).replace(",", "")), {k: int(v.replace(",", "")) for k, v in arenas.items()}
+
+
+def test_eval_inside_the_train_arena_changes_no_bit(workdir, monkeypatch):
+    """The eval arena lies in the train arena's bytes dead between steps: evaluating after every
+    step (dropout on) gives bitwise the losses, validation losses and checkpoint of a run that keeps
+    the two arenas apart, and the plan is max(train, state + eval). (The resume test's trainer: no
+    compile of its own.)"""
+    d, _ = workdir
+    common = ["shakespeare_char", *TINY, "--eval_interval=1", "--always_save_checkpoint=True", "--dropout=0.1",
+              "--max_iters=3"]
+    shared = mica("train", *common, "--out_dir=overlap", cwd=d).stdout
+    monkeypatch.setenv("MICA_SEPARATE_ARENAS", "1")
+    apart = mica("train", *common, "--out_dir=apart", cwd=d).stdout
+    metrics = [[line for line in open(d / out / "metrics.jsonl") if "time_ms" not in line or "loss" in line]
+               for out in ("overlap", "apart")]
+    strip = [[re.sub(r', "(time_ms|mfu)": [^,}]+', "", line) for line in m] for m in metrics]
+    assert strip[0] == strip[1] and sum("val_loss" in line for line in strip[0]) == 4
+    a = checkpoint.SafeTensors(str(d / "overlap" / "ckpt.safetensors"))
+    b = checkpoint.SafeTensors(str(d / "apart" / "ckpt.safetensors"))
+    assert a.names == b.names and a.metadata["iter_num"] == "3"
+    for name in a.names:
+        assert a.read(name).tobytes() == b.read(name).tobytes(), name
+    total, arenas = _plan_bytes(shared)
+    total_apart, arenas_apart = _plan_bytes(apart)
+    assert arenas == arenas_apart and total_apart == arenas["train"] + arenas["eval"]
+    state = int(re.search(r"at offset ([\d,]+)", shared).group(1).replace(",", ""))
+    st = a.names  # the state: every parameter and optimizer tensor, each on its own alignment
+    assert 0 < state < arenas["train"] and state >= sum(a.read(n).nbytes for n in st if n != "optimizer.step")
+    assert total == max(arenas["train"], state + arenas["eval"]) < total_apart

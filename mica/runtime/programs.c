@@ -16,15 +16,29 @@ static const char *program_name(int which) {
 #define DISPATCH(which, call)                                                                      \
     (which == ARENA_TRAIN ? train_##call : which == ARENA_EVAL ? eval_##call : logits_##call)
 
+/* One allocation serves train and eval when the manifest places the eval arena inside the train
+ * arena (eval_offset >= 0): eval runs only between optimizer steps, when every train byte from
+ * that offset on is dead (mica/train/memory_plan.py chose it), so the trainer holds
+ * max(train, eval_offset + eval) bytes instead of their sum. */
+static void *allocate(int which) {
+    if (which == ARENA_EVAL && S.eval_offset >= 0) return (char *)prog_arena(ARENA_TRAIN) + S.eval_offset;
+    if (which == ARENA_TRAIN && S.eval_offset >= 0) {
+        int64_t need = S.eval_offset + eval_arena_bytes();
+        return train_arena_alloc(need > train_arena_bytes() ? need : train_arena_bytes());
+    }
+    return which == ARENA_TRAIN ? train_arena_new() : which == ARENA_EVAL ? eval_arena_new() : logits_arena_new();
+}
+
 void *prog_arena(int which) {
     if (!arenas[which]) {
-        arenas[which] = which == ARENA_TRAIN ? train_arena_new() : which == ARENA_EVAL ? eval_arena_new()
-                                                                                       : logits_arena_new();
+        arenas[which] = allocate(which);
         if (!arenas[which]) {
             const char *why = DISPATCH(which, error)();
             if (why && *why) die(2, "%s", why); /* (a GPU program says why: no device, or its memory is full) */
             long long bytes = which == ARENA_TRAIN ? train_arena_bytes() : which == ARENA_EVAL ? eval_arena_bytes()
                                                                                                 : logits_arena_bytes();
+            if (which == ARENA_TRAIN && S.eval_offset >= 0 && S.eval_offset + eval_arena_bytes() > bytes)
+                bytes = S.eval_offset + eval_arena_bytes();
             die(2, "cannot allocate the %s program's memory (%lld bytes); close other programs or train a smaller "
                 "model", program_name(which), bytes);
         }

@@ -29,6 +29,7 @@
 #define MICA_PROGRAM(p)                                                                            \
     int64_t p##arena_bytes(void);                                                                  \
     void *p##arena_new(void);                                                                      \
+    void *p##arena_alloc(int64_t bytes); /* the arena, zeroed, of max(bytes, its own) bytes */       \
     int p##run(void *arena, int threads, int64_t seed, int64_t offset);                           \
     const char *p##error(void);                                                                    \
     int p##input_count(void);                                                                      \
@@ -93,6 +94,8 @@ typedef struct {
     int nslots;
     int64_t world, rank; /* a data-parallel run's ranks (1, 0: one process) */
     char *run_hash;      /* the same on every rank of a run, or it does not start */
+    int64_t eval_offset; /* >= 0: the eval arena lies at this offset inside the train arena (over bytes
+                          * dead between steps); -1: it is allocated on its own */
 } settings;
 
 extern settings S;

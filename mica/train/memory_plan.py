@@ -1,13 +1,19 @@
 """What the native trainer will hold, from the compiled programs' exact memory plans, printed by
 `mica train` before the first step.
 
-A training run allocates two arenas (the native runtime, mica/runtime): the train program's (parameters,
+A training run holds two arenas (the native runtime, mica/runtime): the train program's (parameters,
 gradients, optimizer state, the step's activations, its io and workspace) and the eval
-program's (its own copy of the parameters among its inputs, one batch's activations). Both are
-zeroed when allocated, so every byte of them is resident from the start. The logits arena is
-allocated only when sampling. The trainer's measured peak RSS is these arenas plus the program,
-its shared libraries and the pages of the token files it has read.
+program's (its own copy of the parameters among its inputs, one batch's activations). Evaluation
+runs only between optimizer steps, when every train value but the state (the parameters and the
+optimizer state, updated in place, at the front of the train arena) is dead: so the eval arena is
+placed inside the train arena, right after the state, and the trainer makes one allocation of
+max(train, state + eval) bytes (`eval_offset`, recorded in the manifest). MICA_SEPARATE_ARENAS=1
+keeps the two apart (the sum), to compare against. The allocation is zeroed, so every byte of it is
+resident from the start. The logits arena is allocated only when sampling. The trainer's measured
+peak RSS is this allocation plus the program, its shared libraries and the pages of the token
+files it has read.
 """
+import os
 import re
 
 from ..errors import MicaError
@@ -74,27 +80,93 @@ def free_memory(device="cpu"):
     raise MicaError("memory_budget=auto could not read the free memory (/proc/meminfo); give the budget in bytes")
 
 
-def train_budget(budget, eval_lowered):
-    """What the train arena may take when both arenas must fit in `budget` bytes (None: no budget;
-    0 or less: nothing is left for it, lower_train_within says how much is needed)."""
+STATE = ("params[", "opt_state[")
+OVERLAP_ALIGN = 4096  # the eval arena starts on a page (and on every target's alignment)
+
+
+def separate_arenas():
+    """Whether MICA_SEPARATE_ARENAS=1 asks for the two arenas apart (to compare against)."""
+    return os.environ.get("MICA_SEPARATE_ARENAS", "") not in ("", "0")
+
+
+def state_bytes(program, align):
+    """Bytes at the front of the train arena that hold the state (parameters, then optimizer
+    state), from the program's inputs alone: the same for every plan of the program."""
+    def up(n):
+        return (n + align - 1) // align * align
+
+    specs = [v.spec for name, v in zip(program.input_names, program.graph.inputs) if name.startswith(STATE)]
+    return _page(sum(up(spec.nbytes) for spec in specs))
+
+
+def _page(n):
+    return (n + OVERLAP_ALIGN - 1) // OVERLAP_ALIGN * OVERLAP_ALIGN
+
+
+def eval_offset(train_lowered):
+    """Where the eval arena lies in the train arena (None: apart): the first page past every state
+    value. Everything from there on is dead between optimizer steps: the train program writes each
+    of its other values before it reads it, and its other inputs (the batch, the step number) are
+    set before every step."""
+    if separate_arenas():
+        return None
+    plan, sched, names = train_lowered.plan, train_lowered.schedule, train_lowered.program.input_names
+    end = 0
+    for name, view in zip(names, sched.inputs):
+        if name.startswith(STATE):
+            root = plan.root(view.src)
+            end = max(end, plan.offset(root) + root.nbytes)
+    for b in sched.buffers:  # nothing else may lie among the state
+        if b.id not in plan.aliases and plan.offset(b) < end and b.nbytes and b.cls not in ("parameters", "optimizer state"):
+            raise MicaError(f"internal: {b.name} lies among the train program's state")
+    offset = _page(end)
+    assert offset == state_bytes(train_lowered.program, train_lowered.target.align), (offset, end)
+    return offset
+
+
+def trainer_bytes(lowered):
+    """The bytes a training run allocates for its arenas: max(train, state + eval), or their sum apart."""
+    train, ev = lowered["train"].plan.total, lowered["eval"].plan.total
+    offset = eval_offset(lowered["train"])
+    return train + ev if offset is None else max(train, offset + ev)
+
+
+def train_budget(budget, eval_lowered, state=0):
+    """What the train arena may take when the run must fit in `budget` bytes (None: no budget; 0 or
+    less: nothing is left for it). Overlapped, the train arena may take the whole budget (the eval
+    arena lies in its dead bytes, after `state`); apart, what the eval arena leaves."""
     if budget is None:
         return None
-    return budget - eval_lowered.plan.total
+    return budget - eval_lowered.plan.total if separate_arenas() else budget
 
 
 def lower_train_within(train, budget, eval_lowered, target, **options):
-    """The train program lowered so that both arenas fit in `budget` bytes; where no plan fits,
-    the sentence names the run's smallest total (the smallest train plan plus the eval arena)."""
+    """The train program lowered so that the run (max(train, state + eval) bytes, or the sum apart)
+    fits in `budget` bytes; where no plan fits, the sentence names the run's smallest total."""
     from ..lower import BudgetError
+
+    ev = eval_lowered.plan.total
+    state = state_bytes(train, eval_lowered.target.align)
+    apart = separate_arenas()
+
+    def smallest(train_bytes):
+        return train_bytes + ev if apart else max(train_bytes, state + ev)
+
+    def refuse(need, train_bytes, mode):
+        how = (f"the train arena's {train_bytes:,} with {mode}, plus the eval arena's {ev:,}" if apart else
+               f"the train arena's {train_bytes:,} with {mode}, or the state's {state:,} plus the eval arena's "
+               f"{ev:,}, whichever is more")
+        return MicaError(f"memory_budget={budget:,} bytes is less than the smallest plan Mica can make for this run "
+                         f"({need:,} bytes: {how}); give at least {need:,} bytes, or memory_budget=auto")
 
     left = train_budget(budget, eval_lowered)
     try:
-        return train.lower(target, memory_budget=max(left, 1) if left is not None else None, **options)
+        lowered = train.lower(target, memory_budget=max(left, 1) if left is not None else None, **options)
     except BudgetError as e:
-        need = e.smallest + eval_lowered.plan.total
-        raise MicaError(f"memory_budget={budget:,} bytes is less than the smallest plan Mica can make for this run "
-                        f"({need:,} bytes: the train arena's {e.smallest:,} with {e.mode}, plus the eval arena's "
-                        f"{eval_lowered.plan.total:,}); give at least {need:,} bytes, or memory_budget=auto") from None
+        raise refuse(smallest(e.smallest), e.smallest, e.mode) from None
+    if budget is not None and not apart and state + ev > budget:
+        raise refuse(smallest(lowered.plan.total), lowered.plan.total, lowered.remat.mode)
+    return lowered
 
 
 def trainer_plan(lowered):
@@ -110,12 +182,15 @@ def report(lowered, rank=None):
     """The text `mica train` prints: every class of both arenas, each arena's size and the total
     (`rank`: of rank `rank` of a data-parallel run, whose plans may differ from rank to rank)."""
     plan = trainer_plan(lowered)
-    total = sum(sum(classes.values()) for classes in plan.values())
+    total, offset = trainer_bytes(lowered), eval_offset(lowered["train"])
     gpu = lowered["train"].target.name == "cuda"
     where = " of GPU memory" if gpu else ""
     who = "" if rank is None else f", on rank {rank} (each rank's plan is its own)"
+    how = (f"in {len(plan)} arenas" if offset is None else
+           f"in one allocation: the eval arena lies in the train arena's bytes dead between steps, at offset "
+           f"{offset:,} (after the parameters and optimizer state)")
     lines = [f"memory plan (exact, before the first step): the trainer holds {total:,} bytes ({_mib(total)}){where} "
-             f"in {len(plan)} arenas{who}"]
+             + how + who]
     for name, classes in plan.items():
         size = sum(classes.values())
         assert size == lowered[name].plan.total
@@ -124,6 +199,10 @@ def report(lowered, rank=None):
             if classes[c] or name == "train":
                 note = NOTES[name].get(c, "the peak of the live values" if c == "activations" else "")
                 lines.append(f"    {c:<16} {classes[c]:>16,}   {note}".rstrip())
+    if offset is not None:
+        lines.append(f"  one allocation: max(train {lowered['train'].plan.total:,}, state {offset:,} + eval "
+                     f"{lowered['eval'].plan.total:,}) = {total:,} bytes (apart they would take "
+                     f"{lowered['train'].plan.total + lowered['eval'].plan.total:,})")
     train = lowered["train"]
     lines.append("  train " + train.remat.summary())
     if train.memory_budget is not None:

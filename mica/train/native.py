@@ -28,7 +28,7 @@ def _runtime_text():
 def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False, tf32=False, memory_budget=None,
                   fp_half_intermediates=False):
     """Lower the programs for the device, compile and link them with the runtime (cached); returns
-    (executable path, {name: Lowered}). `memory_budget`: bytes the two arenas may take together;
+    (executable path, {name: Lowered}). `memory_budget`: bytes the run's arenas may take (memory_plan.lower_train_within);
     `fp_half_intermediates`: the pipeline's option (mica/lower.py)."""
     if device == "cuda":
         return _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget, fp_half_intermediates)
@@ -247,6 +247,11 @@ def write_manifest(path, settings, slots, lowered, loads=(), files=()):
     tr, ev, lg = (_input_index(lowered[n]) for n in PROGRAMS)
     n_out = len(lowered["train"].schedule.outputs)  # ..., then the loss and the learning rate
     lines = [f"{k} {v}" for k, v in settings.items()]
+    if settings.get("mode") == "train":
+        from .memory_plan import eval_offset
+
+        offset = eval_offset(lowered["train"])
+        lines.append(f"eval_offset {-1 if offset is None else offset}")
     lines += [f"{split}_file {header} {file}" for split, file, header in files]
     lines += [f"train.x {tr['x']}", f"train.y {tr['y']}", f"train.iter {tr['iter_num']}",
               f"train.loss {n_out - 2}", f"train.lr {n_out - 1}",
