@@ -118,7 +118,8 @@ def test_keys_that_do_not_apply_yet(data):
 def test_bad_config_file(data):
     root, _ = data
     (root / "bad.py").write_text("batch_size = 12\nn_layr = 4\n")
-    assert_sentence(mica("train", "bad.py", "--device=cpu", cwd=root), "did you mean 'n_layer'?")
+    assert_sentence(mica("train", "bad.py", "--device=cpu", cwd=root),
+                    "bad.py:2: unknown setting 'n_layr'; did you mean 'n_layer'?")
     (root / "broken.py").write_text("batch_size = = 3\n")
     assert_sentence(mica("train", "broken.py", cwd=root), "not valid Python")
 
@@ -430,3 +431,38 @@ def test_a_config_files_helper_variables_are_ignored_with_a_note(tmp_path):
     cfg = config_mod.load(str(tmp_path / "c.py"), [], notes.append)
     assert cfg["learning_rate"] == 2e-3
     assert sorted(n.split(": ")[2].split(" ")[0] for n in notes) == ["base_lr", "tokens_per_iter"], notes
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("batch_size = 12\n\nn_layr = 4\n", "c.py:3: unknown setting 'n_layr'; did you mean 'n_layer'?"),
+    ("batch_size = 12x\n", "config file c.py is not valid Python: invalid decimal literal (c.py:1)"),
+    ("# nanoGPT\nif True:\n    n_layer = 4.5\n", "c.py:3: n_layer must be int (like its default 12), got 4.5"),
+    ("n_layer = 2\nn_layer = '2'\n", "c.py:2: n_layer must be int"),  # (the last assignment wins, as in Python)
+    ("def f():\n    return 1.5\n\ndropout = f()\n", "c.py:4: dropout must be in [0, 1), got 1.5"),
+    ("[recipe for recipe in 'ab']\nn_head = 3\nn_embd = 64\n", "c.py:3: n_embd (64) must be divisible by n_head (3)"),
+    ("n_layer = 0\n", "c.py:1: n_layer must be positive, got 0"),
+    ("x = 1\nrecipe = 'nanogtp'\n", "c.py:2: recipe must be 'nanogpt' or 'speedrun', got 'nanogtp'"),
+])
+def test_config_file_errors_name_the_line(tmp_path, monkeypatch, text, fragment):
+    """Every error about a config file's content names FILE:LINE of the assignment (or the line
+    Python's parser reports): at load, and when a value loads but check_supported refuses it."""
+    from mica.errors import MicaError
+    from mica.train import config as config_mod
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.py").write_text(text)
+    with pytest.raises(MicaError) as e:
+        config_mod.check_supported(config_mod.load("c.py", ["--device=cpu"], log=lambda _: None), lambda _: None)
+    assert fragment in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_config_origin_names_each_settings_line(tmp_path):
+    from mica.train import config as config_mod
+
+    (tmp_path / "c.py").write_text("import math\nhelper = 3\nn_layer = 3\nfor _ in range(2):\n    n_head = 4\n")
+    notes = []
+    cfg = config_mod.load(str(tmp_path / "c.py"), ["--n_embd=64", "--n_layer=2"], notes.append)
+    assert (cfg["n_layer"], cfg["n_head"], cfg["n_embd"]) == (2, 4, 64)
+    assert cfg.origin == {"n_head": f"{tmp_path / 'c.py'}:5"}  # (n_layer: the command line's, now)
+    assert notes == [f"note: {tmp_path / 'c.py'}:2: helper is not a setting; ignored (a helper variable?)"]

@@ -132,12 +132,13 @@ def test_fuzzed_half_files_are_sentences_or_read(tmp_path):
             bad.unlink()
 
 
-def _gpt_checkpoint(path, cfg, vocab, store=lambda a: a, seed=5):
+def _gpt_checkpoint(path, cfg, vocab, store=lambda a: a, seed=5, iter_num=7, best="2.5"):
     """A Mica checkpoint of nanoGPT's GPT with random weights (each stored through `store`)."""
     model = GPT(model_config(cfg, vocab))
     rng = np.random.default_rng(seed)
     tensors = {n: store((rng.standard_normal(s.shape) * 0.1).astype(np.float32)) for n, s in model.param_specs().items()}
-    checkpoint.write(path, tensors, {"format": "mica", "iter_num": 7, "best_val_loss": "2.5", "config": json.dumps(cfg)})
+    checkpoint.write(path, tensors, {"format": "mica", "iter_num": iter_num, "best_val_loss": best,
+                                     "config": json.dumps(cfg)})
     return model
 
 
@@ -238,3 +239,27 @@ def test_a_speedrun_checkpoint_is_not_exported_as_nanogpts(tmp_path):
     with pytest.raises(MicaError, match="holds the speedrun recipe's model, which nanoGPT's ckpt.pt cannot hold"):
         convert.export_nanogpt(str(tmp_path / "sr"), str(tmp_path / "x.pt"))
     assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("iter_num", [1, 4, 9, 10, 23, 60, 61, 500])
+@pytest.mark.parametrize("decay_lr", [True, False])
+def test_export_holds_train_pys_lr_at_the_saved_iter_num_and_its_best_val_loss_tensor(tmp_path, iter_num, decay_lr):
+    """train.py sets every group's lr to get_lr(iter_num) before it estimates and saves, and saves
+    best_val_loss as estimate_loss's mean (a 0-d float32 tensor): an export holds both, for each
+    part of the schedule (warmup below 10, the cosine to 60, min_lr after)."""
+    from torch_nanogpt import get_lr
+
+    sched = dict(decay_lr=decay_lr, learning_rate=3e-3, warmup_iters=10, lr_decay_iters=60, min_lr=2e-4)
+    cfg = {**CFG, **sched}
+    best = float(np.float32(1.0 + np.random.default_rng(iter_num).random()))  # as the float32 mean it was
+    os.makedirs(tmp_path / "run")
+    _gpt_checkpoint(str(tmp_path / "run" / "ckpt.safetensors"), cfg, 11, iter_num=iter_num, best=repr(best))
+    convert.export_nanogpt(str(tmp_path / "run"), str(tmp_path / "ckpt.pt"))
+    ck = torch.load(str(tmp_path / "ckpt.pt"), weights_only=True)
+    want = get_lr(cfg, iter_num)
+    assert [g["lr"] for g in ck["optimizer"]["param_groups"]] == [want, want]
+    if decay_lr and iter_num != 10:
+        assert want != cfg["learning_rate"]  # (the base lr, what the export used to hold)
+    b = ck["best_val_loss"]
+    assert isinstance(b, torch.Tensor) and b.shape == () and b.dtype == torch.float32 and b.item() == best
+    assert ck["iter_num"] == iter_num

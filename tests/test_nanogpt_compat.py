@@ -103,6 +103,30 @@ def test_import_converts_tensors_and_keeps_the_optimizer_state_exactly(nanogpt):
     assert cfg["n_head"] == 4 and cfg["bias"] is True and cfg["learning_rate"] == 1e-2
 
 
+def test_export_writes_the_ckpt_pt_nanogpt_itself_wrote(nanogpt):
+    """nanoGPT's ckpt.pt through mica import and mica export again: the optimizer's lr is train.py's
+    get_lr at the saved iter_num (not the base learning_rate) and best_val_loss its 0-d float32
+    tensor, so nanoGPT resumes from the export as from its own file."""
+    d = nanogpt["dir"]
+    if not (d / "imported").exists():
+        mica_cli("import", "ckpt.pt", "--out_dir", "imported", cwd=d)
+    mica_cli("export", "imported", "--to", "exported.pt", cwd=d)
+    got, want = torch.load(d / "exported.pt", weights_only=True), torch.load(d / "ckpt.pt", weights_only=True)
+    assert got["iter_num"] == want["iter_num"] == SAVED_AT
+    lr = [g["lr"] for g in got["optimizer"]["param_groups"]]
+    assert lr == [g["lr"] for g in want["optimizer"]["param_groups"]]
+    ratio = (SAVED_AT - SETTINGS["warmup_iters"]) / (SETTINGS["lr_decay_iters"] - SETTINGS["warmup_iters"])
+    schedule = SETTINGS["min_lr"] + 0.5 * (1 + np.cos(np.pi * ratio)) * (SETTINGS["learning_rate"] - SETTINGS["min_lr"])
+    assert lr == [pytest.approx(schedule, rel=1e-15)] * 2 and abs(lr[0] / SETTINGS["learning_rate"] - 1) > 0.01
+    best = got["best_val_loss"]
+    assert isinstance(best, torch.Tensor) and best.dim() == 0 and best.dtype == torch.float32
+    assert torch.equal(best, want["best_val_loss"])
+    assert [g["weight_decay"] for g in got["optimizer"]["param_groups"]] == [0.1, 0.0]
+    for name, t in want["model"].items():
+        if not name.endswith(".attn.bias"):
+            assert torch.equal(got["model"][name], t), name
+
+
 def test_an_imported_checkpoint_resumes_where_pytorch_would_have_gone(nanogpt):
     d = nanogpt["dir"]
     if not (d / "imported").exists():

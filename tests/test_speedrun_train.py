@@ -94,20 +94,65 @@ def test_training_equals_the_seeds_loop_from_the_same_start(run_folder):
         assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-4, name
 
 
+WALL_CLOCK = ("train_time", "time_ms")  # (the metrics' fields that time the run, not compute its numbers)
+
+
+def _without_wall_clock(rows):
+    return [{k: v for k, v in m.items() if k not in WALL_CLOCK} for m in rows]
+
+
+def _as_before_train_time(path):
+    """The checkpoint at `path` as a Mica without train_time in its metadata wrote it."""
+    import zlib
+
+    st = ckpt.SafeTensors(path)
+    md = {k: v for k, v in st.metadata.items() if k not in ("train_time", "crc32")}
+    md["meta_crc32"] = f"{zlib.crc32(chr(10).join([md['iter_num'], md['best_val_loss'], md['rng'], md['config']]).encode()):08x}"
+    ckpt.write(path, {n: st.read(n) for n in st.names}, md)
+
+
 def test_a_run_stopped_and_resumed_is_bitwise_the_run_straight_through(run_folder):
+    """Weights, optimizer state and metrics.jsonl: the resumed run's rows are the straight run's (no
+    second row for the step it resumed at), train_time going on from the checkpoint's."""
+    import shutil
+
     folder, _ = run_folder
     mica_cli("train", "tiny.py", "--out_dir=split", "--stop_at=3", cwd=folder, check=True)
     first = ckpt.SafeTensors(str(folder / "split" / "ckpt.safetensors"))
     assert int(first.metadata["iter_num"]) == 3
+    stopped = _metrics(folder / "split" / "metrics.jsonl")
+    assert stopped[-1]["step"] == 3 and float(first.metadata["train_time"]) == pytest.approx(stopped[-1]["train_time"],
+                                                                                           abs=1e-6)
+    shutil.copytree(folder / "split", folder / "older")
     r = mica_cli("train", "tiny.py", "--out_dir=split", "--init_from=resume", cwd=folder, check=True)
-    assert "step:6/6 val_loss:" in r.stdout
+    assert "step:6/6 val_loss:" in r.stdout and "step:3/6 val_loss:" not in r.stdout
     a = ckpt.SafeTensors(str(folder / "full" / "ckpt.safetensors"))
     b = ckpt.SafeTensors(str(folder / "split" / "ckpt.safetensors"))
     assert sorted(a.names) == sorted(b.names) and any(n.startswith("optimizer.optimizer2.momentum") for n in a.names)
     for name in a.names:
         assert np.array_equal(a.read(name), b.read(name)), name
-    last = lambda d: [m["val_loss"] for m in _metrics(folder / d / "metrics.jsonl") if "val_loss" in m][-1]  # noqa: E731
-    assert last("full") == last("split")
+    full, split = _metrics(folder / "full" / "metrics.jsonl"), _metrics(folder / "split" / "metrics.jsonl")
+    assert [m.get("step", m.get("iter")) for m in split] == [0, 0, 1, 2, 3, 3, 4, 5, 6]  # (val 3, then iter 3)
+    assert _without_wall_clock(split) == _without_wall_clock(full)
+    for rows in (full, split):
+        times = [m["train_time"] for m in rows if "train_time" in m]
+        assert len(times) == 3 and times == sorted(times) and times[-1] > times[1] > 0, times
+        assert all(m["time_ms"] > 0 for m in rows if "time_ms" in m)
+    assert float(b.metadata["train_time"]) == pytest.approx(split[-1]["train_time"], abs=1e-6)
+
+    # a checkpoint from before train_time was kept still resumes (its train_time from 0), the same run
+    _as_before_train_time(str(folder / "older" / "ckpt.safetensors"))
+    mica_cli("train", "tiny.py", "--out_dir=older", "--init_from=resume", cwd=folder, check=True)
+    c = ckpt.SafeTensors(str(folder / "older" / "ckpt.safetensors"))
+    for name in a.names:
+        assert np.array_equal(a.read(name), c.read(name)), name
+    assert _without_wall_clock(_metrics(folder / "older" / "metrics.jsonl")) == _without_wall_clock(full)
+    # and train_time is checksummed with the rest of the metadata a resume reads
+    md = dict(c.metadata, train_time="1e9")
+    ckpt.write(str(folder / "older" / "ckpt.safetensors"), {n: c.read(n) for n in c.names},
+               {k: v for k, v in md.items() if k != "crc32"})
+    r = mica_cli("train", "tiny.py", "--out_dir=older", "--init_from=resume", cwd=folder)
+    assert r.returncode == 2 and "does not match its checksum" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_resuming_on_other_shards_or_settings_is_a_sentence(run_folder):

@@ -76,7 +76,10 @@ class Run:
         return loss.item()
 
     def save(self, path):
-        """train.py's checkpoint, after its estimate_loss; returns it."""
+        """train.py's checkpoint, after its estimate_loss; returns it. (train.py's loop sets every
+        group's lr to get_lr(iter_num) first: the file holds the lr of the iteration it is saved at.)"""
+        for group in self.optimizer.param_groups:
+            group["lr"] = get_lr(self.cfg, self.iter_num)
         losses = self.estimate_loss()
         model_args = {k: self.cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout")}
         model_args["vocab_size"] = self.model.cfg.vocab_size

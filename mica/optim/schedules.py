@@ -13,7 +13,7 @@ def cosine_with_warmup(it, learning_rate, warmup_iters, lr_decay_iters, min_lr):
             return learning_rate * (it + 1) / (warmup_iters + 1)
         if it > lr_decay_iters:
             return min_lr
-        decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+        decay_ratio = (it - warmup_iters) / max(lr_decay_iters - warmup_iters, 1)  # (as the traced step's)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)
     t = F.to(it, dtypes.float64)
     warm = learning_rate * (t + 1) / (warmup_iters + 1)

@@ -265,6 +265,7 @@ void read_manifest(const char *path) {
         INT("train.lr", S.tr_lr); INT("eval.x", S.ev_x); INT("eval.y", S.ev_y); INT("eval.loss", S.ev_loss);
         INT("logits.idx", S.lg_idx); INT("logits.out", S.lg_logits);
         INT("resume", S.resume); INT("resume_iter", S.resume_iter); DBL("resume_best", S.resume_best);
+        DBL("resume_time", S.resume_time);
         INT("num_samples", S.num_samples); INT("max_new_tokens", S.max_new_tokens); INT("top_k", S.top_k); INT("decodable", S.decodable);
         DBL("temperature", S.temperature);
         else if (!strcmp(key, "train_file")) add_file(&S.train_files, &S.n_train_files, v);

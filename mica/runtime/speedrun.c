@@ -113,11 +113,17 @@ int speedrun_loop(void) {
     }
     if (S.rank == 0) log_open_metrics(S.resume != 0);
     uint64_t no_generator[4] = {0, 0, 0, 0};
-    double training_time = 0, t0 = now();
+    /* a resumed run goes on as the run straight through: its train_time from the checkpoint's, and no
+     * second validation of the step it resumes at (the checkpoint was saved right after that one, its
+     * row already in metrics.jsonl) */
+    double training_time = S.resume ? S.resume_time : 0, t0 = now();
+    S.has_train_time = 1;
     for (;; step++) {
         /* --------------- VALIDATION SECTION ----------------- */
         int last = step == S.max_iters || (S.stop_at > 0 && step == S.stop_at);
-        if (last || step % S.eval_interval == 0) {
+        if (S.resume && step == start) {
+            if (last) break;
+        } else if (last || step % S.eval_interval == 0) {
             training_time += now() - t0;
             log_clear_progress();
             double shared = S.rank == 0 ? validate(vx, vy) : 0;
@@ -128,7 +134,7 @@ int speedrun_loop(void) {
                 log_close_metrics();
                 return 130;
             }
-            int64_t done = step - start > 1 ? step - start : 1;
+            int64_t done = step > 1 ? step : 1;
             if (S.rank == 0) printf("step:%lld/%lld val_loss:%.5f train_time:%.3fs step_avg:%.2fms\n", (long long)step,
                    (long long)S.max_iters, val_loss, training_time, 1000 * training_time / done);
             fflush(stdout);
@@ -142,6 +148,7 @@ int speedrun_loop(void) {
             }
             if (step > start) {
                 int64_t next[2] = {train.file, train.pos};
+                S.train_time = training_time;
                 checkpoint_save(step, val_loss, next, 2, no_generator); /* (rank 0 writes) */
                 if (S.world > 1) {
                     char text[8600];
@@ -181,7 +188,7 @@ int speedrun_loop(void) {
         if ((step + 1) % S.log_interval == 0 && S.rank == 0) {
             log_clear_progress();
             printf("step:%lld/%lld train_time:%.3fs step_avg:%.2fms\n", (long long)(step + 1), (long long)S.max_iters,
-                   approx_training_time, 1000 * approx_training_time / (step + 1 - start));
+                   approx_training_time, 1000 * approx_training_time / (step + 1));
             fflush(stdout);
         }
         if (interrupted) {

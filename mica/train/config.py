@@ -8,6 +8,7 @@ sentences, not silence.
 import ast
 import difflib
 import os
+import re
 import reprlib
 import traceback
 
@@ -161,15 +162,18 @@ def recipe_of(config=None, overrides=(), scope=None):
     """'speedrun' or 'nanogpt': a built-in's, else a config file's `recipe = ...` (from `scope`, the
     globals it assigned), else --recipe=..."""
     recipe = "nanogpt"
+    where = ""
     if config in BUILTIN_CONFIGS and not os.path.exists(config):
         recipe = BUILTIN_CONFIGS[config].get("recipe", "nanogpt")
     elif config and os.path.exists(config):
-        recipe = (scope if scope is not None else _run_config_file(config)).get("recipe", "nanogpt")
+        scope = scope if scope is not None else _run_config_file(config)
+        recipe = scope.get("recipe", "nanogpt")
+        where = f"{_at(scope, config, 'recipe')}: " if "recipe" in scope else ""
     for item in overrides:
         if item.startswith("--recipe="):
-            recipe = item.split("=", 1)[1]
+            recipe, where = item.split("=", 1)[1], ""
     if recipe not in ("nanogpt", "speedrun"):
-        raise MicaError(f"recipe must be 'nanogpt' or 'speedrun', got {_show(recipe)}")
+        raise MicaError(f"{where}recipe must be 'nanogpt' or 'speedrun', got {_show(recipe)}")
     return recipe
 
 
@@ -314,7 +318,7 @@ def load(config=None, overrides=(), log=print):
     scope = _run_config_file(config) if config and os.path.exists(config) else None
     recipe = recipe_of(config, overrides, scope)
     cfg = defaults_for(recipe)
-    explicit = set()
+    explicit, origin = set(), {}
     if config:
         if config in BUILTIN_CONFIGS and not os.path.exists(config):
             cfg.update(BUILTIN_CONFIGS[config])
@@ -325,19 +329,69 @@ def load(config=None, overrides=(), log=print):
             for key, value in scope.items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
+                at = _at(scope, config, key)
                 if key not in cfg:
                     if difflib.get_close_matches(key, list(cfg), n=1, cutoff=0.8):  # a typo, surely
-                        raise MicaError(f"{config}: unknown setting {key!r}{_nearest(key, cfg)}")
-                    log(f"note: {config}: {key} is not a setting; ignored (a helper variable?)")
+                        raise MicaError(f"{at}: unknown setting {key!r}{_nearest(key, cfg)}")
+                    log(f"note: {at}: {key} is not a setting; ignored (a helper variable?)")
                     continue
-                cfg[key] = _check_type(key, value, config, cfg)
+                cfg[key] = _check_type(key, value, at, cfg)
                 explicit.add(key)
+                origin[key] = at
     cfg = apply_overrides(cfg, overrides)
-    explicit.update(item[2:].split("=", 1)[0] for item in overrides if item.startswith("--") and "=" in item)
+    for item in overrides:
+        if item.startswith("--") and "=" in item:
+            key = item[2:].split("=", 1)[0]
+            explicit.add(key)
+            origin.pop(key, None)  # (the command line's own --key=value names the key already)
     if recipe == "nanogpt" and "dtype" not in explicit and isinstance(cfg["device"], str) and \
             cfg["device"].startswith("cpu"):
         cfg["dtype"] = "float32"  # nanoGPT trains float32 on a CPU (nullcontext) whatever its default dtype says
-    return cfg
+    return Config(cfg, origin)
+
+
+class Config(dict):
+    """A run's settings (a plain dict to every reader), with `origin`: for each setting a config file
+    gave (and no --key=value overrode), FILE:LINE of its assignment, so that a later check of its
+    value can name the line to fix."""
+
+    def __init__(self, settings, origin=None):
+        super().__init__(settings)
+        self.origin = dict(origin or {})
+
+
+def _at(scope, config, key):
+    """FILE:LINE of the config file's (last) assignment to `key` in its text, else FILE."""
+    line = scope.get(_LINES, {}).get(key)
+    return f"{config}:{line}" if line else config
+
+
+_LINES = "__mica_assignment_lines__"  # (a dunder: load skips names that start with "_")
+
+
+class _Assignments(ast.NodeVisitor):
+    """The line of each module-level name's last assignment in the text (not inside a def, class,
+    lambda or comprehension, whose names are their own)."""
+
+    def __init__(self):
+        self.lines = {}
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Store):
+            self.lines[node.id] = node.lineno
+
+    def _alias(self, node):
+        for a in node.names:
+            self.lines[(a.asname or a.name).split(".")[0]] = node.lineno
+
+    visit_Import = visit_ImportFrom = _alias
+
+    def _own_scope(self, node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self.lines[node.name] = node.lineno
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _own_scope
+    visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = lambda self, node: None
 
 
 def _run_config_file(config):
@@ -349,9 +403,15 @@ def _run_config_file(config):
     try:
         code = compile(text, config, "exec")
     except SyntaxError as e:
-        raise MicaError(f"config file {config} is not valid Python: {e.msg} ({config}:{e.lineno})") from None
+        where = f" ({config}:{e.lineno})" if e.lineno else ""
+        raise MicaError(f"config file {config} is not valid Python: {e.msg}{where}; fix that line") from None
     except (ValueError, OverflowError, MemoryError, RecursionError) as e:
         raise MicaError(f"config file {config} cannot be compiled: {_first_line(e)}") from None
+    lines = _Assignments()
+    try:
+        lines.visit(ast.parse(text, config))
+    except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
+        pass  # (compile took it; a parse too deep for the visitor only loses the line numbers)
     scope = {}
     try:
         exec(code, scope)
@@ -360,6 +420,7 @@ def _run_config_file(config):
         where = f" at {config}:{lines[-1]}" if lines else ""
         raise MicaError(f"config file {config} raised {type(e).__name__}{where}: {_first_line(e)}; "
                         "fix that line") from None
+    scope[_LINES] = lines.lines
     return scope
 
 
@@ -414,15 +475,35 @@ def cuda_unusable():
 
 def check_supported(cfg, log=print):
     """Refuse what Mica cannot do yet; say what is accepted but means nothing here."""
-    cfg["device"] = device(cfg["device"])
-    _check_device(cfg)
-    if cfg.get("recipe") == "speedrun":
-        return check_speedrun(cfg)
-    return _check_nanogpt(cfg, log)
+    try:
+        cfg["device"] = device(cfg["device"])
+        _check_device(cfg)
+        if cfg.get("recipe") == "speedrun":
+            return _check_speedrun(cfg)
+        return _check_nanogpt(cfg, log)
+    except MicaError as e:
+        raise _located(cfg, e) from None
+
+
+def _located(cfg, e):
+    """`e`, led by the FILE:LINE that set the setting its sentence is about (the sentence's first
+    word, or the KEY of its leading KEY=), when a config file set it."""
+    origin = getattr(cfg, "origin", {})
+    first = re.match(r"[A-Za-z_][A-Za-z0-9_]*", e.sentence)
+    if not first or first.group(0) not in origin or e.loc:
+        return e
+    return MicaError(f"{origin[first.group(0)]}: {e.sentence}")
 
 
 def check_speedrun(cfg):
-    """The speedrun settings' own rules, each a sentence."""
+    """The speedrun settings' own rules, each a sentence (led by the line that set the setting)."""
+    try:
+        return _check_speedrun(cfg)
+    except MicaError as e:
+        raise _located(cfg, e) from None
+
+
+def _check_speedrun(cfg):
     for key in ("train_steps", "batch_size", "seq_len", "mbs", "val_tokens", "val_every", "num_layers", "model_dim",
                 "head_dim", "ns_steps", "log_interval"):
         if cfg[key] <= 0:

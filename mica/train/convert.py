@@ -96,7 +96,8 @@ def export_nanogpt(out_dir, to, dtype=None):
         for i, n in enumerate(order):
             state[i] = {"step": torch.tensor(step), "exp_avg": _torch_tensor(torch, st, f"optimizer.exp_avg.{n}"),
                         "exp_avg_sq": _torch_tensor(torch, st, f"optimizer.exp_avg_sq.{n}")}
-    group = dict(lr=cfg.get("learning_rate", 6e-4), betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)), eps=1e-8,
+    iter_num = int(st.metadata.get("iter_num", 0))
+    group = dict(lr=nanogpt_lr(cfg, iter_num), betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)), eps=1e-8,
                  amsgrad=False, foreach=None, maximize=False, capturable=False, differentiable=False, fused=None)
     optimizer = {"state": state, "param_groups": [
         {**group, "weight_decay": cfg.get("weight_decay", 0.1), "params": list(range(len(decay)))},
@@ -104,9 +105,22 @@ def export_nanogpt(out_dir, to, dtype=None):
     model_args = {k: cfg.get(k) for k in MODEL_ARGS}
     model_args["vocab_size"] = shapes["transformer.wte.weight"][0]
     ck = {"model": model, "optimizer": optimizer, "model_args": model_args,
-          "iter_num": int(st.metadata.get("iter_num", 0)),
-          "best_val_loss": float(st.metadata.get("best_val_loss", 1e9)), "config": cfg}
+          "iter_num": iter_num, "best_val_loss": torch.tensor(float(st.metadata.get("best_val_loss", 1e9))),
+          "config": cfg}  # (best_val_loss as train.py keeps it: estimate_loss's mean, a 0-d float32 tensor)
     _save_atomically(torch, ck, to)
+
+
+def nanogpt_lr(cfg, iter_num):
+    """The learning rate train.py's optimizer holds when it saves at `iter_num`: each iteration sets
+    every group's lr to get_lr(iter_num) (or learning_rate without decay_lr) before its estimate and
+    checkpoint, so a resume from the file starts where the schedule stands."""
+    from ..optim.schedules import cosine_with_warmup
+    from .config import DEFAULTS
+
+    s = {k: cfg.get(k, DEFAULTS[k]) for k in ("decay_lr", "learning_rate", "warmup_iters", "lr_decay_iters", "min_lr")}
+    if not s["decay_lr"]:
+        return float(s["learning_rate"])
+    return float(cosine_with_warmup(iter_num, s["learning_rate"], s["warmup_iters"], s["lr_decay_iters"], s["min_lr"]))
 
 
 def _save_atomically(torch, obj, to):

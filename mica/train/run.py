@@ -259,9 +259,14 @@ def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
                             "the same settings")
     st.check_metadata()
     try:
-        settings.update(resume=1, resume_iter=int(st.metadata["iter_num"]), resume_best=0.0)
+        settings.update(resume=1, resume_iter=int(st.metadata["iter_num"]), resume_best=0.0,
+                        resume_time=float(st.metadata.get("train_time", 0.0)))  # (none in an older checkpoint)
     except (KeyError, ValueError):
-        raise MicaError(f"checkpoint {path} has no readable iter_num in its metadata; use another checkpoint") from None
+        raise MicaError(f"checkpoint {path} has no readable iter_num or train_time in its metadata; use another "
+                        "checkpoint") from None
+    if not 0.0 <= settings["resume_time"] < float("inf"):
+        raise MicaError(f"checkpoint {path} has a train_time of {settings['resume_time']!r} in its metadata, not a "
+                        "number of seconds; use another checkpoint")
     if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] == (2,):
         settings["resume_next"] = " ".join(str(int(v)) for v in st.read("data.next_offsets").reshape(-1))
     has_state = _check_resume_names(st, expected, log)
