@@ -101,16 +101,6 @@ def _without_wall_clock(rows):
     return [{k: v for k, v in m.items() if k not in WALL_CLOCK} for m in rows]
 
 
-def _as_before_train_time(path):
-    """The checkpoint at `path` as a Mica without train_time in its metadata wrote it."""
-    import zlib
-
-    st = ckpt.SafeTensors(path)
-    md = {k: v for k, v in st.metadata.items() if k not in ("train_time", "crc32")}
-    md["meta_crc32"] = f"{zlib.crc32(chr(10).join([md['iter_num'], md['best_val_loss'], md['rng'], md['config']]).encode()):08x}"
-    ckpt.write(path, {n: st.read(n) for n in st.names}, md)
-
-
 def test_a_run_stopped_and_resumed_is_bitwise_the_run_straight_through(run_folder):
     """Weights, optimizer state and metrics.jsonl: the resumed run's rows are the straight run's (no
     second row for the step it resumed at), train_time going on from the checkpoint's."""
@@ -121,8 +111,8 @@ def test_a_run_stopped_and_resumed_is_bitwise_the_run_straight_through(run_folde
     first = ckpt.SafeTensors(str(folder / "split" / "ckpt.safetensors"))
     assert int(first.metadata["iter_num"]) == 3
     stopped = _metrics(folder / "split" / "metrics.jsonl")
-    assert stopped[-1]["step"] == 3 and float(first.metadata["train_time"]) == pytest.approx(stopped[-1]["train_time"],
-                                                                                           abs=1e-6)
+    assert stopped[-1]["step"] == 3 and stopped[-1]["train_time"] > 0
+    assert "train_time" not in first.metadata  # (wall-clock time is never in a checkpoint: its bytes are the inputs')
     shutil.copytree(folder / "split", folder / "older")
     r = mica_cli("train", "tiny.py", "--out_dir=split", "--init_from=resume", cwd=folder, check=True)
     assert "step:6/6 val_loss:" in r.stdout and "step:3/6 val_loss:" not in r.stdout
@@ -138,21 +128,17 @@ def test_a_run_stopped_and_resumed_is_bitwise_the_run_straight_through(run_folde
         times = [m["train_time"] for m in rows if "train_time" in m]
         assert len(times) == 3 and times == sorted(times) and times[-1] > times[1] > 0, times
         assert all(m["time_ms"] > 0 for m in rows if "time_ms" in m)
-    assert float(b.metadata["train_time"]) == pytest.approx(split[-1]["train_time"], abs=1e-6)
+    # the resumed rows go on from the stopped run's train_time at step 3 (read from its metrics.jsonl)
+    assert split[4]["train_time"] == stopped[-1]["train_time"] < split[-1]["train_time"]
 
-    # a checkpoint from before train_time was kept still resumes (its train_time from 0), the same run
-    _as_before_train_time(str(folder / "older" / "ckpt.safetensors"))
-    mica_cli("train", "tiny.py", "--out_dir=older", "--init_from=resume", cwd=folder, check=True)
+    # a folder whose metrics.jsonl lost that row still resumes the same run, train_time from 0 with a note
+    with open(folder / "older" / "metrics.jsonl", "w") as f:
+        f.write("not json\n")
+    r = mica_cli("train", "tiny.py", "--out_dir=older", "--init_from=resume", cwd=folder, check=True)
+    assert "train_time starts again from 0" in r.stdout + r.stderr
     c = ckpt.SafeTensors(str(folder / "older" / "ckpt.safetensors"))
     for name in a.names:
         assert np.array_equal(a.read(name), c.read(name)), name
-    assert _without_wall_clock(_metrics(folder / "older" / "metrics.jsonl")) == _without_wall_clock(full)
-    # and train_time is checksummed with the rest of the metadata a resume reads
-    md = dict(c.metadata, train_time="1e9")
-    ckpt.write(str(folder / "older" / "ckpt.safetensors"), {n: c.read(n) for n in c.names},
-               {k: v for k, v in md.items() if k != "crc32"})
-    r = mica_cli("train", "tiny.py", "--out_dir=older", "--init_from=resume", cwd=folder)
-    assert r.returncode == 2 and "does not match its checksum" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_resuming_on_other_shards_or_settings_is_a_sentence(run_folder):

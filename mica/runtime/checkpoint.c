@@ -86,19 +86,10 @@ static void header(text *t, int64_t iter, double best, int64_t nnext, const uint
     put(&meta, "%lld\n%.17g\n%016llx %016llx %016llx %016llx\n%s", (long long)iter, best, (unsigned long long)gen[0],
         (unsigned long long)gen[1], (unsigned long long)gen[2], (unsigned long long)gen[3],
         S.config_json ? S.config_json : "{}");
-    /* the speedrun's train_time, where the loop keeps one: one more line of the checksummed text (a
-     * checkpoint without it, nanoGPT's loop's or an older one, checks as before) */
-    char train_time[64] = "";
-    if (S.has_train_time) {
-        snprintf(train_time, sizeof train_time, "%.17g", S.train_time);
-        put(&meta, "\n%s", train_time);
-    }
     put(t, "{\"__metadata__\":{\"format\":\"mica\",\"iter_num\":\"%lld\",\"best_val_loss\":\"%.17g\","
-        "\"rng\":\"%016llx %016llx %016llx %016llx\",\"meta_crc32\":\"%08x\",", (long long)iter, best,
+        "\"rng\":\"%016llx %016llx %016llx %016llx\",\"meta_crc32\":\"%08x\",\"config\":", (long long)iter, best,
         (unsigned long long)gen[0], (unsigned long long)gen[1], (unsigned long long)gen[2], (unsigned long long)gen[3],
         crc32_update(0, meta.p, meta.n));
-    if (S.has_train_time) put(t, "\"train_time\":\"%s\",", train_time);
-    put(t, "\"config\":");
     free(meta.p);
     put_escaped(t, S.config_json ? S.config_json : "{}");
     text sums = {0};

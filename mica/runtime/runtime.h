@@ -85,10 +85,10 @@ typedef struct {
     int64_t tr_x, tr_y, tr_iter, tr_loss, tr_lr, ev_x, ev_y, ev_loss, lg_idx, lg_logits;
     int64_t resume, resume_iter, *resume_next, n_resume_next;
     double resume_best;
-    /* the speedrun loop's accumulated train_time: resumed from (resume_time), and saved with each
-     * checkpoint while has_train_time (the nanoGPT loop's checkpoints have none) */
-    double resume_time, train_time;
-    int has_train_time;
+    /* the speedrun loop's train_time where a resumed run starts it: the straight run's at the step
+     * resumed from, read from metrics.jsonl (wall-clock time is never in a checkpoint, whose bytes are
+     * the same for the same inputs) */
+    double resume_time;
     uint64_t resume_rng[4];
     int has_resume_rng;
     int64_t num_samples, max_new_tokens, top_k, decodable; /* decodable > 0: draw only ids below it */

@@ -113,11 +113,10 @@ int speedrun_loop(void) {
     }
     if (S.rank == 0) log_open_metrics(S.resume != 0);
     uint64_t no_generator[4] = {0, 0, 0, 0};
-    /* a resumed run goes on as the run straight through: its train_time from the checkpoint's, and no
+    /* a resumed run goes on as the run straight through: its train_time from the straight run's row, and no
      * second validation of the step it resumes at (the checkpoint was saved right after that one, its
      * row already in metrics.jsonl) */
     double training_time = S.resume ? S.resume_time : 0, t0 = now();
-    S.has_train_time = 1;
     for (;; step++) {
         /* --------------- VALIDATION SECTION ----------------- */
         int last = step == S.max_iters || (S.stop_at > 0 && step == S.stop_at);
@@ -148,7 +147,6 @@ int speedrun_loop(void) {
             }
             if (step > start) {
                 int64_t next[2] = {train.file, train.pos};
-                S.train_time = training_time;
                 checkpoint_save(step, val_loss, next, 2, no_generator); /* (rank 0 writes) */
                 if (S.world > 1) {
                     char text[8600];

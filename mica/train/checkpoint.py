@@ -143,8 +143,7 @@ class SafeTensors:
             return
         md = self.metadata
         try:
-            text = "\n".join([md["iter_num"], md["best_val_loss"], md["rng"], md["config"],
-                              *([md["train_time"]] if "train_time" in md else [])])  # (the speedrun's, only)
+            text = "\n".join([md["iter_num"], md["best_val_loss"], md["rng"], md["config"]])
             ok = zlib.crc32(text.encode()) == int(md["meta_crc32"], 16)
         except (KeyError, ValueError):
             ok = False

@@ -244,6 +244,30 @@ def prepare_speedrun(cfg, log):
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
 
+def _train_time_at(metrics, step, log):
+    """The speedrun's train_time at the validation of `step`, from the run's metrics.jsonl (wall-clock
+    time is kept out of checkpoints, so their bytes stay the same for the same inputs); 0 with a note
+    when the file has no readable row for it."""
+    found = None
+    try:
+        with open(metrics, errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and row.get("step") == step and "val_loss" in row:
+                    t = row.get("train_time")
+                    if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf"):
+                        found = float(t)
+    except OSError:
+        pass
+    if found is None:
+        log(f"note: {metrics} has no validation row for step {step}, so train_time starts again from 0")
+        return 0.0
+    return found
+
+
 def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
     path = os.path.join(out_dir, "ckpt.safetensors")
     log(f"resuming training from {out_dir}")
@@ -259,14 +283,10 @@ def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
                             "the same settings")
     st.check_metadata()
     try:
-        settings.update(resume=1, resume_iter=int(st.metadata["iter_num"]), resume_best=0.0,
-                        resume_time=float(st.metadata.get("train_time", 0.0)))  # (none in an older checkpoint)
+        settings.update(resume=1, resume_iter=int(st.metadata["iter_num"]), resume_best=0.0)
     except (KeyError, ValueError):
-        raise MicaError(f"checkpoint {path} has no readable iter_num or train_time in its metadata; use another "
-                        "checkpoint") from None
-    if not 0.0 <= settings["resume_time"] < float("inf"):
-        raise MicaError(f"checkpoint {path} has a train_time of {settings['resume_time']!r} in its metadata, not a "
-                        "number of seconds; use another checkpoint")
+        raise MicaError(f"checkpoint {path} has no readable iter_num in its metadata; use another checkpoint") from None
+    settings["resume_time"] = _train_time_at(os.path.join(out_dir, "metrics.jsonl"), settings["resume_iter"], log)
     if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] == (2,):
         settings["resume_next"] = " ".join(str(int(v)) for v in st.read("data.next_offsets").reshape(-1))
     has_state = _check_resume_names(st, expected, log)
