@@ -20,6 +20,8 @@ from mica.passes.schedule import Gemm  # noqa: E402
 
 
 def build(cfg, batch, dtype, profile=True):
+    """The compiled GPT step (nanoGPT's AdamW groups, clip 1.0; autocast bf16 when `dtype` says so),
+    loaded with seed-1337 weights and one random batch; bf16_step.py times the same executable."""
     model = GPT(cfg)
     params = model.init(1337)
     opt = mica.optim.adamw(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1,

@@ -11,35 +11,16 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import mica  # noqa: E402
 from mica.bench.step import CONFIGS, _gpt_config  # noqa: E402
 from mica.bench.torch_gpt import TorchGPT  # noqa: E402
-from mica.models.gpt import GPT, loss_fn  # noqa: E402
+from bf16_profile import build  # noqa: E402  (the compiled step, as the profile builds it)
 
 
 def mica_step(cfg, batch, dtype, threads):
-    model = GPT(cfg)
-    params = model.init(1337)
-    opt = mica.optim.adamw(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1,
-                           param_groups=mica.optim.nanogpt_param_groups(params, 0.1))
-    state = opt.init(params)
-
-    def step(p, s, x, y):
-        with mica.autocast(dtype=mica.bfloat16, enabled=dtype == "bfloat16"):
-            loss, g = mica.value_and_grad(loss_fn(model))(p, x, y)
-        mica.optim.clip_grad_norm(g, 1.0)
-        p, s = opt.update(p, g, s)
-        return p, s, loss
-
-    specs = model.param_specs()
-    tokens = mica.i64[batch, cfg.block_size]
-    exe = mica.trace(step, specs, opt.state_specs(specs), tokens, tokens).lower("cpu").build()
-    x = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, cfg.block_size))
-    exe.load(params, state, x, np.roll(x, -1, axis=1))
+    exe = build(cfg, batch, dtype, profile=False)
     return lambda: exe.run(threads=threads)
 
 
