@@ -248,6 +248,8 @@ def _train_time_at(metrics, step, log):
     """The speedrun's train_time at the validation of `step`, from the run's metrics.jsonl (wall-clock
     time is kept out of checkpoints, so their bytes stay the same for the same inputs); 0 with a note
     when the file has no readable row for it."""
+    from .plot import _numbers  # (the check `mica plot` makes of a row's numbers)
+
     found = None
     try:
         with open(metrics, errors="replace") as f:
@@ -256,10 +258,9 @@ def _train_time_at(metrics, step, log):
                     row = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(row, dict) and row.get("step") == step and "val_loss" in row:
-                    t = row.get("train_time")
-                    if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf"):
-                        found = float(t)
+                if isinstance(row, dict) and row.get("step") == step and _numbers(row, "val_loss", "train_time") \
+                        and 0 <= row["train_time"] < float("inf"):
+                    found = float(row["train_time"])
     except OSError:
         pass
     if found is None:
