@@ -46,22 +46,30 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
     if cbuild.cached(exe):
         return exe, lowered
     log(f"compiling the trainer ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} kernels) ...")
+    _compile_and_link(out_dir, exe, sources, ".c", lambda src, obj: [cc, *flags, "-c", *cbuild.INCLUDES, src, "-o", obj],
+                      runtime, cc, flags, lambda objects, tmp: [cc, *flags, *objects, "-o", tmp, *ldflags, "-lm"],
+                      "the C compiler")
+    return exe, lowered
+
+
+def _compile_and_link(out_dir, exe, sources, ext, compile_cmd, runtime, cc, runtime_flags, link_cmd, tool):
+    """Compile each program's source (`compile_cmd(source, object)`) and the runtime (cached once per
+    `runtime_flags`) at once, link them (`link_cmd(objects, output)`) and install the executable; the
+    programs' objects live only as long as the build."""
     jobs, objects = [], []
-    for name, path in _write_sources(out_dir, sources, ".c").items():
+    for name, path in _write_sources(out_dir, sources, ext).items():
         objects.append(_temporary(out_dir, name + ".o"))
-        jobs.append((name, [cc, *flags, "-c", *cbuild.INCLUDES, path, "-o", objects[-1]]))
-    runtime_jobs, runtime_objects = _runtime_objects(runtime, cc, flags)
+        jobs.append((name, compile_cmd(path, objects[-1])))
+    runtime_jobs, runtime_objects = _runtime_objects(runtime, cc, runtime_flags)
     try:
-        _run_all(jobs + runtime_jobs)  # the three programs (and the runtime, once per flags) at once
+        _run_all(jobs + runtime_jobs)  # (the programs' compiles take most of the time: run together)
         for tmp, obj in runtime_objects:
             if tmp is not None:
                 cbuild.install(tmp, obj)
-        _link(out_dir, exe, lambda tmp: [cc, *flags, *objects, *(obj for _, obj in runtime_objects), "-o", tmp,
-                                         *ldflags, "-lm"], "the C compiler")
+        _link(out_dir, exe, lambda tmp: link_cmd([*objects, *(obj for _, obj in runtime_objects)], tmp), tool)
     finally:
         for path in [*objects, *(tmp for tmp, _ in runtime_objects if tmp is not None)]:
             _remove(path)
-    return exe, lowered
 
 
 def _temporary(folder, name):
@@ -150,20 +158,8 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=
         return exe, lowered
     log(f"compiling the CUDA trainer with {what} ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} "
         "kernels) ...")
-    jobs, objects = [], []
-    for name, path in _write_sources(out_dir, sources, ".cu").items():
-        objects.append(_temporary(out_dir, name + ".o"))
-        jobs.append((name, compile_cmd(path, objects[-1])))
-    for name in RUNTIME_SOURCES:
-        objects.append(_temporary(out_dir, name[:-2] + ".o"))
-        jobs.append(("runtime", [cc, "-O2", "-std=gnu11", "-fPIC", "-I", RUNTIME_DIR, "-c",
-                                 os.path.join(RUNTIME_DIR, name), "-o", objects[-1]]))
-    try:
-        _run_all(jobs)  # (the three nvcc builds take most of the time: run together)
-        _link(out_dir, exe, lambda tmp: [link[0], *objects, "-o", tmp, *link[1:]], "the linker")
-    finally:
-        for path in objects:
-            _remove(path)
+    _compile_and_link(out_dir, exe, sources, ".cu", compile_cmd, runtime, cc, ["-O2", "-std=gnu11", "-fPIC"],
+                      lambda objects, tmp: [link[0], *objects, "-o", tmp, *link[1:]], "the linker")
     return exe, lowered
 
 
