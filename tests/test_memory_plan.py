@@ -92,6 +92,14 @@ def test_the_classes_are_the_models_state(run):
     state = [v.spec.nbytes for n, v in zip(prog.input_names, prog.graph.inputs) if n.startswith("opt_state[")]
     assert train["optimizer state"] == sum((n + 63) // 64 * 64 for n in state)
     assert train["optimizer state"] >= 2 * aligned  # AdamW's two moments per parameter
+    # the gradients are placed by lifetime among the activations (no region of their own);
     # clipping reads every gradient before the update writes any parameter: all are live at once
-    assert train["gradients"] >= aligned and train["activations"] > 0 and train["workspace"] > 0
+    plan_ = lowered["train"].plan
+    grads = [b for b in plan_.schedule.buffers if b.cls == "gradients" and b.id not in plan_.aliases]
+    assert train["gradients"] == 0 and sum(b.nbytes for b in grads) >= sum(tensors)
+    assert all(plan_.placed_in[b.id] == "activations" for b in grads)
+    act, end = plan_.class_offsets["activations"], plan_.class_offsets["activations"] + train["activations"]
+    assert all(act <= plan_.offset(b) and plan_.offset(b) + b.nbytes <= end for b in grads)
+    assert train["activations"] >= aligned and train["workspace"] > 0
+    assert "more placed among the activations, by lifetime" in plan_.report()
     assert plan["eval"]["parameters"] == 0 and plan["eval"]["io"] >= aligned  # its own copy, as an input

@@ -453,9 +453,10 @@ def _embedding_bwd_ref(a, at, run):
     return out
 
 
-# an index out of range stops the program with a sentence
+# an index out of range stops the program with a sentence; a gather (one row copied per index,
+# no arithmetic) is as cheap to repeat in the backward as to read back, so remat may recompute it
 defop("embedding", infer=_embedding_infer, ref=_embedding_ref, vjp=_embedding_vjp, family="kernel",
-      kernel=KernelABI(may_fail=True), remat="asked")
+      kernel=KernelABI(may_fail=True), remat="recompute", flops=lambda node: 0)
 defop("embedding_backward", infer=_embedding_bwd_infer, ref=_embedding_bwd_ref, family="kernel",
       kernel=KernelABI(may_fail=True))
 

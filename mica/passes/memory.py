@@ -2,8 +2,10 @@
 
 Classes, in arena order: parameters, optimizer state, gradients, activations, io (data inputs,
 the random key, results), workspace (scratch shared by kernels, one region reused by all).
-Parameters, optimizer state and io live for the whole program; gradients and activations are
-placed by their lifetimes, so buffers whose lifetimes do not overlap share bytes. A new value of
+Parameters, optimizer state and io live for the whole program; activations are placed by their
+lifetimes, so buffers whose lifetimes do not overlap share bytes, and so are the gradients, in the
+activation region (a parameter's gradient is born in the backward, as the activations die); only
+gradients that persist across calls (accumulated) have a region of their own. A new value of
 a state input (the optimizer's update of a parameter) is written over the old one when nothing
 reads the old one afterwards, and an elementwise loop may write its result over an input that
 dies in that loop. The report is exact and exists before anything runs.
@@ -19,8 +21,9 @@ CLASSES = ("parameters", "optimizer state", "gradients", "activations", "io", "w
 
 class MemoryPlan:
     def __init__(self, schedule, offsets, aliases, class_bytes, class_offsets, naive_bytes, shared_bytes,
-                 per_unit_bytes, units, unit_name):
+                 per_unit_bytes, units, unit_name, placed_in=None):
         self.schedule = schedule
+        self.placed_in = placed_in or {}      # buffer id -> the class region it is placed in, where not its own
         self.offsets = offsets                # buffer id -> byte offset in the arena
         self.aliases = aliases                # buffer id -> the Buffer whose memory it reuses
         self.class_bytes = class_bytes        # bytes of each class region
@@ -61,14 +64,18 @@ class MemoryPlan:
     def report(self, name="program"):
         lines = [f"memory plan for {name}: one arena of {self.total:,} bytes (exact, before any run)"]
         counts = {c: 0 for c in CLASSES}
+        elsewhere = {c: 0 for c in CLASSES}
         for b in self.schedule.buffers:
             if b.id not in self.aliases:
-                counts[b.cls] += 1
+                counts[self.placed_in.get(b.id, b.cls)] += 1
+                elsewhere[b.cls] += b.id in self.placed_in
         for c in CLASSES:
             note = f"{counts[c]} buffers" if c != "workspace" else \
                 f"shared scratch; {self.per_unit_bytes:,} bytes per {self.unit_name} x {self.units} {self.unit_name}s"
             if c == "activations":
                 note += " (the activation peak)"
+            if elsewhere[c]:
+                note += f"; {elsewhere[c]} more placed among the activations, by lifetime"
             lines.append(f"  {c:<16} {self.class_bytes[c]:>14,}   {note}")
         saved = self.naive_bytes - self.total
         pct = 100.0 * saved / self.naive_bytes if self.naive_bytes else 0.0
@@ -204,10 +211,22 @@ def plan(schedule, target):
             first[r.id] = min(first[r.id], first[b.id])
             last[r.id] = max(last[r.id], last[b.id])
     roots = [b for b in schedule.buffers if b.id not in aliases]
-    class_bytes, local = {}, {}
+    class_bytes, local, region = {}, {}, {}
     for c in CLASSES[:-1]:
         members = [b for b in roots if b.cls == c]
-        if c in ("gradients", "activations"):
+        if c == "gradients":
+            # a gradient lives from its product in the backward to the update: placed by lifetime
+            # among the activations (whose bytes the backward frees as it goes); only the
+            # persistent ones (accumulated across micro-steps) have their own region
+            offs, size = {}, 0
+            for b in members:
+                if b.persistent:
+                    offs[b.id] = size
+                    size += align(b.nbytes)
+                else:
+                    region[b.id] = "activations"
+        elif c == "activations":
+            members += [b for b in roots if region.get(b.id) == "activations"]
             offs, size = _place([b for b in members if not b.persistent], first, last, align)
             rest = [b for b in members if b.persistent]
             for b in rest:
@@ -228,10 +247,10 @@ def plan(schedule, target):
     for c in CLASSES:
         class_offsets[c] = at
         at += class_bytes[c]
-    offsets = {b.id: class_offsets[b.cls] + local[b.id] for b in roots}
+    offsets = {b.id: class_offsets[region.get(b.id, b.cls)] + local[b.id] for b in roots}
     for b in schedule.buffers:
         if b.id in aliases:
             offsets[b.id] = offsets[root(b).id]
     naive = sum(align(b.nbytes) for b in schedule.buffers) + class_bytes["workspace"]
     return MemoryPlan(schedule, offsets, aliases, class_bytes, class_offsets, naive, shared, per_unit,
-                      target.workspace_units, target.unit_name)
+                      target.workspace_units, target.unit_name, region)

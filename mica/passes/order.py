@@ -1,4 +1,5 @@
-"""Ordering: compute a costly slope in the forward, beside the function it is the slope of.
+"""Ordering: compute a costly slope in the forward, beside the function it is the slope of; and
+compute a weight's gradient as soon as its operands exist.
 
 Autodiff places each gradient's ingredients in the backward, next to their use. Some depend only on
 a forward value x: GELU's slope, gelu_slope(x), is as costly as gelu(x) itself (an exp and a CDF),
@@ -11,6 +12,15 @@ A move never grows memory: x must be an activation (not an input, output or stat
 reader of its storage must already come before the move, and the slope must be no larger than x,
 so x's storage dies where the slope is born. Elementwise results do not depend on where they are
 computed, so the bits are the same as without the move (opt_level 0 does not move anything).
+A slope whose GELU is a copy the rematerialization pass made in the backward stays where it is:
+there it is read by one multiply of a product's output, so fusion computes it in that product's
+epilogue and it is never stored.
+
+A product whose result is a parameter's gradient (dW = a^T g, at the weight's own layout) reads
+an activation `a` that often dies there, and the input's gradient (g W, as large as `a`) is
+usually computed just before it. Moved to right after the last producer of its operands, the
+product lets `a` die before the input's gradient is born: the two are never live together. A
+product's bits do not depend on when it runs, so nothing else changes.
 """
 from ..ops import OPS
 
@@ -37,7 +47,39 @@ def _storage_readers(v, consumers):
 
 def hoist(graph):
     """Reorder graph.nodes in place; returns how many nodes moved."""
+    return _hoist_slopes(graph) + _weight_gradients_early(graph)
+
+
+def _weight_gradients_early(graph):
+    """Move every backward product that makes a parameter's gradient to right after the last
+    producer of its operands; returns how many moved."""
+    backward = set().union(*graph.backward) if graph.backward else set()
+    moved = 0
+    for n in [n for n in graph.nodes if n.op == "matmul" and graph.roles.get(n.out.id) == "gradient"
+              and n.out.id in backward]:
+        order = {id(m): k for k, m in enumerate(graph.nodes)}
+        views, stack = [], list(n.inputs)  # the views it reads through move with it
+        while stack:
+            u = stack.pop()
+            if u.node.op in VIEW_OPS and u.node not in views:
+                views.append(u.node)
+                stack += u.node.inputs
+        at = max((order[id(u.node)] for m in views + [n] for u in m.inputs if u.node not in views), default=-1)
+        group = sorted((m for m in views + [n] if order[id(m)] > at), key=lambda m: order[id(m)])
+        if all(order[id(m)] == at + 1 + i for i, m in enumerate(group)):
+            continue
+        anchor = graph.nodes[at] if at >= 0 else None
+        for m in group:
+            graph.nodes.remove(m)
+        at = graph.nodes.index(anchor) if anchor is not None else -1
+        graph.nodes[at + 1:at + 1] = group
+        moved += 1
+    return moved
+
+
+def _hoist_slopes(graph):
     consumers = graph.consumers()
+    copies = set().union(*graph.backward) if graph.backward else set()
     out_ids = {v.id for v in graph.outputs}
     moved = 0
     for n in [n for n in graph.nodes if n.op in HOISTED]:
@@ -53,6 +95,8 @@ def hoist(graph):
         if not others or any(order[id(r)] > order[id(n)] for r in others):
             continue
         last = max(others, key=lambda r: order[id(r)])
+        if last.out.id in copies:
+            continue  # a recomputed GELU's slope: fused into the product epilogue that reads it
         if OPS[last.op].family != "elementwise" or last.out.shape != n.out.shape:
             continue  # moved only to share a pass with an elementwise reader of x
         if order[id(last)] + 1 == order[id(n)]:
