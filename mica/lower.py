@@ -4,7 +4,8 @@
       widen      half-type kernels and products in float32      .graph
       simplify   exact rewrites, CSE, DCE                       .graph
       remat      what the backward keeps or recomputes          .graph, .remat
-      order      costly slopes computed beside their forward    .graph
+      order      costly slopes beside their forward; weight     .graph
+                 gradients as soon as their operands exist
       fuse       Schedule: loops, reductions, products, calls   .schedule
       memory     MemoryPlan: an offset per buffer, one arena    .plan, .memory_report
       render     the target's source text                       .source
@@ -12,9 +13,10 @@
 
 A Target (mica/targets.py) answers everything that differs between targets; nothing here names one.
 `remat` and `memory_budget` (bytes of the program's arena) are the pipeline's own options: `remat`
-turns the min-cut rematerialization on (off by default: on the CPU its recomputation costs some
-7-10% of a shakespeare_char step, BENCHMARKS.md section 10); under a budget the pipeline recomputes
-as much as the plan needs to fit (the min-cut first, then block checkpoints).
+turns the min-cut rematerialization on (off by default: on the CPU its recomputation may cost up
+to a few percent of a shakespeare_char step, BENCHMARKS.md section 10); under a budget the pipeline recomputes
+as much as the plan needs to fit (the min-cut first, then the min-cut repeating the fewest of the
+cheapest products that fit, then block checkpoints).
 `fp_half_intermediates` (off by default) lets half-type attention round where PyTorch's CPU
 attention rounds (passes/widen.py); without it every digit but the outputs' is kept.
 """
@@ -42,7 +44,7 @@ class Lowered:
         self.fp_half_intermediates = _check_flag("fp_half_intermediates", fp_half_intermediates)
         self.opt_level = target.opt_level
         self.memory_budget = _check_budget(memory_budget)
-        self._plan(*(("min-cut", 1) if remat else ("off", 1)))
+        self._plan(*(("min-cut", ()) if remat else ("off", 0)))
         if self.memory_budget is not None and self.plan.total > self.memory_budget:
             self._fit(remat)
         self.memory_report = self.plan.report(program.name)
@@ -53,13 +55,16 @@ class Lowered:
         self.source = target.render(self)
 
     def _fit(self, remat):
-        """Of the plans that recompute more (block checkpoints, one every k bottlenecks of the
-        forward), the one within the budget that adds the fewest FLOPs (then the fewest bytes):
-        so a smaller budget never gets a larger plan."""
-        tried = [(self.plan.total, self.remat.flops, ("min-cut", 1) if remat else ("off", 1))]
+        """Of the plans that recompute more (the min-cut; the min-cut repeating the fewest of the
+        cheapest products that fits; block checkpoints, one every k bottlenecks of the forward),
+        the one within the budget that adds the fewest FLOPs (then the fewest bytes): so a smaller
+        budget never gets a larger plan."""
+        tried = [(self.plan.total, self.remat.flops, ("min-cut", ()) if remat else ("off", 0))]
         if not remat:
-            self._plan("min-cut", 1)
-            tried.append((self.plan.total, self.remat.flops, ("min-cut", 1)))
+            self._plan("min-cut", ())
+            tried.append((self.plan.total, self.remat.flops, ("min-cut", ())))
+        if self.plan.total > self.memory_budget:
+            tried += self._fewest_products()
         self._plan("checkpoint", 1)
         tried.append((self.plan.total, self.remat.flops, ("checkpoint", 1)))
         for every in range(2, min(self.remat.checkpoints, MAX_EVERY) + 1):
@@ -76,14 +81,46 @@ class Lowered:
         if choice[2] != self._planned:
             self._plan(*choice[2])
 
-    def _plan(self, mode, every):
+    def _fewest_products(self):
+        """The min-cut free to repeat some of the cheapest forward products: the shortest list of
+        them whose plan fits (a binary search: more products repeated, fewer bytes saved), less
+        each one the plan still fits without (a product whose output is not live at the peak
+        frees nothing); the plans tried."""
+        tried = []
+
+        def fits(products):
+            self._plan("min-cut", tuple(products))
+            tried.append((self.plan.total, self.remat.flops, ("min-cut", tuple(products))))
+            return self.plan.total <= self.memory_budget
+
+        lo, hi = 1, len(remat_pass.product_candidates(self.graph))
+        n = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(range(mid)):
+                n, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        if n is not None:
+            keep = list(range(n))
+            for i in range(n - 1):  # the last one made it fit
+                if fits([j for j in keep if j != i]):
+                    keep.remove(i)
+        return tried
+
+    def _plan(self, mode, k):
+        """Plan with rematerialization `mode`: "off", "min-cut" (`k`: which of the cheapest
+        products it may repeat, indices in remat.product_candidates) or "checkpoint" (at every
+        `k`-th bottleneck)."""
         target = self.target
-        self._planned = (mode, every)
+        self._planned = (mode, k)
         self.graph = simplify.simplify(widen.widen(self.program.graph, target, self.fp_half_intermediates))
         if mode == "off":
             self.remat = remat_pass.Choice("off", [], [], 0)
+        elif mode == "min-cut":
+            self.remat = remat_pass.rematerialize(self.graph, mode, products=k)
         else:
-            self.remat = remat_pass.rematerialize(self.graph, mode, every)
+            self.remat = remat_pass.rematerialize(self.graph, mode, k)
         if target.opt_level > 0:
             order.hoist(self.graph)
         self.schedule = fuse.build(self.graph, target, fuse=target.opt_level > 0)

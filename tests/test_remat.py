@@ -102,8 +102,8 @@ def test_budget_plans_are_monotone_and_below_the_budget():
     program, _ = _gpt(0.0, False, n_layer=4)
     default = program.lower("cpu", remat=True).plan.total
     smallest = None
-    plans = []
-    for frac in (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6):
+    plans, modes, flops = [], [], []
+    for frac in (1.0, 0.97, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6):
         budget = int(default * frac)
         try:
             low = program.lower("cpu", memory_budget=budget)
@@ -112,8 +112,13 @@ def test_budget_plans_are_monotone_and_below_the_budget():
             break
         assert low.plan.total <= budget
         plans.append(low.plan.total)
+        modes.append(low.remat.mode)
+        flops.append(low.remat.flops)
     assert plans == sorted(plans, reverse=True) and len(plans) >= 3
-    assert "checkpoint" in program.lower("cpu", memory_budget=plans[-1]).remat.mode
+    assert flops == sorted(flops)  # a smaller budget never recomputes less
+    # the ladder, in order: the min-cut, then repeating the fewest cheap products, then checkpoints
+    rungs = [0 if m == "min-cut" else 1 if "products" in m else 2 for m in modes]
+    assert rungs == sorted(rungs) and {0, 1} <= set(rungs), modes
     if smallest is None:
         with pytest.raises(MicaError) as info:
             program.lower("cpu", memory_budget=1000)
@@ -125,8 +130,10 @@ def test_budget_plans_are_monotone_and_below_the_budget():
 def test_checkpointing_is_bitwise_and_the_report_counts_its_work():
     program, args = _gpt(0.1, True, n_layer=3)
     default = program.lower("cpu", remat=True)
-    tight = program.lower("cpu", memory_budget=int(default.plan.total * 0.9))
-    assert tight.plan.total < default.plan.total
+    with pytest.raises(MicaError) as info:
+        program.lower("cpu", memory_budget=1000)
+    tight = program.lower("cpu", memory_budget=info.value.smallest)  # the smallest plan: block checkpoints
+    assert tight.plan.total < default.plan.total and "checkpoint every" in tight.remat.mode
     assert any(n.op == "matmul" for n in tight.remat.recomputed)
     assert tight.remat.flops > default.remat.flops > 0
     assert "MFLOP more a step" in tight.memory_report and "memory budget" in tight.memory_report
@@ -220,7 +227,8 @@ def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_pa
     plain, tight = train("--out_dir=a"), train("--out_dir=b", f"--memory_budget={budget}")
     held = int(re.search(r"the trainer holds ([\d,]+) bytes", tight).group(1).replace(",", ""))
     assert held <= budget
-    assert "train rematerialization (checkpoint every" in tight and "memory budget: the train arena fits" in tight
+    assert re.search(r"train rematerialization \((checkpoint every|min-cut, free to repeat \d+ of the forward's "
+                     r"cheapest products)", tight) and "memory budget: the train arena fits" in tight
     assert "train rematerialization off: the backward keeps every forward value it reads" in plain
     losses = re.compile(r"^(iter \d+: loss [\d.]+|step \d+: train loss [\d.]+, val loss [\d.]+)", re.M)
     assert losses.findall(plain) and losses.findall(plain) == losses.findall(tight)
@@ -279,5 +287,31 @@ def test_the_cuda_target_runs_the_rematerialized_step_bitwise():
     for options in ({}, {"remat": True}, {"memory_budget": tight}):
         low = program.lower("cuda", simulate=True, **options)
         runs.append((low.remat.mode, _bits(low.build()(*args, seed=4))))
-    assert [m for m, _ in runs][1:] == ["min-cut", "checkpoint every 1 of the forward's bottlenecks"]
+    assert runs[1][0] == "min-cut" and runs[2][0].startswith(("min-cut, free to repeat", "checkpoint every"))
     assert runs[1][1] == runs[0][1] and runs[2][1] == runs[0][1]
+
+
+def test_repeating_the_cheapest_products_is_bitwise_and_spends_the_fewest_flops():
+    """Between the min-cut and block checkpoints: a budget the min-cut misses lets it repeat the
+    cheapest forward products (smallest inner dimension), as few as fit; the step keeps every bit
+    (dropout on), the plan fits, and each product it repeats is one the budget needed."""
+    from mica.passes import remat as remat_pass
+
+    program, args = _gpt(0.1, True, n_layer=3)
+    plain = program.lower("cpu")
+    cut = program.lower("cpu", remat=True)
+    low = program.lower("cpu", memory_budget=cut.plan.total - 1)
+    assert low.remat.mode.startswith("min-cut, free to repeat") and low.plan.total < cut.plan.total
+    mode, chosen = low._planned
+    assert mode == "min-cut" and chosen
+    products = [n for n in low.remat.recomputed if n.op == "matmul"]
+    assert 0 < len(products) <= len(chosen)
+    assert low.remat.flops > cut.remat.flops
+    inner = sorted(n.inputs[0].shape[-1] for n in remat_pass.product_candidates(low.graph))
+    assert all(n.inputs[0].shape[-1] == inner[0] for n in products)  # the cheapest kind only
+    for i in range(len(chosen)):  # none of them is spare
+        low._plan("min-cut", tuple(j for j in chosen if j != chosen[i]))
+        assert low.plan.total > cut.plan.total - 1
+    want = _bits(plain.build()(*args, threads=2, seed=3, offset=0))
+    again = program.lower("cpu", memory_budget=cut.plan.total - 1)
+    assert _bits(again.build()(*args, threads=2, seed=3, offset=0)) == want

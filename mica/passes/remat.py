@@ -9,10 +9,11 @@ min-cut over the forward values between the program's free values (inputs, state
 anyway) and the backward's reads finds the saved set of the fewest bytes. A node may be recomputed
 when it is cheap and exact to repeat: elementwise (casts, GELU, dropout, whose mask is a function
 of the Philox key, never stored), views, reductions, and the row kernels (norms, softmax):
-a norm's output from its saved statistics by its kernel's own elementwise steps. Products, attention and
-embeddings are
-never recomputed unless asked (`checkpoint`, under a memory budget: then the residual stream's
-bottlenecks are saved and whole blocks are recomputed).
+a norm's output from its saved statistics by its kernel's own elementwise steps; and embeddings
+(a gather: one row copied per index). Products and attention are never recomputed unless a memory
+budget asks: first the min-cut may repeat the cheapest products (those of the smallest inner
+dimension free the most bytes per FLOP; earliest first), as few as the budget needs; then block
+checkpoints save the residual stream's bottlenecks and recompute whole blocks.
 
 Recomputed nodes are copies placed in the backward just before their first reader there, so fusion
 puts them in the backward's loops; each copy repeats the forward node's float operations in the
@@ -76,12 +77,27 @@ def node_flops(node):
     return sum(o.numel for o in node.outputs)
 
 
-def _recomputable(node, asked):
-    """May the backward recompute `node`: its op record says (asked: under block checkpoints)."""
+def _recomputable(node, asked, allowed=frozenset()):
+    """May the backward recompute `node`: its op record says (asked: under block checkpoints;
+    `allowed`: the ids of the products a budget lets the min-cut repeat)."""
     if node.op in ("input", "rng_key"):
         return False
     rule = OPS[node.op].remat
-    return rule == "recompute" or (asked and rule == "asked")
+    return rule == "recompute" or (asked and rule == "asked") or (rule == "asked" and id(node) in allowed)
+
+
+def product_candidates(graph):
+    """The forward products a memory budget may let the min-cut recompute, cheapest first: a
+    product's output costs 2K FLOPs per element to repeat (K its inner dimension), so the ones of
+    smallest K free the most bytes per FLOP; among equals the smallest (a budget is met with the
+    least recomputed beyond what it needs), then the earliest (its values are live the longest)."""
+    backward = set().union(*graph.backward) if graph.backward else set()
+    free = _free_values(graph)
+    found = []
+    for i, n in enumerate(graph.nodes):
+        if n.op == "matmul" and n.out.id not in backward and n.out.id not in free:
+            found.append((n.inputs[0].shape[-1], n.out.nbytes, i, n))
+    return [t[-1] for t in sorted(found, key=lambda t: t[:3])]
 
 
 class _Flow:
@@ -246,9 +262,12 @@ def _bottlenecks(graph, region, free, position):
     return found
 
 
-def rematerialize(graph, mode="min-cut", every=1):
-    """Rewrite `graph` in place (mode "min-cut", or "checkpoint" saving every `every`-th bottleneck
-    of the forward and recomputing the rest, products and attention included); returns a Choice."""
+def rematerialize(graph, mode="min-cut", every=1, products=()):
+    """Rewrite `graph` in place (mode "min-cut", letting it recompute the `products` (indices in
+    `product_candidates`), or "checkpoint" saving every `every`-th bottleneck of the forward and
+    recomputing the rest, products and attention included); returns a Choice."""
+    cands = product_candidates(graph) if mode == "min-cut" and products else []
+    allowed = frozenset(id(cands[i]) for i in products)
     free = _free_values(graph)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     consumers = graph.consumers()
@@ -263,7 +282,7 @@ def rematerialize(graph, mode="min-cut", every=1):
             forced = {v.id for v in chosen}
             n_checkpoints += len(chosen)
             saved += chosen
-        cut = _min_cut(graph, region, free | forced, asked, position)
+        cut = _min_cut(graph, region, free | forced, asked, position, allowed)
         saved += [v for v in cut if v.id not in free]
         keep = {v.id for v in cut} | free | forced
         copies, made, anchor = {}, [], {}  # anchor: copy's value id -> the index it is placed after
@@ -333,11 +352,15 @@ def rematerialize(graph, mode="min-cut", every=1):
         graph.nodes = order
     seen = set()
     saved = [v for v in saved if not (v.id in seen or seen.add(v.id))]
-    label = "min-cut" if mode == "min-cut" else f"checkpoint every {every} of the forward's bottlenecks"
+    if mode == "min-cut":
+        label = "min-cut" if not products else \
+            f"min-cut, free to repeat {len(products)} of the forward's cheapest products"
+    else:
+        label = f"checkpoint every {every} of the forward's bottlenecks"
     return Choice(label, saved, recomputed, flops, n_checkpoints)
 
 
-def _min_cut(graph, region, free, asked, position):
+def _min_cut(graph, region, free, asked, position, allowed=frozenset()):
     """The forward values to save for the backward `region`: the fewest bytes (ties: the latest
     values, so the least is recomputed) from which every value it reads can be recomputed."""
     needed = {}
@@ -377,7 +400,7 @@ def _min_cut(graph, region, free, asked, position):
         other = any(x.id in b for x in node.outputs for b in graph.backward if b is not region)
         stats = OPS[node.op].from_statistics is not None and v is not node.outputs[0] and not asked
         # (a norm's statistics are a row's two scalars: kept, so its output is a few multiplies away)
-        if not _recomputable(node, asked) or other or stats:
+        if not _recomputable(node, asked, allowed) or other or stats:
             flow.edge(src, i, INF)
             continue
         for u in node.inputs:
