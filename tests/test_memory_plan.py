@@ -79,6 +79,7 @@ def test_the_printed_classes_sum_to_the_arenas_the_trainer_allocates(run):
     assert total == max(lowered["train"].plan.total, offset + lowered["eval"].plan.total) == \
         memory_plan.trainer_bytes(lowered)
     assert f"at offset {offset:,}" in stdout
+    assert "gradients                       0   each placed among the activations, by its lifetime" in stdout
 
 
 def test_the_classes_are_the_models_state(run):

@@ -198,6 +198,8 @@ def report(lowered, rank=None):
         for c in ORDER:
             if classes[c] or name == "train":
                 note = NOTES[name].get(c, "the peak of the live values" if c == "activations" else "")
+                if c == "gradients" and not classes[c] and lowered[name].plan.placed_in:
+                    note = "each placed among the activations, by its lifetime"
                 lines.append(f"    {c:<16} {classes[c]:>16,}   {note}".rstrip())
     if offset is not None:
         lines.append(f"  one allocation: max(train {lowered['train'].plan.total:,}, state {offset:,} + eval "
