@@ -3,7 +3,10 @@ own process: PYTHONPATH=<checkout>), rounds alternating and the order rotating, 
 of the time per step and the ratio.
 
     python benchmarks/ab_step.py OLD_CHECKOUT NEW_CHECKOUT [--config cpu] [--rounds 9] [--steps 20]
-                                 [--threads N] [--clock wall|cpu]
+                                 [--threads N] [--clock wall|cpu] [--new_memory_budget BYTES]
+
+`--new_memory_budget` lowers NEW's step under that budget (its plan and rematerialization printed):
+a plan that recomputes, timed against OLD's step as it was.
 
 `--clock cpu` times the process's CPU time (with --threads 1): on a machine other work shares,
 that moves far less than the wall clock.
@@ -18,7 +21,11 @@ SERVER = r"""
 import sys, time
 from mica.bench.step import CONFIGS, _gpt_config, mica_step
 c = CONFIGS[sys.argv[1]]
-exe = mica_step(_gpt_config(c), c["batch_size"])
+budget = int(sys.argv[4]) if len(sys.argv) > 4 else None
+exe = mica_step(_gpt_config(c), c["batch_size"], **({"memory_budget": budget} if budget else {}))
+import mica
+print(mica.__file__, "plan", f"{exe.lowered.plan.total:,} bytes;", exe.lowered.remat.summary(), file=sys.stderr,
+      flush=True)
 threads = int(sys.argv[2])
 clock = time.process_time if sys.argv[3] == "cpu" else time.perf_counter
 for _ in range(5):
@@ -42,12 +49,16 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    p.add_argument("--new_memory_budget", type=int, default=None)
     a = p.parse_args()
     sides = {}
     for name, path in (("old", a.old), ("new", a.new)):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, a.config, str(a.threads), a.clock], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        budget = [str(a.new_memory_budget)] if name == "new" and a.new_memory_budget else []
+        # run in the checkout: `python -c` puts the working folder first on sys.path, so started
+        # from another checkout it would import that one's mica, whatever PYTHONPATH says
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, a.config, str(a.threads), a.clock, *budget], env=env,
+                                cwd=os.path.abspath(path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
         sides[name] = proc
     times = {name: [] for name in sides}

@@ -39,8 +39,10 @@ def step_flops(schedule):
     return total
 
 
-def mica_step(cfg, batch_size, lr=1e-3, weight_decay=0.1, grad_clip=1.0, opt_level=2, profile=False):
-    """A compiled nanoGPT step (forward, backward, clipping, AdamW) with its state resident."""
+def mica_step(cfg, batch_size, lr=1e-3, weight_decay=0.1, grad_clip=1.0, opt_level=2, profile=False,
+              memory_budget=None):
+    """A compiled nanoGPT step (forward, backward, clipping, AdamW) with its state resident (planned
+    within `memory_budget` bytes where given)."""
     model = GPT(cfg)
     params = model.init(1337)
     opt = mica.optim.adamw(lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay,
@@ -55,7 +57,8 @@ def mica_step(cfg, batch_size, lr=1e-3, weight_decay=0.1, grad_clip=1.0, opt_lev
 
     specs = model.param_specs()
     batch = mica.i64[batch_size, cfg.block_size]
-    lowered = mica.trace(step, specs, opt.state_specs(specs), batch, batch).lower("cpu", opt_level=opt_level)
+    program = mica.trace(step, specs, opt.state_specs(specs), batch, batch)
+    lowered = program.lower("cpu", opt_level=opt_level, memory_budget=memory_budget)
     exe = lowered.build(profile=profile)
     rng = np.random.default_rng(0)
     x = rng.integers(0, cfg.vocab_size, (batch_size, cfg.block_size))
