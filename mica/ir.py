@@ -110,6 +110,10 @@ class Graph:
         self.input_names.append(name)
         return node.out
 
+    def backward_values(self):
+        """The ids of every value a mica.grad call's backward defined (all calls together)."""
+        return set().union(*self.backward)
+
     def consumers(self):
         """Map from value id to the list of nodes that read it."""
         users = {}

@@ -47,13 +47,13 @@ def _storage_readers(v, consumers):
 
 def hoist(graph):
     """Reorder graph.nodes in place; returns how many nodes moved."""
-    return _hoist_slopes(graph) + _weight_gradients_early(graph)
+    backward = graph.backward_values()
+    return _hoist_slopes(graph, backward) + _weight_gradients_early(graph, backward)
 
 
-def _weight_gradients_early(graph):
+def _weight_gradients_early(graph, backward):
     """Move every backward product that makes a parameter's gradient to right after the last
     producer of its operands; returns how many moved."""
-    backward = set().union(*graph.backward) if graph.backward else set()
     moved = 0
     for n in [n for n in graph.nodes if n.op == "matmul" and graph.roles.get(n.out.id) == "gradient"
               and n.out.id in backward]:
@@ -77,9 +77,8 @@ def _weight_gradients_early(graph):
     return moved
 
 
-def _hoist_slopes(graph):
+def _hoist_slopes(graph, backward):
     consumers = graph.consumers()
-    copies = set().union(*graph.backward) if graph.backward else set()
     out_ids = {v.id for v in graph.outputs}
     moved = 0
     for n in [n for n in graph.nodes if n.op in HOISTED]:
@@ -95,7 +94,7 @@ def _hoist_slopes(graph):
         if not others or any(order[id(r)] > order[id(n)] for r in others):
             continue
         last = max(others, key=lambda r: order[id(r)])
-        if last.out.id in copies:
+        if last.out.id in backward:
             continue  # a recomputed GELU's slope: fused into the product epilogue that reads it
         if OPS[last.op].family != "elementwise" or last.out.shape != n.out.shape:
             continue  # moved only to share a pass with an elementwise reader of x

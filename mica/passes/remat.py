@@ -12,8 +12,9 @@ of the Philox key, never stored), views, reductions, and the row kernels (norms,
 a norm's output from its saved statistics by its kernel's own elementwise steps; and embeddings
 (a gather: one row copied per index). Products and attention are never recomputed unless a memory
 budget asks: first the min-cut may repeat the cheapest products (those of the smallest inner
-dimension free the most bytes per FLOP; earliest first), as few as the budget needs; then block
-checkpoints save the residual stream's bottlenecks and recompute whole blocks.
+dimension free the most bytes per FLOP; among them the smallest, then the earliest), as few as the
+budget needs; then block checkpoints save the residual stream's bottlenecks and recompute whole
+blocks.
 
 Recomputed nodes are copies placed in the backward just before their first reader there, so fusion
 puts them in the backward's loops; each copy repeats the forward node's float operations in the
@@ -91,7 +92,7 @@ def product_candidates(graph):
     product's output costs 2K FLOPs per element to repeat (K its inner dimension), so the ones of
     smallest K free the most bytes per FLOP; among equals the smallest (a budget is met with the
     least recomputed beyond what it needs), then the earliest (its values are live the longest)."""
-    backward = set().union(*graph.backward) if graph.backward else set()
+    backward = graph.backward_values()
     free = _free_values(graph)
     found = []
     for i, n in enumerate(graph.nodes):
