@@ -315,3 +315,25 @@ def test_repeating_the_cheapest_products_is_bitwise_and_spends_the_fewest_flops(
     want = _bits(plain.build()(*args, threads=2, seed=3, offset=0))
     again = program.lower("cpu", memory_budget=cut.plan.total - 1)
     assert _bits(again.build()(*args, threads=2, seed=3, offset=0)) == want
+
+
+def test_a_recomputed_gelu_rides_the_epilogue_of_the_product_beside_its_slope(monkeypatch):
+    """The min-cut recomputes GELU from the saved pre-activation; the backward's product whose
+    epilogue multiplies by the slope reads that same input, so the GELU joins it (one pass over
+    the input, not two), its value written over the input that dies there: no loop of its own,
+    no byte more than without the merge, and the same bits (the bitwise tests above)."""
+    from mica.passes import fuse
+
+    program, _ = _gpt(0.0, True)
+    lowered = program.lower("cpu", remat=True)
+    kernels = lowered.schedule.kernels
+    assert not [k for k in kernels if type(k).__name__ == "Loop" and k.name == "gelu"]
+    merged = [k for k in kernels if k.name == "matmul + gelu_slope, mul, gelu"]
+    assert len(merged) == 2  # one a layer
+    for g in merged:  # the product that reads the recomputed GELU runs after it
+        reader = [k for k in kernels if any(v.src in g.writes() for v in k.reads()) and k is not g]
+        assert reader and all(kernels.index(r) > kernels.index(g) for r in reader)
+    monkeypatch.setattr(fuse, "_siblings_into_epilogues", lambda kernels, target, reach: kernels)
+    unmerged = program.lower("cpu", remat=True)
+    assert [k for k in unmerged.schedule.kernels if type(k).__name__ == "Loop" and k.name == "gelu"]
+    assert lowered.plan.total <= unmerged.plan.total

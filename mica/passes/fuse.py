@@ -8,6 +8,9 @@
   `sum(x * x)` is one pass over memory.
 - Products become Gemm kernels reading (possibly transposed) Views; row-wise primitives call
   hand-written kernels; pad and concat are copies.
+- A loop reading a product's output at each element's own index rides on the product's tiles as
+  its epilogue (where the target allows), and so does a loop just before the product, over the
+  same elements, that reads an input the epilogue reads (a sibling).
 
 With `fuse=False` (opt_level 0) every elementwise node is its own loop and every reduction reads a
 buffer: the same arithmetic in the same order, so the same bits.
@@ -156,7 +159,113 @@ def fuse_epilogues(kernels, target, reach=3):
                     break
         out.append(g)
         k += 1
-    return out
+    return _siblings_into_epilogues(out, target, reach)
+
+
+def _siblings_into_epilogues(kernels, target, reach):
+    """A loop before a product with an epilogue, over the same [M, N] elements and reading a buffer
+    that epilogue reads at the same places, joins the epilogue as more stores: one pass over the
+    shared input instead of two (a GELU the backward recomputes, beside its slope in the product
+    that multiplies it). The kernels between that read the loop's values move after the product,
+    which must be free to run before them. The same arithmetic per element, so the same bits."""
+    kernels = list(kernels)
+    k = 0
+    while k < len(kernels):
+        g = kernels[k]
+        if isinstance(g, Gemm) and g.epilogue is not None:
+            for j in range(k - 1, max(-1, k - 1 - reach), -1):
+                loop = kernels[j]
+                if not isinstance(loop, Loop):
+                    continue
+                moved = _reordered_for_sibling(kernels[j + 1:k], loop, g)
+                epi = _merged_epilogue(g, loop) if moved is not None else None
+                if epi is None or not target.product_epilogue(g, epi):
+                    continue
+                stay, after = moved
+                g.epilogue = epi
+                g.name = f"{g.name}, {loop.name}"
+                kernels[j:k + 1] = stay + [g] + after
+                k = j + len(stay)
+                break
+        k += 1
+    return kernels
+
+
+def _reordered_for_sibling(between, loop, gemm):
+    """(kernels that stay before the product, kernels that move after it) when `loop` can run
+    inside `gemm`: those reading the loop's values (or their own) move; None when they cannot."""
+    moving = {b.id for b in loop.writes()}
+    stay, after = [], []
+    for kern in between:
+        reads, writes = _buffers(kern.reads()), {b.id for b in kern.writes()}
+        if reads & moving or writes & moving:
+            after.append(kern)
+            moving |= writes
+        else:
+            stay.append(kern)
+    if not _movable(loop, stay):
+        return None
+    g_reads, g_writes = _buffers(gemm.reads()), {b.id for b in gemm.writes()}
+    loop_writes = {b.id for b in loop.writes()}
+    if g_reads & loop_writes:
+        return None  # the product reads the loop's values: a consumer, not a sibling
+    for kern in after:
+        kr, kw = _buffers(kern.reads()), {b.id for b in kern.writes()}
+        if kw & (g_reads | g_writes) or kr & g_writes:
+            return None
+    for kern in after:  # a kernel that moves must not trade places with one it conflicts with
+        mr, mw = _buffers(kern.reads()), {b.id for b in kern.writes()}
+        for s in between[between.index(kern) + 1:]:
+            if s in stay:
+                sr, sw = _buffers(s.reads()), {b.id for b in s.writes()}
+                if sw & (mr | mw) or sr & mw:
+                    return None
+    return stay, after
+
+
+def _merged_epilogue(gemm, loop):
+    """The gemm's epilogue followed by `loop` re-read over [M, N] (its loads of a view the
+    epilogue already loads shared), or None when `loop` does not cover the product's elements or
+    shares no read with the epilogue."""
+    M, N = gemm.out.shape
+    epi = gemm.epilogue
+    if math.prod(loop.shape) != M * N or (loop.shape[-1] != N if loop.shape else True):
+        return None
+    if any(e.kind == "op" and e.op == "dropout" for e in loop.exprs):
+        return None
+    loaded = {}
+    for i, e in enumerate(epi.exprs):
+        if e.kind == "load" and isinstance(e.view.src, Buffer):
+            loaded.setdefault(_view_key(e.view), i)
+    exprs, remap, shared = list(epi.exprs), {}, False
+    for i, e in enumerate(loop.exprs):
+        if e.kind == "load":
+            v = e.view.reshape((M, N)) if not isinstance(e.view.src, Const) else View.of(e.view.src, (M, N))
+            if v is None or v.src is gemm.out.src:
+                return None
+            key = _view_key(v)
+            if key in loaded and exprs[loaded[key]].dtype is e.dtype:
+                remap[i], shared = loaded[key], True
+                continue
+            exprs.append(Expr("load", e.dtype, view=v))
+        elif e.kind == "op":
+            exprs.append(Expr("op", e.dtype, op=e.op, args=[remap[a] for a in e.args], attrs=e.attrs))
+        else:
+            exprs.append(Expr(e.kind, e.dtype, op=e.op, args=e.args, attrs=e.attrs, view=e.view, value=e.value))
+        remap[i] = len(exprs) - 1
+    if not shared:
+        return None
+    stores = list(epi.stores)
+    for view, idx in loop.stores:
+        v = view.reshape((M, N))
+        if v is None:
+            return None
+        stores.append((v, remap[idx]))
+    return Loop(epi.name, epi.loc, (M, N), exprs, stores)
+
+
+def _view_key(view):
+    return (view.src.id, tuple(view.shape), tuple(view.strides), view.offset)
 
 
 def _buffers(views):
