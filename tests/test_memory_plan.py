@@ -104,3 +104,55 @@ def test_the_classes_are_the_models_state(run):
     assert train["activations"] >= aligned and train["workspace"] > 0
     assert "more placed among the activations, by lifetime" in plan_.report()
     assert plan["eval"]["parameters"] == 0 and plan["eval"]["io"] >= aligned  # its own copy, as an input
+
+
+def _lm_step(vocab=97):
+    """A GPT step whose head is wide enough that the logits are the largest activation."""
+    import mica
+    from mica.models.gpt import GPT, GPTConfig, loss_fn
+
+    model = GPT(GPTConfig(block_size=16, vocab_size=vocab, n_layer=1, n_head=2, n_embd=16, dropout=0.0, bias=True))
+    rng = np.random.default_rng(4)
+    params = {n: (a + 0.05 * rng.standard_normal(a.shape)).astype(np.float32) for n, a in model.init(seed=1).items()}
+
+    def step(params, idx, targets):
+        return mica.value_and_grad(loss_fn(model))(params, idx, targets)
+
+    program = mica.trace(step, model.param_specs(), mica.i64[4, 16], mica.i64[4, 16])
+    targets = rng.integers(0, vocab, (4, 16))
+    targets[0, :3] = -1  # nanoGPT's ignore_index: rows with no gradient
+    return program, (params, rng.integers(0, vocab, (4, 16)), targets)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-sim"])
+def test_the_logits_gradient_is_written_over_the_logits(monkeypatch, target):
+    """cross_entropy_backward's record lets its gradient take the logits' memory (they die there):
+    the plan holds one logits-sized buffer at that point, not two, and the step's bits do not
+    change (the kernel reads each row's target logit before it writes the row)."""
+    import shutil
+
+    import mica
+    from mica.ops import OPS
+
+    if target == "cuda-sim" and shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    name, opts = ("cpu", {}) if target == "cpu" else ("cuda", {"simulate": True})
+    program, args = _lm_step()
+
+    def ce_backward(lowered):
+        return next(k for k in lowered.schedule.kernels if getattr(k, "op", None) == "cross_entropy_backward")
+
+    lowered = program.lower(name, **opts)
+    call = ce_backward(lowered)
+    assert lowered.plan.root(call.outputs[0].src) is lowered.plan.root(call.inputs[1].src)
+    got = lowered.build()(*args)
+    monkeypatch.setattr(OPS["cross_entropy_backward"].kernel, "inplace", ())
+    apart = program.lower(name, **opts)
+    call = ce_backward(apart)
+    assert apart.plan.root(call.outputs[0].src) is not apart.plan.root(call.inputs[1].src)
+    assert apart.plan.class_bytes["activations"] > lowered.plan.class_bytes["activations"]
+    want = apart.build()(*args)
+    flat_g, flat_w = mica.pytree.flatten(got)[0], mica.pytree.flatten(want)[0]
+    assert [np.asarray(a).tobytes() for a in flat_g] == [np.asarray(a).tobytes() for a in flat_w]
+    oracle = mica.reference.run(program, *args)
+    assert abs(float(got[0]) - float(oracle[0])) < 1e-5 * abs(float(oracle[0]))

@@ -13,13 +13,18 @@ class KernelABI:
     outputs it may write through strides (laid out as their reader walks them), whether it can
     report bad input (an index out of range: the program stops), which attribute, when
     nonzero, makes it draw random numbers, and which attribute (set by the lowering option
-    fp_half_intermediates, passes/widen.py) names the half type it may round intermediates to."""
+    fp_half_intermediates, passes/widen.py) names the half type it may round intermediates to.
+    `inplace`: (output, input) index pairs where the kernel reads every element of the input
+    before it writes the output's element at the same place, so the memory plan may put that
+    output over that input when the input dies there (cross-entropy's gradient over the logits)."""
 
-    __slots__ = ("strided_inputs", "strided_outputs", "may_fail", "rng_attr", "half_round_attr")
+    __slots__ = ("strided_inputs", "strided_outputs", "may_fail", "rng_attr", "half_round_attr", "inplace")
 
-    def __init__(self, strided_inputs=0, strided_outputs=0, may_fail=False, rng_attr=None, half_round_attr=None):
+    def __init__(self, strided_inputs=0, strided_outputs=0, may_fail=False, rng_attr=None, half_round_attr=None,
+                 inplace=()):
         self.strided_inputs, self.strided_outputs = strided_inputs, strided_outputs
         self.may_fail, self.rng_attr, self.half_round_attr = may_fail, rng_attr, half_round_attr
+        self.inplace = tuple(inplace)
 
     def uses_rng(self, attrs):
         return bool(self.rng_attr and attrs.get(self.rng_attr))

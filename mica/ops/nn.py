@@ -298,7 +298,7 @@ def _ce_bwd_ref(a, at, run):
 # a target id out of range (and not ignore_index) stops the program with a sentence
 defop("cross_entropy", infer=_ce_infer, ref=_ce_ref, vjp=_ce_vjp, family="kernel", kernel=KernelABI(may_fail=True))
 defop("cross_entropy_backward", infer=_ce_bwd_infer, ref=_ce_bwd_ref, family="kernel",
-      kernel=KernelABI(may_fail=True))
+      kernel=KernelABI(may_fail=True, inplace=[(0, 1)]))  # (the gradient over the logits: GPT-2's 2.5 GB)
 
 
 # ---- scaled dot-product attention ---------------------------------------------------------------------

@@ -14,7 +14,8 @@ The plan is a value: a byte offset per buffer and the buffers that reuse another
 Schedule is not changed, so one Schedule can be planned for two targets (the target gives the
 alignment and the scratch each kernel needs, per thread or per stream).
 """
-from .schedule import Buffer, Gemm, Loop
+from ..ops import OPS
+from .schedule import Buffer, Call, Gemm, Loop
 
 CLASSES = ("parameters", "optimizer state", "gradients", "activations", "io", "workspace")
 
@@ -168,6 +169,21 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
                 aliases[out.id] = src
                 taken.add(src.id)
                 break
+    # 3. a hand-written kernel's output over an input it reads first (its record's `inplace`)
+    for k, kern in enumerate(kernels):
+        if not isinstance(kern, Call) or kern.op not in OPS or OPS[kern.op].kernel is None:
+            continue
+        for o, i in OPS[kern.op].kernel.inplace:
+            view, inp = kern.outputs[o], kern.inputs[i]
+            out, dying = view.src, inp.src
+            if not (isinstance(dying, Buffer) and view.is_whole() and inp.is_whole()):
+                continue
+            src = root(dying)
+            if (out.id in aliases or out.persistent or src.persistent or out.cls not in ("activations", "gradients")
+                    or src.cls != out.cls or src.nbytes != out.nbytes or out.dtype is not dying.dtype
+                    or last[dying.id] != k or any(v.src is dying for j, v in enumerate(kern.inputs) if j != i)):
+                continue
+            aliases[out.id] = src
     return aliases
 
 

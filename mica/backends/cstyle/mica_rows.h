@@ -104,8 +104,10 @@ MICA_ROW_FN void mica_log_softmax_backward_row_##S(const T *gr, const T *yr, T *
 MICA_ROW_FN void mica_cross_entropy_backward_row_##S(T g, const T *xr, int64_t k, T l, T *dr,      \
                                                      int64_t n, int64_t ignore) {                  \
     T gr = k == ignore ? (T)0 : g;                                                                 \
+    int own = k != ignore && k >= 0 && k < n && MICA_ROW_OWNS(k);                                  \
+    T xk = own ? xr[k] : (T)0; /* read before the row is written: dr may be xr (in place) */      \
     MICA_ROW_FOR(j, 0, n) dr[j] = mica_exp_##S(xr[j] - l) * gr;                                    \
-    if (k != ignore && k >= 0 && k < n && MICA_ROW_OWNS(k)) dr[k] = (mica_exp_##S(xr[k] - l) - (T)1) * gr; \
+    if (own) dr[k] = (mica_exp_##S(xk - l) - (T)1) * gr;                                           \
 }
 
 MICA_DEFINE_ROWS(float, f32)
