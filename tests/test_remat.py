@@ -337,3 +337,58 @@ def test_a_recomputed_gelu_rides_the_epilogue_of_the_product_beside_its_slope(mo
     unmerged = program.lower("cpu", remat=True)
     assert [k for k in unmerged.schedule.kernels if type(k).__name__ == "Loop" and k.name == "gelu"]
     assert lowered.plan.total <= unmerged.plan.total
+
+
+def _sibling_case():
+    """Kernels as the min-cut's backward has them: a loop g = f(h, c), a product P whose epilogue
+    reads h, and between them a product W that reads g (c: a broadcast constant)."""
+    from mica import dtypes
+    from mica.passes.schedule import Buffer, Const, Expr, Gemm, Loop, View
+
+    f32 = dtypes.float32
+    M, N, K = 4, 6, 3
+    buf = {n: Buffer(i, size, f32, name=n) for i, (n, size) in enumerate(
+        [("h", M * N), ("g", M * N), ("a", M * K), ("w", K * N), ("p", M * N), ("d", M * N), ("wg", N * N)])}
+    whole = {n: View.of(b, (M, N)) for n, b in buf.items() if b.numel == M * N}
+    loop = Loop("gelu", None, (M, N), [Expr("load", f32, view=whole["h"]),
+                                      Expr("load", f32, view=View.of(Const(0.5, f32), (M, N))),
+                                      Expr("op", f32, op="mul", args=[0, 1])], [(whole["g"], 2)])
+    reader = Gemm("matmul", None, View(buf["g"], (N, M), (1, N)), whole["g"], View.of(buf["wg"], (N, N)))
+    product = Gemm("matmul", None, View.of(buf["a"], (M, K)), View.of(buf["w"], (K, N)), whole["p"])
+    product.epilogue = Loop("mul", None, (M, N), [Expr("load", f32, view=whole["p"]), Expr("load", f32, view=whole["h"]),
+                                                  Expr("op", f32, op="mul", args=[0, 1])], [(whole["d"], 2)])
+    return loop, reader, product, buf
+
+
+class _Epilogues:
+    def product_epilogue(self, gemm, loop):
+        return True
+
+
+def test_a_sibling_loop_joins_the_epilogue_and_its_reader_moves_after():
+    from mica.passes import fuse
+
+    loop, reader, product, buf = _sibling_case()
+    out = fuse._siblings_into_epilogues([loop, reader, product], _Epilogues(), reach=3)
+    assert out == [product, reader] and product.name == "matmul, gelu"
+    epi = product.epilogue
+    assert [v.src.name for v, _ in epi.stores] == ["d", "g"]
+    loads = [e.view.src for e in epi.exprs if e.kind == "load"]
+    assert loads.count(buf["h"]) == 1  # the shared input is loaded once
+    mul = epi.exprs[epi.stores[1][1]]
+    assert mul.op == "mul" and epi.exprs[mul.args[0]].view.src is buf["h"]
+    assert getattr(epi.exprs[mul.args[1]].view.src, "value", None) == 0.5
+
+
+def test_a_sibling_stays_apart_when_the_product_cannot_run_first():
+    from mica.passes import fuse
+    from mica.passes.schedule import View
+
+    loop, reader, product, buf = _sibling_case()
+    product.a = View(buf["wg"], (4, 3), (3, 1))  # the product now reads what the reader writes
+    kernels = [loop, reader, product]
+    assert fuse._siblings_into_epilogues(list(kernels), _Epilogues(), reach=3) == kernels
+    loop, reader, product, buf = _sibling_case()
+    product.epilogue.exprs[1].view = View.of(buf["d"], (4, 6))  # nothing read in common
+    product.epilogue.stores = [(View.of(buf["p"], (4, 6)), 2)]
+    assert fuse._siblings_into_epilogues([loop, reader, product], _Epilogues(), reach=3) == [loop, reader, product]

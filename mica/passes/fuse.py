@@ -243,7 +243,7 @@ def _merged_epilogue(gemm, loop):
             v = e.view.reshape((M, N)) if not isinstance(e.view.src, Const) else View.of(e.view.src, (M, N))
             if v is None or v.src is gemm.out.src:
                 return None
-            key = _view_key(v)
+            key = _view_key(v) if isinstance(v.src, Buffer) else None
             if key in loaded and exprs[loaded[key]].dtype is e.dtype:
                 remap[i], shared = loaded[key], True
                 continue
