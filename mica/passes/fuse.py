@@ -194,7 +194,8 @@ def _siblings_into_epilogues(kernels, target, reach):
 def _reordered_for_sibling(between, loop, gemm):
     """(kernels that stay before the product, kernels that move after it) when `loop` can run
     inside `gemm`: those reading the loop's values (or their own) move; None when they cannot."""
-    moving = {b.id for b in loop.writes()}
+    loop_writes = {b.id for b in loop.writes()}
+    moving = set(loop_writes)
     stay, after = [], []
     for kern in between:
         reads, writes = _buffers(kern.reads()), {b.id for b in kern.writes()}
@@ -206,7 +207,6 @@ def _reordered_for_sibling(between, loop, gemm):
     if not _movable(loop, stay):
         return None
     g_reads, g_writes = _buffers(gemm.reads()), {b.id for b in gemm.writes()}
-    loop_writes = {b.id for b in loop.writes()}
     if g_reads & loop_writes:
         return None  # the product reads the loop's values: a consumer, not a sibling
     for kern in after:
@@ -225,42 +225,36 @@ def _reordered_for_sibling(between, loop, gemm):
 
 def _merged_epilogue(gemm, loop):
     """The gemm's epilogue followed by `loop` re-read over [M, N] (its loads of a view the
-    epilogue already loads shared), or None when `loop` does not cover the product's elements or
-    shares no read with the epilogue."""
+    epilogue already loads shared), or None when `loop` does not cover the product's elements,
+    reads the product's output, or shares no read with the epilogue."""
     M, N = gemm.out.shape
     epi = gemm.epilogue
-    if math.prod(loop.shape) != M * N or (loop.shape[-1] != N if loop.shape else True):
+    reread = _reread(loop, M, N)
+    if reread is None:
         return None
-    if any(e.kind == "op" and e.op == "dropout" for e in loop.exprs):
-        return None
+    loop_exprs, loop_stores = reread
     loaded = {}
     for i, e in enumerate(epi.exprs):
         if e.kind == "load" and isinstance(e.view.src, Buffer):
             loaded.setdefault(_view_key(e.view), i)
     exprs, remap, shared = list(epi.exprs), {}, False
-    for i, e in enumerate(loop.exprs):
+    for i, e in enumerate(loop_exprs):
         if e.kind == "load":
-            v = e.view.reshape((M, N)) if not isinstance(e.view.src, Const) else View.of(e.view.src, (M, N))
-            if v is None or v.src is gemm.out.src:
+            if e.view.src is gemm.out.src:
                 return None
-            key = _view_key(v) if isinstance(v.src, Buffer) else None
+            key = _view_key(e.view) if isinstance(e.view.src, Buffer) else None
             if key in loaded and exprs[loaded[key]].dtype is e.dtype:
                 remap[i], shared = loaded[key], True
                 continue
-            exprs.append(Expr("load", e.dtype, view=v))
+            exprs.append(e)
         elif e.kind == "op":
             exprs.append(Expr("op", e.dtype, op=e.op, args=[remap[a] for a in e.args], attrs=e.attrs))
         else:
-            exprs.append(Expr(e.kind, e.dtype, op=e.op, args=e.args, attrs=e.attrs, view=e.view, value=e.value))
+            exprs.append(e)
         remap[i] = len(exprs) - 1
     if not shared:
         return None
-    stores = list(epi.stores)
-    for view, idx in loop.stores:
-        v = view.reshape((M, N))
-        if v is None:
-            return None
-        stores.append((v, remap[idx]))
+    stores = list(epi.stores) + [(v, remap[idx]) for v, idx in loop_stores]
     return Loop(epi.name, epi.loc, (M, N), exprs, stores)
 
 
@@ -283,27 +277,20 @@ def _movable(loop, between):
     return True
 
 
-def _as_epilogue(gemm, loop):
-    """The loop re-read over the product's [M, N] output, or None when it does not read that
-    output at each element's own index (whether the product can carry it is the target's call)."""
-    if len(gemm.a.shape) != 2:
-        return None
-    M, N = gemm.out.shape
+def _reread(loop, M, N):
+    """(exprs, stores) of `loop` with every view re-read over [M, N], or None when the loop does not
+    cover M x N elements (last dimension N), draws random numbers (their index is the loop's own),
+    or a view cannot be re-read."""
     if math.prod(loop.shape) != M * N or (loop.shape[-1] != N if loop.shape else True):
         return None
     if any(e.kind == "op" and e.op == "dropout" for e in loop.exprs):
         return None
-    reads_output = False
     exprs = []
     for e in loop.exprs:
         if e.kind == "load":
             v = e.view.reshape((M, N)) if not isinstance(e.view.src, Const) else View.of(e.view.src, (M, N))
             if v is None:
                 return None
-            if v.src is gemm.out.src:
-                if not (v.offset == 0 and v.strides == (N, 1)):
-                    return None  # the product's output is read elsewhere than at the element's own index
-                reads_output = True
             exprs.append(Expr("load", e.dtype, view=v))
         else:
             exprs.append(e)
@@ -313,6 +300,25 @@ def _as_epilogue(gemm, loop):
         if v is None:
             return None
         stores.append((v, idx))
+    return exprs, stores
+
+
+def _as_epilogue(gemm, loop):
+    """The loop re-read over the product's [M, N] output, or None when it does not read that
+    output at each element's own index (whether the product can carry it is the target's call)."""
+    if len(gemm.a.shape) != 2:
+        return None
+    M, N = gemm.out.shape
+    reread = _reread(loop, M, N)
+    if reread is None:
+        return None
+    exprs, stores = reread
+    reads_output = False
+    for e in exprs:
+        if e.kind == "load" and e.view.src is gemm.out.src:
+            if not (e.view.offset == 0 and e.view.strides == (N, 1)):
+                return None  # the product's output is read elsewhere than at the element's own index
+            reads_output = True
     if not reads_output:
         return None
     return Loop(loop.name, loop.loc, (M, N), exprs, stores)

@@ -163,8 +163,7 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
                 if e.kind != "load" or not isinstance(e.view.src, Buffer):
                     continue
                 dying, src = e.view.src, root(e.view.src)
-                if (src.id in taken or src.persistent or src.cls != out.cls or src.nbytes != out.nbytes
-                        or last[dying.id] != k or not _identity_reads(loop, dying)):
+                if src.id in taken or not _may_take(out, dying, src, k, last) or not _identity_reads(loop, dying):
                     continue
                 aliases[out.id] = src
                 taken.add(src.id)
@@ -179,12 +178,18 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
             if not (isinstance(dying, Buffer) and view.is_whole() and inp.is_whole()):
                 continue
             src = root(dying)
-            if (out.id in aliases or out.persistent or src.persistent or out.cls not in ("activations", "gradients")
-                    or src.cls != out.cls or src.nbytes != out.nbytes or out.dtype is not dying.dtype
-                    or last[dying.id] != k or any(v.src is dying for j, v in enumerate(kern.inputs) if j != i)):
+            if (out.id in aliases or out.persistent or out.cls not in ("activations", "gradients")
+                    or not _may_take(out, dying, src, k, last) or out.dtype is not dying.dtype
+                    or any(v.src is dying for j, v in enumerate(kern.inputs) if j != i)):
                 continue
             aliases[out.id] = src
     return aliases
+
+
+def _may_take(out, dying, src, k, last):
+    """May `out` be written over `dying` (which occupies `src`'s memory) in kernel k: `dying` is
+    read for the last time there, and its memory is planned, of out's class and size."""
+    return not src.persistent and src.cls == out.cls and src.nbytes == out.nbytes and last[dying.id] == k
 
 
 def _place(buffers, first, last, align):
