@@ -9,7 +9,7 @@ from ...errors import MicaError
 from .emit import INCLUDES, RUNTIME_HEADERS
 
 BASE_FLAGS = ["-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC",
-              "-mprefer-vector-width=256", "-std=gnu11", "-Wno-unused-function", "-Wno-unused-variable"]
+              "-mprefer-vector-width=512", "-std=gnu11", "-Wno-unused-function", "-Wno-unused-variable"]
 GCC_OPT = {0: "-O1", 1: "-O2", 2: "-O3"}
 
 
