@@ -32,10 +32,31 @@
 #endif
 
 #define MICA_DEFINE_ROWS(T, S)                                                                     \
-static inline MICA_HD T mica_row_max_##S(const T *x, int64_t n) {                                  \
+static inline MICA_HD T mica_row_max_seq_##S(const T *x, int64_t n) {                              \
     T m = x[0];                                                                                    \
     for (int64_t j = 1; j < n; j++) m = mica_max_##S(m, x[j]);                                     \
     return m;                                                                                      \
+}                                                                                                  \
+/* mica_max over x[0, n) left to right: the first NaN, else the last largest. Sixteen lanes first  \
+ * (vectorized); their maximum is the answer unless the row holds a NaN or the maximum is zero     \
+ * (whose sign is the last zero's), and then the left-to-right pass decides: the same bits. */      \
+static inline MICA_HD T mica_row_max_##S(const T *x, int64_t n) {                                  \
+    if (n < 32) return mica_row_max_seq_##S(x, n);                                                 \
+    T lane[16];                                                                                    \
+    int odd[16];                                                                                   \
+    for (int l = 0; l < 16; l++) { lane[l] = x[l]; odd[l] = x[l] != x[l]; }                        \
+    int64_t j = 16;                                                                                \
+    for (; j + 16 <= n; j += 16)                                                                   \
+        for (int l = 0; l < 16; l++) {                                                             \
+            T v = x[j + l];                                                                        \
+            odd[l] |= v != v;                                                                      \
+            lane[l] = lane[l] > v ? lane[l] : v;                                                   \
+        }                                                                                          \
+    T m = lane[0];                                                                                 \
+    int bad = odd[0];                                                                              \
+    for (int l = 1; l < 16; l++) { m = lane[l] > m ? lane[l] : m; bad |= odd[l]; }                 \
+    for (; j < n; j++) { bad |= x[j] != x[j]; m = x[j] > m ? x[j] : m; }                           \
+    return bad || m == (T)0 ? mica_row_max_seq_##S(x, n) : m;                                      \
 }                                                                                                  \
 MICA_ROW_FN void mica_layer_norm_row_##S(const T *xr, const T *w, const T *b, T *yr, T *mean,      \
                                          T *rstd, int64_t n, T eps) {                              \
