@@ -26,8 +26,10 @@ def attention_slot(dtype, L, S, E, Ev):
     floats; doubles for float64)."""
     if dtype is dtypes.float32:
         return E * S + Ev * S + 2 * L * S
-    if dtype is dtypes.bfloat16:
-        return E * S + Ev * S + 2 * L * S + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev
+    if dtype is dtypes.bfloat16:  # (the widened heads, then the packed operands: mica_attention_tiles_bf16)
+        Ep, Evp, Sp = (-(-x // 32) * 32 for x in (E, Ev, S))
+        tiles = (Ep + Evp) * Sp // 2 + 16 * max(Ep, Evp) + 1024 + 64
+        return E * S + Ev * S + 2 * L * S + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev + tiles
     return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
 
 

@@ -140,30 +140,6 @@ MICA_BF16_VEC static inline __m512i mica_bf16_daz16(__m512i x) {  /* mica_bf16_d
     return _mm512_mask_blend_epi16(normal, _mm512_and_si512(x, _mm512_set1_epi16((short)0x8000)), x);
 }
 
-MICA_BF16_VEC static void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N, int64_t Kp,
-                                           int64_t p, mica_bf16 *restrict out) {
-    mica_bf16 *dst = out + p * Kp * 16;
-    int64_t n0 = p * 16, w = N - n0 < 16 ? N - n0 : 16;
-    if (w <= 0) { memset(dst, 0, sizeof(mica_bf16) * Kp * 16); return; }
-    if (!tb) {  /* rows k, k + 1 of B: 16 columns each, interleaved */
-        const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                             23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-        __mmask16 m = (__mmask16)((1u << w) - 1);
-        for (int64_t k = 0; k < Kp; k += 2) {
-            __m256i r0 = k < K ? _mm256_maskz_loadu_epi16(m, B + k * ldb + n0) : _mm256_setzero_si256();
-            __m256i r1 = k + 1 < K ? _mm256_maskz_loadu_epi16(m, B + (k + 1) * ldb + n0) : _mm256_setzero_si256();
-            __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
-            _mm512_storeu_si512(dst + k * 16, mica_bf16_daz16(_mm512_permutexvar_epi16(idx, x)));
-        }
-    } else {
-        memset(dst, 0, sizeof(mica_bf16) * Kp * 16);
-        for (int64_t c = 0; c < w; c++) {
-            const mica_bf16 *src = B + (n0 + c) * ldb;
-            for (int64_t k = 0; k < K; k++) dst[(k >> 1) * 32 + 2 * c + (k & 1)] = mica_bf16_daz(src[k]);
-        }
-    }
-}
-
 /* 16 x 16 transpose of 32-bit elements: block swaps of 8, 4, 2, 1 */
 MICA_BF16_VEC static void mica_bf16_transpose16x32(__m512i v[16]) {
     for (int b = 8; b >= 1; b /= 2) {
@@ -179,6 +155,34 @@ MICA_BF16_VEC static void mica_bf16_transpose16x32(__m512i v[16]) {
                 v[i] = _mm512_permutex2var_epi32(x, ilo, y);
                 v[i + b] = _mm512_permutex2var_epi32(x, ihi, y);
             }
+    }
+}
+
+MICA_BF16_VEC static void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N, int64_t Kp,
+                                           int64_t p, mica_bf16 *restrict out) {
+    mica_bf16 *dst = out + p * Kp * 16;
+    int64_t n0 = p * 16, w = N - n0 < 16 ? N - n0 : 16;
+    if (w <= 0) { memset(dst, 0, sizeof(mica_bf16) * Kp * 16); return; }
+    if (!tb) {  /* rows k, k + 1 of B: 16 columns each, interleaved */
+        const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                             23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        __mmask16 m = (__mmask16)((1u << w) - 1);
+        for (int64_t k = 0; k < Kp; k += 2) {
+            __m256i r0 = k < K ? _mm256_maskz_loadu_epi16(m, B + k * ldb + n0) : _mm256_setzero_si256();
+            __m256i r1 = k + 1 < K ? _mm256_maskz_loadu_epi16(m, B + (k + 1) * ldb + n0) : _mm256_setzero_si256();
+            __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
+            _mm512_storeu_si512(dst + k * 16, mica_bf16_daz16(_mm512_permutexvar_epi16(idx, x)));
+        }
+    } else {  /* row n0 + c of B holds column c: its k pairs (32-bit units) transposed, 16 pairs at a time */
+        for (int64_t k0 = 0; k0 < Kp; k0 += MICA_BF16_KSTEP) {
+            int64_t d = K - k0;
+            __mmask32 m = d >= 32 ? 0xFFFFFFFFu : d <= 0 ? 0 : (__mmask32)((1u << d) - 1);
+            __m512i v[16];
+            for (int c = 0; c < 16; c++)
+                v[c] = c < w && m ? _mm512_maskz_loadu_epi16(m, B + (n0 + c) * ldb + k0) : _mm512_setzero_si512();
+            mica_bf16_transpose16x32(v);
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (k0 / 2 + i) * 32, mica_bf16_daz16(v[i]));
+        }
     }
 }
 
@@ -347,6 +351,40 @@ __attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(con
 }
 #endif
 
+/* The block product on the kernel this process may run: AMX tiles where `amx` (mica_amx_ready, and
+ * the calling thread's tiles configured: mica_bf16_tiles_begin), else AVX512-BF16; the same sums. */
+static inline void mica_bf16_block(const mica_bf16 *a, int64_t kc, const mica_bf16 *b0p, const mica_bf16 *b1p,
+                                   float *acc, int more, int amx) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (amx) { mica_bf16_block_amx(a, kc, b0p, b1p, acc, more); return; }
+#endif
+    (void)amx;
+    mica_bf16_block_avx512(a, kc, b0p, b1p, acc, more);
+}
+
+/* 1 where mica_bf16_block runs on AMX tiles */
+static inline int mica_bf16_amx(void) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    return mica_amx_ready();
+#else
+    return 0;
+#endif
+}
+
+/* the calling thread's tile state for mica_bf16_block (nothing without AMX) */
+static inline void mica_bf16_tiles_begin(int amx) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (amx) mica_amx_configure();
+#endif
+    (void)amx;
+}
+static inline void mica_bf16_tiles_end(int amx) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (amx) mica_amx_release();
+#endif
+    (void)amx;
+}
+
 /* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed
  * by the team, this thread's tiles set up, then every k chunk but the last), block (the last k
  * chunk of one 32-row block of the output over column blocks [q0, q1), written to C), end.
@@ -383,10 +421,7 @@ static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K,
     p.ngroups = p.ngroups > p.nblocks ? p.nblocks : p.ngroups;
     p.ngroups = p.ngroups < 1 ? 1 : p.ngroups;
     p.per = (p.nblocks + p.ngroups - 1) / p.ngroups;
-    p.amx = 0;
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-    p.amx = mica_amx_ready();
-#endif
+    p.amx = mica_bf16_amx();
     return p;
 }
 
@@ -402,11 +437,7 @@ static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64
     for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {
         const mica_bf16 *b0p = p->packed + 2 * q * p->Kp * 16 + k0 * 16, *b1p = b0p + p->Kp * 16;
         float *sum = p->chunks > 1 ? p->sums + (t * p->nblocks + q) * MICA_BF16_MB * MICA_BF16_MB : acc;
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-        if (p->amx) mica_bf16_block_amx(ap, kc, b0p, b1p, sum, c > 0);
-        else
-#endif
-            mica_bf16_block_avx512(ap, kc, b0p, b1p, sum, c > 0);
+        mica_bf16_block(ap, kc, b0p, b1p, sum, c > 0, p->amx);
         if (c == p->chunks - 1) {
             int64_t n0 = q * MICA_BF16_MB, w = p->N - n0 < MICA_BF16_MB ? p->N - n0 : MICA_BF16_MB;
             mica_bf16_write_block(sum, h, w, p->C, p->ldc, m0, n0, p->out_bf16);
@@ -417,9 +448,7 @@ static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64
 static void mica_bf16_product_begin(const mica_bf16_product *p) {
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < p->Np / 16; q++) mica_bf16_pack_b(p->B, p->ldb, p->tb, p->K, p->N, p->Kp, q, p->packed);
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-    if (p->amx) mica_amx_configure();
-#endif
+    mica_bf16_tiles_begin(p->amx);
     for (int64_t c = 0; c + 1 < p->chunks; c++) {
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < p->mblocks * p->ngroups; u++)
@@ -427,12 +456,7 @@ static void mica_bf16_product_begin(const mica_bf16_product *p) {
     }
 }
 
-static void mica_bf16_product_end(const mica_bf16_product *p) {
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-    if (p->amx) mica_amx_release();
-#endif
-    (void)p;
-}
+static void mica_bf16_product_end(const mica_bf16_product *p) { mica_bf16_tiles_end(p->amx); }
 
 static void mica_bf16_product_block(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1) {
     mica_bf16_product_chunk(p, t, q0, q1, p->chunks - 1);

@@ -11,6 +11,7 @@
 #include "mica_runtime.h"
 #include "mica_gemm.h"
 #include "mica_rows.h"
+#include "mica_bf16gemm.h"
 
 #define MICA_PAR_ROWS(rows, n) if ((double)(rows) * (n) > 32768.0)
 
@@ -267,10 +268,12 @@ static void mica_attention_backward_##S_(const mica_attn_shape *a, const T *g, c
 
 MICA_DEFINE_ATTENTION(double, f64)
 
-/* float attention: per (batch, head), in blocks of 16 query rows. K and V are transposed once per
- * head into scratch; every product runs through mica_small_gemm (no packing, one fused chain per
- * element over the contraction index). With a causal mask, a row block only visits the keys it
- * can see, and the key blocks of dK and dV only the queries that see them.
+/* float attention: per (batch, head), in blocks of query rows (16; bfloat16 heads on the product
+ * tiles take 32). K and V are transposed once per head into scratch; every float product runs
+ * through mica_small_gemm (no packing, one fused chain per element over the contraction index).
+ * With a causal mask, a row block only visits the keys it can see, and the key blocks of dK and dV
+ * only the queries that see them (the keys a block covers past a row's last visible one hold 0,
+ * so the block size never changes a sum).
  * Per-thread scratch: mica_attention_slot_f32(L, S, E, Ev) floats. */
 #define MICA_ATTN_ROWS 16
 static inline int64_t mica_attention_slot_f32(int64_t L, int64_t S, int64_t E, int64_t Ev) {
@@ -281,16 +284,44 @@ static inline int64_t mica_attn_visible(const mica_attn_shape *a, int64_t i1) {
     return a->causal ? (i1 < a->S ? i1 : a->S) : a->S;
 }
 
-/* one head (bh) of the float attention: Q rows at q_st, K transposed in kt [E, S], V rows at v_st;
- * p holds MICA_ATTN_ROWS x S floats */
-static void mica_attention_head_f32(const mica_attn_shape *a, int64_t bh, const float *qb, int64_t q_st,
-                                    const float *kt, const float *vb, int64_t v_st, float *ob, int64_t o_st,
-                                    float *lse, float *p) {
-    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+/* The products of two sets of rows that attention takes: the scores Q K^T and the backward's
+ * dO V^T, out[r * ld + j] = alpha * (x_{i0 + r} . y_j) for r < rows, j < n. In float32 by
+ * mica_small_gemm against y transposed once per head (yt [len, S]); bfloat16 heads, where the
+ * processor has bfloat16 products, on their kernel instead (mica_attn_dots_bf16). */
+typedef struct mica_attn_dots {
+    void (*run)(const struct mica_attn_dots *d, int64_t i0, int64_t rows, int64_t n, float alpha, float *out,
+                int64_t ld);
+    const float *x, *yt;  /* float32: x rows (row stride x_st), y transposed (row stride yt_st) */
+    int64_t x_st, yt_st, len;
+    const mica_bf16 *xh;  /* bfloat16: x rows (row stride x_st) */
+    mica_bf16 *yp, *ap;   /* y packed as a product's B, once per head; one packed 32-row block of x */
+    float *acc;           /* one 32 x 32 block of sums */
+    int64_t Kp;
+    int amx;
+} mica_attn_dots;
+
+static void mica_attn_dots_f32(const mica_attn_dots *d, int64_t i0, int64_t rows, int64_t n, float alpha, float *out,
+                               int64_t ld) {
+    mica_small_gemm(rows, n, d->len, alpha, d->x + i0 * d->x_st, d->x_st, 0, d->yt, d->yt_st, out, ld);
+}
+
+static mica_attn_dots mica_attn_dots_of_f32(const float *x, int64_t x_st, const float *yt, int64_t yt_st,
+                                            int64_t len) {
+    mica_attn_dots d;
+    memset(&d, 0, sizeof d);
+    d.run = mica_attn_dots_f32;
+    d.x = x; d.x_st = x_st; d.yt = yt; d.yt_st = yt_st; d.len = len;
+    return d;
+}
+
+/* one head (bh) of the float attention: the scores from qk, V rows at v_st; p holds block x S floats */
+static void mica_attention_head_f32(const mica_attn_shape *a, int64_t bh, const mica_attn_dots *qk, int64_t block,
+                                    const float *vb, int64_t v_st, float *ob, int64_t o_st, float *lse, float *p) {
+    const int64_t L = a->L, S = a->S, Ev = a->Ev;
     const float scale = (float)a->scale;
-    for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
-        int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
-        mica_small_gemm(rows, n, E, scale, qb + i0 * q_st, q_st, 0, kt, S, p, S);
+    for (int64_t i0 = 0; i0 < L; i0 += block) {
+        int64_t rows = L - i0 < block ? L - i0 : block, n = mica_attn_visible(a, i0 + rows);
+        qk->run(qk, i0, rows, n, scale, p, S);
         for (int64_t r = 0; r < rows; r++)
             mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r);
         mica_small_gemm(rows, Ev, n, 1.0f, p, S, 0, vb, v_st, ob + i0 * o_st, o_st);
@@ -308,24 +339,26 @@ static void mica_attention_f32(const mica_attn_shape *a, const float *q, const f
         float *ob = o + b * a->o_sb + h * a->o_sh;
         float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *p = kt + E * S;
         mica_transpose_f32(kb, a->k_st, kt, S, S, E);
-        mica_attention_head_f32(a, bh, qb, a->q_st, kt, vb, a->v_st, ob, a->o_st, lse, p);
+        mica_attn_dots qk = mica_attn_dots_of_f32(qb, a->q_st, kt, S, E);
+        mica_attention_head_f32(a, bh, &qk, MICA_ATTN_ROWS, vb, a->v_st, ob, a->o_st, lse, p);
     }
 }
 
-/* one head of the float attention's backward: K both as it lies (kb, k_st) and transposed (kt), V
- * transposed (vt); pd and ds hold L x S floats each */
-static void mica_attention_backward_head_f32(const mica_attn_shape *a, int64_t bh, const float *gb, int64_t g_st,
+/* one head of the float attention's backward: the scores from qk, dO V^T from gv, K as it lies
+ * (kb, k_st); pd and ds hold L x S floats each */
+static void mica_attention_backward_head_f32(const mica_attn_shape *a, int64_t bh, const mica_attn_dots *qk,
+                                             const mica_attn_dots *gv, int64_t block, const float *gb, int64_t g_st,
                                              const float *qb, int64_t q_st, const float *kb, int64_t k_st,
-                                             const float *kt, const float *vt, const float *ob, int64_t o_st,
-                                             const float *lse, float *dqb, int64_t dq_st, float *dkb, int64_t dk_st,
-                                             float *dvb, int64_t dv_st, float *pd, float *ds) {
+                                             const float *ob, int64_t o_st, const float *lse, float *dqb,
+                                             int64_t dq_st, float *dkb, int64_t dk_st, float *dvb, int64_t dv_st,
+                                             float *pd, float *ds) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
     const float scale = (float)a->scale;
-    for (int64_t i0 = 0; i0 < L; i0 += MICA_ATTN_ROWS) {
-        int64_t rows = L - i0 < MICA_ATTN_ROWS ? L - i0 : MICA_ATTN_ROWS, n = mica_attn_visible(a, i0 + rows);
+    for (int64_t i0 = 0; i0 < L; i0 += block) {
+        int64_t rows = L - i0 < block ? L - i0 : block, n = mica_attn_visible(a, i0 + rows);
         float *pb = pd + i0 * S, *db = ds + i0 * S;
-        mica_small_gemm(rows, n, E, scale, qb + i0 * q_st, q_st, 0, kt, S, pb, S);       /* scores */
-        mica_small_gemm(rows, n, Ev, 1.0f, gb + i0 * g_st, g_st, 0, vt, S, db, S);       /* dPd */
+        qk->run(qk, i0, rows, n, scale, pb, S);  /* scores */
+        gv->run(gv, i0, rows, n, 1.0f, db, S);   /* dPd */
         for (int64_t r = 0; r < rows; r++) {
             int64_t i = i0 + r;
             /* (zeroed to S, not n: with fewer queries than keys, the dK and dV products below read
@@ -360,18 +393,34 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
         float *pd = vt + Ev * S, *ds = pd + L * S;  /* dropped P and dS, [L, S] */
         mica_transpose_f32(kb, a->k_st, kt, S, S, E);
         mica_transpose_f32(vb, a->v_st, vt, S, S, Ev);
-        mica_attention_backward_head_f32(a, bh, gb, g_st, qb, a->q_st, kb, a->k_st, kt, vt, ob, a->o_st, lse,
-                                         dq + b * a->dq_sb + h * a->dq_sh, a->dq_st, dk + b * a->dk_sb + h * a->dk_sh,
-                                         a->dk_st, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st, pd, ds);
+        mica_attn_dots qk = mica_attn_dots_of_f32(qb, a->q_st, kt, S, E), gv = mica_attn_dots_of_f32(gb, g_st, vt, S, Ev);
+        mica_attention_backward_head_f32(a, bh, &qk, &gv, MICA_ATTN_ROWS, gb, g_st, qb, a->q_st, kb, a->k_st, ob,
+                                         a->o_st, lse, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st,
+                                         dk + b * a->dk_sb + h * a->dk_sh, a->dk_st, dv + b * a->dv_sb + h * a->dv_sh,
+                                         a->dv_st, pd, ds);
     }
 }
 
 /* bfloat16 attention: each head's operands widened to dense float32 copies in the thread's scratch
  * (exact), the float head above, its results rounded once to bfloat16 — the same arithmetic as
  * widening the whole tensors around the float kernel (passes/widen.py), without those copies in
- * memory. Per-thread scratch: mica_attention_slot_bf16(L, S, E, Ev) floats. */
-static inline int64_t mica_attention_slot_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
+ * memory. Where the processor has bfloat16 products (MICA_BF16_GEMM: AMX or AVX512-BF16), the two
+ * products of bfloat16 operands (the scores Q K^T, and dO V^T in the backward) run on that kernel
+ * instead (mica_attn_dots_bf16): float32 sums of the exact products, in the kernel's order rather
+ * than the float chain's, inputs' subnormals read as zero, as a bfloat16 matmul reads them. The
+ * products of float32 probabilities and gradients stay float32.
+ * Per-thread scratch: mica_attention_slot_bf16(L, S, E, Ev) floats. */
+static inline int64_t mica_attention_widened_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
     return mica_attention_slot_f32(L, S, E, Ev) + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev;
+}
+/* the packed operands' floats: K and V packed (as a product's B), one packed 32-row block, one
+ * 32 x 32 block of sums, alignment */
+static inline int64_t mica_attention_tiles_bf16(int64_t S, int64_t E, int64_t Ev) {
+    int64_t Ep = (E + 31) / 32 * 32, Evp = (Ev + 31) / 32 * 32, Sp = (S + 31) / 32 * 32;
+    return (Ep + Evp) * Sp / 2 + 16 * (Ep > Evp ? Ep : Evp) + 1024 + 64;
+}
+static inline int64_t mica_attention_slot_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
+    return mica_attention_widened_bf16(L, S, E, Ev) + mica_attention_tiles_bf16(S, E, Ev);
 }
 
 /* dst[r * cols + c] = src[r * st + c] widened */
@@ -385,20 +434,88 @@ static void mica_bf16_rows_out(const float *src, int64_t rows, int64_t cols, mic
         for (int64_t c = 0; c < cols; c++) dst[r * st + c] = mica_bf16_store(src[r * cols + c]);
 }
 
+#if MICA_BF16_GEMM != MICA_BF16_F32
+#define MICA_ATTN_ROWS_BF16 MICA_BF16_MB
+/* x's rows [i0, i0 + rows) (rows <= 32) packed as one block of a product's A, against y packed
+ * whole as its B: each element one float32 sum over the head dim in the kernel's steps, times alpha */
+static void mica_attn_dots_bf16(const mica_attn_dots *d, int64_t i0, int64_t rows, int64_t n, float alpha, float *out,
+                                int64_t ld) {
+    mica_bf16_pack_a(d->xh, d->x_st, 0, i0 + rows, d->len, i0, 0, d->Kp, d->ap);
+    for (int64_t q = 0; q * MICA_BF16_MB < n; q++) {
+        const mica_bf16 *b0p = d->yp + 2 * q * d->Kp * 16;
+        mica_bf16_block(d->ap, d->Kp, b0p, b0p + d->Kp * 16, d->acc, 0, d->amx);
+        int64_t j0 = q * MICA_BF16_MB, w = n - j0 < MICA_BF16_MB ? n - j0 : MICA_BF16_MB;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < w; c++) out[r * ld + j0 + c] = alpha * d->acc[r * MICA_BF16_MB + c];
+    }
+}
+
+/* x [.., len] rows at x_st against y [S, len] (rows at y_st), y packed into yp now; ap and acc
+ * are the thread's (aligned) */
+static mica_attn_dots mica_attn_dots_of_bf16(const mica_bf16 *x, int64_t x_st, const mica_bf16 *y, int64_t y_st,
+                                             int64_t S, int64_t len, mica_bf16 *yp, mica_bf16 *ap, float *acc,
+                                             int amx) {
+    mica_attn_dots d;
+    memset(&d, 0, sizeof d);
+    d.run = mica_attn_dots_bf16;
+    d.xh = x; d.x_st = x_st; d.len = len; d.Kp = mica_bf16_kpad(len);
+    d.yp = yp; d.ap = ap; d.acc = acc; d.amx = amx;
+    for (int64_t q = 0; q < mica_bf16_npad(S) / 16; q++) mica_bf16_pack_b(y, y_st, 1, len, S, d.Kp, q, yp);
+    return d;
+}
+
+/* the thread's packed operands, after its widened ones: K's (or dO's partner V's) packed B at yp[0],
+ * V's at yp[1] */
+static void mica_attention_tiles(float *slot_base, const mica_attn_shape *a, mica_bf16 *yp[2], mica_bf16 **ap,
+                                 float **acc) {
+    int64_t Ep = mica_bf16_kpad(a->E), Evp = mica_bf16_kpad(a->Ev), Sp = mica_bf16_npad(a->S);
+    char *t = (char *)mica_align64(slot_base + mica_attention_widened_bf16(a->L, a->S, a->E, a->Ev));
+    yp[0] = (mica_bf16 *)t;
+    yp[1] = yp[0] + Ep * Sp;
+    *ap = yp[1] + Evp * Sp;
+    *acc = (float *)mica_align64(*ap + MICA_BF16_MB * (Ep > Evp ? Ep : Evp));
+}
+#endif
+
 static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, const mica_bf16 *k,
                                 const mica_bf16 *v, mica_bf16 *o, float *lse, float *scratch, int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
-    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
-        int64_t b = bh / a->H, h = bh % a->H;
-        float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *p = kt + E * S;
-        float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
-        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
-        mica_bf16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kf);  /* (then transposed) */
-        mica_transpose_f32(kf, E, kt, S, S, E);
-        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
-        mica_attention_head_f32(a, bh, qf, E, kt, vf, Ev, of, Ev, lse, p);
-        mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
+#if MICA_BF16_GEMM != MICA_BF16_F32
+    const int amx = mica_bf16_amx();
+#endif
+#pragma omp parallel if (a->B * a->H * L * S * (E + Ev) > 65536)
+    {
+#if MICA_BF16_GEMM != MICA_BF16_F32
+        mica_bf16_tiles_begin(amx);
+#endif
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < a->B * a->H; bh++) {
+            int64_t b = bh / a->H, h = bh % a->H;
+            float *base = scratch + (int64_t)omp_get_thread_num() * slot;
+            float *kt = base, *p = kt + E * S;
+            float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
+            const mica_bf16 *qh = q + b * a->q_sb + h * a->q_sh, *kh = k + b * a->k_sb + h * a->k_sh;
+#if MICA_BF16_GEMM != MICA_BF16_F32
+            mica_bf16 *yp[2], *ap;
+            float *acc;
+            mica_attention_tiles(base, a, yp, &ap, &acc);
+            mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, yp[0], ap, acc, amx);
+            const int64_t block = MICA_ATTN_ROWS_BF16;
+            (void)qf; (void)kf; (void)kt;
+#else
+            mica_bf16_rows_in(qh, a->q_st, L, E, qf);
+            mica_bf16_rows_in(kh, a->k_st, S, E, kf);  /* (then transposed) */
+            mica_transpose_f32(kf, E, kt, S, S, E);
+            mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E);
+            const int64_t block = MICA_ATTN_ROWS;
+#endif
+            mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
+            mica_attention_head_f32(a, bh, &qk, block, vf, Ev, of, Ev, lse, p);
+            mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
+        }
+#if MICA_BF16_GEMM != MICA_BF16_F32
+        mica_bf16_tiles_end(amx);
+#endif
     }
 }
 
@@ -407,27 +524,53 @@ static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf
                                          mica_bf16 *dq, mica_bf16 *dk, mica_bf16 *dv, int64_t g_sb, int64_t g_sh,
                                          int64_t g_st, float *scratch, int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
-    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
-        int64_t b = bh / a->H, h = bh % a->H;
-        float *kt = scratch + (int64_t)omp_get_thread_num() * slot, *vt = kt + E * S;
-        float *pd = vt + Ev * S, *ds = pd + L * S;
-        float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
-        float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
-        const mica_bf16 *kb = k + b * a->k_sb + h * a->k_sh;
-        float *vf = dvf + S * Ev;  /* V widened, before its transpose */
-        mica_bf16_rows_in(g + b * g_sb + h * g_sh, g_st, L, Ev, gf);
-        mica_bf16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
-        mica_bf16_rows_in(kb, a->k_st, S, E, kf);
-        mica_transpose_f32(kf, E, kt, S, S, E);
-        mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
-        mica_transpose_f32(vf, Ev, vt, S, S, Ev);
-        mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
-        mica_attention_backward_head_f32(a, bh, gf, Ev, qf, E, kf, E, kt, vt, of, Ev, lse, dqf, E, dkf, E, dvf, Ev,
-                                         pd, ds);
-        mica_bf16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
-        mica_bf16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
-        mica_bf16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);
+#if MICA_BF16_GEMM != MICA_BF16_F32
+    const int amx = mica_bf16_amx();
+#endif
+#pragma omp parallel if (a->B * a->H * L * S * (E + Ev) > 65536)
+    {
+#if MICA_BF16_GEMM != MICA_BF16_F32
+        mica_bf16_tiles_begin(amx);
+#endif
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < a->B * a->H; bh++) {
+            int64_t b = bh / a->H, h = bh % a->H;
+            float *base = scratch + (int64_t)omp_get_thread_num() * slot;
+            float *kt = base, *vt = kt + E * S;
+            float *pd = vt + Ev * S, *ds = pd + L * S;
+            float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
+            float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
+            float *vf = dvf + S * Ev;  /* V widened, before its transpose */
+            const mica_bf16 *gh = g + b * g_sb + h * g_sh, *qh = q + b * a->q_sb + h * a->q_sh;
+            const mica_bf16 *kh = k + b * a->k_sb + h * a->k_sh, *vh = v + b * a->v_sb + h * a->v_sh;
+            mica_bf16_rows_in(gh, g_st, L, Ev, gf);
+            mica_bf16_rows_in(qh, a->q_st, L, E, qf);
+            mica_bf16_rows_in(kh, a->k_st, S, E, kf);
+#if MICA_BF16_GEMM != MICA_BF16_F32
+            mica_bf16 *yp[2], *ap;
+            float *acc;
+            mica_attention_tiles(base, a, yp, &ap, &acc);
+            mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, yp[0], ap, acc, amx);
+            mica_attn_dots gv = mica_attn_dots_of_bf16(gh, g_st, vh, a->v_st, S, Ev, yp[1], ap, acc, amx);
+            const int64_t block = MICA_ATTN_ROWS_BF16;
+            (void)kt; (void)vt; (void)vf;
+#else
+            mica_transpose_f32(kf, E, kt, S, S, E);
+            mica_bf16_rows_in(vh, a->v_st, S, Ev, vf);
+            mica_transpose_f32(vf, Ev, vt, S, S, Ev);
+            mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E), gv = mica_attn_dots_of_f32(gf, Ev, vt, S, Ev);
+            const int64_t block = MICA_ATTN_ROWS;
+#endif
+            mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
+            mica_attention_backward_head_f32(a, bh, &qk, &gv, block, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E, dkf,
+                                             E, dvf, Ev, pd, ds);
+            mica_bf16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
+            mica_bf16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
+            mica_bf16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);
+        }
+#if MICA_BF16_GEMM != MICA_BF16_F32
+        mica_bf16_tiles_end(amx);
+#endif
     }
 }
 #endif
