@@ -102,6 +102,64 @@ static inline void mica_bf16_write(const float *acc, int64_t ld, int64_t h, int6
     }
 }
 
+/* ---- the AMX tile state: the OS's permission and the tiles' shapes; the helpers below serve
+ * every kernel (without AMX they do nothing) --------------------------------------------------- */
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+#define MICA_ARCH_REQ_XCOMP_PERM 0x1023
+#define MICA_XFEATURE_XTILEDATA 18
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} mica_tile_config;
+
+/* 1 when the kernel lets this process use the AMX tile state (asked once), else 0 */
+static int mica_amx_ready(void) {
+    static int state = -1;
+    if (state < 0) {
+        if (getenv("MICA_NO_AMX")) state = 0;
+        else state = syscall(SYS_arch_prctl, MICA_ARCH_REQ_XCOMP_PERM, MICA_XFEATURE_XTILEDATA) == 0;
+    }
+    return state;
+}
+
+/* tiles 0-3: the 2x2 float32 output tiles; 4, 5: A rows 0-15, 16-31; 6, 7: B panels q, q + 1 */
+__attribute__((target("amx-tile,amx-bf16"))) static void mica_amx_configure(void) {
+    mica_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    /* (ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads all 64
+     * bytes, and the stores above were dropped once this function was inlined) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");
+}
+
+__attribute__((target("amx-tile"))) static void mica_amx_release(void) { _tile_release(); }
+#endif
+
+/* 1 where mica_bf16_block runs on AMX tiles */
+static inline int mica_bf16_amx(void) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    return mica_amx_ready();
+#else
+    return 0;
+#endif
+}
+
+/* the calling thread's tile state for mica_bf16_block (nothing without AMX) */
+static inline void mica_bf16_tiles_begin(int amx) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (amx) mica_amx_configure();
+#endif
+    (void)amx;
+}
+static inline void mica_bf16_tiles_end(int amx) {
+#if MICA_BF16_GEMM == MICA_BF16_AMX
+    if (amx) mica_amx_release();
+#endif
+    (void)amx;
+}
+
 #if MICA_BF16_GEMM == MICA_BF16_F32
 /* ---- any processor: widen, then the float32 product (OpenBLAS tiles or Mica's own kernel) ----- */
 static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
@@ -290,37 +348,6 @@ __attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512
 }
 
 #if MICA_BF16_GEMM == MICA_BF16_AMX
-#define MICA_ARCH_REQ_XCOMP_PERM 0x1023
-#define MICA_XFEATURE_XTILEDATA 18
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} mica_tile_config;
-
-/* 1 when the kernel lets this process use the AMX tile state (asked once), else 0 */
-static int mica_amx_ready(void) {
-    static int state = -1;
-    if (state < 0) {
-        if (getenv("MICA_NO_AMX")) state = 0;
-        else state = syscall(SYS_arch_prctl, MICA_ARCH_REQ_XCOMP_PERM, MICA_XFEATURE_XTILEDATA) == 0;
-    }
-    return state;
-}
-
-/* tiles 0-3: the 2x2 float32 output tiles; 4, 5: A rows 0-15, 16-31; 6, 7: B panels q, q + 1 */
-__attribute__((target("amx-tile,amx-bf16"))) static void mica_amx_configure(void) {
-    mica_tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
-    /* (ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads all 64
-     * bytes, and the stores above were dropped once this function was inlined) */
-    __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");
-}
-
-__attribute__((target("amx-tile"))) static void mica_amx_release(void) { _tile_release(); }
-
 /* the same block product on the tiles: tdpbf16ps over each 32-deep k step, k ascending */
 __attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(const mica_bf16 *a, int64_t kc,
                                                                             const mica_bf16 *b0p,
@@ -360,29 +387,6 @@ static inline void mica_bf16_block(const mica_bf16 *a, int64_t kc, const mica_bf
 #endif
     (void)amx;
     mica_bf16_block_avx512(a, kc, b0p, b1p, acc, more);
-}
-
-/* 1 where mica_bf16_block runs on AMX tiles */
-static inline int mica_bf16_amx(void) {
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-    return mica_amx_ready();
-#else
-    return 0;
-#endif
-}
-
-/* the calling thread's tile state for mica_bf16_block (nothing without AMX) */
-static inline void mica_bf16_tiles_begin(int amx) {
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-    if (amx) mica_amx_configure();
-#endif
-    (void)amx;
-}
-static inline void mica_bf16_tiles_end(int amx) {
-#if MICA_BF16_GEMM == MICA_BF16_AMX
-    if (amx) mica_amx_release();
-#endif
-    (void)amx;
 }
 
 /* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed

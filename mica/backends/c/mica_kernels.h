@@ -480,14 +480,10 @@ static void mica_attention_tiles(float *slot_base, const mica_attn_shape *a, mic
 static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, const mica_bf16 *k,
                                 const mica_bf16 *v, mica_bf16 *o, float *lse, float *scratch, int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-#if MICA_BF16_GEMM != MICA_BF16_F32
     const int amx = mica_bf16_amx();
-#endif
 #pragma omp parallel if (a->B * a->H * L * S * (E + Ev) > 65536)
     {
-#if MICA_BF16_GEMM != MICA_BF16_F32
         mica_bf16_tiles_begin(amx);
-#endif
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < a->B * a->H; bh++) {
             int64_t b = bh / a->H, h = bh % a->H;
@@ -513,9 +509,7 @@ static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, co
             mica_attention_head_f32(a, bh, &qk, block, vf, Ev, of, Ev, lse, p);
             mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
         }
-#if MICA_BF16_GEMM != MICA_BF16_F32
         mica_bf16_tiles_end(amx);
-#endif
     }
 }
 
@@ -524,14 +518,10 @@ static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf
                                          mica_bf16 *dq, mica_bf16 *dk, mica_bf16 *dv, int64_t g_sb, int64_t g_sh,
                                          int64_t g_st, float *scratch, int64_t slot) {
     const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-#if MICA_BF16_GEMM != MICA_BF16_F32
     const int amx = mica_bf16_amx();
-#endif
 #pragma omp parallel if (a->B * a->H * L * S * (E + Ev) > 65536)
     {
-#if MICA_BF16_GEMM != MICA_BF16_F32
         mica_bf16_tiles_begin(amx);
-#endif
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < a->B * a->H; bh++) {
             int64_t b = bh / a->H, h = bh % a->H;
@@ -568,9 +558,7 @@ static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf
             mica_bf16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
             mica_bf16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);
         }
-#if MICA_BF16_GEMM != MICA_BF16_F32
         mica_bf16_tiles_end(amx);
-#endif
     }
 }
 #endif
