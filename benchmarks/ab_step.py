@@ -24,8 +24,9 @@ c = CONFIGS[sys.argv[1]]
 budget = int(sys.argv[4]) if len(sys.argv) > 4 else None
 exe = mica_step(_gpt_config(c), c["batch_size"], **({"memory_budget": budget} if budget else {}))
 import mica
-print(mica.__file__, "plan", f"{exe.lowered.plan.total:,} bytes;", exe.lowered.remat.summary(), file=sys.stderr,
-      flush=True)
+remat = getattr(exe.lowered, "remat", None)  # (checkouts before the pass have none)
+print(mica.__file__, "plan", f"{exe.lowered.plan.total:,} bytes;", remat.summary() if remat else "no remat pass",
+      file=sys.stderr, flush=True)
 threads = int(sys.argv[2])
 clock = time.process_time if sys.argv[3] == "cpu" else time.perf_counter
 for _ in range(5):
@@ -76,6 +77,12 @@ def main():
     for n, t in times.items():
         print(f"{n}: median {med[n]:.2f} ms per step ({a.clock} clock, {a.threads} threads) (range {min(t):.2f}-{max(t):.2f}, {len(t)} rounds of {a.steps})")
     print(f"new / old = {med['new'] / med['old']:.3f}")
+    # each round's two sides ran next to each other: their ratios cancel the drift between rounds
+    paired = sorted(n / o for n, o in zip(times["new"], times["old"]))
+    if len(paired) >= 4:
+        q = statistics.quantiles(paired, n=4)
+        print(f"paired (new / old of each round): median {statistics.median(paired):.3f}, quartiles "
+              f"{q[0]:.3f}-{q[2]:.3f}, range {paired[0]:.3f}-{paired[-1]:.3f}")
 
 
 if __name__ == "__main__":
