@@ -1,6 +1,6 @@
 """Before/after, side by side in one run: the compiled CPU step of two checkouts of Mica (each its
 own process: PYTHONPATH=<checkout>), rounds alternating and the order rotating, median and range
-of the time per step and the ratio.
+of the time per step, the ratio of medians and the paired ratio (each round's NEW over its OLD).
 
     python benchmarks/ab_step.py OLD_CHECKOUT NEW_CHECKOUT [--config cpu] [--rounds 9] [--steps 20]
                                  [--threads N] [--clock wall|cpu] [--new_memory_budget BYTES]
