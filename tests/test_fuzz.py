@@ -164,6 +164,31 @@ def test_fuzz_config_overrides(deadline):
     assert counts["ok"] and counts["error"], counts
 
 
+def test_fuzz_command_lines(tmp_path, deadline):
+    """Random command lines of config files (good, broken, missing), built-in names, --key=value
+    items and stray words, in any order, as nanoGPT's configurator takes them: the settings, each
+    of its default's type, or a sentence."""
+    rng = random.Random(11)
+    (tmp_path / "good.py").write_bytes(SHAKESPEARE_CHAR)
+    (tmp_path / "reads.py").write_text("max_iters = max_iters * 2\nhelper = batch_size + 1\n")
+    (tmp_path / "speed.py").write_text("recipe = 'speedrun'\ntrain_steps = 5\n")
+    (tmp_path / "broken.py").write_text("n_layer = (\n")
+    words = [str(tmp_path / n) for n in ("good.py", "reads.py", "speed.py", "broken.py", "missing.py")]
+    words += ["shakespeare_char", "speedrun_tiny", "--n_layer=2", "--batch_size=3", "--recipe=speedrun",
+              "--train_steps=4", "--dtype=float16", "--eval_only", "n_layer=2", "-x", "--=1", "--", ""]
+    known = {"nanogpt": {**config.DEFAULTS, **config.MICA_DEFAULTS}, "speedrun": config.defaults_for("speedrun")}
+    counts = {"ok": 0, "error": 0}
+    for case in range(CASES):
+        items = [rng.choice(words) for _ in range(rng.randint(0, 5))]
+        kind, value = _outcome(lambda: config.load(None, items, log=lambda *a: None), case, deadline)
+        counts[kind] += 1
+        if kind == "ok":
+            want = known[value["recipe"]]
+            assert set(value) == set(want), (case, items)
+            assert all(type(value[k]) is type(want[k]) for k in want if want[k] is not None), (case, items)
+    assert counts["ok"] >= CASES // 10 and counts["error"] >= CASES // 10, counts
+
+
 # ---- token files and shards -----------------------------------------------------------------------
 
 VOCAB = 65

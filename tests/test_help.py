@@ -30,7 +30,7 @@ def _listed(lines, title):
 def test_train_help_lists_every_setting_with_its_default():
     for flag in ("--help", "-h"):
         lines = _help("train", flag)
-        assert lines[0] == "usage: mica train [CONFIG] [--key=value ...]"
+        assert lines[0] == "usage: mica train [CONFIG ...] [--key=value ...]"
         nanogpt = _listed(lines, "nanoGPT's settings (train.py):")
         mica = _listed(lines, "Mica's settings:")
         assert list(nanogpt) == list(DEFAULTS) and list(mica) == list(MICA_DEFAULTS)

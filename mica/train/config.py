@@ -10,7 +10,6 @@ import difflib
 import os
 import re
 import reprlib
-import traceback
 
 from ..errors import MicaError
 
@@ -158,25 +157,6 @@ SPEEDRUN_DESCRIPTIONS = {
 }
 
 
-def recipe_of(config=None, overrides=(), scope=None):
-    """'speedrun' or 'nanogpt': a built-in's, else a config file's `recipe = ...` (from `scope`, the
-    globals it assigned), else --recipe=..."""
-    recipe = "nanogpt"
-    where = ""
-    if config in BUILTIN_CONFIGS and not os.path.exists(config):
-        recipe = BUILTIN_CONFIGS[config].get("recipe", "nanogpt")
-    elif config and os.path.exists(config):
-        scope = scope if scope is not None else _run_config_file(config)
-        recipe = scope.get("recipe", "nanogpt")
-        where = f"{_at(scope, config, 'recipe')}: " if "recipe" in scope else ""
-    for item in overrides:
-        if item.startswith("--recipe="):
-            recipe, where = item.split("=", 1)[1], ""
-    if recipe not in ("nanogpt", "speedrun"):
-        raise MicaError(f"{where}recipe must be 'nanogpt' or 'speedrun', got {_show(recipe)}")
-    return recipe
-
-
 def defaults_for(recipe):
     if recipe == "speedrun":
         return {**SPEEDRUN_DEFAULTS, **SPEEDRUN_MICA_DEFAULTS}
@@ -247,9 +227,11 @@ def help_text(usage, intro, groups, descriptions, defaults):
     return "\n".join(lines)
 
 
-def train_help(config=None):
-    defaults = load(config)
-    where = f"defaults after {config}" if config else "defaults"
+def train_help(items=()):
+    """`mica train [ITEMS] --help`: every setting with its value after the config files and
+    --key=value items given (the defaults without any)."""
+    defaults = load(None, items, log=lambda _: None)
+    where = f"values after {' '.join(items)}" if items else "defaults"
     if defaults["recipe"] == "speedrun":
         return help_text(
             "usage: mica train CONFIG [--key=value ...]",
@@ -258,10 +240,11 @@ def train_help(config=None):
             [("the speedrun seed's settings:", list(SPEEDRUN_DEFAULTS)), ("Mica's settings:", list(SPEEDRUN_MICA_DEFAULTS))],
             {**DESCRIPTIONS, **SPEEDRUN_DESCRIPTIONS}, defaults)
     return help_text(
-        "usage: mica train [CONFIG] [--key=value ...]",
+        "usage: mica train [CONFIG ...] [--key=value ...]",
         "CONFIG is a nanoGPT config file (Python assigning some of the settings below) or a built-in name\n"
-        f"({', '.join(BUILTIN_CONFIGS)}). Each --key=value then overrides one setting: a Python literal of the\n"
-        f"default's type, or a bare word as a string. The settings and their {where}:",
+        f"({', '.join(BUILTIN_CONFIGS)}). Each --key=value overrides one setting: a Python literal of the default's\n"
+        "type, or a bare word as a string. As in nanoGPT, configs and settings apply in the order given, and a\n"
+        f"config file sees the settings before it. The settings and their {where}:",
         [("nanoGPT's settings (train.py):", list(DEFAULTS)), ("Mica's settings:", list(MICA_DEFAULTS))],
         DESCRIPTIONS, defaults)
 
@@ -312,38 +295,94 @@ def apply_overrides(settings, items, nullable=()):
 
 
 def load(config=None, overrides=(), log=print):
-    """The full configuration from an optional config file (or built-in name) and --key=value items.
-    A config file may define helper names of its own, as nanoGPT's configurator allows (they are
-    ignored, said once); a name one letter or so from a setting is taken for a typo and refused."""
-    scope = _run_config_file(config) if config and os.path.exists(config) else None
-    recipe = recipe_of(config, overrides, scope)
+    """The full configuration from a config file (or built-in name) and items, read as nanoGPT's
+    configurator reads its command line: each item without "=" is a config file (or built-in name),
+    run in its turn over the settings so far; each --key=value overrides one setting. A config file
+    may define helper names of its own, as nanoGPT allows (they are ignored, said once); a name one
+    letter or so from a setting is taken for a typo and refused."""
+    items = ([config] if config else []) + list(overrides)
+    guess = _recipe_guess(items)
+    notes = []
+    cfg = _load(items, guess, notes.append)
+    if cfg["recipe"] != guess and cfg["recipe"] in RECIPES:  # (a file set it in a way the guess cannot read)
+        notes = []
+        cfg = _load(items, cfg["recipe"], notes.append)
+    if cfg["recipe"] not in RECIPES:
+        where = f"{cfg.origin['recipe']}: " if "recipe" in cfg.origin else ""
+        raise MicaError(f"{where}recipe must be 'nanogpt' or 'speedrun', got {_show(cfg['recipe'])}")
+    for n in notes:
+        log(n)
+    return cfg
+
+
+RECIPES = ("nanogpt", "speedrun")
+
+
+def _recipe_guess(items):
+    """The recipe whose defaults the items start from: the last a built-in, a config file's plain
+    `recipe = '...'` or --recipe=... names (nanogpt without any)."""
+    from . import config_files
+
+    recipe, where = "nanogpt", ""
+    for item in items:
+        if item.startswith("--recipe="):
+            recipe, where = item.split("=", 1)[1], ""
+        elif "=" in item or item.startswith("-"):
+            continue
+        elif item in BUILTIN_CONFIGS and not os.path.exists(item):
+            recipe, where = BUILTIN_CONFIGS[item].get("recipe", "nanogpt"), ""
+        elif os.path.isfile(item) and config_files.literal_recipe(item):
+            recipe, line = config_files.literal_recipe(item)
+            where = f"{item}:{line}: "
+    if recipe not in RECIPES:
+        raise MicaError(f"{where}recipe must be 'nanogpt' or 'speedrun', got {_show(recipe)}")
+    return recipe
+
+
+def _load(items, recipe, log):
+    from . import config_files
+
     cfg = defaults_for(recipe)
     explicit, origin = set(), {}
-    if config:
-        if config in BUILTIN_CONFIGS and not os.path.exists(config):
-            cfg.update(BUILTIN_CONFIGS[config])
-            explicit.update(BUILTIN_CONFIGS[config])
-        elif not os.path.exists(config):
-            raise MicaError(f"config file {config} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
+    for item in items:
+        if "=" in item:
+            if not item.startswith("--"):
+                raise MicaError(f"expected --key=value, got {item!r}")
+            key = item[2:].split("=", 1)[0]
+            cfg = apply_overrides(cfg, [item])
+            explicit.add(key)
+            origin.pop(key, None)  # (the command line's own --key=value names the key already)
+        elif item.startswith("-"):
+            example = f"; a setting takes its value, e.g. {item}=True" if re.fullmatch(r"--\w+", item) else ""
+            raise MicaError(f"expected --key=value, got {item!r}{example}")
+        elif not item:
+            raise MicaError("an empty argument is neither a config file nor --key=value; remove it")
+        elif item in BUILTIN_CONFIGS and not os.path.exists(item):
+            builtin = BUILTIN_CONFIGS[item]
+            if any(k not in cfg for k in builtin):
+                raise MicaError(f"the built-in config {item} is the {builtin.get('recipe', 'nanogpt')} recipe's, but "
+                                f"the other configs and settings given are the {cfg['recipe']} recipe's; give configs "
+                                "of one recipe")
+            cfg.update(builtin)
+            explicit.update(builtin)
+            for key in builtin:
+                origin.pop(key, None)
+        elif not os.path.exists(item):
+            raise MicaError(f"config file {item} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            for key, value in scope.items():
-                if key.startswith("_") or callable(value) or type(value).__name__ == "module":
+            ran = config_files.run(item, cfg)
+            for key, value in ran.others.items():
+                if callable(value) or type(value).__name__ == "module":
                     continue
-                at = _at(scope, config, key)
-                if key not in cfg:
-                    if difflib.get_close_matches(key, list(cfg), n=1, cutoff=0.8):  # a typo, surely
-                        raise MicaError(f"{at}: unknown setting {key!r}{_nearest(key, cfg)}")
-                    log(f"note: {at}: {key} is not a setting; ignored (a helper variable?)")
-                    continue
+                at = _at(ran, item, key)
+                if difflib.get_close_matches(key, list(cfg), n=1, cutoff=0.8):  # a typo, surely
+                    raise MicaError(f"{at}: unknown setting {key!r}{_nearest(key, cfg)}")
+                log(f"note: {at}: {key} is not a setting; ignored (a helper variable?)")
+            for key, value in ran.settings.items():
+                at = _at(ran, item, key)
                 cfg[key] = _check_type(key, value, at, cfg)
                 explicit.add(key)
                 origin[key] = at
-    cfg = apply_overrides(cfg, overrides)
-    for item in overrides:
-        if item.startswith("--") and "=" in item:
-            key = item[2:].split("=", 1)[0]
-            explicit.add(key)
-            origin.pop(key, None)  # (the command line's own --key=value names the key already)
     if recipe == "nanogpt" and "dtype" not in explicit and isinstance(cfg["device"], str) and \
             cfg["device"].startswith("cpu"):
         cfg["dtype"] = "float32"  # nanoGPT trains float32 on a CPU (nullcontext) whatever its default dtype says
@@ -360,77 +399,10 @@ class Config(dict):
         self.origin = dict(origin or {})
 
 
-def _at(scope, config, key):
+def _at(ran, config, key):
     """FILE:LINE of the config file's (last) assignment to `key` in its text, else FILE."""
-    line = scope.get(_LINES, {}).get(key)
+    line = ran.lines.get(key)
     return f"{config}:{line}" if line else config
-
-
-_LINES = "__mica_assignment_lines__"  # (a dunder: load skips names that start with "_")
-
-
-class _Assignments(ast.NodeVisitor):
-    """The line of each module-level name's last assignment in the text (not inside a def, class,
-    lambda or comprehension, whose names are their own)."""
-
-    def __init__(self):
-        self.lines = {}
-
-    def visit_Name(self, node):
-        if isinstance(node.ctx, ast.Store):
-            self.lines[node.id] = node.lineno
-
-    def _alias(self, node):
-        for a in node.names:
-            self.lines[(a.asname or a.name).split(".")[0]] = node.lineno
-
-    visit_Import = visit_ImportFrom = _alias
-
-    def _own_scope(self, node):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            self.lines[node.name] = node.lineno
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _own_scope
-    visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = lambda self, node: None
-
-
-def _run_config_file(config):
-    """The globals a config file assigns, run as nanoGPT's configurator runs it (exec); what goes
-    wrong is a sentence naming the file and line."""
-    from ..files import read_text
-
-    text = read_text(config, "config file")
-    try:
-        code = compile(text, config, "exec")
-    except SyntaxError as e:
-        where = f" ({config}:{e.lineno})" if e.lineno else ""
-        raise MicaError(f"config file {config} is not valid Python: {e.msg}{where}; fix that line") from None
-    except (ValueError, OverflowError, MemoryError, RecursionError) as e:
-        raise MicaError(f"config file {config} cannot be compiled: {_first_line(e)}") from None
-    lines = _Assignments()
-    try:
-        lines.visit(ast.parse(text, config))
-    except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
-        pass  # (compile took it; a parse too deep for the visitor only loses the line numbers)
-    scope = {}
-    try:
-        exec(code, scope)
-    except (Exception, SystemExit) as e:
-        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == config]
-        where = f" at {config}:{lines[-1]}" if lines else ""
-        raise MicaError(f"config file {config} raised {type(e).__name__}{where}: {_first_line(e)}; "
-                        "fix that line") from None
-    scope[_LINES] = lines.lines
-    return scope
-
-
-def _first_line(e):
-    try:
-        text = str(e)
-    except Exception:
-        text = ""
-    text = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def check_seed(seed):
@@ -522,6 +494,8 @@ def _check_speedrun(cfg):
                         "head_dim a multiple of 4")
     if not 0.0 <= cfg["cooldown_frac"] <= 1.0:
         raise MicaError(f"cooldown_frac must be in [0, 1], got {cfg['cooldown_frac']}")
+    _check_optimizer(cfg, rates=("embed_lr", "head_lr", "scalar_lr", "muon_lr"), decays=("muon_weight_decay",),
+                     betas=("mu",))
     _check_zero_stage(cfg)
     if cfg["ns_dtype"] not in ("bfloat16", "float32"):
         raise MicaError(f"ns_dtype must be 'bfloat16' or 'float32', got {_show(cfg['ns_dtype'])}")
@@ -536,6 +510,19 @@ def _check_speedrun(cfg):
     if cfg["threads"] < 0:
         raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")
     return cfg
+
+
+def _check_optimizer(cfg, rates=(), decays=(), betas=()):
+    """The ranges torch.optim.AdamW (and Muon) accept, each refused value one sentence naming its
+    setting: learning rates and weight decays finite and >= 0, betas and momenta in [0, 1)."""
+    import math
+
+    for key in rates + decays:
+        if not (math.isfinite(cfg[key]) and cfg[key] >= 0.0):
+            raise MicaError(f"{key} must be finite and 0 or more (as torch's optimizers require), got {cfg[key]}")
+    for key in betas:
+        if not 0.0 <= cfg[key] < 1.0:
+            raise MicaError(f"{key} must be in [0, 1) (as torch's optimizers require), got {cfg[key]}")
 
 
 def _check_zero_stage(cfg):
@@ -588,6 +575,12 @@ def _check_nanogpt(cfg, log):
         raise MicaError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise MicaError(f"dropout must be in [0, 1), got {cfg['dropout']}")
+    _check_optimizer(cfg, rates=("learning_rate", "min_lr"), decays=("weight_decay",), betas=("beta1", "beta2"))
+    if not cfg["grad_clip"] >= 0.0:  # (NaN too; inf clips nothing, as in torch)
+        raise MicaError(f"grad_clip must be 0.0 (no clipping) or a positive norm, got {cfg['grad_clip']}")
+    if cfg["warmup_iters"] < 0 or cfg["lr_decay_iters"] < 0:
+        key = "warmup_iters" if cfg["warmup_iters"] < 0 else "lr_decay_iters"
+        raise MicaError(f"{key} must be 0 or more, got {cfg[key]}")
     _check_zero_stage(cfg)
     for n in notes:
         log(f"note: {n}")

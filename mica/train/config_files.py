@@ -1,0 +1,139 @@
+"""nanoGPT's config files, run as its configurator runs them.
+
+nanoGPT's train.py execs each config file named on its command line, in order, in its own
+globals: a file sees the settings as the files and --key=value items before it left them, and
+what it assigns replaces them. `run` does the same over a copy of the settings and says what the
+file set (a setting whose value changed, or whose assignment ran: `dtype = 'bfloat16'` over the
+same default still counts as given), which new names it made, and each name's line.
+"""
+import ast
+import sys
+import traceback
+
+from ..errors import MicaError
+from ..files import read_text
+
+
+class Ran:
+    """What running one config file did: `settings` {name: value} it set, `others` {name: value}
+    of the new names it made (helpers, imports), `lines` {name: line of its last assignment}."""
+
+    def __init__(self, settings, others, lines):
+        self.settings, self.others, self.lines = settings, others, lines
+
+
+def run(path, settings):
+    """Run the config file `path` over `settings` (not changed); a failure is one sentence naming
+    the file and line."""
+    text = read_text(path, "config file")
+    code = _compile(text, path)
+    assigned = _Assignments.of(text, path)
+    scope = dict(settings)
+    ran = _run_tracing_lines(code, scope, path)
+    gone = [k for k in settings if k not in scope]
+    if gone:
+        raise MicaError(f"config file {path} deletes the setting {gone[0]}; a config file may assign settings, "
+                        "not remove them")
+    set_ = {k: scope[k] for k in settings
+            if scope[k] is not settings[k] or assigned.all.get(k, set()) & ran}
+    others = {k: v for k, v in scope.items() if k not in settings and not k.startswith("_")}
+    return Ran(set_, others, assigned.last)
+
+
+def literal_recipe(path):
+    """(recipe, line) of a config file's last module-level `recipe = '...'` of a plain string, read
+    without running it; None when it assigns none that way."""
+    try:
+        tree = ast.parse(read_text(path, "config file"), path)
+    except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
+        return None  # (running it says what is wrong)
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str) \
+                and any(isinstance(t, ast.Name) and t.id == "recipe" for t in node.targets):
+            found = node.value.value, node.lineno
+    return found
+
+
+def _compile(text, path):
+    try:
+        return compile(text, path, "exec")
+    except SyntaxError as e:
+        where = f" ({path}:{e.lineno})" if e.lineno else ""
+        raise MicaError(f"config file {path} is not valid Python: {e.msg}{where}; fix that line") from None
+    except (ValueError, OverflowError, MemoryError, RecursionError) as e:
+        raise MicaError(f"config file {path} cannot be compiled: {first_line(e)}") from None
+
+
+def _run_tracing_lines(code, scope, path):
+    """exec(code, scope), as nanoGPT's configurator runs a file; returns the module-level lines that
+    ran (so an assignment in a branch not taken is not taken for one)."""
+    ran = set()
+
+    def line(frame, event, arg):
+        if event == "line":
+            ran.add(frame.f_lineno)
+        return line
+
+    def call(frame, event, arg):
+        return line if frame.f_code is code else None
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        exec(code, scope)
+    except (Exception, SystemExit) as e:
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+        where = f" at {path}:{lines[-1]}" if lines else ""
+        raise MicaError(f"config file {path} raised {type(e).__name__}{where}: {first_line(e)}; fix that line") \
+            from None
+    finally:
+        sys.settrace(previous)
+    return ran
+
+
+def first_line(e):
+    """An exception's message cut to its first line and 200 characters."""
+    try:
+        text = str(e)
+    except Exception:
+        text = ""
+    text = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+class _Assignments(ast.NodeVisitor):
+    """The lines of each module-level name's assignments in the text (not inside a def, class,
+    lambda or comprehension, whose names are their own): `all` {name: {lines}}, `last` {name: line}."""
+
+    def __init__(self):
+        self.all, self.last = {}, {}
+
+    @classmethod
+    def of(cls, text, path):
+        found = cls()
+        try:
+            found.visit(ast.parse(text, path))
+        except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
+            pass  # (compile took it; a parse too deep for the visitor only loses the line numbers)
+        return found
+
+    def _store(self, name, line):
+        self.all.setdefault(name, set()).add(line)
+        self.last[name] = line
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Store):
+            self._store(node.id, node.lineno)
+
+    def _alias(self, node):
+        for a in node.names:
+            self._store((a.asname or a.name).split(".")[0], node.lineno)
+
+    visit_Import = visit_ImportFrom = _alias
+
+    def _own_scope(self, node):
+        self._store(node.name, node.lineno)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _own_scope
+    visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = lambda self, node: None

@@ -1,0 +1,80 @@
+"""nanoGPT's command line as its configurator reads it: config files and --key=value settings in
+the order given, each file run over the settings before it."""
+import pytest
+
+from helpers import mica_cli
+from mica.errors import MicaError
+from mica.train import config as config_mod
+
+
+def _write(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+def test_config_files_apply_in_order_with_settings_between(tmp_path):
+    a = _write(tmp_path, "a.py", "n_layer = 2\nbatch_size = 4\n")
+    b = _write(tmp_path, "b.py", "batch_size = 8\n")
+    cfg = config_mod.load(a, ["--batch_size=6", "--n_layer=3", b])
+    assert (cfg["n_layer"], cfg["batch_size"]) == (3, 8)  # b.py's batch_size comes after the flag
+    assert cfg.origin == {"batch_size": f"{b}:1"}  # (n_layer: the command line's, so no line)
+    cfg = config_mod.load(a, [b, "--batch_size=6"])
+    assert cfg["batch_size"] == 6 and cfg.origin == {"n_layer": f"{a}:1"}
+
+
+def test_a_config_file_reads_the_settings_before_it(tmp_path):
+    """As in nanoGPT, where every config file runs in train.py's globals."""
+    first = _write(tmp_path, "first.py", "max_iters = 100\n")
+    double = _write(tmp_path, "double.py", "max_iters = max_iters * 2\nlr_decay_iters = max_iters\n"
+                                           "tokens = batch_size * block_size\n")
+    notes = []
+    cfg = config_mod.load("shakespeare_char", [first, "--batch_size=3", double], notes.append)
+    assert (cfg["max_iters"], cfg["lr_decay_iters"]) == (200, 200)
+    assert notes == [f"note: {double}:3: tokens is not a setting; ignored (a helper variable?)"]
+    assert cfg["block_size"] == 256 and cfg["batch_size"] == 3  # (read, not changed: still the config's and flag's)
+
+
+def test_an_assignment_that_ran_counts_even_with_the_same_value(tmp_path):
+    """dtype given in a file is given, even where it equals the default (a CPU run then trains in it);
+    an assignment in a branch that did not run is not."""
+    same = _write(tmp_path, "same.py", "device = 'cpu'\ndtype = 'bfloat16'\n")
+    assert config_mod.load(same)["dtype"] == "bfloat16"
+    assert config_mod.load(same).origin["dtype"] == f"{same}:2"
+    skipped = _write(tmp_path, "skipped.py", "device = 'cpu'\nif device == 'cuda':\n    dtype = 'bfloat16'\n")
+    assert config_mod.load(skipped)["dtype"] == "float32"  # (nanoGPT trains float32 on a CPU)
+    assert "dtype" not in config_mod.load(skipped).origin
+
+
+def test_the_recipe_follows_the_configs(tmp_path):
+    plain = _write(tmp_path, "plain.py", "recipe = 'speedrun'\ntrain_steps = 7\n")
+    computed = _write(tmp_path, "computed.py", "recipe = 'speed' + 'run'\ntrain_steps = 9\n")
+    assert config_mod.load(plain)["train_steps"] == 7
+    assert config_mod.load(computed)["train_steps"] == 9  # (read again with the speedrun's settings)
+    assert config_mod.load("speedrun_tiny", [plain])["train_steps"] == 7
+    assert config_mod.load("speedrun_tiny", [plain, "--train_steps=3"])["train_steps"] == 3
+    with pytest.raises(MicaError, match="unknown setting 'n_layer'"):
+        config_mod.load(plain, ["--n_layer=2"])
+
+
+def test_a_config_runs_once(tmp_path):
+    counter = tmp_path / "runs.txt"
+    c = _write(tmp_path, "c.py", f"with open({str(counter)!r}, 'a') as f:\n    f.write('x')\nn_layer = 2\n")
+    assert config_mod.load(c)["n_layer"] == 2
+    assert counter.read_text() == "x"
+
+
+def test_mica_train_takes_two_configs_as_nanogpt_does(tmp_path):
+    """`mica train a.py b.py --key=value` trains with both, as nanoGPT's `train.py a.py b.py` would."""
+    from mica.data.prepare import prepare_char
+
+    d = tmp_path / "data" / "shakespeare_char"
+    d.mkdir(parents=True)
+    prepare_char("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40, str(d), log=lambda *a: None)
+    _write(tmp_path, "model.py", "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n")
+    _write(tmp_path, "run.py", "batch_size = 2\neval_iters = 1\neval_interval = 2\nmax_iters = 3\n"
+                               "log_interval = 1\nout_dir = 'two'\n")
+    r = mica_cli("train", "shakespeare_char", "model.py", "--device=cpu", "run.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "iter 3:" in r.stdout and "iter 4:" not in r.stdout and (tmp_path / "two" / "metrics.jsonl").exists()
+    help_text = mica_cli("train", "shakespeare_char", "model.py", "--help", cwd=tmp_path).stdout
+    assert "values after shakespeare_char model.py" in help_text and "--n_embd=16" in help_text
