@@ -220,3 +220,31 @@ def test_optimizer_groups_are_checked():
         mica.optim.adamw(param_groups=[{"params": ["c"]}]).init(params)
     with pytest.raises(mica.MicaError, match="matrices only"):
         mica.optim.muon().init(params)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: mica.optim.adamw(lr=-1e-3), "AdamW: lr must be a finite number >= 0, got -0.001"),
+    (lambda: mica.optim.adamw(lr=float("inf")), "AdamW: lr must be a finite number >= 0, got inf"),
+    (lambda: mica.optim.adamw(betas=(0.9, 1.0)), "AdamW: betas[1] must be a number in [0, 1), got 1.0"),
+    (lambda: mica.optim.adamw(betas=(-0.1, 0.99)), "AdamW: betas[0] must be a number in [0, 1), got -0.1"),
+    (lambda: mica.optim.adamw(betas=(0.9,)), "AdamW: betas must be two numbers in [0, 1), got (0.9,)"),
+    (lambda: mica.optim.adamw(eps=-1e-8), "AdamW: eps must be a number >= 0"),
+    (lambda: mica.optim.adamw(weight_decay=float("nan")), "AdamW: weight_decay must be a finite number >= 0, got nan"),
+    (lambda: mica.optim.adamw(param_groups=[{"params": ["a"], "lr": -1}]), "AdamW: group 0: lr must be"),
+    (lambda: mica.optim.sgd(momentum=-0.5), "SGD: momentum must be a finite number >= 0, got -0.5"),
+    (lambda: mica.optim.muon(mu=1.0), "Muon: mu must be a number in [0, 1), got 1.0"),
+    (lambda: mica.optim.muon(lr="0.02"), "Muon: lr must be a finite number >= 0, got '0.02'"),
+])
+def test_hyperparameters_torch_refuses_are_refused(make, fragment):
+    """The ranges torch.optim takes (and a finite learning rate and decay), each refusal one sentence,
+    at construction, before anything is traced."""
+    with pytest.raises(mica.MicaError) as e:
+        make()
+    assert fragment in str(e.value)
+
+
+def test_hyperparameters_at_the_edges_of_their_ranges_are_taken():
+    mica.optim.adamw(lr=0.0, betas=(0.0, 0.0), eps=0.0, weight_decay=0.0)
+    mica.optim.adamw(lr=np.float32(1e-3), betas=[0.9, 0.999])
+    mica.optim.sgd(lr=0, momentum=0)
+    mica.optim.muon(mu=0.0)

@@ -27,6 +27,14 @@ class AdamW(Optimizer):
 
     layout, rank = None, 0
 
+    def _check(self, hyper, where):
+        self._require(hyper, where, ("lr", "weight_decay"), "rate")
+        self._require(hyper, where, ("eps",), "nonnegative")
+        betas = hyper["betas"]
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            self._refuse(where, "betas", betas, "two numbers in [0, 1)")
+        self._require({"betas[0]": betas[0], "betas[1]": betas[1]}, where, ("betas[0]", "betas[1]"), "fraction")
+
     def shard(self, layout, rank):
         """ZeRO-1 on rank `rank` of `layout.world` (mica/optim/zero.py): the state holds the moments
         of this rank's tensors only, `grads` only their (reduce-scattered) gradients, and the

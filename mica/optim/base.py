@@ -19,6 +19,28 @@ class Optimizer:
                             f"known: {sorted(self.defaults)}")
         self.hyper = {**self.defaults, **hyper}
         self.param_groups = param_groups
+        self._check(self.hyper, "")
+        for i, g in enumerate(param_groups or ()):
+            self._check(self._hyper_of(g), f"group {i}: ")
+
+    def _hyper_of(self, group):
+        """A group's hyperparameters: the optimizer's, overridden by the group's own."""
+        return {**self.hyper, **{k: v for k, v in group.items() if k != "params"}}
+
+    def _check(self, hyper, where):
+        """Refuse hyperparameters torch's optimizer of the same name refuses (one sentence each)."""
+
+    def _require(self, hyper, where, names, rule):
+        """Each of `names` in `hyper` a plain number (or a learning rate computed in the step) that
+        passes `rule`, one of RULES."""
+        ok, text = RULES[rule]
+        for name in names:
+            value = hyper[name]
+            if not (_traced(value) and name == "lr") and not (_number(value) and ok(value)):
+                self._refuse(where, name, value, text)
+
+    def _refuse(self, where, name, value, rule):
+        raise MicaError(f"{type(self).__name__}: {where}{name} must be {rule}, got {value!r}")
 
     def groups(self, names):
         """[(group hyperparameters, [names])], checking that no parameter is in two groups."""
@@ -38,7 +60,7 @@ class Optimizer:
                 if n in owner:
                     raise MicaError(f"{type(self).__name__}: parameter {n!r} is in groups {owner[n]} and {i}")
                 owner[n] = i
-            out.append(({**self.hyper, **{k: v for k, v in g.items() if k != "params"}}, chosen))
+            out.append((self._hyper_of(g), chosen))
         return out
 
     def managed(self, names):
@@ -100,3 +122,20 @@ def _record_updates(old, new, role):
 
 def zeros_like_tree(params):
     return {n: np.zeros_like(a) for n, a in params.items()}
+
+
+RULES = {"rate": (lambda v: 0.0 <= v < float("inf"), "a finite number >= 0"),
+         "fraction": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+         "nonnegative": (lambda v: 0.0 <= v, "a number >= 0")}
+
+
+def _number(x):
+    """A plain Python or numpy real."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _traced(x):
+    """A value computed in the step (a learning rate's schedule): the step's to check."""
+    from ..tensor import Tensor
+
+    return isinstance(x, Tensor)

@@ -31,6 +31,10 @@ class Muon(Optimizer):
     defaults = dict(lr=0.02, weight_decay=0.0, mu=0.95, nesterov=True, ns_coefficients=SEED_COEFFICIENTS,
                     ns_dtype=dtypes.bfloat16)
 
+    def _check(self, hyper, where):
+        self._require(hyper, where, ("lr", "weight_decay"), "rate")
+        self._require(hyper, where, ("mu",), "fraction")
+
     def _init(self, params):
         for n, p in params.items():
             if p.ndim != 2:

@@ -14,6 +14,9 @@ class SGD(Optimizer):
         if self.hyper["nesterov"] and (self.hyper["momentum"] <= 0 or self.hyper["dampening"] != 0):
             raise MicaError("SGD: Nesterov momentum needs momentum > 0 and zero dampening")
 
+    def _check(self, hyper, where):
+        self._require(hyper, where, ("lr", "momentum", "weight_decay"), "rate")
+
     def _init(self, params):
         return {"step": np.zeros((), np.int64), "momentum_buffer": zeros_like_tree(params)}
 
