@@ -42,15 +42,12 @@ def cmd_prepare(args, extra):
 def cmd_train(args, extra):
     from .train import run
 
-    config = None
-    if extra and not extra[0].startswith("-"):
-        config, extra = extra[0], extra[1:]
-    if _wants_help(extra):
+    if _wants_help(extra):  # (config files and settings, as nanoGPT's configurator reads them, in order)
         from .train.config import train_help
 
-        print(train_help(config))
+        print(train_help([a for a in extra if a not in ("-h", "--help")]))
         return 0
-    return run.train(config, extra)
+    return run.train(None, extra)
 
 
 SAMPLE_DEFAULTS = {"out_dir": "out", "start": "\n", "num_samples": 10, "max_new_tokens": 500, "temperature": 0.8,
@@ -135,12 +132,16 @@ def cmd_export(args, extra):
 def cmd_import(args, extra):
     import os
 
-    from .files import no_empty_folders_left, writable_folder
+    from .files import lock_run_folder, no_empty_folders_left, writable_folder
     from .train import convert
 
+    target = os.path.join(args.out_dir, "ckpt.safetensors")
+    if os.path.exists(target) and not args.force:  # (a run's checkpoint: replacing it loses that run)
+        raise MicaError(f"{target} already exists; pass --force to replace it, or import into another --out_dir")
     with no_empty_folders_left(args.out_dir):
         if os.path.exists(args.checkpoint):  # (a missing one is convert's sentence, and creates nothing)
             writable_folder(args.out_dir, "--out_dir")
+            lock_run_folder(args.out_dir, doing="import into")
         if args.checkpoint.endswith(".safetensors"):  # Hugging Face's GPT-2
             path, a = convert.import_hf_gpt2(args.checkpoint, args.out_dir)
             print(f"wrote {path} (GPT-2 from Hugging Face's layout: n_layer={a['n_layer']}, n_head={a['n_head']}, "
@@ -236,6 +237,9 @@ def cmd_check(args, extra):
         raise MicaError(f"unexpected arguments: {' '.join(extra)}")
     from .bench.protocol import check_device
 
+    for name, least in (("iters", 1), ("eval_every", 1), ("eval_batches", 1), ("threads", 0)):
+        if getattr(args, name) < least:
+            raise MicaError(f"--{name} must be {least} or more, got {getattr(args, name)}")
     device = check_device(args.device, simulate=args.simulate, what=f"mica check --method {args.method} --device=cuda")
     if args.method == "b" and args.dtype != "float32":
         raise MicaError("method B is float32 by definition (its step-0 losses must agree to 1e-5); use --method a "
@@ -297,7 +301,9 @@ def parser():
     im = sub.add_parser("import", help="convert a nanoGPT ckpt.pt (needs torch) or a Hugging Face GPT-2 "
                         "model.safetensors into out_dir/ckpt.safetensors")
     im.add_argument("checkpoint")
-    im.add_argument("--out_dir", required=True)
+    im.add_argument("--out_dir", required=True, help="the run folder to write ckpt.safetensors into (resume it with "
+                    "mica train --init_from=resume --out_dir=...)")
+    im.add_argument("--force", action="store_true", help="replace a ckpt.safetensors already in --out_dir")
     ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings, or of a "
                          "speedrun config: mica inspect speedrun [--ir]")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
@@ -313,16 +319,20 @@ def parser():
     be.add_argument("--window", type=int, default=None, help="steps measured (default 100; gpt2*: 4)")
     be.add_argument("--every", type=int, default=None, help="steps between the lines both sides print (warm-up "
                     "and window are multiples of it; default 10, gpt2*: 1)")
-    be.add_argument("--threads", type=int, default=0)
-    be.add_argument("--opt_levels", type=int, nargs="+", default=[2])
+    be.add_argument("--threads", type=int, default=0, help="threads of both sides (OMP_NUM_THREADS); 0: one per core")
+    be.add_argument("--opt_levels", type=int, nargs="+", default=[2], metavar="LEVEL",
+                    help="Mica configurations to run, one per level: 0, 1 or 2 (gcc -O1, -O2, -O3; 0 also without "
+                    "fusion); default 2")
     be.add_argument("--batch_size", type=int, default=None, help="both sides at this many sequences a step "
                     "(default the model's: 64 shakespeare_char, 1 gpt2*; not for tutorial or speedrun_tiny)")
     be.add_argument("--memory_budgets", nargs="+", default=None, metavar="BUDGET",
                     help="one Mica configuration per budget, as mica train --memory_budget reads it (bytes, a size "
                     "such as 12GB, auto) or none (no budget); default: none")
-    be.add_argument("--modes", nargs="+", default=None, help="PyTorch's modes (default eager, default, "
-                    "reduce-overhead, max-autotune)")
-    be.add_argument("--out", default="bench")
+    be.add_argument("--modes", nargs="+", default=None, metavar="MODE", help="PyTorch's modes to run: eager, "
+                    "default, reduce-overhead, max-autotune (torch.compile's modes); default all four (speedrun_tiny: "
+                    "eager, default)")
+    be.add_argument("--out", default="bench", help="folder for the table's JSON, the charts and each run's files "
+                    "(default bench)")
     be.add_argument("--device", default="cpu", help="cpu, or cuda: both sides on the first NVIDIA GPU (Mica's CUDA "
                     "trainer; PyTorch on cuda), each process's peak GPU memory and the NVIDIA libraries it maps "
                     "recorded; default windows 100 + 300 steps")
@@ -338,11 +348,13 @@ def parser():
                     help="nanoGPT's cpu or shakespeare_char config, or the speedrun recipe's speedrun_tiny (method B)")
     ch.add_argument("--data_dir", default=None, help="default data/shakespeare_char (speedrun_tiny: its config's "
                     "data/speedrun_tiny shards; a folder given here is read as DIR/train_*.bin and DIR/val_*.bin)")
-    ch.add_argument("--iters", type=int, default=200)
-    ch.add_argument("--eval_every", type=int, default=50)
-    ch.add_argument("--eval_batches", type=int, default=20)
-    ch.add_argument("--threads", type=int, default=0)
-    ch.add_argument("--out", default=None)
+    ch.add_argument("--iters", type=int, default=200, help="training iterations of each run (default 200)")
+    ch.add_argument("--eval_every", type=int, default=50, help="method A: iterations between evaluations "
+                    "(default 50)")
+    ch.add_argument("--eval_batches", type=int, default=20, help="method A: batches per evaluation (default 20)")
+    ch.add_argument("--threads", type=int, default=0, help="threads of both sides; 0: one per core")
+    ch.add_argument("--out", default=None, help="folder for the verdict JSON and the curves (default check-a or "
+                    "check-b)")
     ch.add_argument("--device", default="cpu", help="cpu, or cuda: Mica's CUDA trainer and PyTorch on the first "
                     "NVIDIA GPU, float32, TF32 off")
     ch.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],

@@ -26,10 +26,34 @@ def writable_folder(path, what="output folder"):
     return path
 
 
+_LOCKS = {}  # folder -> the descriptor holding its lock (inherited by the trainer across exec)
+
+
+def lock_run_folder(out_dir, doing="train into"):
+    """One command at a time writes a run's folder: a second `mica train` (or a `mica import`) would
+    overwrite the first's checkpoints. The lock is held until this process ends; a trainer holds it
+    itself (the descriptor survives exec), so it lasts as long as the run."""
+    import fcntl
+
+    key = os.path.realpath(out_dir)
+    if key in _LOCKS:  # this process prepares again (tests, mica check): its own earlier lock goes
+        os.close(_LOCKS.pop(key))
+    fd = os.open(os.path.join(out_dir, ".mica.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise MicaError(f"another mica train is running in {out_dir}; wait for it to finish or {doing} another "
+                        "folder") from None
+    os.set_inheritable(fd, True)
+    _LOCKS[key] = fd
+
+
 @contextlib.contextmanager
 def no_empty_folders_left(*paths):
     """Folders among `paths` (and their parents) that this command creates are removed again if it
-    fails while they are still empty: a failed command leaves no trace behind."""
+    fails while they are still empty (or hold only the run lock this command took in them): a
+    failed command leaves no trace behind."""
     made = []  # (folder, the nearest ancestor that already existed)
     for p in paths:
         if p and not os.path.exists(p):
@@ -41,6 +65,9 @@ def no_empty_folders_left(*paths):
         yield
     except BaseException:
         for path, stop in made:
+            lock = os.path.join(path, ".mica.lock")
+            if os.path.isdir(path) and os.listdir(path) == [".mica.lock"]:
+                os.unlink(lock)  # (the folder is this command's, and so is the lock in it)
             while path != stop and os.path.isdir(path):
                 try:
                     os.rmdir(path)  # (only an empty folder goes)

@@ -103,6 +103,37 @@ def test_import_converts_tensors_and_keeps_the_optimizer_state_exactly(nanogpt):
     assert cfg["n_head"] == 4 and cfg["bias"] is True and cfg["learning_rate"] == 1e-2
 
 
+def test_import_never_replaces_a_run_unasked(nanogpt):
+    """A checkpoint already in --out_dir stays unless --force says otherwise; a folder another
+    command holds (a training run's lock) is refused, and either refusal changes no byte."""
+    from mica import files
+
+    d = nanogpt["dir"]
+    mica_cli("import", "ckpt.pt", "--out_dir", "twice", cwd=d)
+    target = d / "twice" / "ckpt.safetensors"
+    target.write_bytes(target.read_bytes()[:-1] + b"!")  # (marked: a replacement would show)
+    marked = target.read_bytes()
+    r = mica_cli("import", "ckpt.pt", "--out_dir", "twice", cwd=d, check=False)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "mica: error: twice/ckpt.safetensors already exists; pass --force to replace it, or import into another "
+        "--out_dir"), r.stderr
+    assert target.read_bytes() == marked
+    target.unlink()
+    files.lock_run_folder(str(d / "twice"))  # (as a trainer holds it while it runs)
+    try:
+        r = mica_cli("import", "ckpt.pt", "--out_dir", "twice", cwd=d, check=False)
+    finally:
+        os.close(files._LOCKS.pop(os.path.realpath(d / "twice")))
+    assert r.returncode == 2 and "another mica train is running in twice; wait for it to finish or import into " \
+        "another folder" in r.stderr, r.stderr
+    assert not target.exists()
+    mica_cli("import", "ckpt.pt", "--out_dir", "twice", cwd=d)
+    first = target.read_bytes()
+    target.write_bytes(marked)
+    mica_cli("import", "ckpt.pt", "--out_dir", "twice", "--force", cwd=d)
+    assert target.read_bytes() == first  # (the marked file replaced by the conversion)
+
+
 def test_export_writes_the_ckpt_pt_nanogpt_itself_wrote(nanogpt):
     """nanoGPT's ckpt.pt through mica import and mica export again: the optimizer's lr is train.py's
     get_lr at the saved iter_num (not the base learning_rate) and best_val_loss its 0-d float32
@@ -329,7 +360,7 @@ def test_plain_numbers_from_tensors_and_numpy_scalars():
 def test_checkpoints_that_are_not_nanogpts_are_sentences(tmp_path):
     torch.save([1, 2], tmp_path / "list.pt")
     torch.save({"model": {"transformer.wte.weight": torch.zeros(3, 2)}, "config": [1]}, tmp_path / "cfg.pt")
-    for name, needle in [("list.pt", "is not a readable nanoGPT checkpoint"),
+    for name, needle in [("list.pt", "list.pt has no 'model' entry, where nanoGPT's ckpt.pt keeps the weights"),
                          ("cfg.pt", "its optimizer, config or model_args is not a dict")]:
         r = mica_cli("import", name, "--out_dir", "x", cwd=tmp_path, check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr

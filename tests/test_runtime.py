@@ -14,6 +14,7 @@ import pytest
 from helpers import mica_cli
 from mica.data import tokens as tok
 from mica.data.prepare import prepare_char
+from mica import files
 from mica.errors import MicaError
 from mica.train import checkpoint, run
 
@@ -319,9 +320,9 @@ def test_a_second_run_into_the_same_out_dir_is_refused_while_the_first_trains(wo
     p = subprocess.Popen([exe, manifest], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, close_fds=False)
     try:
         p.stdout.readline()  # it runs, holding the lock it inherited
-        for fd in run._LOCKS.values():  # the lock is the trainer's alone now
+        for fd in files._LOCKS.values():  # the lock is the trainer's alone now
             os.close(fd)
-        run._LOCKS.clear()
+        files._LOCKS.clear()
         r = mica("train", *TINY, cwd=work)
         assert r.returncode == 2 and "another mica train is running in out-shakespeare-char" in r.stderr, r.stderr
     finally:

@@ -330,6 +330,29 @@ def mica_config_name(opt_level, budget=None):
     return f"mica O{opt_level}" + ("" if budget is None else f" budget={budget}")
 
 
+def check_settings(rounds, warmup, window, every, threads, opt_levels, torch_modes):
+    """The protocol's counts, Mica's opt levels and PyTorch's modes, each wrong one a sentence before
+    anything is built or run."""
+    def whole(name, value, least):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise MicaError(f"--{name} must be a whole number, {least} or more; got {value!r}")
+
+    whole("rounds", rounds, 1)
+    whole("warmup", warmup, 0)
+    whole("window", window, 1)
+    whole("every", every, 1)
+    whole("threads", threads if threads is not None else 0, 0)
+    if not opt_levels or any(o not in (0, 1, 2) or isinstance(o, bool) for o in opt_levels):
+        raise MicaError(f"--opt_levels takes Mica's levels 0, 1 and 2 (gcc -O1, -O2, -O3); got "
+                        f"{' '.join(map(str, opt_levels)) or 'none'}")
+    unknown = [m for m in torch_modes if m not in TORCH_MODES]
+    if unknown:
+        raise MicaError(f"--modes: {unknown[0]!r} is not one of PyTorch's modes ({', '.join(TORCH_MODES)})")
+    for name, values in (("opt_levels", opt_levels), ("modes", torch_modes)):
+        if len(set(values)) < len(values):
+            raise MicaError(f"--{name} names one twice; give each once")
+
+
 def check_mica_options(model, batch_size, memory_budgets):
     """batch_size and memory_budgets as bench() takes them, or the sentence why not: only nanoGPT's
     models take them (the tutorial's step and the speedrun recipe have their own shapes); each
@@ -446,6 +469,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     window = d["window"] if window is None else window
     every = d["every"] if every is None else every
     torch_modes = d["modes"] if torch_modes is None else torch_modes
+    check_settings(rounds, warmup, window, every, threads, opt_levels, torch_modes)
     check_data(model, data_dir)
     budgets = check_mica_options(model, batch_size, memory_budgets)
     if model == "speedrun_tiny" and (device != "cpu" or dtype != "float32"):

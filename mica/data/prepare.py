@@ -20,6 +20,17 @@ from . import tokens as tok
 MAX_TOKEN = 65535  # uint16
 
 
+def hint(folder):
+    """The `mica prepare` command that makes a data folder like `folder`: nanoGPT's
+    shakespeare_char from its input.txt, another *_char folder by characters, and anything else
+    (openwebtext, shakespeare) in GPT-2's tokens, as nanoGPT's own prepare.py scripts make them."""
+    name = os.path.basename(os.path.normpath(folder))
+    if name == "shakespeare_char":
+        return f"mica prepare shakespeare-char --input input.txt --out {folder}"
+    tokenizer = "char" if name.endswith("_char") else "gpt2"
+    return f"mica prepare text --input FILE [FILE ...] --tokenizer {tokenizer} --out {folder}"
+
+
 def _read_text(paths):
     """The inputs' text, each file UTF-8 (as nanoGPT's prepare.py reads it): a file that is not is a
     sentence naming the byte, never a silent replacement character in the vocabulary."""

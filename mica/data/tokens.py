@@ -58,7 +58,9 @@ def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
     exists and is whole, a shard's header agrees with its size, every token is below vocab_size,
     and there are at least min_tokens of them."""
     if not os.path.exists(path):
-        raise MicaError(f"{what} {path} does not exist; prepare the data first (mica prepare ...)")
+        from .prepare import hint  # (prepare imports this module)
+
+        raise MicaError(f"{what} {path} does not exist; prepare the data first: {hint(os.path.dirname(path) or '.')}")
     if not os.path.isfile(path):
         raise MicaError(f"{what} {path} is {'a folder' if os.path.isdir(path) else 'not a regular file'}, not a "
                         "file of tokens; prepare the data again (mica prepare ...)")

@@ -67,6 +67,17 @@ def crc32(array):
     return zlib.crc32(array.reshape(-1).data)
 
 
+def missing(path, then="check the path, or train a run into that folder first"):
+    """The sentence for a checkpoint that is not there: a nanoGPT ckpt.pt beside it is named, with
+    the import that turns it into Mica's."""
+    folder = os.path.dirname(path) or "."
+    pt = os.path.join(folder, "ckpt.pt")
+    if os.path.basename(path) == "ckpt.safetensors" and os.path.isfile(pt):
+        return (f"{folder} holds nanoGPT's ckpt.pt but no Mica checkpoint ({path}); convert it first with "
+                f"mica import {pt} --out_dir {folder}")
+    return f"checkpoint {path} does not exist; {then}"
+
+
 class SafeTensors:
     """A checked view of a safetensors file: .metadata, .names, .info(name), .read(name), .crc(name).
 
@@ -77,7 +88,7 @@ class SafeTensors:
     def __init__(self, path):
         self.path = path
         if not os.path.exists(path):
-            raise MicaError(f"checkpoint {path} does not exist")
+            raise MicaError(missing(path))
         if not os.path.isfile(path):
             raise MicaError(f"checkpoint {path} is not a file")
         size = os.path.getsize(path)

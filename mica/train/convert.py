@@ -184,6 +184,13 @@ def import_nanogpt(path, out_dir):
                             "(loading them could run code); save the checkpoint with plain dicts, as nanoGPT does") \
                 from None
         raise MicaError(f"{path} is not a readable nanoGPT checkpoint ({type(e).__name__})") from None
+    if not isinstance(ck, dict) or not isinstance(ck.get("model"), dict):
+        bare = isinstance(ck, dict) and any(str(k).endswith("wte.weight") for k in ck)
+        raise MicaError(f"{path} " + ("holds bare model weights (a state_dict) without nanoGPT's model_args, so its "
+                                      "number of heads is unknown; save it as nanoGPT's train.py does, "
+                                      "{'model': state_dict, 'model_args': {...}, ...}" if bare else
+                                      "has no 'model' entry, where nanoGPT's ckpt.pt keeps the weights; give a "
+                                      "checkpoint that nanoGPT's train.py saved"))
     try:
         sd = {k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()}
         sd = {k: v for k, v in sd.items() if not _is_mask_buffer(k, v)}

@@ -12,13 +12,14 @@ import numpy as np
 from .. import amp as mica_amp
 from ..backends.c import build as cbuild
 from ..data import meta as meta_mod
+from ..data import prepare
 from ..data import tokens as tok
 from ..errors import MicaError
 from . import checkpoint as ckpt
 from . import config as config_mod
 from . import convert
 from . import distributed, memory_plan, native, programs
-from ..files import read_text, writable_folder
+from ..files import lock_run_folder, no_empty_folders_left, read_text, writable_folder
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
@@ -28,8 +29,7 @@ def data_files(cfg, log=None):
     of the split in sorted order (`train_*.bin`, or the speedrun's `fineweb_train_*.bin`)."""
     folder = cfg["data_dir"] or os.path.join("data", cfg["dataset"])
     if not os.path.isdir(folder):
-        raise MicaError(f"data folder {folder} does not exist; prepare it first, e.g. "
-                        f"mica prepare shakespeare-char --out {folder}")
+        raise MicaError(f"data folder {folder} does not exist; prepare it first: {prepare.hint(folder)}")
     splits = []
     for split in ("train", "val"):
         single = os.path.join(folder, f"{split}.bin")
@@ -102,8 +102,14 @@ def _model_config_json(cfg):
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides, log), log)
-    if cfg["recipe"] == "speedrun":
-        return prepare_speedrun(cfg, log)
+    _check_init_from(cfg)
+    with no_empty_folders_left(cfg["out_dir"]):  # a run refused before it wrote anything leaves no folder
+        if cfg["recipe"] == "speedrun":
+            return prepare_speedrun(cfg, log)
+        return _prepare_nanogpt(cfg, log)
+
+
+def _prepare_nanogpt(cfg, log):
     folder, (train_paths, val_paths) = data_files(cfg, log)
     vocab, _ = vocab_size(folder, log)
     vocab = _follow_hf_weights(cfg, vocab, log)
@@ -112,13 +118,14 @@ def prepare_run(config_path=None, overrides=(), log=print):
     files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
     files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
     if cfg["batch_order"] and not os.path.exists(cfg["batch_order"]):
-        raise MicaError(f"batch order file {cfg['batch_order']} does not exist")
+        raise MicaError(f"batch order file {cfg['batch_order']} does not exist; check the path, or leave "
+                        "batch_order empty for the seed's random batches")
     if cfg["batch_order"] and not os.path.isfile(cfg["batch_order"]):
-        raise MicaError(f"batch order file {cfg['batch_order']} is a folder, not a file")
+        raise MicaError(f"batch order file {cfg['batch_order']} is a folder; give the path of the file in it")
     out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
     world, rank = distributed.ranks(cfg)
     if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
-        _lock(out_dir)
+        lock_run_folder(out_dir)
         _remove_stale_temporaries(out_dir, log)
 
     model, _, progs = programs.build(cfg, vocab, world, rank)
@@ -146,6 +153,34 @@ def prepare_run(config_path=None, overrides=(), log=print):
     settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
+
+
+PYTORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+
+
+def _check_init_from(cfg):
+    """Where the starting weights come from, checked before anything is built or written: resume
+    needs out_dir's checkpoint, a path must be a .safetensors file, and PyTorch's files are named
+    with the import that converts them."""
+    init = cfg["init_from"]
+    if init == "scratch" or not isinstance(init, str):
+        return
+    if init == "resume":
+        path = os.path.join(cfg["out_dir"], "ckpt.safetensors")
+        if not os.path.exists(path):
+            raise MicaError(ckpt.missing(path, then="start with --init_from=scratch, or point --out_dir at the folder "
+                                                    "of the run to resume"))
+        return
+    if init.endswith(PYTORCH_SUFFIXES):
+        raise MicaError(f"init_from={init} is a PyTorch checkpoint; convert it first with mica import {init} "
+                        "--out_dir DIR, then train with --init_from=resume --out_dir=DIR (or "
+                        "--init_from=DIR/ckpt.safetensors for its weights alone)")
+    if not init.endswith(".safetensors"):  # (the speedrun's config check refused these already)
+        raise MicaError(f"init_from={init!r} is not available: use scratch, resume or a .safetensors file (Mica's "
+                        "own, or Hugging Face's GPT-2 model.safetensors)")
+    if not os.path.isfile(init):
+        raise MicaError(f"init_from file {init} " + ("is a folder" if os.path.isdir(init) else "does not exist")
+                        + "; give the path of a .safetensors file of weights")
 
 
 # ---- the speedrun recipe ------------------------------------------------------------------------
@@ -210,7 +245,7 @@ def prepare_speedrun(cfg, log):
                                                    log)]
     out_dir = writable_folder(cfg["out_dir"], "out_dir")
     if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
-        _lock(out_dir)
+        lock_run_folder(out_dir)
         _remove_stale_temporaries(out_dir, log)
     model, opt, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.num_parameters():,}")
@@ -307,34 +342,12 @@ def _products_record(device, simulate=False):
         os.environ.setdefault("MICA_PRODUCTS", os.path.join(cbuild.cache_dir(), name))
 
 
-_LOCKS = {}  # out_dir -> the descriptor holding its lock (inherited by the trainer across exec)
-
-
-def _lock(out_dir):
-    """One run at a time in an out_dir: a second one would overwrite the first's checkpoints. The
-    lock is held by the trainer itself (the descriptor survives exec), so it lasts as long as the run."""
-    import fcntl
-
-    key = os.path.realpath(out_dir)
-    if key in _LOCKS:  # this process prepares again (tests, mica check): its own earlier lock goes
-        os.close(_LOCKS.pop(key))
-    fd = os.open(os.path.join(out_dir, ".mica.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise MicaError(f"another mica train is running in {out_dir}; wait for it to finish or train into another "
-                        "out_dir") from None
-    os.set_inheritable(fd, True)
-    _LOCKS[key] = fd
-
-
 def _follow_resumed_model(cfg, vocab, log):
     """--init_from=resume takes the model's settings from the checkpoint, as nanoGPT's resume does
     (n_layer, n_head, n_embd, block_size, bias and the vocabulary size), saying what it overrides."""
     path = os.path.join(cfg["out_dir"], "ckpt.safetensors")
     if cfg["init_from"] != "resume" or not os.path.isfile(path):
-        return vocab  # (a missing checkpoint is _initial_state's sentence)
+        return vocab  # (a missing checkpoint is _check_init_from's sentence)
     st = ckpt.SafeTensors(path)
     saved = _saved_config(st)
     changed = [f"{k}={saved[k]!r} (not {cfg[k]!r})" for k in MODEL_KEYS if k in saved and saved[k] != cfg[k]]
@@ -476,8 +489,7 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         else:
             init = _widened(init, by_name, out_dir, cfg, log)
         return _loads(init, by_name, settings, params_only=True)
-    raise MicaError(f"init_from={init!r} is not available: use scratch, resume or a .safetensors file (Mica's "
-                    "own, or Hugging Face's GPT-2 model.safetensors)")
+    raise AssertionError(f"init_from={init!r} passed _check_init_from")
 
 
 def _widened(path, by_name, out_dir, cfg, log):
@@ -673,8 +685,12 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     vocab = st.info(embedding)[1][0]
     if start.startswith("FILE:"):
         start = read_text(start[5:], "--start prompt file")
-    if temperature <= 0 or max_new_tokens < 0 or num_samples < 1:
-        raise MicaError("temperature must be positive, max_new_tokens >= 0 and num_samples >= 1")
+    if not temperature > 0 or temperature == float("inf"):
+        raise MicaError(f"temperature must be a positive number (lower is more conservative), got {temperature}")
+    if max_new_tokens < 0:
+        raise MicaError(f"max_new_tokens must be 0 or more, got {max_new_tokens}")
+    if num_samples < 1:
+        raise MicaError(f"num_samples must be 1 or more, got {num_samples}")
     if top_k is not None and top_k < 1:
         raise MicaError(f"top_k must be a positive count of tokens to keep, or None for no cut; got {top_k}")
     if threads is not None and threads < 0:
