@@ -89,7 +89,14 @@ def test_rematerialized_graph_matches_the_oracle(case):
     lowered = program.lower("cpu", remat=True)
     want = mica.reference.run(program, *args, seed=5, offset=1)
     got = _on_oracle(program, lowered.graph, args, seed=5, offset=1)
-    assert _bits(got) == _bits(want), name  # the same float64 operations in the same order
+    # the pass repeats the float64 operations of the graph it was given, in the same order: the
+    # same bits as that graph's (the lowering's other rewrites, such as a transpose folded into a
+    # product, may move the last bit of numpy's BLAS on some processors, so the traced program's
+    # oracle is held to the tolerances below)
+    before = _on_oracle(program, program.lower("cpu").graph, args, seed=5, offset=1)
+    assert _bits(got) == _bits(before), name
+    assert all(rel_err(g, w) < 1e-12 for g, w in zip(mica.pytree.flatten(got)[0], mica.pytree.flatten(want)[0])
+               if np.asarray(w).dtype.kind == "f"), name
     compiled = lowered.build()(*args, threads=2, seed=5, offset=1)
     assert rel_err(compiled[2]["loss"], want[2]["loss"]) < 1e-5, name
     flat_c, flat_w = mica.pytree.flatten(compiled)[0], mica.pytree.flatten(want)[0]
