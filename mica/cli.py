@@ -3,6 +3,8 @@
 Every error a user can cause is one sentence on stderr and exit status 2 — no traceback.
 """
 import argparse
+import os
+import re
 import sys
 
 from .errors import MicaError
@@ -27,6 +29,13 @@ def cmd_prepare(args, extra):
     from .files import no_empty_folders_left
 
     if args.what == "shakespeare-char":
+        given = [f"--{k}" for k in ("tokenizer", "format", "shard_tokens") if getattr(args, k) is not None]
+        if given:
+            raise MicaError(f"{given[0]} is for mica prepare text; shakespeare-char is nanoGPT's character-level "
+                            "preparation (train.bin, val.bin, meta.pkl)")
+        if args.input and len(args.input) > 1:
+            raise MicaError("mica prepare shakespeare-char reads one text file, as nanoGPT's prepare.py reads "
+                            "input.txt; for several, use mica prepare text --input FILE [FILE ...] --tokenizer char")
         out = args.out or "data/shakespeare_char"
         with no_empty_folders_left(out):
             prepare.prepare_shakespeare_char(args.input[0] if args.input else None, out)
@@ -35,7 +44,8 @@ def cmd_prepare(args, extra):
             raise MicaError("mica prepare text needs --input FILE [FILE ...]")
         out = args.out or "data/text"
         with no_empty_folders_left(out):
-            prepare.prepare_text(args.input, args.tokenizer, out, args.format, shard_tokens=args.shard_tokens)
+            prepare.prepare_text(args.input, args.tokenizer or "char", out, args.format or "bin",
+                                 shard_tokens=args.shard_tokens)
     return 0
 
 
@@ -76,9 +86,10 @@ SAMPLE_DESCRIPTIONS = {
 def sample_help():
     from .train.config import help_text
 
-    return help_text("usage: mica sample [--key=value ...]",
+    return help_text("usage: mica sample [CONFIG ...] [--key=value ...]",
                      "nanoGPT's sample.py settings, each a --key=value (a Python literal of the default's type, or a "
-                     "bare word as a string),\nand their defaults:",
+                     "bare word as a string),\nand their defaults; a config file sets the ones it assigns (a "
+                     "training config's out_dir, device), as sample.py's configurator does:",
                      [("nanoGPT's settings (sample.py):", list(SAMPLE_NANOGPT)),
                       ("Mica's settings:", [k for k in SAMPLE_DEFAULTS if k not in SAMPLE_NANOGPT])],
                      SAMPLE_DESCRIPTIONS, SAMPLE_DEFAULTS)
@@ -90,7 +101,9 @@ def cmd_sample(args, extra):
     if _wants_help(extra):
         print(sample_help())
         return 0
-    s = _settings(extra, SAMPLE_DEFAULTS, nullable=("top_k",))
+    from .train.config import load_script_settings
+
+    s = load_script_settings(extra, SAMPLE_DEFAULTS, nullable=("top_k",))  # (config files too, as sample.py's)
     if s["init_from"] != "resume":
         raise MicaError("mica sample reads out_dir/ckpt.safetensors (init_from=resume); convert other weights "
                         "with mica import")
@@ -130,11 +143,11 @@ def cmd_export(args, extra):
 
 
 def cmd_import(args, extra):
-    import os
-
     from .files import lock_run_folder, no_empty_folders_left, writable_folder
     from .train import convert
 
+    if not args.out_dir:
+        raise MicaError("--out_dir is empty; give the folder to write ckpt.safetensors into")
     target = os.path.join(args.out_dir, "ckpt.safetensors")
     if os.path.exists(target) and not args.force:  # (a run's checkpoint: replacing it loses that run)
         raise MicaError(f"{target} already exists; pass --force to replace it, or import into another --out_dir")
@@ -153,17 +166,24 @@ def cmd_import(args, extra):
 
 
 def cmd_inspect(args, extra):
-    """nanoGPT's GPT for --key=value settings: its parameter count, and with --ir one training
-    step's IR (forward, backward, clipping, AdamW)."""
+    """nanoGPT's GPT for --key=value settings (model.py's GPTConfig defaults), or for config files
+    as mica train reads them: its parameter count, and with --ir one training step's IR (forward,
+    backward, clipping, AdamW)."""
+    from .models.gpt import GPTConfig
+
+    if any(a and "=" not in a and not a.startswith("-") for a in extra):
+        return _inspect_config(args, extra)
+    known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
+    s = _settings(extra, {**known, "batch_size": 1})
+    batch = s.pop("batch_size")
+    return _inspect_gpt(args, s, batch)
+
+
+def _inspect_gpt(args, s, batch):
     import mica
 
     from .models.gpt import GPT, GPTConfig, loss_fn
 
-    if extra and not extra[0].startswith("-"):
-        return _inspect_recipe(args, extra[0], extra[1:])
-    known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
-    s = _settings(extra, {**known, "batch_size": 1})
-    batch = s.pop("batch_size")
     for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
         if s[key] <= 0:
             raise MicaError(f"{key} must be positive, got {s[key]}")
@@ -190,6 +210,25 @@ def cmd_inspect(args, extra):
     return 0
 
 
+def _inspect_config(args, items):
+    """`mica inspect CONFIG ... [--key=value ...]`: the model a training config describes, read as
+    mica train reads it; nanoGPT's recipe takes its vocabulary from --vocab_size=N, else from the
+    data folder's meta file where there is one, else GPT-2's padded 50304, as mica train would."""
+    from .train import config as config_mod, run
+
+    vocab = [a for a in items if a.startswith("--vocab_size=")]
+    cfg = config_mod.load(None, [a for a in items if a not in vocab], log=lambda _: None)
+    if cfg["recipe"] == "speedrun":
+        return _inspect_recipe(args, None, items)
+    if vocab:
+        vocab_size = config_mod.apply_overrides({"vocab_size": 50304}, vocab[-1:])["vocab_size"]
+    else:
+        folder = cfg["data_dir"] or os.path.join("data", cfg["dataset"])
+        vocab_size = run.vocab_size(folder, log=lambda _: None)[0] if os.path.isdir(folder) else 50304
+    s = {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout")}
+    return _inspect_gpt(args, {**s, "vocab_size": vocab_size}, cfg["batch_size"])
+
+
 def _inspect_recipe(args, config, overrides):
     """`mica inspect CONFIG [--key=value ...]` for a speedrun config (built-in speedrun or
     speedrun_tiny, or a file with recipe = "speedrun"): its parameter count, and with --ir the IR of
@@ -197,9 +236,6 @@ def _inspect_recipe(args, config, overrides):
     from .train import config as config_mod, programs
 
     cfg = config_mod.load(config, overrides)
-    if cfg["recipe"] != "speedrun":
-        raise MicaError(f"mica inspect CONFIG takes a speedrun config; {config} is nanoGPT's: inspect nanoGPT's GPT "
-                        "with --key=value settings alone")
     config_mod.check_speedrun(cfg)
     vocab = cfg["vocab_size"] or 50304
     print(f"speedrun GPT(vocab_size={vocab}, num_layers={cfg['num_layers']}, model_dim={cfg['model_dim']}, "
@@ -273,16 +309,31 @@ def cmd_check(args, extra):
     return 0 if v["passed"] else 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one sentence, like every other error of mica's."""
+
+    def error(self, message):
+        m = re.fullmatch(r"argument (\S+): invalid choice: (.*) \(choose from (.*)\)", message)
+        if m and m.group(1) in ("command", "what"):
+            what = "a mica command" if m.group(1) == "command" else f"something {self.prog} makes"
+            message = f"{m.group(2)} is not {what} (choose from {m.group(3).replace(chr(39), '')})"
+        elif m:
+            message = f"{m.group(1)} {m.group(2)} is not one of {m.group(3).replace(chr(39), '')}"
+        print(f"mica: error: {self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def parser():
-    p = argparse.ArgumentParser(prog="mica", description="Mica: a compiler for training programs.")
+    p = _Parser(prog="mica", description="Mica: a compiler for training programs.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
     pr = sub.add_parser("prepare", help="turn text into token files (nanoGPT's .bin or speedrun shards)")
     pr.add_argument("what", choices=["shakespeare-char", "text"])
     pr.add_argument("--input", nargs="+", help="text file(s); shakespeare-char defaults to a built-in corpus")
     pr.add_argument("--out", help="output folder (default data/shakespeare_char or data/text)")
-    pr.add_argument("--tokenizer", default="char", help="char, bpe[:VOCAB] or gpt2 (text only)")
-    pr.add_argument("--format", default="bin", choices=["bin", "shards"], help="token file layout (text only)")
+    pr.add_argument("--tokenizer", help="char (the default), bpe[:VOCAB] or gpt2 (text only)")
+    pr.add_argument("--format", choices=["bin", "shards"], help="token file layout: bin (the default: nanoGPT's "
+                    "train.bin, val.bin) or shards (text only)")
     pr.add_argument("--shard_tokens", type=int, default=None,
                     help="with --format shards: at most this many tokens per shard (default: one shard per split)")
     # (their --help lists every setting: see cmd_train, cmd_sample)
@@ -304,8 +355,14 @@ def parser():
     im.add_argument("--out_dir", required=True, help="the run folder to write ckpt.safetensors into (resume it with "
                     "mica train --init_from=resume --out_dir=...)")
     im.add_argument("--force", action="store_true", help="replace a ckpt.safetensors already in --out_dir")
-    ins = sub.add_parser("inspect", help="parameters (and IR) of nanoGPT's GPT for --key=value settings, or of a "
-                         "speedrun config: mica inspect speedrun [--ir]")
+    ins = sub.add_parser("inspect", usage="mica inspect [CONFIG ...] [--ir] [--key=value ...]",
+                         help="parameters (and IR) of nanoGPT's GPT for --key=value settings (model.py's defaults), "
+                         "or of the model config files describe, as mica train reads them (mica inspect speedrun "
+                         "[--ir])",
+                         description="CONFIG: config files or built-in names, read as mica train reads them (the "
+                         "vocabulary from --vocab_size=N or the config's data folder); without one, --key=value sets "
+                         "nanoGPT's model.py GPTConfig (n_layer, n_head, n_embd, block_size, vocab_size, bias, "
+                         "dropout) and batch_size")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
     be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
     be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium",

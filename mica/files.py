@@ -10,6 +10,8 @@ from .errors import MicaError
 def writable_folder(path, what="output folder"):
     """Create `path` if needed and prove it can be written (a probe file is created and removed),
     so a run fails here, before any work, rather than at its first checkpoint."""
+    if not path:
+        raise MicaError(f"the {what} is empty; give the path of a folder")
     if os.path.exists(path) and not os.path.isdir(path):
         raise MicaError(f"{what} {path} exists and is a file, not a folder; remove it or choose another path")
     try:

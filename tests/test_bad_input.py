@@ -205,7 +205,9 @@ TRACEBACK_PATHS = [
     ("out_dir is a file", _text("afile", "x"), ["train", *TINY, "--out_dir=afile"],
      "out_dir afile exists and is a file, not a folder"),
     ("train threads=-1", NO_SETUP, ["train", *TINY, "--threads=-1"],
-     "threads must be 0 (one per core) or a positive count, got -1"),
+     "threads must be 0 (one per core) or a count from 1 to "),
+    ("train threads=100000", NO_SETUP, ["train", *TINY, "--threads=100000"],
+     "(the most a trainer on this machine is built for), got 100000"),
     ("prepare --input a folder", _folder("texts"), ["prepare", "shakespeare-char", "--input", "texts", "--out", "p"],
      "input texts is a folder"),
     ("prepare --out a file", _text("afile", "x"), ["prepare", "text", "--input", "data/in.txt", "--out", "afile"],
@@ -269,6 +271,42 @@ TRACEBACK_PATHS = [
     ("openwebtext without its folder", NO_SETUP, ["train", "--device=cpu", "--dataset=openwebtext"],
      "data folder data/openwebtext does not exist; prepare it first: mica prepare text --input FILE [FILE ...] "
      "--tokenizer gpt2 --out data/openwebtext"),
+    # argparse's own refusals, one sentence each
+    ("import without --out_dir", NO_SETUP, ["import", "x.pt"],
+     "mica import: the following arguments are required: --out_dir; see mica import --help"),
+    ("an unknown command", NO_SETUP, ["trian"], "'trian' is not a mica command (choose from prepare, train"),
+    ("prepare an unknown kind", NO_SETUP, ["prepare", "words"],
+     "'words' is not something mica prepare makes (choose from shakespeare-char, text)"),
+    ("export --dtype float64", NO_SETUP, ["export", "out", "--to", "x.pt", "--dtype", "float64"],
+     "--dtype 'float64' is not one of float32, bfloat16, float16"),
+    # what prepare shakespeare-char would have ignored
+    ("shakespeare-char with two inputs", NO_SETUP, ["prepare", "shakespeare-char", "--input", "data/in.txt",
+                                                    "data/in.txt"], "mica prepare shakespeare-char reads one text file"),
+    ("shakespeare-char with a tokenizer", NO_SETUP, ["prepare", "shakespeare-char", "--tokenizer", "gpt2"],
+     "--tokenizer is for mica prepare text"),
+    # empty and misplaced paths
+    ("an empty out_dir", NO_SETUP, ["train", *TINY, "--out_dir="], "the out_dir is empty; give the path of a folder"),
+    ("export --to an empty path", NO_SETUP, ["export", "out", "--to="], "--to is empty"),
+    ("import --out_dir an empty path", _text("x.pt", "x"), ["import", "x.pt", "--out_dir="], "--out_dir is empty"),
+    ("data_dir a file", _text("afile", "x"), ["train", *TINY, "--data_dir=afile"],
+     "data folder afile is a file; give the folder that holds train.bin and val.bin"),
+    ("plot --out a folder", _text("run/metrics.jsonl", '{"iter": 0, "loss": 4.1}\n'), ["plot", "run", "--out", "data"],
+     "--out data is a folder; give the path of the image to write, e.g. data/loss.png"),
+    ("a config file chooses a missing checkpoint", _text("res.py", "init_from = 'resume'\nout_dir = 'gone'\n"),
+     ["train", *TINY, "res.py"], "res.py:1: checkpoint gone/ckpt.safetensors does not exist"),
+    ("one dash", NO_SETUP, ["train", *TINY, "-max_iters=5"],
+     "expected --key=value, got '-max_iters=5'; a setting starts with two dashes"),
+    ("an unknown setting far from any", NO_SETUP, ["train", *TINY, "--zzzz=1"],
+     "unknown setting 'zzzz'; --help lists every setting"),
+    # batch orders, checked before the trainer starts
+    ("batch order of words", _text("order.txt", "12 7\nabc\n"), ["train", *TINY, "--batch_order=order.txt"],
+     "batch order file order.txt:2 holds 'abc', not a row offset"),
+    ("batch order beyond the data", _text("order.txt", "5 99999999\n"), ["train", *TINY, "--batch_order=order.txt"],
+     "batch order file order.txt:1 has offset 99999999, beyond the training data's"),
+    ("batch order too short", _text("order.txt", "1 2 3\n"), ["train", *TINY, "--batch_order=order.txt"],
+     "batch order file order.txt holds 3 offsets, but this run draws 8 (2 a batch"),
+    ("batch order empty", _text("order.txt", "\n"), ["train", *TINY, "--batch_order=order.txt"],
+     "batch order file order.txt holds no offsets"),
     # the protocol's settings, checked before anything runs
     ("bench --rounds 0", NO_SETUP, ["bench", "--rounds", "0"], "--rounds must be a whole number, 1 or more; got 0"),
     ("bench --window 0", NO_SETUP, ["bench", "--window", "0"], "--window must be a whole number, 1 or more; got 0"),
@@ -312,7 +350,8 @@ SAMPLE_PATHS = [
     ("--start=FILE: a folder", _folder("prompts"), ["--start=FILE:prompts"], "prompt file prompts is a folder"),
     ("--start=FILE: not UTF-8", _text("p.txt", b"First \xff\n"), ["--start=FILE:p.txt"],
      "prompt file p.txt is not UTF-8 text: byte 0xff at p.txt:1 (offset 6)"),
-    ("sample threads=-1", NO_SETUP, ["--threads=-1"], "threads must be 0 (one per core) or a positive count, got -1"),
+    ("sample threads=-1", NO_SETUP, ["--threads=-1"], "threads must be 0 (one per core) or a count from 1 to "),
+    ("sample threads=100000", NO_SETUP, ["--threads=100000"], "built for), got 100000"),
     ("top_k=-5", NO_SETUP, ["--top_k=-5"], "top_k must be a positive count of tokens to keep, or None for no cut; got -5"),
     ("top_k=0", NO_SETUP, ["--top_k=0"], "top_k must be a positive count"),
     ("top_k a word", NO_SETUP, ["--top_k=all"], "--top_k: top_k must be int or None"),
@@ -328,6 +367,35 @@ def test_sample_no_traceback(run_dir, setup, flags, needle):
     if setup:
         setup(run_dir, None)
     assert_sentence(mica(*SAMPLE, *flags, cwd=run_dir), needle)
+
+
+def test_a_refused_run_into_a_finished_runs_folder_changes_nothing(run_dir, tmp_path):
+    """Settings refused before the trainer starts (too many threads, a batch order that is not one)
+    leave the earlier run's files as they were: its metrics, checkpoint and starting weights."""
+    import shutil
+
+    work = tmp_path / "copy"
+    shutil.copytree(run_dir, work)
+    folder = work / "out-shakespeare-char"
+    before = {p: (folder / p).read_bytes() for p in os.listdir(folder) if p != ".mica.lock"}
+    (work / "order.txt").write_text("abc\n")
+    for flag in ("--threads=100000", "--batch_order=order.txt", "--init_from=nope.pt"):
+        r = mica("train", *TINY, flag, cwd=work)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert {p: (folder / p).read_bytes() for p in os.listdir(folder) if p != ".mica.lock"} == before, flag
+
+
+def test_sample_reads_config_files_as_sample_py_does(run_dir):
+    """nanoGPT's sample.py runs its configurator too: a training config's out_dir (and device) are
+    sample.py's settings, its model settings are ignored, and --key=value after it still wins."""
+    want = mica(*SAMPLE, cwd=run_dir)
+    assert want.returncode == 0, want.stderr
+    (run_dir / "cfg.py").write_text("out_dir = 'out-shakespeare-char'\nn_layer = 7\nnum_samples = 5\n")
+    for first in ("shakespeare_char", "cfg.py"):
+        r = mica("sample", first, *SAMPLE[2:], cwd=run_dir)  # (SAMPLE[1] is --out_dir)
+        assert r.returncode == 0 and r.stdout == want.stdout, (first, r.stderr)
+    (run_dir / "bad.py").write_text("top_k = 'many'\n")
+    assert_sentence(mica("sample", "bad.py", cwd=run_dir), "bad.py:1: top_k must be int or None")
 
 
 def test_top_k_none_means_no_cut(run_dir):

@@ -25,3 +25,17 @@ def test_unknown_setting_names_the_nearest_one():
     assert r.returncode == 2
     assert r.stderr.strip() == "mica: error: unknown setting 'n_layr'; did you mean 'n_layer'?"
     assert "Traceback" not in r.stderr
+
+
+def test_inspect_reads_config_files_as_mica_train_does(tmp_path):
+    """A nanoGPT config describes the model mica train builds from it (train.py's bias=False, the
+    data folder's vocabulary), not model.py's GPTConfig defaults."""
+    (tmp_path / "more.py").write_text("n_layer = 2\n")
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "inspect", "shakespeare_char", "--vocab_size=65"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "number of parameters: 10.65M" in r.stdout and "bias=False" in r.stdout and "dropout=0.2" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "inspect", "shakespeare_char", "more.py", "--n_embd=64",
+                        "--n_head=4"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "n_layer=2, n_head=4, n_embd=64" in r.stdout and "vocab_size=50304" in r.stdout  # (no data folder here)

@@ -49,7 +49,7 @@ def test_train_help_after_a_config_shows_its_values():
 
 def test_sample_help_lists_every_setting_with_its_default():
     lines = _help("sample", "--help")
-    assert lines[0] == "usage: mica sample [--key=value ...]"
+    assert lines[0] == "usage: mica sample [CONFIG ...] [--key=value ...]"
     nanogpt = _listed(lines, "nanoGPT's settings (sample.py):")
     mica = _listed(lines, "Mica's settings:")
     assert list(nanogpt) == list(SAMPLE_NANOGPT) and list(mica) == ["threads", "data_dir", "simulate"]

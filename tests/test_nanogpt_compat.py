@@ -134,6 +134,27 @@ def test_import_never_replaces_a_run_unasked(nanogpt):
     assert target.read_bytes() == first  # (the marked file replaced by the conversion)
 
 
+def test_an_imported_checkpoints_metadata_is_checksummed(nanogpt):
+    """An import's iteration, best loss and config carry the trainer's checksum: a changed byte in
+    them is refused by a resume, an export and sampling, not trained on or written on."""
+    d = nanogpt["dir"]
+    mica_cli("import", "ckpt.pt", "--out_dir", "edited", cwd=d)
+    path = d / "edited" / "ckpt.safetensors"
+    st = checkpoint.SafeTensors(str(path))
+    assert st.metadata["meta_crc32"] == f"{checkpoint.metadata_crc(st.metadata):08x}"
+    st.check_metadata()
+    raw = path.read_bytes()
+    was = f'"iter_num":"{SAVED_AT}"'.encode()
+    assert raw.count(was) == 1
+    path.write_bytes(raw.replace(was, f'"iter_num":"{SAVED_AT + 1}"'.encode()[:len(was)]))
+    for command in (["train", *FLAGS, "--out_dir=edited", "--init_from=resume"],
+                    ["export", "edited", "--to", "edited.pt"],
+                    ["sample", "--out_dir=edited", "--num_samples=1", "--max_new_tokens=4"]):
+        r = mica_cli(*command, cwd=d, check=False)
+        assert r.returncode == 2 and "does not match its checksum" in r.stderr, (command, r.stderr)
+    assert not (d / "edited.pt").exists()
+
+
 def test_export_writes_the_ckpt_pt_nanogpt_itself_wrote(nanogpt):
     """nanoGPT's ckpt.pt through mica import and mica export again: the optimizer's lr is train.py's
     get_lr at the saved iter_num (not the base learning_rate) and best_val_loss its 0-d float32

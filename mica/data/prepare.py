@@ -43,7 +43,7 @@ def _read_text(paths):
         parts.append(read_text(p, "input file"))
     text = "".join(parts)
     if not text:
-        raise MicaError("the input text is empty")
+        raise MicaError(f"the input text is empty ({', '.join(paths)}); give a file with the text to train on")
     return text
 
 

@@ -73,7 +73,9 @@ def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
 def _open_tokens(path, vocab_size, min_tokens, what):
     size = os.path.getsize(path)
     if size == 0:
-        raise MicaError(f"{what} {path} is empty")
+        from .prepare import hint  # (prepare imports this module)
+
+        raise MicaError(f"{what} {path} is empty; prepare the data again: {hint(os.path.dirname(path) or '.')}")
     layout, offset = token_layout(path)
     if layout == "shard":
         if size < offset:

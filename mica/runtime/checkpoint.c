@@ -169,7 +169,8 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
     }
     if (fclose(f) != 0 || !ok) {
         unlink(tmp);
-        die(2, "writing the checkpoint in %s failed (%s); nothing was replaced", S.out_dir, strerror(err ? err : errno));
+        die(2, "writing the checkpoint in %s failed (%s); nothing was replaced: free space (or fix the folder) and "
+               "resume from the last checkpoint with --init_from=resume", S.out_dir, strerror(err ? err : errno));
     }
     if (rename(tmp, path) != 0) {
         err = errno;

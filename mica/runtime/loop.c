@@ -22,7 +22,9 @@ static int64_t *batch_x, *batch_y; /* host staging of one batch, copied into the
 static int64_t draw_offset(const token_set *data, int training) {
     if (order_file && training) {
         long long off;
-        if (fscanf(order_file, "%lld", &off) != 1) die(2, "the batch order file %s ran out of offsets", S.batch_order);
+        if (fscanf(order_file, "%lld", &off) != 1)
+            die(2, "the batch order file %s ran out of offsets; it needs batch_size x gradient_accumulation_steps "
+                   "offsets per iteration: record a longer order, or train fewer max_iters", S.batch_order);
         if (off < 0 || off >= data->windows)
             die(2, "batch order offset %lld does not fit the training data (%lld rows)", off, (long long)data->windows);
         return off;

@@ -78,6 +78,16 @@ def missing(path, then="check the path, or train a run into that folder first"):
     return f"checkpoint {path} does not exist; {then}"
 
 
+RESUMED_METADATA = ("iter_num", "best_val_loss", "config")  # (and the batch generator's "rng", where a run wrote it)
+
+
+def metadata_crc(md):
+    """The CRC-32 of the metadata a resume reads, as the trainer computes it: iteration, best loss,
+    batch generator (empty in an imported checkpoint, which has none) and config, one a line."""
+    text = "\n".join([md["iter_num"], md["best_val_loss"], md.get("rng", ""), md["config"]])
+    return zlib.crc32(text.encode())
+
+
 class SafeTensors:
     """A checked view of a safetensors file: .metadata, .names, .info(name), .read(name), .crc(name).
 
@@ -152,10 +162,8 @@ class SafeTensors:
         the metadata must match it."""
         if "meta_crc32" not in self.metadata:
             return
-        md = self.metadata
         try:
-            text = "\n".join([md["iter_num"], md["best_val_loss"], md["rng"], md["config"]])
-            ok = zlib.crc32(text.encode()) == int(md["meta_crc32"], 16)
+            ok = metadata_crc(self.metadata) == int(self.metadata["meta_crc32"], 16)
         except (KeyError, ValueError):
             ok = False
         if not ok:
@@ -216,6 +224,8 @@ def write(path, tensors, metadata=None):
         arrays.append(a)
         at += a.nbytes
     meta = {k: str(v) for k, v in (metadata or {}).items()}
+    if all(k in meta for k in RESUMED_METADATA):  # (an import's: a resume checks it, as it checks the trainer's)
+        meta["meta_crc32"] = f"{metadata_crc(meta):08x}"
     meta["crc32"] = json.dumps({name: f"{crc32(a):08x}" for name, a in zip(header, arrays)},
                                separators=(",", ":"))
     blob = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()

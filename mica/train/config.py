@@ -198,7 +198,7 @@ DESCRIPTIONS = {
     "dtype": "float32, or bfloat16: the products and attention in bfloat16 under autocast, as torch.autocast (on a CPU nanoGPT trains float32, so a CPU run does too unless dtype is given); float16 adds GradScaler's loss scaling, as nanoGPT",
     "compile": "accepted; Mica's step is always compiled",
     "seed": "seeds the initialization, the batches and dropout (any 64-bit int, negative too)",
-    "threads": "trainer threads; 0: one per core (results are the same for any count)",
+    "threads": "trainer threads; 0: one per core, at most max(8, cores) (results are the same for any count)",
     "opt_level": "0, 1 or 2: gcc -O1/-O2/-O3; 0 also turns fusion off",
     "batch_order": "a file of recorded batch offsets to train on instead of random ones",
     "simulate": "with device=cuda: run the CUDA trainer on the CPU simulator (slow; for tiny configs)",
@@ -282,15 +282,40 @@ def apply_overrides(settings, items, nullable=()):
     out = dict(settings)
     for item in items:
         if not item.startswith("--") or "=" not in item:
-            raise MicaError(f"expected --key=value, got {item!r}")
+            raise MicaError(f"expected --key=value, got {item!r}" + ("; a setting starts with two dashes"
+                                                                    if item.startswith("-") and "=" in item else ""))
         key, raw = item[2:].split("=", 1)
         if key not in out:
-            raise MicaError(f"unknown setting {key!r}{_nearest(key, out)}")
+            raise MicaError(f"unknown setting {key!r}{_nearest(key, out) or '; --help lists every setting'}")
         try:
             value = ast.literal_eval(raw)
         except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
             value = raw  # (TypeError: an unhashable key, as in {[1]: 2})
         out[key] = _check_type(key, value, f"--{key}", settings, nullable)
+    return out
+
+
+def load_script_settings(items, defaults, nullable=()):
+    """Another nanoGPT script's settings (sample.py's) from its command line, read as its
+    configurator reads it: config files (or built-in names) and --key=value items in order. A file
+    may set anything; what is not one of this script's settings is ignored, as the script ignores
+    it (a training config's n_layer means nothing to sample.py, its out_dir does)."""
+    from . import config_files
+
+    out = dict(defaults)
+    for item in items:
+        if "=" in item or item.startswith("-"):
+            out = apply_overrides(out, [item], nullable)
+        elif item in BUILTIN_CONFIGS and not os.path.exists(item):
+            out.update({k: v for k, v in BUILTIN_CONFIGS[item].items() if k in out})
+        elif not item:
+            raise MicaError("an empty argument is neither a config file nor --key=value; remove it")
+        elif not os.path.exists(item):
+            raise MicaError(f"config file {item} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
+        else:
+            ran = config_files.run(item, out)
+            for key, value in ran.settings.items():
+                out[key] = _check_type(key, value, _at(ran, item, key), defaults, nullable)
     return out
 
 
@@ -347,7 +372,8 @@ def _load(items, recipe, log):
     for item in items:
         if "=" in item:
             if not item.startswith("--"):
-                raise MicaError(f"expected --key=value, got {item!r}")
+                raise MicaError(f"expected --key=value, got {item!r}" + ("; a setting starts with two dashes"
+                                                                        if item.startswith("-") else ""))
             key = item[2:].split("=", 1)[0]
             cfg = apply_overrides(cfg, [item])
             explicit.add(key)
@@ -410,6 +436,18 @@ def check_seed(seed):
     if not -2**63 <= seed < 2**64:
         raise MicaError(f"seed must fit in 64 bits (from -2**63 to 2**64 - 1), got {seed}")
     return seed
+
+
+def check_threads(threads):
+    """0 (one per core) or a count up to what a CPU trainer is built for (its scratch is per thread):
+    max(8, this machine's cores)."""
+    from ..backends.c.target import default_max_threads
+
+    most = default_max_threads()
+    if not 0 <= threads <= most:
+        raise MicaError(f"threads must be 0 (one per core) or a count from 1 to {most} (the most a trainer on this "
+                        f"machine is built for), got {threads}")
+    return threads
 
 
 def seed_int64(seed):
@@ -507,8 +545,7 @@ def _check_speedrun(cfg):
         raise MicaError(f"init_from must be scratch, resume or PATH.safetensors (weights with the seed's names) for the "
                         f"speedrun recipe, got {_show(cfg['init_from'])}")
     check_seed(cfg["seed"])
-    if cfg["threads"] < 0:
-        raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")
+    check_threads(cfg["threads"])
     return cfg
 
 
@@ -569,8 +606,7 @@ def _check_nanogpt(cfg, log):
     if cfg["max_iters"] < 0:
         raise MicaError(f"max_iters must be 0 or more, got {cfg['max_iters']}")
     check_seed(cfg["seed"])
-    if cfg["threads"] < 0:
-        raise MicaError(f"threads must be 0 (one per core) or a positive count, got {cfg['threads']}")
+    check_threads(cfg["threads"])
     if cfg["n_embd"] % cfg["n_head"]:
         raise MicaError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
     if not 0.0 <= cfg["dropout"] < 1.0:

@@ -68,9 +68,12 @@ def export_nanogpt(out_dir, to, dtype=None):
     torch = _torch()
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise MicaError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+    if not to:
+        raise MicaError("--to is empty; give the path of the ckpt.pt to write")
     if os.path.isdir(to):
         raise MicaError(f"--to {to} is a folder; give the path of the file to write, e.g. {os.path.join(to, 'ckpt.pt')}")
     st = ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors"))
+    st.check_metadata()  # (its iteration and config go into the ckpt.pt)
     try:
         cfg = json.loads(st.metadata.get("config", "{}"))
     except ValueError:
@@ -179,11 +182,14 @@ def import_nanogpt(path, out_dir):
             warnings.simplefilter("ignore")
             ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        if "unsupported global" in str(e).lower():  # (torch names the blocked GLOBAL it met)
+        if "unsupported global" in str(e).lower() or "weights only load failed" in str(e).lower():
             raise MicaError(f"{path} holds Python objects besides tensors and plain values, which Mica does not load "
                             "(loading them could run code); save the checkpoint with plain dicts, as nanoGPT does") \
                 from None
-        raise MicaError(f"{path} is not a readable nanoGPT checkpoint ({type(e).__name__})") from None
+        from .config_files import first_line
+
+        raise MicaError(f"{path} is not a readable PyTorch checkpoint (torch.load: {first_line(e)[:150]}); it may be "
+                        "truncated or damaged: copy it again, or give another checkpoint") from None
     if not isinstance(ck, dict) or not isinstance(ck.get("model"), dict):
         bare = isinstance(ck, dict) and any(str(k).endswith("wte.weight") for k in ck)
         raise MicaError(f"{path} " + ("holds bare model weights (a state_dict) without nanoGPT's model_args, so its "
@@ -196,7 +202,8 @@ def import_nanogpt(path, out_dir):
         sd = {k: v for k, v in sd.items() if not _is_mask_buffer(k, v)}
         tensors = {k: v.detach().float().numpy() for k, v in sd.items() if k != "lm_head.weight"}
     except Exception as e:
-        raise MicaError(f"{path} is not a readable nanoGPT checkpoint ({type(e).__name__})") from None
+        raise MicaError(f"{path} is not a nanoGPT checkpoint: its 'model' entry is not a table of tensors by name, as "
+                        "nanoGPT's train.py saves it; give a checkpoint that train.py saved") from None
     if "transformer.wte.weight" not in tensors and "lm_head.weight" not in sd:
         raise MicaError(f"{path} holds no GPT weights (no transformer.wte.weight or lm_head.weight); is it a nanoGPT "
                         "checkpoint?")

@@ -46,6 +46,12 @@ def plot(out_dir, out=None):
         import matplotlib.pyplot as plt
     except ImportError:
         raise MicaError("mica plot needs matplotlib: pip install matplotlib") from None
+    out = out or os.path.join(out_dir, "loss.png")
+    if os.path.isdir(out):
+        raise MicaError(f"--out {out} is a folder; give the path of the image to write, e.g. "
+                        f"{os.path.join(out, 'loss.png')}")
+    if not os.path.splitext(out)[1]:
+        out += ".png"  # (matplotlib's own choice for a name without an extension, said as written)
     iters, evals = read_metrics(out_dir)
     if not iters and not evals:
         raise MicaError(f"{out_dir}/metrics.jsonl holds no losses yet")
@@ -62,7 +68,6 @@ def plot(out_dir, out=None):
     ax.set_title(os.path.basename(os.path.abspath(out_dir)))
     ax.grid(alpha=0.3)
     ax.legend()
-    out = out or os.path.join(out_dir, "loss.png")
     try:
         fig.savefig(out, dpi=120, bbox_inches="tight")
     except OSError as e:

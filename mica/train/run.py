@@ -28,6 +28,9 @@ def data_files(cfg, log=None):
     """(folder, [train files], [val files]): `train.bin` / `val.bin` (nanoGPT), or else every shard
     of the split in sorted order (`train_*.bin`, or the speedrun's `fineweb_train_*.bin`)."""
     folder = cfg["data_dir"] or os.path.join("data", cfg["dataset"])
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise MicaError(f"data folder {folder} is a file; give the folder that holds train.bin and val.bin (or "
+                        "shards)")
     if not os.path.isdir(folder):
         raise MicaError(f"data folder {folder} does not exist; prepare it first: {prepare.hint(folder)}")
     splits = []
@@ -56,6 +59,35 @@ def _check_split(paths, vocab, need, what, log):
             tok.open_tokens(paths[0], vocab, need, what)  # says how short it is
         log(f"{what}: {len(paths)} files, {sum(lengths):,} tokens, from {paths[0]} to {os.path.basename(paths[-1])}")
     return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
+
+
+def _check_batch_order(path, windows, needed=None, rows=None):
+    """A recorded batch order: whole numbers separated by white space, one training row's offset
+    each, within the training data's `windows` rows (as the trainer numbers them across files), and
+    at least `needed` of them where the run's count is known (`rows` a step)."""
+    if not os.path.exists(path):
+        raise MicaError(f"batch order file {path} does not exist; check the path, or leave batch_order empty for "
+                        "the seed's random batches")
+    if not os.path.isfile(path):
+        raise MicaError(f"batch order file {path} is a folder; give the path of the file in it")
+    text = read_text(path, "batch order file")
+    count = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        for word in line.split():
+            if not re.fullmatch(r"[+-]?\d+", word):
+                raise MicaError(f"batch order file {path}:{number} holds {word[:40]!r}, not a row offset; the file "
+                                "holds whole numbers, one offset of a training row each")
+            if not 0 <= int(word) < windows:
+                raise MicaError(f"batch order file {path}:{number} has offset {word}, beyond the training data's "
+                                f"{windows:,} rows (0 to {windows - 1:,}); record the order on this data")
+            count += 1
+    if not count:
+        raise MicaError(f"batch order file {path} holds no offsets; give one offset per training row, or leave "
+                        "batch_order empty for the seed's random batches")
+    if needed is not None and count < needed:
+        raise MicaError(f"batch order file {path} holds {count:,} offsets, but this run draws {needed:,} "
+                        f"({rows:,} a batch: batch_size x gradient_accumulation_steps); record a longer order, or "
+                        "train fewer max_iters")
 
 
 _TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|trainer(?:\.rank\d+)?\.manifest)\.tmp(\d+)")
@@ -95,14 +127,26 @@ def vocab_size(folder, log=print):
     return 50304, None
 
 
-def _model_config_json(cfg):
-    return {k: cfg[k] for k in MODEL_KEYS}
+def _saved_json(cfg):
+    """The config a checkpoint keeps, with Mica's own data paths made absolute, so that sampling
+    from another folder finds the vocabulary the run trained with (nanoGPT's `dataset` stays as
+    nanoGPT keeps it: data/<dataset> under the folder one samples from)."""
+    saved = dict(cfg)
+    for key in ("data_dir", "train_files", "val_files"):
+        if saved.get(key):
+            saved[key] = os.path.abspath(saved[key])
+    return json.dumps(saved, separators=(",", ":"))
 
 
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides, log), log)
-    _check_init_from(cfg)
+    try:
+        _check_init_from(cfg)
+    except MicaError as e:  # (led by the config line that chose the weights, where a file did)
+        origin = getattr(cfg, "origin", {})
+        at = origin.get("init_from") or (origin.get("out_dir") if cfg["init_from"] == "resume" else None)
+        raise (MicaError(f"{at}: {e.sentence}") if at else e) from None
     with no_empty_folders_left(cfg["out_dir"]):  # a run refused before it wrote anything leaves no folder
         if cfg["recipe"] == "speedrun":
             return prepare_speedrun(cfg, log)
@@ -117,11 +161,14 @@ def _prepare_nanogpt(cfg, log):
     need = cfg["block_size"] + 1
     files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
     files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
-    if cfg["batch_order"] and not os.path.exists(cfg["batch_order"]):
-        raise MicaError(f"batch order file {cfg['batch_order']} does not exist; check the path, or leave "
-                        "batch_order empty for the seed's random batches")
-    if cfg["batch_order"] and not os.path.isfile(cfg["batch_order"]):
-        raise MicaError(f"batch order file {cfg['batch_order']} is a folder; give the path of the file in it")
+    if cfg["batch_order"]:
+        windows = sum(max(len(tok.open_tokens(p, vocab, 0, "training data")) - cfg["block_size"], 0)
+                      for p in train_paths)
+        rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
+        # (a run from its start draws one batch before iteration 0 and one more for each of max_iters)
+        needed = None if cfg["init_from"] == "resume" or distributed.ranks(cfg)[0] > 1 else \
+            rows * (1 if cfg["eval_only"] else cfg["max_iters"] + 1)
+        _check_batch_order(cfg["batch_order"], windows, needed, rows)
     out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
     world, rank = distributed.ranks(cfg)
     if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
@@ -150,7 +197,7 @@ def _prepare_nanogpt(cfg, log):
                     peak_flops=A100_BF16_PEAK if cfg["device"] == "cuda" and not cfg["simulate"] else programs.peak_flops())
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
-    settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
+    settings["config_json"] = _saved_json(cfg)
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
@@ -265,7 +312,7 @@ def prepare_speedrun(cfg, log):
                     log_interval=cfg["log_interval"], eval_only=0, always_save=1,
                     seed=config_mod.seed_int64(cfg["seed"]), threads=cfg["threads"] or os.cpu_count() or 1,
                     time_every_iter=int(cfg["time_every_iter"]), flops_per_iter=programs.flops_per_iter(cfg, model),
-                    peak_flops=1.0, stop_at=cfg["stop_at"], config_json=json.dumps(cfg, separators=(",", ":")))
+                    peak_flops=1.0, stop_at=cfg["stop_at"], config_json=_saved_json(cfg))
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
         path = os.path.join(out_dir, "init.safetensors")
@@ -615,7 +662,8 @@ def _codec(cfg, vocab=None, padded=False):
         def encode(s):
             bad = sorted(set(c for c in s if c not in stoi))
             if bad:
-                raise MicaError(f"the start text has characters the vocabulary lacks: {''.join(bad)!r}")
+                raise MicaError(f"the start text has characters the vocabulary lacks: {''.join(bad)!r}; start with "
+                                "characters of the text the model was trained on")
             return [stoi[c] for c in s]
 
         return encode, _checked(lambda ids: "".join(itos[i] for i in ids), len(itos))
@@ -643,9 +691,10 @@ def _gpt2_codec(folder):
 
         enc = tiktoken.get_encoding("gpt2")
     except Exception as e:  # not installed, or the encoding cannot be fetched offline
+        why = "tiktoken is not installed" if isinstance(e, ImportError) else "tiktoken cannot load it offline"
         raise MicaError(f"no meta.json or meta.pkl in {folder}, so this model's tokens are GPT-2's, but GPT-2's "
-                        f"encoding is not available here ({type(e).__name__}); install tiktoken with its encoding "
-                        "cached, or point data_dir at the data folder the model was trained on") from None
+                        f"encoding is not available here ({why}); install tiktoken with its encoding cached, or "
+                        "point data_dir at the data folder the model was trained on") from None
     return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), _checked(enc.decode, enc.n_vocab)
 
 
@@ -672,6 +721,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     or from `data_dir`."""
     path = os.path.join(out_dir, "ckpt.safetensors")
     st = ckpt.SafeTensors(path)
+    st.check_metadata()  # (the config it reads: the model's shape, the data folder)
     saved = _saved_config(st)
     speedrun = saved.get("recipe") == "speedrun"
     cfg = {**config_mod.defaults_for(saved.get("recipe", "nanogpt") if speedrun else "nanogpt"), **saved}
@@ -684,6 +734,8 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
         raise MicaError(f"{path} holds no GPT weights ({embedding})")
     vocab = st.info(embedding)[1][0]
     if start.startswith("FILE:"):
+        if not start[5:]:
+            raise MicaError("--start=FILE: names no file; give its path, e.g. --start=FILE:prompt.txt")
         start = read_text(start[5:], "--start prompt file")
     if not temperature > 0 or temperature == float("inf"):
         raise MicaError(f"temperature must be a positive number (lower is more conservative), got {temperature}")
@@ -693,8 +745,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
         raise MicaError(f"num_samples must be 1 or more, got {num_samples}")
     if top_k is not None and top_k < 1:
         raise MicaError(f"top_k must be a positive count of tokens to keep, or None for no cut; got {top_k}")
-    if threads is not None and threads < 0:
-        raise MicaError(f"threads must be 0 (one per core) or a positive count, got {threads}")
+    config_mod.check_threads(threads or 0)
     config_mod.check_seed(seed)
     encode, decode = _codec(cfg, vocab, padded=speedrun)  # (the speedrun pads its vocabulary to 128s)
     ids = encode(start)
