@@ -67,9 +67,8 @@ def no_empty_folders_left(*paths):
         yield
     except BaseException:
         for path, stop in made:
-            lock = os.path.join(path, ".mica.lock")
-            if os.path.isdir(path) and os.listdir(path) == [".mica.lock"]:
-                os.unlink(lock)  # (the folder is this command's, and so is the lock in it)
+            if os.path.realpath(path) in _LOCKS and os.path.isdir(path) and os.listdir(path) == [".mica.lock"]:
+                os.unlink(os.path.join(path, ".mica.lock"))  # (the folder is this command's, and so is its lock)
             while path != stop and os.path.isdir(path):
                 try:
                     os.rmdir(path)  # (only an empty folder goes)

@@ -5,6 +5,7 @@ parsed correctly or refused with one MicaError sentence, never another exception
 token files and shards here; more parsers may be added beside them.)"""
 import os
 import random
+import re
 import signal
 
 import numpy as np
@@ -187,6 +188,32 @@ def test_fuzz_command_lines(tmp_path, deadline):
             assert set(value) == set(want), (case, items)
             assert all(type(value[k]) is type(want[k]) for k in want if want[k] is not None), (case, items)
     assert counts["ok"] >= CASES // 10 and counts["error"] >= CASES // 10, counts
+
+
+def test_fuzz_batch_order_files(tmp_path, deadline):
+    """Random batch-order text (numbers, signs, words, blank lines, bytes that are not UTF-8) through
+    the check mica train makes before the trainer starts: accepted only when every word is a whole
+    number within the rows and there are enough of them, else a sentence."""
+    from mica.train import run
+
+    rng = random.Random(5)
+    path = tmp_path / "order.txt"
+    counts = {"ok": 0, "error": 0}
+    pieces = ["0", "7", "99", "100", "-1", "+3", "1e3", "0x10", "abc", "\n", " ", "\t", "\r\n", "3.5", "٣"]
+    for case in range(CASES):
+        pool = pieces if rng.random() < 0.5 else ["0", "7", "99", "+3", "42", "\n"]  # (half: numbers only)
+        words = [rng.choice(pool) for _ in range(rng.randint(0, 12))]
+        raw = " ".join(words).encode()
+        if rng.random() < 0.05:
+            raw += b"\xff"
+        path.write_bytes(raw)
+        kind, _ = _outcome(lambda: run._check_batch_order(str(path), 100, needed=4, rows=2), case, deadline)
+        counts[kind] += 1
+        if kind == "ok":
+            numbers = raw.decode().split()
+            assert len(numbers) >= 4 and all(re.fullmatch(r"\+?[0-9]+", w) and int(w) < 100 for w in numbers), \
+                (case, raw)
+    assert counts["ok"] and counts["error"], counts
 
 
 # ---- token files and shards -----------------------------------------------------------------------

@@ -74,7 +74,7 @@ def _check_batch_order(path, windows, needed=None, rows=None):
     count = 0
     for number, line in enumerate(text.splitlines(), 1):
         for word in line.split():
-            if not re.fullmatch(r"[+-]?\d+", word):
+            if not re.fullmatch(r"[+-]?[0-9]+", word):  # (ASCII digits: what the trainer reads)
                 raise MicaError(f"batch order file {path}:{number} holds {word[:40]!r}, not a row offset; the file "
                                 "holds whole numbers, one offset of a training row each")
             if not 0 <= int(word) < windows:
