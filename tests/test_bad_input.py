@@ -398,6 +398,15 @@ def test_sample_reads_config_files_as_sample_py_does(run_dir):
     assert_sentence(mica("sample", "bad.py", cwd=run_dir), "bad.py:1: top_k must be int or None")
 
 
+def test_sampling_from_another_folder_finds_the_runs_data(run_dir, tmp_path):
+    """The run trained in run_dir with data/shakespeare_char (relative); its checkpoint keeps the
+    path as given (its bytes do not depend on the folder), and mica sample run from elsewhere finds
+    the vocabulary from where out_dir lies."""
+    want = mica(*SAMPLE, cwd=run_dir)
+    r = mica("sample", f"--out_dir={run_dir / 'out-shakespeare-char'}", *SAMPLE[2:], cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == want.stdout, r.stderr
+
+
 def test_top_k_none_means_no_cut(run_dir):
     """nanoGPT's sample.py accepts top_k=None: every token stays, the same draw as a top_k past the vocabulary."""
     none = mica(*SAMPLE, "--top_k=None", "--max_new_tokens=40", cwd=run_dir)

@@ -127,17 +127,6 @@ def vocab_size(folder, log=print):
     return 50304, None
 
 
-def _saved_json(cfg):
-    """The config a checkpoint keeps, with Mica's own data paths made absolute, so that sampling
-    from another folder finds the vocabulary the run trained with (nanoGPT's `dataset` stays as
-    nanoGPT keeps it: data/<dataset> under the folder one samples from)."""
-    saved = dict(cfg)
-    for key in ("data_dir", "train_files", "val_files"):
-        if saved.get(key):
-            saved[key] = os.path.abspath(saved[key])
-    return json.dumps(saved, separators=(",", ":"))
-
-
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
     cfg = config_mod.check_supported(config_mod.load(config_path, overrides, log), log)
@@ -197,7 +186,7 @@ def _prepare_nanogpt(cfg, log):
                     peak_flops=A100_BF16_PEAK if cfg["device"] == "cuda" and not cfg["simulate"] else programs.peak_flops())
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
-    settings["config_json"] = _saved_json(cfg)
+    settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
@@ -312,7 +301,7 @@ def prepare_speedrun(cfg, log):
                     log_interval=cfg["log_interval"], eval_only=0, always_save=1,
                     seed=config_mod.seed_int64(cfg["seed"]), threads=cfg["threads"] or os.cpu_count() or 1,
                     time_every_iter=int(cfg["time_every_iter"]), flops_per_iter=programs.flops_per_iter(cfg, model),
-                    peak_flops=1.0, stop_at=cfg["stop_at"], config_json=_saved_json(cfg))
+                    peak_flops=1.0, stop_at=cfg["stop_at"], config_json=json.dumps(cfg, separators=(",", ":")))
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
         path = os.path.join(out_dir, "init.safetensors")
@@ -642,6 +631,21 @@ def _quiet(message):
 
 # ---- sampling -------------------------------------------------------------------------------------
 
+def _as_trained(folder, out_dir, saved_out_dir):
+    """A data folder the run named relative to the folder it trained in: as it stands from here
+    when it exists, else from that folder, found from where out_dir is now (the run trained in the
+    folder holding its out_dir as it named it, e.g. `out`); checkpoints keep paths as given, so
+    their bytes do not depend on where a run was made."""
+    if os.path.isabs(folder) or os.path.isdir(folder) or not isinstance(saved_out_dir, str):
+        return folder
+    parts = os.path.normpath(saved_out_dir).split(os.sep)
+    here = os.path.abspath(out_dir)
+    if os.path.isabs(saved_out_dir) or ".." in parts or here.split(os.sep)[-len(parts):] != parts:
+        return folder
+    base = os.sep.join(here.split(os.sep)[:-len(parts)]) or os.sep
+    return os.path.join(base, folder) if os.path.isdir(os.path.join(base, folder)) else folder
+
+
 def _codec(cfg, vocab=None, padded=False):
     """(encode, decode) for sampling, from the data folder's meta.json or meta.pkl, as nanoGPT's
     sample.py decodes; with neither, GPT-2's encoding (tiktoken) for a model of GPT-2's vocabulary.
@@ -727,8 +731,10 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     cfg = {**config_mod.defaults_for(saved.get("recipe", "nanogpt") if speedrun else "nanogpt"), **saved}
     if data_dir:
         cfg["data_dir"] = data_dir
-    elif speedrun:  # the tokenizer is the one the shards were made with: their folder's meta.json
-        cfg["data_dir"] = os.path.dirname(cfg["train_files"]) or "."
+    else:  # the run's own data folder (the speedrun's: where its shards are, their meta.json)
+        trained = (os.path.dirname(cfg["train_files"]) or ".") if speedrun else \
+            (cfg["data_dir"] or os.path.join("data", cfg["dataset"]))
+        cfg["data_dir"] = _as_trained(trained, out_dir, saved.get("out_dir"))
     embedding = "embed.weight" if speedrun else "transformer.wte.weight"
     if embedding not in st.tensors:
         raise MicaError(f"{path} holds no GPT weights ({embedding})")
