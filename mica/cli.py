@@ -233,11 +233,16 @@ def _inspect_recipe(args, config, overrides):
     """`mica inspect CONFIG [--key=value ...]` for a speedrun config (built-in speedrun or
     speedrun_tiny, or a file with recipe = "speedrun"): its parameter count, and with --ir the IR of
     one training step (the micro-batches, AdamW + Muon, the schedule) at its sizes."""
-    from .train import config as config_mod, programs
+    from .train import config as config_mod, programs, run
 
     cfg = config_mod.load(config, overrides)
     config_mod.check_speedrun(cfg)
-    vocab = cfg["vocab_size"] or 50304
+    vocab = cfg["vocab_size"]
+    if not vocab:  # (0: the shards' meta.json vocabulary rounded up, as mica train takes it; GPT-2's without shards)
+        try:
+            vocab = run.speedrun_vocab(cfg, log=lambda _: None)
+        except MicaError:
+            vocab = 50304
     print(f"speedrun GPT(vocab_size={vocab}, num_layers={cfg['num_layers']}, model_dim={cfg['model_dim']}, "
           f"head_dim={cfg['head_dim']})")
     if not args.ir:

@@ -74,7 +74,8 @@ class Lowered:
         if not fits:
             best = min(tried, key=lambda t: (t[0], t[1]))
             self._plan(*best[2])
-            raise BudgetError(f"memory_budget={self.memory_budget:,} bytes is less than the smallest plan Mica can "
+            unit = "byte" if self.memory_budget == 1 else "bytes"
+            raise BudgetError(f"memory_budget={self.memory_budget:,} {unit} is less than the smallest plan Mica can "
                               f"make for {self.program.name} ({best[0]:,} bytes, with {self.remat.mode}); give at "
                               f"least {best[0]:,} bytes", smallest=best[0], mode=self.remat.mode)
         choice = min(fits, key=lambda t: (t[1], t[0]))

@@ -78,3 +78,19 @@ def test_mica_train_takes_two_configs_as_nanogpt_does(tmp_path):
     assert "iter 3:" in r.stdout and "iter 4:" not in r.stdout and (tmp_path / "two" / "metrics.jsonl").exists()
     help_text = mica_cli("train", "shakespeare_char", "model.py", "--help", cwd=tmp_path).stdout
     assert "values after shakespeare_char model.py" in help_text and "--n_embd=16" in help_text
+
+
+def test_plot_reads_nanogpt_and_speedrun_rows(tmp_path):
+    """nanoGPT's evaluations carry train and val estimates; the speedrun's validations only val_loss:
+    both are plotted (and a name without an extension gets the .png matplotlib writes)."""
+    pytest.importorskip("matplotlib")
+    from mica.train import plot
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 0, "val_loss": 4.5, "train_time": 0.1}\n{"iter": 0, "loss": 4.6}\n{"iter": 1, "loss": 4.4}\n'
+        '{"step": 2, "val_loss": 4.2, "train_time": 0.3}\n{"step": 4, "train_loss": 4.0, "val_loss": 4.1}\n')
+    iters, evals = plot.read_metrics(str(tmp_path))
+    assert iters == {0: 4.6, 1: 4.4}
+    assert evals == {0: (None, 4.5), 2: (None, 4.2), 4: (4.0, 4.1)}
+    assert plot.plot(str(tmp_path), str(tmp_path / "curves")) == str(tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0

@@ -143,8 +143,16 @@ def test_a_run_stopped_and_resumed_is_bitwise_the_run_straight_through(run_folde
 
 def test_resuming_on_other_shards_or_settings_is_a_sentence(run_folder):
     folder, _ = run_folder
+    before = (folder / "full" / "ckpt.safetensors").read_bytes()
     r = mica_cli("train", "tiny.py", "--out_dir=full", "--init_from=resume", "--mbs=4", cwd=folder)
     assert r.returncode != 0 and "was trained with mbs=2, not 4" in r.stderr and "Traceback" not in r.stderr
+    assert "compiling" not in r.stdout  # (found before the build)
+    # a stop the checkpoint has passed is refused (it trained on to the end before), a finished run is said
+    r = mica_cli("train", "tiny.py", "--out_dir=full", "--init_from=resume", "--stop_at=2", cwd=folder)
+    assert r.returncode == 2 and "stop_at=2 is not after the checkpoint's step 6" in r.stderr, r.stderr
+    r = mica_cli("train", "tiny.py", "--out_dir=full", "--init_from=resume", cwd=folder)
+    assert r.returncode == 0 and "is at step 6 of 6: the run is finished" in r.stdout, r.stdout + r.stderr
+    assert (folder / "full" / "ckpt.safetensors").read_bytes() == before
     r = mica_cli("train", "tiny.py", "--out_dir=other", "--batch_size=48", cwd=folder)
     assert "batch_size (48) must be a multiple of mbs * seq_len (32)" in r.stderr
     r = mica_cli("train", "tiny.py", "--out_dir=other", "--train_steps=8", cwd=folder)

@@ -20,14 +20,15 @@ from . import tokens as tok
 MAX_TOKEN = 65535  # uint16
 
 
-def hint(folder):
-    """The `mica prepare` command that makes a data folder like `folder`: nanoGPT's
-    shakespeare_char from its input.txt, another *_char folder by characters, and anything else
-    (openwebtext, shakespeare) in GPT-2's tokens, as nanoGPT's own prepare.py scripts make them."""
-    name = os.path.basename(os.path.normpath(folder))
-    if name == "shakespeare_char":
+def hint(folder, dataset=None):
+    """The `mica prepare` command that makes a data folder like `folder` (of nanoGPT's `dataset`,
+    where known): nanoGPT's shakespeare_char from its input.txt, another *_char folder by
+    characters, and anything else (openwebtext, shakespeare) in GPT-2's tokens, as nanoGPT's own
+    prepare.py scripts make them."""
+    names = (os.path.basename(os.path.normpath(folder)), dataset or "")
+    if "shakespeare_char" in names:
         return f"mica prepare shakespeare-char --input input.txt --out {folder}"
-    tokenizer = "char" if name.endswith("_char") else "gpt2"
+    tokenizer = "char" if any(n.endswith("_char") for n in names) else "gpt2"
     return f"mica prepare text --input FILE [FILE ...] --tokenizer {tokenizer} --out {folder}"
 
 

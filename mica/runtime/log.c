@@ -44,8 +44,10 @@ void log_close_metrics(void) {
     metrics = 0;
 }
 
+/* the progress line is for a person at a terminal; under mpirun a rank's stdout is Open MPI's
+ * pseudo-terminal even when the user's output goes to a file, so ranks never draw it */
 static int on_tty(void) {
-    if (tty < 0) tty = isatty(1);
+    if (tty < 0) tty = isatty(1) && S.world <= 1;
     return tty;
 }
 

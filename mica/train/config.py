@@ -488,6 +488,8 @@ def check_supported(cfg, log=print):
     try:
         cfg["device"] = device(cfg["device"])
         _check_device(cfg)
+        if cfg.get("tf32") and cfg["device"] != "cuda":
+            log("note: tf32=True lets a card's products use TF32; on the CPU they stay float32")
         if cfg.get("recipe") == "speedrun":
             return _check_speedrun(cfg)
         return _check_nanogpt(cfg, log)

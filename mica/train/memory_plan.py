@@ -42,19 +42,20 @@ def parse_budget(value, device="cpu"):
     """The setting memory_budget as bytes: None (no budget), a positive int, a size with a unit
     ("2.5GB", "800MiB", "3G") or "auto" (nine tenths of the memory now free: RAM on the CPU, the
     GPU's on cuda)."""
-    if value is None or value == "":
-        return None
+    if value is None or value == "" or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None  # ("none" as mica bench --memory_budgets writes it)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise MicaError(f"memory_budget must be a number of bytes, a size such as 2GB, or auto; got {value!r}")
     if isinstance(value, str) and value.strip().lower() == "auto":
         return int(free_memory(device) * AUTO_RESERVE)
+    given = value
     if isinstance(value, str):
         m = SIZE.match(value.lower())
         if not m or m.group(3) not in UNITS:
             raise MicaError(f"memory_budget must be a number of bytes, a size such as 2GB, or auto; got {value!r}")
         value = float(m.group(1)) * 10 ** int(m.group(2) or 0) * UNITS[m.group(3)]
     if not value >= 1 or value != value or value > 2 ** 62:
-        raise MicaError(f"memory_budget must be a positive number of bytes (at most 2**62), got {value!r}")
+        raise MicaError(f"memory_budget must be a positive number of bytes (at most 2**62), got {given!r}")
     return int(value)
 
 
@@ -156,7 +157,8 @@ def lower_train_within(train, budget, eval_lowered, target, **options):
         how = (f"the train arena's {train_bytes:,} with {mode}, plus the eval arena's {ev:,}" if apart else
                f"the train arena's {train_bytes:,} with {mode}, or the state's {state:,} plus the eval arena's "
                f"{ev:,}, whichever is more")
-        return MicaError(f"memory_budget={budget:,} bytes is less than the smallest plan Mica can make for this run "
+        unit = "byte" if budget == 1 else "bytes"
+        return MicaError(f"memory_budget={budget:,} {unit} is less than the smallest plan Mica can make for this run "
                          f"({need:,} bytes: {how}); give at least {need:,} bytes, or memory_budget=auto")
 
     left = train_budget(budget, eval_lowered)

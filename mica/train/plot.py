@@ -8,7 +8,8 @@ from ..errors import MicaError
 def read_metrics(out_dir):
     path = os.path.join(out_dir, "metrics.jsonl")
     if not os.path.exists(path):
-        raise MicaError(f"{path} does not exist: train into {out_dir} first")
+        raise MicaError(f"{path} does not exist: give the out_dir of a run" if not os.path.isdir(out_dir) or
+                        not os.listdir(out_dir) else f"{path} does not exist: train into {out_dir} first")
     if not os.path.isfile(path):
         raise MicaError(f"{path} is not a file: it should be the metrics a run in {out_dir} wrote")
     iters, evals = {}, {}
@@ -22,13 +23,14 @@ def read_metrics(out_dir):
                 if not line.endswith("\n"):  # the last line of a run killed mid-write: the rest stands
                     print(f"note: {path}:{n} was cut off mid-write; plotting the lines before it")
                     break
-                raise MicaError(f"{path}:{n} is not JSON") from None
+                raise MicaError(f"{path}:{n} is not JSON; mend or delete that line (each line is one JSON object a "
+                                "run wrote)") from None
             if not isinstance(m, dict):
                 raise MicaError(f"{path}:{n} is not a JSON object")
             if _numbers(m, "iter", "loss"):
                 iters[m["iter"]] = m["loss"]
-            if _numbers(m, "step", "val_loss", "train_loss"):
-                evals[m["step"]] = (m["train_loss"], m["val_loss"])
+            if _numbers(m, "step", "val_loss"):  # (the speedrun's validations carry no train estimate)
+                evals[m["step"]] = (m["train_loss"] if _numbers(m, "train_loss") else None, m["val_loss"])
     except OSError as e:
         raise MicaError(f"cannot read {path} ({e.strerror})") from None
     return iters, evals
@@ -61,7 +63,9 @@ def plot(out_dir, out=None):
         ax.plot(xs, [iters[x] for x in xs], lw=0.6, alpha=0.5, label="train (each iteration)")
     if evals:
         xs = sorted(evals)
-        ax.plot(xs, [evals[x][0] for x in xs], "o-", label="train (estimate)")
+        trained = [x for x in xs if evals[x][0] is not None]
+        if trained:
+            ax.plot(trained, [evals[x][0] for x in trained], "o-", label="train (estimate)")
         ax.plot(xs, [evals[x][1] for x in xs], "o-", label="val (estimate)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("loss")

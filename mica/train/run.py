@@ -32,7 +32,8 @@ def data_files(cfg, log=None):
         raise MicaError(f"data folder {folder} is a file; give the folder that holds train.bin and val.bin (or "
                         "shards)")
     if not os.path.isdir(folder):
-        raise MicaError(f"data folder {folder} does not exist; prepare it first: {prepare.hint(folder)}")
+        raise MicaError(f"data folder {folder} does not exist; prepare it first: "
+                        f"{prepare.hint(folder, cfg.get('dataset'))}")
     splits = []
     for split in ("train", "val"):
         single = os.path.join(folder, f"{split}.bin")
@@ -247,7 +248,8 @@ def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
     fixes = ("fewer train_steps" if what == "training data" else
              f"fewer val_tokens (a shard here holds a batch of at most {max(max(lengths) - 2, 0):,})")
     tok.seed_batches(lengths, tokens_per_batch, batches, what, paths, fixes)
-    log(f"{what}: {len(paths)} shards, {sum(lengths):,} tokens, from {paths[0]} to {os.path.basename(paths[-1])}")
+    where = f"from {paths[0]} to {os.path.basename(paths[-1])}" if len(paths) > 1 else paths[0]
+    log(f"{what}: {len(paths)} shard{'s' if len(paths) > 1 else ''}, {sum(lengths):,} tokens, {where}")
     return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
 
 
@@ -283,6 +285,8 @@ def prepare_speedrun(cfg, log):
     if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
         lock_run_folder(out_dir)
         _remove_stale_temporaries(out_dir, log)
+    if cfg["init_from"] == "resume":  # (before compiling: a mismatch is said in seconds, not minutes)
+        _check_speedrun_resume(cfg, out_dir, log)
     model, opt, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.num_parameters():,}")
     if world > 1:
@@ -340,9 +344,10 @@ def _train_time_at(metrics, step, log):
     return found
 
 
-def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
+def _check_speedrun_resume(cfg, out_dir, log):
+    """The checkpoint a speedrun resumes: the recipe's, of the same model and schedule, and short of
+    where this run is to stop. Returns its iteration."""
     path = os.path.join(out_dir, "ckpt.safetensors")
-    log(f"resuming training from {out_dir}")
     st = ckpt.SafeTensors(path)
     saved = _saved_config(st)
     if saved.get("recipe") != "speedrun":
@@ -355,9 +360,23 @@ def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
                             "the same settings")
     st.check_metadata()
     try:
-        settings.update(resume=1, resume_iter=int(st.metadata["iter_num"]), resume_best=0.0)
+        step = int(st.metadata["iter_num"])
     except (KeyError, ValueError):
         raise MicaError(f"checkpoint {path} has no readable iter_num in its metadata; use another checkpoint") from None
+    if cfg["stop_at"] and cfg["stop_at"] <= step:
+        raise MicaError(f"stop_at={cfg['stop_at']} is not after the checkpoint's step {step}; pass a later stop_at, or "
+                        f"0 to train on to train_steps ({cfg['train_steps']})")
+    if step >= cfg["train_steps"]:
+        log(f"note: the checkpoint in {out_dir} is at step {step} of {cfg['train_steps']}: the run is finished, "
+            "nothing is left to train")
+    return step
+
+
+def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
+    path = os.path.join(out_dir, "ckpt.safetensors")
+    log(f"resuming training from {out_dir}")
+    st = ckpt.SafeTensors(path)
+    settings.update(resume=1, resume_iter=_check_speedrun_resume(cfg, out_dir, lambda _: None), resume_best=0.0)
     settings["resume_time"] = _train_time_at(os.path.join(out_dir, "metrics.jsonl"), settings["resume_iter"], log)
     if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] == (2,):
         settings["resume_next"] = " ".join(str(int(v)) for v in st.read("data.next_offsets").reshape(-1))
@@ -497,8 +516,10 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
                             "checkpoint") from None
         scaler = [n for n in by_name if n.startswith("optimizer.scaler.")]
         if scaler and not all(n in st.tensors for n in scaler):
-            raise MicaError(f"checkpoint {path} holds no loss-scaler state (it was not trained in float16); resume "
-                            "it with the dtype it was trained in")
+            trained = saved.get("dtype") if saved.get("dtype") in ("float32", "bfloat16") else None
+            was = trained or "float32 or bfloat16"
+            raise MicaError(f"checkpoint {path} holds no loss-scaler state (it was trained in {was}, not float16); "
+                            f"resume it with --dtype={trained or 'float32'}")
         if not scaler and "optimizer.scaler.scale" in st.tensors:
             raise MicaError(f"checkpoint {path} was trained in float16 (it holds a loss scaler); resume it with "
                             "--dtype=float16")
