@@ -94,3 +94,14 @@ def test_plot_reads_nanogpt_and_speedrun_rows(tmp_path):
     assert evals == {0: (None, 4.5), 2: (None, 4.2), 4: (4.0, 4.1)}
     assert plot.plot(str(tmp_path), str(tmp_path / "curves")) == str(tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_later_config_files_see_what_earlier_ones_defined(tmp_path):
+    """One namespace for every file, as in nanoGPT: a helper or import of a.py is there in b.py (and
+    its note is said once, where it was made)."""
+    a = _write(tmp_path, "a.py", "import math\nbase_lr = 1e-3\n")
+    b = _write(tmp_path, "b.py", "learning_rate = base_lr * math.sqrt(4)\n")
+    notes = []
+    cfg = config_mod.load(a, [b], notes.append)
+    assert cfg["learning_rate"] == 2e-3
+    assert notes == [f"note: {a}:2: base_lr is not a setting; ignored (a helper variable?)"]

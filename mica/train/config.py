@@ -302,7 +302,7 @@ def load_script_settings(items, defaults, nullable=()):
     it (a training config's n_layer means nothing to sample.py, its out_dir does)."""
     from . import config_files
 
-    out = dict(defaults)
+    out, names = dict(defaults), {}
     for item in items:
         if "=" in item or item.startswith("-"):
             out = apply_overrides(out, [item], nullable)
@@ -313,7 +313,8 @@ def load_script_settings(items, defaults, nullable=()):
         elif not os.path.exists(item):
             raise MicaError(f"config file {item} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            ran = config_files.run(item, out)
+            ran = config_files.run(item, out, names)
+            names = ran.names
             for key, value in ran.settings.items():
                 out[key] = _check_type(key, value, _at(ran, item, key), defaults, nullable)
     return out
@@ -368,7 +369,7 @@ def _load(items, recipe, log):
     from . import config_files
 
     cfg = defaults_for(recipe)
-    explicit, origin = set(), {}
+    explicit, origin, names = set(), {}, {}  # (names: what config files made besides settings, for the next)
     for item in items:
         if "=" in item:
             if not item.startswith("--"):
@@ -396,7 +397,8 @@ def _load(items, recipe, log):
         elif not os.path.exists(item):
             raise MicaError(f"config file {item} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            ran = config_files.run(item, cfg)
+            ran = config_files.run(item, cfg, names)
+            names = ran.names
             for key, value in ran.others.items():
                 if callable(value) or type(value).__name__ == "module":
                     continue

@@ -16,19 +16,22 @@ from ..files import read_text
 
 class Ran:
     """What running one config file did: `settings` {name: value} it set, `others` {name: value}
-    of the new names it made (helpers, imports), `lines` {name: line of its last assignment}."""
+    of the names it made or rebound that are not settings (helpers, imports), `names` every such
+    name after it ran (what the next file sees), `lines` {name: line of its last assignment}."""
 
-    def __init__(self, settings, others, lines):
-        self.settings, self.others, self.lines = settings, others, lines
+    def __init__(self, settings, others, names, lines):
+        self.settings, self.others, self.names, self.lines = settings, others, names, lines
 
 
-def run(path, settings):
-    """Run the config file `path` over `settings` (not changed); a failure is one sentence naming
-    the file and line."""
+def run(path, settings, carried=None):
+    """Run the config file `path` over `settings` and the names earlier files made (`carried`:
+    nanoGPT runs every file in the one namespace of train.py), changing neither; a failure is one
+    sentence naming the file and line."""
     text = read_text(path, "config file")
     code = _compile(text, path)
     assigned = _Assignments.of(text, path)
-    scope = dict(settings)
+    carried = dict(carried or {})
+    scope = {**carried, **settings}
     ran = _run_tracing_lines(code, scope, path)
     gone = [k for k in settings if k not in scope]
     if gone:
@@ -36,8 +39,9 @@ def run(path, settings):
                         "not remove them")
     set_ = {k: scope[k] for k in settings
             if scope[k] is not settings[k] or assigned.all.get(k, set()) & ran}
-    others = {k: v for k, v in scope.items() if k not in settings and not k.startswith("_")}
-    return Ran(set_, others, assigned.last)
+    names = {k: v for k, v in scope.items() if k not in settings and not k.startswith("_")}
+    others = {k: v for k, v in names.items() if k not in carried or v is not carried[k]}
+    return Ran(set_, others, names, assigned.last)
 
 
 def literal_recipe(path):
