@@ -300,8 +300,6 @@ def load_script_settings(items, defaults, nullable=()):
     configurator reads it: config files (or built-in names) and --key=value items in order. A file
     may set anything; what is not one of this script's settings is ignored, as the script ignores
     it (a training config's n_layer means nothing to sample.py, its out_dir does)."""
-    from . import config_files
-
     out, names = dict(defaults), {}
     for item in items:
         if "=" in item or item.startswith("-"):
@@ -310,14 +308,21 @@ def load_script_settings(items, defaults, nullable=()):
             out.update({k: v for k, v in BUILTIN_CONFIGS[item].items() if k in out})
         elif not item:
             raise MicaError("an empty argument is neither a config file nor --key=value; remove it")
-        elif not os.path.exists(item):
-            raise MicaError(f"config file {item} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            ran = config_files.run(item, out, names)
+            ran = _run_file(item, out, names)
             names = ran.names
             for key, value in ran.settings.items():
                 out[key] = _check_type(key, value, _at(ran, item, key), defaults, nullable)
     return out
+
+
+def _run_file(path, settings, names):
+    """config_files.run of a config file named on the command line, or the sentence why not."""
+    from . import config_files
+
+    if not os.path.exists(path):
+        raise MicaError(f"config file {path} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
+    return config_files.run(path, settings, names)
 
 
 def load(config=None, overrides=(), log=print):
@@ -366,8 +371,6 @@ def _recipe_guess(items):
 
 
 def _load(items, recipe, log):
-    from . import config_files
-
     cfg = defaults_for(recipe)
     explicit, origin, names = set(), {}, {}  # (names: what config files made besides settings, for the next)
     for item in items:
@@ -394,10 +397,8 @@ def _load(items, recipe, log):
             explicit.update(builtin)
             for key in builtin:
                 origin.pop(key, None)
-        elif not os.path.exists(item):
-            raise MicaError(f"config file {item} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
         else:
-            ran = config_files.run(item, cfg, names)
+            ran = _run_file(item, cfg, names)
             names = ran.names
             for key, value in ran.others.items():
                 if callable(value) or type(value).__name__ == "module":

@@ -201,7 +201,7 @@ def import_nanogpt(path, out_dir):
         sd = {k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()}
         sd = {k: v for k, v in sd.items() if not _is_mask_buffer(k, v)}
         tensors = {k: v.detach().float().numpy() for k, v in sd.items() if k != "lm_head.weight"}
-    except Exception as e:
+    except Exception:
         raise MicaError(f"{path} is not a nanoGPT checkpoint: its 'model' entry is not a table of tensors by name, as "
                         "nanoGPT's train.py saves it; give a checkpoint that train.py saved") from None
     if "transformer.wte.weight" not in tensors and "lm_head.weight" not in sd:
