@@ -216,10 +216,12 @@ def _inspect_config(args, items):
     data folder's meta file where there is one, else GPT-2's padded 50304, as mica train would."""
     from .train import config as config_mod, run
 
+    if config_mod.recipe_guess(items) == "speedrun":  # (vocab_size is one of the speedrun's settings)
+        return _inspect_recipe(args, config_mod.load(None, items))
     vocab = [a for a in items if a.startswith("--vocab_size=")]
     cfg = config_mod.load(None, [a for a in items if a not in vocab], log=lambda _: None)
-    if cfg["recipe"] == "speedrun":
-        return _inspect_recipe(args, None, items)
+    if cfg["recipe"] == "speedrun":  # (a config file computed it: read again with every item)
+        return _inspect_recipe(args, config_mod.load(None, items))
     if vocab:
         vocab_size = config_mod.apply_overrides({"vocab_size": 50304}, vocab[-1:])["vocab_size"]
     else:
@@ -229,13 +231,12 @@ def _inspect_config(args, items):
     return _inspect_gpt(args, {**s, "vocab_size": vocab_size}, cfg["batch_size"])
 
 
-def _inspect_recipe(args, config, overrides):
+def _inspect_recipe(args, cfg):
     """`mica inspect CONFIG [--key=value ...]` for a speedrun config (built-in speedrun or
-    speedrun_tiny, or a file with recipe = "speedrun"): its parameter count, and with --ir the IR of
-    one training step (the micro-batches, AdamW + Muon, the schedule) at its sizes."""
+    speedrun_tiny, or a file with recipe = "speedrun"), `cfg` as loaded: its parameter count, and
+    with --ir the IR of one training step (the micro-batches, AdamW + Muon, the schedule) at its sizes."""
     from .train import config as config_mod, programs, run
 
-    cfg = config_mod.load(config, overrides)
     config_mod.check_speedrun(cfg)
     vocab = cfg["vocab_size"]
     if not vocab:  # (0: the shards' meta.json vocabulary rounded up, as mica train takes it; GPT-2's without shards)

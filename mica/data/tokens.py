@@ -53,14 +53,19 @@ def token_layout(path):
     return "bin", 0
 
 
+def _prepare_hint(path):
+    """The `mica prepare` command that makes the folder of the token file `path`."""
+    from .prepare import hint  # (prepare imports this module)
+
+    return hint(os.path.dirname(path) or ".")
+
+
 def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
     """The tokens of a .bin or shard file as a read-only uint16 memory map, checked: the file
     exists and is whole, a shard's header agrees with its size, every token is below vocab_size,
     and there are at least min_tokens of them."""
     if not os.path.exists(path):
-        from .prepare import hint  # (prepare imports this module)
-
-        raise MicaError(f"{what} {path} does not exist; prepare the data first: {hint(os.path.dirname(path) or '.')}")
+        raise MicaError(f"{what} {path} does not exist; prepare the data first: {_prepare_hint(path)}")
     if not os.path.isfile(path):
         raise MicaError(f"{what} {path} is {'a folder' if os.path.isdir(path) else 'not a regular file'}, not a "
                         "file of tokens; prepare the data again (mica prepare ...)")
@@ -73,9 +78,7 @@ def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
 def _open_tokens(path, vocab_size, min_tokens, what):
     size = os.path.getsize(path)
     if size == 0:
-        from .prepare import hint  # (prepare imports this module)
-
-        raise MicaError(f"{what} {path} is empty; prepare the data again: {hint(os.path.dirname(path) or '.')}")
+        raise MicaError(f"{what} {path} is empty; prepare the data again: {_prepare_hint(path)}")
     layout, offset = token_layout(path)
     if layout == "shard":
         if size < offset:

@@ -332,7 +332,7 @@ def load(config=None, overrides=(), log=print):
     may define helper names of its own, as nanoGPT allows (they are ignored, said once); a name one
     letter or so from a setting is taken for a typo and refused."""
     items = ([config] if config else []) + list(overrides)
-    guess = _recipe_guess(items)
+    guess = recipe_guess(items)
     notes = []
     cfg = _load(items, guess, notes.append)
     if cfg["recipe"] != guess and cfg["recipe"] in RECIPES:  # (a file set it in a way the guess cannot read)
@@ -349,9 +349,9 @@ def load(config=None, overrides=(), log=print):
 RECIPES = ("nanogpt", "speedrun")
 
 
-def _recipe_guess(items):
-    """The recipe whose defaults the items start from: the last a built-in, a config file's plain
-    `recipe = '...'` or --recipe=... names (nanogpt without any)."""
+def recipe_guess(items):
+    """The recipe whose defaults the items start from, read without running any file: the last a
+    built-in, a config file's plain `recipe = '...'` or --recipe=... names (nanogpt without any)."""
     from . import config_files
 
     recipe, where = "nanogpt", ""

@@ -51,15 +51,15 @@ def data_files(cfg, log=None):
 
 def _check_split(paths, vocab, need, what, log):
     """Check every file of a split; at least one must hold a whole batch row (block_size + 1
-    tokens). Returns [(path, header bytes)]."""
+    tokens). Returns ([(path, header bytes)], [tokens in each file])."""
     if len(paths) == 1:
-        tok.open_tokens(paths[0], vocab, need, what)
+        lengths = [len(tok.open_tokens(paths[0], vocab, need, what))]
     else:
         lengths = [len(tok.open_tokens(p, vocab, 0, what)) for p in paths]
         if max(lengths) < need:
             tok.open_tokens(paths[0], vocab, need, what)  # says how short it is
         log(f"{what}: {len(paths)} files, {sum(lengths):,} tokens, from {paths[0]} to {os.path.basename(paths[-1])}")
-    return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
+    return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths], lengths
 
 
 def _check_batch_order(path, windows, needed=None, rows=None):
@@ -149,11 +149,11 @@ def _prepare_nanogpt(cfg, log):
     vocab = _follow_hf_weights(cfg, vocab, log)
     vocab = _follow_resumed_model(cfg, vocab, log)
     need = cfg["block_size"] + 1
-    files = [("train", *f) for f in _check_split(train_paths, vocab, need, "training data", log)]
-    files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)]
+    train_files, train_lengths = _check_split(train_paths, vocab, need, "training data", log)
+    files = [("train", *f) for f in train_files]
+    files += [("val", *f) for f in _check_split(val_paths, vocab, need, "validation data", log)[0]]
     if cfg["batch_order"]:
-        windows = sum(max(len(tok.open_tokens(p, vocab, 0, "training data")) - cfg["block_size"], 0)
-                      for p in train_paths)
+        windows = sum(max(n - cfg["block_size"], 0) for n in train_lengths)  # (as the trainer numbers rows)
         rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
         # (a run from its start draws one batch before iteration 0 and one more for each of max_iters)
         needed = None if cfg["init_from"] == "resume" or distributed.ranks(cfg)[0] > 1 else \
@@ -286,7 +286,7 @@ def prepare_speedrun(cfg, log):
         lock_run_folder(out_dir)
         _remove_stale_temporaries(out_dir, log)
     if cfg["init_from"] == "resume":  # (before compiling: a mismatch is said in seconds, not minutes)
-        _check_speedrun_resume(cfg, out_dir, log)
+        resume_step = _check_speedrun_resume(cfg, out_dir, log)
     model, opt, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.num_parameters():,}")
     if world > 1:
@@ -312,7 +312,7 @@ def prepare_speedrun(cfg, log):
         ckpt.write(path, _stored(model, model.init(cfg["seed"])), {"format": "mica", "config": json.dumps(cfg)})
         loads = _loads(path, expected, settings, params_only=True)
     elif cfg["init_from"] == "resume":
-        loads = _speedrun_resume(cfg, vocab, out_dir, expected, settings, log)
+        loads = _speedrun_resume(out_dir, resume_step, expected, settings, log)
     else:
         log(f"initializing from weights in {cfg['init_from']}")
         loads = _loads(cfg["init_from"], expected, settings, params_only=True)
@@ -372,11 +372,13 @@ def _check_speedrun_resume(cfg, out_dir, log):
     return step
 
 
-def _speedrun_resume(cfg, vocab, out_dir, expected, settings, log):
+def _speedrun_resume(out_dir, step, expected, settings, log):
+    """The resume's settings and loads from out_dir's checkpoint, at `step` (_check_speedrun_resume
+    checked it against this run before the build)."""
     path = os.path.join(out_dir, "ckpt.safetensors")
     log(f"resuming training from {out_dir}")
     st = ckpt.SafeTensors(path)
-    settings.update(resume=1, resume_iter=_check_speedrun_resume(cfg, out_dir, lambda _: None), resume_best=0.0)
+    settings.update(resume=1, resume_iter=step, resume_best=0.0)
     settings["resume_time"] = _train_time_at(os.path.join(out_dir, "metrics.jsonl"), settings["resume_iter"], log)
     if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] == (2,):
         settings["resume_next"] = " ".join(str(int(v)) for v in st.read("data.next_offsets").reshape(-1))
