@@ -260,7 +260,7 @@ TRACEBACK_PATHS = [
     ("init_from a word", NO_SETUP, ["train", *TINY, "--init_from=gtp2"], "init_from='gtp2' is not available"),
     # nanoGPT's command line: config files and settings in any order
     ("a setting without its value", NO_SETUP, ["train", *TINY, "--eval_only"],
-     "expected --key=value, got '--eval_only'; a setting takes its value, e.g. --eval_only=True"),
+     "expected --key=value, got '--eval_only'; a setting takes its value after '=', e.g. --eval_only=True"),
     ("configs of two recipes", NO_SETUP, ["train", "speedrun_tiny", "shakespeare_char"],
      "the built-in config speedrun_tiny is the speedrun recipe's, but the other configs and settings given are the "
      "nanogpt recipe's"),
@@ -567,7 +567,7 @@ def test_a_config_files_helper_variables_are_ignored_with_a_note(tmp_path):
 @pytest.mark.parametrize("text, fragment", [
     ("batch_size = 12\n\nn_layr = 4\n", "c.py:3: unknown setting 'n_layr'; did you mean 'n_layer'?"),
     ("batch_size = 12x\n", "config file c.py is not valid Python: invalid decimal literal (c.py:1)"),
-    ("# nanoGPT\nif True:\n    n_layer = 4.5\n", "c.py:3: n_layer must be int (like its default 12), got 4.5"),
+    ("# nanoGPT\nif True:\n    n_layer = 4.5\n", "c.py:3: n_layer must be a whole number (like its default 12), got 4.5"),
     ("n_layer = 2\nn_layer = '2'\n", "c.py:2: n_layer must be int"),  # (the last assignment wins, as in Python)
     ("def f():\n    return 1.5\n\ndropout = f()\n", "c.py:4: dropout must be in [0, 1), got 1.5"),
     ("[recipe for recipe in 'ab']\nn_head = 3\nn_embd = 64\n", "c.py:3: n_embd (64) must be divisible by n_head (3)"),

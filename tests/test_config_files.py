@@ -105,3 +105,51 @@ def test_later_config_files_see_what_earlier_ones_defined(tmp_path):
     cfg = config_mod.load(a, [b], notes.append)
     assert cfg["learning_rate"] == 2e-3
     assert notes == [f"note: {a}:2: base_lr is not a setting; ignored (a helper variable?)"]
+
+
+def test_a_config_imports_from_the_current_folder(tmp_path, monkeypatch):
+    """nanoGPT runs `python train.py config/x.py` in its folder, which is on the module path: a
+    config may import a module there (or another config, `from config.base import *`)."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "base.py").write_text("n_layer = 3\nn_head = 2\n")
+    (tmp_path / "helpers_of_mine.py").write_text("WIDTH = 96\n")
+    _write(tmp_path, "config/child.py", "from config.base import *\nimport helpers_of_mine\n"
+                                        "n_embd = helpers_of_mine.WIDTH\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = config_mod.load("config/child.py")
+    assert (cfg["n_layer"], cfg["n_head"], cfg["n_embd"]) == (3, 2, 96)
+    assert str(tmp_path) not in __import__("sys").path  # (only while the file runs)
+
+
+def test_whole_floats_are_iteration_counts_as_in_nanogpt(tmp_path):
+    """A config's `max_iters / 10` is a float; nanoGPT runs with it. A whole one is taken as the int;
+    the schedule's counts keep a fraction (nanoGPT's get_lr computes with it); elsewhere a fraction
+    is refused with the line."""
+    c = _write(tmp_path, "c.py", "max_iters = 50\nwarmup_iters = max_iters / 10\nlr_decay_iters = max_iters * 1.5\n"
+                                 "eval_interval = 10.0\n")
+    cfg = config_mod.load(c)
+    assert (cfg["warmup_iters"], cfg["lr_decay_iters"], cfg["eval_interval"]) == (5, 75, 10)
+    assert all(type(cfg[k]) is int for k in ("warmup_iters", "lr_decay_iters", "eval_interval"))
+    frac = _write(tmp_path, "frac.py", "warmup_iters = 2.5\nlr_decay_iters = 7.25\n")
+    cfg = config_mod.load(frac)
+    assert (cfg["warmup_iters"], cfg["lr_decay_iters"]) == (2.5, 7.25)
+    from mica.optim.schedules import cosine_with_warmup
+    lr = cosine_with_warmup(4, 1e-3, cfg["warmup_iters"], cfg["lr_decay_iters"], 1e-4)
+    import math
+    assert lr == 1e-4 + 0.5 * (1.0 + math.cos(math.pi * ((4 - 2.5) / (7.25 - 2.5)))) * (1e-3 - 1e-4)  # (get_lr's)
+    bad = _write(tmp_path, "bad.py", "batch_size = 12 / 5\n")
+    with pytest.raises(MicaError, match=r"bad.py:1: batch_size must be a whole number \(like its default 12\), got 2.4"):
+        config_mod.load(bad)
+    for value in ("float('inf')", "float('nan')"):
+        with pytest.raises(MicaError, match="lr_decay_iters must be a whole number"):
+            config_mod.load(_write(tmp_path, "inf.py", f"lr_decay_iters = {value}\n"))
+
+
+def test_type_errors_name_the_real_default_and_a_value(tmp_path):
+    with pytest.raises(MicaError, match=r"n_embd must be a whole number \(like its default 768\), got 2.5"):
+        config_mod.load(None, ["--n_embd=32", "--n_embd=2.5"])
+    c = _write(tmp_path, "c.py", "n_embd = 64\n")
+    with pytest.raises(MicaError, match=r"n_embd must be int \(like its default 768\), got '64'"):
+        config_mod.load(c, ["--n_embd='64'"])
+    with pytest.raises(MicaError, match=r"e.g. --max_iters=3$"):
+        config_mod.load(None, ["--max_iters", "3"])

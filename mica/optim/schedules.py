@@ -13,15 +13,22 @@ def cosine_with_warmup(it, learning_rate, warmup_iters, lr_decay_iters, min_lr):
             return learning_rate * (it + 1) / (warmup_iters + 1)
         if it > lr_decay_iters:
             return min_lr
-        decay_ratio = (it - warmup_iters) / max(lr_decay_iters - warmup_iters, 1)  # (as the traced step's)
+        decay_ratio = (it - warmup_iters) / _span(warmup_iters, lr_decay_iters)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)
     t = F.to(it, dtypes.float64)
     warm = learning_rate * (t + 1) / (warmup_iters + 1)
-    span = max(lr_decay_iters - warmup_iters, 1)
+    span = _span(warmup_iters, lr_decay_iters)
     decay_ratio = (t - warmup_iters) / span
     cosine = min_lr + 0.5 * (1.0 + F.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)
     return F.where(t < warmup_iters, warm, F.where(t > lr_decay_iters, F.as_tensor(float(min_lr), dtypes.float64),
                                                    cosine))
+
+
+def _span(warmup_iters, lr_decay_iters):
+    """get_lr's divisor (lr_decay_iters - warmup_iters); 1 where nanoGPT's would be zero or negative,
+    which only a step its other branches catch first could reach."""
+    span = lr_decay_iters - warmup_iters
+    return span if span > 0 else 1
 
 
 def stable_then_decay(step, train_steps, cooldown_frac=0.7):

@@ -7,6 +7,7 @@ sentences, not silence.
 """
 import ast
 import difflib
+import math
 import os
 import re
 import reprlib
@@ -249,16 +250,28 @@ def train_help(items=()):
         DESCRIPTIONS, defaults)
 
 
+# int settings that nanoGPT only computes with (get_lr), so a fraction means what it says there
+FRACTIONAL_OK = ("warmup_iters", "lr_decay_iters")
+
+
 def _check_type(key, value, source, defaults, nullable=()):
+    """`value` for the setting `key`, of its default's type: an int where a float belongs is widened,
+    a whole float where an int belongs is taken as that int (a config's `max_iters / 10`, as nanoGPT
+    takes it), and the schedule's iteration counts keep a fraction (nanoGPT's get_lr divides by them)."""
     default = defaults[key]
     if value is None and key in nullable:
         return None
     if type(default) is float and type(value) is int:
         return float(value)
+    if type(default) is int and type(value) is float and math.isfinite(value):
+        if value.is_integer():
+            return int(value)
+        if key in FRACTIONAL_OK:
+            return value
     if default is not None and type(value) is not type(default):
         also = " or None" if key in nullable else ""
-        raise MicaError(f"{source}: {key} must be {type(default).__name__}{also} (like its default {default!r}), "
-                        f"got {_show(value)}")
+        kind = "a whole number" if type(default) is int and type(value) is float else type(default).__name__
+        raise MicaError(f"{source}: {key} must be {kind}{also} (like its default {default!r}), got {_show(value)}")
     return value
 
 
@@ -275,10 +288,10 @@ def _nearest(key, known):
     return f"; did you mean {near[0]!r}?" if near else ""
 
 
-def apply_overrides(settings, items, nullable=()):
-    """--key=value items over `settings` (its values are the defaults that fix each key's type),
-    as nanoGPT's configurator reads them: a Python literal, or a bare word as a string. Keys in
-    `nullable` also take None."""
+def apply_overrides(settings, items, nullable=(), defaults=None):
+    """--key=value items over `settings` (its values fix each key's type; `defaults`, where given,
+    are the values an error names as the defaults), as nanoGPT's configurator reads them: a Python
+    literal, or a bare word as a string. Keys in `nullable` also take None."""
     out = dict(settings)
     for item in items:
         if not item.startswith("--") or "=" not in item:
@@ -291,7 +304,7 @@ def apply_overrides(settings, items, nullable=()):
             value = ast.literal_eval(raw)
         except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
             value = raw  # (TypeError: an unhashable key, as in {[1]: 2})
-        out[key] = _check_type(key, value, f"--{key}", settings, nullable)
+        out[key] = _check_type(key, value, f"--{key}", defaults or settings, nullable)
     return out
 
 
@@ -303,7 +316,7 @@ def load_script_settings(items, defaults, nullable=()):
     out, names = dict(defaults), {}
     for item in items:
         if "=" in item or item.startswith("-"):
-            out = apply_overrides(out, [item], nullable)
+            out = apply_overrides(out, [item], nullable, defaults)
         elif item in BUILTIN_CONFIGS and not os.path.exists(item):
             out.update({k: v for k, v in BUILTIN_CONFIGS[item].items() if k in out})
         elif not item:
@@ -373,17 +386,19 @@ def recipe_guess(items):
 def _load(items, recipe, log):
     cfg = defaults_for(recipe)
     explicit, origin, names = set(), {}, {}  # (names: what config files made besides settings, for the next)
-    for item in items:
+    for i, item in enumerate(items):
         if "=" in item:
             if not item.startswith("--"):
                 raise MicaError(f"expected --key=value, got {item!r}" + ("; a setting starts with two dashes"
                                                                         if item.startswith("-") else ""))
             key = item[2:].split("=", 1)[0]
-            cfg = apply_overrides(cfg, [item])
+            cfg = apply_overrides(cfg, [item], defaults=defaults_for(recipe))
             explicit.add(key)
             origin.pop(key, None)  # (the command line's own --key=value names the key already)
         elif item.startswith("-"):
-            example = f"; a setting takes its value, e.g. {item}=True" if re.fullmatch(r"--\w+", item) else ""
+            after = items[i + 1] if i + 1 < len(items) else ""
+            value = after if after and not after.startswith("-") and not os.path.isfile(after) else "True"
+            example = f"; a setting takes its value after '=', e.g. {item}={value}" if re.fullmatch(r"--\w+", item) else ""
             raise MicaError(f"expected --key=value, got {item!r}{example}")
         elif not item:
             raise MicaError("an empty argument is neither a config file nor --key=value; remove it")
@@ -409,7 +424,7 @@ def _load(items, recipe, log):
                 log(f"note: {at}: {key} is not a setting; ignored (a helper variable?)")
             for key, value in ran.settings.items():
                 at = _at(ran, item, key)
-                cfg[key] = _check_type(key, value, at, cfg)
+                cfg[key] = _check_type(key, value, at, defaults_for(recipe))
                 explicit.add(key)
                 origin[key] = at
     if recipe == "nanogpt" and "dtype" not in explicit and isinstance(cfg["device"], str) and \

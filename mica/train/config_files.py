@@ -7,6 +7,7 @@ file set (a setting whose value changed, or whose assignment ran: `dtype = 'bflo
 same default still counts as given), which new names it made, and each name's line.
 """
 import ast
+import os
 import sys
 import traceback
 
@@ -71,8 +72,14 @@ def _compile(text, path):
 
 def _run_tracing_lines(code, scope, path):
     """exec(code, scope), as nanoGPT's configurator runs a file; returns the module-level lines that
-    ran (so an assignment in a branch not taken is not taken for one)."""
+    ran (so an assignment in a branch not taken is not taken for one). The current folder is first on
+    the module path meanwhile, as train.py's folder is when nanoGPT runs `python train.py CONFIG`
+    there: a config may import a module of that folder (`from config.base import *`)."""
     ran = set()
+    here = os.getcwd()
+    added = here not in sys.path[:1]
+    if added:
+        sys.path.insert(0, here)
 
     def line(frame, event, arg):
         if event == "line":
@@ -93,6 +100,8 @@ def _run_tracing_lines(code, scope, path):
             from None
     finally:
         sys.settrace(previous)
+        if added and here in sys.path:
+            sys.path.remove(here)
     return ran
 
 
