@@ -48,6 +48,34 @@ def test_prepare_text_writes_meta_pkl_only_for_characters(tmp_path):
     assert meta.read(str(out)).tokenizer_file == "tokenizer.json"
 
 
+def test_a_meta_json_older_than_nanogpts_meta_pkl_is_named(tmp_path):
+    """mica prepare wrote meta.json and meta.pkl; then nanoGPT's prepare.py ran again over other text,
+    rewriting meta.pkl and the tokens only. Reading the stale json would decode the new ids wrongly."""
+    prepare_char(TEXT, str(tmp_path), log=lambda *a: None)
+    assert meta.read(str(tmp_path)).itos == sorted(set(TEXT))  # (the two agree)
+    lower = TEXT.lower()
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump(nanogpt_meta(lower), f)
+    os.utime(tmp_path / "meta.json", (1e9, 1e9))
+    n, m = len(set(TEXT)), len(set(lower))
+    with pytest.raises(MicaError, match=rf"holds a meta.json and a meta.pkl that disagree \(vocab_size {n} against "
+                                        rf"{m}\); meta.pkl is the newer, so the data was probably prepared again: "
+                                        "delete meta.json if it is stale"):
+        meta.read(str(tmp_path))
+    same_size = TEXT.replace("F", "Z")  # (as many characters, other ones)
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump(nanogpt_meta(same_size), f)
+    with pytest.raises(MicaError, match="other characters"):
+        meta.read(str(tmp_path))
+    os.remove(tmp_path / "meta.json")
+    assert meta.read(str(tmp_path)).itos == sorted(set(same_size))
+    # a GPT-2 folder's meta.pkl (nanoGPT's openwebtext has none; a user's may hold only the size)
+    _write_meta(str(tmp_path), {"tokenizer": "gpt2", "vocab_size": 50257})
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 50257}, f)
+    assert meta.read(str(tmp_path)).tokenizer == "gpt2"
+
+
 def test_vocab_from_nanogpts_own_folder(tmp_path):
     with open(tmp_path / "meta.pkl", "wb") as f:
         pickle.dump(nanogpt_meta(TEXT), f)

@@ -202,6 +202,17 @@ def test_float16_training_keeps_its_loss_scaler_in_the_checkpoint_and_resumes_ex
                         log=lambda *a: None)
 
 
+def test_float16_with_gradient_accumulation_trains(work):
+    """The loss a float16 step reports is the unscaled micro-batch loss, not the scaled one divided
+    back after the scale was updated in place (with accum > 1 that read came after the update)."""
+    args = [*TINY, "--max_iters=3", "--gradient_accumulation_steps=2", "--batch_size=2"]
+    _train([*args, "--dtype=float16", "--out_dir=f16"])
+    _train([*args, "--out_dir=f32"])
+    f16, f32 = _losses("f16"), _losses("f32")
+    assert sorted(f16) == [0, 1, 2, 3] and f16 != f32
+    assert all(abs(f16[i] - f32[i]) < 1e-2 * f32[i] for i in f32)
+
+
 def test_grad_scaler_takes_torchs_decisions_on_the_same_numbers():
     """float16 autocast with a GradScaler (growth every 3 steps): inputs that grow and shrink make
     steps overflow (skipped, the scale halved), grow the scale, and overflow twice in a row; every

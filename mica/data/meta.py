@@ -40,9 +40,28 @@ def find(folder):
 
 
 def read(folder):
-    """The folder's Vocab, or None when it has neither meta.json nor meta.pkl."""
+    """The folder's Vocab, or None when it has neither meta.json nor meta.pkl. Where both lie there
+    they must agree: nanoGPT's prepare.py rewrites meta.pkl (and the token files) but not the
+    meta.json an earlier `mica prepare` left, whose stale table would decode the new tokens wrongly."""
     path = find(folder)
-    return load(path) if path else None
+    if not path:
+        return None
+    vocab = load(path)
+    other = os.path.join(folder, "meta.pkl")
+    if path.endswith("meta.json") and os.path.isfile(other):
+        try:
+            theirs = load(other)
+        except MicaError:
+            return vocab  # (an unreadable meta.pkl beside a good meta.json: Mica reads the json, as before)
+        if (theirs.vocab_size, theirs.itos) != (vocab.vocab_size, vocab.itos) and \
+                (theirs.itos is not None or theirs.vocab_size != vocab.vocab_size):
+            newer = "meta.pkl" if os.path.getmtime(other) > os.path.getmtime(path) else "meta.json"
+            stale = "meta.json" if newer == "meta.pkl" else "meta.pkl"
+            raise MicaError(f"data folder {folder} holds a meta.json and a meta.pkl that disagree (vocab_size "
+                            f"{vocab.vocab_size} against {theirs.vocab_size}{'' if vocab.vocab_size != theirs.vocab_size else ', other characters'}); "
+                            f"{newer} is the newer, so the data was probably prepared again: delete {stale} "
+                            "if it is stale, or prepare the data again")
+    return vocab
 
 
 def load(path):

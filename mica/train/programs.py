@@ -287,9 +287,15 @@ def data_parallel(micro_grad, local, world, rank, layout=None):
 
 
 def _scaled_grad(objective, scaler, sc, params, x, y, accum):
-    """(the micro-batch's loss / accum, the gradients of its scaled loss): scaler.scale(loss).backward()."""
-    loss, grads = mica.value_and_grad(lambda p: scaler.scale(objective(p, x, y) / accum, sc))(params)
-    return loss / sc["scale"], grads
+    """(the micro-batch's loss / accum, the gradients of its scaled loss): scaler.scale(loss).backward().
+    The loss returned is the one scaled, not the scaled one divided back: nothing after the step
+    reads the scale, which the step updates in place."""
+    def scaled(p):
+        loss = objective(p, x, y) / accum
+        return scaler.scale(loss, sc), loss
+
+    (_, loss), grads = mica.value_and_grad(scaled, has_aux=True)(params)
+    return loss, grads
 
 
 def _all_position_logits(model, idx):
