@@ -1,6 +1,8 @@
 """Mixed precision: mica.autocast as torch.autocast (casts as visible IR nodes, PyTorch's op lists),
 half types computed in float32 where a target has no half kernel, and nanoGPT's step under bfloat16
 against PyTorch's own CPU autocast from the same weights and batch."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -191,15 +193,43 @@ def test_float16_training_keeps_its_loss_scaler_in_the_checkpoint_and_resumes_ex
     a, b = checkpoint.SafeTensors("straight/ckpt.safetensors"), checkpoint.SafeTensors("halves/ckpt.safetensors")
     for name in a.names:
         assert np.array_equal(a.read(name), b.read(name)), name
+    # without --dtype a resume goes on in the checkpoint's dtype (a CPU run's default is float32)
+    notes = _train([*TINY, "--out_dir=halves", "--init_from=resume", "--max_iters=12"])
+    assert "resuming in the checkpoint's dtype=float16 (--dtype=float32 trains on in that instead)" in notes
+    assert int(checkpoint.SafeTensors("halves/ckpt.safetensors").read("optimizer.scaler.growth_tracker")) == 12
+
+
+def test_a_resume_in_another_dtype_starts_or_leaves_the_loss_scaler_as_nanogpt(work):
+    """nanoGPT never saves its GradScaler: a float16 resume starts a new one. Mica keeps it, so a
+    checkpoint without one (another dtype's, an import) starts afresh, and a float16 checkpoint
+    resumed in another dtype, asked for, leaves it out; each said."""
+    from mica.train import checkpoint, convert
+
     _train([*TINY, "--dtype=bfloat16", "--out_dir=bf16", "--max_iters=4"])
-    with pytest.raises(MicaError, match="holds no loss-scaler state"):
-        run.prepare_run(TINY[0], [*TINY[1:], "--dtype=float16", "--out_dir=bf16", "--init_from=resume"],
-                        log=lambda *a: None)
-    with pytest.raises(MicaError, match="was trained in float16 .* resume it with --dtype=float16"):
-        run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=straight", "--init_from=resume"], log=lambda *a: None)
-    with pytest.raises(MicaError, match="dtype=float16 with init_from='bf16/ckpt.safetensors' is not supported yet"):
-        run.prepare_run(TINY[0], [*TINY[1:], "--dtype=float16", "--out_dir=new", "--init_from=bf16/ckpt.safetensors"],
-                        log=lambda *a: None)
+    notes = _train([*TINY, "--dtype=float16", "--out_dir=bf16", "--init_from=resume"])
+    assert any("holds no loss scaler (trained in another dtype, or imported): float16 training starts a new one at "
+               "scale 65536" in n for n in notes), notes
+    assert any("the checkpoint was trained in bfloat16; this run goes on in dtype=float16" in n for n in notes)
+    after = checkpoint.SafeTensors("bf16/ckpt.safetensors")
+    assert float(after.read("optimizer.scaler.scale")) == 2.0 ** 16  # (no overflow in 4 steps, no growth in 2000)
+    assert int(after.read("optimizer.scaler.growth_tracker")) == 4  # (iterations 5..8 after a fresh start)
+    assert json.loads(after.metadata["config"])["dtype"] == "float16"
+    # float16 -> float32, asked for: the scaler is left out of the next checkpoint
+    notes = _train([*TINY, "--dtype=float32", "--out_dir=bf16", "--init_from=resume", "--max_iters=10"])
+    assert any("holds a float16 run's loss scaler, which a float32 run does not use" in n for n in notes), notes
+    assert "optimizer.scaler.scale" not in checkpoint.SafeTensors("bf16/ckpt.safetensors").names
+    # weights alone, in float16
+    notes = _train([*TINY, "--dtype=float16", "--out_dir=new", "--init_from=bf16/ckpt.safetensors", "--max_iters=4"])
+    assert float(checkpoint.SafeTensors("new/ckpt.safetensors").read("optimizer.scaler.scale")) == 2.0 ** 16
+    # a float16 run exported to nanoGPT's ckpt.pt and imported (nanoGPT keeps no scaler) resumes in float16
+    _train([*TINY, "--dtype=float16", "--out_dir=f16", "--max_iters=4"])
+    convert.export_nanogpt("f16", "f16.pt")
+    convert.import_nanogpt("f16.pt", "imported")
+    notes = _train([*TINY, "--dtype=float16", "--out_dir=imported", "--init_from=resume", "--max_iters=8"])
+    assert any("holds no loss scaler" in n for n in notes), notes
+    a, b = checkpoint.SafeTensors("f16/ckpt.safetensors"), checkpoint.SafeTensors("imported/ckpt.safetensors")
+    assert int(b.metadata["iter_num"]) == 8
+    assert not np.array_equal(a.read("transformer.wte.weight"), b.read("transformer.wte.weight"))  # (it trained)
 
 
 def test_float16_with_gradient_accumulation_trains(work):

@@ -182,6 +182,9 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
 }
 
 void checkpoint_load(int which) {
+    for (int i = 0; i < S.nslots; i++)
+        if (S.slots[i].fill && S.slots[i].input[which] >= 0)
+            prog_set_input_part(which, (int)S.slots[i].input[which], 0, S.slots[i].nbytes, S.slots[i].fill);
     if (!S.init_file) return;
     FILE *f = fopen(S.init_file, "rb");
     if (!f) die(2, "cannot read %s: %s", S.init_file, strerror(errno));

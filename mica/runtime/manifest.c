@@ -2,6 +2,7 @@
  * It names every arena offset the loop touches (the compiler knows the memory plan; the runtime
  * never works one out). Every field is checked before use: a damaged or hand-edited manifest is a
  * sentence, never a crash. Lines have no length limit. */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -159,6 +160,26 @@ static void add_load(char *v) {
     }
 }
 
+/* "fill INDEX HEX": a small slot's starting bytes, written out (a loss scaler the file does not hold) */
+static void add_fill(char *v) {
+    long long index;
+    int used = 0;
+    if (sscanf(v, "%lld %n", &index, &used) != 1 || index < 0 || index >= S.nslots) bad("a fill line names no slot");
+    slot *s = &S.slots[index];
+    const char *hex = v + used;
+    if (s->kind == 3 || s->load_at >= 0 || s->fill) bad("a fill line names a slot that is loaded or held elsewhere");
+    if ((int64_t)strlen(hex) != 2 * s->nbytes) bad("a fill line's bytes do not match its slot's size");
+    s->fill = malloc(s->nbytes ? s->nbytes : 1);
+    if (!s->fill) bad("out of memory");
+    for (int64_t i = 0; i < s->nbytes; i++) {
+        unsigned int byte;
+        if (!isxdigit((unsigned char)hex[2 * i]) || !isxdigit((unsigned char)hex[2 * i + 1]) ||
+            sscanf(hex + 2 * i, "%2x", &byte) != 1)
+            bad("a fill line's bytes are not hex digits");
+        s->fill[i] = (unsigned char)byte;
+    }
+}
+
 /* input i of a program exists and holds n bytes */
 static int input_is(int which, int64_t i, int64_t n) {
     return i >= 0 && i < prog_input_count(which) && prog_input_bytes(which, (int)i) == n;
@@ -283,6 +304,7 @@ void read_manifest(const char *path) {
         else if (!strcmp(key, "slot")) add_slot(v);
         else if (!strcmp(key, "remote")) add_remote(v);
         else if (!strcmp(key, "load")) add_load(v);
+        else if (!strcmp(key, "fill")) add_fill(v);
         else bad("an unknown key; it was written by another version of Mica");
 #undef STR
 #undef INT

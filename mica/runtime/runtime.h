@@ -71,6 +71,7 @@ typedef struct {
     int64_t load_at; /* byte offset of its data in init_file, -1: not loaded */
     uint32_t crc;    /* the CRC-32 its data must have when loaded */
     int has_crc;
+    unsigned char *fill; /* its starting bytes, given in the manifest (a fresh loss scaler), or NULL */
 } slot;
 
 typedef struct {
@@ -154,7 +155,7 @@ uint32_t crc32_update(uint32_t crc, const void *data, size_t n); /* zlib's CRC-3
 /* every rank calls it: rank 0 writes, receiving ZeRO-1's shards (kind 3 slots) from their owners, which send
  * their kind 2 slots; any other rank of a run without shards returns at once */
 void checkpoint_save(int64_t iter, double best_val_loss, const int64_t *next, int64_t nnext, const uint64_t gen[4]);
-void checkpoint_load(int which); /* the `load` slots from init_file into a program, each verified */
+void checkpoint_load(int which); /* the `load` slots from init_file into a program, each verified; then the `fill` slots */
 
 /* ---- log.c ----------------------------------------------------------------------------------- */
 void log_open_metrics(int append);

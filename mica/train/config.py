@@ -430,17 +430,18 @@ def _load(items, recipe, log):
     if recipe == "nanogpt" and "dtype" not in explicit and isinstance(cfg["device"], str) and \
             cfg["device"].startswith("cpu"):
         cfg["dtype"] = "float32"  # nanoGPT trains float32 on a CPU (nullcontext) whatever its default dtype says
-    return Config(cfg, origin)
+    return Config(cfg, origin, explicit)
 
 
 class Config(dict):
     """A run's settings (a plain dict to every reader), with `origin`: for each setting a config file
     gave (and no --key=value overrode), FILE:LINE of its assignment, so that a later check of its
-    value can name the line to fix."""
+    value can name the line to fix; and `given`, every setting given at all (not a default)."""
 
-    def __init__(self, settings, origin=None):
+    def __init__(self, settings, origin=None, given=()):
         super().__init__(settings)
         self.origin = dict(origin or {})
+        self.given = set(given)  # (the settings a config file, built-in or --key=value gave)
 
 
 def _at(ran, config, key):
@@ -609,10 +610,9 @@ def _check_nanogpt(cfg, log):
     notes = []
     if cfg["dtype"] not in ("float32", "bfloat16", "float16"):
         raise MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    init = cfg["init_from"]
-    if cfg["dtype"] == "float16" and isinstance(init, str) and init not in ("scratch", "resume"):
-        raise MicaError(f"dtype=float16 with init_from={init!r} is not supported yet: the loss scaler starts with a "
-                        "run from scratch; start from scratch, or train from the file in bfloat16 or float32")
+    if cfg["dtype"] == "float32" and cfg.get("fp_half_intermediates"):
+        notes.append("fp_half_intermediates=True changes nothing with dtype=float32: it lets a half type's "
+                     "attention round as PyTorch's does, with dtype=bfloat16 or float16")
     if cfg["dtype"] != "float32" and cfg["device"] == "cpu":
         notes.append(f"dtype={cfg['dtype']} on the CPU: Mica trains under {cfg['dtype']} autocast"
                      f"{' with loss scaling' if cfg['dtype'] == 'float16' else ''} (nanoGPT's train.py trains "

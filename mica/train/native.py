@@ -235,11 +235,19 @@ def check_in_place(lowered):
             raise MicaError(f"internal: {name} is not updated in place ({inputs.get(id(view.src), 'a new buffer')})")
 
 
+class Fill:
+    """A slot's starting bytes written into the manifest (a `fill` line) where the file it starts
+    from lacks the tensor: a fresh loss scaler, a few bytes."""
+
+    def __init__(self, index, data):
+        self.index, self.data = index, bytes(data)
+
+
 def write_manifest(path, settings, slots, lowered, loads=(), files=()):
     """The trainer's manifest: settings, the token files (`train_file`/`val_file HEADER PATH`), the
     programs' inputs and outputs the loop uses (by their index in each program's ABI, never an
     arena offset), a `slot` line per state tensor (a `remote` line for one another rank holds), and a `load INDEX OFFSET CRC32` line per tensor
-    to read from init_file. Lines have no length limit."""
+    to read from init_file (a `fill INDEX HEX` line for a Fill in `loads`). Lines have no length limit."""
     tr, ev, lg = (_input_index(lowered[n]) for n in PROGRAMS)
     n_out = len(lowered["train"].schedule.outputs)  # ..., then the loss and the learning rate
     lines = [f"{k} {v}" for k, v in settings.items()]
@@ -265,7 +273,11 @@ def write_manifest(path, settings, slots, lowered, loads=(), files=()):
         shape = " ".join(str(s) for s in v.shape)
         lines.append(f"slot {kind} {tr[input_name]} {ev.get(input_name, -1)} {lg.get(input_name, -1)} "
                      f"{v.src.nbytes} {codes[v.dtype.name]} {len(v.shape)} {shape} {tensor}".replace("  ", " "))
-    for index, offset, crc in loads:
+    for item in loads:
+        if isinstance(item, Fill):
+            lines.append(f"fill {item.index} {item.data.hex()}")
+            continue
+        index, offset, crc = item
         lines.append(f"load {index} {offset} {'-' if crc is None else f'{crc:08x}'}")
     for line in lines:
         if "\n" in line or "\r" in line or "\0" in line:

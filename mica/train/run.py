@@ -413,9 +413,25 @@ def _follow_resumed_model(cfg, vocab, log):
             cfg[k] = config_mod._check_type(k, saved[k], path, config_mod.DEFAULTS)
     if changed:
         log(f"resuming with the checkpoint's model settings: {', '.join(changed)}")
+    _follow_resumed_dtype(cfg, st, saved, log)
     if "transformer.wte.weight" in st.tensors:
         return int(st.info("transformer.wte.weight")[1][0])
     return vocab
+
+
+def _follow_resumed_dtype(cfg, st, saved, log):
+    """A run Mica trained resumes in the dtype it trained in unless --dtype (or a config) says
+    otherwise: then it goes on from the same weights in the new one, not bit for bit, said. (An
+    imported checkpoint's config holds nanoGPT's dtype setting, which on a CPU it did not train in.)"""
+    was = saved.get("dtype")
+    if "imported_from" in st.metadata or was not in ("float32", "bfloat16", "float16") or was == cfg["dtype"]:
+        return
+    if "dtype" in getattr(cfg, "given", ()):
+        log(f"note: the checkpoint was trained in {was}; this run goes on in dtype={cfg['dtype']} from its weights "
+            "(not bit for bit as a resume in its own dtype)")
+        return
+    log(f"resuming in the checkpoint's dtype={was} (--dtype={cfg['dtype']} trains on in that instead)")
+    cfg["dtype"] = was
 
 
 def _hf_init(cfg):
@@ -516,15 +532,7 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         except (KeyError, ValueError):
             raise MicaError(f"checkpoint {path} has no readable iter_num / best_val_loss in its metadata; use another "
                             "checkpoint") from None
-        scaler = [n for n in by_name if n.startswith("optimizer.scaler.")]
-        if scaler and not all(n in st.tensors for n in scaler):
-            trained = saved.get("dtype") if saved.get("dtype") in ("float32", "bfloat16") else None
-            was = trained or "float32 or bfloat16"
-            raise MicaError(f"checkpoint {path} holds no loss-scaler state (it was trained in {was}, not float16); "
-                            f"resume it with --dtype={trained or 'float32'}")
-        if not scaler and "optimizer.scaler.scale" in st.tensors:
-            raise MicaError(f"checkpoint {path} was trained in float16 (it holds a loss scaler); resume it with "
-                            "--dtype=float16")
+        _say_scaler(st, by_name, cfg, log)
         has_state = _check_resume_names(st, by_name, log)
         rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
         if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] != (rows,):
@@ -540,6 +548,8 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         return _loads(path, by_name, settings, st=st, params_only=not has_state)
     if init.endswith(".safetensors"):
         log(f"initializing from weights in {init}")
+        if cfg.get("dtype") == "float16":
+            log("the loss scaler starts at GradScaler's init_scale (65536), as in a run from scratch")
         if _hf_init(cfg):  # Hugging Face's names and Conv1D layout: converted to Mica's first
             tensors, _ = convert.read_hf_gpt2(init, block_size=cfg["block_size"])
             init = os.path.join(out_dir, "init.safetensors")
@@ -578,16 +588,31 @@ def _saved_config(st):
     return saved
 
 
+def _say_scaler(st, by_name, cfg, log):
+    """A note where the checkpoint's loss scaler and this run's dtype differ: nanoGPT never saves its
+    GradScaler, so a float16 resume starts a new one; Mica keeps it for an exact resume, so a
+    checkpoint without one (trained in another dtype, or imported) starts afresh, and one with a
+    scaler resumed in another dtype leaves it out."""
+    needed = any(n.startswith("optimizer.scaler.") for n in by_name)
+    held = "optimizer.scaler.scale" in st.tensors
+    if needed and not held:
+        log(f"note: {st.path} holds no loss scaler (trained in another dtype, or imported): float16 training "
+            "starts a new one at scale 65536, as nanoGPT's resume does")
+    elif held and not needed:
+        log(f"note: {st.path} holds a float16 run's loss scaler, which a {cfg['dtype']} run does not use: its "
+            "checkpoints will hold none")
+
+
 def _check_resume_names(st, by_name, log):
     """A checkpoint to resume from holds this model's tensors and nothing else: an unknown name (a
     damaged header, another model) is an error, and so is a partial optimizer state. True when the
     optimizer state is there; a checkpoint of weights alone (an import) starts AdamW afresh, said."""
-    known = set(by_name) | {"data.next_offsets", "lm_head.weight"}
+    known = set(by_name) | {"data.next_offsets", "lm_head.weight", *SCALER}
     unknown = [n for n in st.names if n not in known]
     if unknown:
         raise MicaError(f"checkpoint {st.path} holds tensors this model does not have ({_some(unknown)}); it was "
                         "written for another model, or its header is damaged")
-    optimizer = [n for n in by_name if n.startswith("optimizer.")]
+    optimizer = [n for n in by_name if n.startswith("optimizer.") and n not in SCALER]
     present = [n for n in optimizer if n in st.tensors]
     if present and len(present) < len(optimizer):
         missing = [n for n in optimizer if n not in st.tensors]
@@ -601,16 +626,22 @@ def _check_resume_names(st, by_name, log):
     return bool(present)
 
 
+SCALER = ("optimizer.scaler.scale", "optimizer.scaler.growth_tracker")  # (a float16 run's; see _say_scaler)
+
+
 def _some(names, n=4):
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _loads(path, by_name, settings, params_only=False, st=None):
-    """[(slot index, file offset, CRC-32 or None)] of the tensors to read from `path`; every tensor
-    the model needs must be there with its shape and dtype (the error names all that differ)."""
+    """[(slot index, file offset, CRC-32 or None)] of the tensors to read from `path`, and a
+    native.Fill for a loss scaler the file lacks (it starts afresh, as nanoGPT's resume starts a new
+    GradScaler); every other tensor the model needs must be there with its shape and dtype (the
+    error names all that differ)."""
     st = st or ckpt.SafeTensors(path)
     settings["init_file"] = os.path.abspath(path)
     loads, missing, wrong = [], [], []
+    fresh = mica_amp.GradScaler().init()
     for name, (index, shape, dtype) in by_name.items():
         if params_only and name.startswith("optimizer.") and not name.startswith("optimizer.scaler."):
             continue
@@ -619,6 +650,9 @@ def _loads(path, by_name, settings, params_only=False, st=None):
             continue
         if key not in st.tensors and name == "transformer.wte.weight" and "lm_head.weight" in st.tensors:
             key = "lm_head.weight"  # the tie: either name holds the matrix
+        if key not in st.tensors and name.startswith("optimizer.scaler.") and index is not None:
+            loads.append(native.Fill(index, np.asarray(fresh[name.rsplit(".", 1)[1]], dtype).tobytes()))
+            continue
         if key not in st.tensors:
             missing.append(name)
             continue
