@@ -137,7 +137,7 @@ def cmd_plot(args, extra):
 def cmd_export(args, extra):
     from .train import convert
 
-    convert.export_nanogpt(args.out_dir, args.to, dtype=args.dtype)
+    convert.export_nanogpt(args.out_dir, args.to, dtype=args.dtype, force=args.force)
     print(f"wrote {args.to}")
     return 0
 
@@ -267,8 +267,12 @@ def cmd_bench(args, extra):
                          simulate=args.simulate, dtype=args.dtype, batch_size=args.batch_size,
                          memory_budgets=args.memory_budgets)
     print(protocol.table(res))
-    print(f"raw numbers: {args.out}/bench-{args.model}.json; charts: {args.out}/steps-{args.model}.png, "
-          f"{args.out}/losses-{args.model}.png")
+    charts = [p for p in (f"{args.out}/steps-{args.model}.png", f"{args.out}/losses-{args.model}.png")
+              if os.path.isfile(p)]
+    print(f"raw numbers: {args.out}/bench-{args.model}.json" + (f"; charts: {', '.join(charts)}" if charts else ""))
+    if not res["configs"]:
+        raise MicaError(f"every configuration failed ({'; '.join(f'{n}: {w}' for n, w in res['failures'].items())[:400]}), "
+                        "so nothing was measured; fix what the first one says and run again")
     return 0
 
 
@@ -315,6 +319,13 @@ def cmd_check(args, extra):
     return 0 if v["passed"] else 1
 
 
+def _true_or_false(text):
+    """--simulate, --simulate=True or --simulate=False, as train and sample take it."""
+    if text in ("True", "False"):
+        return text == "True"
+    raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser whose usage errors are one sentence, like every other error of mica's."""
 
@@ -355,6 +366,7 @@ def parser():
     ex.add_argument("--to", required=True, help="path of the ckpt.pt to write")
     ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                     help="store the weights in this type (default: as the checkpoint holds them)")
+    ex.add_argument("--force", action="store_true", help="replace a file already at --to (by default it is refused)")
     im = sub.add_parser("import", help="convert a nanoGPT ckpt.pt (needs torch) or a Hugging Face GPT-2 "
                         "model.safetensors into out_dir/ckpt.safetensors")
     im.add_argument("checkpoint")
@@ -404,7 +416,9 @@ def parser():
     be.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="a half type: both sides under autocast (Mica's --dtype, torch.autocast; float16 with loss "
                          "scaling on both)")
-    be.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
+    be.add_argument("--simulate", nargs="?", const=True, default=False, type=_true_or_false,
+                    help="with --device cuda: Mica's CUDA trainer on the CPU simulator (slow: for tests; "
+                         "PyTorch still needs a card)")
     ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
     ch.add_argument("--method", required=True, choices=["a", "b"])
     ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "speedrun_tiny"],
@@ -422,7 +436,9 @@ def parser():
                     "NVIDIA GPU, float32, TF32 off")
     ch.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="method A in a half type: both sides under autocast (float16 with loss scaling)")
-    ch.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)  # (tests: Mica's CUDA trainer simulated)
+    ch.add_argument("--simulate", nargs="?", const=True, default=False, type=_true_or_false,
+                    help="with --device cuda: Mica's CUDA trainer on the CPU simulator (slow: for tests; "
+                         "PyTorch still needs a card)")
     return p
 
 

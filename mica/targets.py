@@ -122,4 +122,15 @@ def get_target(name, **options):
     if isinstance(factory, str):
         factory = importlib.import_module(factory).TARGET
         _TARGETS[name] = factory
+    import inspect
+
+    try:
+        accepted = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        accepted = None
+    if accepted is not None and not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        unknown = [k for k in options if k not in accepted]
+        if unknown:
+            known = [k for k in accepted if k != "self"]
+            raise MicaError(f"the {name} target has no option {unknown[0]!r}; its options are {', '.join(known)}")
     return factory(**options)

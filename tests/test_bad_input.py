@@ -186,8 +186,28 @@ def _token_file_is_a_folder(name):
     return setup
 
 
+def _weights_of_another_width(name):
+    """A Mica weights file of TINY's model, but 32 wide where TINY is 16 (another run's)."""
+    def setup(root, d):
+        from mica.models.gpt import GPT, GPTConfig
+        from mica.train import checkpoint
+
+        vocab = json.loads((d / "meta.json").read_text())["vocab_size"]
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=vocab, bias=False))
+        checkpoint.write(str(root / name), dict(model.init(0)), {"format": "mica"})
+    return setup
+
+
 NO_SETUP = None
 TRACEBACK_PATHS = [
+    ("bench without its data", NO_SETUP, ["bench", "--model", "cpu", "--rounds", "1", "--data_dir", "nope"],
+     "--model cpu trains on the data in nope, which does not exist; make it with mica prepare text --input FILE "
+     "[FILE ...] --tokenizer char|gpt2 --out nope, or give --data_dir"),
+    ("check --simulate=yes", NO_SETUP, ["check", "--method", "b", "--simulate=yes"],
+     "argument --simulate: expected True or False, got 'yes'"),
+    ("init_from weights of another model", _weights_of_another_width("other.safetensors"),
+     ["train", *TINY, "--init_from=other.safetensors"],
+     "other.safetensors does not fit this model: tensors 9 of another shape (transformer.wte.weight is [27, 32] where this model needs [27, 16]"),
     # (id, setup(root, data folder), command, the sentence's fragment)
     ("train.bin is a folder", _token_file_is_a_folder("train.bin"), ["train", *TINY],
      "training data data/shakespeare_char/train.bin is a folder, not a file of tokens"),
@@ -423,6 +443,14 @@ def test_export_into_a_missing_folder_creates_it(run_dir):
     assert os.listdir(run_dir / "exported" / "deeper") == ["ckpt.pt"]  # no temporary file left beside it
     assert_sentence(mica("export", "out-shakespeare-char", "--to", "exported", cwd=run_dir),
                     "--to exported is a folder; give the path of the file to write")
+    # a file already there (nanoGPT's own ckpt.pt, maybe) is replaced only when asked
+    target = run_dir / "exported" / "deeper" / "ckpt.pt"
+    target.write_bytes(b"nanoGPT's own")
+    assert_sentence(mica("export", "out-shakespeare-char", "--to", str(target), cwd=run_dir),
+                    f"--to {target} already exists (a nanoGPT checkpoint?); give another path, or add --force")
+    assert target.read_bytes() == b"nanoGPT's own"
+    assert mica("export", "out-shakespeare-char", "--to", str(target), "--force", cwd=run_dir).returncode == 0
+    assert target.read_bytes()[:2] == b"PK"  # (torch.save's zip)
 
 
 def test_negative_seed_trains_and_samples_without_a_warning(data):

@@ -225,3 +225,17 @@ def test_a_half_dtype_goes_to_both_sides(data):
     r = subprocess.run([sys.executable, "-m", "mica.cli", "check", "--method", "b", "--dtype", "bfloat16"], cwd=data,
                        capture_output=True, text=True)
     assert r.returncode == 2 and "method B is float32 by definition" in r.stderr
+
+
+def test_bench_where_every_configuration_fails_says_so_and_fails(tmp_path):
+    """Nothing measured is not a result: exit status 2 and one sentence, and no chart named that was
+    not drawn (the JSON keeps the failures)."""
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--model", "cpu", "--rounds", "1", "--warmup", "0",
+                        "--window", "1", "--every", "1", "--modes", "eager", "--data_dir", "empty"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("mica: error: every configuration failed (mica O2: ")
+    assert "nothing was measured" in r.stderr and "charts:" not in r.stdout
+    failures = json.load(open(tmp_path / "bench" / "bench-cpu.json"))["failures"]
+    assert sorted(failures) == ["mica O2", "pytorch eager"]

@@ -565,8 +565,9 @@ def test_the_gpt_step_has_the_same_bits_twice_and_for_any_launch_configuration(g
 @needs_nvcc
 def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tmp_path, gpt_step):
     """The GPT training step (loops, reductions, row kernels, attention, products), the other row
-    kernels (in float32 and float64, with attention in float64), for sm_80..sm_120 plus PTX; ptxas
-    reports no register spills in any of Mica's kernels."""
+    kernels (in float32 and float64, with attention in float64), for sm_80..sm_120 plus PTX, with
+    the host compiler's -Wall -Wextra as errors too; ptxas reports no register spills in any of
+    Mica's kernels."""
     from mica.backends.cuda import build
 
     for name, program in (("gpt", gpt_step[0]), ("rows", row_kernels()),
@@ -575,7 +576,8 @@ def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tm
         src = tmp_path / f"{name}.cu"
         src.write_text(program.lower("cuda").source)
         obj = tmp_path / f"{name}.o"
-        r = subprocess.run(build.nvcc_command(str(src), str(obj), shared=False) + ["-Xptxas", "-v"],
+        r = subprocess.run(build.nvcc_command(str(src), str(obj), shared=False) +
+                           ["-Xptxas", "-v", "-Xcompiler", "-Wall,-Wextra,-Werror"],  # (the host side too)
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         reports = [line for line in r.stderr.splitlines() if "spill stores" in line]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import mica
+from mica.errors import MicaError
 from mica.models.gpt import GPT, GPTConfig, loss_fn
 
 DIGESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "step_digests.json")
@@ -164,3 +165,19 @@ float host_side(float x) { return mica_gelu_f32(x); }
     r = subprocess.run([nvcc, "-arch=sm_80", "--fmad=false", "-Werror", "all-warnings", "-I", SHARED_DIR, "-c",
                         str(src), "-o", str(tmp_path / "math.o")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_targets_options_are_checked_by_name_and_type():
+    """A misspelt option, or one the target lacks, is a sentence naming the target's options, not
+    Python's TypeError; simulate and tf32 take True or False, never a truthy string."""
+    program = mica.trace(lambda w, x: (x @ w).sum(), mica.f32[4, 3], mica.f32[2, 4])
+    with pytest.raises(MicaError, match=r"the cuda target has no option 'simulat'; its options are opt_level, "
+                                        r"simulate, tf32, threads_per_block"):
+        program.lower("cuda", simulat=True)
+    with pytest.raises(MicaError, match="the cpu target has no option 'simulate'"):
+        program.lower("cpu", simulate=True)
+    for bad in ("False", "no", 0.5, 1):
+        with pytest.raises(MicaError, match=f"simulate must be True or False, not {bad!r}"):
+            program.lower("cuda", simulate=bad)
+    with pytest.raises(MicaError, match="tf32 must be True or False, not 'yes'"):
+        program.lower("cuda", tf32="yes")

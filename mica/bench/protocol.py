@@ -395,8 +395,16 @@ def _mica_own_ms(out_dir, warmup, window, first=1):
 
 
 def check_data(model, data_dir):
-    """The GPT-2 models need a GPT-2 vocabulary (a character-level folder would train another model)."""
+    """The data folder exists (every configuration would fail without it); the GPT-2 models need a
+    GPT-2 vocabulary (a character-level folder would train another model)."""
+    from ..data.prepare import hint
+
     if model not in GPT2_MODELS:
+        if model != "tutorial" and not os.path.isdir(data_dir):  # (the tutorial's step draws its own data)
+            make = ("mica prepare text --input FILE --tokenizer bpe:4096 --format shards --out " + data_dir
+                    if model == "speedrun_tiny" else hint(data_dir))
+            raise MicaError(f"--model {model} trains on the data in {data_dir}, which does not exist; make it with "
+                            f"{make}, or give --data_dir")
         return
     from ..train import run as train_run
 

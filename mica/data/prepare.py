@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import MicaError
 from ..files import read_text, writable_folder
+from . import meta
 from . import tokens as tok
 
 MAX_TOKEN = 65535  # uint16
@@ -28,8 +29,21 @@ def hint(folder, dataset=None):
     names = (os.path.basename(os.path.normpath(folder)), dataset or "")
     if "shakespeare_char" in names:
         return f"mica prepare shakespeare-char --input input.txt --out {folder}"
-    tokenizer = "char" if any(n.endswith("_char") for n in names) else "gpt2"
+    tokenizer = "char|gpt2"  # (a folder Mica knows nothing of: the user's choice)
+    if any(n.endswith("_char") for n in names):
+        tokenizer = "char"
+    elif any(n in NANOGPT_GPT2_DATASETS for n in names):
+        tokenizer = "gpt2"
+    try:
+        vocab = meta.read(folder) if os.path.isdir(folder) else None
+    except MicaError:
+        vocab = None
+    if vocab is not None:  # (what the folder's own vocabulary says it was made with)
+        tokenizer = "char" if vocab.itos is not None else (vocab.tokenizer or tokenizer)
     return f"mica prepare text --input FILE [FILE ...] --tokenizer {tokenizer} --out {folder}"
+
+
+NANOGPT_GPT2_DATASETS = ("openwebtext", "shakespeare")  # (nanoGPT's data folders in GPT-2's tokens)
 
 
 def _read_text(paths):

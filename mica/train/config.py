@@ -509,6 +509,8 @@ def check_supported(cfg, log=print):
         _check_device(cfg)
         if cfg.get("tf32") and cfg["device"] != "cuda":
             log("note: tf32=True lets a card's products use TF32; on the CPU they stay float32")
+        elif cfg.get("tf32") and cfg.get("simulate"):
+            log("note: tf32=True lets a card's products use TF32; the simulator's products stay float32")
         if cfg.get("recipe") == "speedrun":
             return _check_speedrun(cfg)
         return _check_nanogpt(cfg, log)
@@ -613,6 +615,9 @@ def _check_nanogpt(cfg, log):
     if cfg["dtype"] == "float32" and cfg.get("fp_half_intermediates"):
         notes.append("fp_half_intermediates=True changes nothing with dtype=float32: it lets a half type's "
                      "attention round as PyTorch's does, with dtype=bfloat16 or float16")
+    if cfg["device"] == "cuda" and cfg["dtype"] != "float32" and "dtype" not in getattr(cfg, "given", ("dtype",)):
+        notes.append(f"dtype={cfg['dtype']} (nanoGPT's default on a card): the products and attention run under "
+                     f"{cfg['dtype']} autocast; --dtype=float32 trains in float32, as a CPU run does")
     if cfg["dtype"] != "float32" and cfg["device"] == "cpu":
         notes.append(f"dtype={cfg['dtype']} on the CPU: Mica trains under {cfg['dtype']} autocast"
                      f"{' with loss scaling' if cfg['dtype'] == 'float16' else ''} (nanoGPT's train.py trains "

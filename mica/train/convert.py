@@ -61,11 +61,15 @@ def _torch_tensor(torch, st, name):
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def export_nanogpt(out_dir, to, dtype=None):
+def export_nanogpt(out_dir, to, dtype=None, force=True):
     """out_dir's checkpoint as nanoGPT's ckpt.pt: each weight in the dtype it is stored in, or all
     of them rounded to `dtype` (float32, bfloat16, float16: half copies of the float32 masters,
-    rounded to nearest even, as torch's .to()); the optimizer's moments stay as stored."""
+    rounded to nearest even, as torch's .to()); the optimizer's moments stay as stored. Without
+    `force` a file already at `to` (nanoGPT's own checkpoint, maybe) is refused, not replaced."""
     torch = _torch()
+    if not force and to and os.path.isfile(to):
+        raise MicaError(f"--to {to} already exists (a nanoGPT checkpoint?); give another path, or add --force to "
+                        "replace it")
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise MicaError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     if not to:
@@ -188,7 +192,8 @@ def import_nanogpt(path, out_dir):
                 from None
         from .config_files import first_line
 
-        raise MicaError(f"{path} is not a readable PyTorch checkpoint (torch.load: {first_line(e)[:150]}); it may be "
+        said = first_line(e).split(". ")[0].rstrip(".")  # (torch's first sentence; the rest is advice)
+        raise MicaError(f"{path} is not a readable PyTorch checkpoint (torch.load: {said[:150]}); it may be "
                         "truncated or damaged: copy it again, or give another checkpoint") from None
     if not isinstance(ck, dict) or not isinstance(ck.get("model"), dict):
         bare = isinstance(ck, dict) and any(str(k).endswith("wte.weight") for k in ck)

@@ -145,9 +145,10 @@ def prepare_run(config_path=None, overrides=(), log=print):
 
 def _prepare_nanogpt(cfg, log):
     folder, (train_paths, val_paths) = data_files(cfg, log)
-    vocab, _ = vocab_size(folder, log)
+    vocab, _ = vocab_size(folder, log if cfg["init_from"] == "scratch" else _quiet)  # (nanoGPT's note is scratch's)
     vocab = _follow_hf_weights(cfg, vocab, log)
     vocab = _follow_resumed_model(cfg, vocab, log)
+    _check_weights_fit(cfg, vocab)
     need = cfg["block_size"] + 1
     train_files, train_lengths = _check_split(train_paths, vocab, need, "training data", log)
     files = [("train", *f) for f in train_files]
@@ -455,6 +456,38 @@ def _follow_hf_weights(cfg, vocab, log):
     return args["vocab_size"]
 
 
+def _check_weights_fit(cfg, vocab):
+    """--init_from=Mica's PATH.safetensors holds this model's weights, by shape, read from its header
+    before anything is compiled (the trainer's load checks dtypes and bytes again)."""
+    init = cfg["init_from"]
+    if not (isinstance(init, str) and init.endswith(".safetensors")) or _hf_init(cfg):
+        return
+    from ..models.gpt import GPT
+
+    specs = GPT(programs.model_config(cfg, vocab)).param_specs()
+    st = ckpt.SafeTensors(init)
+    missing, wrong = [], []
+    for name, spec in specs.items():
+        key = "lm_head.weight" if name == "transformer.wte.weight" and name not in st.tensors else name
+        if key not in st.tensors:
+            missing.append(name)
+        elif tuple(st.info(key)[1]) != tuple(spec.shape):
+            wrong.append(f"{key} is {list(st.info(key)[1])} where this model needs {list(spec.shape)}")
+    extra = [n for n in st.names if not n.startswith(("optimizer.", "data.")) and n not in specs
+             and n != "lm_head.weight"]
+    _misfit(init, missing, wrong, extra)
+
+
+def _misfit(path, missing, wrong, extra):
+    """The sentence for weights that do not fit the model, if any do not."""
+    if missing or wrong or extra:
+        parts = [f"{len(missing)} missing ({_some(missing)})"] if missing else []
+        parts += [f"{len(wrong)} of another shape ({_some(wrong, 2)})"] if wrong else []
+        parts += [f"{len(extra)} this model does not have ({_some(extra)})"] if extra else []
+        raise MicaError(f"{path} does not fit this model: tensors {'; '.join(parts)}; use weights of the same "
+                        "n_layer, n_head, n_embd, vocabulary and bias")
+
+
 def _zero(cfg, model, world, log):
     """ZeRO-1's shards of the checkpoint (programs.zero_slots), its report said; None when unsharded."""
     shards = programs.zero_slots(cfg, model, world)
@@ -664,12 +697,7 @@ def _loads(path, by_name, settings, params_only=False, st=None):
         loads.append((index, offset, st.crc(key)))
     extra = [n for n in st.names if not n.startswith(("optimizer.", "data.")) and n not in by_name
              and n != "lm_head.weight"]
-    if missing or wrong or extra:
-        parts = [f"{len(missing)} missing ({_some(missing)})"] if missing else []
-        parts += [f"{len(wrong)} of another shape ({_some(wrong, 2)})"] if wrong else []
-        parts += [f"{len(extra)} this model does not have ({_some(extra)})"] if extra else []
-        raise MicaError(f"{path} does not fit this model: tensors {'; '.join(parts)}; use weights of the same "
-                        "n_layer, n_head, n_embd, vocabulary and bias")
+    _misfit(path, missing, wrong, extra)
     return loads
 
 
@@ -711,8 +739,10 @@ def _codec(cfg, vocab=None, padded=False):
     m = meta_mod.read(folder)
     if m is None:
         if vocab is not None and vocab < 50257:
-            raise MicaError(f"no vocabulary in {folder} (meta.json or meta.pkl) to decode this model's {vocab} tokens "
-                            "with; sampling needs the data folder it was trained on (data_dir)")
+            where = f"no vocabulary in {folder} (meta.json or meta.pkl)" if os.path.isdir(folder) else \
+                f"the data folder {folder} does not exist (moved?), so there is no vocabulary"
+            raise MicaError(f"{where} to decode this model's {vocab} tokens with; sampling needs the data folder it "
+                            "was trained on: pass it as --data_dir")
         return _gpt2_codec(folder)
     if vocab is not None and (m.vocab_size > vocab or (m.stoi is not None and m.vocab_size != vocab and not padded)):
         raise MicaError(f"{m.path} has a vocabulary of {m.vocab_size} tokens but the checkpoint's model has {vocab}; "

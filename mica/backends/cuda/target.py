@@ -22,8 +22,11 @@ class CudaTarget(Target):
 
     def __init__(self, opt_level=2, simulate=False, tf32=False, threads_per_block=None):
         super().__init__(opt_level)
-        self.simulate = bool(simulate)
-        self.tf32 = bool(tf32)
+        for key, value in (("simulate", simulate), ("tf32", tf32)):
+            if not isinstance(value, bool):
+                raise MicaError(f"{key} must be True or False, not {value!r}")
+        self.simulate = simulate
+        self.tf32 = tf32
         if threads_per_block is not None and not (isinstance(threads_per_block, int) and
                                                   8 <= threads_per_block <= 1024 and threads_per_block % 8 == 0):
             raise MicaError(f"threads_per_block must be a multiple of 8 from 8 to 1024 (a row kernel's 8 threads "
