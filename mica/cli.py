@@ -104,6 +104,10 @@ def cmd_sample(args, extra):
     from .train.config import load_script_settings
 
     s = load_script_settings(extra, SAMPLE_DEFAULTS, nullable=("top_k",))  # (config files too, as sample.py's)
+    if isinstance(s["init_from"], str) and s["init_from"].startswith("gpt2"):
+        raise MicaError(f"init_from={s['init_from']!r} downloads GPT-2 from a hub, which Mica never does; get Hugging "
+                        "Face's model.safetensors yourself, convert it with mica import PATH/model.safetensors "
+                        "--out_dir DIR, and sample with --out_dir=DIR")
     if s["init_from"] != "resume":
         raise MicaError("mica sample reads out_dir/ckpt.safetensors (init_from=resume); convert other weights "
                         "with mica import")

@@ -203,6 +203,8 @@ TRACEBACK_PATHS = [
     ("bench without its data", NO_SETUP, ["bench", "--model", "cpu", "--rounds", "1", "--data_dir", "nope"],
      "--model cpu trains on the data in nope, which does not exist; make it with mica prepare text --input FILE "
      "[FILE ...] --tokenizer char|gpt2 --out nope, or give --data_dir"),
+    ("sample init_from=gpt2", NO_SETUP, ["sample", "--init_from=gpt2"],
+     "init_from='gpt2' downloads GPT-2 from a hub, which Mica never does; get Hugging Face's model.safetensors"),
     ("check --simulate=yes", NO_SETUP, ["check", "--method", "b", "--simulate=yes"],
      "argument --simulate: expected True or False, got 'yes'"),
     ("init_from weights of another model", _weights_of_another_width("other.safetensors"),
