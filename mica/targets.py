@@ -132,5 +132,6 @@ def get_target(name, **options):
         unknown = [k for k in options if k not in accepted]
         if unknown:
             known = [k for k in accepted if k != "self"]
-            raise MicaError(f"the {name} target has no option {unknown[0]!r}; its options are {', '.join(known)}")
+            raise MicaError(f"the {name} target has no option {unknown[0]!r}; its options are {', '.join(known)} "
+                            "(and the pipeline's remat, memory_budget and fp_half_intermediates)")
     return factory(**options)

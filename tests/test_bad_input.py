@@ -202,7 +202,14 @@ NO_SETUP = None
 TRACEBACK_PATHS = [
     ("bench without its data", NO_SETUP, ["bench", "--model", "cpu", "--rounds", "1", "--data_dir", "nope"],
      "--model cpu trains on the data in nope, which does not exist; make it with mica prepare text --input FILE "
-     "[FILE ...] --tokenizer char|gpt2 --out nope, or give --data_dir"),
+     "[FILE ...] --tokenizer gpt2 --out nope, or give --data_dir"),
+    ("sample init_from=gpt2", NO_SETUP, ["sample", "--init_from=gpt2"],
+     "init_from='gpt2' downloads GPT-2 from a hub, which Mica never does; get Hugging Face's model.safetensors"),
+    ("check --simulate=yes", NO_SETUP, ["check", "--method", "b", "--simulate=yes"],
+     "argument --simulate: expected True or False, got 'yes'"),
+    ("bench without its data", NO_SETUP, ["bench", "--model", "cpu", "--rounds", "1", "--data_dir", "nope"],
+     "--model cpu trains on the data in nope, which does not exist; make it with mica prepare text --input FILE "
+     "[FILE ...] --tokenizer gpt2 --out nope, or give --data_dir"),
     ("sample init_from=gpt2", NO_SETUP, ["sample", "--init_from=gpt2"],
      "init_from='gpt2' downloads GPT-2 from a hub, which Mica never does; get Hugging Face's model.safetensors"),
     ("check --simulate=yes", NO_SETUP, ["check", "--method", "b", "--simulate=yes"],
@@ -436,6 +443,17 @@ def test_top_k_none_means_no_cut(run_dir):
     everything = mica(*SAMPLE, "--top_k=100000", "--max_new_tokens=40", cwd=run_dir)
     assert none.stdout == everything.stdout
     assert len(none.stdout.split("---------------")[0]) >= 40
+
+
+def test_weights_of_another_model_are_refused_before_compiling(data):
+    """The file's header is read before anything is built: the refusal comes without a compile."""
+    root, d = data
+    _weights_of_another_width("other.safetensors")(root, d)
+    r = mica("train", *TINY, "--init_from=other.safetensors", cwd=root)
+    assert_sentence(r, "other.safetensors does not fit this model: tensors 9 of another shape "
+                       "(transformer.wte.weight is [27, 32] where this model needs [27, 16]")
+    assert "compiling" not in r.stdout + r.stderr
+    assert not (root / "out-shakespeare-char").exists()
 
 
 def test_export_into_a_missing_folder_creates_it(run_dir):

@@ -153,3 +153,19 @@ def test_type_errors_name_the_real_default_and_a_value(tmp_path):
         config_mod.load(c, ["--n_embd='64'"])
     with pytest.raises(MicaError, match=r"e.g. --max_iters=3$"):
         config_mod.load(None, ["--max_iters", "3"])
+
+
+def test_a_flag_without_its_value_before_a_config_suggests_true(tmp_path):
+    with pytest.raises(MicaError, match=r"e.g. --eval_only=True$"):
+        config_mod.load(None, ["--eval_only", "shakespeare_char"])
+    with pytest.raises(MicaError, match=r"e.g. --eval_only=True$"):
+        config_mod.load(None, ["--eval_only", "config/missing.py"])
+
+
+def test_a_deleted_current_folder_does_not_break_an_absolute_config(tmp_path, monkeypatch):
+    c = _write(tmp_path, "c.py", "n_layer = 2\n")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert config_mod.load(c)["n_layer"] == 2

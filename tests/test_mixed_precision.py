@@ -225,6 +225,9 @@ def test_a_resume_in_another_dtype_starts_or_leaves_the_loss_scaler_as_nanogpt(w
     _train([*TINY, "--dtype=float16", "--out_dir=f16", "--max_iters=4"])
     convert.export_nanogpt("f16", "f16.pt")
     convert.import_nanogpt("f16.pt", "imported")
+    # weights of a float16 run: its scaler is not taken (a run from weights starts one, as from scratch)
+    _train([*TINY, "--dtype=float16", "--out_dir=fromw", "--init_from=f16/ckpt.safetensors", "--max_iters=4"])
+    assert int(checkpoint.SafeTensors("fromw/ckpt.safetensors").read("optimizer.scaler.growth_tracker")) == 4
     notes = _train([*TINY, "--dtype=float16", "--out_dir=imported", "--init_from=resume", "--max_iters=8"])
     assert any("holds no loss scaler" in n for n in notes), notes
     a, b = checkpoint.SafeTensors("f16/ckpt.safetensors"), checkpoint.SafeTensors("imported/ckpt.safetensors")

@@ -45,8 +45,10 @@ def test_resume_continues_bitwise_exactly(workdir):
     d, _ = workdir
     common = ["shakespeare_char", *TINY, "--eval_interval=4", "--always_save_checkpoint=True", "--dropout=0.1"]
     straight = mica("train", *common, "--max_iters=12", "--out_dir=straight", cwd=d).stdout
-    mica("train", *common, "--max_iters=8", "--out_dir=resumed", cwd=d)
+    # stopped two iterations past its last checkpoint (at 8), as Ctrl-C would leave it
+    mica("train", *common, "--max_iters=10", "--out_dir=resumed", cwd=d)
     resumed = mica("train", *common, "--max_iters=12", "--out_dir=resumed", "--init_from=resume", cwd=d).stdout
+    assert "note: 4 rows of metrics.jsonl came after the checkpoint" in resumed  # (its evaluation at 8, iterations 8-10)
     after = [line for line in _losses(straight) if int(re.search(r"\d+", line).group()) >= 8]
     assert len(after) == 2 + 5  # the evaluations at steps 8 and 12, iterations 8..12
     assert _losses(resumed) == after
@@ -55,6 +57,11 @@ def test_resume_continues_bitwise_exactly(workdir):
     assert a.names == b.names and a.metadata["iter_num"] == b.metadata["iter_num"] == "12"
     for name in a.names:
         assert a.read(name).tobytes() == b.read(name).tobytes(), name
+
+    def rows(run):  # (every logged value but the clocks)
+        return [{k: v for k, v in json.loads(line).items() if k not in ("time_ms", "mfu")}
+                for line in open(d / run / "metrics.jsonl")]
+    assert rows("resumed") == rows("straight")  # (no row twice: those past the checkpoint were dropped)
 
 
 def test_sample_produces_text_of_the_asked_length(workdir):

@@ -560,7 +560,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
         result.update(device="cuda", tf32=bool(tf32), gpu=gpu_name(), simulated=bool(simulate))
     with open(os.path.join(out, f"bench-{model}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    charts(result, runs, out)
+    result["charts"] = charts(result, runs, out)
     return result
 
 
@@ -714,16 +714,18 @@ def cuda_table(res):
 
 
 def charts(res, runs, out):
+    """The step and loss charts as PNGs in `out`; returns the paths written (none without
+    matplotlib, or when every configuration failed)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
+        return []
     names = list(res["configs"])
     if not names:  # every configuration failed: the table says why, there is nothing to draw
-        return
+        return []
     med = [res["configs"][n]["median_ms"] for n in names]
     lo = [res["configs"][n]["median_ms"] - res["configs"][n]["min_ms"] for n in names]
     hi = [res["configs"][n]["max_ms"] - res["configs"][n]["median_ms"] for n in names]
@@ -745,3 +747,4 @@ def charts(res, runs, out):
     ax.legend()
     fig.savefig(os.path.join(out, f"losses-{res['model']}.png"), dpi=120, bbox_inches="tight")
     plt.close(fig)
+    return [os.path.join(out, f"{kind}-{res['model']}.png") for kind in ("steps", "losses")]

@@ -64,6 +64,22 @@ def read(folder):
     return vocab
 
 
+def same(a, b):
+    """Whether two Vocabs encode text alike: the same size and table, and the same tokenizer (its
+    file's bytes, where it has one)."""
+    if (a.vocab_size, a.itos, a.tokenizer) != (b.vocab_size, b.itos, b.tokenizer):
+        return False
+    if a.tokenizer_file or b.tokenizer_file:
+        def content(v):
+            try:
+                with open(os.path.join(os.path.dirname(v.path), v.tokenizer_file or ""), "rb") as f:
+                    return f.read()
+            except OSError:
+                return None
+        return content(a) is not None and content(a) == content(b)
+    return True
+
+
 def load(path):
     """The Vocab in one meta.json or meta.pkl file (the kind from its name; .pkl is a pickle)."""
     data = _read_bytes(path)

