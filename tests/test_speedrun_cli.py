@@ -41,6 +41,10 @@ def test_a_config_file_with_recipe_speedrun_takes_its_keys(tmp_path):
     ("--train_steps=0", "train_steps must be positive"),
     ("--stop_at=400", "stop_at must be 0 or a step from 1 to train_steps (300)"),
     ("--recipe=modded", "recipe must be 'nanogpt' or 'speedrun'"),
+    # nanoGPT's names: the speedrun's own setting, not a look-alike (data_dir is not out_dir)
+    ("--data_dir=d", "unknown setting 'data_dir'; the speedrun recipe's setting for it is train_files and val_files"),
+    ("--block_size=64", "unknown setting 'block_size'; the speedrun recipe's setting for it is seq_len"),
+    ("--eval_iters=2", "unknown setting 'eval_iters'; the speedrun recipe's setting for it is val_tokens"),
 ])
 def test_bad_speedrun_settings_are_sentences(override, message):
     with pytest.raises(MicaError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
@@ -63,3 +67,21 @@ def test_help_inspect_and_missing_shards_from_the_command_line(tmp_path):
         "no training data files match data/speedrun_tiny/train_*.bin" in r.stderr
     r = mica_cli("train", "speedrun_tiny", "--vocab_size=128", cwd=tmp_path)
     assert "no training data files match data/speedrun_tiny/train_*.bin; prepare shards first" in r.stderr
+
+
+def test_a_resume_with_data_of_another_vocabulary_is_refused_before_compiling(tmp_path):
+    """The checkpoint's embedding says its vocabulary; this run's comes from vocab_size or the data
+    (vocab_size=0 in both configs says nothing), checked before the build."""
+    import json
+
+    import numpy as np
+
+    from mica.train import checkpoint, run
+
+    cfg = config_mod.load("speedrun_tiny", [f"--out_dir={tmp_path}", "--init_from=resume"])
+    checkpoint.write(str(tmp_path / "ckpt.safetensors"), {"embed.weight": np.zeros((384, 4), np.float32)},
+                     {"format": "mica", "iter_num": "20", "config": json.dumps(dict(cfg))})
+    with pytest.raises(MicaError, match=r"has a vocabulary of 384 tokens, but this run's is 128 \(from vocab_size or "
+                                        r"the data's meta.json\)"):
+        run._check_speedrun_resume(cfg, str(tmp_path), 128, lambda s: None)
+    assert run._check_speedrun_resume(cfg, str(tmp_path), 384, lambda s: None) == 20

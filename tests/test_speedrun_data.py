@@ -128,3 +128,40 @@ def test_prepare_writes_shards_of_at_most_shard_tokens(tmp_path):
     assert len(glob.glob(str(tmp_path / "d" / "train_*.bin"))) == 2
     r = mica_cli("prepare", "text", "--input", "in.txt", "--shard_tokens", "10", "--out", "e", cwd=tmp_path)
     assert r.returncode != 0 and "pass it with --format shards" in r.stderr and "Traceback" not in r.stderr
+    # the other format in the same folder: the shards go, nanoGPT's files take their place (and back)
+    r = mica_cli("prepare", "text", "--input", "in.txt", "--out", "d", cwd=tmp_path, check=True)
+    assert "removed train_000000.bin, train_000001.bin, val_000000.bin of an earlier preparation" in r.stdout
+    assert sorted(os.listdir(tmp_path / "d")) == ["meta.json", "meta.pkl", "train.bin", "val.bin"]
+    mica_cli("prepare", "text", "--input", "in.txt", "--format", "shards", "--out", "d", cwd=tmp_path, check=True)
+    assert sorted(os.listdir(tmp_path / "d")) == ["meta.json", "meta.pkl", "train_000000.bin", "val_000000.bin"]
+
+
+def test_prepare_text_inputs_and_tokenizer_names(tmp_path):
+    (tmp_path / "a.txt").write_text("abc\n" * 50)
+    (tmp_path / "b.txt").write_text("xyz\n" * 50)
+    mica_cli("prepare", "text", "--input", "a.txt", "--input", "b.txt", "--out", "d", cwd=tmp_path, check=True)
+    itos = __import__("json").loads((tmp_path / "d" / "meta.json").read_text())["itos"]
+    assert itos == ["\n", "a", "b", "c", "x", "y", "z"]  # (both files, as --input a.txt b.txt)
+    for bad, said in (("bpex", "unknown tokenizer 'bpex'"), ("bpe500", "unknown tokenizer 'bpe500'"),
+                      ("bpe:x", "the vocabulary size after bpe: must be a whole number")):
+        r = mica_cli("prepare", "text", "--input", "a.txt", "--tokenizer", bad, "--out", "e", cwd=tmp_path)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = mica_cli("prepare", "text", "--input", "a.txt", "--out=", cwd=tmp_path)
+    assert r.returncode == 2 and "--out is empty" in r.stderr
+    assert not (tmp_path / "e").exists() and not (tmp_path / "data").exists()
+
+
+def test_validation_shards_of_another_tokenizer_are_refused(tmp_path, monkeypatch):
+    (tmp_path / "in.txt").write_text("to be or not to be, that is the question\n" * 200)
+    (tmp_path / "other.txt").write_text("ABCDEFG\n" * 900)
+    for text, out in (("in.txt", "a"), ("other.txt", "b")):
+        mica_cli("prepare", "text", "--input", text, "--format", "shards", "--out", out, cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    from mica.train import config as config_mod
+
+    cfg = config_mod.load("speedrun_tiny", ["--train_files=a/train_*.bin", "--val_files=b/val_*.bin"], log=None)
+    with pytest.raises(MicaError, match=r"the validation shards' vocabulary \(b/meta.json: char, 8 tokens\) is not the "
+                                        r"training shards' \(a/meta.json: char, 15 tokens\)"):
+        run.speedrun_vocab(cfg, log=lambda s: None)
+    cfg = config_mod.load("speedrun_tiny", ["--train_files=a/train_*.bin", "--val_files=a/val_*.bin"], log=None)
+    assert run.speedrun_vocab(cfg, log=lambda s: None) == 128
