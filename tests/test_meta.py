@@ -229,3 +229,26 @@ def test_no_meta_file_and_gpt2s_vocab_decodes_with_tiktoken_or_says_why(tmp_path
         return
     encode, decode = run._codec({"data_dir": str(tmp_path)}, 50304)
     assert decode(encode("Hello world")) == "Hello world" and encode("Hello") == [15496]
+
+
+def test_sampling_refuses_a_data_folder_prepared_again_since_training(tmp_path):
+    """A run keeps a digest of the vocabulary it trained with; a data folder prepared again over
+    other text (the same size of vocabulary or not) would decode its tokens as other characters."""
+    import shutil
+
+    from helpers import mica_cli
+
+    (tmp_path / "in.txt").write_text(TEXT)
+    mica_cli("prepare", "shakespeare-char", "--input", "in.txt", cwd=tmp_path, check=True)
+    shutil.copytree(tmp_path / "data" / "shakespeare_char", tmp_path / "kept")
+    tiny = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
+            "--eval_iters=1", "--max_iters=2", "--eval_interval=2", "--out_dir=run"]
+    mica_cli("train", "shakespeare_char", *tiny, cwd=tmp_path, check=True)
+    sample = ["sample", "--out_dir=run", "--num_samples=1", "--max_new_tokens=5", "--start=S"]
+    assert mica_cli(*sample, cwd=tmp_path).returncode == 0
+    (tmp_path / "in.txt").write_text(TEXT.replace("e", "E"))  # (as many characters, one of them another)
+    mica_cli("prepare", "shakespeare-char", "--input", "in.txt", cwd=tmp_path, check=True)
+    r = mica_cli(*sample, cwd=tmp_path)
+    assert r.returncode == 2 and "the vocabulary in data/shakespeare_char/meta.json is not the one this run trained " \
+                                 "with" in r.stderr, r.stderr
+    assert mica_cli(*sample, "--data_dir=kept", cwd=tmp_path).returncode == 0

@@ -64,6 +64,22 @@ def read(folder):
     return vocab
 
 
+def digest(v):
+    """16 hex digits that change when the vocabulary's encoding does (its size, table, tokenizer and
+    tokenizer file), kept in a run's config so sampling can tell whether a data folder still holds
+    the vocabulary the run trained with."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps([v.vocab_size, v.itos, v.tokenizer], ensure_ascii=False).encode("utf-8"))
+    if v.tokenizer_file:
+        try:
+            with open(os.path.join(os.path.dirname(v.path), v.tokenizer_file), "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(b"(missing)")
+    return h.hexdigest()[:16]
+
+
 def same(a, b):
     """Whether two Vocabs encode text alike: the same size and table, and the same tokenizer (its
     file's bytes, where it has one)."""

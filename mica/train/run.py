@@ -190,7 +190,7 @@ def _prepare_nanogpt(cfg, log):
                     peak_flops=A100_BF16_PEAK if cfg["device"] == "cuda" and not cfg["simulate"] else programs.peak_flops())
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
-    settings["config_json"] = json.dumps(cfg, separators=(",", ":"))
+    settings["config_json"] = json.dumps(_with_vocab_digest(cfg, folder), separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     if rank == 0 and settings.get("resume"):  # (nanoGPT's loop evaluates again at the iteration it resumes at)
         _metrics_up_to(out_dir, settings["resume_iter"], evaluated_again=True, log=log)
@@ -318,7 +318,9 @@ def prepare_speedrun(cfg, log):
                     log_interval=cfg["log_interval"], eval_only=0, always_save=1,
                     seed=config_mod.seed_int64(cfg["seed"]), threads=cfg["threads"] or os.cpu_count() or 1,
                     time_every_iter=int(cfg["time_every_iter"]), flops_per_iter=programs.flops_per_iter(cfg, model),
-                    peak_flops=1.0, stop_at=cfg["stop_at"], config_json=json.dumps(cfg, separators=(",", ":")))
+                    peak_flops=1.0, stop_at=cfg["stop_at"],
+                    config_json=json.dumps(_with_vocab_digest(cfg, os.path.dirname(cfg["train_files"]) or "."),
+                                           separators=(",", ":")))
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
         path = os.path.join(out_dir, "init.safetensors")
@@ -804,12 +806,25 @@ def _as_trained(folder, out_dir, saved_out_dir):
     return os.path.join(base, folder) if os.path.isdir(os.path.join(base, folder)) else folder
 
 
+def _with_vocab_digest(cfg, folder):
+    """The config a checkpoint keeps, with `vocab_digest` (meta.digest) of the data folder's
+    vocabulary where it has one: sampling checks the folder it decodes with against it."""
+    m = meta_mod.read(folder) if os.path.isdir(folder) else None
+    return {**cfg, "vocab_digest": meta_mod.digest(m)} if m is not None else dict(cfg)
+
+
 def _codec(cfg, vocab=None, padded=False):
     """(encode, decode) for sampling, from the data folder's meta.json or meta.pkl, as nanoGPT's
     sample.py decodes; with neither, GPT-2's encoding (tiktoken) for a model of GPT-2's vocabulary.
     `vocab` is the model's vocabulary size, checked against the meta file's."""
     folder = cfg.get("data_dir") or os.path.join("data", cfg["dataset"])
     m = meta_mod.read(folder)
+    trained = cfg.get("vocab_digest")
+    if isinstance(trained, str) and (m is None or meta_mod.digest(m) != trained):
+        what = f"the vocabulary in {m.path} is not" if m is not None else f"{folder} holds no vocabulary, not"
+        raise MicaError(f"{what} the one this run trained with (the data was prepared again since, or --data_dir "
+                        "names other data), so its tokens would decode as other text; point --data_dir at the data "
+                        "the run trained on")
     if m is None:
         if vocab is not None and vocab < 50257:
             where = f"no vocabulary in {folder} (meta.json or meta.pkl)" if os.path.isdir(folder) else \
