@@ -96,3 +96,25 @@ def read_text(path, what="file"):
         line = raw.count(b"\n", 0, e.start) + 1
         raise MicaError(f"{what} {path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at {path}:{line} "
                         f"(offset {e.start:,}); save it as UTF-8") from None
+
+
+def atomic_write(path, data, sync=False):
+    """`data` (bytes, or a function writing into the open file) into `path` through a temporary
+    file renamed over it: a reader sees the old file or the new one, and a failure (a full disk, a
+    read-only folder) leaves no partial file behind; `sync`: on the disk before the rename."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "wb") as f:
+            data(f) if callable(data) else f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise MicaError(f"cannot write {path} ({e.strerror or e}); check that its folder is writable and the disk "
+                        "has room (nothing was replaced)") from None

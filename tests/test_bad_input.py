@@ -207,16 +207,6 @@ TRACEBACK_PATHS = [
      "init_from='gpt2' downloads GPT-2 from a hub, which Mica never does; get Hugging Face's model.safetensors"),
     ("check --simulate=yes", NO_SETUP, ["check", "--method", "b", "--simulate=yes"],
      "argument --simulate: expected True or False, got 'yes'"),
-    ("bench without its data", NO_SETUP, ["bench", "--model", "cpu", "--rounds", "1", "--data_dir", "nope"],
-     "--model cpu trains on the data in nope, which does not exist; make it with mica prepare text --input FILE "
-     "[FILE ...] --tokenizer gpt2 --out nope, or give --data_dir"),
-    ("sample init_from=gpt2", NO_SETUP, ["sample", "--init_from=gpt2"],
-     "init_from='gpt2' downloads GPT-2 from a hub, which Mica never does; get Hugging Face's model.safetensors"),
-    ("check --simulate=yes", NO_SETUP, ["check", "--method", "b", "--simulate=yes"],
-     "argument --simulate: expected True or False, got 'yes'"),
-    ("init_from weights of another model", _weights_of_another_width("other.safetensors"),
-     ["train", *TINY, "--init_from=other.safetensors"],
-     "other.safetensors does not fit this model: tensors 9 of another shape (transformer.wte.weight is [27, 32] where this model needs [27, 16]"),
     # (id, setup(root, data folder), command, the sentence's fragment)
     ("train.bin is a folder", _token_file_is_a_folder("train.bin"), ["train", *TINY],
      "training data data/shakespeare_char/train.bin is a folder, not a file of tokens"),

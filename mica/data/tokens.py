@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from ..errors import MicaError
+from ..files import atomic_write
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -18,30 +19,14 @@ HEADER_INTS = 256
 
 
 def write_bin(path, tokens):
-    _atomic_write(path, np.asarray(tokens, dtype=np.uint16).tobytes())
+    atomic_write(path, np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def write_shard(path, tokens):
     tokens = np.asarray(tokens, dtype=np.uint16)
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, len(tokens))
-    _atomic_write(path, header.tobytes() + tokens.tobytes())
-
-
-def _atomic_write(path, data):
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as e:  # (a full disk, a read-only folder): no partial file is left behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise MicaError(f"cannot write {path} ({e.strerror}); check the free space and permissions of its "
-                        "folder") from None
+    atomic_write(path, header.tobytes() + tokens.tobytes())
 
 
 def token_layout(path):

@@ -16,6 +16,7 @@ import zlib
 import numpy as np
 
 from ..errors import MicaError
+from ..files import atomic_write
 
 DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64, "I32": np.int32,
           "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
@@ -230,21 +231,11 @@ def write(path, tensors, metadata=None):
                                separators=(",", ":"))
     blob = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(blob)))
-            f.write(blob)
-            for a in arrays:
-                f.write(a.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise MicaError(f"cannot write {path} ({e.strerror or e}); check that the folder is writable and the disk "
-                        "has room (nothing was replaced)") from None
+
+    def write_all(f):
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for a in arrays:
+            f.write(a.tobytes())
+
+    atomic_write(path, write_all, sync=True)

@@ -19,7 +19,7 @@ from . import checkpoint as ckpt
 from . import config as config_mod
 from . import convert
 from . import distributed, memory_plan, native, programs
-from ..files import lock_run_folder, no_empty_folders_left, read_text, writable_folder
+from ..files import atomic_write, lock_run_folder, no_empty_folders_left, read_text, writable_folder
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
@@ -367,17 +367,7 @@ def _metrics_up_to(out_dir, step, evaluated_again, log):
         return
     if kept and not kept[-1].endswith(b"\n"):
         kept[-1] += b"\n"
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.writelines(kept)
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise MicaError(f"cannot rewrite {path}: {e.strerror or e}; check that the folder is writable") from None
+    atomic_write(path, b"".join(kept))
     log(f"note: {len(lines) - len(kept)} rows of metrics.jsonl came after the checkpoint (a run stopped before its "
         "next one) and are dropped; the resume writes them again")
 
