@@ -248,8 +248,10 @@ def _inspect_recipe(args, cfg):
     if not vocab:  # (0: the shards' meta.json vocabulary rounded up, as mica train takes it; GPT-2's without shards)
         try:
             vocab = run.speedrun_vocab(cfg, log=lambda _: None)
-        except MicaError:
+        except MicaError as e:
             vocab = 50304
+            print(f"note: vocab_size=0 follows the shards' meta.json, which cannot be read ({e.sentence}); showing "
+                  "GPT-2's vocabulary padded to 50304, as the seed's (--vocab_size=N for another)")
     print(f"speedrun GPT(vocab_size={vocab}, num_layers={cfg['num_layers']}, model_dim={cfg['model_dim']}, "
           f"head_dim={cfg['head_dim']})")
     if not args.ir:

@@ -58,6 +58,9 @@ def test_help_inspect_and_missing_shards_from_the_command_line(tmp_path):
         assert key in r.stdout
     r = mica_cli("inspect", "speedrun", cwd=tmp_path, check=True)
     assert "number of parameters: 162,354,816" in r.stdout
+    r = mica_cli("inspect", "speedrun_tiny", cwd=tmp_path, check=True)  # (no shards here: GPT-2's size, said)
+    assert "note: vocab_size=0 follows the shards' meta.json, which cannot be read" in r.stdout
+    assert "speedrun GPT(vocab_size=50304," in r.stdout
     r = mica_cli("inspect", "speedrun_tiny", "--ir", "--num_layers=1", "--model_dim=64", "--head_dim=32",
                  "--vocab_size=64", "--batch_size=512", "--mbs=1", "--val_tokens=256", cwd=tmp_path, check=True)
     assert "params['blocks.0.attn.q.weight']" in r.stdout and "opt_state['optimizer2']['momentum']" in r.stdout

@@ -165,3 +165,11 @@ def test_validation_shards_of_another_tokenizer_are_refused(tmp_path, monkeypatc
         run.speedrun_vocab(cfg, log=lambda s: None)
     cfg = config_mod.load("speedrun_tiny", ["--train_files=a/train_*.bin", "--val_files=a/val_*.bin"], log=None)
     assert run.speedrun_vocab(cfg, log=lambda s: None) == 128
+
+
+def test_too_little_text_for_two_splits_is_a_sentence(tmp_path):
+    (tmp_path / "one.txt").write_text("a")
+    for command in (["prepare", "text", "--input", "one.txt"], ["prepare", "shakespeare-char", "--input", "one.txt"]):
+        r = mica_cli(*command, cwd=tmp_path)
+        assert r.returncode == 2 and "too few to split into training and validation data" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["one.txt"]

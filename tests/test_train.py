@@ -111,6 +111,8 @@ def test_plot_writes_a_png(workdir):
     r = mica("plot", "straight", cwd=d)
     png = d / "straight" / "loss.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stdout
+    mica("plot", "straight", "--out", "plots/new/loss.png", cwd=d)  # (its folders made, as export makes --to's)
+    assert (d / "plots" / "new" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_export_to_nanogpt_and_import_back(workdir):

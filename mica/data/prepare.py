@@ -92,6 +92,9 @@ def prepare_char(text, out_dir, log=print):
     stoi, itos = char_vocab(text)
     n = len(text)
     train, val = text[: int(n * 0.9)], text[int(n * 0.9):]
+    if not train or not val:
+        raise MicaError(f"the text has {n} character{'s' if n != 1 else ''}, too few to split into training and "
+                        "validation data (nine tenths and one tenth); give more text")
     writable_folder(out_dir, "output folder (--out)")
 
     def encode(part):  # (every character, NUL included: numpy's string arrays would drop a NUL)
@@ -225,6 +228,9 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
         raise MicaError(f"unknown tokenizer {tokenizer!r}; use char, bpe[:VOCAB] or gpt2")
     n = len(ids)
     split = int(n * 0.9)
+    if split == 0 or split == n:
+        raise MicaError(f"the text gives {n} token{'s' if n != 1 else ''}, too few to split into training and "
+                        "validation data (nine tenths and one tenth); give more text")
     os.makedirs(out_dir, exist_ok=True)
     if fmt == "bin":
         tok.write_bin(os.path.join(out_dir, "train.bin"), ids[:split])

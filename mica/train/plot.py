@@ -66,13 +66,15 @@ def plot(out_dir, out=None):
         trained = [x for x in xs if evals[x][0] is not None]
         if trained:
             ax.plot(trained, [evals[x][0] for x in trained], "o-", label="train (estimate)")
-        ax.plot(xs, [evals[x][1] for x in xs], "o-", label="val (estimate)")
+        # (nanoGPT's validations are estimates over eval_iters batches; the speedrun's cover all val_tokens)
+        ax.plot(xs, [evals[x][1] for x in xs], "o-", label="val (estimate)" if trained else "val")
     ax.set_xlabel("iteration")
     ax.set_ylabel("loss")
     ax.set_title(os.path.basename(os.path.abspath(out_dir)))
     ax.grid(alpha=0.3)
     ax.legend()
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # (as export makes --to's folders)
         fig.savefig(out, dpi=120, bbox_inches="tight")
     except OSError as e:
         raise MicaError(f"cannot write {out} ({e.strerror}); pass --out PATH somewhere writable") from None
