@@ -278,8 +278,9 @@ def cmd_bench(args, extra):
     charts = res.get("charts") or []
     print(f"raw numbers: {args.out}/bench-{args.model}.json" + (f"; charts: {', '.join(charts)}" if charts else ""))
     if not res["configs"]:
-        raise MicaError(f"every configuration failed ({'; '.join(f'{n}: {w}' for n, w in res['failures'].items())[:400]}), "
-                        "so nothing was measured; fix what the first one says and run again")
+        why = "; ".join(f"{n}: {w}" for n, w in res["failures"].items())[:400]
+        raise MicaError(f"every configuration failed ({why}), so nothing was measured; fix what the first one says "
+                        "and run again")
     return 0
 
 

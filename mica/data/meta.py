@@ -57,8 +57,9 @@ def read(folder):
                 (theirs.itos is not None or theirs.vocab_size != vocab.vocab_size):
             newer = "meta.pkl" if os.path.getmtime(other) > os.path.getmtime(path) else "meta.json"
             stale = "meta.json" if newer == "meta.pkl" else "meta.pkl"
+            other = ", other characters" if vocab.vocab_size == theirs.vocab_size else ""
             raise MicaError(f"data folder {folder} holds a meta.json and a meta.pkl that disagree (vocab_size "
-                            f"{vocab.vocab_size} against {theirs.vocab_size}{'' if vocab.vocab_size != theirs.vocab_size else ', other characters'}); "
+                            f"{vocab.vocab_size} against {theirs.vocab_size}{other}); "
                             f"{newer} is the newer, so the data was probably prepared again: delete {stale} "
                             "if it is stale, or prepare the data again")
     return vocab

@@ -98,12 +98,14 @@ def _open_tokens(path, vocab_size, min_tokens, what):
     return tokens
 
 
-def seed_batches(lengths, batch_size, count, what="training data", paths=None, fixes="fewer steps"):
+def seed_batches(lengths, batch_size, count, what="training data", paths=None, fixes="fewer steps",
+                 smaller="use a smaller batch"):
     """Where the speedrun seed's distributed_data_generator (world size 1) takes its first `count`
     batches of batch_size + 1 tokens from shards of these lengths, in order: [(shard index, start)].
     It moves to the next shard when pos + batch_size + 1 >= len(tokens), dropping the rest; where
     the seed would fail (no next shard, or one too short for a batch) this is a sentence (`fixes`:
-    the settings that would make the batches fit, as the sentence offers them)."""
+    the settings that would make the batches fit, as the sentence offers them; `smaller`: the setting
+    that makes a batch fit a short shard)."""
     names = paths or [f"shard {i}" for i in range(len(lengths))]
     if not lengths:
         raise MicaError(f"the {what} has no shards")
@@ -117,7 +119,7 @@ def seed_batches(lengths, batch_size, count, what="training data", paths=None, f
             if lengths[file] < batch_size + 1:
                 raise MicaError(f"the {what} shard {names[file]} holds {lengths[file]:,} tokens, fewer than one batch "
                                 f"of {batch_size:,} + 1 (the seed's loader fails there too); prepare larger shards or "
-                                "use a smaller batch")
+                                f"{smaller}")
         out.append((file, pos))
         pos += batch_size
     return out

@@ -411,7 +411,8 @@ def _load(items, recipe, log):
             after = items[i + 1] if i + 1 < len(items) else ""
             value = after if after and not after.startswith("-") and not os.path.isfile(after) and \
                 after not in BUILTIN_CONFIGS and not after.endswith(".py") else "True"
-            example = f"; a setting takes its value after '=', e.g. {item}={value}" if re.fullmatch(r"--\w+", item) else ""
+            example = f"; a setting takes its value after '=', e.g. {item}={value}" \
+                if re.fullmatch(r"--\w+", item) else ""
             raise MicaError(f"expected --key=value, got {item!r}{example}")
         elif not item:
             raise MicaError("an empty argument is neither a config file nor --key=value; remove it")

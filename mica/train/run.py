@@ -241,7 +241,10 @@ def speedrun_files(pattern, what):
     return paths
 
 
-def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
+def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log, unit=1):
+    """The shards of `pattern`, checked to give `batches` batches of tokens_per_batch (+1) tokens as
+    the seed's loader takes them ((path, header bytes) each); `unit`: what a batch size must be a
+    multiple of (the validation's mbs * seq_len), for the size the sentence offers."""
     paths = speedrun_files(pattern, what)
     lengths = []
     for p in paths:
@@ -250,9 +253,11 @@ def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log):
             raise MicaError(f"{what} file {p} is not a shard (no magic number {tok.SHARD_MAGIC} at its start); the "
                             "speedrun reads shards: prepare them with mica prepare text --format shards")
         lengths.append(len(tok.open_tokens(p, vocab, 0, what)))
+    most = max(max(lengths) - 2, 0) // unit * unit  # (the largest batch a shard holds, in whole units)
     fixes = ("fewer train_steps" if what == "training data" else
-             f"fewer val_tokens (a shard here holds a batch of at most {max(max(lengths) - 2, 0):,})")
-    tok.seed_batches(lengths, tokens_per_batch, batches, what, paths, fixes)
+             f"fewer val_tokens (a shard here holds at most {most:,}, a multiple of mbs * seq_len)")
+    smaller = "use a smaller batch_size" if what == "training data" else f"use fewer val_tokens (at most {most:,} here)"
+    tok.seed_batches(lengths, tokens_per_batch, batches, what, paths, fixes, smaller)
     where = f"from {paths[0]} to {os.path.basename(paths[-1])}" if len(paths) > 1 else paths[0]
     log(f"{what}: {len(paths)} shard{'s' if len(paths) > 1 else ''}, {sum(lengths):,} tokens, {where}")
     return [(os.path.abspath(p), tok.token_layout(p)[1]) for p in paths]
@@ -268,10 +273,11 @@ def speedrun_vocab(cfg, log=print):
     theirs = meta_mod.read(val_folder) if os.path.isdir(val_folder) and \
         os.path.realpath(val_folder) != os.path.realpath(folder) else None
     if meta is not None and theirs is not None and not meta_mod.same(meta, theirs):
-        raise MicaError(f"the validation shards' vocabulary ({theirs.path}: {theirs.tokenizer or 'char'}, "
-                        f"{theirs.vocab_size} tokens) is not the training shards' ({meta.path}: {meta.tokenizer or 'char'}, "
-                        f"{meta.vocab_size} tokens), so their ids mean other text; prepare both splits with one "
-                        "tokenizer (mica prepare text writes train_* and val_* together)")
+        def said(m):
+            return f"{m.path}: {m.tokenizer or 'char'}, {m.vocab_size} tokens"
+        raise MicaError(f"the validation shards' vocabulary ({said(theirs)}) is not the training shards' ({said(meta)}), "
+                        "so their ids mean other text; prepare both splits with one tokenizer (mica prepare text "
+                        "writes train_* and val_* together)")
     if cfg["vocab_size"]:
         if meta is not None and meta.vocab_size > cfg["vocab_size"]:
             raise MicaError(f"vocab_size={cfg['vocab_size']} is smaller than the {meta.vocab_size} tokens of {meta.path}; "
@@ -293,7 +299,7 @@ def prepare_speedrun(cfg, log):
     files = [("train", *f) for f in _speedrun_split(cfg["train_files"], vocab, cfg["batch_size"], cfg["train_steps"],
                                                      "training data", log)]
     files += [("val", *f) for f in _speedrun_split(cfg["val_files"], vocab, cfg["val_tokens"], 1, "validation data",
-                                                   log)]
+                                                   log, unit=rows)]
     out_dir = writable_folder(cfg["out_dir"], "out_dir")
     if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
         lock_run_folder(out_dir)
