@@ -63,6 +63,14 @@ def test_resume_continues_bitwise_exactly(workdir):
                 for line in open(d / run / "metrics.jsonl")]
     assert rows("resumed") == rows("straight")  # (no row twice: those past the checkpoint were dropped)
 
+    # a run from scratch into a folder holding another run's checkpoint says it will replace it
+    import shutil
+
+    (d / "forgot").mkdir()
+    shutil.copy(d / "straight" / "ckpt.safetensors", d / "forgot" / "ckpt.safetensors")
+    r = mica("train", *common, "--max_iters=0", "--out_dir=forgot", cwd=d)
+    assert "note: forgot holds an earlier run's checkpoint; this run starts from scratch and replaces it" in r.stdout
+
 
 def test_sample_produces_text_of_the_asked_length(workdir):
     d, _ = workdir

@@ -329,6 +329,7 @@ def prepare_speedrun(cfg, log):
                                            separators=(",", ":")))
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
+        _say_replaced(out_dir, log)
         path = os.path.join(out_dir, "init.safetensors")
         ckpt.write(path, _stored(model, model.init(cfg["seed"])), {"format": "mica", "config": json.dumps(cfg)})
         loads = _loads(path, expected, settings, params_only=True)
@@ -612,6 +613,7 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
     init = cfg["init_from"]
     if init == "scratch":
         log("initializing a new model from scratch")
+        _say_replaced(out_dir, log)
         path = os.path.join(out_dir, "init.safetensors")
         tensors = dict(model.init(cfg["seed"]))
         if cfg.get("dtype") == "float16":  # the loss scaler starts at its init_scale, not at zero
@@ -690,6 +692,14 @@ def _saved_config(st):
     if not isinstance(saved, dict):
         raise MicaError(f"checkpoint {st.path} has unreadable config metadata")
     return saved
+
+
+def _say_replaced(out_dir, log):
+    """A note when a run from scratch starts in a folder holding an earlier run's checkpoint, which
+    its first save replaces (as nanoGPT's does): the moment to stop if --init_from=resume was meant."""
+    if os.path.isfile(os.path.join(out_dir, "ckpt.safetensors")):
+        log(f"note: {out_dir} holds an earlier run's checkpoint; this run starts from scratch and replaces it at its "
+            "first save (Ctrl-C now and pass --init_from=resume to continue that run instead)")
 
 
 def _say_scaler(st, by_name, cfg, log):
