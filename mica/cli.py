@@ -28,6 +28,8 @@ def cmd_prepare(args, extra):
         raise MicaError(f"unexpected arguments: {' '.join(extra)}")
     from .files import no_empty_folders_left
 
+    if args.out == "":
+        raise MicaError("--out is empty; give the folder to write the data into")
     if args.what == "shakespeare-char":
         given = [f"--{k}" for k in ("tokenizer", "format", "shard_tokens") if getattr(args, k) is not None]
         if given:
@@ -36,14 +38,10 @@ def cmd_prepare(args, extra):
         if args.input and len(args.input) > 1:
             raise MicaError("mica prepare shakespeare-char reads one text file, as nanoGPT's prepare.py reads "
                             "input.txt; for several, use mica prepare text --input FILE [FILE ...] --tokenizer char")
-        if args.out == "":
-            raise MicaError("--out is empty; give the folder to write the data into")
         out = args.out or "data/shakespeare_char"
         with no_empty_folders_left(out):
             prepare.prepare_shakespeare_char(args.input[0] if args.input else None, out)
     elif args.what == "text":
-        if args.out == "":
-            raise MicaError("--out is empty; give the folder to write the data into")
         out = args.out or "data/text"
         with no_empty_folders_left(out):
             prepare.prepare_text(args.input, args.tokenizer or "char", out, args.format or "bin",

@@ -47,15 +47,15 @@ def read(folder):
     if not path:
         return None
     vocab = load(path)
-    other = os.path.join(folder, "meta.pkl")
-    if path.endswith("meta.json") and os.path.isfile(other):
+    pkl = os.path.join(folder, "meta.pkl")
+    if path.endswith("meta.json") and os.path.isfile(pkl):
         try:
-            theirs = load(other)
+            theirs = load(pkl)
         except MicaError:
             return vocab  # (an unreadable meta.pkl beside a good meta.json: Mica reads the json, as before)
         if (theirs.vocab_size, theirs.itos) != (vocab.vocab_size, vocab.itos) and \
                 (theirs.itos is not None or theirs.vocab_size != vocab.vocab_size):
-            newer = "meta.pkl" if os.path.getmtime(other) > os.path.getmtime(path) else "meta.json"
+            newer = "meta.pkl" if os.path.getmtime(pkl) > os.path.getmtime(path) else "meta.json"
             stale = "meta.json" if newer == "meta.pkl" else "meta.pkl"
             other = ", other characters" if vocab.vocab_size == theirs.vocab_size else ""
             raise MicaError(f"data folder {folder} holds a meta.json and a meta.pkl that disagree (vocab_size "
@@ -79,22 +79,6 @@ def digest(v):
         except OSError:
             h.update(b"(missing)")
     return h.hexdigest()[:16]
-
-
-def same(a, b):
-    """Whether two Vocabs encode text alike: the same size and table, and the same tokenizer (its
-    file's bytes, where it has one)."""
-    if (a.vocab_size, a.itos, a.tokenizer) != (b.vocab_size, b.itos, b.tokenizer):
-        return False
-    if a.tokenizer_file or b.tokenizer_file:
-        def content(v):
-            try:
-                with open(os.path.join(os.path.dirname(v.path), v.tokenizer_file or ""), "rb") as f:
-                    return f.read()
-            except OSError:
-                return None
-        return content(a) is not None and content(a) == content(b)
-    return True
 
 
 def load(path):

@@ -39,7 +39,6 @@ def hint(folder, dataset=None):
     return f"mica prepare text --input FILE [FILE ...] --tokenizer {tokenizer} --out {folder}"
 
 
-
 def _read_text(paths):
     """The inputs' text, each file UTF-8 (as nanoGPT's prepare.py reads it): a file that is not is a
     sentence naming the byte, never a silent replacement character in the vocabulary."""

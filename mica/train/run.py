@@ -120,9 +120,15 @@ def _alive(pid):
 def vocab_size(folder, log=print):
     """(vocab_size, meta file) from the folder's meta.json or nanoGPT's meta.pkl; without either,
     GPT-2's vocabulary padded as nanoGPT pads it."""
+    size, vocab = _data_vocab(folder, log)
+    return size, vocab.path if vocab is not None else None
+
+
+def _data_vocab(folder, log):
+    """(vocab_size, the folder's meta_mod.Vocab or None): vocab_size's reading, the Vocab kept."""
     vocab = meta_mod.read(folder)
     if vocab is not None:
-        return vocab.vocab_size, vocab.path
+        return vocab.vocab_size, vocab
     log("no meta.json or meta.pkl in the data folder: defaulting to vocab_size of GPT-2 to 50304 "
         "(50257 rounded up)")
     return 50304, None
@@ -147,7 +153,7 @@ def prepare_run(config_path=None, overrides=(), log=print):
 
 def _prepare_nanogpt(cfg, log):
     folder, (train_paths, val_paths) = data_files(cfg, log)
-    vocab, _ = vocab_size(folder, log if cfg["init_from"] == "scratch" else _quiet)  # (nanoGPT's note is scratch's)
+    vocab, data_meta = _data_vocab(folder, log if cfg["init_from"] == "scratch" else _quiet)  # (the note: scratch's)
     vocab = _follow_hf_weights(cfg, vocab, log)
     vocab = _follow_resumed_model(cfg, vocab, log)
     _check_weights_fit(cfg, vocab)
@@ -190,7 +196,7 @@ def _prepare_nanogpt(cfg, log):
                     peak_flops=A100_BF16_PEAK if cfg["device"] == "cuda" and not cfg["simulate"] else programs.peak_flops())
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
-    settings["config_json"] = json.dumps(_with_vocab_digest(cfg, folder), separators=(",", ":"))
+    settings["config_json"] = json.dumps(_with_vocab_digest(cfg, data_meta), separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     if rank == 0 and settings.get("resume"):  # (nanoGPT's loop evaluates again at the iteration it resumes at)
         _metrics_up_to(out_dir, settings["resume_iter"], evaluated_again=True, log=log)
@@ -266,13 +272,18 @@ def _speedrun_split(pattern, vocab, tokens_per_batch, batches, what, log, unit=1
 def speedrun_vocab(cfg, log=print):
     """The model's vocabulary: vocab_size, or with 0 the data's meta.json vocabulary rounded up to a
     multiple of 128, as the seed rounds GPT-2's 50257 up to 50304."""
+    return _speedrun_vocab(cfg, log)[0]
+
+
+def _speedrun_vocab(cfg, log):
+    """(speedrun_vocab's size, the training shards' meta_mod.Vocab or None)."""
     speedrun_files(cfg["train_files"], "training data")  # (no shards at all: say that, not what meta.json lacks)
     folder = os.path.dirname(cfg["train_files"]) or "."
     meta = meta_mod.read(folder) if os.path.isdir(folder) else None
     val_folder = os.path.dirname(cfg["val_files"]) or "."
     theirs = meta_mod.read(val_folder) if os.path.isdir(val_folder) and \
         os.path.realpath(val_folder) != os.path.realpath(folder) else None
-    if meta is not None and theirs is not None and not meta_mod.same(meta, theirs):
+    if meta is not None and theirs is not None and meta_mod.digest(meta) != meta_mod.digest(theirs):
         def said(m):
             return f"{m.path}: {m.tokenizer or 'char'}, {m.vocab_size} tokens"
         raise MicaError(f"the validation shards' vocabulary ({said(theirs)}) is not the training shards' ({said(meta)}), "
@@ -282,19 +293,19 @@ def speedrun_vocab(cfg, log=print):
         if meta is not None and meta.vocab_size > cfg["vocab_size"]:
             raise MicaError(f"vocab_size={cfg['vocab_size']} is smaller than the {meta.vocab_size} tokens of {meta.path}; "
                             "pass a larger vocab_size, or 0 to follow the data")
-        return cfg["vocab_size"]
+        return cfg["vocab_size"], meta
     if meta is None:
         raise MicaError(f"vocab_size=0 follows the data's meta.json, but {folder} has none; pass --vocab_size=N")
     vocab = -(-meta.vocab_size // 128) * 128
     log(f"vocab_size: {meta.vocab_size} from {meta.path}, rounded up to {vocab}")
-    return vocab
+    return vocab, meta
 
 
 def prepare_speedrun(cfg, log):
     """The speedrun recipe up to the trainer's manifest: its shards checked against the seed's
     loader (every batch the run will take exists), its programs built, its starting state."""
     world, rank = distributed.ranks(cfg)
-    vocab = speedrun_vocab(cfg, log)
+    vocab, data_meta = _speedrun_vocab(cfg, log)
     rows = cfg["mbs"] * cfg["seq_len"]
     files = [("train", *f) for f in _speedrun_split(cfg["train_files"], vocab, cfg["batch_size"], cfg["train_steps"],
                                                      "training data", log)]
@@ -325,8 +336,7 @@ def prepare_speedrun(cfg, log):
                     seed=config_mod.seed_int64(cfg["seed"]), threads=cfg["threads"] or os.cpu_count() or 1,
                     time_every_iter=int(cfg["time_every_iter"]), flops_per_iter=programs.flops_per_iter(cfg, model),
                     peak_flops=1.0, stop_at=cfg["stop_at"],
-                    config_json=json.dumps(_with_vocab_digest(cfg, os.path.dirname(cfg["train_files"]) or "."),
-                                           separators=(",", ":")))
+                    config_json=json.dumps(_with_vocab_digest(cfg, data_meta), separators=(",", ":")))
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
         _say_replaced(out_dir, log)
@@ -812,11 +822,11 @@ def _as_trained(folder, out_dir, saved_out_dir):
     return os.path.join(base, folder) if os.path.isdir(os.path.join(base, folder)) else folder
 
 
-def _with_vocab_digest(cfg, folder):
+def _with_vocab_digest(cfg, vocab):
     """The config a checkpoint keeps, with `vocab_digest` (meta.digest) of the data folder's
-    vocabulary where it has one: sampling checks the folder it decodes with against it."""
-    m = meta_mod.read(folder) if os.path.isdir(folder) else None
-    return {**cfg, "vocab_digest": meta_mod.digest(m)} if m is not None else dict(cfg)
+    vocabulary (`vocab`, as read for the run) where it has one: sampling checks the folder it
+    decodes with against it."""
+    return {**cfg, "vocab_digest": meta_mod.digest(vocab)} if vocab is not None else dict(cfg)
 
 
 def _codec(cfg, vocab=None, padded=False):
