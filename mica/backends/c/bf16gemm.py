@@ -1,12 +1,16 @@
 """Which bfloat16 product kernel (mica_bf16gemm.h) a CPU program is built with, and its scratch.
 
-Chosen when the target is made, from the building machine's processor flags (/proc/cpuinfo), by
-measurement (BENCHMARKS.md section 8.1): "amx" (AMX-BF16 tiles) where the processor has AMX, else
-"f32" (the operands widened to float32, then OpenBLAS or Mica's float32 kernel: any processor).
-"avx512bf16" (vdpbf16ps) is slower than OpenBLAS's float32 product on the measured machine (one
-vdpbf16ps per cycle does what two float32 FMAs do), so it is only taken when asked for, and by an
-AMX build whose operating system refuses the tile state (it reads the same packed operands;
-MICA_NO_AMX=1 in a program's environment stands in for a refusal).
+Chosen when the target is made, from the building machine's processor (/proc/cpuinfo: its flags
+and vendor), by measurement (BENCHMARKS.md sections 8.1 and 8.6):
+- "amx" (AMX-BF16 tiles) where the processor has AMX;
+- "avx512bf16" (vdpbf16ps) on an AMD processor with AVX512-BF16: on a Zen 5 it measured 3.6x
+  OpenBLAS's float32 product (~850 against ~210 GFLOP/s on two cores); Zen 4 is taken alike (its
+  vdpbf16ps, too, does twice the products of a float32 FMA at the same rate);
+- else "f32" (the operands widened to float32, then OpenBLAS or Mica's float32 kernel: any
+  processor). On Intel's cores vdpbf16ps does what two float32 FMAs do and measured slower than
+  OpenBLAS's float32 product (a Sapphire Rapids), so there it is taken only when asked for, and by
+  an AMX build whose operating system refuses the tile state (it reads the same packed operands;
+  MICA_NO_AMX=1 in a program's environment stands in for a refusal).
 `MICA_BF16_GEMM=amx|avx512bf16|f32` (or CTarget(bf16_gemm=...)) forces one, e.g. to test the
 fallback. The choice is written into the generated C (`#define MICA_BF16_GEMM`, with a comment
 naming it in the file's header), so it is part of the program's source and its build key.
@@ -17,7 +21,8 @@ from ...errors import MicaError
 
 KERNELS = {"f32": 0, "avx512bf16": 1, "amx": 2}
 NEEDS = {"f32": (), "avx512bf16": ("avx512_bf16",), "amx": ("amx_bf16", "amx_tile", "avx512_bf16")}
-PREFERENCE = ("amx", "f32")  # what choose() takes unasked, first that the processor has
+PREFERENCE = {"AuthenticAMD": ("amx", "avx512bf16", "f32")}  # what choose() takes unasked, by vendor:
+DEFAULT_PREFERENCE = ("amx", "f32")                            # the first one the processor has
 
 MB, KSTEP = 32, 32           # MICA_BF16_MB, MICA_BF16_KSTEP
 KC, NR = 384, 32             # MICA_KC, MICA_NR of mica_gemm.h (AVX-512 build)
@@ -25,22 +30,33 @@ GEMM_THREAD_FLOATS = 384 * 96 + 8 * 32
 L2_BUDGET, CHUNK_BYTES = 3 << 19, 1 << 20  # MICA_BF16_L2; a k chunk of packed B at most this
 
 
-def machine_flags(path="/proc/cpuinfo"):
-    """The processor's feature flags (an empty set where the file does not say)."""
+def _cpuinfo_field(name, path):
     try:
         with open(path) as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return set()
+    return ""
 
 
-def choose(requested=None, flags=None):
+def machine_flags(path="/proc/cpuinfo"):
+    """The processor's feature flags (an empty set where the file does not say)."""
+    return set(_cpuinfo_field("flags", path).split())
+
+
+def machine_vendor(path="/proc/cpuinfo"):
+    """The processor's vendor ("GenuineIntel", "AuthenticAMD"; empty where the file does not say)."""
+    return _cpuinfo_field("vendor_id", path)
+
+
+def choose(requested=None, flags=None, vendor=None):
     """The kernel's name: `requested` (or $MICA_BF16_GEMM) when the processor has what it needs,
-    else the first of PREFERENCE that it has."""
+    else the first of its vendor's PREFERENCE that it has."""
     flags = machine_flags() if flags is None else flags
+    vendor = machine_vendor() if vendor is None else vendor
     requested = requested or os.environ.get("MICA_BF16_GEMM") or None
     if requested is not None:
         if requested not in KERNELS:
@@ -51,7 +67,8 @@ def choose(requested=None, flags=None):
             raise MicaError(f"this processor lacks {', '.join(missing)}, which the {requested} bfloat16 product "
                             f"kernel needs; use MICA_BF16_GEMM=f32 (or leave it unset to choose)")
         return requested
-    return next(k for k in PREFERENCE if all(f in flags for f in NEEDS[k]))
+    preference = PREFERENCE.get(vendor, DEFAULT_PREFERENCE)
+    return next(k for k in preference if all(f in flags for f in NEEDS[k]))
 
 
 def _pad(n, to):
