@@ -171,6 +171,8 @@ def test_training_in_bfloat16_resumes_bit_for_bit_and_is_not_float32(work):
 
     notes = _train([*TINY, "--dtype=bfloat16", "--out_dir=straight"])
     assert any("dtype=bfloat16 on the CPU: Mica trains under bfloat16 autocast" in n for n in notes)
+    from mica.backends.c import bf16gemm
+    assert bf16gemm.describe(bf16gemm.choose()) in notes  # which product kernel this processor got
     _train([*TINY, "--dtype=bfloat16", "--out_dir=halves", "--max_iters=4"])
     _train([*TINY, "--dtype=bfloat16", "--out_dir=halves", "--init_from=resume"])
     a, b = checkpoint.SafeTensors("straight/ckpt.safetensors"), checkpoint.SafeTensors("halves/ckpt.safetensors")

@@ -10,6 +10,8 @@ import tempfile
 import numpy as np
 
 from .. import amp as mica_amp
+from .. import dtypes
+from ..backends.c import bf16gemm
 from ..backends.c import build as cbuild
 from ..data import meta as meta_mod
 from ..data import prepare
@@ -184,6 +186,7 @@ def _prepare_nanogpt(cfg, log):
     _products_record(cfg["device"], cfg["simulate"])
     native.check_in_place(lowered["train"])
     log(memory_plan.report(lowered, rank if world > 1 else None))  # what the trainer will hold, exact
+    _say_product_kernel(lowered, log)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()], shards, rank)
     expected = _expected(slots, lowered)
     settings = dict(mode="train", out_dir=out_dir, vocab=vocab, block=cfg["block_size"],
@@ -327,6 +330,7 @@ def prepare_speedrun(cfg, log):
     _products_record(cfg["device"], cfg["simulate"])
     native.check_in_place(lowered["train"])
     log(memory_plan.report(lowered, rank if world > 1 else None))
+    _say_product_kernel(lowered, log)
     slots = native.state_slots(lowered, [n for n, _ in model.named_parameters()], shards, rank)
     expected = _expected(slots, lowered)
     settings = dict(mode="train", loop="speedrun", out_dir=out_dir, vocab=vocab, block=cfg["seq_len"],
@@ -604,16 +608,12 @@ def _expected(slots, lowered):
 def _file_dtype(dtype):
     """The dtype SafeTensors.info gives the tensor of a slot of this dtype: its numpy storage, or
     checkpoint.BFLOAT16 for a bfloat16 slot (numpy has no bfloat16; the file holds BF16)."""
-    from .. import dtypes
-
     return ckpt.BFLOAT16 if dtype is dtypes.bfloat16 else dtype.np_storage
 
 
 def _stored(model, values):
     """The initial values as the trainer's file holds them: a bfloat16 parameter's rounded to
     bfloat16 (ties to even, as the seed's .bfloat16() rounds its float32 init) and stored as BF16."""
-    from .. import dtypes
-
     kinds = {n: p.dtype for n, p in model.named_parameters()}
     return {n: ckpt.BF16Tensor.round(a) if kinds.get(n) is dtypes.bfloat16 else a for n, a in values.items()}
 
@@ -702,6 +702,15 @@ def _saved_config(st):
     if not isinstance(saved, dict):
         raise MicaError(f"checkpoint {st.path} has unreadable config metadata")
     return saved
+
+
+def _say_product_kernel(lowered, log):
+    """Which bfloat16 product kernel a CPU trainer was built with (it depends on the processor)."""
+    from ..passes.schedule import Gemm
+
+    kernel = getattr(lowered["train"].target, "bf16_gemm", None)
+    if kernel and any(isinstance(k, Gemm) and k.a.dtype is dtypes.bfloat16 for k in lowered["train"].schedule.kernels):
+        log(bf16gemm.describe(kernel))
 
 
 def _say_replaced(out_dir, log):

@@ -71,6 +71,16 @@ def choose(requested=None, flags=None, vendor=None):
     return next(k for k in preference if all(f in flags for f in NEEDS[k]))
 
 
+WHAT = {"amx": "AMX-BF16 tiles", "avx512bf16": "AVX512-BF16's vdpbf16ps",
+        "f32": "operands widened to float32, this processor having no faster bfloat16 product"}
+
+
+def describe(kernel):
+    """The line `mica train` prints for a program with bfloat16 products on the CPU."""
+    return (f"bfloat16 products: the {kernel} kernel ({WHAT[kernel]}), chosen for this processor; "
+            f"MICA_BF16_GEMM={'|'.join(KERNELS)} picks another")
+
+
 def _pad(n, to):
     return -(-n // to) * to
 
