@@ -93,15 +93,15 @@ def k_chunk(Kp, Np):
 
 
 def shared_bytes(kernel, M, N, K):
-    """mica_bf16gemm_shared_bytes: scratch shared by the threads (packed B, and the float32 sums
-    of every output block between k chunks when there are several)."""
+    """mica_bf16gemm_shared_bytes: scratch shared by the threads (one k chunk of packed B, and the
+    float32 sums of every output block between k chunks when there are several)."""
     if kernel == "f32":
         kc = max(min(K, KC), 1)
         return 4 * (M * K + K * N + M * N + kc * _pad(N, NR)) + 256
     Kp, Np = _pad(K, KSTEP), _pad(N, MB)
     kc = k_chunk(Kp, Np)
     sums = 4 * _pad(M, MB) * Np + 64 if kc and kc < Kp else 0
-    return 2 * Kp * Np + 64 + sums
+    return 2 * kc * Np + 64 + sums  # one k chunk of packed B (all of k when unchunked)
 
 
 def thread_bytes(kernel, K):

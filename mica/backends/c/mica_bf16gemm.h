@@ -14,7 +14,8 @@
  * zeros to a multiple of 32), packed per block and k chunk. When packed B is larger than the L2
  * budget, k runs in chunks (mica_bf16_kchunk), every row block using a chunk before the next, the
  * float32 sums waiting between chunks: a product whose k is the token count (a weight gradient) no
- * longer streams all of B from memory once per row block.
+ * longer streams all of B from memory once per row block. B is then packed a chunk at a time, into
+ * one chunk's buffer, just before the chunk is used: the packed copy never goes out to memory.
  * Both flush bfloat16 subnormal inputs to zero and float32 subnormal partial sums to zero (the
  * instructions do so whatever MXCSR says); the float32 fallback flushes the inputs too, so all three
  * compute the same mathematical sum. Summation order: k ascending, in pairs (the instruction's own
@@ -74,7 +75,7 @@ static inline int64_t mica_bf16gemm_shared_bytes(int64_t M, int64_t N, int64_t K
 #else
     int64_t Kp = mica_bf16_kpad(K), Np = mica_bf16_npad(N), kc = mica_bf16_kchunk(Kp, Np);
     int64_t sums = kc && kc < Kp ? 4 * (M + MICA_BF16_MB - 1) / MICA_BF16_MB * MICA_BF16_MB * Np + 64 : 0;
-    return 2 * Kp * Np + 64 + sums;
+    return 2 * kc * Np + 64 + sums;  /* one k chunk of packed B (all of k when unchunked), and the sums */
 #endif
 }
 static inline int64_t mica_bf16gemm_thread_bytes(int64_t K) {
@@ -217,32 +218,40 @@ MICA_BF16_VEC static void mica_bf16_transpose16x32(__m512i v[16]) {
     }
 }
 
-MICA_BF16_VEC static void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N, int64_t Kp,
-                                           int64_t p, mica_bf16 *restrict out) {
-    mica_bf16 *dst = out + p * Kp * 16;
+/* panel p's k rows [k0, k0 + kc) (kc a multiple of 32) at out + p * kc * 16: the chunk of packed B
+ * a chunked product uses next (k0 = 0, kc = Kp: all of it) */
+MICA_BF16_VEC static void mica_bf16_pack_b_rows(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N,
+                                                int64_t k0, int64_t kc, int64_t p, mica_bf16 *restrict out) {
+    mica_bf16 *dst = out + p * kc * 16;
     int64_t n0 = p * 16, w = N - n0 < 16 ? N - n0 : 16;
-    if (w <= 0) { memset(dst, 0, sizeof(mica_bf16) * Kp * 16); return; }
+    if (w <= 0) { memset(dst, 0, sizeof(mica_bf16) * kc * 16); return; }
     if (!tb) {  /* rows k, k + 1 of B: 16 columns each, interleaved */
         const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
         __mmask16 m = (__mmask16)((1u << w) - 1);
-        for (int64_t k = 0; k < Kp; k += 2) {
+        for (int64_t k = k0; k < k0 + kc; k += 2) {
             __m256i r0 = k < K ? _mm256_maskz_loadu_epi16(m, B + k * ldb + n0) : _mm256_setzero_si256();
             __m256i r1 = k + 1 < K ? _mm256_maskz_loadu_epi16(m, B + (k + 1) * ldb + n0) : _mm256_setzero_si256();
             __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
-            _mm512_storeu_si512(dst + k * 16, mica_bf16_daz16(_mm512_permutexvar_epi16(idx, x)));
+            _mm512_storeu_si512(dst + (k - k0) * 16, mica_bf16_daz16(_mm512_permutexvar_epi16(idx, x)));
         }
     } else {  /* row n0 + c of B holds column c: its k pairs (32-bit units) transposed, 16 pairs at a time */
-        for (int64_t k0 = 0; k0 < Kp; k0 += MICA_BF16_KSTEP) {
-            int64_t d = K - k0;
+        for (int64_t ks = k0; ks < k0 + kc; ks += MICA_BF16_KSTEP) {
+            int64_t d = K - ks;
             __mmask32 m = d >= 32 ? 0xFFFFFFFFu : d <= 0 ? 0 : (__mmask32)((1u << d) - 1);
             __m512i v[16];
             for (int c = 0; c < 16; c++)
-                v[c] = c < w && m ? _mm512_maskz_loadu_epi16(m, B + (n0 + c) * ldb + k0) : _mm512_setzero_si512();
+                v[c] = c < w && m ? _mm512_maskz_loadu_epi16(m, B + (n0 + c) * ldb + ks) : _mm512_setzero_si512();
             mica_bf16_transpose16x32(v);
-            for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (k0 / 2 + i) * 32, mica_bf16_daz16(v[i]));
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + ((ks - k0) / 2 + i) * 32, mica_bf16_daz16(v[i]));
         }
     }
+}
+
+/* all of panel p (Kp rows) at out + p * Kp * 16 */
+static inline void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int64_t K, int64_t N, int64_t Kp,
+                                    int64_t p, mica_bf16 *restrict out) {
+    mica_bf16_pack_b_rows(B, ldb, tb, K, N, 0, Kp, p, out);
 }
 
 /* tile[r][kk] = src[kk * ld + r] for r < h, kk < d (zeros elsewhere), subnormals flushed: k pairs
@@ -419,7 +428,7 @@ static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K,
     p.chunks = p.kc ? (p.Kp + p.kc - 1) / p.kc : 1;
     p.mblocks = (M + MICA_BF16_MB - 1) / MICA_BF16_MB; p.nblocks = p.Np / MICA_BF16_MB;
     p.packed = (mica_bf16 *)mica_align64(work);
-    p.sums = (float *)mica_align64((char *)p.packed + 2 * p.Kp * p.Np);
+    p.sums = (float *)mica_align64((char *)p.packed + 2 * p.kc * p.Np);
     p.parallel = (double)M * N * (K ? K : 1) > 262144.0;
     int threads = p.parallel ? omp_get_max_threads() : 1;
     p.ngroups = p.mblocks >= 2 * threads ? 1 : (2 * threads + p.mblocks - 1) / (p.mblocks ? p.mblocks : 1);
@@ -439,8 +448,8 @@ static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64
     int64_t k0 = c * p->kc, kc = p->Kp - k0 < p->kc ? p->Kp - k0 : p->kc;
     int64_t m0 = t * MICA_BF16_MB, h = p->M - m0 < MICA_BF16_MB ? p->M - m0 : MICA_BF16_MB;
     mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, m0, k0, kc, ap);
-    for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {
-        const mica_bf16 *b0p = p->packed + 2 * q * p->Kp * 16 + k0 * 16, *b1p = b0p + p->Kp * 16;
+    for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {  /* (packed B holds chunk c: mica_bf16_product_pack) */
+        const mica_bf16 *b0p = p->packed + 2 * q * kc * 16, *b1p = b0p + kc * 16;
         float *sum = p->chunks > 1 ? p->sums + (t * p->nblocks + q) * MICA_BF16_MB * MICA_BF16_MB : acc;
         mica_bf16_block(ap, kc, b0p, b1p, sum, c > 0, p->amx);
         if (c == p->chunks - 1) {
@@ -450,15 +459,23 @@ static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64
     }
 }
 
-static void mica_bf16_product_begin(const mica_bf16_product *p) {
+/* chunk c of packed B, by the team (the barrier after it: no thread reads it half-written, and the
+ * chunk before it is no longer read by anyone) */
+static void mica_bf16_product_pack(const mica_bf16_product *p, int64_t c) {
+    int64_t k0 = c * p->kc, kc = p->Kp - k0 < p->kc ? p->Kp - k0 : p->kc;
 #pragma omp for schedule(static)
-    for (int64_t q = 0; q < p->Np / 16; q++) mica_bf16_pack_b(p->B, p->ldb, p->tb, p->K, p->N, p->Kp, q, p->packed);
+    for (int64_t q = 0; q < p->Np / 16; q++) mica_bf16_pack_b_rows(p->B, p->ldb, p->tb, p->K, p->N, k0, kc, q, p->packed);
+}
+
+static void mica_bf16_product_begin(const mica_bf16_product *p) {
     mica_bf16_tiles_begin(p->amx);
     for (int64_t c = 0; c + 1 < p->chunks; c++) {
+        mica_bf16_product_pack(p, c);
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < p->mblocks * p->ngroups; u++)
             mica_bf16_product_chunk(p, u / p->ngroups, (u % p->ngroups) * p->per, (u % p->ngroups + 1) * p->per, c);
     }
+    mica_bf16_product_pack(p, p->chunks - 1);
 }
 
 static void mica_bf16_product_end(const mica_bf16_product *p) { mica_bf16_tiles_end(p->amx); }
