@@ -312,3 +312,25 @@ def test_muons_bfloat16_newton_schulz_compiles_and_rounds_where_the_oracle_does(
     want = mica.reference.run(program, g, precision="float32")
     assert rel_err(got, want) < 1e-6
     assert 1e-4 < rel_err(got, mica.reference.run(program, g)) < 5e-2  # (bf16, not float64's answer)
+
+
+def test_mfu_is_measured_against_the_ceiling_of_the_runs_product_dtype(tmp_path, monkeypatch):
+    """A bfloat16 run's mfu divides by this machine's bfloat16 product rate (Mica's own kernel), a
+    float32 run's by the float32 one; each measured once, kept side by side in one cache file, and
+    a damaged file is measured again rather than believed."""
+    import json
+
+    from mica.backends.c import bf16gemm
+    from mica.train import programs
+
+    monkeypatch.setenv("MICA_CACHE", str(tmp_path))
+    f32, bf16 = programs.peak_flops("float32"), programs.peak_flops("bfloat16")
+    assert 1e8 < f32 < 1e14 and 1e8 < bf16 < 1e14
+    known = json.loads((tmp_path / "peak_flops.json").read_text())
+    assert known == {"flops": f32, f"flops bfloat16 {bf16gemm.choose()}": bf16}
+    assert programs.peak_flops("float16") == f32  # (the CPU widens float16 products to float32)
+    known["flops"] = 123.0
+    (tmp_path / "peak_flops.json").write_text(json.dumps(known))
+    assert programs.peak_flops("float32") == 123.0  # read back, not measured again
+    (tmp_path / "peak_flops.json").write_text("[1, 2")
+    assert 1e8 < programs.peak_flops("bfloat16") < 1e14

@@ -196,7 +196,8 @@ def _prepare_nanogpt(cfg, log):
                     always_save=int(cfg["always_save_checkpoint"]), seed=config_mod.seed_int64(cfg["seed"]),
                     threads=cfg["threads"] or os.cpu_count() or 1, time_every_iter=int(cfg["time_every_iter"]),
                     flops_per_iter=programs.flops_per_iter(cfg, model),
-                    peak_flops=A100_BF16_PEAK if cfg["device"] == "cuda" and not cfg["simulate"] else programs.peak_flops())
+                    peak_flops=A100_BF16_PEAK if cfg["device"] == "cuda" and not cfg["simulate"] else
+                    programs.peak_flops(cfg["dtype"] if cfg["device"] == "cpu" else "float32"))
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
     settings["config_json"] = json.dumps(_with_vocab_digest(cfg, data_meta), separators=(",", ":"))
