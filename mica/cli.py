@@ -474,9 +474,15 @@ def main(argv=None):
     except MicaError as e:
         print(f"mica: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `mica train --help | head`: the reader left; nothing to say
-        sys.stderr.close()
-        return 0
+    except BrokenPipeError:  # `mica train ... | head`: the reader left before the command was done, so it
+        # stopped there (a run may not have started); nothing more can be said on stdout. The status a
+        # program killed by SIGPIPE has, so `set -o pipefail` sees a command that did not finish.
+        try:
+            sys.stdout = None  # (no flush of the dead pipe at exit)
+            print("mica: stopped: the program reading mica's output closed it", file=sys.stderr)
+        except (OSError, ValueError):
+            pass
+        return 141
     except OSError as e:  # the last resort: a file problem no check above foresaw is still one sentence
         where = f"{e.filename}: " if e.filename else ""
         print(f"mica: error: {where}{e.strerror or e}; check the path, its permissions and the free space",

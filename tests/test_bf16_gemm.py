@@ -154,6 +154,41 @@ def test_the_kernel_is_chosen_from_the_processor_flags():
         bf16gemm.choose("amx", flags={"avx2"})
     with pytest.raises(MicaError, match="unknown bfloat16 product kernel 'tiles'"):
         bf16gemm.choose("tiles", flags=amx)
+    with pytest.raises(MicaError, match="use MICA_BF16_GEMM=avx512bf16 or f32 "):  # what this one has
+        bf16gemm.choose("amx", flags={"avx512_bf16", "avx2"})
+
+
+def test_the_kernel_line_says_whether_it_was_chosen_or_asked_for(monkeypatch):
+    monkeypatch.delenv("MICA_BF16_GEMM", raising=False)
+    zen = {"avx512_bf16", "avx2"}
+    assert bf16gemm.describe("avx512bf16", flags=zen) == (
+        "bfloat16 products: the avx512bf16 kernel (AVX512-BF16's vdpbf16ps), chosen for the processor that built "
+        "it; MICA_BF16_GEMM=f32 picks another")
+    assert bf16gemm.describe("f32", flags={"avx2"}).endswith(
+        "chosen for the processor that built it (this processor has no bfloat16 product instructions)")
+    assert bf16gemm.describe("f32", "f32", flags=zen).endswith("(operands widened to float32), as the target was asked")
+    monkeypatch.setenv("MICA_BF16_GEMM", "f32")
+    assert bf16gemm.describe("f32", flags=zen).endswith("(operands widened to float32), as MICA_BF16_GEMM=f32 asks")
+
+
+def test_a_kernel_this_processor_lacks_stops_only_programs_with_bfloat16_products(monkeypatch):
+    """MICA_BF16_GEMM names a kernel the processor cannot run: a float32 program builds and runs as
+    ever (its source does not depend on the variable); a bfloat16 product is refused in a sentence."""
+    missing = next((k for k in ("amx", "avx512bf16") if k not in bf16gemm.available()), None)
+    if missing is None:
+        pytest.skip("this processor runs every bfloat16 kernel")
+    product = lambda a, b: a @ b  # noqa: E731
+    f32 = mica.trace(product, mica.dtypes.Spec((4, 8), mica.float32), mica.dtypes.Spec((8, 3), mica.float32))
+    before = f32.lower("cpu").source
+    monkeypatch.setenv("MICA_BF16_GEMM", missing)
+    assert f32.lower("cpu").source == before
+    a, b = np.random.default_rng(0).standard_normal((4, 8)), np.random.default_rng(1).standard_normal((8, 3))
+    out = mica.compile(product, mica.dtypes.Spec((4, 8), mica.float32), mica.dtypes.Spec((8, 3), mica.float32))(
+        a.astype(np.float32), b.astype(np.float32))
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    half = mica.trace(product, mica.dtypes.Spec((4, 8), BF16), mica.dtypes.Spec((8, 3), BF16))
+    with pytest.raises(MicaError, match=f"this processor lacks .* which the {missing} bfloat16 product kernel needs"):
+        half.lower("cpu")
 
 
 @pytest.mark.skipif(not all(f in FLAGS for f in bf16gemm.NEEDS["amx"]), reason="this processor has no AMX")

@@ -322,11 +322,13 @@ def flops_per_iter(cfg, model):
 
 
 def peak_flops(dtype="float32"):
-    """This machine's product ceiling in FLOP/s, measured once and cached: the denominator of the
-    mfu nanoGPT's log line prints (nanoGPT's is an A100's bf16 peak). float32 (and float16, whose
-    products the CPU widens to float32): a 1024^3 numpy product; bfloat16: Mica's own bfloat16
-    product of that size, on the kernel this processor gets (bf16gemm.choose), so a bfloat16 run's
-    mfu is not measured against the slower float32 ceiling."""
+    """This machine's product ceiling in FLOP/s: the denominator of the mfu nanoGPT's log line
+    prints (nanoGPT's is an A100's bf16 peak). float32 (and float16, whose products the CPU widens
+    to float32): a 1024^3 numpy product; bfloat16: Mica's own bfloat16 product of that size, on the
+    kernel this processor gets (bf16gemm.choose), so a bfloat16 run's mfu is not measured against
+    the slower float32 ceiling. Measured at every call (a tenth of a second) and the best rate this
+    machine ever gave kept in the cache: one reading taken while the machine was busy would
+    otherwise lower the ceiling, and raise every later mfu, for good."""
     import json
     import os
 
@@ -342,11 +344,13 @@ def peak_flops(dtype="float32"):
             known = {}
     except (OSError, ValueError):
         known = {}
-    if isinstance(known.get(key), (int, float)) and known[key] > 0:
-        return known[key]
-    known[key] = _bf16_product_rate() if dtype == "bfloat16" else _f32_product_rate()
+    measured = _bf16_product_rate() if dtype == "bfloat16" else _f32_product_rate()
+    before = known.get(key)
+    if isinstance(before, (int, float)) and not isinstance(before, bool) and math.isfinite(before) and before >= measured:
+        return before
+    known[key] = measured
     write_whole(path, json.dumps(known))
-    return known[key]
+    return measured
 
 
 def _best_of(run, n=5):

@@ -709,9 +709,10 @@ def _say_product_kernel(lowered, log):
     """Which bfloat16 product kernel a CPU trainer was built with (it depends on the processor)."""
     from ..passes.schedule import Gemm
 
-    kernel = getattr(lowered["train"].target, "bf16_gemm", None)
-    if kernel and any(isinstance(k, Gemm) and k.a.dtype is dtypes.bfloat16 for k in lowered["train"].schedule.kernels):
-        log(bf16gemm.describe(kernel))
+    target = lowered["train"].target
+    if target.name == "cpu" and any(isinstance(k, Gemm) and k.a.dtype is dtypes.bfloat16
+                                    for k in lowered["train"].schedule.kernels):
+        log(bf16gemm.describe(target.bf16_gemm, target.bf16_asked))
 
 
 def _say_replaced(out_dir, log):

@@ -65,20 +65,40 @@ def choose(requested=None, flags=None, vendor=None):
         missing = [f for f in NEEDS[requested] if f not in flags]
         if missing:
             raise MicaError(f"this processor lacks {', '.join(missing)}, which the {requested} bfloat16 product "
-                            f"kernel needs; use MICA_BF16_GEMM=f32 (or leave it unset to choose)")
+                            f"kernel needs; use MICA_BF16_GEMM={' or '.join(available(flags))} (or leave it unset "
+                            f"to choose)")
         return requested
     preference = PREFERENCE.get(vendor, DEFAULT_PREFERENCE)
     return next(k for k in preference if all(f in flags for f in NEEDS[k]))
 
 
-WHAT = {"amx": "AMX-BF16 tiles", "avx512bf16": "AVX512-BF16's vdpbf16ps",
-        "f32": "operands widened to float32, this processor having no faster bfloat16 product"}
+def available(flags=None):
+    """The kernels this processor can run, fastest first (the f32 fallback always)."""
+    flags = machine_flags() if flags is None else flags
+    return [k for k in ("amx", "avx512bf16", "f32") if all(f in flags for f in NEEDS[k])]
 
 
-def describe(kernel):
+WHAT = {"amx": "AMX-BF16 tiles", "avx512bf16": "AVX512-BF16's vdpbf16ps", "f32": "operands widened to float32"}
+
+
+def how_chosen(requested=None):
+    """Why a program got its kernel: asked for (CTarget's bf16_gemm or $MICA_BF16_GEMM), or chosen."""
+    if requested:
+        return "as the target was asked"
+    if os.environ.get("MICA_BF16_GEMM"):
+        return f"as MICA_BF16_GEMM={os.environ['MICA_BF16_GEMM']} asks"
+    return "chosen for the processor that built it"
+
+
+def describe(kernel, requested=None, flags=None):
     """The line `mica train` prints for a program with bfloat16 products on the CPU."""
-    return (f"bfloat16 products: the {kernel} kernel ({WHAT[kernel]}), chosen for this processor; "
-            f"MICA_BF16_GEMM={'|'.join(KERNELS)} picks another")
+    others = [k for k in available(flags) if k != kernel]
+    line = f"bfloat16 products: the {kernel} kernel ({WHAT[kernel]}), {how_chosen(requested)}"
+    if others and not (requested or os.environ.get("MICA_BF16_GEMM")):
+        line += f"; MICA_BF16_GEMM={' or '.join(others)} picks another"
+    elif not others and kernel == "f32":
+        line += " (this processor has no bfloat16 product instructions)"
+    return line
 
 
 def _pad(n, to):

@@ -33,7 +33,16 @@ class CTarget(Target):
         self.blas = blas or os.environ.get("MICA_BLAS", "openblas")
         _build.blas_flags(self.blas)  # a missing library is an error now, not after the build
         self.max_threads = max_threads or default_max_threads()
-        self.bf16_gemm = bf16gemm.choose(bf16_gemm)
+        self.bf16_asked, self._bf16_gemm = bf16_gemm, None
+
+    @property
+    def bf16_gemm(self):
+        """The bfloat16 product kernel (bf16gemm.choose), settled when a program first needs it: a
+        float32 program never asks, so a MICA_BF16_GEMM this processor cannot run stops only the
+        programs with bfloat16 products."""
+        if self._bf16_gemm is None:
+            self._bf16_gemm = bf16gemm.choose(self.bf16_asked)
+        return self._bf16_gemm
 
     def half_kernel(self, op, dtype):
         return dtype is dtypes.bfloat16 and (op == "matmul" or op in BF16_KERNELS)
@@ -46,7 +55,7 @@ class CTarget(Target):
         from ...passes.schedule import Gemm
 
         if isinstance(kernel, Gemm):
-            return gemm_scratch(kernel, self.blas, self.bf16_gemm)
+            return gemm_scratch(kernel, self.blas, self.bf16_gemm if kernel.a.dtype is dtypes.bfloat16 else "f32")
         return super().workspace(kernel)
 
     def product_epilogue(self, gemm, loop):
