@@ -378,6 +378,7 @@ SAMPLE_PATHS = [
      "conservative), got 0"),
     ("max_new_tokens=-1", NO_SETUP, ["--max_new_tokens=-1"], "max_new_tokens must be 0 or more, got -1"),
     ("num_samples=0", NO_SETUP, ["--num_samples=0"], "num_samples must be 1 or more, got 0"),
+    ("dtype a typo", NO_SETUP, ["--dtype=bfloat64"], "dtype must be 'float32', 'bfloat16' or 'float16', got 'bfloat64'"),
 ]
 
 

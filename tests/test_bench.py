@@ -170,6 +170,25 @@ def test_bench_refuses_a_bad_budget_in_one_sentence(data):
     assert not os.path.exists(data / "bench")  # nothing ran, nothing was written
 
 
+def test_bench_refuses_a_bfloat16_kernel_this_processor_lacks_before_running_anything(data):
+    from mica.backends.c import bf16gemm
+
+    missing = next((k for k in ("amx", "avx512bf16") if k not in bf16gemm.available()), None)
+    if missing is None:
+        pytest.skip("this processor runs every bfloat16 kernel")
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--model", "cpu", "--dtype", "bfloat16", "--out",
+                        "bench-k"], cwd=data, capture_output=True, text=True, env={**os.environ, "MICA_BF16_GEMM": missing})
+    assert r.returncode == 2 and f"which the {missing} bfloat16 product kernel needs" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not os.path.exists(data / "bench-k")
+
+
+def test_a_failure_cell_is_cut_at_a_word():
+    from mica.bench import protocol
+
+    assert protocol._cut("short", 10) == "short"
+    assert protocol._cut("this processor lacks amx_bf16, amx_tile, which", 30) == "this processor lacks …"
+
+
 def test_gpt2_refuses_a_character_vocabulary(data):
     r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--model", "gpt2", "--data_dir",
                         "data/shakespeare_char"], cwd=data, capture_output=True, text=True)

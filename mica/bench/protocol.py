@@ -480,6 +480,10 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     check_settings(rounds, warmup, window, every, threads, opt_levels, torch_modes)
     check_data(model, data_dir)
     budgets = check_mica_options(model, batch_size, memory_budgets)
+    if device == "cpu" and dtype == "bfloat16":  # (a MICA_BF16_GEMM this processor cannot run: said now, not
+        from ..backends.c import bf16gemm      # in a table cell after PyTorch's side has run)
+
+        bf16gemm.choose()
     if model == "speedrun_tiny" and (device != "cpu" or dtype != "float32"):
         raise MicaError("--model speedrun_tiny is benchmarked on the CPU in float32 for now; drop --device and --dtype")
     threads = threads or os.cpu_count() or 1
@@ -681,9 +685,17 @@ def _verdict(c):
     return verdict
 
 
+def _cut(text, most):
+    """text whole, or cut at a word before `most` characters with an ellipsis (a table cell)."""
+    text = " ".join(str(text).split())
+    if len(text) <= most:
+        return text
+    return text[:most].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
 def _failure_rows(res, blanks):
     kinds = res.get("failure_kinds", {})
-    return [f"| {name} | {kinds.get(name) or failure_kind(why)}: {why[:80]} |" + " |" * blanks
+    return [f"| {name} | {kinds.get(name) or failure_kind(why)}: {_cut(why, 160)} |" + " |" * blanks
             for name, why in res["failures"].items()]
 
 

@@ -390,8 +390,8 @@ def _metrics_up_to(out_dir, step, evaluated_again, log):
     if kept and not kept[-1].endswith(b"\n"):
         kept[-1] += b"\n"
     atomic_write(path, b"".join(kept))
-    log(f"note: {len(lines) - len(kept)} rows of metrics.jsonl came after the checkpoint (a run stopped before its "
-        "next one) and are dropped; the resume writes them again")
+    log(f"note: {len(lines) - len(kept)} rows of metrics.jsonl came after the checkpoint (the steps a run takes "
+        "after its last save, which this resume takes again) and are dropped; the resume writes them again")
 
 
 def _train_time_at(metrics, step, log):
