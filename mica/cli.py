@@ -234,7 +234,15 @@ def _inspect_config(args, items):
         folder = cfg["data_dir"] or os.path.join("data", cfg["dataset"])
         vocab_size = run.vocab_size(folder, log=lambda _: None)[0] if os.path.isdir(folder) else 50304
     s = {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout")}
-    return _inspect_gpt(args, {**s, "vocab_size": vocab_size}, cfg["batch_size"])
+    if not args.ir:
+        return _inspect_gpt(args, {**s, "vocab_size": vocab_size}, cfg["batch_size"])
+    from .train import programs  # the train program mica train builds from this config: its dtype's autocast,
+                                 # gradient accumulation, schedule, clipping and AdamW
+    model, _, progs = programs.build_nanogpt(cfg, vocab_size)
+    print(f"GPT {model.config}")
+    print(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
+    print(progs["train"].ir)
+    return 0
 
 
 def _inspect_recipe(args, cfg):

@@ -39,3 +39,18 @@ def test_inspect_reads_config_files_as_mica_train_does(tmp_path):
                         "--n_head=4"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "n_layer=2, n_head=4, n_embd=64" in r.stdout and "vocab_size=50304" in r.stdout  # (no data folder here)
+
+
+def test_inspect_ir_of_a_config_is_the_train_program_in_its_dtype(tmp_path):
+    """With a config, --ir shows the train program mica train builds: under --dtype=bfloat16 its
+    autocast casts and bfloat16 products, and gradient accumulation's micro-batches."""
+    common = ["inspect", "shakespeare_char", "--ir", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
+              "--batch_size=2", "--vocab_size=11"]
+    outs = {}
+    for dtype in ("float32", "bfloat16"):
+        r = subprocess.run([sys.executable, "-m", "mica.cli", *common, f"--dtype={dtype}",
+                            "--gradient_accumulation_steps=2"], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        outs[dtype] = r.stdout
+    assert "bf16[" not in outs["float32"] and "= cast " in outs["bfloat16"] and "bf16[2, 8, 16]" in outs["bfloat16"]
+    assert "i64[2, 2, 8]" in outs["float32"]  # (the two micro-batches of x, as the trainer feeds them)
