@@ -185,6 +185,28 @@ def test_training_in_bfloat16_resumes_bit_for_bit_and_is_not_float32(work):
     assert bf != f32 and all(abs(bf[i] - f32[i]) < 1e-2 * f32[i] for i in f32)
 
 
+def test_a_resume_of_an_imported_half_runs_checkpoint_names_the_dtype_it_trains_in(work):
+    """An imported checkpoint's config keeps nanoGPT's dtype setting, which Mica does not follow on
+    its own (nanoGPT's default is a half type on a card): the resume says so, and how to follow it."""
+    import subprocess
+    import sys
+
+    from mica.train import run
+
+    _train([*TINY, "--dtype=bfloat16", "--out_dir=half", "--max_iters=4"])
+    for args in (["export", "half", "--to", "half.pt"], ["import", "half.pt", "--out_dir", "imported"]):
+        r = subprocess.run([sys.executable, "-m", "mica.cli", *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    notes = []
+    run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=imported", "--init_from=resume"], log=notes.append)
+    assert any("the imported checkpoint's config says dtype=bfloat16" in n and "pass --dtype=bfloat16" in n
+               for n in notes), notes
+    notes = []
+    run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=imported", "--init_from=resume", "--dtype=bfloat16"],
+                    log=notes.append)
+    assert not any("imported checkpoint's config says" in n for n in notes)
+
+
 def test_float16_training_keeps_its_loss_scaler_in_the_checkpoint_and_resumes_exactly(work):
     from mica.train import checkpoint, run
 

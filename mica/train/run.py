@@ -512,7 +512,12 @@ def _follow_resumed_dtype(cfg, log):
     except MicaError:
         return  # (said where the checkpoint is read for the resume)
     was = saved.get("dtype")
-    if "imported_from" in st.metadata or was not in ("float32", "bfloat16", "float16") or was == cfg["dtype"]:
+    if was not in ("float32", "bfloat16", "float16") or was == cfg["dtype"]:
+        return
+    if "imported_from" in st.metadata:
+        if "dtype" not in getattr(cfg, "given", ()):
+            log(f"note: the imported checkpoint's config says dtype={was} (nanoGPT's setting where it was trained); "
+                f"this run trains in dtype={cfg['dtype']}: pass --dtype={was} to train in that")
         return
     if "dtype" in getattr(cfg, "given", ()):
         log(f"note: the checkpoint was trained in {was}; this run goes on in dtype={cfg['dtype']} from its weights "
