@@ -36,7 +36,8 @@ def tile_body(emitter, kernel):
     writer = ExprWriter(emitter, kernel.exprs, index_of, f"i0 * {kernel.shape[1]} + i1")
     body = writer.lines()
     for view, k in kernel.stores:
-        body.append(f"{emitter.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
+        body.append(f"{emitter.accessor.base(view)}[{index_of(view)}] = "
+                    f"{ct.store_expr(kernel.exprs[k], view.dtype, f'v{k}')};")
     return body
 
 

@@ -132,7 +132,8 @@ def loop_statements(renderer, kernel):
 
     body = ExprWriter(renderer, kernel.exprs, index_of, offset_expr(0, flat_strides, names)).lines()
     for view, k in kernel.stores:
-        body.append(f"{renderer.accessor.base(view)}[{index_of(view)}] = {ct.store(view.dtype, f'v{k}')};")
+        body.append(f"{renderer.accessor.base(view)}[{index_of(view)}] = "
+                    f"{ct.store_expr(kernel.exprs[k], view.dtype, f'v{k}')};")
     return dims, names, body
 
 

@@ -39,6 +39,10 @@ static inline MICA_HD mica_bf16 mica_bf16_store(float f) {
     return (mica_bf16)((f != f) ? ((u >> 16) | 0x40u) : r);
 }
 static inline MICA_HD float mica_round_bf16(float f) { return mica_bf16_load(mica_bf16_store(f)); }
+/* the bits of a float that holds a bfloat16 value already (every bfloat16 expression of a loop is
+ * rounded where it is made: mica_round_bf16, a load or a constant): mica_bf16_store's result for
+ * it, without rounding it a second time */
+static inline MICA_HD mica_bf16 mica_bf16_exact(float f) { return (mica_bf16)(mica_f32_bits(f) >> 16); }
 static inline MICA_HD float mica_round_f16(float f) { return (float)(mica_f16)f; }
 
 /* ---- float math, vectorizable ------------------------------------------------------------------ */

@@ -42,6 +42,18 @@ def store(dtype, value):
     return value
 
 
+def store_expr(expr, dtype, value):
+    """The stored form of loop expression `expr` (held in C variable `value`) in a buffer of
+    `dtype`: a bfloat16 expression is a bfloat16 value already (rounded where it was made), so its
+    bits are taken as they are; anything else goes through store()."""
+    from ...passes.schedule import Iota
+
+    made_exact = expr.dtype is dtypes.bfloat16 and not (expr.kind == "load" and isinstance(expr.view.src, Iota))
+    if dtype is dtypes.bfloat16 and made_exact:
+        return f"mica_bf16_exact({value})"
+    return store(dtype, value)
+
+
 def rounded(dtype, expr):
     """Values of a half type are rounded to it after every operation, as the oracle does."""
     if dtype is dtypes.bfloat16:
