@@ -351,7 +351,9 @@ def test_mfu_is_measured_against_the_ceiling_of_the_runs_product_dtype(tmp_path,
     assert 1e8 < f32 < 1e14 and 1e8 < bf16 < 1e14
     known = json.loads((tmp_path / "peak_flops.json").read_text())
     assert known == {"flops": f32, f"flops bfloat16 {bf16gemm.choose()}": bf16}
-    assert programs.peak_flops("float16") == f32  # (the CPU widens float16 products to float32)
+    assert programs.peak_flops("bfloat16") >= bf16  # (measured again: the best is kept)
+    f16 = programs.peak_flops("float16")  # (the CPU widens float16 products to float32: float32's key, and at
+    assert f16 >= f32 and json.loads((tmp_path / "peak_flops.json").read_text())["flops"] == f16  # least its best)
     known["flops"] = 1e15  # (faster than this machine: kept)
     (tmp_path / "peak_flops.json").write_text(json.dumps(known))
     assert programs.peak_flops("float32") == 1e15
