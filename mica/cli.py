@@ -487,8 +487,8 @@ def main(argv=None):
     except BrokenPipeError:  # `mica train ... | head`: the reader left before the command was done, so it
         # stopped there (a run may not have started); nothing more can be said on stdout. The status a
         # program killed by SIGPIPE has, so `set -o pipefail` sees a command that did not finish.
-        try:
-            sys.stdout = None  # (no flush of the dead pipe at exit)
+        try:  # (Python's own recipe: the dead pipe's buffered bytes go nowhere at exit, not to a traceback)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             print("mica: stopped: the program reading mica's output closed it", file=sys.stderr)
         except (OSError, ValueError):
             pass

@@ -636,3 +636,18 @@ def test_config_origin_names_each_settings_line(tmp_path):
     assert (cfg["n_layer"], cfg["n_head"], cfg["n_embd"]) == (2, 4, 64)
     assert cfg.origin == {"n_head": f"{tmp_path / 'c.py'}:5"}  # (n_layer: the command line's, now)
     assert notes == [f"note: {tmp_path / 'c.py'}:2: helper is not a setting; ignored (a helper variable?)"]
+
+
+def test_a_reader_that_leaves_early_stops_the_run_with_sigpipes_status(run_dir):
+    """`mica train ... | head`: once the reader is gone mica stops (the run may not have started) and
+    says so, with the status of a program killed by SIGPIPE (141), so `set -o pipefail` sees it."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "mica.cli", "train", *TINY, "--out_dir=piped"], cwd=run_dir,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.readline()
+    p.stdout.close()  # (the reader leaves after one line; mica's next lines come after its compile)
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141, err
+    assert "mica: stopped: the program reading mica's output closed it" in err and "Traceback" not in err
