@@ -68,8 +68,8 @@ def choose(requested=None, flags=None, vendor=None):
                             f"kernel needs; use MICA_BF16_GEMM={' or '.join(available(flags))} (or leave it unset "
                             f"to choose)")
         return requested
-    preference = PREFERENCE.get(vendor, DEFAULT_PREFERENCE)
-    return next(k for k in preference if all(f in flags for f in NEEDS[k]))
+    has = available(flags)
+    return next(k for k in PREFERENCE.get(vendor, DEFAULT_PREFERENCE) if k in has)
 
 
 def available(flags=None):

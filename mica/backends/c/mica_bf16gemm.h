@@ -439,13 +439,18 @@ static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K,
     return p;
 }
 
+/* the length of k chunk c (which starts at c * kc): kc, or what is left of k for the last one */
+static inline int64_t mica_bf16_chunk_len(const mica_bf16_product *p, int64_t c) {
+    return p->Kp - c * p->kc < p->kc ? p->Kp - c * p->kc : p->kc;
+}
+
 /* k chunk c of output row block t, column blocks [q0, q1): the sums go on to `sums`, or, after the
  * last chunk, to C */
 static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1, int64_t c) {
     char *mine = (char *)mica_align64(p->scratch + (int64_t)omp_get_thread_num() * p->slot);
     mica_bf16 *ap = (mica_bf16 *)mine;
     float *acc = (float *)(mine + 2 * MICA_BF16_MB * p->Kp);
-    int64_t k0 = c * p->kc, kc = p->Kp - k0 < p->kc ? p->Kp - k0 : p->kc;
+    int64_t k0 = c * p->kc, kc = mica_bf16_chunk_len(p, c);
     int64_t m0 = t * MICA_BF16_MB, h = p->M - m0 < MICA_BF16_MB ? p->M - m0 : MICA_BF16_MB;
     mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, m0, k0, kc, ap);
     for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {  /* (packed B holds chunk c: mica_bf16_product_pack) */
@@ -462,7 +467,7 @@ static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64
 /* chunk c of packed B, by the team (the barrier after it: no thread reads it half-written, and the
  * chunk before it is no longer read by anyone) */
 static void mica_bf16_product_pack(const mica_bf16_product *p, int64_t c) {
-    int64_t k0 = c * p->kc, kc = p->Kp - k0 < p->kc ? p->Kp - k0 : p->kc;
+    int64_t k0 = c * p->kc, kc = mica_bf16_chunk_len(p, c);
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < p->Np / 16; q++) mica_bf16_pack_b_rows(p->B, p->ldb, p->tb, p->K, p->N, k0, kc, q, p->packed);
 }
