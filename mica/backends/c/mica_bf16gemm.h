@@ -195,13 +195,20 @@ static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, i
  * interleaved as the instructions read them; zeros past K and N, subnormals flushed. B is packed
  * whole, once per product, by the team. */
 #define MICA_BF16_VEC __attribute__((target("avx512f,avx512bw,avx512vl")))
+/* Packing reads a transposed A, and a weight gradient's B, a row segment at a time down rows that
+ * lie a row's length apart (3 KB for a 1,536-wide activation): a stride the hardware prefetchers do
+ * not follow across 4 KB pages, so each segment waited on memory (a fifth of a weight gradient's
+ * time, by perf). The packers ask for the rows they read next ahead of time: B's k rows
+ * MICA_BF16_AHEAD pairs ahead, A's the tile after next (BENCHMARKS.md 8.7). Timing only: the bits
+ * are the same. */
+#define MICA_BF16_AHEAD 8
 MICA_BF16_VEC static inline __m512i mica_bf16_daz16(__m512i x) {  /* mica_bf16_daz on 32 values */
     __mmask32 normal = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7F80));
     return _mm512_mask_blend_epi16(normal, _mm512_and_si512(x, _mm512_set1_epi16((short)0x8000)), x);
 }
 
 /* 16 x 16 transpose of 32-bit elements: block swaps of 8, 4, 2, 1 */
-MICA_BF16_VEC static void mica_bf16_transpose16x32(__m512i v[16]) {
+MICA_BF16_VEC static inline __attribute__((always_inline)) void mica_bf16_transpose16x32(__m512i v[16]) {
     for (int b = 8; b >= 1; b /= 2) {
         int lo[16], hi[16];
         for (int c = 0; c < 16; c++) {
@@ -230,6 +237,10 @@ MICA_BF16_VEC static void mica_bf16_pack_b_rows(const mica_bf16 *B, int64_t ldb,
                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
         __mmask16 m = (__mmask16)((1u << w) - 1);
         for (int64_t k = k0; k < k0 + kc; k += 2) {
+            if (k + 2 * MICA_BF16_AHEAD + 1 < K) {  /* (rows ldb apart: see MICA_BF16_AHEAD) */
+                _mm_prefetch((const char *)(B + (k + 2 * MICA_BF16_AHEAD) * ldb + n0), _MM_HINT_T0);
+                _mm_prefetch((const char *)(B + (k + 2 * MICA_BF16_AHEAD + 1) * ldb + n0), _MM_HINT_T0);
+            }
             __m256i r0 = k < K ? _mm256_maskz_loadu_epi16(m, B + k * ldb + n0) : _mm256_setzero_si256();
             __m256i r1 = k + 1 < K ? _mm256_maskz_loadu_epi16(m, B + (k + 1) * ldb + n0) : _mm256_setzero_si256();
             __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
@@ -296,6 +307,8 @@ MICA_BF16_VEC static void mica_bf16_pack_a(const mica_bf16 *A, int64_t lda, int 
                 _mm512_storeu_si512(tile + r * MICA_BF16_KSTEP, mica_bf16_daz16(x));
             }
         } else {
+            for (int64_t i = ks + 2 * MICA_BF16_KSTEP; i < ks + 3 * MICA_BF16_KSTEP && i < K; i++)
+                _mm_prefetch((const char *)(A + i * lda + m0), _MM_HINT_T0);  /* the tile after next's rows */
             mica_bf16_transpose_tile(A + ks * lda + m0, lda, h, d, tile);
         }
     }
