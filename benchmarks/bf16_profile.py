@@ -3,6 +3,7 @@
 products' FLOPs and their rate; `top=N` lists the N costliest kernels.
 
     .venv/bin/python benchmarks/bf16_profile.py [model=shakespeare_char] [dtype=bfloat16] [steps=3] [threads=1] [top=25]
+        [half=0]   (half=1: lowered with fp_half_intermediates, the report's published half-type build)
 """
 import math
 import os
@@ -19,7 +20,7 @@ from mica.backends.cstyle.expr import ProductLayout  # noqa: E402
 from mica.passes.schedule import Gemm  # noqa: E402
 
 
-def build(cfg, batch, dtype, profile=True):
+def build(cfg, batch, dtype, profile=True, half=False):
     """The compiled GPT step (nanoGPT's AdamW groups, clip 1.0; autocast bf16 when `dtype` says so),
     loaded with seed-1337 weights and one random batch; bf16_step.py times the same executable."""
     model = GPT(cfg)
@@ -37,7 +38,7 @@ def build(cfg, batch, dtype, profile=True):
 
     specs = model.param_specs()
     tokens = mica.i64[batch, cfg.block_size]
-    exe = mica.trace(step, specs, opt.state_specs(specs), tokens, tokens).lower("cpu").build(profile=profile)
+    exe = mica.trace(step, specs, opt.state_specs(specs), tokens, tokens).lower("cpu", fp_half_intermediates=half).build(profile=profile)
     x = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, cfg.block_size))
     exe.load(params, state, x, np.roll(x, -1, axis=1))
     return exe
@@ -48,7 +49,8 @@ def main():
     c = CONFIGS[args.get("model", "shakespeare_char")]
     dtype, steps, threads, top = args.get("dtype", "bfloat16"), int(args.get("steps", 3)), \
         int(args.get("threads", 1)), int(args.get("top", 25))
-    exe = build(_gpt_config(c), c["batch_size"], dtype)
+    half = args.get("half", "0") == "1"
+    exe = build(_gpt_config(c), c["batch_size"], dtype, half=half)
     exe.run(threads=threads)
     base = dict(exe.profile())
     w, t = time.perf_counter(), time.process_time()
@@ -71,7 +73,7 @@ def main():
             p = ProductLayout(k)
             label += f"  [{p.M}x{p.N}x{p.K} {'T' if p.ta else 'N'}{'T' if p.tb else 'N'} {k.a.dtype.name}->{k.out.dtype.name}]"
         rows.append((ms, label, fam, flops))
-    print(f"{args.get('model', 'shakespeare_char')} {dtype}, {threads} thread(s), {steps} steps: "
+    print(f"{args.get('model', 'shakespeare_char')} {dtype}{' fp_half_intermediates' if half else ''}, {threads} thread(s), {steps} steps: "
           f"{wall:.1f} ms wall, {cpu:.1f} ms CPU per step; load {os.getloadavg()[0]:.1f}; {len(kernels)} kernels")
     for fam, (ms, n, fl) in sorted(fams.items(), key=lambda x: -x[1][0]):
         rate = f", {fl / ms / 1e6:.0f} GFLOP/s over {fl / 1e9:.2f} GFLOP" if fl else ""

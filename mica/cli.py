@@ -281,7 +281,7 @@ def cmd_bench(args, extra):
                          window=args.window, threads=args.threads, opt_levels=args.opt_levels,
                          torch_modes=args.modes, out=args.out, every=args.every, device=args.device, tf32=args.tf32,
                          simulate=args.simulate, dtype=args.dtype, batch_size=args.batch_size,
-                         memory_budgets=args.memory_budgets)
+                         memory_budgets=args.memory_budgets, fp_half_intermediates=args.fp_half_intermediates)
     print(protocol.table(res))
     charts = res.get("charts") or []
     print(f"raw numbers: {args.out}/bench-{args.model}.json" + (f"; charts: {', '.join(charts)}" if charts else ""))
@@ -436,6 +436,10 @@ def parser():
     be.add_argument("--simulate", nargs="?", const=True, default=False, type=_true_or_false,
                     help="with --device cuda: Mica's CUDA trainer on the CPU simulator (slow: for tests; "
                          "PyTorch still needs a card)")
+    be.add_argument("--fp_half_intermediates", default="both", choices=["both", "on", "off"],
+                    help="with a half --dtype: Mica's build with PyTorch's half roundings (on: the report's "
+                         "published half-type build), its build with every digit kept (off), or both side by "
+                         "side (default)")
     ch = sub.add_parser("check", help="do both sides train the same model? (method a: families; b: one start)")
     ch.add_argument("--method", required=True, choices=["a", "b"])
     ch.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "speedrun_tiny"],

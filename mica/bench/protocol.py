@@ -262,7 +262,7 @@ def torch_runner_cmd(cfg, data_dir, mode, iters, every, eval_every, eval_batches
 
 
 def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10, device="cpu", tf32=False,
-              simulate=False, dtype="float32", batch_size=None, memory_budget=None):
+              simulate=False, dtype="float32", batch_size=None, memory_budget=None, half_roundings=False):
     settings = {**_model(model, batch_size), "max_iters": iters, "eval_interval": iters + 100, "eval_iters": 1,
                 "log_interval": every, "always_save_checkpoint": False, "out_dir": out_dir,
                 "device": device, "data_dir": data_dir, "threads": threads, "opt_level": opt_level,
@@ -271,6 +271,8 @@ def _mica_cmd(model, data_dir, out_dir, iters, threads, opt_level, every=10, dev
         settings["dtype"] = dtype
     if memory_budget is not None:  # (as the user wrote it: `auto` is read by the trainer when it starts)
         settings["memory_budget"] = memory_budget
+    if half_roundings:
+        settings["fp_half_intermediates"] = True
     if device == "cuda":  # the dtype said (a card's default is bfloat16), TF32 only when both sides may
         settings.update(dtype=dtype, tf32=bool(tf32), **({"simulate": True} if simulate else {}))
     return mica_train_cmd(settings)
@@ -325,9 +327,28 @@ def _model(model, batch_size=None):
     return MODELS[model] if batch_size is None else {**MODELS[model], "batch_size": batch_size}
 
 
-def mica_config_name(opt_level, budget=None):
-    """A Mica configuration's name in the table: its opt level, and its memory budget where it has one."""
-    return f"mica O{opt_level}" + ("" if budget is None else f" budget={budget}")
+def mica_config_name(opt_level, budget=None, half_roundings=False):
+    """A Mica configuration's name in the table: its opt level, its memory budget where it has one, and
+    fp_half_intermediates where the build takes PyTorch's half roundings."""
+    return (f"mica O{opt_level}" + ("" if budget is None else f" budget={budget}")
+            + (" fp_half_intermediates" if half_roundings else ""))
+
+
+HALF_BUILDS = {"both": (True, False), "on": (True,), "off": (False,)}
+
+
+def half_builds(model, dtype, which):
+    """The fp_half_intermediates settings of Mica's builds: in a half type the report publishes the
+    build with PyTorch's half roundings and puts the one with every digit kept beside it (`both`);
+    float32 (and the models timed in float32 only) have one build."""
+    if which not in HALF_BUILDS:
+        raise MicaError(f"--fp_half_intermediates must be both, on or off, got {which!r}")
+    if dtype == "float32":
+        if which == "on":
+            raise MicaError("--fp_half_intermediates=on names the half types' roundings; pass it with --dtype "
+                            "bfloat16 or float16")
+        return (False,)
+    return HALF_BUILDS[which]
 
 
 def check_settings(rounds, warmup, window, every, threads, opt_levels, torch_modes):
@@ -458,11 +479,12 @@ def check_device(device="cpu", tf32=False, simulate=False, what="--device=cuda")
 
 def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, threads=None, opt_levels=(2,),
           torch_modes=None, out="bench", log=print, every=None, device="cpu", tf32=False, simulate=False,
-          dtype="float32", batch_size=None, memory_budgets=None):
+          dtype="float32", batch_size=None, memory_budgets=None, fp_half_intermediates="both"):
     """Run the protocol; settings left as None take the model's DEFAULTS (on a card, CUDA_DEFAULTS).
     batch_size: the model's batch at another size (both sides). memory_budgets: one Mica
     configuration per budget (None: no budget; bytes, a size such as 12GB, or auto), each named
-    by it."""
+    by it. fp_half_intermediates (a half dtype): Mica's build with PyTorch's half roundings (on),
+    without them (off), or both beside each other (the report's tables)."""
     if model not in DEFAULTS:
         raise MicaError(f"unknown model {model!r}: choose from {', '.join(DEFAULTS)}")
     if model == "tutorial" and device != "cpu":
@@ -480,6 +502,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     check_settings(rounds, warmup, window, every, threads, opt_levels, torch_modes)
     check_data(model, data_dir)
     budgets = check_mica_options(model, batch_size, memory_budgets)
+    halves = half_builds(model, dtype, fp_half_intermediates)
     if device == "cpu" and dtype == "bfloat16":  # (a MICA_BF16_GEMM this processor cannot run: said now, not
         from ..backends.c import bf16gemm      # in a table cell after PyTorch's side has run)
 
@@ -493,7 +516,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     iters = warmup + window
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    configs = {mica_config_name(o, b): ("mica", (o, b)) for o in opt_levels for b in budgets}
+    configs = {mica_config_name(o, b, h): ("mica", (o, b, h)) for o in opt_levels for b in budgets for h in halves}
     configs.update({f"pytorch {m}": ("torch", m) for m in torch_modes})
     runs = {name: [] for name in configs}
     failures, extras = {}, {}
@@ -509,9 +532,9 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
 
     def once(name):
         kind, arg = configs[name]
-        budget = None
+        budget, half = None, False
         if kind == "mica":
-            arg, budget = arg  # (an opt level and a memory budget: none but for nanoGPT's models)
+            arg, budget, half = arg  # (an opt level, a memory budget and the half roundings: nanoGPT's models)
         if model == "tutorial":
             r = run_once(_tutorial_cmd(kind, arg, iters, threads, every), env, warmup, window)
             if kind == "mica":
@@ -529,7 +552,8 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
             run_dir = os.path.join(out, re.sub(r"[^\w.-]+", "_", name))
             if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
                 os.unlink(os.path.join(run_dir, "metrics.jsonl"))
-            budgeted = dict(mica_device, memory_budget=budget) if budget is not None else mica_device
+            budgeted = dict(mica_device, memory_budget=budget) if budget is not None else dict(mica_device)
+            budgeted["half_roundings"] = half
             r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg, every, **budgeted), env, warmup,
                          window, gpu)
             own = _mica_own_ms(run_dir, warmup, window)

@@ -350,19 +350,20 @@ def _attn_round(x, at, run):
 
 def _attention_ref(a, at, run):
     q, k, v = a[:3]
+    total = None
     if at.get("half_round") is None:
         p, lse = _attn_probs(q, k, None, at)
-    else:  # exp(s - max) rounded to the half type before dividing by its float sum (mica_rows.h)
+    else:  # exp(s - max) rounded to the half type; the product with V divided by the float sum (mica_rows.h)
         s = _attn_scores(q, k, at)
         m = s.max(-1, keepdims=True)
         e = np.exp(s - m)
         total = e.sum(-1, keepdims=True)
         lse = (m + np.log(total))[..., 0]
-        p = _attn_round(e, at, run) / total
+        p = _attn_round(e, at, run)
     keep = _attn_keep(p.shape, at, run)
     if keep is not None:
         p = np.where(keep, p * p.dtype.type(1 / (1 - at["dropout_p"])), 0)
-    return p @ v, lse
+    return (p @ v if total is None else (p @ v) / total), lse
 
 
 def _attention_vjp(c, o, i, a, n):

@@ -27,8 +27,9 @@ def attention_slot(dtype, L, S, E, Ev):
     if dtype is dtypes.float32:
         return E * S + Ev * S + 2 * L * S
     if dtype is dtypes.bfloat16:  # (the widened heads, then the packed operands: mica_attention_tiles_bf16)
-        Ep, Evp, Sp = (-(-x // 32) * 32 for x in (E, Ev, S))
-        tiles = (Ep + Evp) * Sp // 2 + 16 * max(Ep, Evp) + 1024 + 64
+        Ep, Evp, Sp, Lp = (-(-x // 32) * 32 for x in (E, Ev, S, L))
+        tiles = ((Ep + Evp) * Sp // 2 + 16 * max(Ep, Evp, Sp, Lp) + 1024 + (Sp * (Ep + Evp) + Lp * (Ep + Evp)) // 2
+                 + L * S + 8 * 64)
         return E * S + Ev * S + 2 * L * S + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev + tiles
     return 2 * E * S + 2 * Ev * S + 4 * S + E + Ev
 

@@ -319,12 +319,16 @@ static void mica_attention_head_f32(const mica_attn_shape *a, int64_t bh, const 
                                     const float *vb, int64_t v_st, float *ob, int64_t o_st, float *lse, float *p) {
     const int64_t L = a->L, S = a->S, Ev = a->Ev;
     const float scale = (float)a->scale;
+    float sum[MICA_BF16_MB];  /* (block <= 32) each row's float sum, with half_round */
     for (int64_t i0 = 0; i0 < L; i0 += block) {
         int64_t rows = L - i0 < block ? L - i0 : block, n = mica_attn_visible(a, i0 + rows);
         qk->run(qk, i0, rows, n, scale, p, S);
         for (int64_t r = 0; r < rows; r++)
-            mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r);
+            mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r, sum + r);
         mica_small_gemm(rows, Ev, n, 1.0f, p, S, 0, vb, v_st, ob + i0 * o_st, o_st);
+        if (a->half_round)  /* (the rows left the rounded weights undivided) */
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t e = 0; e < Ev; e++) ob[(i0 + r) * o_st + e] = ob[(i0 + r) * o_st + e] / sum[r];
     }
 }
 
@@ -413,14 +417,18 @@ static void mica_attention_backward_f32(const mica_attn_shape *a, const float *g
 static inline int64_t mica_attention_widened_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
     return mica_attention_slot_f32(L, S, E, Ev) + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev;
 }
-/* the packed operands' floats: K and V packed (as a product's B), one packed 32-row block, one
- * 32 x 32 block of sums, alignment */
-static inline int64_t mica_attention_tiles_bf16(int64_t S, int64_t E, int64_t Ev) {
-    int64_t Ep = (E + 31) / 32 * 32, Evp = (Ev + 31) / 32 * 32, Sp = (S + 31) / 32 * 32;
-    return (Ep + Evp) * Sp / 2 + 16 * (Ep > Evp ? Ep : Evp) + 1024 + 64;
+/* the packed operands' floats: K and V packed (as a product's B) along the head dims, one packed
+ * 32-row block, one 32 x 32 block of sums; then, for the half-rounding heads (below), K and V packed
+ * along the keys, Q and dO along the queries, P and dS as bfloat16 [L, S]; alignment */
+static inline int64_t mica_attention_tiles_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
+    int64_t Ep = (E + 31) / 32 * 32, Evp = (Ev + 31) / 32 * 32, Sp = (S + 31) / 32 * 32, Lp = (L + 31) / 32 * 32;
+    int64_t wide = Ep > Evp ? Ep : Evp;
+    wide = wide > Sp ? wide : Sp;
+    wide = wide > Lp ? wide : Lp;
+    return (Ep + Evp) * Sp / 2 + 16 * wide + 1024 + (Sp * (Ep + Evp) + Lp * (Ep + Evp)) / 2 + L * S + 8 * 64;
 }
 static inline int64_t mica_attention_slot_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
-    return mica_attention_widened_bf16(L, S, E, Ev) + mica_attention_tiles_bf16(S, E, Ev);
+    return mica_attention_widened_bf16(L, S, E, Ev) + mica_attention_tiles_bf16(L, S, E, Ev);
 }
 
 /* dst[r * cols + c] = src[r * st + c] widened */
@@ -464,16 +472,123 @@ static mica_attn_dots mica_attn_dots_of_bf16(const mica_bf16 *x, int64_t x_st, c
     return d;
 }
 
-/* the thread's packed operands, after its widened ones: K's (or dO's partner V's) packed B at yp[0],
- * V's at yp[1] */
-static void mica_attention_tiles(float *slot_base, const mica_attn_shape *a, mica_bf16 *yp[2], mica_bf16 **ap,
-                                 float **acc) {
+/* the thread's packed operands, after its widened ones: K's (or dO's partner V's) packed B along
+ * the head dim at yp[0], V's at yp[1]; one packed A block and its sums; then the half-rounding
+ * heads' operands */
+typedef struct {
+    mica_bf16 *yp[2], *ap;
+    float *acc;
+    mica_bf16 *keys[2];   /* K and V packed as a product's B along the keys (k = S) */
+    mica_bf16 *queries[2]; /* Q and dO packed along the queries (k = L) */
+    mica_bf16 *ph, *dh;   /* P and dS (bfloat16 values) as bfloat16 [L, S] */
+} mica_attn_tiles;
+
+static mica_attn_tiles mica_attention_tiles(float *slot_base, const mica_attn_shape *a) {
     int64_t Ep = mica_bf16_kpad(a->E), Evp = mica_bf16_kpad(a->Ev), Sp = mica_bf16_npad(a->S);
-    char *t = (char *)mica_align64(slot_base + mica_attention_widened_bf16(a->L, a->S, a->E, a->Ev));
-    yp[0] = (mica_bf16 *)t;
-    yp[1] = yp[0] + Ep * Sp;
-    *ap = yp[1] + Evp * Sp;
-    *acc = (float *)mica_align64(*ap + MICA_BF16_MB * (Ep > Evp ? Ep : Evp));
+    int64_t Lp = mica_bf16_npad(a->L), wide = Ep > Evp ? Ep : Evp;
+    wide = wide > Sp ? wide : Sp;
+    wide = wide > Lp ? wide : Lp;
+    mica_attn_tiles t;
+    char *c = (char *)mica_align64(slot_base + mica_attention_widened_bf16(a->L, a->S, a->E, a->Ev));
+    t.yp[0] = (mica_bf16 *)c;
+    t.yp[1] = t.yp[0] + Ep * Sp;
+    t.ap = (mica_bf16 *)mica_align64(t.yp[1] + Evp * Sp);
+    t.acc = (float *)mica_align64(t.ap + MICA_BF16_MB * wide);
+    t.keys[0] = (mica_bf16 *)mica_align64(t.acc + MICA_BF16_MB * MICA_BF16_MB);
+    t.keys[1] = (mica_bf16 *)mica_align64(t.keys[0] + Sp * Ep);
+    t.queries[0] = (mica_bf16 *)mica_align64(t.keys[1] + Sp * Evp);
+    t.queries[1] = (mica_bf16 *)mica_align64(t.queries[0] + Lp * Ep);
+    t.ph = (mica_bf16 *)mica_align64(t.queries[1] + Lp * Evp);
+    t.dh = t.ph + a->L * a->S;
+    return t;
+}
+
+/* y [len, N] (rows at y_st) packed whole as a product's B along its len rows, into out */
+static void mica_attn_pack_rows(const mica_bf16 *y, int64_t y_st, int64_t len, int64_t N, mica_bf16 *out) {
+    for (int64_t q = 0; q < mica_bf16_npad(N) / 16; q++) mica_bf16_pack_b(y, y_st, 0, len, N, mica_bf16_kpad(len), q, out);
+}
+
+/* float rows that hold bfloat16 values (the half-rounding rows' P and dS), as bfloat16: exactly */
+static void mica_attn_rows_exact(const float *src, int64_t rows, int64_t cols, int64_t ld, mica_bf16 *dst) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[r * ld + c] = mica_bf16_exact(src[r * ld + c]);
+}
+
+/* out[r * ldo + c] = alpha * (op(A) rows [m0, m0 + rows) . y columns c), k from k0 (a multiple of
+ * 32) to K: op(A) [M, K] as the product kernel packs it (ta: stored transposed), y packed whole
+ * along its Ky rows (mica_attn_pack_rows), N columns */
+static void mica_attn_tile_product(const mica_bf16 *A, int64_t lda, int ta, int64_t M, int64_t K, int64_t m0,
+                                   int64_t k0, const mica_bf16 *yp, int64_t Ky, int64_t N, float alpha, float *out,
+                                   int64_t ldo, const mica_attn_tiles *t, int amx) {
+    int64_t rows = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB, kc = mica_bf16_kpad(K - k0), Kyp = mica_bf16_kpad(Ky);
+    if (kc <= 0) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < N; c++) out[r * ldo + c] = 0.0f;
+        return;
+    }
+    mica_bf16_pack_a(A, lda, ta, M, K, m0, k0, kc, t->ap);
+    for (int64_t q = 0; q * MICA_BF16_MB < N; q++) {
+        const mica_bf16 *b0p = yp + 2 * q * Kyp * 16 + k0 * 16;
+        mica_bf16_block(t->ap, kc, b0p, b0p + Kyp * 16, t->acc, 0, amx);
+        int64_t c0 = q * MICA_BF16_MB, w = N - c0 < MICA_BF16_MB ? N - c0 : MICA_BF16_MB;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < w; c++) out[r * ldo + c0 + c] = alpha * t->acc[r * MICA_BF16_MB + c];
+    }
+}
+
+/* A bfloat16 head with fp_half_intermediates (a->half_round == 1), where the rows' weights are
+ * bfloat16 values: P V (the rounded weights, undivided, then each row divided by its sum), and the
+ * backward's dS K, dS^T Q (dS rounded before its scale, which multiplies the float32 sum) and
+ * P^T dO also run on the product kernel. Sums in the kernel's order; the forward keeps to dropout
+ * 0 (a dropped weight is scaled after its rounding: not a bfloat16 value). */
+static void mica_attention_head_rounded(const mica_attn_shape *a, int64_t bh, const mica_attn_dots *qk,
+                                        const mica_bf16 *vh, float *of, float *lse, float *p,
+                                        const mica_attn_tiles *t, int amx) {
+    const int64_t L = a->L, S = a->S, Ev = a->Ev;
+    float sum[MICA_BF16_MB];
+    mica_attn_pack_rows(vh, a->v_st, S, Ev, t->keys[1]);
+    for (int64_t i0 = 0; i0 < L; i0 += MICA_BF16_MB) {
+        int64_t rows = L - i0 < MICA_BF16_MB ? L - i0 : MICA_BF16_MB, n = mica_attn_visible(a, i0 + rows);
+        qk->run(qk, i0, rows, n, (float)a->scale, p, S);
+        for (int64_t r = 0; r < rows; r++)
+            mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r, sum + r);
+        mica_attn_rows_exact(p, rows, n, S, t->ph);
+        mica_attn_tile_product(t->ph, S, 0, rows, n, 0, 0, t->keys[1], S, Ev, 1.0f, of + i0 * Ev, Ev, t, amx);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t e = 0; e < Ev; e++) of[(i0 + r) * Ev + e] = of[(i0 + r) * Ev + e] / sum[r];
+    }
+}
+
+static void mica_attention_backward_head_rounded(const mica_attn_shape *a, int64_t bh, const mica_attn_dots *qk,
+                                                 const mica_attn_dots *gv, const mica_bf16 *qh, const mica_bf16 *kh,
+                                                 const mica_bf16 *gh, int64_t g_st, const float *gf, const float *of,
+                                                 const float *lse, float *dqf, float *dkf, float *dvf, float *pd,
+                                                 float *ds, const mica_attn_tiles *t, int amx) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+    const float scale = (float)a->scale;
+    mica_attn_shape unit = *a;  /* the rows leave dS unscaled: the scale multiplies dS K's and dS^T Q's sums */
+    unit.scale = 1.0;
+    mica_attn_pack_rows(kh, a->k_st, S, E, t->keys[0]);
+    mica_attn_pack_rows(qh, a->q_st, L, E, t->queries[0]);
+    mica_attn_pack_rows(gh, g_st, L, Ev, t->queries[1]);
+    for (int64_t i0 = 0; i0 < L; i0 += MICA_BF16_MB) {
+        int64_t rows = L - i0 < MICA_BF16_MB ? L - i0 : MICA_BF16_MB, n = mica_attn_visible(a, i0 + rows);
+        float *pb = pd + i0 * S, *db = ds + i0 * S;
+        qk->run(qk, i0, rows, n, scale, pb, S);  /* scores */
+        gv->run(gv, i0, rows, n, 1.0f, db, S);   /* dPd */
+        for (int64_t r = 0; r < rows; r++)
+            mica_attention_backward_row_f32(&unit, bh, i0 + r, pb + r * S, db + r * S, S, lse[bh * L + i0 + r],
+                                            gf + (i0 + r) * Ev, of + (i0 + r) * Ev);
+        mica_attn_rows_exact(pb, rows, S, S, t->ph + i0 * S);
+        mica_attn_rows_exact(db, rows, S, S, t->dh + i0 * S);
+        mica_attn_tile_product(t->dh, S, 0, L, n, i0, 0, t->keys[0], S, E, scale, dqf + i0 * E, E, t, amx);  /* dQ */
+    }
+    for (int64_t j0 = 0; j0 < S; j0 += MICA_BF16_MB) {
+        /* queries before j0 cannot see these keys: their dS and P hold 0 (the sums skip them) */
+        int64_t first = a->causal ? (j0 < L ? j0 : L) / MICA_BF16_MB * MICA_BF16_MB : 0;
+        mica_attn_tile_product(t->dh, S, 1, S, L, j0, first, t->queries[0], L, E, scale, dkf + j0 * E, E, t, amx);
+        mica_attn_tile_product(t->ph, S, 1, S, L, j0, first, t->queries[1], L, Ev, 1.0f, dvf + j0 * Ev, Ev, t, amx);
+    }
 }
 #endif
 
@@ -491,13 +606,17 @@ static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, co
             float *kt = base, *p = kt + E * S;
             float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
             const mica_bf16 *qh = q + b * a->q_sb + h * a->q_sh, *kh = k + b * a->k_sb + h * a->k_sh;
+            const mica_bf16 *vh = v + b * a->v_sb + h * a->v_sh;
 #if MICA_BF16_GEMM != MICA_BF16_F32
-            mica_bf16 *yp[2], *ap;
-            float *acc;
-            mica_attention_tiles(base, a, yp, &ap, &acc);
-            mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, yp[0], ap, acc, amx);
+            mica_attn_tiles t = mica_attention_tiles(base, a);
+            mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, t.yp[0], t.ap, t.acc, amx);
             const int64_t block = MICA_ATTN_ROWS_BF16;
             (void)qf; (void)kf; (void)kt;
+            if (a->half_round == 1 && a->dropout_p == 0) {
+                mica_attention_head_rounded(a, bh, &qk, vh, of, lse, p, &t, amx);
+                mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
+                continue;
+            }
 #else
             mica_bf16_rows_in(qh, a->q_st, L, E, qf);
             mica_bf16_rows_in(kh, a->k_st, S, E, kf);  /* (then transposed) */
@@ -505,7 +624,7 @@ static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, co
             mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E);
             const int64_t block = MICA_ATTN_ROWS;
 #endif
-            mica_bf16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
+            mica_bf16_rows_in(vh, a->v_st, S, Ev, vf);
             mica_attention_head_f32(a, bh, &qk, block, vf, Ev, of, Ev, lse, p);
             mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
         }
@@ -534,26 +653,32 @@ static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf
             const mica_bf16 *gh = g + b * g_sb + h * g_sh, *qh = q + b * a->q_sb + h * a->q_sh;
             const mica_bf16 *kh = k + b * a->k_sb + h * a->k_sh, *vh = v + b * a->v_sb + h * a->v_sh;
             mica_bf16_rows_in(gh, g_st, L, Ev, gf);
-            mica_bf16_rows_in(qh, a->q_st, L, E, qf);
-            mica_bf16_rows_in(kh, a->k_st, S, E, kf);
+            mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
 #if MICA_BF16_GEMM != MICA_BF16_F32
-            mica_bf16 *yp[2], *ap;
-            float *acc;
-            mica_attention_tiles(base, a, yp, &ap, &acc);
-            mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, yp[0], ap, acc, amx);
-            mica_attn_dots gv = mica_attn_dots_of_bf16(gh, g_st, vh, a->v_st, S, Ev, yp[1], ap, acc, amx);
+            mica_attn_tiles t = mica_attention_tiles(base, a);
+            mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, t.yp[0], t.ap, t.acc, amx);
+            mica_attn_dots gv = mica_attn_dots_of_bf16(gh, g_st, vh, a->v_st, S, Ev, t.yp[1], t.ap, t.acc, amx);
             const int64_t block = MICA_ATTN_ROWS_BF16;
             (void)kt; (void)vt; (void)vf;
+            if (a->half_round == 1) {
+                mica_attention_backward_head_rounded(a, bh, &qk, &gv, qh, kh, gh, g_st, gf, of, lse, dqf, dkf, dvf, pd,
+                                                     ds, &t, amx);
+            } else {
+                mica_bf16_rows_in(qh, a->q_st, L, E, qf);
+                mica_bf16_rows_in(kh, a->k_st, S, E, kf);
+                mica_attention_backward_head_f32(a, bh, &qk, &gv, block, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E,
+                                                 dkf, E, dvf, Ev, pd, ds);
+            }
 #else
+            mica_bf16_rows_in(qh, a->q_st, L, E, qf);
+            mica_bf16_rows_in(kh, a->k_st, S, E, kf);
             mica_transpose_f32(kf, E, kt, S, S, E);
             mica_bf16_rows_in(vh, a->v_st, S, Ev, vf);
             mica_transpose_f32(vf, Ev, vt, S, S, Ev);
             mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E), gv = mica_attn_dots_of_f32(gf, Ev, vt, S, Ev);
-            const int64_t block = MICA_ATTN_ROWS;
+            mica_attention_backward_head_f32(a, bh, &qk, &gv, MICA_ATTN_ROWS, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E,
+                                             dkf, E, dvf, Ev, pd, ds);
 #endif
-            mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
-            mica_attention_backward_head_f32(a, bh, &qk, &gv, block, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E, dkf,
-                                             E, dvf, Ev, pd, ds);
             mica_bf16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
             mica_bf16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
             mica_bf16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);

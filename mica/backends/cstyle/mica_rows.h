@@ -166,18 +166,21 @@ static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64
  * probabilities (for dV) and dS (for dQ and dK).
  * With a->half_round (fp_half_intermediates) the rows round where PyTorch's CPU attention rounds
  * (measured: docs/design.md, Mixed precision): the forward rounds exp(s - max) to the half type
- * before dividing by its float sum (the product with V reads the rounded weights); the backward
- * rounds the probabilities (for dV) and dS before its scale (for dQ and dK). */
+ * and leaves it undivided, its float sum in *sum (the product with V reads the rounded weights,
+ * and its result is divided by the sum, as PyTorch's flash kernel and the CUDA target's divide
+ * theirs); the backward rounds the probabilities (for dV) and dS before its scale (for dQ and dK). */
 #define MICA_DEFINE_ATTENTION_ROWS(T, S_)                                                           \
 MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i, T *pi,    \
-                                         int64_t n, T *lse) {                                      \
+                                         int64_t n, T *lse, T *sum) {                              \
     const int64_t m_ = mica_attn_row_keys(a, i);                                                   \
     const T keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                                          \
     T m = MICA_ROW_MAX(S_, pi, m_);                                                                \
     MICA_ROW_FOR(j, 0, m_) pi[j] = mica_exp_##S_(pi[j] - m);                                       \
     T l = MICA_ROW_SUM(S_, pi, m_);                                                                \
     if (MICA_ROW_LEAD) *lse = m + mica_log_##S_(l);                                                \
-    if (a->half_round) MICA_ROW_FOR(j, 0, m_) pi[j] = MICA_ATTN_ROUND(a, T, pi[j]) / l;            \
+    if (MICA_ROW_LEAD && a->half_round) *sum = l;                                                  \
+    if (a->half_round == 1) MICA_ROW_FOR(j, 0, m_) pi[j] = (T)mica_round_bf16((float)pi[j]);       \
+    else if (a->half_round == 2) MICA_ROW_FOR(j, 0, m_) pi[j] = (T)mica_round_f16((float)pi[j]);   \
     else MICA_ROW_FOR(j, 0, m_) pi[j] = pi[j] / l;                                                 \
     MICA_ROW_FOR(j, m_, n) pi[j] = (T)0;                                                           \
     if (a->dropout_p > 0) {                                                                        \
@@ -202,11 +205,17 @@ MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int6
             pi[j] = MICA_ATTN_ROUND(a, T, kept ? pj * keep_scale : (T)0);                          \
             di[j] = MICA_ATTN_ROUND(a, T, pj * (dpj - D)) * scale;                                 \
         }                                                                                          \
-    } else if (a->half_round) {                                                                    \
+    } else if (a->half_round == 1) { /* (a branch per half type: each loop vectorizes) */          \
         MICA_ROW_FOR(j, 0, m_) {                                                                   \
             T pj = mica_exp_##S_(pi[j] - li);                                                       \
-            di[j] = MICA_ATTN_ROUND(a, T, pj * (di[j] - D)) * scale;                               \
-            pi[j] = MICA_ATTN_ROUND(a, T, pj);                                                     \
+            di[j] = (T)mica_round_bf16((float)(pj * (di[j] - D))) * scale;                         \
+            pi[j] = (T)mica_round_bf16((float)pj);                                                 \
+        }                                                                                          \
+    } else if (a->half_round == 2) {                                                               \
+        MICA_ROW_FOR(j, 0, m_) {                                                                   \
+            T pj = mica_exp_##S_(pi[j] - li);                                                       \
+            di[j] = (T)mica_round_f16((float)(pj * (di[j] - D))) * scale;                          \
+            pi[j] = (T)mica_round_f16((float)pj);                                                  \
         }                                                                                          \
     } else { /* the common case, kept apart so it vectorizes */                                    \
         MICA_ROW_FOR(j, 0, m_) {                                                                   \
