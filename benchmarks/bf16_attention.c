@@ -5,7 +5,7 @@
  *   gcc -O3 -march=native -fopenmp -ffp-contract=off -fno-math-errno -fno-trapping-math \
  *       -mprefer-vector-width=512 -I mica/backends/c -I mica/backends/cstyle \
  *       benchmarks/bf16_attention.c -o attn -lm
- *   OMP_NUM_THREADS=1 ./attn [reps=5]
+ *   OMP_NUM_THREADS=1 ./attn [reps=5] [half_round=0]   (1: fp_half_intermediates' bfloat16 roundings)
  * (MICA_BF16_GEMM=2: the AMX kernel; -DMICA_BF16_GEMM=1 or 0 for AVX512-BF16 or the fallback.) */
 #ifndef MICA_BF16_GEMM
 #define MICA_BF16_GEMM 2
@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
         s = s * 1664525u + 1013904223u; v[i] = mica_bf16_store((s >> 8) / 16777216.0f - 0.5f);
         s = s * 1664525u + 1013904223u; g[i] = mica_bf16_store((s >> 8) / 16777216.0f - 0.5f); }
     mica_attn_shape a; memset(&a, 0, sizeof a);
-    a.B = B; a.H = H; a.L = T; a.S = T; a.E = E; a.Ev = E; a.causal = 1; a.scale = 0.125;
+    a.B = B; a.H = H; a.L = T; a.S = T; a.E = E; a.Ev = E; a.causal = 1; a.scale = 0.125; a.half_round = argc > 2 ? atoi(argv[2]) : 0;
     a.q_sb = a.k_sb = a.v_sb = a.o_sb = a.dq_sb = a.dk_sb = a.dv_sb = H * T * E;
     a.q_sh = a.k_sh = a.v_sh = a.o_sh = a.dq_sh = a.dk_sh = a.dv_sh = T * E;
     a.q_st = a.k_st = a.v_st = a.o_st = a.dq_st = a.dk_st = a.dv_st = E;

@@ -552,8 +552,9 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
             run_dir = os.path.join(out, re.sub(r"[^\w.-]+", "_", name))
             if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
                 os.unlink(os.path.join(run_dir, "metrics.jsonl"))
-            budgeted = dict(mica_device, memory_budget=budget) if budget is not None else dict(mica_device)
-            budgeted["half_roundings"] = half
+            budgeted = dict(mica_device, memory_budget=budget) if budget is not None else mica_device
+            if half:
+                budgeted = dict(budgeted, half_roundings=True)
             r = run_once(_mica_cmd(model, data_dir, run_dir, iters, threads, arg, every, **budgeted), env, warmup,
                          window, gpu)
             own = _mica_own_ms(run_dir, warmup, window)
