@@ -107,17 +107,24 @@ def _layer_norm(e, kernel):
             f"{rows}, {n}, {ct.const(a['eps'], dt)});"]
 
 
-@lower("layer_norm_backward")
+def _norm_lanes(kernel):
+    """A norm backward's shared scratch: its column sums' lanes over one block of rows (dw and db:
+    MICA_NORM_BACKWARD_SWEEP in mica_kernels.h)."""
+    n = _rows(kernel.inputs[1], kernel.attrs["ndims"])[1]
+    return 2 * 8 * n * kernel.inputs[1].dtype.itemsize, 0
+
+
+@lower("layer_norm_backward", scratch=_norm_lanes)
 def _layer_norm_backward(e, kernel):
     a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
-    _, s = _dtype(kernel)
+    dt, s = _dtype(kernel)
     rows, n = _rows(ins[1], a["ndims"])
     w = p(ins[2]) if a["has_weight"] else NULL
     rest = list(outs[1:])
     dw = p(rest.pop(0)) if a["has_weight"] else NULL
     db = p(rest.pop(0)) if a["has_bias"] else NULL
     return [f"mica_layer_norm_backward_{s}({p(ins[0])}, {p(ins[1])}, {w}, {p(ins[-2])}, {p(ins[-1])}, "
-            f"{p(outs[0])}, {dw}, {db}, {rows}, {n});"]
+            f"{p(outs[0])}, {dw}, {db}, {rows}, {n}, ({ct.ctype(dt)} *)work);"]
 
 
 @lower("rms_norm")
@@ -130,15 +137,15 @@ def _rms_norm(e, kernel):
             f"{ct.const(a['eps'], dt)});"]
 
 
-@lower("rms_norm_backward")
+@lower("rms_norm_backward", scratch=_norm_lanes)
 def _rms_norm_backward(e, kernel):
     a, ins, outs, p = kernel.attrs, kernel.inputs, kernel.outputs, e.ptr
-    _, s = _dtype(kernel)
+    dt, s = _dtype(kernel)
     rows, n = _rows(ins[1], a["ndims"])
     w = p(ins[2]) if a["has_weight"] else NULL
     dw = p(outs[1]) if a["has_weight"] else NULL
     return [f"mica_rms_norm_backward_{s}({p(ins[0])}, {p(ins[1])}, {w}, {p(ins[-1])}, {p(outs[0])}, {dw}, "
-            f"{rows}, {n});"]
+            f"{rows}, {n}, ({ct.ctype(dt)} *)work);"]
 
 
 @lower("softmax")

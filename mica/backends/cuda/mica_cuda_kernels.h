@@ -164,7 +164,8 @@ static __device__ void mica_layer_norm_##S(const T *x, const T *w, const T *b, T
 }                                                                                                  \
 static __device__ void mica_layer_norm_backward_##S(const T *g, const T *x, const T *w,            \
                                                     const T *mean, const T *rstd, T *dx, T *dw,    \
-                                                    T *db, int64_t rows, int64_t n) {             \
+                                                    T *db, int64_t rows, int64_t n, T *part) {    \
+    (void)part; /* (the CPU kernel's lane sums of a block: the column sums here are cooperative) */ \
     MICA_ROW_GROUPS(r, rows)                                                                       \
         mica_layer_norm_backward_row_##S(g + r * n, x + r * n, w, mean[r], rstd[r], dx + r * n, n); \
     if (dw) { MICA_CUDA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * ((x[r * n + j] - mean[r]) * rstd[r])) } \
@@ -176,7 +177,8 @@ static __device__ void mica_rms_norm_##S(const T *x, const T *w, T *y, T *rstd, 
 }                                                                                                  \
 static __device__ void mica_rms_norm_backward_##S(const T *g, const T *x, const T *w,              \
                                                   const T *rstd, T *dx, T *dw, int64_t rows,       \
-                                                  int64_t n) {                                     \
+                                                  int64_t n, T *part) {                            \
+    (void)part;                                                                                    \
     MICA_ROW_GROUPS(r, rows) mica_rms_norm_backward_row_##S(g + r * n, x + r * n, w, rstd[r], dx + r * n, n); \
     if (dw) { MICA_CUDA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * (x[r * n + j] * rstd[r])) }  \
 }                                                                                                  \
