@@ -101,7 +101,7 @@ def reduce_body(emitter, kernel, name):
         helpers.append(f"    return v{kernel.result};")
         helpers.append("}")
         outp = emitter.accessor.base(out)
-        columns = bool(kept) and max(kept) < min(axes) if axes else False
+        columns = bool(kept) and max(axes) < min(kept) if axes else False
         init = _init(kernel.op, dtype)
         if columns and O > 1:
             body = _columns(fn, O, R, t, init, comb, outp, out)
