@@ -651,3 +651,25 @@ def test_a_reader_that_leaves_early_stops_the_run_with_sigpipes_status(run_dir):
     err = p.stderr.read()
     assert p.wait(timeout=300) == 141, err
     assert "mica: stopped: the program reading mica's output closed it" in err and "Traceback" not in err
+
+
+def test_a_reader_that_leaves_after_training_started_stops_the_trainer(run_dir):
+    """The reader leaves once the native trainer prints its steps: the trainer stops as a command in
+    a pipe does (killed by SIGPIPE), instead of training on to max_iters with its lines discarded."""
+    import signal
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "mica.cli", "train", *TINY, "--out_dir=piped_late",
+                          "--max_iters=100000000", "--eval_interval=100000000"], cwd=run_dir,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in p.stdout:
+        if line.startswith("iter "):
+            break
+    p.stdout.close()
+    try:
+        rc = p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the trainer went on training after its reader had left")
+    assert rc == -signal.SIGPIPE, rc

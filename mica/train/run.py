@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import tempfile
 
@@ -813,6 +814,11 @@ def train(config_path=None, overrides=(), log=print, execute=True):
         log = _quiet
     exe, manifest, cfg = prepare_run(config_path, overrides, log)
     if execute:
+        # Python ignores SIGPIPE, and an ignored signal stays ignored across exec: the trainer would
+        # train on to the end after `mica train ... | head` had gone, its lines discarded. With the
+        # default back, it stops as any command in a pipe does (its checkpoints are written to a
+        # temporary file and renamed, so one cut short loses nothing)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.execv(exe, [exe, manifest])
     return subprocess.run([exe, manifest]).returncode
 
