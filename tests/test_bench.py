@@ -253,17 +253,17 @@ def test_a_half_dtype_benches_the_build_with_pytorchs_roundings_beside_the_one_w
     from mica.bench import protocol
     from mica.train import config as config_mod
 
-    assert protocol.half_builds("shakespeare_char", "bfloat16", "both") == (True, False)
-    assert protocol.half_builds("cpu", "float16", "off") == (False,)
-    assert protocol.half_builds("cpu", "float32", "both") == (False,)
+    assert protocol.half_builds("bfloat16", "both") == (True, False)
+    assert protocol.half_builds("float16", "off") == (False,)
+    assert protocol.half_builds("float32", "both") == (False,)
     assert protocol.mica_config_name(2, None, True) == "mica O2 fp_half_intermediates"
     assert protocol.mica_config_name(2, "12GB", True) == "mica O2 budget=12GB fp_half_intermediates"
     for half in (True, False):
         cmd = protocol._mica_cmd("cpu", "d", str(tmp_path / "m"), 30, 2, 2, dtype="bfloat16", half_roundings=half)
         cfg = config_mod.load(None, cmd[4:])
         assert cfg["fp_half_intermediates"] is half and cfg["dtype"] == "bfloat16", cmd
-    for args, says in ((("cpu", "float32", "on"), "--fp_half_intermediates=on names the half types' roundings"),
-                       (("cpu", "bfloat16", "yes"), "--fp_half_intermediates must be both, on or off")):
+    for args, says in ((("float32", "on"), "--fp_half_intermediates=on names the half types' roundings"),
+                       (("bfloat16", "yes"), "--fp_half_intermediates must be both, on or off")):
         with pytest.raises(MicaError, match=re.escape(says)):
             protocol.half_builds(*args)
 

@@ -337,7 +337,7 @@ def mica_config_name(opt_level, budget=None, half_roundings=False):
 HALF_BUILDS = {"both": (True, False), "on": (True,), "off": (False,)}
 
 
-def half_builds(model, dtype, which):
+def half_builds(dtype, which):
     """The fp_half_intermediates settings of Mica's builds: in a half type the report publishes the
     build with PyTorch's half roundings and puts the one with every digit kept beside it (`both`);
     float32 (and the models timed in float32 only) have one build."""
@@ -502,7 +502,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     check_settings(rounds, warmup, window, every, threads, opt_levels, torch_modes)
     check_data(model, data_dir)
     budgets = check_mica_options(model, batch_size, memory_budgets)
-    halves = half_builds(model, dtype, fp_half_intermediates)
+    halves = half_builds(dtype, fp_half_intermediates)
     if device == "cpu" and dtype == "bfloat16":  # (a MICA_BF16_GEMM this processor cannot run: said now, not
         from ..backends.c import bf16gemm      # in a table cell after PyTorch's side has run)
 
