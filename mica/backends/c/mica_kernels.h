@@ -469,11 +469,15 @@ static inline int64_t mica_attention_widened_bf16(int64_t L, int64_t S, int64_t 
 /* the packed operands' floats: K and V packed (as a product's B) along the head dims, one packed
  * 32-row block, one 32 x 32 block of sums; then, for the half-rounding heads (below), K and V packed
  * along the keys, Q and dO along the queries, P and dS as bfloat16 [L, S]; alignment */
-static inline int64_t mica_attention_tiles_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
-    int64_t Ep = (E + 31) / 32 * 32, Evp = (Ev + 31) / 32 * 32, Sp = (S + 31) / 32 * 32, Lp = (L + 31) / 32 * 32;
+/* the widest of the padded dims: the k a packed 32-row block of A may hold */
+static inline int64_t mica_attention_widest(int64_t Lp, int64_t Sp, int64_t Ep, int64_t Evp) {
     int64_t wide = Ep > Evp ? Ep : Evp;
     wide = wide > Sp ? wide : Sp;
-    wide = wide > Lp ? wide : Lp;
+    return wide > Lp ? wide : Lp;
+}
+static inline int64_t mica_attention_tiles_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
+    int64_t Ep = (E + 31) / 32 * 32, Evp = (Ev + 31) / 32 * 32, Sp = (S + 31) / 32 * 32, Lp = (L + 31) / 32 * 32;
+    int64_t wide = mica_attention_widest(Lp, Sp, Ep, Evp);
     return (Ep + Evp) * Sp / 2 + 16 * wide + 1024 + (Sp * (Ep + Evp) + Lp * (Ep + Evp)) / 2 + L * S + 8 * 64;
 }
 static inline int64_t mica_attention_slot_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
@@ -493,18 +497,34 @@ static void mica_bf16_rows_out(const float *src, int64_t rows, int64_t cols, mic
 
 #if MICA_BF16_GEMM != MICA_BF16_F32
 #define MICA_ATTN_ROWS_BF16 MICA_BF16_MB
+/* out[r * ldo + c] = alpha * (op(A) rows [m0, m0 + rows) . y columns c), k from k0 (a multiple of
+ * 32) to K: op(A) [M, K] as the product kernel packs it (ta: stored transposed), y packed whole
+ * along its Ky rows, N columns; ap holds one packed A block, acc one 32 x 32 block of sums */
+static void mica_attn_tile_product(const mica_bf16 *A, int64_t lda, int ta, int64_t M, int64_t K, int64_t m0,
+                                   int64_t k0, const mica_bf16 *yp, int64_t Ky, int64_t N, float alpha, float *out,
+                                   int64_t ldo, mica_bf16 *ap, float *acc, int amx) {
+    int64_t rows = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB, kc = mica_bf16_kpad(K - k0), Kyp = mica_bf16_kpad(Ky);
+    if (kc <= 0) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < N; c++) out[r * ldo + c] = 0.0f;
+        return;
+    }
+    mica_bf16_pack_a(A, lda, ta, M, K, m0, k0, kc, ap);
+    for (int64_t q = 0; q * MICA_BF16_MB < N; q++) {
+        const mica_bf16 *b0p = yp + 2 * q * Kyp * 16 + k0 * 16;
+        mica_bf16_block(ap, kc, b0p, b0p + Kyp * 16, acc, 0, amx);
+        int64_t c0 = q * MICA_BF16_MB, w = N - c0 < MICA_BF16_MB ? N - c0 : MICA_BF16_MB;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < w; c++) out[r * ldo + c0 + c] = alpha * acc[r * MICA_BF16_MB + c];
+    }
+}
+
 /* x's rows [i0, i0 + rows) (rows <= 32) packed as one block of a product's A, against y packed
  * whole as its B: each element one float32 sum over the head dim in the kernel's steps, times alpha */
 static void mica_attn_dots_bf16(const mica_attn_dots *d, int64_t i0, int64_t rows, int64_t n, float alpha, float *out,
                                 int64_t ld) {
-    mica_bf16_pack_a(d->xh, d->x_st, 0, i0 + rows, d->len, i0, 0, d->Kp, d->ap);
-    for (int64_t q = 0; q * MICA_BF16_MB < n; q++) {
-        const mica_bf16 *b0p = d->yp + 2 * q * d->Kp * 16;
-        mica_bf16_block(d->ap, d->Kp, b0p, b0p + d->Kp * 16, d->acc, 0, d->amx);
-        int64_t j0 = q * MICA_BF16_MB, w = n - j0 < MICA_BF16_MB ? n - j0 : MICA_BF16_MB;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < w; c++) out[r * ld + j0 + c] = alpha * d->acc[r * MICA_BF16_MB + c];
-    }
+    mica_attn_tile_product(d->xh, d->x_st, 0, i0 + rows, d->len, i0, 0, d->yp, d->len, n, alpha, out, ld, d->ap,
+                           d->acc, d->amx);
 }
 
 /* x [.., len] rows at x_st against y [S, len] (rows at y_st), y packed into yp now; ap and acc
@@ -534,9 +554,7 @@ typedef struct {
 
 static mica_attn_tiles mica_attention_tiles(float *slot_base, const mica_attn_shape *a) {
     int64_t Ep = mica_bf16_kpad(a->E), Evp = mica_bf16_kpad(a->Ev), Sp = mica_bf16_npad(a->S);
-    int64_t Lp = mica_bf16_npad(a->L), wide = Ep > Evp ? Ep : Evp;
-    wide = wide > Sp ? wide : Sp;
-    wide = wide > Lp ? wide : Lp;
+    int64_t Lp = mica_bf16_npad(a->L), wide = mica_attention_widest(Lp, Sp, Ep, Evp);
     mica_attn_tiles t;
     char *c = (char *)mica_align64(slot_base + mica_attention_widened_bf16(a->L, a->S, a->E, a->Ev));
     t.yp[0] = (mica_bf16 *)c;
@@ -563,28 +581,6 @@ static void mica_attn_rows_exact(const float *src, int64_t rows, int64_t cols, i
         for (int64_t c = 0; c < cols; c++) dst[r * ld + c] = mica_bf16_exact(src[r * ld + c]);
 }
 
-/* out[r * ldo + c] = alpha * (op(A) rows [m0, m0 + rows) . y columns c), k from k0 (a multiple of
- * 32) to K: op(A) [M, K] as the product kernel packs it (ta: stored transposed), y packed whole
- * along its Ky rows (mica_attn_pack_rows), N columns */
-static void mica_attn_tile_product(const mica_bf16 *A, int64_t lda, int ta, int64_t M, int64_t K, int64_t m0,
-                                   int64_t k0, const mica_bf16 *yp, int64_t Ky, int64_t N, float alpha, float *out,
-                                   int64_t ldo, const mica_attn_tiles *t, int amx) {
-    int64_t rows = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB, kc = mica_bf16_kpad(K - k0), Kyp = mica_bf16_kpad(Ky);
-    if (kc <= 0) {
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < N; c++) out[r * ldo + c] = 0.0f;
-        return;
-    }
-    mica_bf16_pack_a(A, lda, ta, M, K, m0, k0, kc, t->ap);
-    for (int64_t q = 0; q * MICA_BF16_MB < N; q++) {
-        const mica_bf16 *b0p = yp + 2 * q * Kyp * 16 + k0 * 16;
-        mica_bf16_block(t->ap, kc, b0p, b0p + Kyp * 16, t->acc, 0, amx);
-        int64_t c0 = q * MICA_BF16_MB, w = N - c0 < MICA_BF16_MB ? N - c0 : MICA_BF16_MB;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < w; c++) out[r * ldo + c0 + c] = alpha * t->acc[r * MICA_BF16_MB + c];
-    }
-}
-
 /* A bfloat16 head with fp_half_intermediates (a->half_round == 1), where the rows' weights are
  * bfloat16 values: P V (the rounded weights, undivided, then each row divided by its sum), and the
  * backward's dS K, dS^T Q (dS rounded before its scale, which multiplies the float32 sum) and
@@ -602,7 +598,8 @@ static void mica_attention_head_rounded(const mica_attn_shape *a, int64_t bh, co
         for (int64_t r = 0; r < rows; r++)
             mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r, sum + r);
         mica_attn_rows_exact(p, rows, n, S, t->ph);
-        mica_attn_tile_product(t->ph, S, 0, rows, n, 0, 0, t->keys[1], S, Ev, 1.0f, of + i0 * Ev, Ev, t, amx);
+        mica_attn_tile_product(t->ph, S, 0, rows, n, 0, 0, t->keys[1], S, Ev, 1.0f, of + i0 * Ev, Ev, t->ap, t->acc,
+                               amx);
         for (int64_t r = 0; r < rows; r++)
             for (int64_t e = 0; e < Ev; e++) of[(i0 + r) * Ev + e] = of[(i0 + r) * Ev + e] / sum[r];
     }
@@ -630,13 +627,16 @@ static void mica_attention_backward_head_rounded(const mica_attn_shape *a, int64
                                             gf + (i0 + r) * Ev, of + (i0 + r) * Ev);
         mica_attn_rows_exact(pb, rows, S, S, t->ph + i0 * S);
         mica_attn_rows_exact(db, rows, S, S, t->dh + i0 * S);
-        mica_attn_tile_product(t->dh, S, 0, L, n, i0, 0, t->keys[0], S, E, scale, dqf + i0 * E, E, t, amx);  /* dQ */
+        mica_attn_tile_product(t->dh, S, 0, L, n, i0, 0, t->keys[0], S, E, scale, dqf + i0 * E, E, t->ap, t->acc,
+                               amx);  /* dQ */
     }
     for (int64_t j0 = 0; j0 < S; j0 += MICA_BF16_MB) {
         /* queries before j0 cannot see these keys: their dS and P hold 0 (the sums skip them) */
         int64_t first = a->causal ? (j0 < L ? j0 : L) / MICA_BF16_MB * MICA_BF16_MB : 0;
-        mica_attn_tile_product(t->dh, S, 1, S, L, j0, first, t->queries[0], L, E, scale, dkf + j0 * E, E, t, amx);
-        mica_attn_tile_product(t->ph, S, 1, S, L, j0, first, t->queries[1], L, Ev, 1.0f, dvf + j0 * Ev, Ev, t, amx);
+        mica_attn_tile_product(t->dh, S, 1, S, L, j0, first, t->queries[0], L, E, scale, dkf + j0 * E, E, t->ap,
+                               t->acc, amx);  /* dK */
+        mica_attn_tile_product(t->ph, S, 1, S, L, j0, first, t->queries[1], L, Ev, 1.0f, dvf + j0 * Ev, Ev, t->ap,
+                               t->acc, amx);  /* dV */
     }
 }
 #endif
