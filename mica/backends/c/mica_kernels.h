@@ -26,7 +26,7 @@
             for (int l = 0; l < MICA_LANES; l++) for (int64_t c = 0; c < cw; c++) acc[l][c] = 0;   \
             for (int64_t r = b0; r < b1; r++) {                                                    \
                 T *a = acc[(r - b0) & (MICA_LANES - 1)];                                           \
-                for (int64_t c = 0; c < cw; c++) { int64_t j = c0 + c; a[c] = a[c] + (EXPR); }     \
+                for (int64_t c = 0; c < cw; c++) { int64_t j = c0 + c; (void)j; a[c] = a[c] + (EXPR); } \
             }                                                                                      \
             for (int64_t c = 0; c < cw; c++) {                                                     \
                 T lanes[MICA_LANES];                                                               \
