@@ -363,6 +363,13 @@ static mica_attn_dots mica_attn_dots_of_f32(const float *x, int64_t x_st, const 
     return d;
 }
 
+/* each output row r of a half-rounding head divided by its weights' float sum (the rows left the
+ * rounded weights undivided: mica_attention_row_f32) */
+static void mica_attn_divide_rows(float *o, int64_t o_st, int64_t rows, int64_t Ev, const float *sum) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t e = 0; e < Ev; e++) o[r * o_st + e] = o[r * o_st + e] / sum[r];
+}
+
 /* one head (bh) of the float attention: the scores from qk, V rows at v_st; p holds block x S floats */
 static void mica_attention_head_f32(const mica_attn_shape *a, int64_t bh, const mica_attn_dots *qk, int64_t block,
                                     const float *vb, int64_t v_st, float *ob, int64_t o_st, float *lse, float *p) {
@@ -375,9 +382,7 @@ static void mica_attention_head_f32(const mica_attn_shape *a, int64_t bh, const 
         for (int64_t r = 0; r < rows; r++)
             mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r, sum + r);
         mica_small_gemm(rows, Ev, n, 1.0f, p, S, 0, vb, v_st, ob + i0 * o_st, o_st);
-        if (a->half_round)  /* (the rows left the rounded weights undivided) */
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t e = 0; e < Ev; e++) ob[(i0 + r) * o_st + e] = ob[(i0 + r) * o_st + e] / sum[r];
+        if (a->half_round) mica_attn_divide_rows(ob + i0 * o_st, o_st, rows, Ev, sum);
     }
 }
 
@@ -600,8 +605,7 @@ static void mica_attention_head_rounded(const mica_attn_shape *a, int64_t bh, co
         mica_attn_rows_exact(p, rows, n, S, t->ph);
         mica_attn_tile_product(t->ph, S, 0, rows, n, 0, 0, t->keys[1], S, Ev, 1.0f, of + i0 * Ev, Ev, t->ap, t->acc,
                                amx);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t e = 0; e < Ev; e++) of[(i0 + r) * Ev + e] = of[(i0 + r) * Ev + e] / sum[r];
+        mica_attn_divide_rows(of + i0 * Ev, Ev, rows, Ev, sum);
     }
 }
 
