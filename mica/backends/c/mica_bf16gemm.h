@@ -291,10 +291,41 @@ MICA_BF16_VEC static void mica_bf16_transpose_tile(const mica_bf16 *src, int64_t
     }
 }
 
+/* A's k [ks, ks + 32) of its rows [0, 32) where A is stored transposed (src[kk * ld + r] =
+ * op(A)[r][kk], r < h, kk < d; zeros elsewhere, subnormals flushed), pair-major in groups of the 8
+ * rows the kernel takes at a time: tile[(r / 8) * 256 + (kk / 2) * 16 + (r % 8) * 2 + kk % 2].
+ * Two stored rows interleaved per k pair, no transpose */
+MICA_BF16_VEC static void mica_bf16_interleave_tile(const mica_bf16 *src, int64_t ld, int64_t h, int64_t d,
+                                                    mica_bf16 *restrict tile) {
+    short lo[32], hi[32];
+    for (int j = 0; j < 32; j++) {
+        lo[j] = (short)((j & 1) ? 32 + j / 2 : j / 2);
+        hi[j] = (short)((j & 1) ? 48 + j / 2 : 16 + j / 2);
+    }
+    const __m512i ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi);
+    __mmask32 m = h >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << h) - 1);
+    for (int i = 0; i < 16; i++) {
+        __m512i x = 2 * i < d ? _mm512_maskz_loadu_epi16(m, src + 2 * i * ld) : _mm512_setzero_si512();
+        __m512i y = 2 * i + 1 < d ? _mm512_maskz_loadu_epi16(m, src + (2 * i + 1) * ld) : _mm512_setzero_si512();
+        __m512i top = mica_bf16_daz16(_mm512_permutex2var_epi16(x, ilo, y));     /* pair i of rows 0-15 */
+        __m512i bottom = mica_bf16_daz16(_mm512_permutex2var_epi16(x, ihi, y));  /* and of rows 16-31 */
+        _mm256_storeu_si256((__m256i *)(tile + i * 16), _mm512_castsi512_si256(top));
+        _mm256_storeu_si256((__m256i *)(tile + 256 + i * 16), _mm512_extracti64x4_epi64(top, 1));
+        _mm256_storeu_si256((__m256i *)(tile + 512 + i * 16), _mm512_castsi512_si256(bottom));
+        _mm256_storeu_si256((__m256i *)(tile + 768 + i * 16), _mm512_extracti64x4_epi64(bottom, 1));
+    }
+}
+
+/* The packed A block's layout: the AMX tiles read rows of 32 k (64 bytes apart); the AVX512-BF16
+ * kernel broadcasts one (row, k pair) at a time and reads either layout, so a transposed A is
+ * packed pair-major there (mica_bf16_interleave_tile: BENCHMARKS.md 8.8) instead of transposed */
+static inline int mica_bf16_a_pairs(int ta, int amx) { return ta && !amx; }
+
 /* A's rows [m0, m0 + 32), k in [k0, k0 + kc) (kc a multiple of 32), as kc/32 tiles of 32 rows x 32
- * k, each 2 KB contiguous (rows 64 bytes apart: what a tile load reads best); zeros past M and K. */
+ * k, each 2 KB contiguous: row-major (rows 64 bytes apart: what a tile load reads best), or
+ * pair-major where `pairs` (mica_bf16_a_pairs); zeros past M and K. */
 MICA_BF16_VEC static void mica_bf16_pack_a(const mica_bf16 *A, int64_t lda, int ta, int64_t M, int64_t K, int64_t m0,
-                                           int64_t k0, int64_t kc, mica_bf16 *restrict out) {
+                                           int64_t k0, int64_t kc, int pairs, mica_bf16 *restrict out) {
     int64_t h = M - m0 < MICA_BF16_MB ? M - m0 : MICA_BF16_MB;
     for (int64_t s = 0; s < kc; s += MICA_BF16_KSTEP) {
         mica_bf16 *tile = out + s * MICA_BF16_MB;
@@ -309,7 +340,8 @@ MICA_BF16_VEC static void mica_bf16_pack_a(const mica_bf16 *A, int64_t lda, int 
         } else {
             for (int64_t i = ks + 2 * MICA_BF16_KSTEP; i < ks + 3 * MICA_BF16_KSTEP && i < K; i++)
                 _mm_prefetch((const char *)(A + i * lda + m0), _MM_HINT_T0);  /* the tile after next's rows */
-            mica_bf16_transpose_tile(A + ks * lda + m0, lda, h, d, tile);
+            if (pairs) mica_bf16_interleave_tile(A + ks * lda + m0, lda, h, d, tile);
+            else mica_bf16_transpose_tile(A + ks * lda + m0, lda, h, d, tile);
         }
     }
 }
@@ -338,11 +370,12 @@ MICA_BF16_VEC static void mica_bf16_write_block(const float *acc, int64_t h, int
 }
 
 /* acc[32][32] (+)= an A chunk (kc/32 tiles) @ two B panels (q, q + 1) from k row b0p/b1p on, by
- * AVX512-BF16: 8 rows at a time, k ascending in pairs; `more` adds to the sums already in acc */
-__attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512(const mica_bf16 *a, int64_t kc,
-                                                                                 const mica_bf16 *b0p,
-                                                                                 const mica_bf16 *b1p, float *acc,
-                                                                                 int more) {
+ * AVX512-BF16: 8 rows at a time, k ascending in pairs; `more` adds to the sums already in acc. A's
+ * (row r0 + r, k pair kk) of a tile lies at r0 * 32 + r * rs + kk * ks: row-major (rs, ks) = (32, 2),
+ * or pair-major (2, 16). */
+__attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
+mica_bf16_block_avx512_at(const mica_bf16 *a, int64_t kc, const mica_bf16 *b0p, const mica_bf16 *b1p, float *acc,
+                          int more, const int64_t rs, const int64_t ks) {
     for (int64_t r0 = 0; r0 < MICA_BF16_MB; r0 += 8) {
         __m512 c[8][2];
         for (int r = 0; r < 8; r++) {
@@ -356,7 +389,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512
                 __m512bh b1 = (__m512bh)_mm512_loadu_si512(b1p + (s / 2 + kk) * 32);
                 for (int r = 0; r < 8; r++) {
                     int32_t pair;
-                    memcpy(&pair, ar + r * MICA_BF16_KSTEP + 2 * kk, 4);
+                    memcpy(&pair, ar + r * rs + kk * ks, 4);
                     __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
                     c[r][0] = _mm512_dpbf16_ps(c[r][0], x, b0);
                     c[r][1] = _mm512_dpbf16_ps(c[r][1], x, b1);
@@ -368,6 +401,13 @@ __attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512
             _mm512_storeu_ps(acc + (r0 + r) * MICA_BF16_MB + 16, c[r][1]);
         }
     }
+}
+__attribute__((target("avx512f,avx512bf16"))) static void mica_bf16_block_avx512(const mica_bf16 *a, int64_t kc,
+                                                                                 const mica_bf16 *b0p,
+                                                                                 const mica_bf16 *b1p, float *acc,
+                                                                                 int more, int pairs) {
+    if (pairs) mica_bf16_block_avx512_at(a, kc, b0p, b1p, acc, more, 2, 16);
+    else mica_bf16_block_avx512_at(a, kc, b0p, b1p, acc, more, MICA_BF16_KSTEP, 2);
 }
 
 #if MICA_BF16_GEMM == MICA_BF16_AMX
@@ -404,12 +444,12 @@ __attribute__((target("amx-tile,amx-bf16"))) static void mica_bf16_block_amx(con
 /* The block product on the kernel this process may run: AMX tiles where `amx` (mica_amx_ready, and
  * the calling thread's tiles configured: mica_bf16_tiles_begin), else AVX512-BF16; the same sums. */
 static inline void mica_bf16_block(const mica_bf16 *a, int64_t kc, const mica_bf16 *b0p, const mica_bf16 *b1p,
-                                   float *acc, int more, int amx) {
+                                   float *acc, int more, int amx, int pairs) {
 #if MICA_BF16_GEMM == MICA_BF16_AMX
-    if (amx) { mica_bf16_block_amx(a, kc, b0p, b1p, acc, more); return; }
+    if (amx) { mica_bf16_block_amx(a, kc, b0p, b1p, acc, more); return; }  /* (A row-major: pairs is 0) */
 #endif
     (void)amx;
-    mica_bf16_block_avx512(a, kc, b0p, b1p, acc, more);
+    mica_bf16_block_avx512(a, kc, b0p, b1p, acc, more, pairs);
 }
 
 /* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed
@@ -465,11 +505,12 @@ static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64
     float *acc = (float *)(mine + 2 * MICA_BF16_MB * p->Kp);
     int64_t k0 = c * p->kc, kc = mica_bf16_chunk_len(p, c);
     int64_t m0 = t * MICA_BF16_MB, h = p->M - m0 < MICA_BF16_MB ? p->M - m0 : MICA_BF16_MB;
-    mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, m0, k0, kc, ap);
+    int pairs = mica_bf16_a_pairs(p->ta, p->amx);
+    mica_bf16_pack_a(p->A, p->lda, p->ta, p->M, p->K, m0, k0, kc, pairs, ap);
     for (int64_t q = q0; q < q1 && q < p->nblocks; q++) {  /* (packed B holds chunk c: mica_bf16_product_pack) */
         const mica_bf16 *b0p = p->packed + 2 * q * kc * 16, *b1p = b0p + kc * 16;
         float *sum = p->chunks > 1 ? p->sums + (t * p->nblocks + q) * MICA_BF16_MB * MICA_BF16_MB : acc;
-        mica_bf16_block(ap, kc, b0p, b1p, sum, c > 0, p->amx);
+        mica_bf16_block(ap, kc, b0p, b1p, sum, c > 0, p->amx, pairs);
         if (c == p->chunks - 1) {
             int64_t n0 = q * MICA_BF16_MB, w = p->N - n0 < MICA_BF16_MB ? p->N - n0 : MICA_BF16_MB;
             mica_bf16_write_block(sum, h, w, p->C, p->ldc, m0, n0, p->out_bf16);

@@ -514,10 +514,11 @@ static void mica_attn_tile_product(const mica_bf16 *A, int64_t lda, int ta, int6
             for (int64_t c = 0; c < N; c++) out[r * ldo + c] = 0.0f;
         return;
     }
-    mica_bf16_pack_a(A, lda, ta, M, K, m0, k0, kc, ap);
+    int pairs = mica_bf16_a_pairs(ta, amx);
+    mica_bf16_pack_a(A, lda, ta, M, K, m0, k0, kc, pairs, ap);
     for (int64_t q = 0; q * MICA_BF16_MB < N; q++) {
         const mica_bf16 *b0p = yp + 2 * q * Kyp * 16 + k0 * 16;
-        mica_bf16_block(ap, kc, b0p, b0p + Kyp * 16, acc, 0, amx);
+        mica_bf16_block(ap, kc, b0p, b0p + Kyp * 16, acc, 0, amx, pairs);
         int64_t c0 = q * MICA_BF16_MB, w = N - c0 < MICA_BF16_MB ? N - c0 : MICA_BF16_MB;
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < w; c++) out[r * ldo + c0 + c] = alpha * acc[r * MICA_BF16_MB + c];
