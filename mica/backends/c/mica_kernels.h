@@ -325,6 +325,7 @@ MICA_DEFINE_ATTENTION(double, f64)
  * so the block size never changes a sum).
  * Per-thread scratch: mica_attention_slot_f32(L, S, E, Ev) floats. */
 #define MICA_ATTN_ROWS 16
+#define MICA_ATTN_ROWS_MAX 32  /* the largest block of query rows (the bfloat16 heads' MICA_BF16_MB) */
 static inline int64_t mica_attention_slot_f32(int64_t L, int64_t S, int64_t E, int64_t Ev) {
     return E * S + Ev * S + 2 * L * S;
 }
@@ -402,6 +403,16 @@ static void mica_attention_f32(const mica_attn_shape *a, const float *q, const f
     }
 }
 
+/* D[r] = the dot product of rows r of g and o (Ev long) for r < rows, each summed in increasing
+ * index as the backward's row defines it; the rows side by side, so the sums run at the vector's
+ * width rather than one add's latency at a time: the same bits */
+static void mica_attn_row_dots(const float *g, int64_t g_st, const float *o, int64_t o_st, int64_t rows, int64_t Ev,
+                               float *D) {
+    for (int64_t r = 0; r < rows; r++) D[r] = 0.0f;
+    for (int64_t e = 0; e < Ev; e++)
+        for (int64_t r = 0; r < rows; r++) D[r] = D[r] + g[r * g_st + e] * o[r * o_st + e];
+}
+
 /* one head of the float attention's backward: the scores from qk, dO V^T from gv, K as it lies
  * (kb, k_st); pd and ds hold L x S floats each */
 static void mica_attention_backward_head_f32(const mica_attn_shape *a, int64_t bh, const mica_attn_dots *qk,
@@ -417,12 +428,13 @@ static void mica_attention_backward_head_f32(const mica_attn_shape *a, int64_t b
         float *pb = pd + i0 * S, *db = ds + i0 * S;
         qk->run(qk, i0, rows, n, scale, pb, S);  /* scores */
         gv->run(gv, i0, rows, n, 1.0f, db, S);   /* dPd */
+        float D[MICA_ATTN_ROWS_MAX];
+        mica_attn_row_dots(gb + i0 * g_st, g_st, ob + i0 * o_st, o_st, rows, Ev, D);
         for (int64_t r = 0; r < rows; r++) {
             int64_t i = i0 + r;
             /* (zeroed to S, not n: with fewer queries than keys, the dK and dV products below read
              * key columns past the block's last visible one) */
-            mica_attention_backward_row_f32(a, bh, i, pb + r * S, db + r * S, S, lse[bh * L + i], gb + i * g_st,
-                                            ob + i * o_st);
+            mica_attention_backward_row_f32(a, bh, i, pb + r * S, db + r * S, S, lse[bh * L + i], D[r]);
         }
         mica_small_gemm(rows, E, n, 1.0f, db, S, 0, kb, k_st, dqb + i0 * dq_st, dq_st); /* dQ */
     }
@@ -627,9 +639,10 @@ static void mica_attention_backward_head_rounded(const mica_attn_shape *a, int64
         float *pb = pd + i0 * S, *db = ds + i0 * S;
         qk->run(qk, i0, rows, n, scale, pb, S);  /* scores */
         gv->run(gv, i0, rows, n, 1.0f, db, S);   /* dPd */
+        float D[MICA_BF16_MB];
+        mica_attn_row_dots(gf + i0 * Ev, Ev, of + i0 * Ev, Ev, rows, Ev, D);
         for (int64_t r = 0; r < rows; r++)
-            mica_attention_backward_row_f32(&unit, bh, i0 + r, pb + r * S, db + r * S, S, lse[bh * L + i0 + r],
-                                            gf + (i0 + r) * Ev, of + (i0 + r) * Ev);
+            mica_attention_backward_row_f32(&unit, bh, i0 + r, pb + r * S, db + r * S, S, lse[bh * L + i0 + r], D[r]);
         mica_attn_rows_exact(pb, rows, S, S, t->ph + i0 * S);
         mica_attn_rows_exact(db, rows, S, S, t->dh + i0 * S);
         mica_attn_tile_product(t->dh, S, 0, L, n, i0, 0, t->keys[0], S, E, scale, dqf + i0 * E, E, t->ap, t->acc,

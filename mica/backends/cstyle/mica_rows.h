@@ -160,10 +160,19 @@ static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64
     return a->causal ? (i + 1 < a->S ? i + 1 : a->S) : a->S;
 }
 
+/* the elements a row's elementwise loops run over: its m visible keys rounded up to 16 (a vector
+ * of floats), at most the n it holds, so the loops have no scalar tail; what they compute past the
+ * visible keys is overwritten with 0 afterwards, and the row's max and sums read only [0, m) */
+static inline MICA_HD int64_t mica_attn_row_span(int64_t m, int64_t n) {
+    int64_t w = (m + 15) / 16 * 16;
+    return w < n ? w : n;
+}
+
 /* query row i of head bh: its scores pi[0, n) become the (dropped) probabilities, its
  * log-sum-exp is stored; keys it cannot see (m_ <= j < n) get 0. And the backward's row: pi holds
  * the scores (scaled), di the output gradient's product with V; they become the dropped
- * probabilities (for dV) and dS (for dQ and dK).
+ * probabilities (for dV) and dS (for dQ and dK); D is the row's dot product of the output gradient
+ * with the output, summed in increasing index (mica_attn_row_dots).
  * With a->half_round (fp_half_intermediates) the rows round where PyTorch's CPU attention rounds
  * (measured: docs/design.md, Mixed precision): the forward rounds exp(s - max) to the half type
  * and leaves it undivided, its float sum in *sum (the product with V reads the rounded weights,
@@ -172,16 +181,16 @@ static inline MICA_HD int64_t mica_attn_row_keys(const mica_attn_shape *a, int64
 #define MICA_DEFINE_ATTENTION_ROWS(T, S_)                                                           \
 MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i, T *pi,    \
                                          int64_t n, T *lse, T *sum) {                              \
-    const int64_t m_ = mica_attn_row_keys(a, i);                                                   \
+    const int64_t m_ = mica_attn_row_keys(a, i), w = mica_attn_row_span(m_, n);                   \
     const T keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                                          \
     T m = MICA_ROW_MAX(S_, pi, m_);                                                                \
-    MICA_ROW_FOR(j, 0, m_) pi[j] = mica_exp_##S_(pi[j] - m);                                       \
+    MICA_ROW_FOR(j, 0, w) pi[j] = mica_exp_##S_(pi[j] - m);                                        \
     T l = MICA_ROW_SUM(S_, pi, m_);                                                                \
     if (MICA_ROW_LEAD) *lse = m + mica_log_##S_(l);                                                \
     if (MICA_ROW_LEAD && a->half_round) *sum = l;                                                  \
-    if (a->half_round == 1) MICA_ROW_FOR(j, 0, m_) pi[j] = (T)mica_round_bf16((float)pi[j]);       \
-    else if (a->half_round == 2) MICA_ROW_FOR(j, 0, m_) pi[j] = (T)mica_round_f16((float)pi[j]);   \
-    else MICA_ROW_FOR(j, 0, m_) pi[j] = pi[j] / l;                                                 \
+    if (a->half_round == 1) MICA_ROW_FOR(j, 0, w) pi[j] = (T)mica_round_bf16((float)pi[j]);        \
+    else if (a->half_round == 2) MICA_ROW_FOR(j, 0, w) pi[j] = (T)mica_round_f16((float)pi[j]);    \
+    else MICA_ROW_FOR(j, 0, w) pi[j] = pi[j] / l;                                                  \
     MICA_ROW_FOR(j, m_, n) pi[j] = (T)0;                                                           \
     if (a->dropout_p > 0) {                                                                        \
         uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
@@ -190,12 +199,9 @@ MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, i
     }                                                                                              \
 }                                                                                                  \
 MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i,  \
-                                                  T *pi, T *di, int64_t n, T li, const T *gi,      \
-                                                  const T *oi) {                                   \
-    const int64_t m_ = mica_attn_row_keys(a, i);                                                   \
+                                                  T *pi, T *di, int64_t n, T li, T D) {            \
+    const int64_t m_ = mica_attn_row_keys(a, i), w = mica_attn_row_span(m_, n);                   \
     const T scale = (T)a->scale, keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                     \
-    T D = (T)0; /* (every thread of a group computes it) */                                        \
-    for (int64_t e = 0; e < a->Ev; e++) D = D + gi[e] * oi[e];                                     \
     if (a->dropout_p > 0) {                                                                        \
         uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
         MICA_ROW_FOR(j, 0, m_) {                                                                   \
@@ -206,19 +212,19 @@ MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int6
             di[j] = MICA_ATTN_ROUND(a, T, pj * (dpj - D)) * scale;                                 \
         }                                                                                          \
     } else if (a->half_round == 1) { /* (a branch per half type: each loop vectorizes) */          \
-        MICA_ROW_FOR(j, 0, m_) {                                                                   \
+        MICA_ROW_FOR(j, 0, w) {                                                                    \
             T pj = mica_exp_##S_(pi[j] - li);                                                       \
             di[j] = (T)mica_round_bf16((float)(pj * (di[j] - D))) * scale;                         \
             pi[j] = (T)mica_round_bf16((float)pj);                                                 \
         }                                                                                          \
     } else if (a->half_round == 2) {                                                               \
-        MICA_ROW_FOR(j, 0, m_) {                                                                   \
+        MICA_ROW_FOR(j, 0, w) {                                                                    \
             T pj = mica_exp_##S_(pi[j] - li);                                                       \
             di[j] = (T)mica_round_f16((float)(pj * (di[j] - D))) * scale;                          \
             pi[j] = (T)mica_round_f16((float)pj);                                                  \
         }                                                                                          \
     } else { /* the common case, kept apart so it vectorizes */                                    \
-        MICA_ROW_FOR(j, 0, m_) {                                                                   \
+        MICA_ROW_FOR(j, 0, w) {                                                                    \
             T pj = mica_exp_##S_(pi[j] - li);                                                       \
             di[j] = (pj * (di[j] - D)) * scale;                                                    \
             pi[j] = pj;                                                                            \
