@@ -593,10 +593,14 @@ static void mica_attn_pack_rows(const mica_bf16 *y, int64_t y_st, int64_t len, i
     for (int64_t q = 0; q < mica_bf16_npad(N) / 16; q++) mica_bf16_pack_b(y, y_st, 0, len, N, mica_bf16_kpad(len), q, out);
 }
 
-/* float rows that hold bfloat16 values (the half-rounding rows' P and dS), as bfloat16: exactly */
-static void mica_attn_rows_exact(const float *src, int64_t rows, int64_t cols, int64_t ld, mica_bf16 *dst) {
-    for (int64_t r = 0; r < rows; r++)
+/* float rows that hold bfloat16 values (the half-rounding rows' P and dS), as bfloat16: exactly,
+ * their first `cols` columns; columns [cols, zero_to) are 0 in src, and written as 0 without a read */
+static void mica_attn_rows_exact(const float *src, int64_t rows, int64_t cols, int64_t zero_to, int64_t ld,
+                                 mica_bf16 *dst) {
+    for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < cols; c++) dst[r * ld + c] = mica_bf16_exact(src[r * ld + c]);
+        for (int64_t c = cols; c < zero_to; c++) dst[r * ld + c] = 0;
+    }
 }
 
 /* A bfloat16 head with fp_half_intermediates (a->half_round == 1), where the rows' weights are
@@ -615,7 +619,7 @@ static void mica_attention_head_rounded(const mica_attn_shape *a, int64_t bh, co
         qk->run(qk, i0, rows, n, (float)a->scale, p, S);
         for (int64_t r = 0; r < rows; r++)
             mica_attention_row_f32(a, bh, i0 + r, p + r * S, n, lse + bh * L + i0 + r, sum + r);
-        mica_attn_rows_exact(p, rows, n, S, t->ph);
+        mica_attn_rows_exact(p, rows, n, n, S, t->ph);
         mica_attn_tile_product(t->ph, S, 0, rows, n, 0, 0, t->keys[1], S, Ev, 1.0f, of + i0 * Ev, Ev, t->ap, t->acc,
                                amx);
         mica_attn_divide_rows(of + i0 * Ev, Ev, rows, Ev, sum);
@@ -643,8 +647,9 @@ static void mica_attention_backward_head_rounded(const mica_attn_shape *a, int64
         mica_attn_row_dots(gf + i0 * Ev, Ev, of + i0 * Ev, Ev, rows, Ev, D);
         for (int64_t r = 0; r < rows; r++)
             mica_attention_backward_row_f32(&unit, bh, i0 + r, pb + r * S, db + r * S, S, lse[bh * L + i0 + r], D[r]);
-        mica_attn_rows_exact(pb, rows, S, S, t->ph + i0 * S);
-        mica_attn_rows_exact(db, rows, S, S, t->dh + i0 * S);
+        /* (the rows hold 0 past the block's visible keys: n) */
+        mica_attn_rows_exact(pb, rows, n, S, S, t->ph + i0 * S);
+        mica_attn_rows_exact(db, rows, n, S, S, t->dh + i0 * S);
         mica_attn_tile_product(t->dh, S, 0, L, n, i0, 0, t->keys[0], S, E, scale, dqf + i0 * E, E, t->ap, t->acc,
                                amx);  /* dQ */
     }
