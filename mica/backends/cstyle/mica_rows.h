@@ -168,6 +168,38 @@ static inline MICA_HD int64_t mica_attn_row_span(int64_t m, int64_t n) {
     return w < n ? w : n;
 }
 
+/* mica_row_max of a row's m visible scores x[0, m), where its loops run to w (mica_attn_row_span):
+ * on the CPU, when w is whole vectors, [m, w) is set to -inf (overwritten after) and sixteen lanes
+ * run to w with no scalar tail and meet in a tree; as mica_row_max, a NaN or a zero maximum goes
+ * to the left-to-right pass, and any other maximum is the same value whatever the order: the same
+ * bits. Elsewhere (a group of threads per row) MICA_ROW_MAX. */
+#if MICA_ROW_GROUP == 1
+#define MICA_DEFINE_ATTN_MAX(T, S_)                                                                \
+static inline T mica_attn_row_max_##S_(T *x, int64_t m, int64_t w) {                               \
+    if (w % 16 || w < 32) return mica_row_max_##S_(x, m);                                          \
+    for (int64_t j = m; j < w; j++) x[j] = (T)-INFINITY;                                           \
+    T lane[16];                                                                                    \
+    int odd[16];                                                                                   \
+    for (int l = 0; l < 16; l++) { lane[l] = x[l]; odd[l] = x[l] != x[l]; }                        \
+    for (int64_t j = 16; j < w; j += 16)                                                           \
+        for (int l = 0; l < 16; l++) {                                                             \
+            T v = x[j + l];                                                                        \
+            odd[l] |= v != v;                                                                      \
+            lane[l] = lane[l] > v ? lane[l] : v;                                                   \
+        }                                                                                          \
+    int bad = 0;                                                                                   \
+    for (int l = 0; l < 16; l++) bad |= odd[l];                                                    \
+    for (int h = 8; h >= 1; h /= 2)                                                                \
+        for (int l = 0; l < h; l++) lane[l] = lane[l] > lane[l + h] ? lane[l] : lane[l + h];       \
+    return bad || lane[0] == (T)0 ? mica_row_max_seq_##S_(x, m) : lane[0];                         \
+}
+#else
+#define MICA_DEFINE_ATTN_MAX(T, S_)                                                                \
+MICA_ROW_FN T mica_attn_row_max_##S_(T *x, int64_t m, int64_t w) { (void)w; return MICA_ROW_MAX(S_, x, m); }
+#endif
+MICA_DEFINE_ATTN_MAX(float, f32)
+MICA_DEFINE_ATTN_MAX(double, f64)
+
 /* query row i of head bh: its scores pi[0, n) become the (dropped) probabilities, its
  * log-sum-exp is stored; keys it cannot see (m_ <= j < n) get 0. And the backward's row: pi holds
  * the scores (scaled), di the output gradient's product with V; they become the dropped
@@ -183,7 +215,7 @@ MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, i
                                          int64_t n, T *lse, T *sum) {                              \
     const int64_t m_ = mica_attn_row_keys(a, i), w = mica_attn_row_span(m_, n);                   \
     const T keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                                          \
-    T m = MICA_ROW_MAX(S_, pi, m_);                                                                \
+    T m = mica_attn_row_max_##S_(pi, m_, w);                                                       \
     MICA_ROW_FOR(j, 0, w) pi[j] = mica_exp_##S_(pi[j] - m);                                        \
     T l = MICA_ROW_SUM(S_, pi, m_);                                                                \
     if (MICA_ROW_LEAD) *lse = m + mica_log_##S_(l);                                                \
