@@ -77,6 +77,15 @@ int main(void) {
         float a = mica_row_max_f32(x, n), b = mica_row_max_seq_f32(x, n);
         double c = mica_row_max_f64(d, n), e = mica_row_max_seq_f64(d, n);
         bad += memcmp(&a, &b, 4) != 0 || memcmp(&c, &e, 8) != 0;
+        /* attention's row: n visible of a row `len` long, its loops padded to mica_attn_row_span */
+        int64_t len = n + next() % 40, w = mica_attn_row_span(n, len);
+        float xp[340]; double dp[340];
+        memcpy(xp, x, 4 * n); memcpy(dp, d, 8 * n);
+        for (int64_t j = n; j < len; j++) { xp[j] = pick_f(); dp[j] = (double)xp[j]; }  /* not visible */
+        float ap = mica_attn_row_max_f32(xp, n, w);
+        double cp = mica_attn_row_max_f64(dp, n, w);
+        bad += memcmp(&ap, &b, 4) != 0 || memcmp(&cp, &e, 8) != 0 || memcmp(xp, x, 4 * n) != 0
+               || memcmp(dp, d, 8 * n) != 0;
         rows++;
     }
     printf("%ld %ld\n", rows, bad);
@@ -89,7 +98,9 @@ def test_the_vectorized_row_maximum_is_the_left_to_right_one_bit_for_bit(tmp_pat
     """mica_row_max (softmax, cross-entropy, attention rows) takes sixteen lanes at a time; on 200,000
     fuzzed rows of 1-300 values (ties, zeros of both signs, infinities, NaNs with different payloads,
     subnormals) it returns the very bits of mica_max applied left to right: the first NaN, else the
-    last largest."""
+    last largest. So does attention's padded row maximum (mica_attn_row_max: the row's visible
+    values followed by up to 39 it must not see, any of them NaN), leaving the visible ones as they
+    were."""
     import subprocess
 
     from mica.backends.c.build import BASE_FLAGS, INCLUDES
