@@ -228,6 +228,7 @@ def _inspect_config(args, items):
     cfg = config_mod.load(None, [a for a in items if a not in vocab], log=lambda _: None)
     if cfg["recipe"] == "speedrun":  # (a config file computed it: read again with every item)
         return _inspect_recipe(args, config_mod.load(None, items))
+    config_mod.check_dtype(cfg)  # (the program --ir prints is the one mica train would build)
     if vocab:
         vocab_size = config_mod.apply_overrides({"vocab_size": 50304}, vocab[-1:])["vocab_size"]
     else:
@@ -303,12 +304,13 @@ def cmd_check(args, extra):
         if getattr(args, name) < least:
             raise MicaError(f"--{name} must be {least} or more, got {getattr(args, name)}")
     device = check_device(args.device, simulate=args.simulate, what=f"mica check --method {args.method} --device=cuda")
+    if args.model.startswith("speedrun") and (args.method != "b" or args.dtype != "float32"):
+        raise MicaError(f"--model {args.model} is checked by method B alone (one shared start, in float32); pass "
+                        "--method b without --dtype")
     if args.method == "b" and args.dtype != "float32":
         raise MicaError("method B is float32 by definition (its step-0 losses must agree to 1e-5); use --method a "
                         f"for {args.dtype}")
     if args.model.startswith("speedrun"):
-        if args.method != "b":
-            raise MicaError(f"--model {args.model} is checked by method B (one shared start); pass --method b")
         overrides = []
         if args.data_dir:
             overrides = [f"--train_files={args.data_dir}/train_*.bin", f"--val_files={args.data_dir}/val_*.bin"]
@@ -431,8 +433,8 @@ def parser():
     be.add_argument("--tf32", action="store_true", help="with --device cuda: both sides' products may use TF32 "
                     "(default: float32 throughout on both)")
     be.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                    help="a half type: both sides under autocast (Mica's --dtype, torch.autocast; float16 with loss "
-                         "scaling on both)")
+                    help="float32 (default), or a half type: both sides under autocast (Mica's --dtype, "
+                         "torch.autocast; float16 with loss scaling on both)")
     be.add_argument("--simulate", nargs="?", const=True, default=False, type=_true_or_false,
                     help="with --device cuda: Mica's CUDA trainer on the CPU simulator (slow: for tests; "
                          "PyTorch still needs a card)")

@@ -49,6 +49,16 @@ def test_missing_data_folder(tmp_path):
     assert_sentence(mica("train", *TINY, cwd=tmp_path), "data folder data/shakespeare_char does not exist")
 
 
+def test_a_refused_run_prints_its_sentence_without_the_notes_about_its_settings(tmp_path):
+    """The notes a run's settings earn (dtype on the CPU, compile=False) are said once its checks
+    pass: a run refused for its data or its checkpoint prints the one sentence alone."""
+    for extra, needle in ((["--init_from=resume", "--out_dir=nope"], "checkpoint nope/ckpt.safetensors does not exist"),
+                          ([], "data folder data/shakespeare_char does not exist")):
+        r = mica("train", *TINY, "--dtype=bfloat16", "--compile=False", *extra, cwd=tmp_path)
+        assert_sentence(r, needle)
+        assert "note:" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_odd_byte_count(data):
     root, d = data
     with open(d / "train.bin", "ab") as f:
@@ -334,6 +344,18 @@ TRACEBACK_PATHS = [
     ("bench --opt_levels 3", NO_SETUP, ["bench", "--opt_levels", "2", "3"], "--opt_levels takes Mica's levels 0, 1 and 2"),
     ("bench a mode twice", NO_SETUP, ["bench", "--modes", "eager", "eager"], "--modes names one twice"),
     ("check --iters 0", NO_SETUP, ["check", "--method", "a", "--iters", "0"], "--iters must be 1 or more, got 0"),
+    # dtypes: inspect reads them as train does; speedrun_tiny's check is float32 method B alone
+    ("inspect --dtype=fp16", NO_SETUP, ["inspect", "shakespeare_char", "--n_layer=1", "--dtype=fp16", "--ir"],
+     "dtype must be 'float32', 'bfloat16' or 'float16', got 'fp16'"),
+    ("inspect --dtype=half", NO_SETUP, ["inspect", "shakespeare_char", "--dtype=half"],
+     "dtype must be 'float32', 'bfloat16' or 'float16', got 'half'"),
+    ("inspect a config's dtype", _text("c.py", "n_layer = 1\ndtype = 'bf16'\n"), ["inspect", "c.py", "--ir"],
+     "c.py:2: dtype must be 'float32', 'bfloat16' or 'float16', got 'bf16'"),
+    ("check speedrun_tiny in bfloat16", NO_SETUP, ["check", "--method", "b", "--model", "speedrun_tiny", "--dtype",
+                                                   "bfloat16"],
+     "--model speedrun_tiny is checked by method B alone (one shared start, in float32); pass --method b without"),
+    ("check speedrun_tiny by method A", NO_SETUP, ["check", "--method", "a", "--model", "speedrun_tiny", "--dtype",
+                                                   "bfloat16"], "--model speedrun_tiny is checked by method B alone"),
 ]
 
 
@@ -369,6 +391,8 @@ SAMPLE_PATHS = [
     ("--start=FILE: a folder", _folder("prompts"), ["--start=FILE:prompts"], "prompt file prompts is a folder"),
     ("--start=FILE: not UTF-8", _text("p.txt", b"First \xff\n"), ["--start=FILE:p.txt"],
      "prompt file p.txt is not UTF-8 text: byte 0xff at p.txt:1 (offset 6)"),
+    ("a value after a space", NO_SETUP, ["--num_samples", "2"],
+     "expected --key=value, got '--num_samples'; a setting takes its value after '=', e.g. --num_samples=2"),
     ("sample threads=-1", NO_SETUP, ["--threads=-1"], "threads must be 0 (one per core) or a count from 1 to "),
     ("sample threads=100000", NO_SETUP, ["--threads=100000"], "built for), got 100000"),
     ("top_k=-5", NO_SETUP, ["--top_k=-5"], "top_k must be a positive count of tokens to keep, or None for no cut; got -5"),

@@ -191,6 +191,24 @@ def test_export_keeps_the_stored_dtypes_or_rounds_to_the_one_asked_for(tmp_path)
         convert.export_nanogpt(str(tmp_path / "bf"), str(tmp_path / "x.pt"), dtype="int8")
 
 
+def test_export_to_float16_refuses_weights_past_its_range_and_writes_nothing(tmp_path):
+    """float16 holds nothing past 65504: a checkpoint whose weights go beyond (a run blown up by its
+    learning rate) is not written as infs in float16; the sentence names the weights, and float32 and
+    bfloat16 (float32's range) still export it."""
+    path = str(tmp_path / "big" / "ckpt.safetensors")
+    os.makedirs(os.path.dirname(path))
+    _gpt_checkpoint(path, CFG, 11, store=lambda a: a * np.float32(1e6))
+    to = str(tmp_path / "big16.pt")
+    with pytest.raises(MicaError, match=r"weight\(s\) of .* hold values past float16's range, which would be written "
+                                        r"as inf \(transformer\.wte\.weight, .*\); export them in float32 or bfloat16"):
+        convert.export_nanogpt(str(tmp_path / "big"), to, dtype="float16")
+    assert not os.path.exists(to)
+    for dtype in ("float32", "bfloat16"):
+        convert.export_nanogpt(str(tmp_path / "big"), str(tmp_path / f"big_{dtype}.pt"), dtype=dtype)
+        ck = torch.load(str(tmp_path / f"big_{dtype}.pt"), weights_only=True)
+        assert all(bool(torch.isfinite(t).all()) for t in ck["model"].values())
+
+
 def test_a_hugging_face_gpt2_file_in_bfloat16_is_read_widened(tmp_path):
     from test_nanogpt_compat import hf_gpt2
 

@@ -185,6 +185,41 @@ def test_training_in_bfloat16_resumes_bit_for_bit_and_is_not_float32(work):
     assert bf != f32 and all(abs(bf[i] - f32[i]) < 1e-2 * f32[i] for i in f32)
 
 
+def test_a_resume_keeps_fp_half_intermediates_as_its_checkpoint_trained(work):
+    """fp_half_intermediates changes the step's roundings: a resume that does not give it goes on
+    with the checkpoint's, said, and is bit for bit the run straight through; one that gives
+    another is said not to be. A resume whose --dtype is no dtype gets the one sentence, with no
+    note before it that takes the bad name for a dtype, and its checkpoint is left as it was."""
+    from mica.train import checkpoint, run
+
+    half = [*TINY, "--dtype=bfloat16", "--fp_half_intermediates=True"]
+    _train([*half, "--out_dir=straight"])
+    _train([*half, "--out_dir=halves", "--max_iters=4"])
+    notes = _train([*TINY, "--out_dir=halves", "--init_from=resume"])
+    assert "resuming in the checkpoint's dtype=bfloat16 (--dtype=float32 trains on in that instead)" in notes
+    assert ("resuming with the checkpoint's fp_half_intermediates=True (--fp_half_intermediates=False trains on with "
+            "that instead)") in notes, notes
+    a, b = checkpoint.SafeTensors("straight/ckpt.safetensors"), checkpoint.SafeTensors("halves/ckpt.safetensors")
+    for name in a.names:
+        assert np.array_equal(a.read(name), b.read(name)), name
+    assert json.loads(b.metadata["config"])["fp_half_intermediates"] is True
+    notes = []
+    run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=halves", "--init_from=resume", "--max_iters=12",
+                              "--fp_half_intermediates=False"], log=notes.append)
+    assert any("the checkpoint was trained with fp_half_intermediates=True; this run goes on with "
+               "fp_half_intermediates=False from its weights (not bit for bit" in n for n in notes), notes
+    with open("halves/ckpt.safetensors", "rb") as f:
+        before = f.read()
+    for bad in ("bf16", "float64"):
+        notes = []
+        with pytest.raises(MicaError, match=f"dtype must be 'float32', 'bfloat16' or 'float16', got '{bad}'"):
+            run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=halves", "--init_from=resume", f"--dtype={bad}"],
+                            log=notes.append)
+        assert not any("dtype" in n for n in notes), notes
+    with open("halves/ckpt.safetensors", "rb") as f:
+        assert f.read() == before
+
+
 def test_a_resume_of_an_imported_half_runs_checkpoint_names_the_dtype_it_trains_in(work):
     """An imported checkpoint's config keeps nanoGPT's dtype setting, which Mica does not follow on
     its own (nanoGPT's default is a half type on a card): the resume says so, and how to follow it."""

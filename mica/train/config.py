@@ -320,13 +320,24 @@ def apply_overrides(settings, items, nullable=(), defaults=None):
     return out
 
 
+def _without_value(item, after):
+    """The sentence for a setting given without '=' (`after`: the item that follows it, which the
+    example takes for its value when it looks like one)."""
+    value = after if after and not after.startswith("-") and not os.path.isfile(after) and \
+        after not in BUILTIN_CONFIGS and not after.endswith(".py") else "True"
+    example = f"; a setting takes its value after '=', e.g. {item}={value}" if re.fullmatch(r"--\w+", item) else ""
+    return MicaError(f"expected --key=value, got {item!r}{example}")
+
+
 def load_script_settings(items, defaults, nullable=()):
     """Another nanoGPT script's settings (sample.py's) from its command line, read as its
     configurator reads it: config files (or built-in names) and --key=value items in order. A file
     may set anything; what is not one of this script's settings is ignored, as the script ignores
     it (a training config's n_layer means nothing to sample.py, its out_dir does)."""
     out, names = dict(defaults), {}
-    for item in items:
+    for i, item in enumerate(items):
+        if "=" not in item and item.startswith("-"):
+            raise _without_value(item, items[i + 1] if i + 1 < len(items) else "")
         if "=" in item or item.startswith("-"):
             out = apply_overrides(out, [item], nullable, defaults)
         elif item in BUILTIN_CONFIGS and not os.path.exists(item):
@@ -408,12 +419,7 @@ def _load(items, recipe, log):
             explicit.add(key)
             origin.pop(key, None)  # (the command line's own --key=value names the key already)
         elif item.startswith("-"):
-            after = items[i + 1] if i + 1 < len(items) else ""
-            value = after if after and not after.startswith("-") and not os.path.isfile(after) and \
-                after not in BUILTIN_CONFIGS and not after.endswith(".py") else "True"
-            example = f"; a setting takes its value after '=', e.g. {item}={value}" \
-                if re.fullmatch(r"--\w+", item) else ""
-            raise MicaError(f"expected --key=value, got {item!r}{example}")
+            raise _without_value(item, items[i + 1] if i + 1 < len(items) else "")
         elif not item:
             raise MicaError("an empty argument is neither a config file nor --key=value; remove it")
         elif item in BUILTIN_CONFIGS and not os.path.exists(item):
@@ -533,6 +539,16 @@ def check_supported(cfg, log=print):
         raise _located(cfg, e) from None
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(cfg):
+    """A nanoGPT-recipe config's dtype: one of nanoGPT's three names, as train.py takes them (led by
+    the config file's line that set it)."""
+    if cfg["dtype"] not in DTYPES:
+        raise _located(cfg, MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}"))
+
+
 def _located(cfg, e):
     """`e`, led by the FILE:LINE that set the setting its sentence is about (the sentence's first
     word, or the KEY of its leading KEY=), when a config file set it."""
@@ -625,8 +641,7 @@ def _check_nanogpt(cfg, log):
     if cfg["wandb_log"]:
         log("note: wandb_log=True is ignored: Mica logs every value to out_dir/metrics.jsonl (mica plot draws it)")
     notes = []
-    if cfg["dtype"] not in ("float32", "bfloat16", "float16"):
-        raise MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
+    check_dtype(cfg)
     if cfg["dtype"] == "float32" and cfg.get("fp_half_intermediates"):
         notes.append("fp_half_intermediates=True changes nothing with dtype=float32: it lets a half type's "
                      "attention round as PyTorch's does, with dtype=bfloat16 or float16")

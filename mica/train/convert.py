@@ -93,7 +93,13 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
                       {**cfg, "vocab_size": shapes["transformer.wte.weight"][0]}, st.path, dtypes=FLOATS)
     model = {n: _torch_tensor(torch, st, n) for n in params}
     if dtype is not None:
-        model = {n: t.to(getattr(torch, dtype)) for n, t in model.items()}
+        half = {n: t.to(getattr(torch, dtype)) for n, t in model.items()}
+        over = [n for n in params if bool((torch.isinf(half[n]) & torch.isfinite(model[n])).any())]
+        if over:
+            raise MicaError(f"{len(over)} weight(s) of {st.path} hold values past {dtype}'s range, which would be "
+                            f"written as inf ({', '.join(over[:3])}{', ...' if len(over) > 3 else ''}); export them "
+                            "in float32 or bfloat16 instead")
+        model = half
     model["lm_head.weight"] = model["transformer.wte.weight"]  # the tie, one tensor under both names
     decay, nodecay = _groups(params, shapes)
     order = decay + nodecay

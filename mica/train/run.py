@@ -137,11 +137,28 @@ def _data_vocab(folder, log):
     return 50304, None
 
 
+class _Held:
+    """A log that holds its lines until said (`say`): the notes about a run's settings and data
+    are printed once every check has passed, so a refused run prints its one sentence alone."""
+
+    def __init__(self, log):
+        self.log, self.lines = log, []
+
+    def __call__(self, line):
+        self.lines.append(line)
+
+    def say(self):
+        for line in self.lines:
+            self.log(line)
+        self.lines = []
+
+
 def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
-    cfg = config_mod.load(config_path, overrides, log)
-    _follow_resumed_dtype(cfg, log)  # (before check_supported, whose notes are about the dtype trained in)
-    cfg = config_mod.check_supported(cfg, log)
+    held = _Held(log)
+    cfg = config_mod.load(config_path, overrides, held)
+    _follow_resumed_dtype(cfg, held)  # (before check_supported, whose notes are about the dtype trained in)
+    cfg = config_mod.check_supported(cfg, held)
     try:
         _check_init_from(cfg)
     except MicaError as e:  # (led by the config line that chose the weights, where a file did)
@@ -150,11 +167,16 @@ def prepare_run(config_path=None, overrides=(), log=print):
         raise (MicaError(f"{at}: {e.sentence}") if at else e) from None
     with no_empty_folders_left(cfg["out_dir"]):  # a run refused before it wrote anything leaves no folder
         if cfg["recipe"] == "speedrun":
+            held.say()
             return prepare_speedrun(cfg, log)
-        return _prepare_nanogpt(cfg, log)
+        return _prepare_nanogpt(cfg, log, held)
 
 
-def _prepare_nanogpt(cfg, log):
+def _prepare_nanogpt(cfg, log, held=None):
+    """(`held`: the notes so far, said once the data and the folder pass their checks; the data's
+    own notes join them)"""
+    held = held if held is not None else _Held(log)
+    log, say = held, log
     folder, (train_paths, val_paths) = data_files(cfg, log)
     vocab, data_meta = _data_vocab(folder, log if cfg["init_from"] == "scratch" else _quiet)  # (the note: scratch's)
     vocab = _follow_hf_weights(cfg, vocab, log)
@@ -176,6 +198,8 @@ def _prepare_nanogpt(cfg, log):
     if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
         lock_run_folder(out_dir)
         _remove_stale_temporaries(out_dir, log)
+    held.say()
+    log = say
 
     model, _, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
@@ -500,20 +524,30 @@ def _follow_resumed_model(cfg, vocab, log):
 
 
 def _follow_resumed_dtype(cfg, log):
-    """A nanoGPT-recipe run Mica trained resumes in the dtype it trained in unless --dtype (or a
-    config) says otherwise: then it goes on from the same weights in the new one, not bit for bit,
-    said. (An imported checkpoint's config holds nanoGPT's dtype setting, which on a CPU it did not
-    train in; the speedrun recipe checks its dtype against the checkpoint's itself.)"""
+    """A nanoGPT-recipe run Mica trained resumes in the dtype it trained in, and with the
+    fp_half_intermediates it trained with, unless --dtype (--fp_half_intermediates, or a config)
+    says otherwise: then it goes on from the same weights, not bit for bit, said. (An imported
+    checkpoint's config holds nanoGPT's dtype setting, which on a CPU it did not train in; the
+    speedrun recipe checks its dtype against the checkpoint's itself. A dtype that is no dtype is
+    left to check_supported's error, with no note before it.)"""
     path = os.path.join(cfg["out_dir"], "ckpt.safetensors") if isinstance(cfg["out_dir"], str) else None
     if cfg["recipe"] != "nanogpt" or cfg["init_from"] != "resume" or not path or not os.path.isfile(path):
+        return
+    if cfg["dtype"] not in config_mod.DTYPES:
         return
     try:
         st = ckpt.SafeTensors(path)
         saved = _saved_config(st)
     except MicaError:
         return  # (said where the checkpoint is read for the resume)
+    _follow_saved_dtype(cfg, st, saved, log)
+    if "imported_from" not in st.metadata and cfg["dtype"] != "float32":
+        _follow_resumed_roundings(cfg, saved, log)
+
+
+def _follow_saved_dtype(cfg, st, saved, log):
     was = saved.get("dtype")
-    if was not in ("float32", "bfloat16", "float16") or was == cfg["dtype"]:
+    if was not in config_mod.DTYPES or was == cfg["dtype"]:
         return
     if "imported_from" in st.metadata:
         if "dtype" not in getattr(cfg, "given", ()):
@@ -526,6 +560,24 @@ def _follow_resumed_dtype(cfg, log):
         return
     log(f"resuming in the checkpoint's dtype={was} (--dtype={cfg['dtype']} trains on in that instead)")
     cfg["dtype"] = was
+    if hasattr(cfg, "given"):  # (the checkpoint's, no default: check_supported's notes say so)
+        cfg.given.add("dtype")
+
+
+def _follow_resumed_roundings(cfg, saved, log):
+    """fp_half_intermediates as the checkpoint trained with it (it changes the step's roundings, so a
+    resume without it is not the run it continues), unless given: then said, as for dtype."""
+    was = saved.get("fp_half_intermediates")
+    if not isinstance(was, bool) or was == bool(cfg.get("fp_half_intermediates")):
+        return
+    if "fp_half_intermediates" in getattr(cfg, "given", ()):
+        log(f"note: the checkpoint was trained with fp_half_intermediates={was}; this run goes on with "
+            f"fp_half_intermediates={cfg['fp_half_intermediates']} from its weights (not bit for bit as a resume "
+            "with its own)")
+        return
+    log(f"resuming with the checkpoint's fp_half_intermediates={was} (--fp_half_intermediates="
+        f"{cfg.get('fp_half_intermediates')} trains on with that instead)")
+    cfg["fp_half_intermediates"] = was
 
 
 def _hf_init(cfg):
