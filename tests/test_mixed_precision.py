@@ -220,6 +220,27 @@ def test_a_resume_keeps_fp_half_intermediates_as_its_checkpoint_trained(work):
         assert f.read() == before
 
 
+def test_a_resume_on_another_bfloat16_product_kernel_says_it_is_not_bit_for_bit(work, monkeypatch):
+    """The checkpoint's config records the bfloat16 product kernel its run took (it depends on the
+    processor); a resume whose trainer takes another (MICA_BF16_GEMM, another machine) says so."""
+    from mica.backends.c import bf16gemm
+    from mica.train import checkpoint
+
+    kernel = bf16gemm.choose()
+    _train([*TINY, "--dtype=bfloat16", "--out_dir=k", "--max_iters=4"])
+    assert json.loads(checkpoint.SafeTensors("k/ckpt.safetensors").metadata["config"])["bf16_gemm"] == kernel
+    notes = _train([*TINY, "--out_dir=k", "--init_from=resume", "--max_iters=6"])
+    assert not any("kernel: it goes on from the same state" in n for n in notes), notes
+    other = "f32" if kernel != "f32" else None
+    if other is None:
+        pytest.skip("this processor has one bfloat16 product kernel")
+    monkeypatch.setenv("MICA_BF16_GEMM", other)
+    notes = _train([*TINY, "--out_dir=k", "--init_from=resume", "--max_iters=8"])
+    assert any(f"the checkpoint's run took its bfloat16 products on the {kernel} kernel and this trainer takes them "
+               f"on the {other} kernel: it goes on from the same state, not bit for bit" in n for n in notes), notes
+    assert json.loads(checkpoint.SafeTensors("k/ckpt.safetensors").metadata["config"])["bf16_gemm"] == other
+
+
 def test_a_resume_of_an_imported_half_runs_checkpoint_names_the_dtype_it_trains_in(work):
     """An imported checkpoint's config keeps nanoGPT's dtype setting, which Mica does not follow on
     its own (nanoGPT's default is a half type on a card): the resume says so, and how to follow it."""

@@ -225,7 +225,10 @@ def _prepare_nanogpt(cfg, log, held=None):
                     programs.peak_flops(cfg["dtype"] if cfg["device"] == "cpu" else "float32"))
     if cfg["batch_order"]:
         settings["batch_order"] = os.path.abspath(cfg["batch_order"])
-    settings["config_json"] = json.dumps(_with_vocab_digest(cfg, data_meta), separators=(",", ":"))
+    kernel = _product_kernel(lowered)
+    _say_other_product_kernel(cfg, kernel, log)
+    saved = {**_with_vocab_digest(cfg, data_meta), **({"bf16_gemm": kernel} if kernel else {})}
+    settings["config_json"] = json.dumps(saved, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     if rank == 0 and settings.get("resume"):  # (nanoGPT's loop evaluates again at the iteration it resumes at)
         _metrics_up_to(out_dir, settings["resume_iter"], evaluated_again=True, log=log)
@@ -763,14 +766,39 @@ def _saved_config(st):
     return saved
 
 
-def _say_product_kernel(lowered, log):
-    """Which bfloat16 product kernel a CPU trainer was built with (it depends on the processor)."""
+def _product_kernel(lowered):
+    """The bfloat16 product kernel a CPU trainer was built with (it depends on the processor), or
+    None where the trainer has no bfloat16 products on the CPU."""
     from ..passes.schedule import Gemm
 
     target = lowered["train"].target
     if target.name == "cpu" and any(isinstance(k, Gemm) and k.a.dtype is dtypes.bfloat16
                                     for k in lowered["train"].schedule.kernels):
+        return target.bf16_gemm
+    return None
+
+
+def _say_product_kernel(lowered, log):
+    """Which bfloat16 product kernel a CPU trainer was built with."""
+    if _product_kernel(lowered):
+        target = lowered["train"].target
         log(bf16gemm.describe(target.bf16_gemm, target.bf16_asked))
+
+
+def _say_other_product_kernel(cfg, kernel, log):
+    """A note when a resume's bfloat16 products run on another kernel than the checkpoint's run did
+    (another processor, or MICA_BF16_GEMM): its sums go in another order, so the run goes on from the
+    same state but not bit for bit. (Checkpoints older than the record say nothing.)"""
+    if cfg["init_from"] != "resume" or kernel is None:
+        return
+    try:
+        was = _saved_config(ckpt.SafeTensors(os.path.join(cfg["out_dir"], "ckpt.safetensors"))).get("bf16_gemm")
+    except MicaError:
+        return
+    if isinstance(was, str) and was != kernel:
+        log(f"note: the checkpoint's run took its bfloat16 products on the {was} kernel and this trainer takes them "
+            f"on the {kernel} kernel: it goes on from the same state, not bit for bit (MICA_BF16_GEMM={was} picks "
+            "that kernel where this processor has it)")
 
 
 def _say_replaced(out_dir, log):
