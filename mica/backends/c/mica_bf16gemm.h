@@ -265,50 +265,44 @@ static inline void mica_bf16_pack_b(const mica_bf16 *B, int64_t ldb, int tb, int
     mica_bf16_pack_b_rows(B, ldb, tb, K, N, 0, Kp, p, out);
 }
 
-/* tile[r][kk] = src[kk * ld + r] for r < h, kk < d (zeros elsewhere), subnormals flushed: k pairs
- * interleaved into 32-bit elements, then two 16 x 16 transposes of those */
-MICA_BF16_VEC static void mica_bf16_transpose_tile(const mica_bf16 *src, int64_t ld, int64_t h, int64_t d,
-                                                   mica_bf16 *restrict tile) {
+/* k pair i (k 2i, 2i + 1) of a stored-transposed A's rows 0-31 (src[kk * ld + r] = op(A)[r][kk] for
+ * r < h, kk < d; zeros elsewhere), interleaved into 32-bit elements, subnormals flushed: rows 0-15
+ * in *top, rows 16-31 in *bottom */
+MICA_BF16_VEC static inline __attribute__((always_inline)) void
+mica_bf16_pair_rows(const mica_bf16 *src, int64_t ld, int64_t h, int64_t d, int i, __m512i *top, __m512i *bottom) {
     short lo[32], hi[32];
     for (int j = 0; j < 32; j++) {
         lo[j] = (short)((j & 1) ? 32 + j / 2 : j / 2);
         hi[j] = (short)((j & 1) ? 48 + j / 2 : 16 + j / 2);
     }
-    const __m512i ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi);
     __mmask32 m = h >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << h) - 1);
+    __m512i x = 2 * i < d ? _mm512_maskz_loadu_epi16(m, src + 2 * i * ld) : _mm512_setzero_si512();
+    __m512i y = 2 * i + 1 < d ? _mm512_maskz_loadu_epi16(m, src + (2 * i + 1) * ld) : _mm512_setzero_si512();
+    *top = mica_bf16_daz16(_mm512_permutex2var_epi16(x, _mm512_loadu_si512(lo), y));
+    *bottom = mica_bf16_daz16(_mm512_permutex2var_epi16(x, _mm512_loadu_si512(hi), y));
+}
+
+/* tile[r][kk] = op(A)[r][kk] (mica_bf16_pair_rows' src, h, d): its k pairs, then two 16 x 16
+ * transposes of those 32-bit elements */
+MICA_BF16_VEC static void mica_bf16_transpose_tile(const mica_bf16 *src, int64_t ld, int64_t h, int64_t d,
+                                                   mica_bf16 *restrict tile) {
     __m512i top[16], bottom[16];
-    for (int i = 0; i < 16; i++) {
-        __m512i x = 2 * i < d ? _mm512_maskz_loadu_epi16(m, src + 2 * i * ld) : _mm512_setzero_si512();
-        __m512i y = 2 * i + 1 < d ? _mm512_maskz_loadu_epi16(m, src + (2 * i + 1) * ld) : _mm512_setzero_si512();
-        top[i] = _mm512_permutex2var_epi16(x, ilo, y);     /* (k 2i, 2i + 1) of rows 0-15 */
-        bottom[i] = _mm512_permutex2var_epi16(x, ihi, y);  /* and of rows 16-31 */
-    }
+    for (int i = 0; i < 16; i++) mica_bf16_pair_rows(src, ld, h, d, i, &top[i], &bottom[i]);
     mica_bf16_transpose16x32(top);
     mica_bf16_transpose16x32(bottom);
     for (int r = 0; r < 16; r++) {
-        _mm512_storeu_si512(tile + r * MICA_BF16_KSTEP, mica_bf16_daz16(top[r]));
-        _mm512_storeu_si512(tile + (16 + r) * MICA_BF16_KSTEP, mica_bf16_daz16(bottom[r]));
+        _mm512_storeu_si512(tile + r * MICA_BF16_KSTEP, top[r]);
+        _mm512_storeu_si512(tile + (16 + r) * MICA_BF16_KSTEP, bottom[r]);
     }
 }
 
-/* A's k [ks, ks + 32) of its rows [0, 32) where A is stored transposed (src[kk * ld + r] =
- * op(A)[r][kk], r < h, kk < d; zeros elsewhere, subnormals flushed), pair-major in groups of the 8
- * rows the kernel takes at a time: tile[(r / 8) * 256 + (kk / 2) * 16 + (r % 8) * 2 + kk % 2].
- * Two stored rows interleaved per k pair, no transpose */
+/* The same 32 x 32 of op(A) pair-major in groups of the 8 rows the kernel takes at a time:
+ * tile[(r / 8) * 256 + (kk / 2) * 16 + (r % 8) * 2 + kk % 2]; no transpose */
 MICA_BF16_VEC static void mica_bf16_interleave_tile(const mica_bf16 *src, int64_t ld, int64_t h, int64_t d,
                                                     mica_bf16 *restrict tile) {
-    short lo[32], hi[32];
-    for (int j = 0; j < 32; j++) {
-        lo[j] = (short)((j & 1) ? 32 + j / 2 : j / 2);
-        hi[j] = (short)((j & 1) ? 48 + j / 2 : 16 + j / 2);
-    }
-    const __m512i ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi);
-    __mmask32 m = h >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << h) - 1);
     for (int i = 0; i < 16; i++) {
-        __m512i x = 2 * i < d ? _mm512_maskz_loadu_epi16(m, src + 2 * i * ld) : _mm512_setzero_si512();
-        __m512i y = 2 * i + 1 < d ? _mm512_maskz_loadu_epi16(m, src + (2 * i + 1) * ld) : _mm512_setzero_si512();
-        __m512i top = mica_bf16_daz16(_mm512_permutex2var_epi16(x, ilo, y));     /* pair i of rows 0-15 */
-        __m512i bottom = mica_bf16_daz16(_mm512_permutex2var_epi16(x, ihi, y));  /* and of rows 16-31 */
+        __m512i top, bottom;
+        mica_bf16_pair_rows(src, ld, h, d, i, &top, &bottom);
         _mm256_storeu_si256((__m256i *)(tile + i * 16), _mm512_castsi512_si256(top));
         _mm256_storeu_si256((__m256i *)(tile + 256 + i * 16), _mm512_extracti64x4_epi64(top, 1));
         _mm256_storeu_si256((__m256i *)(tile + 512 + i * 16), _mm512_castsi512_si256(bottom));
