@@ -190,7 +190,7 @@ def test_a_resume_keeps_fp_half_intermediates_as_its_checkpoint_trained(work):
     with the checkpoint's, said, and is bit for bit the run straight through; one that gives
     another is said not to be. A resume whose --dtype is no dtype gets the one sentence, with no
     note before it that takes the bad name for a dtype, and its checkpoint is left as it was."""
-    from mica.train import checkpoint, run
+    from mica.train import checkpoint, config, run
 
     half = [*TINY, "--dtype=bfloat16", "--fp_half_intermediates=True"]
     _train([*half, "--out_dir=straight"])
@@ -203,10 +203,11 @@ def test_a_resume_keeps_fp_half_intermediates_as_its_checkpoint_trained(work):
     for name in a.names:
         assert np.array_equal(a.read(name), b.read(name)), name
     assert json.loads(b.metadata["config"])["fp_half_intermediates"] is True
-    notes = []
-    run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=halves", "--init_from=resume", "--max_iters=12",
-                              "--fp_half_intermediates=False"], log=notes.append)
-    assert any("the checkpoint was trained with fp_half_intermediates=True; this run goes on with "
+    notes = []  # (the resume's settings, as prepare_run reads them before it builds anything)
+    cfg = config.load(TINY[0], [*TINY[1:], "--out_dir=halves", "--init_from=resume", "--fp_half_intermediates=False"],
+                      log=lambda _: None)
+    run._follow_resumed_dtype(cfg, notes.append)
+    assert cfg["fp_half_intermediates"] is False and any("the checkpoint was trained with fp_half_intermediates=True; this run goes on with "
                "fp_half_intermediates=False from its weights (not bit for bit" in n for n in notes), notes
     with open("halves/ckpt.safetensors", "rb") as f:
         before = f.read()
@@ -220,25 +221,22 @@ def test_a_resume_keeps_fp_half_intermediates_as_its_checkpoint_trained(work):
         assert f.read() == before
 
 
-def test_a_resume_on_another_bfloat16_product_kernel_says_it_is_not_bit_for_bit(work, monkeypatch):
+def test_a_resume_on_another_bfloat16_product_kernel_says_it_is_not_bit_for_bit(work):
     """The checkpoint's config records the bfloat16 product kernel its run took (it depends on the
     processor); a resume whose trainer takes another (MICA_BF16_GEMM, another machine) says so."""
     from mica.backends.c import bf16gemm
-    from mica.train import checkpoint
+    from mica.train import checkpoint, config, run
 
     kernel = bf16gemm.choose()
     _train([*TINY, "--dtype=bfloat16", "--out_dir=k", "--max_iters=4"])
     assert json.loads(checkpoint.SafeTensors("k/ckpt.safetensors").metadata["config"])["bf16_gemm"] == kernel
-    notes = _train([*TINY, "--out_dir=k", "--init_from=resume", "--max_iters=6"])
-    assert not any("kernel: it goes on from the same state" in n for n in notes), notes
-    other = "f32" if kernel != "f32" else None
-    if other is None:
-        pytest.skip("this processor has one bfloat16 product kernel")
-    monkeypatch.setenv("MICA_BF16_GEMM", other)
-    notes = _train([*TINY, "--out_dir=k", "--init_from=resume", "--max_iters=8"])
-    assert any(f"the checkpoint's run took its bfloat16 products on the {kernel} kernel and this trainer takes them "
-               f"on the {other} kernel: it goes on from the same state, not bit for bit" in n for n in notes), notes
-    assert json.loads(checkpoint.SafeTensors("k/ckpt.safetensors").metadata["config"])["bf16_gemm"] == other
+    cfg = config.load(TINY[0], [*TINY[1:], "--out_dir=k", "--init_from=resume"], log=lambda _: None)
+    for took, said in ((kernel, False), ("f32" if kernel != "f32" else "avx512bf16", True)):
+        notes = []  # (what prepare_run says once it has built the resume's trainer, on kernel `took`)
+        run._say_other_product_kernel(cfg, took, notes.append)
+        assert any(f"the checkpoint's run took its bfloat16 products on the {kernel} kernel and this trainer takes "
+                   f"them on the {took} kernel: it goes on from the same state, not bit for bit" in n
+                   for n in notes) == said, notes
 
 
 def test_a_resume_of_an_imported_half_runs_checkpoint_names_the_dtype_it_trains_in(work):
