@@ -113,8 +113,7 @@ def cmd_sample(args, extra):
                         "with mica import")
     from .train import config
 
-    if s["dtype"] not in ("float32", "bfloat16", "float16"):  # (sample.py's key; the sampler reads float32 weights)
-        raise MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {s['dtype']!r}")
+    config.check_dtype(s)  # (sample.py's key; the sampler reads float32 weights)
     device = config.device(s["device"])
     if device == "cuda" and not s["simulate"] and config.cuda_unusable():
         raise MicaError(f"device=cuda needs an NVIDIA GPU and its driver, and {config.cuda_unusable()}; pass "

@@ -391,6 +391,7 @@ SAMPLE_PATHS = [
     ("--start=FILE: a folder", _folder("prompts"), ["--start=FILE:prompts"], "prompt file prompts is a folder"),
     ("--start=FILE: not UTF-8", _text("p.txt", b"First \xff\n"), ["--start=FILE:p.txt"],
      "prompt file p.txt is not UTF-8 text: byte 0xff at p.txt:1 (offset 6)"),
+    ("sample dtype=bf16", NO_SETUP, ["--dtype=bf16"], "dtype must be 'float32', 'bfloat16' or 'float16', got 'bf16'"),
     ("a value after a space", NO_SETUP, ["--num_samples", "2"],
      "expected --key=value, got '--num_samples'; a setting takes its value after '=', e.g. --num_samples=2"),
     ("sample threads=-1", NO_SETUP, ["--threads=-1"], "threads must be 0 (one per core) or a count from 1 to "),

@@ -172,10 +172,9 @@ def prepare_run(config_path=None, overrides=(), log=print):
         return _prepare_nanogpt(cfg, log, held)
 
 
-def _prepare_nanogpt(cfg, log, held=None):
+def _prepare_nanogpt(cfg, log, held):
     """(`held`: the notes so far, said once the data and the folder pass their checks; the data's
     own notes join them)"""
-    held = held if held is not None else _Held(log)
     log, say = held, log
     folder, (train_paths, val_paths) = data_files(cfg, log)
     vocab, data_meta = _data_vocab(folder, log if cfg["init_from"] == "scratch" else _quiet)  # (the note: scratch's)

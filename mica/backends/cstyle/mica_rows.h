@@ -38,8 +38,9 @@ static inline MICA_HD T mica_row_max_seq_##S(const T *x, int64_t n) {           
     return m;                                                                                      \
 }                                                                                                  \
 /* mica_max over x[0, n) left to right: the first NaN, else the last largest. Sixteen lanes first  \
- * (vectorized); their maximum is the answer unless the row holds a NaN or the maximum is zero     \
- * (whose sign is the last zero's), and then the left-to-right pass decides: the same bits. */      \
+ * (vectorized), met in a tree; their maximum is the answer unless the row holds a NaN or the      \
+ * maximum is zero (whose sign is the last zero's), and then the left-to-right pass decides: any   \
+ * other maximum is the same value in any order, so the same bits. */                             \
 static inline MICA_HD T mica_row_max_##S(const T *x, int64_t n) {                                  \
     if (n < 32) return mica_row_max_seq_##S(x, n);                                                 \
     T lane[16];                                                                                    \
@@ -52,9 +53,11 @@ static inline MICA_HD T mica_row_max_##S(const T *x, int64_t n) {               
             odd[l] |= v != v;                                                                      \
             lane[l] = lane[l] > v ? lane[l] : v;                                                   \
         }                                                                                          \
+    int bad = 0;                                                                                   \
+    for (int l = 0; l < 16; l++) bad |= odd[l];                                                    \
+    for (int h = 8; h >= 1; h /= 2)                                                                \
+        for (int l = 0; l < h; l++) lane[l] = lane[l] > lane[l + h] ? lane[l] : lane[l + h];       \
     T m = lane[0];                                                                                 \
-    int bad = odd[0];                                                                              \
-    for (int l = 1; l < 16; l++) { m = lane[l] > m ? lane[l] : m; bad |= odd[l]; }                 \
     for (; j < n; j++) { bad |= x[j] != x[j]; m = x[j] > m ? x[j] : m; }                           \
     return bad || m == (T)0 ? mica_row_max_seq_##S(x, n) : m;                                      \
 }                                                                                                  \
@@ -169,29 +172,15 @@ static inline MICA_HD int64_t mica_attn_row_span(int64_t m, int64_t n) {
 }
 
 /* mica_row_max of a row's m visible scores x[0, m), where its loops run to w (mica_attn_row_span):
- * on the CPU, when w is whole vectors, [m, w) is set to -inf (overwritten after) and sixteen lanes
- * run to w with no scalar tail and meet in a tree; as mica_row_max, a NaN or a zero maximum goes
- * to the left-to-right pass, and any other maximum is the same value whatever the order: the same
- * bits. Elsewhere (a group of threads per row) MICA_ROW_MAX. */
+ * on the CPU [m, w) is set to -inf first (overwritten after) and mica_row_max runs over all w, its
+ * sixteen lanes with no scalar tail when w is whole vectors; a -inf past the visible scores changes
+ * no maximum, no first NaN and no zero's sign, so the same bits. Elsewhere (a group of threads per
+ * row) MICA_ROW_MAX over the m. */
 #if MICA_ROW_GROUP == 1
 #define MICA_DEFINE_ATTN_MAX(T, S_)                                                                \
 static inline T mica_attn_row_max_##S_(T *x, int64_t m, int64_t w) {                               \
-    if (w % 16 || w < 32) return mica_row_max_##S_(x, m);                                          \
     for (int64_t j = m; j < w; j++) x[j] = (T)-INFINITY;                                           \
-    T lane[16];                                                                                    \
-    int odd[16];                                                                                   \
-    for (int l = 0; l < 16; l++) { lane[l] = x[l]; odd[l] = x[l] != x[l]; }                        \
-    for (int64_t j = 16; j < w; j += 16)                                                           \
-        for (int l = 0; l < 16; l++) {                                                             \
-            T v = x[j + l];                                                                        \
-            odd[l] |= v != v;                                                                      \
-            lane[l] = lane[l] > v ? lane[l] : v;                                                   \
-        }                                                                                          \
-    int bad = 0;                                                                                   \
-    for (int l = 0; l < 16; l++) bad |= odd[l];                                                    \
-    for (int h = 8; h >= 1; h /= 2)                                                                \
-        for (int l = 0; l < h; l++) lane[l] = lane[l] > lane[l + h] ? lane[l] : lane[l + h];       \
-    return bad || lane[0] == (T)0 ? mica_row_max_seq_##S_(x, m) : lane[0];                         \
+    return mica_row_max_##S_(x, w);                                                                \
 }
 #else
 #define MICA_DEFINE_ATTN_MAX(T, S_)                                                                \
