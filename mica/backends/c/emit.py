@@ -45,7 +45,7 @@ class Emitter(CStyleRenderer):
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
         operands = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
                     f"{pc} + {off(out)}, {N}")  # (C[M,N] = op(A) op(B) at their offsets, for either grid)
-        if kern.epilogue is not None and a.dtype is dtypes.bfloat16 and self.target.bf16_gemm != "f32" and not batch:
+        if kern.epilogue is not None and a.dtype is dtypes.bfloat16 and not batch:
             args = f"{operands}, {int(dt is dtypes.bfloat16)}, work, scratch"
             body = tile_body(self, kern.epilogue)
             return [f"mica_bf16_product p = mica_bf16_product_make({args});",
@@ -53,12 +53,12 @@ class Emitter(CStyleRenderer):
                     "{",
                     "    mica_bf16_product_begin(&p);",
                     "    #pragma omp for schedule(static)",
-                    "    for (int64_t t = 0; t < p.mblocks; t++) {  /* each 32-row block, then its epilogue */",
-                    "        mica_bf16_product_block(&p, t, 0, p.nblocks);",
-                    f"        int64_t r1 = t * MICA_BF16_MB + MICA_BF16_MB < {M} ? t * MICA_BF16_MB + MICA_BF16_MB : {M};",
-                    "        for (int64_t i0 = t * MICA_BF16_MB; i0 < r1; i0++)",
+                    "    for (int64_t t = 0; t < p.tiles; t++) {  /* each tile of the product, then its epilogue */",
+                    "        int64_t r0, r1, c0, c1;",
+                    "        mica_bf16_product_tile(&p, t, &r0, &r1, &c0, &c1);",
+                    "        for (int64_t i0 = r0; i0 < r1; i0++)",
                     "            #pragma omp simd  /* (elements are independent: loops.py) */",
-                    f"            for (int64_t i1 = 0; i1 < {N}; i1++) {{"] + \
+                    "            for (int64_t i1 = c0; i1 < c1; i1++) {"] + \
                 ["                " + x for x in body] + ["            }", "    }", "    mica_bf16_product_end(&p);", "}"]
         if kern.epilogue is not None and self.blas == "openblas" and not batch:
             body = tile_body(self, kern.epilogue)

@@ -164,31 +164,104 @@ static inline void mica_bf16_tiles_end(int amx) {
 
 #if MICA_BF16_GEMM == MICA_BF16_F32
 /* ---- any processor: widen, then the float32 product (OpenBLAS tiles or Mica's own kernel) ----- */
+/* stored row r of X (row stride ldx) widened to float32, subnormals flushed as the bf16 instructions
+ * read them. The operands are widened as they are stored, a transposed one too (the float32
+ * product reads it transposed): a contiguous pass, where copying it transposed read it down
+ * its columns. */
+static inline void mica_bf16_widen_row(const mica_bf16 *X, int64_t ldx, int64_t r, int64_t cols, float *out) {
+    const mica_bf16 *x = X + r * ldx;
+    for (int64_t c = 0; c < cols; c++) out[c] = mica_bf16_load(mica_bf16_daz(x[c]));
+}
+
+#ifdef MICA_OPENBLAS
+/* A product in the pieces a parallel region runs, as the packed kernels' below (emit.py runs a
+ * product's epilogue on each tile this way): make (outside it), begin (the team widens A and B),
+ * tile (one tile of the float32 product's fixed grid, mica_product_grid: one single-threaded
+ * OpenBLAS call, then rounded into C), end. The grid depends on the shape alone, so the bits do
+ * not depend on the thread count, and they are mica_blas_sgemm's on the widened operands. */
+typedef struct {
+    int64_t M, N, K, lda, ldb, ldc, tiles;
+    int ta, tb, out_bf16, parallel;
+    const mica_bf16 *A, *B;
+    void *C;
+    float *a, *b, *c;
+    mica_product grid;
+} mica_bf16_product;
+
+static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda,
+                                                int ta, const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc,
+                                                int out_bf16, char *work, char *scratch) {
+    (void)scratch;
+    mica_bf16_product p;
+    p.M = M; p.N = N; p.K = K; p.lda = lda; p.ldb = ldb; p.ldc = ldc; p.ta = ta; p.tb = tb; p.out_bf16 = out_bf16;
+    p.A = A; p.B = B; p.C = C;
+    p.a = (float *)mica_align64(work); p.b = p.a + M * K; p.c = p.b + K * N;
+    p.grid = mica_product_grid(M, N, K, p.a, ta ? M : K, ta, p.b, tb ? K : N, tb, out_bf16 ? p.c : (float *)C,
+                               out_bf16 ? N : ldc);
+    p.tiles = p.grid.tm * p.grid.tn;
+    p.parallel = (double)M * N * (K ? K : 1) > 262144.0;
+    return p;
+}
+
+static void mica_bf16_product_begin(const mica_bf16_product *p) {
+    int64_t arows = p->ta ? p->K : p->M, acols = p->ta ? p->M : p->K;
+    int64_t brows = p->tb ? p->N : p->K, bcols = p->tb ? p->K : p->N;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < arows; i++) mica_bf16_widen_row(p->A, p->lda, i, acols, p->a + i * acols);
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < brows; k++) mica_bf16_widen_row(p->B, p->ldb, k, bcols, p->b + k * bcols);
+}
+
+/* tile t of the output, rows [r0, r1) and columns [c0, c1), computed and written to C */
+static void mica_bf16_product_tile(const mica_bf16_product *p, int64_t t, int64_t *r0, int64_t *r1, int64_t *c0,
+                                   int64_t *c1) {
+    mica_product_bounds(&p->grid, t, r0, r1, c0, c1);
+    float *dst = p->grid.C;
+    int64_t ldd = p->grid.ldc;
+    if (p->K > 0) mica_product_tile(&p->grid, t);
+    else for (int64_t i = *r0; i < *r1; i++) memset(dst + i * ldd + *c0, 0, sizeof(float) * (*c1 - *c0));
+    if (p->out_bf16) mica_bf16_write(dst + *r0 * ldd + *c0, ldd, *r1 - *r0, *c1 - *c0, p->C, p->ldc, *r0, *c0, 1);
+}
+
+static void mica_bf16_product_end(const mica_bf16_product *p) { (void)p; }
+
+static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
+                          const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
+                          char *scratch) {
+    mica_bf16_product p = mica_bf16_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, out_bf16, work, scratch);
+    if (M == 0 || N == 0) return;
+#pragma omp parallel if (p.parallel)
+    {
+        mica_bf16_product_begin(&p);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < p.tiles; t++) {
+            int64_t r0, r1, c0, c1;
+            mica_bf16_product_tile(&p, t, &r0, &r1, &c0, &c1);
+        }
+        mica_bf16_product_end(&p);
+    }
+}
+#else
+/* Mica's own float32 kernel: widened operands, one product over the team */
 static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
                           const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
                           char *scratch) {
     float *a = (float *)mica_align64(work), *b = a + M * K, *c = b + K * N, *packed = c + M * N;
     int parallel = (double)M * N * (K ? K : 1) > 262144.0;
+    int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t k = 0; k < K; k++) a[i * K + k] = mica_bf16_load(mica_bf16_daz(ta ? A[k * lda + i] : A[i * lda + k]));
+    for (int64_t i = 0; i < arows; i++) mica_bf16_widen_row(A, lda, i, acols, a + i * acols);
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t j = 0; j < N; j++) b[k * N + j] = mica_bf16_load(mica_bf16_daz(tb ? B[j * ldb + k] : B[k * ldb + j]));
+    for (int64_t k = 0; k < brows; k++) mica_bf16_widen_row(B, ldb, k, bcols, b + k * bcols);
     float *dst = out_bf16 ? c : (float *)C;
     int64_t ldd = out_bf16 ? N : ldc;
-#ifdef MICA_OPENBLAS
-    (void)packed; (void)scratch;
-    if (M > 0 && N > 0 && K > 0) mica_blas_sgemm(M, N, K, a, K, 0, b, N, 0, dst, ldd);
-    else for (int64_t i = 0; i < M; i++) memset(dst + i * ldd, 0, sizeof(float) * N);
-#else
-    mica_sgemm(M, N, K, a, K, 0, b, N, 0, 0.0f, dst, ldd, packed, (float *)mica_align64(scratch));
-#endif
+    mica_sgemm(M, N, K, a, acols, ta, b, bcols, tb, 0.0f, dst, ldd, packed, (float *)mica_align64(scratch));
     if (out_bf16) {
 #pragma omp parallel for schedule(static) if (parallel)
         for (int64_t i = 0; i < M; i++) mica_bf16_write(c + i * N, N, 1, N, C, ldc, i, 0, 1);
     }
 }
+#endif
 #else
 /* ---- packing, shared by the AVX512-BF16 and AMX kernels ------------------------------------------ */
 /* B's 16-column panel p: ((p * Kp/2 + kk) * 16 + c) * 2 + e holds op(B)[2kk + e][16p + c]: k pairs
@@ -448,14 +521,15 @@ static inline void mica_bf16_block(const mica_bf16 *a, int64_t kc, const mica_bf
 
 /* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed
  * by the team, this thread's tiles set up, then every k chunk but the last), block (the last k
- * chunk of one 32-row block of the output over column blocks [q0, q1), written to C), end.
+ * chunk of one 32-row block of the output over column blocks [q0, q1), written to C; tile: a whole
+ * row block, which is what emit.py runs a product's epilogue on), end.
  * k is cut into chunks of kc (a multiple of 32, mica_bf16_kchunk) only when packed B is larger
  * than the L2 budget: each chunk's slice of packed B then stays in L2 while every row block uses
  * it, the float32 sums of each 32 x 32 block wait in `sums` between chunks (stored and reloaded
  * exactly), so each block is still one ascending pass over all of k: the same bits as unchunked,
  * whatever the chunk size or the thread count. */
 typedef struct {
-    int64_t M, N, K, lda, ldb, ldc, Kp, Np, kc, chunks, slot, mblocks, nblocks, ngroups, per;
+    int64_t M, N, K, lda, ldb, ldc, Kp, Np, kc, chunks, slot, mblocks, nblocks, ngroups, per, tiles;
     int ta, tb, out_bf16, amx, parallel;
     const mica_bf16 *A, *B;
     void *C;
@@ -474,6 +548,7 @@ static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K,
     p.kc = mica_bf16_kchunk(p.Kp, p.Np);
     p.chunks = p.kc ? (p.Kp + p.kc - 1) / p.kc : 1;
     p.mblocks = (M + MICA_BF16_MB - 1) / MICA_BF16_MB; p.nblocks = p.Np / MICA_BF16_MB;
+    p.tiles = p.mblocks;
     p.packed = (mica_bf16 *)mica_align64(work);
     p.sums = (float *)mica_align64((char *)p.packed + 2 * p.kc * p.Np);
     p.parallel = (double)M * N * (K ? K : 1) > 262144.0;
@@ -535,6 +610,14 @@ static void mica_bf16_product_end(const mica_bf16_product *p) { mica_bf16_tiles_
 
 static void mica_bf16_product_block(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1) {
     mica_bf16_product_chunk(p, t, q0, q1, p->chunks - 1);
+}
+
+/* tile t, the whole of row block t, computed and written to C; its rows [r0, r1) and columns [c0, c1) */
+static void mica_bf16_product_tile(const mica_bf16_product *p, int64_t t, int64_t *r0, int64_t *r1, int64_t *c0,
+                                   int64_t *c1) {
+    mica_bf16_product_block(p, t, 0, p->nblocks);
+    *r0 = t * MICA_BF16_MB; *r1 = *r0 + MICA_BF16_MB < p->M ? *r0 + MICA_BF16_MB : p->M;
+    *c0 = 0; *c1 = p->N;
 }
 
 /* C = op(A) @ op(B) over the threads of a team of its own (or the calling thread for small

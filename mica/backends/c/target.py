@@ -2,11 +2,11 @@
 
 What it answers for the shared pipeline: 64-byte alignment; scratch per thread (up to
 `max_threads` of them); a product carries any elementwise loop on its output tiles (the tile loop
-inlines it: float32 products through OpenBLAS, bfloat16 ones on each 32-row block of the tile
-kernels); bfloat16 products are its own (mica_bf16gemm.h, the kernel chosen from the processor:
-bf16gemm.py), and so is bfloat16 attention (mica_kernels.h); float16 ones and the other kernels
-are widened to float32 (passes/widen.py); the kernels' lowerings are registered under platform
-"c" (lowerings.py).
+inlines it: float32 products through OpenBLAS, bfloat16 ones on each 32-row block of the packed
+kernels or on the float32 fallback's OpenBLAS tiles); bfloat16 products are its own
+(mica_bf16gemm.h, the kernel chosen from the processor: bf16gemm.py), and so is bfloat16 attention
+(mica_kernels.h); float16 ones and the other kernels are widened to float32 (passes/widen.py); the
+kernels' lowerings are registered under platform "c" (lowerings.py).
 """
 import os
 
@@ -59,8 +59,8 @@ class CTarget(Target):
         return super().workspace(kernel)
 
     def product_epilogue(self, gemm, loop):
-        if gemm.a.dtype is dtypes.bfloat16:  # the tile kernels run it on each 32-row block
-            return self.bf16_gemm != "f32"
+        if gemm.a.dtype is dtypes.bfloat16:  # the packed kernels run it on each 32-row block, the float32
+            return self.bf16_gemm != "f32" or self.blas == "openblas"  # fallback on OpenBLAS's tiles
         return gemm.out.dtype is dtypes.float32 and gemm.a.dtype is dtypes.float32
 
     def render(self, lowered, api="mica_"):
