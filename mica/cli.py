@@ -75,7 +75,7 @@ SAMPLE_DESCRIPTIONS = {
     "top_k": "keep the k most likely tokens (a positive int), or None for no cut",
     "seed": "seeds the sampling (any 64-bit int, negative too)",
     "device": "cpu, or cuda (an NVIDIA GPU)",
-    "dtype": "accepted; sampling is float32",
+    "dtype": "accepted; sampling computes in float32 (a speedrun run: its training dtype), with a note when this differs",
     "compile": "accepted; Mica's program is always compiled",
     "threads": "sampler threads; 0: one per core",
     "data_dir": "the data folder whose meta.pkl / meta.json holds the vocabulary (default: the one trained on)",
@@ -122,7 +122,7 @@ def cmd_sample(args, extra):
         raise MicaError("simulate=True simulates the CUDA program; pass it with --device=cuda")
     texts = run.sample(s["out_dir"], s["start"], s["num_samples"], s["max_new_tokens"], s["temperature"],
                        s["top_k"], s["seed"], s["threads"] or None, data_dir=s["data_dir"], device=device,
-                       simulate=s["simulate"])
+                       simulate=s["simulate"], dtype=s["dtype"])
     for t in texts:
         print(t)
         print("---------------")
@@ -306,6 +306,9 @@ def cmd_check(args, extra):
     if args.model.startswith("speedrun") and (args.method != "b" or args.dtype != "float32"):
         raise MicaError(f"--model {args.model} is checked by method B alone (one shared start, in float32); pass "
                         "--method b without --dtype")
+    if args.method == "a" and args.eval_every > args.iters:
+        raise MicaError(f"--eval_every ({args.eval_every}) must be at most --iters ({args.iters}): method A judges "
+                        "the evaluations after the first quarter of the run")
     if args.method == "b" and args.dtype != "float32":
         raise MicaError("method B is float32 by definition (its step-0 losses must agree to 1e-5); use --method a "
                         f"for {args.dtype}")
@@ -329,9 +332,15 @@ def cmd_check(args, extra):
                            data_dir=args.data_dir or "data/shakespeare_char", out_dir=args.out, threads=args.threads,
                            device=device,
                            simulate=args.simulate, dtype=args.dtype)
-        worst = max((r["difference"] - r["larger_range"] for r in v["evaluations"] if r["judged"]), default=0)
-        print(f"method A: {len(v['seeds'])} seeds a side, {len(v['evaluations'])} evaluations; "
-              f"{'PASS' if v['passed'] else 'FAIL'} (largest excess of a median gap over the ranges: {worst:.4f})")
+        judged = [r for r in v["evaluations"] if r["judged"]]
+        if not judged:
+            raise MicaError(f"method A found no evaluation after the first quarter of the runs in both sides' logs "
+                            f"({len(v['evaluations'])} shared); see {args.out}/verdict.json")
+        worst = max(judged, key=lambda r: r["difference"] - r["larger_range"])
+        print(f"method A ({args.model}, {args.dtype}, {len(v['seeds'])} seeds a side): at {len(judged)} of "
+              f"{len(v['evaluations'])} evaluations (from step {judged[0]['step']}) the two sides' median validation "
+              f"losses must differ by no more than the larger family's range; closest, step {worst['step']}: "
+              f"{worst['difference']:.4f} against {worst['larger_range']:.4f}: {'PASS' if v['passed'] else 'FAIL'}")
     print(f"verdict and curves in {args.out}/")
     return 0 if v["passed"] else 1
 

@@ -344,6 +344,8 @@ TRACEBACK_PATHS = [
     ("bench --opt_levels 3", NO_SETUP, ["bench", "--opt_levels", "2", "3"], "--opt_levels takes Mica's levels 0, 1 and 2"),
     ("bench a mode twice", NO_SETUP, ["bench", "--modes", "eager", "eager"], "--modes names one twice"),
     ("check --iters 0", NO_SETUP, ["check", "--method", "a", "--iters", "0"], "--iters must be 1 or more, got 0"),
+    ("check, an evaluation interval past the run", NO_SETUP, ["check", "--method", "a", "--iters", "20",
+     "--eval_every", "50"], "--eval_every (50) must be at most --iters (20): method A judges the evaluations after"),
     # dtypes: inspect reads them as train does; speedrun_tiny's check is float32 method B alone
     ("inspect --dtype=fp16", NO_SETUP, ["inspect", "shakespeare_char", "--n_layer=1", "--dtype=fp16", "--ir"],
      "dtype must be 'float32', 'bfloat16' or 'float16', got 'fp16'"),
@@ -403,7 +405,7 @@ SAMPLE_PATHS = [
      "conservative), got 0"),
     ("max_new_tokens=-1", NO_SETUP, ["--max_new_tokens=-1"], "max_new_tokens must be 0 or more, got -1"),
     ("num_samples=0", NO_SETUP, ["--num_samples=0"], "num_samples must be 1 or more, got 0"),
-    ("dtype a typo", NO_SETUP, ["--dtype=bfloat64"], "dtype must be 'float32', 'bfloat16' or 'float16', got 'bfloat64'"),
+    ("dtype a typo", NO_SETUP, ["--dtype=bfloat64"], "dtype must be 'float32', 'bfloat16' or 'float16', got 'bfloat64'; did you mean 'bfloat16'?"),
 ]
 
 

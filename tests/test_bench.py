@@ -35,6 +35,28 @@ def test_bench_records_everything_the_protocol_asks(data):
     assert any("libtorch" in lib for lib in res["configs"]["pytorch eager"]["libraries"])
     assert mica["peak_rss_mb"] > 0 and mica["first_step_s"] > 0
     assert (data / "b" / "steps-cpu.png").exists() and (data / "b" / "losses-cpu.png").exists()
+    # the machine is named under the table's title, and a verdict from one round says so
+    m = res["machine"]
+    assert m["cores"] == os.cpu_count() and m["processor"] and m["torch"] and "bf16_gemm" not in m
+    assert f"on {m['processor']} ({m['cores']} cores, {m['vector']}), PyTorch {m['torch']}" in r.stdout
+    assert ", 1 round," in r.stdout and "from 1 round only" in r.stdout
+    assert {line.count("|") for line in r.stdout.splitlines() if line.startswith("| ")} == {10}, r.stdout
+
+
+def test_a_shared_machine_and_the_bfloat16_kernel_are_said_under_the_title():
+    from mica.bench import protocol
+
+    res = {"threads": 2, "configs": {"mica O2": {"runnable": [6.1, 6.4, 5.2]}, "pytorch eager": {}}}
+    assert protocol._busy(res) == ("The machine was shared: up to 6.1 tasks were runnable during the runs of 2 "
+                                   "threads, so these times are not a fair measure; run again on a quiet machine.")
+    res["configs"]["mica O2"]["runnable"] = [2.9, 3.4, 3.0]
+    assert protocol._busy(res) == ""
+    # a bfloat16 bench names the kernel Mica's builds take on this processor
+    from mica.backends.c import bf16gemm
+
+    m = protocol.machine("bfloat16")
+    assert m["bf16_gemm"] == bf16gemm.choose()
+    assert f"Mica's bfloat16 products: the {m['bf16_gemm']} kernel (" in protocol._machine_line(m)
 
 
 def test_bench_runs_the_tutorial_model(tmp_path):
@@ -67,11 +89,18 @@ def test_check_method_a_compares_families(data):
 
     cwd = os.getcwd()
     os.chdir(data)
+    said = []
     try:
         v = check.method_a("cpu", iters=20, eval_every=10, eval_batches=2, seeds=(1337, 1338), out_dir="ca",
-                           threads=2, log=lambda *a: None)
+                           threads=2, log=said.append)
     finally:
         os.chdir(cwd)
+    # what runs, said first; then each seed's two runs with their times, and what is left
+    assert said[0].startswith("method A, model cpu, float32: 2 seeds a side, 20 iterations each") and "4 training runs" in said[0]
+    assert re.fullmatch(r"seed 1337: Mica \d+ s, PyTorch \d+ s; about \d+ s left", said[1]), said[1]
+    assert re.fullmatch(r"seed 1338: Mica \d+ s, PyTorch \d+ s", said[2]), said[2]
+    assert {k: v[k] for k in ("model", "dtype", "iters", "eval_every", "eval_batches")} == \
+        {"model": "cpu", "dtype": "float32", "iters": 20, "eval_every": 10, "eval_batches": 2}
     assert [r["step"] for r in v["evaluations"]] == [0, 10, 20]
     assert [r["judged"] for r in v["evaluations"]] == [False, True, True]
     for r in v["evaluations"]:

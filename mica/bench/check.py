@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -137,7 +138,8 @@ def checkpoint_arrays(path):
     return {n: st.read(n) for n in st.names}
 
 
-def _plot(out_dir, curves, title):
+def _plot(out_dir, curves, title, xs=None, ylabel="training loss"):
+    """curves.png: each curve against the iterations `xs` (0, 1, 2, ... where not given)."""
     try:
         import matplotlib
 
@@ -147,15 +149,19 @@ def _plot(out_dir, curves, title):
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, ys in curves.items():
-        ax.plot(range(len(ys)), ys, label=name, lw=1)
+        ax.plot(range(len(ys)) if xs is None else xs, ys, label=name, lw=1, marker=None if xs is None else "o")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     path = os.path.join(out_dir, "curves.png")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _minutes(seconds):
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 STEP = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
@@ -179,13 +185,22 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
     if threads:
         settings["threads"] = threads
     curves = {"mica": {}, "pytorch": {}}
-    for seed in seeds:
+    seeds = list(seeds)
+    log(f"method A, model {model}, {dtype}: {len(seeds)} seeds a side, {iters} iterations each, validation loss "
+        f"every {eval_every} ({eval_batches} batches); {2 * len(seeds)} training runs, one at a time")
+    started = time.monotonic()
+    for i, seed in enumerate(seeds):
+        t0 = time.monotonic()
         cmd = mica_train_cmd({**settings, "seed": seed, "out_dir": os.path.join(out_dir, f"mica-{seed}")})
         curves["mica"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "Mica", seed)
+        t1 = time.monotonic()
         cmd = torch_runner_cmd({**MODELS[model], "seed": seed}, data_dir, "eager", iters, eval_every, eval_every,
                                eval_batches, threads, device=torch_device, dtype=dtype)
         curves["pytorch"][seed] = _evals(subprocess.run(cmd, capture_output=True, text=True), "PyTorch", seed)
-        log(f"seed {seed}: done")
+        t2 = time.monotonic()
+        left = len(seeds) - i - 1
+        eta = f"; about {_minutes((t2 - started) / (i + 1) * left)} left" if left else ""
+        log(f"seed {seed}: Mica {_minutes(t1 - t0)}, PyTorch {_minutes(t2 - t1)}{eta}")
     steps = sorted(set.intersection(*(set(c) for side in curves.values() for c in side.values())))
     rows = []
     for st in steps:
@@ -196,12 +211,16 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
         judged = st >= iters / 4
         rows.append({"step": st, "mica_median": med_m, "pytorch_median": med_t, "difference": abs(med_m - med_t),
                      "larger_range": spread, "judged": judged, "ok": (not judged) or abs(med_m - med_t) <= spread})
-    verdict = {"method": "a", "dtype": dtype, "seeds": list(seeds), "evaluations": rows, "curves": curves,
-               "passed": bool(rows) and all(r["ok"] for r in rows)}
+    verdict = {"method": "a", "model": model, "dtype": dtype, "device": device, "iters": iters,
+               "eval_every": eval_every, "eval_batches": eval_batches, "judged_from_step": iters / 4,
+               "seeds": seeds, "evaluations": rows, "curves": curves,
+               "passed": bool(rows) and any(r["judged"] for r in rows) and all(r["ok"] for r in rows)}
     with open(os.path.join(out_dir, "verdict.json"), "w") as f:
         json.dump(verdict, f, indent=1, default=str)
-    _plot(out_dir, {"Mica (median)": [r["mica_median"] for r in rows],
-                    "PyTorch (median)": [r["pytorch_median"] for r in rows]}, "method A: validation loss per evaluation")
+    _plot(out_dir, {"Mica (median over seeds)": [r["mica_median"] for r in rows],
+                    "PyTorch (median over seeds)": [r["pytorch_median"] for r in rows]},
+          f"method A: {model}, {dtype}, {len(seeds)} seeds a side", xs=[r["step"] for r in rows],
+          ylabel="validation loss")
     return verdict
 
 

@@ -584,6 +584,7 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
         log(f"round {k + 1}: " + ", ".join(f"{n} {runs[n][-1]['step_ms']:.1f}" for n in order if runs[n]))
     result = summarize(model, threads, rounds, warmup, window, runs, failures, extras)
     result["dtype"] = dtype
+    result["machine"] = machine(dtype if device == "cpu" else None)
     result["batch_size"] = _model(model, batch_size).get("batch_size") if model in MODELS else None
     if device == "cuda":
         result.update(device="cuda", tf32=bool(tf32), gpu=gpu_name(), simulated=bool(simulate))
@@ -591,6 +592,25 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
         json.dump(result, f, indent=1)
     result["charts"] = charts(result, runs, out)
     return result
+
+
+def machine(dtype=None):
+    """What the runs ran on: the processor (/proc/cpuinfo's model name), its cores, PyTorch's version
+    and, for a half dtype on the CPU, the bfloat16 product kernel Mica's builds took."""
+    from importlib import metadata
+
+    from ..backends.c import bf16gemm
+
+    m = {"processor": bf16gemm._cpuinfo_field("model name", "/proc/cpuinfo") or "unknown", "cores": os.cpu_count()}
+    flags = bf16gemm.machine_flags()
+    m["vector"] = next((f for f in ("avx512_bf16", "avx512f", "avx2") if f in flags), "none").upper()
+    try:
+        m["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        m["torch"] = None
+    if dtype == "bfloat16":
+        m["bf16_gemm"] = bf16gemm.choose()
+    return m
 
 
 def gpu_name():
@@ -688,23 +708,64 @@ def table(res):
     precision = f", {dtype} (both sides under autocast)" if dtype != "float32" else ""
     batch = f", batch {res['batch_size']}" if res.get("batch_size") else ""
     lines = [f"model {res['model']}{batch}{precision}, {res['threads']} threads, warm-up {res['warmup']} steps then a window of "
-             f"{res['window']}, {res['rounds']} rounds, {res['date']}", "",
-             "| configuration | median ms/step | range | peak RSS MB | memory plan MB | first step s | "
-             "libraries (MB on disk) | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{res['window']}, {_rounds(res['rounds'])}, {res['date']}"]
+    if res.get("machine"):
+        lines.append(_machine_line(res["machine"]))
+    lines += ["",
+              "| configuration | median ms/step | range | peak RSS MB | memory plan MB | first step s | "
+              "libraries (MB on disk) | runnable tasks | verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for name, c in res["configs"].items():
         lines.append(f"| {name} | {_ms(c['median_ms'])} | {_ms(c['min_ms'])} – {_ms(c['max_ms'])} | "
                      f"{c['peak_rss_mb']:.0f} | {_plan(c)} | {c['first_step_s']:.1f} | {len(c['libraries'])} "
-                     f"({c['footprint_mb']:.0f}) | {_verdict(c)} |")
-    lines += _failure_rows(res, 6)
+                     f"({c['footprint_mb']:.0f}) | {_runnable(c)} | {_verdict(c, res)} |")
+    lines += _failure_rows(res, 7)
     if "fastest_pytorch" in res:
         lines.append("")
         lines.append(f"PyTorch's fastest mode as measured: {res['fastest_pytorch']}.")
+    if any(n.startswith("mica O") for n in res["configs"]) and res["model"] != "tutorial":
+        lines.append("mica ON: Mica's native trainer built at opt level N; each side trains from its own nanoGPT-style "
+                     "init (other random generators), so their losses differ from the first step (`mica check` "
+                     "compares the models).")
+    busy = _busy(res)
+    if busy:
+        lines.append(busy)
     return "\n".join(lines)
 
 
-def _verdict(c):
+def _rounds(n):
+    return f"{n} round" if n == 1 else f"{n} rounds"
+
+
+def _machine_line(m):
+    line = f"on {m['processor']} ({m['cores']} cores, {m['vector']}), PyTorch {m.get('torch') or 'not installed'}"
+    if m.get("bf16_gemm"):
+        from ..backends.c import bf16gemm
+
+        line += f"; Mica's bfloat16 products: the {m['bf16_gemm']} kernel ({bf16gemm.WHAT[m['bf16_gemm']]})"
+    return line
+
+
+def _runnable(c):
+    """The tasks the machine had runnable during a configuration's runs (their median; its own threads
+    among them), as /proc/loadavg counts them."""
+    return f"{statistics.median(c['runnable']):.1f}" if c.get("runnable") else ""
+
+
+def _busy(res):
+    """A sentence when other work shared the machine: more runnable tasks than the runs' threads and
+    one more (the reader), on median, in any configuration."""
+    most = max((statistics.median(c["runnable"]) for c in res["configs"].values() if c.get("runnable")), default=0)
+    if most > res["threads"] + 1.5:
+        return (f"The machine was shared: up to {most:.1f} tasks were runnable during the runs of {res['threads']} "
+                "threads, so these times are not a fair measure; run again on a quiet machine.")
+    return ""
+
+
+def _verdict(c, res=None):
     verdict = f"{c['verdict']} ({c['ratio']:.2f}x)" if "verdict" in c else ""
+    if verdict and res is not None and res.get("rounds", 3) < 3:
+        verdict += f", from {_rounds(res['rounds'])} only"
     if c.get("void_runs"):
         verdict += f", {c['void_runs']} void"
     return verdict
@@ -730,7 +791,7 @@ def cuda_table(res):
     where = ("Mica's CUDA trainer on the CPU simulator beside PyTorch on the CPU (a test: no GPU)"
              if res.get("simulated") else res.get("gpu") or "an NVIDIA GPU")
     lines = [f"model {res['model']} on {where}, float32 with TF32 {'on' if res.get('tf32') else 'off'} on both "
-             f"sides, warm-up {res['warmup']} steps then a window of {res['window']}, {res['rounds']} rounds, "
+             f"sides, warm-up {res['warmup']} steps then a window of {res['window']}, {_rounds(res['rounds'])}, "
              f"{res['date']}", "",
              "| configuration | median ms/step | range | peak GPU MB (nvidia-smi) | PyTorch max reserved MB "
              "(allocated) | peak RSS MB | memory plan MB | first step s | NVIDIA libraries mapped | verdict |",
@@ -740,7 +801,7 @@ def cuda_table(res):
                      if "torch_max_reserved_mb" in c else "")
         lines.append(f"| {name} | {_ms(c['median_ms'])} | {_ms(c['min_ms'])} – {_ms(c['max_ms'])} | "
                      f"{_mb(c.get('peak_gpu_mb'))} | {torch_mem} | {c['peak_rss_mb']:.0f} | {_plan(c)} | "
-                     f"{c['first_step_s']:.1f} | {_nvidia(c, name.startswith('mica'))} | {_verdict(c)} |")
+                     f"{c['first_step_s']:.1f} | {_nvidia(c, name.startswith('mica'))} | {_verdict(c, res)} |")
     lines += _failure_rows(res, 8)
     unknown = sorted({c["peak_gpu_unknown"] for c in res["configs"].values() if c.get("peak_gpu_unknown")})
     if unknown:
@@ -769,7 +830,8 @@ def charts(res, runs, out):
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar(names, med, yerr=[lo, hi], capsize=4)
     ax.set_ylabel("ms per step (median, range)")
-    ax.set_title(f"{res['model']}: one training step")
+    what = res["model"] + (f", {res['dtype']}" if res.get("dtype", "float32") != "float32" else "")
+    ax.set_title(f"{what}: one training step")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
     fig.savefig(os.path.join(out, f"steps-{res['model']}.png"), dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -781,6 +843,7 @@ def charts(res, runs, out):
             ax.plot(xs, [ls[x] for x in xs], label=n, lw=1)
     ax.set_xlabel("iteration")
     ax.set_ylabel("training loss")
+    ax.set_title(f"{what}: the first run's training loss")
     ax.legend()
     fig.savefig(os.path.join(out, f"losses-{res['model']}.png"), dpi=120, bbox_inches="tight")
     plt.close(fig)

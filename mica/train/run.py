@@ -1012,9 +1012,10 @@ def _stderr(message):
 
 
 def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=0.8, top_k=200, seed=1337,
-           threads=None, log=_stderr, data_dir="", device="cpu", simulate=False):
+           threads=None, log=_stderr, data_dir="", device="cpu", simulate=False, dtype=None):
     """Generate from out_dir's checkpoint; the vocabulary comes from the data folder it was trained on,
-    or from `data_dir`."""
+    or from `data_dir`. `dtype` (sample.py's setting) is accepted; a note says when it is not the
+    dtype sampling computes in."""
     path = os.path.join(out_dir, "ckpt.safetensors")
     st = ckpt.SafeTensors(path)
     st.check_metadata()  # (the config it reads: the model's shape, the data folder)
@@ -1052,6 +1053,11 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     # (sampling computes in float32, as nanoGPT's sample.py on a CPU; a speedrun keeps the dtype it was
     # trained in, as its embedding's slot is that dtype: an older checkpoint's config says float32)
     cfg.update(device=device, dtype=saved.get("dtype", "float32") if speedrun else "float32")
+    if dtype is not None and dtype != cfg["dtype"]:
+        why = ("the dtype the run trained in" if speedrun else
+               "from the float32 weights" + (f" of a run trained in {saved['dtype']}"
+                                             if saved.get("dtype", "float32") != "float32" else ""))
+        log(f"note: sampling computes in {cfg['dtype']}, {why}; dtype={dtype} is accepted and changes nothing")
     model, _, progs = programs.build(cfg, vocab)
     exe, lowered = native.build_trainer(progs, cfg.get("opt_level", 2), log, device=device, simulate=simulate)
     _products_record(device, simulate)
