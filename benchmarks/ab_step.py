@@ -4,9 +4,9 @@ of the time per step, the ratio of medians and the paired ratio (each round's NE
 
     python benchmarks/ab_step.py OLD_CHECKOUT NEW_CHECKOUT [--config cpu] [--rounds 9] [--steps 20]
                                  [--threads N] [--clock wall|cpu] [--new_memory_budget BYTES]
-                                 [--dtype float32|bfloat16]
+                                 [--dtype float32|bfloat16|float16]
 
-`--dtype bfloat16` times the step under `mica.autocast(dtype=mica.bfloat16)` (the products in
+`--dtype bfloat16` (or float16) times the step under `mica.autocast(dtype=...)` (the products in
 bfloat16, on the kernel the building machine takes: MICA_BF16_GEMM chooses another).
 
 `--new_memory_budget` lowers NEW's step under that budget (its plan and rematerialization printed):
@@ -80,7 +80,7 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     p.add_argument("--new_memory_budget", type=int, default=None)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     a = p.parse_args()
     sides = {}
     for name, path in (("old", a.old), ("new", a.new)):

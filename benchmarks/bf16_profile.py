@@ -30,7 +30,7 @@ def build(cfg, batch, dtype, profile=True, half=False):
     state = opt.init(params)
 
     def step(p, s, x, y):
-        with mica.autocast(dtype=mica.bfloat16, enabled=dtype == "bfloat16"):
+        with mica.autocast(dtype=mica.float16 if dtype == "float16" else mica.bfloat16, enabled=dtype != "float32"):
             loss, g = mica.value_and_grad(loss_fn(model))(p, x, y)
         mica.optim.clip_grad_norm(g, 1.0)
         p, s = opt.update(p, g, s)

@@ -124,18 +124,67 @@ def test_subnormal_inputs_read_as_zeros_everywhere():
         _check_against_oracle(_run(kernel, shape, a, b)[0], want, 35, size)
 
 
-def test_bfloat16_products_stay_native_and_float16_ones_are_widened():
+def test_half_products_stay_products_of_half_operands():
+    """bfloat16 and float16 products keep their half operands in the graph (no widening casts
+    around them): mica_bf16gemm on the chosen kernel, mica_f16gemm widening inside the product."""
     def product(a, b):
         return mica.matmul(a, b)
 
-    for dtype, native in ((mica.bfloat16, True), (mica.float16, False)):
+    for dtype, call in ((mica.bfloat16, "mica_bf16gemm(4, 3, 8,"), (mica.float16, "mica_f16gemm(4, 3, 8,")):
         program = mica.trace(product, mica.dtypes.Spec((4, 8), dtype), mica.dtypes.Spec((8, 3), dtype))
-        lowered = program.lower("cpu")
+        lowered = program.lower("cpu", bf16_gemm="f32")
         products = [n for n in lowered.graph.nodes if n.op == "matmul"]
-        assert [n.inputs[0].dtype is dtype for n in products] == [native]
+        assert [n.inputs[0].dtype is dtype for n in products] == [True]
+        assert not any(n.op == "cast" for n in lowered.graph.nodes)
+        assert call in lowered.source
     source = mica.trace(product, mica.dtypes.Spec((4, 8), BF16), mica.dtypes.Spec((8, 3), BF16)).lower(
         "cpu", bf16_gemm="f32").source
-    assert "#define MICA_BF16_GEMM 0  /* f32 */" in source and "mica_bf16gemm(4, 3, 8," in source
+    assert "#define MICA_BF16_GEMM 0  /* f32 */" in source
+
+
+def _f16_values(rng, shape):
+    """Random float16 values (held in float32) of varied magnitudes, a few of them subnormal."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-6, 6, shape))
+    x[rng.random(shape) < 0.05] *= 2.0 ** -20  # (float16's subnormals start below 2^-14)
+    return x.astype(np.float16).astype(np.float32)
+
+
+def test_float16_products_against_the_oracle_and_torch_float64():
+    """float16 products, widened inside the product (subnormals kept: every float16 value is a
+    float32 value), plain, transposed, batched and with an epilogue (GELU on each tile), one
+    float16 rounding from torch's float64 product of the same values and the oracle's bits but
+    for results near a float16 rounding boundary; the same bits at 1 and 2 threads."""
+    F16 = mica.float16
+    F = mica.nn.functional
+
+    def products(a, b, c, d, e, f):
+        return mica.matmul(a, b.mT), mica.matmul(c.mT, d), F.gelu(mica.matmul(a, b.mT)), mica.matmul(e, f)
+
+    shapes = [(130, 97), (61, 97), (161, 65), (161, 37), (2, 3, 19, 33), (2, 3, 33, 40)]
+    program = mica.trace(products, *(mica.dtypes.Spec(s, F16) for s in shapes))
+    rng = np.random.default_rng(16)
+    args = [_f16_values(rng, s) for s in shapes]
+    lowered = program.lower("cpu")
+    assert sum(k.kind == "gemm" and k.epilogue is not None for k in lowered.schedule.kernels) == 1
+    exe = lowered.build()
+    got = [np.asarray(g, np.float64) for g in exe(*args, threads=2)]
+    again = exe(*args, threads=1)
+    for g, w in zip(got, again):
+        np.testing.assert_array_equal(g, np.asarray(w, np.float64))
+    want = [np.asarray(w, np.float64) for w in mica.reference.run(program, *args, precision="float32")]
+    a, b, c, d, e, f = (torch.tensor(x, dtype=torch.float64) for x in args)
+    exact = [a @ b.mT, c.mT @ d, None, e @ f]
+    sizes = [abs(a) @ abs(b.mT), abs(c.mT) @ abs(d), None, abs(e) @ abs(f)]
+    for i in (0, 1, 3):
+        differ = got[i] != want[i]
+        assert differ.mean() <= 0.02, f"product {i}: {differ.sum()} of {got[i].size} differ from the oracle"
+        ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(want[i]), 2.0 ** -14))) - 10)
+        assert np.all(np.abs(got[i] - want[i])[differ] <= ulp[differ] + 2 * 200 * 2.0 ** -24 * sizes[i].numpy()[differ])
+        assert np.all(np.abs(got[i] - exact[i].numpy()) <= ulp / 2 + 200 * 2.0 ** -24 * sizes[i].numpy() + 2.0 ** -25)
+    assert rel_err(got[2], want[2]) <= 2.0 ** -9
+    # the subnormal operands counted: flushing them to zero would move these products
+    flushed = [np.where(np.abs(x) < 2.0 ** -14, 0.0, x) for x in args[:2]]
+    assert not np.array_equal(flushed[0] @ flushed[1].T, args[0].astype(np.float64) @ args[1].T.astype(np.float64))
 
 
 def test_the_kernel_is_chosen_from_the_processor_flags():

@@ -16,9 +16,12 @@ from . import bf16gemm
 from .loops import copy_body, loop_body, reduce_body, tile_body
 
 
+HALF_PRODUCTS = {"bfloat16": "bf16", "float16": "f16"}  # mica_bf16gemm.h's mica_bf16gemm, mica_f16gemm, ...
+
+
 class Emitter(CStyleRenderer):
     """The C target's renderer: OpenMP loops (loops.py), products through OpenBLAS tiles or Mica's
-    own kernel (bfloat16 ones through mica_bf16gemm.h), and the C API around the kernels."""
+    own kernel (bfloat16 and float16 ones through mica_bf16gemm.h), and the C API around the kernels."""
 
     def __init__(self, schedule, plan, name, target):
         super().__init__(schedule, plan, name, target)
@@ -45,21 +48,22 @@ class Emitter(CStyleRenderer):
         pa, pb, pc = self.accessor.base(a), self.accessor.base(b), self.accessor.base(out)
         operands = (f"{M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
                     f"{pc} + {off(out)}, {N}")  # (C[M,N] = op(A) op(B) at their offsets, for either grid)
-        if kern.epilogue is not None and a.dtype is dtypes.bfloat16 and not batch:
-            args = f"{operands}, {int(dt is dtypes.bfloat16)}, work, scratch"
+        half = HALF_PRODUCTS.get(a.dtype.name)  # (mica_bf16gemm.h's products of half operands)
+        if kern.epilogue is not None and half and not batch:
+            args = f"{operands}, {int(dt is a.dtype)}, work, scratch"
             body = tile_body(self, kern.epilogue)
-            return [f"mica_bf16_product p = mica_bf16_product_make({args});",
+            return [f"mica_{half}_product p = mica_{half}_product_make({args});",
                     "#pragma omp parallel if (p.parallel)",
                     "{",
-                    "    mica_bf16_product_begin(&p);",
+                    f"    mica_{half}_product_begin(&p);",
                     "    #pragma omp for schedule(static)",
                     "    for (int64_t t = 0; t < p.tiles; t++) {  /* each tile of the product, then its epilogue */",
                     "        int64_t r0, r1, c0, c1;",
-                    "        mica_bf16_product_tile(&p, t, &r0, &r1, &c0, &c1);",
+                    f"        mica_{half}_product_tile(&p, t, &r0, &r1, &c0, &c1);",
                     "        for (int64_t i0 = r0; i0 < r1; i0++)",
                     "            #pragma omp simd  /* (elements are independent: loops.py) */",
                     "            for (int64_t i1 = c0; i1 < c1; i1++) {"] + \
-                ["                " + x for x in body] + ["            }", "    }", "    mica_bf16_product_end(&p);", "}"]
+                ["                " + x for x in body] + ["            }", "    }", f"    mica_{half}_product_end(&p);", "}"]
         if kern.epilogue is not None and self.blas == "openblas" and not batch:
             body = tile_body(self, kern.epilogue)
             return [f"mica_product p = mica_product_grid({operands});",
@@ -71,15 +75,15 @@ class Emitter(CStyleRenderer):
                     "    for (int64_t i0 = r0; i0 < r1; i0++)",
                     "        for (int64_t i1 = c0; i1 < c1; i1++) {"] + \
                 ["            " + x for x in body] + ["        }", "}"]
-        if dt is dtypes.float32 and self.blas == "openblas":
+        if half:
+            call = (f"mica_{half}gemm({M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
+                    f"{pc} + {off(out)}, {N}, {int(dt is a.dtype)}, work, scratch);")
+        elif dt is dtypes.float32 and self.blas == "openblas":
             call = (f"mica_blas_sgemm({M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
                     f"{pc} + {off(out)}, {N});")
         elif dt is dtypes.float32:
             call = (f"mica_sgemm({M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
                     f"0.0f, {pc} + {off(out)}, {N}, (float *)work, (float *)scratch);")
-        elif a.dtype is dtypes.bfloat16:
-            call = (f"mica_bf16gemm({M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
-                    f"{pc} + {off(out)}, {N}, {int(dt is dtypes.bfloat16)}, work, scratch);")
         elif dt is dtypes.float64:
             call = (f"mica_dgemm({M}, {N}, {K}, {pa} + {off(a)}, {lda}, {ta}, {pb} + {off(b)}, {ldb}, {tb}, "
                     f"0.0, {pc} + {off(out)}, {N});")

@@ -48,9 +48,10 @@ def _attn_dims(view):
 def gemm_scratch(kernel, blas, bf16_kernel="f32"):
     """(shared bytes, per-thread bytes) of a product: Mica's own kernel packs its operands, and so
     does every bfloat16 kernel (mica_bf16gemm.h)."""
-    if kernel.a.dtype is dtypes.bfloat16:
+    if kernel.a.dtype in (dtypes.bfloat16, dtypes.float16):  # (float16: always widened, as the "f32" kernel)
         M, K, N = kernel.a.shape[-2], kernel.a.shape[-1], kernel.b.shape[-1]
-        return bf16gemm.shared_bytes(bf16_kernel, M, N, K), bf16gemm.thread_bytes(bf16_kernel, K)
+        half = bf16_kernel if kernel.a.dtype is dtypes.bfloat16 else "f32"
+        return bf16gemm.shared_bytes(half, M, N, K), bf16gemm.thread_bytes(half, K)
     if kernel.out.dtype is dtypes.float32 and blas == "own":
         K, N = kernel.a.shape[-1], kernel.b.shape[-1]
         return packed_b_floats(K, N) * 4, GEMM_THREAD_FLOATS * 4

@@ -66,12 +66,22 @@ static inline int64_t mica_bf16_kchunk(int64_t Kp, int64_t Np) {
 /* a bfloat16 value with subnormals flushed to zero (sign kept), as the bf16 instructions read it */
 static inline mica_bf16 mica_bf16_daz(mica_bf16 h) { return (h & 0x7F80u) ? h : (mica_bf16)(h & 0x8000u); }
 
+/* Scratch of a widened product (any half type: mica_wide_gemm below), in bytes: shared by all
+ * threads (widened A [M,K], B [K,N], the float32 result, then the float32 product's own scratch),
+ * and per thread */
+static inline int64_t mica_wide_shared_bytes(int64_t M, int64_t N, int64_t K) {
+    int64_t kc = K < MICA_KC ? K : MICA_KC;
+    return 4 * (M * K + K * N + M * N + (kc ? kc : 1) * ((N + MICA_NR - 1) / MICA_NR * MICA_NR)) + 256;
+}
+static inline int64_t mica_wide_thread_bytes(int64_t K) {
+    (void)K;
+    return 4 * MICA_GEMM_THREAD_FLOATS + 64;
+}
+
 /* Scratch, in bytes: shared by all threads, and per thread (the generated program reserves both) */
 static inline int64_t mica_bf16gemm_shared_bytes(int64_t M, int64_t N, int64_t K) {
 #if MICA_BF16_GEMM == MICA_BF16_F32
-    /* widened A [M,K], B [K,N], the float32 result, then the float32 product's own scratch */
-    int64_t kc = K < MICA_KC ? K : MICA_KC;
-    return 4 * (M * K + K * N + M * N + (kc ? kc : 1) * ((N + MICA_NR - 1) / MICA_NR * MICA_NR)) + 256;
+    return mica_wide_shared_bytes(M, N, K);
 #else
     int64_t Kp = mica_bf16_kpad(K), Np = mica_bf16_npad(N), kc = mica_bf16_kchunk(Kp, Np);
     int64_t sums = kc && kc < Kp ? 4 * (M + MICA_BF16_MB - 1) / MICA_BF16_MB * MICA_BF16_MB * Np + 64 : 0;
@@ -80,8 +90,7 @@ static inline int64_t mica_bf16gemm_shared_bytes(int64_t M, int64_t N, int64_t K
 }
 static inline int64_t mica_bf16gemm_thread_bytes(int64_t K) {
 #if MICA_BF16_GEMM == MICA_BF16_F32
-    (void)K;
-    return 4 * MICA_GEMM_THREAD_FLOATS + 64;
+    return mica_wide_thread_bytes(K);
 #else
     return (2 * MICA_BF16_MB * mica_bf16_kpad(K) + 4 * MICA_BF16_MB * MICA_BF16_MB + 63) / 64 * 64 + 64;
 #endif
@@ -162,105 +171,167 @@ static inline void mica_bf16_tiles_end(int amx) {
     (void)amx;
 }
 
-#if MICA_BF16_GEMM == MICA_BF16_F32
-/* ---- any processor: widen, then the float32 product (OpenBLAS tiles or Mica's own kernel) ----- */
-/* stored row r of X (row stride ldx) widened to float32, subnormals flushed as the bf16 instructions
- * read them. The operands are widened as they are stored, a transposed one too (the float32
- * product reads it transposed): a contiguous pass, where copying it transposed read it down
- * its columns. */
-static inline void mica_bf16_widen_row(const mica_bf16 *X, int64_t ldx, int64_t r, int64_t cols, float *out) {
-    const mica_bf16 *x = X + r * ldx;
-    for (int64_t c = 0; c < cols; c++) out[c] = mica_bf16_load(mica_bf16_daz(x[c]));
+/* ---- widened products: the half operands widened to float32, then the float32 product (OpenBLAS
+ * tiles or Mica's own kernel). Every float16 product on the CPU (no float16 product instructions are
+ * used), and the bfloat16 ones of the float32 fallback (MICA_BF16_F32). -------------------------- */
+#define MICA_WIDE_BF16 0  /* bfloat16 operands: subnormals flushed, as the bf16 instructions read them */
+#define MICA_WIDE_F16 1   /* float16 operands: every value as it is (exact in float32) */
+
+/* stored row r of X (row stride ldx) widened to float32. The operands are widened as they are
+ * stored, a transposed one too (the float32 product reads it transposed): a contiguous pass, where
+ * copying it transposed read it down its columns. */
+static inline void mica_wide_row(const void *X, int half, int64_t ldx, int64_t r, int64_t cols, float *out) {
+    if (half == MICA_WIDE_F16) {
+        const mica_f16 *x = (const mica_f16 *)X + r * ldx;
+        for (int64_t c = 0; c < cols; c++) out[c] = mica_f16_load(x[c]);
+    } else {
+        const mica_bf16 *x = (const mica_bf16 *)X + r * ldx;
+        for (int64_t c = 0; c < cols; c++) out[c] = mica_bf16_load(mica_bf16_daz(x[c]));
+    }
+}
+
+/* an h x w block of float32 results (row stride ld) written to C at (r0, c0): float32, or rounded
+ * once to the half type (to nearest, ties to even) */
+static inline void mica_wide_write(const float *src, int64_t ld, int64_t h, int64_t w, void *C, int64_t ldc,
+                                   int64_t r0, int64_t c0, int half, int out_half) {
+    if (!out_half || half == MICA_WIDE_BF16) {
+        mica_bf16_write(src, ld, h, w, C, ldc, r0, c0, out_half);
+        return;
+    }
+    for (int64_t r = 0; r < h; r++) {
+        mica_f16 *dst = (mica_f16 *)C + (r0 + r) * ldc + c0;
+        for (int64_t c = 0; c < w; c++) dst[c] = mica_f16_store(src[r * ld + c]);
+    }
 }
 
 #ifdef MICA_OPENBLAS
 /* A product in the pieces a parallel region runs, as the packed kernels' below (emit.py runs a
  * product's epilogue on each tile this way): make (outside it), begin (the team widens A and B),
  * tile (one tile of the float32 product's fixed grid, mica_product_grid: one single-threaded
- * OpenBLAS call, then rounded into C), end. The grid depends on the shape alone, so the bits do
+ * OpenBLAS call, then written to C), end. The grid depends on the shape alone, so the bits do
  * not depend on the thread count, and they are mica_blas_sgemm's on the widened operands. */
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc, tiles;
-    int ta, tb, out_bf16, parallel;
-    const mica_bf16 *A, *B;
+    int ta, tb, half, out_half, parallel;
+    const void *A, *B;
     void *C;
     float *a, *b, *c;
     mica_product grid;
-} mica_bf16_product;
+} mica_wide_product;
 
-static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda,
-                                                int ta, const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc,
-                                                int out_bf16, char *work, char *scratch) {
-    (void)scratch;
-    mica_bf16_product p;
-    p.M = M; p.N = N; p.K = K; p.lda = lda; p.ldb = ldb; p.ldc = ldc; p.ta = ta; p.tb = tb; p.out_bf16 = out_bf16;
-    p.A = A; p.B = B; p.C = C;
+static mica_wide_product mica_wide_product_make(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, int ta,
+                                                const void *B, int64_t ldb, int tb, void *C, int64_t ldc, int half,
+                                                int out_half, char *work) {
+    mica_wide_product p;
+    p.M = M; p.N = N; p.K = K; p.lda = lda; p.ldb = ldb; p.ldc = ldc; p.ta = ta; p.tb = tb;
+    p.half = half; p.out_half = out_half; p.A = A; p.B = B; p.C = C;
     p.a = (float *)mica_align64(work); p.b = p.a + M * K; p.c = p.b + K * N;
-    p.grid = mica_product_grid(M, N, K, p.a, ta ? M : K, ta, p.b, tb ? K : N, tb, out_bf16 ? p.c : (float *)C,
-                               out_bf16 ? N : ldc);
+    p.grid = mica_product_grid(M, N, K, p.a, ta ? M : K, ta, p.b, tb ? K : N, tb, out_half ? p.c : (float *)C,
+                               out_half ? N : ldc);
     p.tiles = p.grid.tm * p.grid.tn;
     p.parallel = (double)M * N * (K ? K : 1) > 262144.0;
     return p;
 }
 
-static void mica_bf16_product_begin(const mica_bf16_product *p) {
+static void mica_wide_product_begin(const mica_wide_product *p) {
     int64_t arows = p->ta ? p->K : p->M, acols = p->ta ? p->M : p->K;
     int64_t brows = p->tb ? p->N : p->K, bcols = p->tb ? p->K : p->N;
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < arows; i++) mica_bf16_widen_row(p->A, p->lda, i, acols, p->a + i * acols);
+    for (int64_t i = 0; i < arows; i++) mica_wide_row(p->A, p->half, p->lda, i, acols, p->a + i * acols);
 #pragma omp for schedule(static)
-    for (int64_t k = 0; k < brows; k++) mica_bf16_widen_row(p->B, p->ldb, k, bcols, p->b + k * bcols);
+    for (int64_t k = 0; k < brows; k++) mica_wide_row(p->B, p->half, p->ldb, k, bcols, p->b + k * bcols);
 }
 
 /* tile t of the output, rows [r0, r1) and columns [c0, c1), computed and written to C */
-static void mica_bf16_product_tile(const mica_bf16_product *p, int64_t t, int64_t *r0, int64_t *r1, int64_t *c0,
+static void mica_wide_product_tile(const mica_wide_product *p, int64_t t, int64_t *r0, int64_t *r1, int64_t *c0,
                                    int64_t *c1) {
     mica_product_bounds(&p->grid, t, r0, r1, c0, c1);
     float *dst = p->grid.C;
     int64_t ldd = p->grid.ldc;
     if (p->K > 0) mica_product_tile(&p->grid, t);
     else for (int64_t i = *r0; i < *r1; i++) memset(dst + i * ldd + *c0, 0, sizeof(float) * (*c1 - *c0));
-    if (p->out_bf16) mica_bf16_write(dst + *r0 * ldd + *c0, ldd, *r1 - *r0, *c1 - *c0, p->C, p->ldc, *r0, *c0, 1);
+    if (p->out_half)
+        mica_wide_write(dst + *r0 * ldd + *c0, ldd, *r1 - *r0, *c1 - *c0, p->C, p->ldc, *r0, *c0, p->half, 1);
 }
 
-static void mica_bf16_product_end(const mica_bf16_product *p) { (void)p; }
+static void mica_wide_product_end(const mica_wide_product *p) { (void)p; }
 
-static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
-                          const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
-                          char *scratch) {
-    mica_bf16_product p = mica_bf16_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, out_bf16, work, scratch);
+static void mica_wide_gemm(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, int ta, const void *B,
+                           int64_t ldb, int tb, void *C, int64_t ldc, int half, int out_half, char *work,
+                           char *scratch) {
+    (void)scratch;
+    mica_wide_product p = mica_wide_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, half, out_half, work);
     if (M == 0 || N == 0) return;
 #pragma omp parallel if (p.parallel)
     {
-        mica_bf16_product_begin(&p);
+        mica_wide_product_begin(&p);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < p.tiles; t++) {
             int64_t r0, r1, c0, c1;
-            mica_bf16_product_tile(&p, t, &r0, &r1, &c0, &c1);
+            mica_wide_product_tile(&p, t, &r0, &r1, &c0, &c1);
         }
-        mica_bf16_product_end(&p);
+        mica_wide_product_end(&p);
     }
 }
+
+/* the float16 products' pieces (emit.py: a float16 product with an epilogue) */
+typedef mica_wide_product mica_f16_product;
+static inline mica_f16_product mica_f16_product_make(int64_t M, int64_t N, int64_t K, const mica_f16 *A, int64_t lda,
+                                                     int ta, const mica_f16 *B, int64_t ldb, int tb, void *C,
+                                                     int64_t ldc, int out_f16, char *work, char *scratch) {
+    (void)scratch;
+    return mica_wide_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, MICA_WIDE_F16, out_f16, work);
+}
+#define mica_f16_product_begin mica_wide_product_begin
+#define mica_f16_product_tile mica_wide_product_tile
+#define mica_f16_product_end mica_wide_product_end
 #else
 /* Mica's own float32 kernel: widened operands, one product over the team */
-static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
-                          const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
-                          char *scratch) {
+static void mica_wide_gemm(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, int ta, const void *B,
+                           int64_t ldb, int tb, void *C, int64_t ldc, int half, int out_half, char *work,
+                           char *scratch) {
     float *a = (float *)mica_align64(work), *b = a + M * K, *c = b + K * N, *packed = c + M * N;
     int parallel = (double)M * N * (K ? K : 1) > 262144.0;
     int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t i = 0; i < arows; i++) mica_bf16_widen_row(A, lda, i, acols, a + i * acols);
+    for (int64_t i = 0; i < arows; i++) mica_wide_row(A, half, lda, i, acols, a + i * acols);
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t k = 0; k < brows; k++) mica_bf16_widen_row(B, ldb, k, bcols, b + k * bcols);
-    float *dst = out_bf16 ? c : (float *)C;
-    int64_t ldd = out_bf16 ? N : ldc;
+    for (int64_t k = 0; k < brows; k++) mica_wide_row(B, half, ldb, k, bcols, b + k * bcols);
+    float *dst = out_half ? c : (float *)C;
+    int64_t ldd = out_half ? N : ldc;
     mica_sgemm(M, N, K, a, acols, ta, b, bcols, tb, 0.0f, dst, ldd, packed, (float *)mica_align64(scratch));
-    if (out_bf16) {
+    if (out_half) {
 #pragma omp parallel for schedule(static) if (parallel)
-        for (int64_t i = 0; i < M; i++) mica_bf16_write(c + i * N, N, 1, N, C, ldc, i, 0, 1);
+        for (int64_t i = 0; i < M; i++) mica_wide_write(c + i * N, N, 1, N, C, ldc, i, 0, half, 1);
     }
 }
+#endif
+
+/* C = op(A) @ op(B), A and B float16; C float32 or float16 (out_f16). `work` holds
+ * mica_wide_shared_bytes, `scratch` mica_wide_thread_bytes per thread. */
+static void mica_f16gemm(int64_t M, int64_t N, int64_t K, const mica_f16 *A, int64_t lda, int ta, const mica_f16 *B,
+                         int64_t ldb, int tb, void *C, int64_t ldc, int out_f16, char *work, char *scratch) {
+    mica_wide_gemm(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, MICA_WIDE_F16, out_f16, work, scratch);
+}
+
+#if MICA_BF16_GEMM == MICA_BF16_F32
+/* ---- any processor: the bfloat16 products widened (mica_wide_gemm) ----------------------------- */
+static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
+                          const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
+                          char *scratch) {
+    mica_wide_gemm(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, MICA_WIDE_BF16, out_bf16, work, scratch);
+}
+#ifdef MICA_OPENBLAS
+typedef mica_wide_product mica_bf16_product;
+static inline mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K, const mica_bf16 *A,
+                                                       int64_t lda, int ta, const mica_bf16 *B, int64_t ldb, int tb,
+                                                       void *C, int64_t ldc, int out_bf16, char *work, char *scratch) {
+    (void)scratch;
+    return mica_wide_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, MICA_WIDE_BF16, out_bf16, work);
+}
+#define mica_bf16_product_begin mica_wide_product_begin
+#define mica_bf16_product_tile mica_wide_product_tile
+#define mica_bf16_product_end mica_wide_product_end
 #endif
 #else
 /* ---- packing, shared by the AVX512-BF16 and AMX kernels ------------------------------------------ */

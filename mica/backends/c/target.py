@@ -5,8 +5,9 @@ What it answers for the shared pipeline: 64-byte alignment; scratch per thread (
 inlines it: float32 products through OpenBLAS, bfloat16 ones on each 32-row block of the packed
 kernels or on the float32 fallback's OpenBLAS tiles); bfloat16 products are its own
 (mica_bf16gemm.h, the kernel chosen from the processor: bf16gemm.py), and so is bfloat16 attention
-(mica_kernels.h); float16 ones and the other kernels are widened to float32 (passes/widen.py); the
-kernels' lowerings are registered under platform "c" (lowerings.py).
+(mica_kernels.h); float16 products are widened inside the product (mica_f16gemm: no float16
+product instructions are used); the other half-type kernels are widened to float32 around them
+(passes/widen.py); the kernels' lowerings are registered under platform "c" (lowerings.py).
 """
 import os
 
@@ -45,6 +46,8 @@ class CTarget(Target):
         return self._bf16_gemm
 
     def half_kernel(self, op, dtype):
+        if dtype is dtypes.float16:  # (widened inside the product: mica_f16gemm)
+            return op == "matmul"
         return dtype is dtypes.bfloat16 and (op == "matmul" or op in BF16_KERNELS)
 
     @property
@@ -61,6 +64,8 @@ class CTarget(Target):
     def product_epilogue(self, gemm, loop):
         if gemm.a.dtype is dtypes.bfloat16:  # the packed kernels run it on each 32-row block, the float32
             return self.bf16_gemm != "f32" or self.blas == "openblas"  # fallback on OpenBLAS's tiles
+        if gemm.a.dtype is dtypes.float16:  # widened, on OpenBLAS's tiles
+            return self.blas == "openblas"
         return gemm.out.dtype is dtypes.float32 and gemm.a.dtype is dtypes.float32
 
     def render(self, lowered, api="mica_"):

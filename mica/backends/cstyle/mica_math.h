@@ -20,9 +20,12 @@
 #define MICA_HD __host__ __device__
 #include <cuda_fp16.h>
 typedef __half mica_f16;
+#elif defined(__cplusplus)
+#define MICA_HD
+typedef _Float16 mica_f16;  /* (the CUDA simulator's C++: a type of its own, for its overloads) */
 #else
 #define MICA_HD
-typedef _Float16 mica_f16;
+typedef uint16_t mica_f16;  /* float16 bits: converted with integer operations, which vectorize */
 #endif
 
 typedef uint8_t mica_bool;
@@ -43,7 +46,40 @@ static inline MICA_HD float mica_round_bf16(float f) { return mica_bf16_load(mic
  * rounded where it is made: mica_round_bf16, a load or a constant): mica_bf16_store's result for
  * it, without rounding it a second time */
 static inline MICA_HD mica_bf16 mica_bf16_exact(float f) { return (mica_bf16)(mica_f32_bits(f) >> 16); }
-static inline MICA_HD float mica_round_f16(float f) { return (float)(mica_f16)f; }
+/* float16 values: a load widens exactly, a store rounds to nearest, ties to even, overflowing to
+ * infinity (NaN stays NaN, quieted, its payload's top bits kept, as the F16C instructions do). In C
+ * the bits are converted with integer and float operations a compiler vectorizes (gcc does not
+ * vectorize _Float16 conversions without AVX512-FP16: a loop over float16 values ran one element at
+ * a time); on a GPU (and its simulator) the hardware's conversions, which give the same bits. */
+#if defined(__CUDACC__)
+static inline MICA_HD float mica_f16_load(mica_f16 h) { return __half2float(h); }
+static inline MICA_HD mica_f16 mica_f16_store(float f) { return __float2half_rn(f); }
+#elif defined(__cplusplus)
+static inline float mica_f16_load(mica_f16 h) { return (float)h; }
+static inline mica_f16 mica_f16_store(float f) { return (mica_f16)f; }
+#else
+static inline float mica_f16_load(mica_f16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, a = h & 0x7FFFu;
+    /* the half's exponent and mantissa in a float's field, scaled by 2^112: exact for normal and
+     * subnormal halves alike (a subnormal half lands on a subnormal float, then becomes normal) */
+    uint32_t m = mica_f32_bits(mica_bits_f32(a << 13) * 0x1p112f);
+    if (a >= 0x7C00u) m = 0x7F800000u | (a & 0x3FFu) << 13 | (a > 0x7C00u ? 0x400000u : 0u);  /* inf, NaN */
+    return mica_bits_f32(m | sign);
+}
+static inline mica_f16 mica_f16_store(float f) {
+    uint32_t u = mica_f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu, h;
+    if (a >= 0x47800000u) {         /* |f| >= 2^16, inf or NaN: infinity, or a quiet NaN */
+        h = a > 0x7F800000u ? 0x7E00u | ((a >> 13) & 0x3FFu) : 0x7C00u;
+    } else if (a < 0x38800000u) {   /* below 2^-14: a subnormal half (or zero, or 2^-14 itself) */
+        /* 0.5 + |f| rounds to a multiple of 2^-24, the subnormal halves' step: its low bits count them */
+        h = mica_f32_bits(mica_bits_f32(a) + 0.5f) - 0x3F000000u;
+    } else {                        /* rebias the exponent, round the 13 dropped bits to even */
+        h = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+    }
+    return (mica_f16)(h | sign);
+}
+#endif
+static inline MICA_HD float mica_round_f16(float f) { return mica_f16_load(mica_f16_store(f)); }
 
 /* ---- float math, vectorizable ------------------------------------------------------------------ */
 /* exp(xc) for xc in [-174, 89]: beyond, the two scale factors leave float's exponent range */

@@ -30,7 +30,7 @@ def load(dtype, ref):
     if dtype is dtypes.bfloat16:
         return f"mica_bf16_load({ref})"
     if dtype is dtypes.float16:
-        return f"(float)({ref})"
+        return f"mica_f16_load({ref})"
     return ref
 
 
@@ -38,7 +38,7 @@ def store(dtype, value):
     if dtype is dtypes.bfloat16:
         return f"mica_bf16_store({value})"
     if dtype is dtypes.float16:
-        return f"(mica_f16)({value})"
+        return f"mica_f16_store({value})"
     return value
 
 
