@@ -28,3 +28,11 @@ f32, bf16, f16, f64, i32, i64, b8 = float32, bfloat16, float16, float64, int32, 
 float, double, half, long, int = float32, float64, float16, int64, int32  # noqa: A001
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):  # (a verb torch has and Mica does not: one sentence; submodules still import)
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from .errors import missing_verb
+
+    raise missing_verb("mica.", name, "torch.")

@@ -18,6 +18,19 @@ class TraceError(MicaError):
     """A verb was used where no trace is active, or with a value it cannot take."""
 
 
+class MissingVerbError(TraceError, AttributeError):
+    """A name torch has and Mica does not (an AttributeError too, so hasattr() still answers)."""
+
+
+def missing_verb(where, name, torch_name):
+    """The error for `where.name` (a verb or method Mica lacks), at the user's line."""
+    from .tensor import user_location
+
+    listed = "mica.Tensor" if where == "Tensor." else where.rstrip(".")
+    return MissingVerbError(f"Mica has no {where}{name} ({torch_name}{name}); write it from the verbs it has "
+                            f"(dir({listed}) lists them)", user_location())
+
+
 class GradError(MicaError):
     """Differentiation was asked for something that has no derivative here."""
 

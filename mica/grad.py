@@ -15,11 +15,22 @@ def _is_tensor(x):
     return isinstance(x, Tensor)
 
 
-def grad(loss, wrt, grad_output=None):
+_NO_WRT = object()
+
+
+def grad(loss, wrt=_NO_WRT, grad_output=None):
     """Gradients of `loss` with respect to every Tensor in the pytree `wrt`, in the same structure."""
+    if callable(loss) and not isinstance(loss, Tensor):
+        raise TraceError("mica.grad(loss, wrt) differentiates a traced loss Tensor with respect to `wrt`; for a "
+                         "function, mica.value_and_grad(fn)(*args) gives its value and gradients", user_location())
+    if wrt is _NO_WRT:
+        raise TraceError("mica.grad(loss, wrt) needs `wrt`: the Tensors (or a pytree of them) to differentiate by",
+                         user_location())
     ctx = current("mica.grad")
     if not isinstance(loss, Tensor):
-        raise TraceError(f"mica.grad: the loss must be a traced Tensor, got {type(loss).__name__}",
+        hint = ("; a function returning (loss, extra) goes to mica.value_and_grad(fn, has_aux=True)"
+                if isinstance(loss, (tuple, list)) else "")
+        raise TraceError(f"mica.grad: the loss must be a traced Tensor, got {type(loss).__name__}{hint}",
                          user_location())
     if loss.dtype.kind != "float":
         raise GradError(f"mica.grad: the loss must be floating, got {loss.value.spec!r}", user_location())
@@ -28,6 +39,9 @@ def grad(loss, wrt, grad_output=None):
         if not isinstance(x, Tensor):
             raise TraceError(f"mica.grad: wrt must hold traced Tensors, found {type(x).__name__}",
                              user_location())
+        if x.dtype.kind != "float":
+            raise GradError(f"mica.grad: wrt holds {x.value.spec!r}, which has no gradient (only floating Tensors "
+                            "do); leave it out of wrt", user_location())
     from . import verbs as F
 
     if grad_output is None:

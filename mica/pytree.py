@@ -109,3 +109,40 @@ def leaf_paths(tree, is_leaf=None, prefix=""):
 
     walk(tree, prefix)
     return paths
+
+
+def describe_difference(got, want):
+    """Where treedef `got` first differs from `want`, in words (each a tuple of a call's arguments):
+    'argument 2['bias'] is missing', 'argument 1 is a list where one array was traced', ..."""
+    if got.kind == want.kind == "tuple" and len(got.children) != len(want.children):
+        n, m = len(got.children), len(want.children)
+        return f"called with {n} argument{'s' * (n != 1)}, traced with {m}"
+    noun = {"leaf": "an array", "none": "None", "dict": "a dict", "list": "a list", "tuple": "a tuple",
+            "namedtuple": "a namedtuple"}
+
+    def walk(g, w, path):
+        if g.kind != w.kind or (g.kind == "namedtuple" and g.meta != w.meta):
+            hint = " (pass it as one: np.asarray)" if w.kind == "leaf" and g.kind in ("list", "tuple") else ""
+            return f"{path} is {noun[g.kind]} where {noun[w.kind]} was traced{hint}"
+        if g.kind == "dict" and g.meta != w.meta:
+            missing = [k for k in w.meta if k not in g.meta]
+            extra = [k for k in g.meta if k not in w.meta]
+            if missing:
+                return f"{path} lacks {', '.join(map(repr, missing))}"
+            if extra:
+                return f"{path} has {', '.join(map(repr, extra))}, which the traced one does not"
+            return f"{path}'s keys come in another order than the traced one's"
+        if g.kind in ("list", "tuple") and len(g.children) != len(w.children):
+            return f"{path} has {len(g.children)} items where {len(w.children)} were traced"
+        keys = g.meta if g.kind == "dict" else range(len(g.children))
+        for k, gc, wc in zip(keys, g.children, w.children):
+            found = walk(gc, wc, f"{path}[{k!r}]")
+            if found:
+                return found
+        return None
+
+    for i, (g, w) in enumerate(zip(got.children, want.children)):
+        found = walk(g, w, f"argument {i}")
+        if found:
+            return found
+    return "the structures differ"

@@ -7,6 +7,8 @@ PyTorch's in-place style stays functional underneath.
 import os
 import sys
 
+import numpy as np
+
 from . import dtypes
 from .errors import MicaError, ShapeError, TraceError
 from .ops import OPS
@@ -180,6 +182,32 @@ class Tensor:
 
     __int__ = __index__ = item = tolist = __float__
 
+    def __getattr__(self, name):  # (only for names Tensor lacks: a method torch.Tensor has and Mica does not)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from .errors import missing_verb
+
+        raise missing_verb("Tensor.", name, "torch.Tensor.")
+
+    # numpy on a traced Tensor: one sentence, not a silent trace of every element (or a value it has not)
+    def __array__(self, *args, **kwargs):
+        raise TraceError("a traced Tensor has no value while tracing, so numpy cannot read it; use mica's verbs "
+                         "on it (mica.exp, x.sum(), ...), or return it from the traced function", user_location())
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        name = getattr(ufunc, "__name__", "ufunc")
+        verb = _OPERATOR_UFUNCS.get(name)
+        if verb and method == "__call__" and not kwargs:  # a numpy scalar beside a Tensor: its operator
+            scalar = (lambda x: isinstance(x, np.generic) or (isinstance(x, np.ndarray) and x.ndim == 0))
+            return getattr(F, verb)(*(x.item() if scalar(x) else x for x in inputs))
+        use = f"mica.{name}" if hasattr(F, name) else "mica's verbs"
+        raise TraceError(f"numpy's {name} cannot take a traced Tensor; use {use} instead", user_location())
+
+    def __array_function__(self, func, types, args, kwargs):
+        name = getattr(func, "__name__", "function")
+        use = f"mica.{name}" if hasattr(F, name) else "mica's verbs"
+        raise TraceError(f"numpy's {name} cannot take a traced Tensor; use {use} instead", user_location())
+
     # ---- arithmetic ---------------------------------------------------------------------------
     def __add__(self, o): return F.add(self, o)
     def __radd__(self, o): return F.add(o, self)
@@ -225,7 +253,21 @@ class Tensor:
     def add(self, other, alpha=1): return F.add(self, other, alpha=alpha)
     def sub(self, other, alpha=1): return F.sub(self, other, alpha=alpha)
     def mul(self, other): return F.mul(self, other)
-    def div(self, other): return F.div(self, other)
+    def div(self, other, rounding_mode=None): return F.div(self, other, rounding_mode=rounding_mode)
+    def narrow(self, dim, start, length): return F.narrow(self, dim, start, length)
+    def amin(self, dim=(), keepdim=False): return F.amin(self, dim, keepdim)
+    def argmin(self, dim=None, keepdim=False): return F.argmin(self, dim, keepdim)
+    def eq(self, o): return F.eq(self, o)
+    def ne(self, o): return F.ne(self, o)
+    def lt(self, o): return F.lt(self, o)
+    def le(self, o): return F.le(self, o)
+    def gt(self, o): return F.gt(self, o)
+    def ge(self, o): return F.ge(self, o)
+    def logical_and(self, o): return F.logical_and(self, o)
+    def logical_or(self, o): return F.logical_or(self, o)
+    def logical_not(self): return F.logical_not(self)
+    def where(self, condition, other): return F.where(condition, self, other)
+    def outer(self, vec2): return F.outer(self, vec2)
     def pow(self, e): return F.pow(self, e)
     def matmul(self, o): return F.matmul(self, o)
     def lerp(self, end, weight): return F.lerp(self, end, weight)
@@ -306,5 +348,10 @@ class Tensor:
 
 
 from . import verbs as F  # noqa: E402  (verbs build on Tensor; Tensor's methods call them)
+
+# numpy's ufuncs that are Python operators on a Tensor (np.float32(2) * x arrives as multiply)
+_OPERATOR_UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "div", "divide": "div",
+                    "power": "pow", "matmul": "matmul", "negative": "neg", "absolute": "abs", "less": "lt",
+                    "less_equal": "le", "greater": "gt", "greater_equal": "ge", "equal": "eq", "not_equal": "ne"}
 
 __all__ = ["Tensor", "TraceContext", "emit", "current", "user_location", "fail", "MicaError"]

@@ -54,8 +54,8 @@ class Program:
         """The input leaves of a call's arguments, checked against the traced signature."""
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         if tree != self.in_tree:
-            raise TraceError(f"{self.name}: the arguments' structure differs from the traced one "
-                             f"({tree} vs {self.in_tree})")
+            raise TraceError(f"{self.name}: the arguments differ from the traced ones: "
+                             f"{pytree.describe_difference(tree, self.in_tree)}")
         out = [x for x, s in zip(leaves, self._static) if s is None]
         for x, v, name in zip(out, self.graph.inputs, self.graph.input_names):
             shape = tuple(np.shape(x))

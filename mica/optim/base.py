@@ -17,6 +17,12 @@ class Optimizer:
         if unknown:
             raise MicaError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
                             f"known: {sorted(self.defaults)}")
+        if param_groups is not None and (not isinstance(param_groups, (list, tuple))
+                                         or not all(isinstance(g, dict) and "params" in g for g in param_groups)):
+            raise MicaError(f"{type(self).__name__} takes settings only (Mica's optimizers are functional: the "
+                            "parameters come to init(params) and update(params, grads, state)); its first argument "
+                            "is param_groups, a list of dicts like {'params': [names], 'weight_decay': 0.0}, not "
+                            f"the parameters themselves, so write {type(self).__name__}(lr=...)")
         self.hyper = {**self.defaults, **hyper}
         self.param_groups = param_groups
         self._check(self.hyper, "")

@@ -62,8 +62,20 @@ def as_tensor(x, dtype=None, verb=None):
         return const(x, dtype or scalar_dtype(x))
     if isinstance(x, (np.ndarray, list, tuple)):
         return tensor(x, dtype=dtype)
-    raise TraceError(f"{verb} cannot take a {type(x).__name__} ({x!r:.60}); pass a Tensor or a number",
-                     user_location())
+    raise _not_an_operand(verb, x)
+
+
+def _not_an_operand(verb, x):
+    """The sentence for a value a verb cannot take, with what to do for the usual ones."""
+    kind, hint = type(x).__name__, ""
+    if kind == "Parameter":  # (a module called on its own, its parameters never bound)
+        hint = " (a module's Parameter: call the model through mica.nn.functional_call(model, params, ...) in the trace)"
+    elif type(x).__module__.startswith("torch"):
+        kind, hint = f"torch.{kind}", " (pass it in as an input, or as a constant: mica.tensor(t.numpy()))"
+    elif hasattr(x, "__array__"):
+        hint = " (a numpy array becomes a constant Tensor with mica.tensor(array))"
+    return TraceError(f"{verb} cannot take a {kind} ({_short_repr(x)}); pass a traced Tensor or a number{hint}",
+                      user_location())
 
 
 def canon_dim(dim, ndim, verb):
@@ -104,6 +116,12 @@ def result_type(*operands):
     return combine(dim_t, combine(zero_t, wrapped_t))
 
 
+def _short_repr(x, most=60):
+    """repr(x) whole, or cut at `most` characters with an ellipsis (never an unclosed bracket alone)."""
+    text = " ".join(repr(x).split())
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
 def _binary(op, a, b, compute=None, out_kinds=None):
     verb = op
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
@@ -111,8 +129,7 @@ def _binary(op, a, b, compute=None, out_kinds=None):
         raise TraceError(f"{verb} needs at least one Tensor operand", user_location())
     for x in (a, b):
         if not isinstance(x, Tensor) and not is_scalar(x):
-            raise TraceError(f"{verb} cannot take a {type(x).__name__} ({x!r:.60}); pass a Tensor or a number",
-                             user_location())
+            raise _not_an_operand(verb, x)
     dt = compute or result_type(a, b)
     return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])
 

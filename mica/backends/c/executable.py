@@ -10,6 +10,26 @@ from ...dtypes import bfloat16, float16
 from ...errors import MicaError
 
 
+def check_input(array, view, index, name):
+    """`array` as numpy, or one sentence when it cannot be this input without losing its meaning: a
+    shape other than the traced one, or values of another kind (floats where the program reads
+    integers, complex numbers, text). Integers and booleans for a float input, and float64 for
+    float32, convert as torch's and numpy's assignments do."""
+    spec = f"{view.dtype.short}[{', '.join(map(str, view.shape))}]"
+    try:
+        a = np.asarray(array)
+    except (TypeError, ValueError) as e:
+        raise MicaError(f"{name}: input {index} ({spec}) got a value numpy cannot read as an array ({e})") from None
+    want = np.dtype(np.float32) if view.dtype in (bfloat16, float16) else np.dtype(view.dtype.np_storage)
+    if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, want, casting="same_kind"):
+        raise MicaError(f"{name}: input {index} is {spec} and got {a.dtype} values; pass an array of "
+                        f"{'integers' if want.kind in 'iu' else 'real numbers'} (e.g. np.asarray(x, np.{want}))")
+    if a.shape != tuple(view.shape):
+        raise MicaError(f"{name}: input {index} is {spec} and got shape {a.shape}; pass an array of shape "
+                        f"{tuple(view.shape)}")
+    return a
+
+
 def _to_storage(array, dtype):
     a = np.asarray(array)
     if dtype is bfloat16:
@@ -78,13 +98,14 @@ class Executable:
     def load(self, *args):
         """Copy every argument into the arena."""
         leaves = self.lowered.program.flatten_args(args)
-        for view, x in zip(self.lowered.schedule.inputs, leaves):
-            self._buffer(view.src)[...] = _to_storage(x, view.dtype).reshape(-1)
+        for i, x in enumerate(leaves):
+            self.set_input(i, x)
 
     def set_input(self, index, array):
         """Overwrite one input (by its flat index) — e.g. the next batch between steps."""
         view = self.lowered.schedule.inputs[index]
-        self._buffer(view.src)[...] = _to_storage(array, view.dtype).reshape(-1)
+        a = check_input(array, view, index, self.lowered.program.name)
+        self._buffer(view.src)[...] = _to_storage(a, view.dtype).reshape(-1)
 
     def run(self, threads=None, seed=0, offset=0):
         """Run once over what is in the arena. State updated in place stays there for the next run."""

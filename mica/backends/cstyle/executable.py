@@ -6,7 +6,7 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import _from_storage, _to_storage
+from ..c.executable import _from_storage, _to_storage, check_input
 
 
 class AbiExecutable:
@@ -51,7 +51,8 @@ class AbiExecutable:
 
     def set_input(self, index, array):
         view = self.lowered.schedule.inputs[index]
-        data = np.ascontiguousarray(_to_storage(array, view.dtype).reshape(view.shape))
+        a = check_input(array, view, index, self.lowered.program.name)
+        data = np.ascontiguousarray(_to_storage(a, view.dtype).reshape(view.shape))
         self._set(self._arena, index, data.ctypes.data)
 
     def run(self, threads=1, seed=0, offset=0):

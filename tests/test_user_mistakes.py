@@ -1,0 +1,135 @@
+"""What a PyTorch user writes first and gets wrong, each met by one sentence naming their line (a
+new user's trial of the Python API): numpy on traced Tensors, verbs Mica lacks, optimizers built
+torch's way, gradients of integers, and a compiled program's inputs of the wrong kind or structure.
+Also the Tensor methods torch.Tensor has whose functions Mica has."""
+import importlib
+import inspect
+
+import numpy as np
+import pytest
+
+import mica
+import mica.nn.functional as F
+from mica.errors import GradError, MissingVerbError, TraceError
+
+HERE = __file__
+
+
+def _line(offset=0):
+    """This file:line of the caller's line (plus offset)."""
+    return f"test_user_mistakes.py:{inspect.currentframe().f_back.f_lineno + offset}"
+
+
+def _refused(fn, *specs, error=TraceError):
+    with pytest.raises(error) as e:
+        mica.trace(fn, *specs)
+    return str(e.value)
+
+
+def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operands():
+    line = _line(1)
+    said = _refused(lambda a: np.exp(a).sum(), mica.f32[8, 8])
+    assert said.startswith("numpy's exp cannot take a traced Tensor; use mica.exp instead") and line in said
+    assert "numpy cannot read it; use mica's verbs" in _refused(lambda a: np.asarray(a), mica.f32[3])
+    assert "numpy's sum cannot take a traced Tensor; use mica.sum" in _refused(lambda a: np.sum(a), mica.f32[3])
+    # a numpy scalar beside a Tensor is a number, as it was: 2x + 3x - 1 + (2 > x)
+    program = mica.trace(lambda a: np.float64(2.0) * a + a * np.float32(3) - np.int64(1) + (np.float32(2) > a),
+                         mica.f32[4])
+    x = np.array([0.5, 1.5, 2.5, -1.0], np.float32)
+    np.testing.assert_allclose(mica.reference.run(program, x), 5 * x - 1 + (x < 2), rtol=1e-12)
+    said = _refused(lambda a: np.ones(4) * a, mica.f32[4])
+    assert said.startswith("mul cannot take a ndarray (array([1., 1., 1., 1.])); pass a traced Tensor or a number (a "
+                           "numpy array becomes a constant Tensor with mica.tensor(array))")
+    said = _refused(lambda a: mica.nn.Linear(4, 2)(a), mica.f32[4])
+    assert "cannot take a Parameter (Parameter(f32[2, 4]" in said and "); pass a traced Tensor or a number (a " \
+        "module's Parameter: call the model through mica.nn.functional_call(model, params, ...) in the trace)" in said
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda a: F.conv1d(a, a), "Mica has no mica.nn.functional.conv1d (torch.nn.functional.conv1d); write it from "
+                               "the verbs it has (dir(mica.nn.functional) lists them)"),
+    (lambda a: mica.einsum("ij->i", a), "Mica has no mica.einsum (torch.einsum)"),
+    (lambda a: a.cumsum(0), "Mica has no Tensor.cumsum (torch.Tensor.cumsum); write it from the verbs it has "
+                            "(dir(mica.Tensor) lists them)"),
+])
+def test_a_verb_mica_lacks_is_one_sentence_and_still_an_attribute_error(make, says):
+    with pytest.raises(MissingVerbError) as e:
+        mica.trace(make, mica.f32[4, 4])
+    assert str(e.value).startswith(says) and "test_user_mistakes.py:" in str(e.value)
+    assert isinstance(e.value, AttributeError) and not hasattr(F, "conv1d") and not hasattr(mica, "einsum")
+    assert importlib.import_module("mica.bench.step")  # (submodules still import past the module's __getattr__)
+
+
+def test_tensor_methods_of_the_functions_mica_has():
+    def methods(a, b):
+        return (a.narrow(1, 1, 2), a.amin(1), a.argmin(1), a.eq(b), a.ne(b), a.lt(b), a.le(b), a.gt(b), a.ge(b),
+                a.gt(0).logical_and(b.gt(0)), a.gt(0).logical_or(b.gt(0)), a.gt(0).logical_not(),
+                a.where(a > b, b), a[0].outer(b[1]))
+
+    def functions(a, b):
+        return (mica.narrow(a, 1, 1, 2), mica.amin(a, 1), mica.argmin(a, 1), mica.eq(a, b), mica.ne(a, b),
+                mica.lt(a, b), mica.le(a, b), mica.gt(a, b), mica.ge(a, b),
+                mica.logical_and(mica.gt(a, 0), mica.gt(b, 0)), mica.logical_or(mica.gt(a, 0), mica.gt(b, 0)),
+                mica.logical_not(mica.gt(a, 0)), mica.where(a > b, a, b), mica.outer(a[0], b[1]))
+
+    rng = np.random.default_rng(5)
+    a, b = (np.round(rng.standard_normal((3, 4)), 1).astype(np.float32) for _ in range(2))
+    got = mica.reference.run(mica.trace(methods, mica.f32[3, 4], mica.f32[3, 4]), a, b)
+    want = mica.reference.run(mica.trace(functions, mica.f32[3, 4], mica.f32[3, 4]), a, b)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(got[12], np.where(a > b, a, b))
+
+
+def test_an_optimizer_built_torchs_way_says_how_to_build_it():
+    model = mica.nn.Linear(3, 4)
+    with pytest.raises(mica.MicaError, match=r"AdamW takes settings only \(Mica's optimizers are functional: the "
+                                             r"parameters come to init\(params\) and update\(params, grads, state\)\)"):
+        mica.optim.AdamW(model.parameters(), lr=1e-3)
+    assert mica.optim.AdamW([{"params": ["weight"], "weight_decay": 0.0}], lr=1e-3).param_groups
+
+
+def test_gradients_asked_of_what_has_none_or_the_wrong_way():
+    line = _line(1)
+    said = _refused(lambda a, i: mica.grad((a * i).sum(), i), mica.f32[4], mica.i64[4], error=GradError)
+    assert said.startswith("mica.grad: wrt holds i64[4], which has no gradient (only floating Tensors do)")
+    assert line in said
+    said = _refused(lambda a: mica.grad(lambda x: x.sum())(a), mica.f32[4])
+    assert said.startswith("mica.grad(loss, wrt) differentiates a traced loss Tensor with respect to `wrt`; for a "
+                           "function, mica.value_and_grad(fn)(*args)")
+    said = _refused(lambda a: mica.value_and_grad(lambda a: (a.sum(), a))(a), mica.f32[4])
+    assert "got tuple; a function returning (loss, extra) goes to mica.value_and_grad(fn, has_aux=True)" in said
+
+
+def test_a_compiled_programs_inputs_of_the_wrong_kind_or_structure():
+    def lookup(p, i):
+        return F.linear(F.embedding(i, p["w"]), p["l"]).sum()
+
+    exe = mica.compile(lookup, {"w": mica.f32[5, 3], "l": mica.f32[2, 3]}, mica.i64[3], name="lookup")
+    rng = np.random.default_rng(2)
+    p = {"w": rng.standard_normal((5, 3)).astype(np.float32), "l": rng.standard_normal((2, 3)).astype(np.float32)}
+    want = float(exe(p, np.array([0, 4, 2])))
+    # what converts as numpy's and torch's assignments convert: float64 weights, int32 indices
+    assert float(exe({k: v.astype(np.float64) for k, v in p.items()}, np.array([0, 4, 2], np.int32))) == want
+    for bad, says in (
+            (np.array([0.5, 4.2, 2.9]), "lookup: input 2 is i64[3] and got float64 values; pass an array of integers "
+                                        "(e.g. np.asarray(x, np.int64))"),
+            (np.array([1 + 2j, 0, 0]), "lookup: input 2 is i64[3] and got complex128 values"),
+            (np.array(["a", "b", "c"]), "lookup: input 2 is i64[3] and got <U1 values")):
+        with pytest.raises(mica.MicaError) as e:
+            exe(p, bad)
+        assert str(e.value).startswith(says)
+    with pytest.raises(mica.MicaError, match=r"^lookup: input 0 is f32\[5, 3\] and got complex64 values; pass an "
+                                             r"array of real numbers"):
+        exe({"w": p["w"].astype(np.complex64), "l": p["l"]}, np.array([0, 1, 2]))
+    with pytest.raises(mica.MicaError, match=r"^lookup: input 2 is i64\[3\] and got shape \(2,\); pass an array of "
+                                             r"shape \(3,\)"):
+        exe.set_input(2, np.array([0, 1]))
+    for args, says in (
+            (({"w": p["w"]}, np.arange(3)), "argument 0 lacks 'l'"),
+            (({**p, "b": p["l"]}, np.arange(3)), "argument 0 has 'b', which the traced one does not"),
+            ((p, [0, 1, 2]), "argument 1 is a list where an array was traced (pass it as one: np.asarray)"),
+            ((p,), "called with 1 argument, traced with 2")):
+        with pytest.raises(TraceError) as e:
+            exe(*args)
+        assert str(e.value) == f"lookup: the arguments differ from the traced ones: {says}"
