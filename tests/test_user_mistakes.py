@@ -133,3 +133,15 @@ def test_a_compiled_programs_inputs_of_the_wrong_kind_or_structure():
         with pytest.raises(TraceError) as e:
             exe(*args)
         assert str(e.value) == f"lookup: the arguments differ from the traced ones: {says}"
+
+
+def test_a_boolean_input_takes_0_1_integers_and_refuses_floats():
+    from types import SimpleNamespace
+
+    from mica.backends.c.executable import check_input
+
+    mask = SimpleNamespace(dtype=mica.bool_, shape=(3,))
+    assert check_input(np.array([1, 0, 1]), mask, 0, "f").dtype.kind == "i"
+    with pytest.raises(mica.MicaError, match=r"^f: input 0 is b8\[3\] and got float64 values; pass an array of "
+                                             r"booleans"):
+        check_input(np.array([0.5, 1.0, 0.0]), mask, 0, "f")

@@ -13,17 +13,19 @@ from ...errors import MicaError
 def check_input(array, view, index, name):
     """`array` as numpy, or one sentence when it cannot be this input without losing its meaning: a
     shape other than the traced one, or values of another kind (floats where the program reads
-    integers, complex numbers, text). Integers and booleans for a float input, and float64 for
-    float32, convert as torch's and numpy's assignments do."""
+    integers, complex numbers, text). Integers and booleans for a float input, float64 for float32,
+    and integers for a boolean mask convert as torch's and numpy's assignments do."""
     spec = f"{view.dtype.short}[{', '.join(map(str, view.shape))}]"
     try:
         a = np.asarray(array)
     except (TypeError, ValueError) as e:
         raise MicaError(f"{name}: input {index} ({spec}) got a value numpy cannot read as an array ({e})") from None
     want = np.dtype(np.float32) if view.dtype in (bfloat16, float16) else np.dtype(view.dtype.np_storage)
-    if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, want, casting="same_kind"):
-        raise MicaError(f"{name}: input {index} is {spec} and got {a.dtype} values; pass an array of "
-                        f"{'integers' if want.kind in 'iu' else 'real numbers'} (e.g. np.asarray(x, np.{want}))")
+    fits = np.can_cast(a.dtype, want, casting="same_kind") or (want.kind == "b" and a.dtype.kind in "iu")
+    if a.dtype.kind not in "biuf" or not fits:  # (0/1 integers are a mask's booleans, as numpy takes them)
+        kind = {"b": "booleans", "i": "integers", "u": "integers"}.get(want.kind, "real numbers")
+        raise MicaError(f"{name}: input {index} is {spec} and got {a.dtype} values; pass an array of {kind} "
+                        f"(e.g. np.asarray(x, np.{want}))")
     if a.shape != tuple(view.shape):
         raise MicaError(f"{name}: input {index} is {spec} and got shape {a.shape}; pass an array of shape "
                         f"{tuple(view.shape)}")
