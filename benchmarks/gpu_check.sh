@@ -17,9 +17,18 @@
 # the PyTorch here (its nvidia/cu13 wheel, which mica/backends/cuda/build.py finds by import
 # nvidia.cu13). Every step runs under a timeout, cut to what is left of the script's budget
 # (DEADLINE_S, default 340 s; a step with under 15 s left is skipped), so the table always comes last.
+# What the card's machine lacks comes with the tree: `bash benchmarks/gpu_carry.sh` here fills
+# .gpu-carry (Debian's Boost.Context for the simulator, this venv's scipy_openblas32 for the CPU
+# trainer), and the device tool's run names it in `carry`; unpacked below when present. Without it
+# the tests that compare the card with the simulator or the CPU trainer fail to build those.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+if [ -d .gpu-carry/debs ]; then
+    for f in .gpu-carry/debs/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+fi
+export PYTHONPATH=".:$PWD/.gpu-carry/site${PYTHONPATH:+:$PYTHONPATH}"
 out=${OUT:-/tmp/gpu-check}
 work=${WORK:-/tmp/gpu-check-work}  # data, checkpoints, run folders: too large to bring back
 mkdir -p "$out" "$work"
@@ -42,18 +51,18 @@ card=$(head -1 "$out/gpu.txt")
 
 # 1-2. the CUDA tests on the card
 t0=$(date +%s)
-within 200 env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_train.py \
+within 200 env PYTHONPATH=$PYTHONPATH $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_train.py \
     -k "gpu or nvcc or sentence" \
     > "$out/pytest.txt" 2>&1
 rc=$?
 row "CUDA tests on the card (pytest)" "$(verdict $rc)" "$(tail -1 "$out/pytest.txt") ($(( $(date +%s) - t0 )) s)"
 # the collectives' NCCL lowering, one rank: nvcc builds and links it (it skips without Open MPI's mpicc)
 t0=$(date +%s)
-within 90 env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests/test_distributed.py -k nccl > "$out/nccl.txt" 2>&1
+within 90 env PYTHONPATH=$PYTHONPATH $PY -m pytest -q -p no:cacheprovider tests/test_distributed.py -k nccl > "$out/nccl.txt" 2>&1
 rc=$?
 row "NCCL lowering builds (pytest, one rank)" "$(verdict $rc)" "$(tail -1 "$out/nccl.txt") ($(( $(date +%s) - t0 )) s)"
 for prog in no_products row_kernels mlp_step; do
-    within 60 env PYTHONPATH=.:tests $PY - "$prog" "$out" <<'PYEOF' > "$out/build-$prog.txt" 2>&1
+    within 60 env PYTHONPATH=$PYTHONPATH:tests $PY - "$prog" "$out" <<'PYEOF' > "$out/build-$prog.txt" 2>&1
 import sys, numpy as np
 import test_cuda as t
 name, out = sys.argv[1], sys.argv[2]
@@ -66,7 +75,7 @@ done
 # 3. compute-sanitizer
 if command -v compute-sanitizer > /dev/null; then
     for tool in memcheck racecheck; do
-        within 90 env PYTHONPATH=.:tests compute-sanitizer --tool "$tool" --error-exitcode 9 $PY - <<'PYEOF' \
+        within 90 env PYTHONPATH=$PYTHONPATH:tests compute-sanitizer --tool "$tool" --error-exitcode 9 $PY - <<'PYEOF' \
             > "$out/sanitizer-$tool.txt" 2>&1
 import numpy as np
 import test_cuda as t
@@ -90,10 +99,10 @@ fi
 
 # 4. method B on the card: both sides from one start, one batch order, float32 with TF32 off
 data="$work/data/shakespeare_char"
-within 60 env PYTHONPATH=. $PY -m mica.cli prepare shakespeare-char --input tests/data/tinyshakespeare.txt \
+within 60 env PYTHONPATH=$PYTHONPATH $PY -m mica.cli prepare shakespeare-char --input tests/data/tinyshakespeare.txt \
     --out "$data" > "$out/prepare.txt" 2>&1
 t0=$(date +%s)
-within 150 env PYTHONPATH=. $PY -m mica.cli check --device=cuda --method b --model shakespeare_char --iters 20 \
+within 150 env PYTHONPATH=$PYTHONPATH $PY -m mica.cli check --device=cuda --method b --model shakespeare_char --iters 20 \
     --data_dir "$data" --out "$work/check-b" > "$out/check-b.txt" 2>&1
 rc=$?
 cp "$work/check-b/verdict.json" "$out/check-b-verdict.json" 2>/dev/null
@@ -107,7 +116,7 @@ row "mica check --device=cuda --method b" "$(verdict $rc)" "$detail ($(( $(date 
 
 # 5. the protocol on the card, short: one round, 20 steps of warm-up, a window of 60
 t0=$(date +%s)
-within 200 env PYTHONPATH=. $PY -m mica.cli bench --device=cuda --model shakespeare_char --data_dir "$data" \
+within 200 env PYTHONPATH=$PYTHONPATH $PY -m mica.cli bench --device=cuda --model shakespeare_char --data_dir "$data" \
     --modes eager default reduce-overhead --rounds 1 --warmup 20 --window 60 --every 10 --out "$work/bench" \
     > "$out/bench.txt" 2>&1
 rc=$?
