@@ -601,7 +601,7 @@ def machine(dtype=None):
 
     from ..backends.c import bf16gemm
 
-    m = {"processor": bf16gemm._cpuinfo_field("model name", "/proc/cpuinfo") or "unknown", "cores": os.cpu_count()}
+    m = {"processor": bf16gemm.machine_model() or "unknown", "cores": os.cpu_count()}
     flags = bf16gemm.machine_flags()
     m["vector"] = next((f for f in ("avx512_bf16", "avx512f", "avx2") if f in flags), "none").upper()
     try:

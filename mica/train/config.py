@@ -546,9 +546,8 @@ def check_dtype(cfg):
     """A nanoGPT-recipe config's dtype: one of nanoGPT's three names, as train.py takes them (led by
     the config file's line that set it)."""
     if cfg["dtype"] not in DTYPES:
-        near = difflib.get_close_matches(cfg["dtype"], DTYPES, n=1) if isinstance(cfg["dtype"], str) else []
-        raise _located(cfg, MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}"
-                                      + (f"; did you mean {near[0]!r}?" if near else "")))
+        near = _nearest(cfg["dtype"], DTYPES) if isinstance(cfg["dtype"], str) else ""
+        raise _located(cfg, MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}{near}"))
 
 
 def _located(cfg, e):

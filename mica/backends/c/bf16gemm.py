@@ -47,6 +47,11 @@ def machine_flags(path="/proc/cpuinfo"):
     return set(_cpuinfo_field("flags", path).split())
 
 
+def machine_model(path="/proc/cpuinfo"):
+    """The processor's model name (empty where the file does not say)."""
+    return _cpuinfo_field("model name", path)
+
+
 def machine_vendor(path="/proc/cpuinfo"):
     """The processor's vendor ("GenuineIntel", "AuthenticAMD"; empty where the file does not say)."""
     return _cpuinfo_field("vendor_id", path)
