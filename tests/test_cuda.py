@@ -352,6 +352,40 @@ def test_embedding_and_its_backward_give_the_cpu_targets_bits():
 
 
 @needs_simulator
+@pytest.mark.parametrize("count", [3000, 70001])
+def test_embedding_backward_keeps_position_order_across_its_chunks(count):
+    """embedding_backward orders the positions chunk by chunk (1024 to a block, 2048 past 64 chunks:
+    lowerings.embedding_chunk): a few rows named thousands of times across every chunk's border,
+    one row only in the last chunk, one index repeated at each border, still the CPU's bits (the
+    sum of a row's gradients in increasing position) for 32, 256 and 1024 threads per block."""
+    from mica.backends.cuda.lowerings import embedding_chunk
+
+    F = mica.nn.functional
+    V, D = 9, 6
+    assert embedding_chunk(3000) == 1024 and embedding_chunk(70001) == 2048 and embedding_chunk(10**7) == 8192
+
+    def step(idx, w, g):
+        return mica.grad((F.embedding(idx, w) * g).sum(), w)
+
+    program = mica.trace(step, mica.i64[count], mica.f32[V, D], mica.f32[count, D])
+    rng = np.random.default_rng(count)
+    idx = rng.integers(0, V - 2, count)
+    idx[-1] = V - 2  # a row only the last position names (the last row: none)
+    for border in range(embedding_chunk(count), count, embedding_chunk(count)):
+        idx[border - 1:border + 1] = 4
+    args = (idx, rng.standard_normal((V, D)).astype(np.float32),
+            (rng.standard_normal((count, D)) * 10.0 ** rng.integers(-3, 4, (count, 1))).astype(np.float32))
+    cpu_exe, sims = _builds(program)
+    cpu = cpu_exe(*args, threads=2)
+    for threads, exe in zip(THREADS, sims):
+        assert np.asarray(exe(*args)).tobytes() == np.asarray(cpu).tobytes(), threads
+    assert not cpu[V - 1].any() and cpu[V - 2].any()
+    want = np.zeros((V, D))
+    np.add.at(want, idx, args[2].astype(np.float64))
+    assert rel_err(cpu, want) < 1e-5
+
+
+@needs_simulator
 def test_the_cooperative_sum_and_max_give_the_sequential_bits(tmp_path):
     """mica_cuda_kernels.h's helpers against mica_sum, MICA_SUM_EXPR and mica_row_max on their own
     (tests/cudasim/coop_rows.cu): random magnitudes, NaNs with different payloads, signed zeros and
@@ -439,33 +473,73 @@ F64_CASE = (True, 0.1, (2, 1, 40, 8), (2, 1, 37, 8), None)
 
 
 @needs_simulator
-def test_attention_in_the_simulator_matches_the_oracle():
+@pytest.mark.parametrize("path", ["auto", "fused"])
+def test_attention_in_the_simulator_matches_the_oracle(path):
     """B > H, B < H (and other key and value lengths), no head dim at all with more queries than
     keys; lengths that are not multiples of the kernels' tiles, causal or not; dropout (the CPU's
     mask: the same Philox stream, so the oracle's); head dims that take each tile size (and more
-    than 48 KiB of shared memory); and float64 over several tiles, to float64's rounding."""
+    than 48 KiB of shared memory); and float64 over several tiles, to float64's rounding. Both
+    paths: cuBLASLt's products with the CPU's rows (what "auto" takes for these), and the fused
+    kernels."""
     cases = ATTENTION_CASES + [F64_CASE]
     program, shapes = attention_cases(cases, [mica.f32] * len(ATTENTION_CASES) + [mica.f64])
     args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
     args[-1] = tuple(np.random.default_rng(7).standard_normal(s) for s in shapes[-1])
-    got = program.lower("cuda", simulate=True).build()(args, seed=4)
+    lowered = program.lower("cuda", simulate=True, attention=path)
+    assert ("mica_attention_gemm_backward_cuda<" in lowered.source) == (path == "auto")
+    got = lowered.build()(args, seed=4)
     want = mica.reference.run(program, args, seed=4)
     for n, case in enumerate(cases):
         for key, value in got[f"c{n}"].items():
             assert rel_err(value, want[f"c{n}"][key]) < (1e-12 if case is F64_CASE else 1e-5), (case, key)
 
 
-def test_attention_keeps_no_score_matrix():
-    """The plan holds no [B, H, L, S] scores: the forward takes no scratch, the backward D alone
-    (one value per query row), and the whole workspace is far below one score matrix."""
+def test_fused_attention_keeps_no_score_matrix():
+    """The fused kernels' plan holds no [B, H, L, S] scores: the forward takes no scratch, the
+    backward D alone (one value per query row), and the whole workspace is far below one score
+    matrix. "auto" takes them by itself where one head's [L, S] scores pass the products path's
+    bound."""
+    from mica.backends.cuda import lowerings
+
     B, H, L, E = 4, 2, 512, 8
     program, _ = attention_step(True, 0.1, (B, H, L, E))
-    lowered = program.lower("cuda", simulate=True)
+    lowered = program.lower("cuda", simulate=True, attention="fused")
     target = lowered.target
     work = {k.op: target.workspace(k) for k in lowered.schedule.kernels if getattr(k, "op", "").startswith("attention")}
     assert work == {"attention": (0, 0), "attention_backward": (0, B * H * L * 4)}
     assert lowered.plan.class_bytes["workspace"] < B * H * L * L * 4 // 100
     assert "mica_attention_backward_cuda<float, 8, 8>" in lowered.source
+    big = int((lowerings.SCORES_BOUND // 4) ** 0.5) + 1  # one [big, big] of floats: past the bound
+    program, _ = attention_step(True, 0.0, (1, 2, big, 8))
+    assert "mica_attention_backward_cuda<float, 8, 8>" in program.lower("cuda", simulate=True).source
+    with pytest.raises(MicaError, match="attention='products' needs float32 or float64 scores whose"):
+        program.lower("cuda", simulate=True, attention="products")
+
+
+@needs_simulator
+def test_attention_through_products_keeps_one_chunk_of_scores_and_its_bits_in_chunks(monkeypatch):
+    """The products path's scratch is one chunk of [L, S] scores (the backward: D and two chunks), as
+    many heads as fit the bound; with a bound that splits the heads into chunks of 2 (3 batch
+    elements, so one pass is short) the results keep their bits, and the oracle's values."""
+    from mica.backends.cuda import lowerings
+
+    B, H, L, E = 3, 2, 40, 8
+    program, shapes = attention_step(True, 0.1, (B, H, L, E))
+    args = data(shapes, seed=3)
+    lowered = program.lower("cuda", simulate=True)
+    work = {k.op: lowered.target.workspace(k) for k in lowered.schedule.kernels
+            if getattr(k, "op", "").startswith("attention")}
+    scores = B * L * L * 4  # (B > H: the products batch over B, a pass per head)
+    assert work == {"attention": (scores, 0), "attention_backward": (-(-B * H * L // 64) * 64 * 4 + 2 * scores, 0)}
+    whole = lowered.build()(*args, seed=5)
+    monkeypatch.setattr(lowerings, "SCORES_BOUND", 2 * L * L * 4)
+    chunked = program.lower("cuda", simulate=True)
+    assert "mica_attention_gemm_cuda<float>(stream, &shape, " in chunked.source and ", 2, (float *)work)" in chunked.source
+    got = chunked.build()(*args, seed=5)
+    assert _same_bits(got, whole)
+    want = mica.reference.run(program, *args, seed=5)
+    for key in got:
+        assert rel_err(got[key], want[key]) < 1e-5, key
 
 
 SAME_BITS_RUN = """
@@ -620,12 +694,13 @@ def test_on_the_gpu_mica_kernels_give_the_cpu_targets_bits(make, args):
 
 
 @needs_gpu
-def test_on_the_gpu_attention_matches_the_oracle_and_keeps_its_bits():
-    """The fused attention kernels on the card, over several tiles (causal or not, dropout): the
-    oracle's values, the same bits twice."""
+@pytest.mark.parametrize("path", ["auto", "fused"])
+def test_on_the_gpu_attention_matches_the_oracle_and_keeps_its_bits(path):
+    """Attention on the card through cuBLASLt's products and through the fused kernels, over several
+    tiles (causal or not, dropout): the oracle's values, the same bits twice."""
     program, shapes = attention_cases(ATTENTION_CASES)
     args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
-    exe = program.lower("cuda").build()
+    exe = program.lower("cuda", attention=path).build()
     got, again = exe(args, seed=4), exe(args, seed=4)
     want = mica.reference.run(program, args, seed=4)
     assert _same_bits(got, again)
@@ -637,11 +712,12 @@ def test_on_the_gpu_attention_matches_the_oracle_and_keeps_its_bits():
 @needs_gpu
 @needs_simulator
 def test_on_the_gpu_attention_gives_the_simulators_bits():
-    """Attention is Mica's kernels alone (no product): the card gives the simulator's bits."""
+    """The fused attention kernels are Mica's kernels alone (no product): the card gives the
+    simulator's bits."""
     program, shapes = attention_cases(ATTENTION_CASES)
     args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
-    gpu = program.lower("cuda").build()(args, seed=4)
-    sim = program.lower("cuda", simulate=True).build()(args, seed=4)
+    gpu = program.lower("cuda", attention="fused").build()(args, seed=4)
+    sim = program.lower("cuda", simulate=True, attention="fused").build()(args, seed=4)
     assert _same_bits(gpu, sim)
 
 

@@ -2,9 +2,11 @@
 (mica_cuda_kernels.h) take the CPU kernels' arguments, so the C target's rule writes the call for
 both; what differs is only the routine behind the name (a __device__ routine here, each row on a
 group of 8 threads; `threads` sizes its launch).
-Attention is a host lowering: its statements run on the host and launch the fused, tiled kernels
-of mica_cuda_attention.h (no [L, S] matrix anywhere; the backward's scratch is D, one value per
-query row).
+Host lowerings run their statements on the host and launch kernels of their own: attention (the
+fused, tiled kernels of mica_cuda_attention.h: no [L, S] matrix anywhere; the backward's scratch is
+D, one value per query row), and the backward primitives that sum across rows (the norms' weight
+gradients, embedding's), which need a second launch to finish a grid-wide sum (mica_cuda_sweeps.h;
+the C rule's arguments, passed to its *_cuda_ routine with the stream).
 """
 import math
 
@@ -14,9 +16,8 @@ from ...targets import lowering_of, register_lowering
 from ..c import lowerings as _c
 from ..cstyle import types as ct
 
-ROW_KERNELS = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "softmax", "softmax_backward",
-               "log_softmax", "log_softmax_backward", "cross_entropy", "cross_entropy_backward", "embedding",
-               "embedding_backward")
+ROW_KERNELS = ("layer_norm", "rms_norm", "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",
+               "cross_entropy", "cross_entropy_backward", "embedding")
 
 for _op in ROW_KERNELS:
     register_lowering(_op, "cuda", lowering_of(_op, "c").rule)
@@ -26,43 +27,128 @@ ROW_GROUP = 8  # threads per row (mica_cuda_kernels.h's MICA_ROW_GROUP: one per 
 
 def threads(kernel):
     """The threads a row kernel's launch asks for (grid-stride loops take any rest): a group of
-    ROW_GROUP per row, and per column where the norms' weight gradients sum columns; embedding a
-    thread per output element, its backward a group per vocabulary row."""
+    ROW_GROUP per row; embedding a thread per output element."""
     if kernel.op == "embedding":
         return max(kernel.outputs[0].numel, 1)
-    if kernel.op == "embedding_backward":
-        return max(ROW_GROUP * kernel.outputs[0].shape[0], 1)
     x = kernel.inputs[1] if kernel.op.endswith("_backward") else kernel.inputs[0]  # the [rows, n] input
     ndims = kernel.attrs.get("ndims", 1)
-    rows, n = math.prod(x.shape[:len(x.shape) - ndims]), math.prod(x.shape[len(x.shape) - ndims:])
-    columns = n if kernel.op in ("layer_norm_backward", "rms_norm_backward") else 0
-    return max(ROW_GROUP * max(rows, columns), 1)
+    return max(ROW_GROUP * math.prod(x.shape[:len(x.shape) - ndims]), 1)
 
 
-def _attention_scratch(kernel):
-    """The backward's D = rowsum(dO * O), B * H * L values (the forward needs none: no [L, S] matrix
-    is kept anywhere, mica_cuda_attention.h)."""
-    if kernel.op == "attention":
-        return 0, 0
-    return 0, math.prod(kernel.inputs[1].shape[:-1]) * kernel.inputs[0].dtype.itemsize
+SUM_BLOCK = 8192  # mica_math.h's MICA_BLOCK: a canonical sum's blocks of rows
 
 
-@register_lowering("attention", "cuda", scratch=_attention_scratch, host=True)
-@register_lowering("attention_backward", "cuda", scratch=_attention_scratch, host=True)
+def _norm_parts(kernel):
+    """A norm backward's lane partials (mica_cuda_sweeps.h): per block of SUM_BLOCK rows, 8 lanes of
+    every column, for dw and for db."""
+    rows, n = _c._rows(kernel.inputs[1], kernel.attrs["ndims"])
+    blocks = max(1, -(-rows // SUM_BLOCK))
+    return 2 * blocks * 8 * n * kernel.inputs[1].dtype.itemsize, 0
+
+
+def _as_host_call(lines):
+    """The C rule's one call `mica_<op>_<S>(args);` as this target's host routine
+    `mica_<op>_cuda_<S>(stream, args)`, which launches the kernels (same arguments)."""
+    (call,) = lines
+    name, args = call.split("(", 1)
+    op, suffix = name.rsplit("_", 1)
+    assert args.endswith(");"), call
+    return [f"if ({op}_cuda_{suffix}(stream, {args[:-1]} != 0) return 1;"]
+
+
+for _op in ("layer_norm_backward", "rms_norm_backward"):
+    register_lowering(_op, "cuda", lambda e, kernel, _rule=lowering_of(_op, "c").rule: _as_host_call(_rule(e, kernel)),
+                      scratch=_norm_parts, host=True)
+
+
+def embedding_chunk(count):
+    """Positions per block in embedding_backward's ranking (mica_cuda_sweeps.h): 1024, or more (up
+    to 8192, a power of two) so that there are at most 64 chunks: the counts are chunks x V."""
+    chunk = 1024
+    while chunk < 8192 and -(-count // chunk) > 64:
+        chunk *= 2
+    return chunk
+
+
+def _embedding_order(kernel):
+    """embedding_backward's integers: counts [chunks, V], rank [count], start [V + 1], order [count]."""
+    count, V = kernel.inputs[1].numel, kernel.outputs[0].shape[0]
+    chunks = -(-count // embedding_chunk(count))
+    return 4 * (chunks * V + 2 * count + V + 1), 0
+
+
+@register_lowering("embedding_backward", "cuda", scratch=_embedding_order, host=True)
+def _embedding_backward(e, kernel):
+    ins, outs, p = kernel.inputs, kernel.outputs, e.ptr
+    _, s = _c._dtype(kernel)
+    count, (V, D) = ins[1].numel, outs[0].shape
+    return [f"if (mica_embedding_backward_cuda_{s}(stream, {p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D}, "
+            f"{embedding_chunk(count)}, (int32_t *)work) != 0) return 1;"]
+
+
+SCORES_BOUND = 64 << 20  # bytes: the most one chunk of the products path's [chunk, L, S] scores may take
+ATTENTION_PATHS = ("auto", "products", "fused")
+
+
+def attention_chunk(kernel, path="auto"):
+    """How many heads (or batch elements: the longer of the two) one pass of the products path
+    (mica_cuda_attention_gemm.h) computes at once: as many as fit SCORES_BOUND, 0 for the fused
+    kernels (mica_cuda_attention.h), which keep no score matrix. "auto" takes the products where
+    one [L, S] fits the bound and the type is float32 or float64 without fp_half_intermediates."""
+    q, k = (kernel.inputs[0], kernel.inputs[1]) if kernel.op == "attention" else (kernel.inputs[1], kernel.inputs[2])
+    B, H, L, _, *_ = _c._attn_dims(q)
+    S, size = k.shape[-2], q.dtype.itemsize
+    fits = q.dtype in (dtypes.float32, dtypes.float64) and not kernel.attrs.get("half_round") and \
+        L * S * size <= SCORES_BOUND
+    if path == "fused" or (path == "auto" and not fits):
+        return 0
+    if not fits:
+        raise MicaError(f"attention with target option attention='products' needs float32 or float64 scores whose [L, S] "
+                        f"= [{L}, {S}] fit {SCORES_BOUND >> 20} MiB; leave attention='auto' for the fused kernels")
+    inner = H if H > B else B  # (the index the products batch over; mica_attn_pass)
+    return max(1, min(inner, SCORES_BOUND // (L * S * size)))
+
+
+def attention_scratch(kernel, path="auto"):
+    """The products path: one chunk's scores (the backward: D, then the chunk's P and dP); the fused
+    kernels: the backward's D = rowsum(dO * O), B * H * L values (the forward needs none: no
+    [L, S] matrix is kept anywhere, mica_cuda_attention.h)."""
+    q, k = (kernel.inputs[0], kernel.inputs[1]) if kernel.op == "attention" else (kernel.inputs[1], kernel.inputs[2])
+    rows, size = math.prod(q.shape[:-1]), q.dtype.itemsize
+    chunk = attention_chunk(kernel, path)
+    if not chunk:
+        return 0, 0 if kernel.op == "attention" else rows * size
+    scores = chunk * q.shape[-2] * k.shape[-2] * size
+    return (scores, 0) if kernel.op == "attention" else (-(-rows // 64) * 64 * size + 2 * scores, 0)
+
+
+@register_lowering("attention", "cuda", host=True)
+@register_lowering("attention_backward", "cuda", host=True)
 def _attention(e, kernel):
     q = kernel.inputs[0] if kernel.op == "attention" else kernel.inputs[1]
     if q.dtype not in (dtypes.float32, dtypes.float64):
         raise MicaError(f"scaled_dot_product_attention on {q.dtype.name} is not supported by the CUDA backend yet; "
                         "cast q, k and v to float32")
     lines, q, k, v, o = _c.attention_shape(e, kernel)
-    p, t = e.ptr, f"{ct.ctype(q.dtype)}, {q.shape[-1]}, {v.shape[-1]}"  # (the head dims pick the kernels' tiles)
-    if kernel.op == "attention":
+    p, ctype = e.ptr, ct.ctype(q.dtype)
+    chunk = attention_chunk(kernel, e.target.attention)
+    gsb, gsh, gst = _c.attention_grad_strides(kernel) if kernel.op != "attention" else (0, 0, 0)
+    if chunk and kernel.op == "attention":
+        lines.append(f"if (mica_attention_gemm_cuda<{ctype}>(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
+                     f"{p(kernel.outputs[1])}, {chunk}, ({ctype} *)work) != 0) return 1;")
+    elif chunk:
+        dq, dk, dv = kernel.outputs
+        lines.append(f"if (mica_attention_gemm_backward_cuda<{ctype}>(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, "
+                     f"{p(k)}, {p(v)}, {p(o)}, {p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
+                     f"{chunk}, ({ctype} *)work) != 0) return 1;")
+    elif kernel.op == "attention":
+        t = f"{ctype}, {q.shape[-1]}, {v.shape[-1]}"  # (the head dims pick the kernels' tiles)
         lines.append(f"if (mica_attention_cuda<{t}>(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
                      f"{p(kernel.outputs[1])}) != 0) return 1;")
     else:
-        gsb, gsh, gst = _c.attention_grad_strides(kernel)
+        t = f"{ctype}, {q.shape[-1]}, {v.shape[-1]}"
         dq, dk, dv = kernel.outputs
         lines.append(f"if (mica_attention_backward_cuda<{t}>(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, {p(k)}, "
                      f"{p(v)}, {p(o)}, {p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
-                     f"({ct.ctype(q.dtype)} *)scratch) != 0) return 1;")
+                     f"({ctype} *)scratch) != 0) return 1;")
     return ["{"] + ["    " + x for x in lines] + ["}"]

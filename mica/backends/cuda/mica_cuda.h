@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 #define MICA_LAUNCH(kernel, grid, block, shared, stream, ...) kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__)
 #define MICA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[] /* (mica_cudasim.h's, under nvcc) */
+#define MICA_SHARED_ARRAY(type, name, count) __shared__ type name[count]
 #endif
 #include "mica_math.h"
 
@@ -530,6 +531,57 @@ static int mica_capture_once(cudaStream_t stream, char *A, mica_steps steps, cud
         return mica_cuda_failed("capturing the program as a graph");
     }
     cudaGraphDestroy(g);
+    return 0;
+}
+
+/* ---- MICA_PROFILE: one run's time by kernel ------------------------------------------------------
+ * With MICA_PROFILE=<file> in the environment, each program's MICA_PROFILE_RUN-th run (default the
+ * 3rd: after the capture and the first replays) is enqueued without its graph, with an event recorded
+ * after each kernel or host call (MICA_MARK in mica_enqueue), and each one's time, from the mark
+ * before it to its own, is appended to the file as "<program> k<N> <microseconds>" lines. That run
+ * computes what the graph does (the same kernels in the same order), so training goes on unchanged;
+ * its times include the gaps of launching one kernel at a time, which the graph does not have. */
+#define MICA_PROFILE_MAX 8192
+static int mica_profiling, mica_profile_n;
+static int mica_profile_k[MICA_PROFILE_MAX];
+static cudaEvent_t mica_profile_event[MICA_PROFILE_MAX];
+
+static void mica_profile_mark(cudaStream_t stream, int k) {
+    if (mica_profile_n >= MICA_PROFILE_MAX) return;
+    cudaEvent_t *e = &mica_profile_event[mica_profile_n];
+    if ((!*e && cudaEventCreate(e) != cudaSuccess) || cudaEventRecord(*e, stream) != cudaSuccess) return;
+    mica_profile_k[mica_profile_n++] = k;
+}
+#define MICA_MARK(stream, k) (mica_profiling ? mica_profile_mark((stream), (k)) : (void)0)
+
+/* whether a program's run number `run` (from 1) is the one MICA_PROFILE times */
+static int mica_profile_due(long run) {
+    const char *path = getenv("MICA_PROFILE"), *at = getenv("MICA_PROFILE_RUN");
+    return path && *path && run == (at && atol(at) > 0 ? atol(at) : 3);
+}
+
+/* one run of `steps`, timed kernel by kernel into $MICA_PROFILE (a file that cannot be written is
+ * said on stderr; the run itself still counts) */
+static int mica_profile_run(const char *program, cudaStream_t stream, char *A, mica_steps steps) {
+    mica_profile_n = 0;
+    mica_profiling = 1;
+    mica_profile_mark(stream, -1);
+    int bad = steps(A, stream);
+    mica_profiling = 0;
+    if (bad) return 1;
+    if (cudaStreamSynchronize(stream) != cudaSuccess) return mica_cuda_failed("running the program");
+    const char *path = getenv("MICA_PROFILE");
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "mica: cannot write the profile to %s; set MICA_PROFILE to a writable file\n", path);
+        return 0;
+    }
+    for (int i = 1; i < mica_profile_n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, mica_profile_event[i - 1], mica_profile_event[i]) != cudaSuccess) ms = -1;
+        fprintf(f, "%s k%d %.3f\n", program, mica_profile_k[i], ms * 1e3);
+    }
+    fclose(f);
     return 0;
 }
 

@@ -1,5 +1,7 @@
 /* Mica's hand-written CUDA kernels for the row-wise primitives: layer and RMS norm, softmax,
- * log-softmax, cross-entropy, embedding, each with its backward. Each is a __device__ routine a
+ * log-softmax, cross-entropy and embedding, and the backward of softmax, log-softmax and
+ * cross-entropy (the backward of the norms and of embedding sum across rows, and are launched
+ * from the host: mica_cuda_sweeps.h). Each is a __device__ routine a
  * generated kernel calls, taking the CPU kernels' arguments (so one lowering rule per primitive
  * serves both targets), and each gives the CPU target's bits for any launch configuration.
  *
@@ -13,10 +15,7 @@
  * is mica_row_max's element, found from each lane's candidate and its index (below). A thread
  * reads back only the elements it wrote, so rows need no barrier.
  *
- * Column sums (layer and RMS norm's weight gradients) are the same cooperative sum, a group per
- * column with the lanes by row. Embedding is a thread per element; its backward a group per
- * vocabulary row, finding the positions that name it 8 at a time (a ballot) and adding their
- * gradients in increasing position, each of the row's elements owned by one thread: no atomics.
+ * Embedding is a thread per element.
  */
 #ifndef MICA_CUDA_KERNELS_H
 #define MICA_CUDA_KERNELS_H
@@ -148,39 +147,14 @@ static int mica_cuda_kernel_failed(void) {
 #define MICA_GRID_STRIDE(i, n)                                                                      \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-/* the column sums of an [rows, n] expression (of r and j) in the canonical order per column (lanes
- * by row): a group per column */
-#define MICA_CUDA_COLUMN_SUMS(T, S, rows, n, out, EXPR)                                             \
-    MICA_ROW_GROUPS(j, n) {                                                                        \
-        T tot;                                                                                     \
-        MICA_COOP_SUM(T, S, r, rows, tot, EXPR);                                                   \
-        if (MICA_ROW_LEAD) (out)[j] = tot;                                                         \
-    }
-
 #define MICA_DEFINE_CUDA_KERNELS(T, S)                                                             \
 static __device__ void mica_layer_norm_##S(const T *x, const T *w, const T *b, T *y, T *mean,      \
                                            T *rstd, int64_t rows, int64_t n, T eps) {             \
     MICA_ROW_GROUPS(r, rows) mica_layer_norm_row_##S(x + r * n, w, b, y + r * n, mean + r, rstd + r, n, eps); \
 }                                                                                                  \
-static __device__ void mica_layer_norm_backward_##S(const T *g, const T *x, const T *w,            \
-                                                    const T *mean, const T *rstd, T *dx, T *dw,    \
-                                                    T *db, int64_t rows, int64_t n, T *part) {    \
-    (void)part; /* (the CPU kernel's lane sums of a block: the column sums here are cooperative) */ \
-    MICA_ROW_GROUPS(r, rows)                                                                       \
-        mica_layer_norm_backward_row_##S(g + r * n, x + r * n, w, mean[r], rstd[r], dx + r * n, n); \
-    if (dw) { MICA_CUDA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * ((x[r * n + j] - mean[r]) * rstd[r])) } \
-    if (db) { MICA_CUDA_COLUMN_SUMS(T, S, rows, n, db, g[r * n + j]) }                             \
-}                                                                                                  \
 static __device__ void mica_rms_norm_##S(const T *x, const T *w, T *y, T *rstd, int64_t rows,      \
                                          int64_t n, T eps) {                                       \
     MICA_ROW_GROUPS(r, rows) mica_rms_norm_row_##S(x + r * n, w, y + r * n, rstd + r, n, eps);     \
-}                                                                                                  \
-static __device__ void mica_rms_norm_backward_##S(const T *g, const T *x, const T *w,              \
-                                                  const T *rstd, T *dx, T *dw, int64_t rows,       \
-                                                  int64_t n, T *part) {                            \
-    (void)part;                                                                                    \
-    MICA_ROW_GROUPS(r, rows) mica_rms_norm_backward_row_##S(g + r * n, x + r * n, w, rstd[r], dx + r * n, n); \
-    if (dw) { MICA_CUDA_COLUMN_SUMS(T, S, rows, n, dw, g[r * n + j] * (x[r * n + j] * rstd[r])) }  \
 }                                                                                                  \
 static __device__ void mica_softmax_##S(const T *x, T *y, int64_t rows, int64_t n) {               \
     MICA_ROW_GROUPS(r, rows) mica_softmax_row_##S(x + r * n, y + r * n, n);                        \
@@ -226,29 +200,6 @@ static __device__ void mica_embedding_##S(const int64_t *idx, const T *w, T *y, 
         int64_t i = e / D, k = idx[i];                                                             \
         if (k < 0 || k >= V) { if (e % D == 0) mica_cuda_fail(1, k, V); continue; }                \
         y[e] = w[k * D + e % D];                                                                   \
-    }                                                                                              \
-}                                                                                                  \
-/* dw[v] = the sum of g[i] over the positions i with idx[i] == v, in increasing i (the CPU's and the \
- * oracle's order): a group per vocabulary row; its 8 threads test 8 positions at a time, and each \
- * position that names the row is added by the thread that owns each element (d % 8 == lane) */    \
-static __device__ void mica_embedding_backward_##S(const T *g, const int64_t *idx, T *dw,          \
-                                                   int64_t count, int64_t V, int64_t D,            \
-                                                   int64_t *unused) {                              \
-    (void)unused; /* (the CPU kernel's bucket order: not needed here) */                          \
-    const unsigned lane = mica_row_lane(), mask = mica_row_mask(), first = threadIdx.x & 31u & ~7u; \
-    MICA_ROW_GROUPS(v, V) {                                                                        \
-        T *out = dw + v * D;                                                                       \
-        MICA_ROW_FOR(d, 0, D) out[d] = 0;                                                          \
-        for (int64_t i0 = 0; i0 < count; i0 += MICA_ROW_GROUP) {                                   \
-            const int64_t i = i0 + lane, k = i < count ? idx[i] : v;                               \
-            if (k < 0 || k >= V) mica_cuda_fail(1, k, V);                                          \
-            const unsigned hits = (__ballot_sync(mask, i < count && k == v) >> first) & 0xFFu;     \
-            for (unsigned s = 0; s < MICA_ROW_GROUP; s++) {                                        \
-                if (!((hits >> s) & 1u)) continue;                                                 \
-                const T *gi = g + (i0 + s) * D;                                                    \
-                MICA_ROW_FOR(d, 0, D) out[d] = out[d] + gi[d];                                     \
-            }                                                                                      \
-        }                                                                                          \
     }                                                                                              \
 }
 

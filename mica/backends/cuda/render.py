@@ -87,7 +87,7 @@ class CudaRenderer(CStyleRenderer):
         super().__init__(schedule, plan, name, target)
         self.accessor = _CudaAccessor(self)
         self.on_host = False  # rendering a host function: a literal is named by its device address
-        self.launches = []  # per kernel: the host statement that runs it
+        self.launches = []  # per kernel: (k, the host statement that runs it)
         self.may_fail = False  # does a kernel check its input (an index in range)?
 
     def ptr(self, view):
@@ -249,7 +249,7 @@ class CudaRenderer(CStyleRenderer):
                           f"MICA_THREADS, 0, stream, A); " + launch)
             if isinstance(kern, Call) and self.target.kernel_abi(kern.op).may_fail:
                 self.may_fail = True  # (its flag is read once the step has run)
-            self.launches.append(launch)
+            self.launches.append((k, launch))
             if isinstance(kern, Reduce) and cooperative(kern):
                 return self._lanes_kernels(k, kern)
             return super().kernel(k, kern)
@@ -267,6 +267,8 @@ class CudaRenderer(CStyleRenderer):
 
     def host_call(self, k, kern):
         """A kernel primitive whose lowering runs on the host and launches its own device work."""
+        if self.target.kernel_abi(kern.op).may_fail:
+            self.may_fail = True  # (its flag is read once the step has run)
         self._declared, self.on_host = {}, True
         body = self.target.lowering(kern.op).rule(self, kern)
         used, self._declared, self.on_host = self._declared, None, False
@@ -280,7 +282,7 @@ class CudaRenderer(CStyleRenderer):
     def _host_function(self, k, kern, what, decls, body):
         import os
 
-        self.launches.append(f"if (k{k}(A, stream) != 0) return 1;")
+        self.launches.append((k, f"if (k{k}(A, stream) != 0) return 1;"))
         where = f" ({os.path.basename(kern.loc[0])}:{kern.loc[1]})" if kern.loc else ""
         return ([f"/* k{k}: {kern.name}{where}: {what} */", f"static int k{k}(char *A, cudaStream_t stream) {{"]
                 + ["    " + x for x in decls + body] + ["    return 0;", "}"])
@@ -316,6 +318,7 @@ class CudaRenderer(CStyleRenderer):
         out += [" */", "#ifndef MICA_THREADS",
                 f"#define MICA_THREADS {THREADS}  /* per block: the results do not depend on it */", "#endif",
                 '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', '#include "mica_cuda_attention.h"',
+                '#include "mica_cuda_attention_gemm.h"', '#include "mica_cuda_sweeps.h"',
                 *[f'#include "{h}"' for h in collective_headers(s)], "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
         out += self.literals()
         for k, kern in enumerate(s.kernels):
@@ -343,9 +346,10 @@ class CudaRenderer(CStyleRenderer):
             f"void {api}arena_free(void *p) {{ cudaFree(p); }}",
             "",
             *self.abi_lines(api),
-            "/* Every kernel and product of one run, in order, on `stream` (captured into the graph). */",
+            "/* Every kernel and product of one run, in order, on `stream` (captured into the graph); each",
+            " * followed by a mark, which records an event only in a run that MICA_PROFILE times (mica_cuda.h). */",
             "static int mica_enqueue(char *A, cudaStream_t stream) {",
-            *["    " + x for x in self.launches],
+            *[f"    {x} MICA_MARK(stream, {k});" for k, x in self.launches],
             "    return 0;",
             "}",
             "",
@@ -356,6 +360,7 @@ class CudaRenderer(CStyleRenderer):
             "    static cudaStream_t stream;",
             "    static cudaGraphExec_t graph;",
             "    static void *graph_arena;",
+            "    static long runs;",
             "    (void)threads;",
             "    char *A = (char *)arena;",
             "    if (!stream && cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)",
@@ -377,9 +382,12 @@ class CudaRenderer(CStyleRenderer):
                 "    /* (the ABI's copies run on the legacy stream, and a copy from pageable memory may still be on its",
                 "     * way when cudaMemcpy returns: the graph's stream does not wait for it by itself) */",
                 "    if (cudaDeviceSynchronize() != cudaSuccess) return mica_cuda_failed(\"copying the inputs\");",
-                "    if (cudaGraphLaunch(graph, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess ||",
-                "        cudaGetLastError() != cudaSuccess)",
-                "        return mica_cuda_failed(\"running the program\");"]
+                "    if (mica_profile_due(++runs)) {  /* (MICA_PROFILE: this run kernel by kernel, outside the graph) */",
+                f"        if (mica_profile_run({_c_string(self.name)}, stream, A, mica_enqueue) != 0) return 1;",
+                "    } else if (cudaGraphLaunch(graph, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {",
+                "        return mica_cuda_failed(\"running the program\");",
+                "    }",
+                "    if (cudaGetLastError() != cudaSuccess) return mica_cuda_failed(\"running the program\");"]
         if self.may_fail:
             out.append("    if (mica_cuda_kernel_failed()) return 1;")
         out += ["    return 0;", "}", "}  /* extern \"C\" */", ""]

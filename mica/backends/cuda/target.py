@@ -5,7 +5,8 @@ without a GPU run it.
 What it answers for the shared pipeline: 256-byte alignment (cuBLASLt wants 16; 256 keeps every
 buffer on its own cache lines); one workspace for the one stream the program runs on; products
 of every floating type, half ones included (`half_kernel`), carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel primitives are
-lowered under platform "cuda" (lowerings.py: the row kernels and the fused attention).
+lowered under platform "cuda" (lowerings.py: the row kernels; attention through cuBLASLt's products
+where a chunk of its scores fits a bound, else the fused kernels: `attention` chooses).
 """
 from ...errors import MicaError
 from ...targets import Target
@@ -20,8 +21,12 @@ class CudaTarget(Target):
     unit_name = "stream"
     workspace_units = 1
 
-    def __init__(self, opt_level=2, simulate=False, tf32=False, threads_per_block=None):
+    def __init__(self, opt_level=2, simulate=False, tf32=False, threads_per_block=None, attention="auto"):
         super().__init__(opt_level)
+        if attention not in lowerings.ATTENTION_PATHS:
+            raise MicaError(f"attention must be one of {', '.join(map(repr, lowerings.ATTENTION_PATHS))} (cuBLASLt's "
+                            f"products or the fused kernels), not {attention!r}")
+        self.attention = attention
         for key, value in (("simulate", simulate), ("tf32", tf32)):
             if not isinstance(value, bool):
                 raise MicaError(f"{key} must be True or False, not {value!r}")
@@ -42,8 +47,11 @@ class CudaTarget(Target):
         return op == "matmul"
 
     def workspace(self, kernel):
+        from ...passes.schedule import Call
         from .render import reduce_scratch
 
+        if isinstance(kernel, Call) and kernel.op in ("attention", "attention_backward"):
+            return lowerings.attention_scratch(kernel, self.attention)
         lanes = reduce_scratch(kernel)
         return (0, lanes) if lanes else super().workspace(kernel)
 
