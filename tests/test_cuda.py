@@ -802,3 +802,21 @@ def test_on_the_gpu_the_gpt_step_matches_the_float64_oracle(gpt_step):
     for name in params:
         assert rel_err(m["grads"][name], want["grads"][name]) < 1e-4, name
         assert rel_err(new_params[name], want_params[name]) < 1e-4, name
+
+
+def test_a_simulator_that_cannot_be_built_is_a_sentence(tmp_path):
+    """A machine without Boost.Context: the linker fails and removes its output itself (as g++ does);
+    the build says so in a sentence naming the package, not a missing file (seen on the lent GPU
+    machine: FileNotFoundError for the cache's temporary .so)."""
+    from mica.backends.c.build import compile_cached
+
+    def command(src, out):
+        return ["sh", "-c", f"echo x > {out}; rm -f {out}; echo '/usr/bin/ld: cannot find -lboost_context: "
+                "No such file or directory' >&2; exit 1"]
+
+    with pytest.raises(MicaError) as e:
+        compile_cached("int x;", str(tmp_path / "entry"), "program.cu", "g++ (the CUDA simulator)", "step", command)
+    assert str(e.value).startswith("g++ (the CUDA simulator) failed on the generated program for step "
+                                   "(/usr/bin/ld: cannot find -lboost_context")
+    assert "install Debian's libboost-context-dev" in str(e.value)
+    assert os.listdir(tmp_path / "entry") == ["program.cu"]  # (no temporary left behind)

@@ -115,9 +115,13 @@ def compile_cached(source, out_dir, src_name, compiler_name, name, command):
         tmp_path = tmp.name
     r = subprocess.run(command(src, tmp_path), capture_output=True, text=True)
     if r.returncode != 0:
-        os.unlink(tmp_path)
-        first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
-        raise MicaError(f"{compiler_name} failed on the generated program for {name} ({first}); "
-                        f"the source is at {src}")
+        if os.path.exists(tmp_path):  # (a compiler that failed while linking has removed it itself)
+            os.unlink(tmp_path)
+        first = next((line for line in r.stderr.splitlines() if "error" in line or "cannot find" in line),
+                     r.stderr.strip()[:300])
+        hint = "; install Debian's libboost-context-dev, which the CUDA simulator's threads need" \
+            if "boost" in r.stderr else ""
+        raise MicaError(f"{compiler_name} failed on the generated program for {name} ({first.strip()}); "
+                        f"the source is at {src}{hint}")
     install(tmp_path, lib)
     return lib
