@@ -16,15 +16,28 @@ HOST = re.compile(r"static int k(\d+)\(char \*A, cudaStream_t stream\) \{(.*?)\n
 GEMM = re.compile(r"mica_gemm_(\w+)\(stream, (\d+), (\d+), (\d+),")
 
 
+# a host call's parts (MICA_PART in its routine), by the primitive
+PARTS = {"attention": {1: "S = scale Q K^T", 2: "the CPU's softmax rows", 3: "O = P V"},
+         "attention_backward": {1: "D = dO . O", 2: "S = scale Q K^T", 3: "dP = dO V^T", 4: "the CPU's backward rows",
+                                5: "dV = P^T dO", 6: "dQ = dS K", 7: "dK = dS^T Q"},
+         "layer_norm_backward": {1: "rows (dx)", 2: "columns' lane partials", 0: "columns' trees"},
+         "rms_norm_backward": {1: "rows (dx)", 2: "columns' lane partials", 0: "columns' trees"},
+         "embedding_backward": {1: "positions' bucket order", 0: "rows' sums"}}
+
+
 def profile(path, program):
+    """[(k, part or None, microseconds)]: the part of a host call ("k<N>.<part>"), or what is left of
+    it after its last part (part 0), or a kernel (None)"""
     out = []
     for line in open(path):
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == program and parts[1].startswith("k"):
-            out.append((int(parts[1][1:]), float(parts[2])))
+        fields = line.split()
+        if len(fields) == 3 and fields[0] == program and fields[1].startswith("k"):
+            k, _, part = fields[1][1:].partition(".")
+            out.append((int(k), int(part) if part else None, float(fields[2])))
     if not out:
         raise SystemExit(f"{path} holds no run of the {program} program")
-    return out
+    with_parts = {k for k, part, _ in out if part is not None}
+    return [(k, 0 if part is None and k in with_parts else part, us) for k, part, us in out]
 
 
 def kinds(path):
@@ -48,8 +61,12 @@ def kinds(path):
 def main(argv):
     program = argv[3] if len(argv) > 3 else "train"
     top = int(argv[4]) if len(argv) > 4 else 30
-    rows = profile(argv[1], program)
+    marks = profile(argv[1], program)
     what = kinds(argv[2])
+    rows = {}
+    for k, _, us in marks:  # (a host call's parts summed)
+        rows[k] = rows.get(k, 0.0) + us
+    rows = list(rows.items())
     total = sum(us for _, us in rows)
     print(f"one {program} run, kernel by kernel outside the graph: {len(rows)} marks, {total / 1e3:.2f} ms")
     by_kind, by_op = defaultdict(lambda: [0, 0.0, 0]), defaultdict(lambda: [0, 0.0])
@@ -68,6 +85,17 @@ def main(argv):
     print("\n| what (generated kernels by their ops) | kernels | ms | share |\n|---|---|---|---|")
     for op, (n, us) in sorted(by_op.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"| {op} | {n} | {us / 1e3:.3f} | {us / total:.1%} |")
+    by_part = defaultdict(lambda: [0, 0.0])
+    for k, part, us in marks:
+        if part is not None:
+            op = what.get(k, ("?",))[0].split(" (")[0]
+            by_part[(op, part)][0] += 1
+            by_part[(op, part)][1] += us
+    if by_part:
+        print("\n| host calls by part | times | ms | share |\n|---|---|---|---|")
+        for (op, part), (n, us) in sorted(by_part.items(), key=lambda kv: -kv[1][1]):
+            name = PARTS.get(op, {}).get(part, f"part {part}" if part else "the rest")
+            print(f"| {op}: {name} | {n} | {us / 1e3:.3f} | {us / total:.1%} |")
     print(f"\n| the {top} longest | us |\n|---|---|")
     for k, us in sorted(rows, key=lambda r: -r[1])[:top]:
         print(f"| k{k}: {what.get(k, ('?',))[0]} | {us:.1f} |")

@@ -27,6 +27,15 @@
 #endif
 #include "mica_math.h"
 
+/* unroll the next loop n times on the card (a canonical sum's loop: its terms' loads then go out
+ * ahead of its chain of adds, which keep their order); the simulator's g++ ignores it */
+#ifdef __CUDACC__
+#define MICA_PRAGMA(x) _Pragma(#x)
+#define MICA_UNROLL(n) MICA_PRAGMA(unroll n)
+#else
+#define MICA_UNROLL(n)
+#endif
+
 #ifndef MICA_THREADS
 #define MICA_THREADS 256
 #endif
@@ -538,7 +547,8 @@ static int mica_capture_once(cudaStream_t stream, char *A, mica_steps steps, cud
  * With MICA_PROFILE=<file> in the environment, each program's MICA_PROFILE_RUN-th run (default the
  * 3rd: after the capture and the first replays) is enqueued without its graph, with an event recorded
  * after each kernel or host call (MICA_MARK in mica_enqueue), and each one's time, from the mark
- * before it to its own, is appended to the file as "<program> k<N> <microseconds>" lines. That run
+ * before it to its own, is appended to the file as "<program> k<N> <microseconds>" lines (a host
+ * call's parts, MICA_PART, as "k<N>.<part>"). That run
  * computes what the graph does (the same kernels in the same order), so training goes on unchanged;
  * its times include the gaps of launching one kernel at a time, which the graph does not have. */
 #define MICA_PROFILE_MAX 8192
@@ -553,6 +563,9 @@ static void mica_profile_mark(cudaStream_t stream, int k) {
     mica_profile_k[mica_profile_n++] = k;
 }
 #define MICA_MARK(stream, k) (mica_profiling ? mica_profile_mark((stream), (k)) : (void)0)
+/* the end of part `part` (1, 2, ...) of a host call's work (its products and kernels), marked inside
+ * it: the profile names that time "k<N>.<part>", N the host call's kernel */
+#define MICA_PART(stream, part) (mica_profiling ? mica_profile_mark((stream), -1000 - (part)) : (void)0)
 
 /* whether a program's run number `run` (from 1) is the one MICA_PROFILE times */
 static int mica_profile_due(long run) {
@@ -579,7 +592,15 @@ static int mica_profile_run(const char *program, cudaStream_t stream, char *A, m
     for (int i = 1; i < mica_profile_n; i++) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, mica_profile_event[i - 1], mica_profile_event[i]) != cudaSuccess) ms = -1;
-        fprintf(f, "%s k%d %.3f\n", program, mica_profile_k[i], ms * 1e3);
+        const int k = mica_profile_k[i];
+        if (k > -1000) {
+            fprintf(f, "%s k%d %.3f\n", program, k, ms * 1e3);
+            continue;
+        }
+        int owner = -1; /* (a part belongs to the host call whose own mark comes next) */
+        for (int j = i + 1; j < mica_profile_n && owner < 0; j++)
+            if (mica_profile_k[j] > -1000) owner = mica_profile_k[j];
+        fprintf(f, "%s k%d.%d %.3f\n", program, owner, -1000 - k, ms * 1e3);
     }
     fclose(f);
     return 0;

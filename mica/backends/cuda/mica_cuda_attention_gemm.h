@@ -105,12 +105,15 @@ static int mica_attention_gemm_cuda(cudaStream_t stream, const mica_attn_shape *
                                      MICA_ATTN_INNER(a->q_sb, a->q_sh), MICA_ATTN_AT(k, a->k_sb, a->k_sh), a->k_st, 1,
                                      MICA_ATTN_INNER(a->k_sb, a->k_sh), scores, S, L * S, c) != 0)
                 return 1;
+            MICA_PART(stream, 1);
             MICA_LAUNCH(mica_attn_gemm_rows<T>, mica_blocks(MICA_ROW_GROUP * c * L), MICA_THREADS, 0, stream, *a, pass,
                         c, scores, lse);
+            MICA_PART(stream, 2);
             if (mica_attn_product<T>(stream, L, Ev, S, 1.0, scores, S, 0, L * S, MICA_ATTN_AT(v, a->v_sb, a->v_sh),
                                      a->v_st, 0, MICA_ATTN_INNER(a->v_sb, a->v_sh), MICA_ATTN_AT(o, a->o_sb, a->o_sh),
                                      a->o_st, MICA_ATTN_INNER(a->o_sb, a->o_sh), c) != 0)
                 return 1;
+            MICA_PART(stream, 3);
         }
     return cudaPeekAtLastError() == cudaSuccess ? 0 : mica_cuda_failed("launching attention's kernels");
 }
@@ -132,6 +135,7 @@ static int mica_attention_gemm_backward_cuda(cudaStream_t stream, const mica_att
     if (a->B * a->H * L > 0)
         MICA_LAUNCH((mica_flash_delta<T>), mica_blocks(a->B * a->H * L), MICA_THREADS, 0, stream, *a, g, g_sb, g_sh,
                     g_st, o, D);
+    MICA_PART(stream, 1);
     mica_attn_pass pass = {a->H > a->B, 0, 0};
     const int64_t outers = pass.over_heads ? a->B : a->H, inners = pass.over_heads ? a->H : a->B;
     for (pass.outer = 0; pass.outer < outers; pass.outer++)
@@ -141,21 +145,30 @@ static int mica_attention_gemm_backward_cuda(cudaStream_t stream, const mica_att
             const T *vx = MICA_ATTN_AT(v, a->v_sb, a->v_sh), *gx = MICA_ATTN_AT(g, g_sb, g_sh);
             const int64_t qi = MICA_ATTN_INNER(a->q_sb, a->q_sh), ki = MICA_ATTN_INNER(a->k_sb, a->k_sh);
             const int64_t vi = MICA_ATTN_INNER(a->v_sb, a->v_sh), gi = MICA_ATTN_INNER(g_sb, g_sh);
-            if (mica_attn_product<T>(stream, L, S, E, a->scale, qx, a->q_st, 0, qi, kx, a->k_st, 1, ki, p, S, L * S, c) ||
-                mica_attn_product<T>(stream, L, S, Ev, 1.0, gx, g_st, 0, gi, vx, a->v_st, 1, vi, dp, S, L * S, c))
+            if (mica_attn_product<T>(stream, L, S, E, a->scale, qx, a->q_st, 0, qi, kx, a->k_st, 1, ki, p, S, L * S, c))
                 return 1;
+            MICA_PART(stream, 2);
+            if (mica_attn_product<T>(stream, L, S, Ev, 1.0, gx, g_st, 0, gi, vx, a->v_st, 1, vi, dp, S, L * S, c))
+                return 1;
+            MICA_PART(stream, 3);
             MICA_LAUNCH(mica_attn_gemm_backward_rows<T>, mica_blocks(MICA_ROW_GROUP * c * L), MICA_THREADS, 0, stream,
                         *a, pass, c, p, dp, lse, D);
+            MICA_PART(stream, 4);
             if (mica_attn_product<T>(stream, S, Ev, L, 1.0, p, S, 1, L * S, gx, g_st, 0, gi,
                                      MICA_ATTN_AT(dv, a->dv_sb, a->dv_sh), a->dv_st, MICA_ATTN_INNER(a->dv_sb, a->dv_sh),
-                                     c) ||
-                mica_attn_product<T>(stream, L, E, S, 1.0, dp, S, 0, L * S, kx, a->k_st, 0, ki,
+                                     c))
+                return 1;
+            MICA_PART(stream, 5);
+            if (mica_attn_product<T>(stream, L, E, S, 1.0, dp, S, 0, L * S, kx, a->k_st, 0, ki,
                                      MICA_ATTN_AT(dq, a->dq_sb, a->dq_sh), a->dq_st, MICA_ATTN_INNER(a->dq_sb, a->dq_sh),
-                                     c) ||
-                mica_attn_product<T>(stream, S, E, L, 1.0, dp, S, 1, L * S, qx, a->q_st, 0, qi,
+                                     c))
+                return 1;
+            MICA_PART(stream, 6);
+            if (mica_attn_product<T>(stream, S, E, L, 1.0, dp, S, 1, L * S, qx, a->q_st, 0, qi,
                                      MICA_ATTN_AT(dk, a->dk_sb, a->dk_sh), a->dk_st, MICA_ATTN_INNER(a->dk_sb, a->dk_sh),
                                      c))
                 return 1;
+            MICA_PART(stream, 7);
         }
     return cudaPeekAtLastError() == cudaSuccess ? 0 : mica_cuda_failed("launching attention's kernels");
 }

@@ -29,14 +29,32 @@ static inline __host__ __device__ int64_t mica_sum_blocks(int64_t rows) {
     return rows <= 0 ? 1 : (rows + MICA_BLOCK - 1) / MICA_BLOCK;
 }
 
-/* a norm backward's lane partials: part[(b * 8 + l) * n + j] (dw), and the same after nb * 8 * n (db) */
+/* a norm backward's lane partials: part[(b * 8 + l) * n + j] (dw), and the same after nb * 8 * n (db).
+ * A thread's chain of adds waits on its loads: MICA_NORM_AHEAD rows' terms are loaded and computed
+ * first, then added in order (the same sum, bit for bit, with that many loads in flight). */
+#define MICA_NORM_AHEAD 16
 #define MICA_NORM_PARTS(T, rows, n, part, with_w, with_b, DW_EXPR, DB_EXPR)                         \
     const int64_t nb_ = mica_sum_blocks(rows), half_ = nb_ * MICA_LANES * (n);                     \
     MICA_GRID_STRIDE(t, half_) {                                                                   \
         const int64_t j = t % (n), l = t / (n) % MICA_LANES, b0 = t / ((n) * MICA_LANES) * MICA_BLOCK; \
         const int64_t b1 = (rows) - b0 < MICA_BLOCK ? (rows) : b0 + MICA_BLOCK;                    \
         T aw = 0, ab = 0;                                                                          \
-        for (int64_t r = b0 + l; r < b1; r += MICA_LANES) {                                        \
+        int64_t r0 = b0 + l;                                                                       \
+        for (; r0 + MICA_LANES * (MICA_NORM_AHEAD - 1) < b1; r0 += MICA_LANES * MICA_NORM_AHEAD) { \
+            T tw[MICA_NORM_AHEAD], tb[MICA_NORM_AHEAD];                                            \
+            MICA_UNROLL(16)                                                                        \
+            for (int u = 0; u < MICA_NORM_AHEAD; u++) {                                            \
+                const int64_t r = r0 + MICA_LANES * u;                                             \
+                tw[u] = with_w ? (DW_EXPR) : (T)0;                                                 \
+                tb[u] = with_b ? (DB_EXPR) : (T)0;                                                 \
+            }                                                                                      \
+            MICA_UNROLL(16)                                                                        \
+            for (int u = 0; u < MICA_NORM_AHEAD; u++) {                                            \
+                if (with_w) aw = aw + tw[u];                                                       \
+                if (with_b) ab = ab + tb[u];                                                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t r = r0; r < b1; r += MICA_LANES) {                                            \
             if (with_w) aw = aw + (DW_EXPR);                                                       \
             if (with_b) ab = ab + (DB_EXPR);                                                       \
         }                                                                                          \
@@ -91,9 +109,11 @@ static int mica_layer_norm_backward_cuda_##S(cudaStream_t stream, const T *g, co
                                              T *dw, T *db, int64_t rows, int64_t n, T *part) {    \
     MICA_LAUNCH(mica_layer_norm_backward_rows_##S, mica_blocks(MICA_ROW_GROUP * rows), MICA_THREADS, 0, stream, \
                 g, x, w, mean, rstd, dx, rows, n);                                                 \
+    MICA_PART(stream, 1);                                                                          \
     if (dw || db) {                                                                                \
         MICA_LAUNCH(mica_layer_norm_backward_parts_##S, mica_blocks(mica_sum_blocks(rows) * MICA_LANES * n), \
                     MICA_THREADS, 0, stream, g, x, mean, rstd, part, dw != NULL, db != NULL, rows, n); \
+        MICA_PART(stream, 2);                                                                      \
         MICA_LAUNCH(mica_norm_columns_##S, mica_blocks(n), MICA_THREADS, 0, stream, part, dw, db, rows, n); \
     }                                                                                              \
     return 0;                                                                                      \
@@ -103,9 +123,11 @@ static int mica_rms_norm_backward_cuda_##S(cudaStream_t stream, const T *g, cons
                                            T *part) {                                              \
     MICA_LAUNCH(mica_rms_norm_backward_rows_##S, mica_blocks(MICA_ROW_GROUP * rows), MICA_THREADS, 0, stream, \
                 g, x, w, rstd, dx, rows, n);                                                       \
+    MICA_PART(stream, 1);                                                                          \
     if (dw) {                                                                                      \
         MICA_LAUNCH(mica_rms_norm_backward_parts_##S, mica_blocks(mica_sum_blocks(rows) * MICA_LANES * n), \
                     MICA_THREADS, 0, stream, g, x, rstd, part, rows, n);                           \
+        MICA_PART(stream, 2);                                                                      \
         MICA_LAUNCH(mica_norm_columns_##S, mica_blocks(n), MICA_THREADS, 0, stream, part, dw, (T *)NULL, rows, n); \
     }                                                                                              \
     return 0;                                                                                      \
@@ -125,6 +147,7 @@ static int mica_embedding_backward_cuda_##S(cudaStream_t stream, const T *g, con
                                             T *dw, int64_t count, int64_t V, int64_t D,            \
                                             int64_t chunk, int32_t *work) {                        \
     if (mica_embedding_order(stream, idx, count, V, chunk, work) != 0) return 1;                    \
+    MICA_PART(stream, 1);                                                                          \
     const int64_t chunks = (count + chunk - 1) / chunk;                                            \
     const int32_t *start = work + chunks * V + count, *order = start + V + 1;                      \
     MICA_LAUNCH(mica_embedding_backward_sum_##S, mica_blocks(V * D), MICA_THREADS, 0, stream, g, order, start, dw, V, D); \

@@ -56,6 +56,9 @@ def cooperative(kern):
     return _reduced(kern) >= 64 and _outputs(kern) < 32768
 
 
+AHEAD = 8  # a lane reduction's terms computed before they are added (their loads in flight together)
+
+
 def reduce_scratch(kern):
     """Bytes of scratch a cooperative reduction's lane partials take."""
     if not cooperative(kern):
@@ -172,11 +175,24 @@ class CudaRenderer(CStyleRenderer):
         lanes = [f"const int64_t o = t % {O}, lane = (t / {O}) % 8, blk = t / {O * 8};"]
         lanes += _decompose([(shape[d], None) for d in kept], [names[d] for d in kept], "o") if kept else []
         lanes += [f"(void){names[d]};" for d in kept]  # (a broadcast load may not need every index)
+        red = _decompose([(shape[d], None) for d in axes], [names[d] for d in axes], "r")
+        term = red + writer.lines()  # (the term of index r: v<result>)
+        # a thread's chain of adds waits on its loads: AHEAD terms are computed first (their loads in
+        # flight together), then added in order, the same sum bit for bit; the rest one at a time
         lanes += [f"{t} acc = {init};",
                   f"const int64_t r1 = blk * 8192 + 8192 < {R} ? blk * 8192 + 8192 : {R};",
-                  "for (int64_t r = blk * 8192 + lane; r < r1; r += 8) {"]
-        red = _decompose([(shape[d], None) for d in axes], [names[d] for d in axes], "r")
-        lanes += ["    " + x for x in red + writer.lines()]
+                  "int64_t r0 = blk * 8192 + lane;",
+                  f"for (; r0 + 8 * ({AHEAD} - 1) < r1; r0 += 8 * {AHEAD}) {{",
+                  f"    {t} ahead[{AHEAD}];",
+                  f"    MICA_UNROLL({AHEAD})",
+                  f"    for (int u = 0; u < {AHEAD}; u++) {{",
+                  "        const int64_t r = r0 + 8 * u;"]
+        lanes += ["        " + x for x in term]
+        lanes += [f"        ahead[u] = v{kern.result};", "    }",
+                  f"    MICA_UNROLL({AHEAD})",
+                  f"    for (int u = 0; u < {AHEAD}; u++) acc = {comb('acc', 'ahead[u]')};", "}",
+                  "for (int64_t r = r0; r < r1; r += 8) {"]
+        lanes += ["    " + x for x in term]
         lanes += [f"    acc = {comb('acc', f'v{kern.result}')};", "}",
                   f"{part}[(o * {nblk} + blk) * 8 + lane] = acc;"]
         helper_decls = self.declare_pointers([e.view for e in kern.exprs if e.kind == "load"]) + self.workspace_lines()
