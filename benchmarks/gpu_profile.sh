@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Where the CUDA step's time goes, on a lent GPU machine (the device tool), from the repository root.
 # Under 4 minutes. What it writes under $OUT:
-#   train-tf32-{False,True}.txt   `mica train --device=cuda` of shakespeare_char, float32, 30 iterations,
-#                   TF32 off then permitted, with MICA_PROFILE set: the trainer times each program's
-#                   third run kernel by kernel (outside its graph; mica_cuda.h) into
-#   profile-tf32-*.txt, beside train-tf32-*.cu, the train program's source that ran;
-#   torch.txt       (TORCH=0 skips it) PyTorch eager's same step (float32, TF32 off) under torch.profiler: CUDA time by kernel;
-#   summary.txt     each profile by kind, by op and the longest kernels (benchmarks/gpu_profile.py), printed last.
+#   profile-tf32-{False,True}.txt  `mica train --device=cuda` of shakespeare_char, float32, 30
+#                   iterations, TF32 off then permitted, with MICA_PROFILE set: the trainer times each
+#                   program's third run kernel by kernel (outside its graph; mica_cuda.h);
+#   summary.txt     each profile by kind, by op, by a host call's parts and the longest kernels
+#                   (benchmarks/gpu_profile.py, with the train program's source), printed last;
+#   steps.txt       each step's exit and time, and the trainer's own step time at iteration 30.
+# Under $WORK: the trainers' logs, the sources, and (TORCH=0 skips it) torch.txt, PyTorch eager's
+# same step (float32, TF32 off) under torch.profiler: CUDA time by kernel.
 # Offline, as gpu_check.sh: mica runs from this tree; nvcc links the cuBLAS of the PyTorch there.
 set -u
 cd "$(dirname "$0")/.."
@@ -18,19 +20,20 @@ mkdir -p "$out" "$work"
 export MICA_CACHE="$work/cache"
 args=(shakespeare_char --device=cuda --dtype=float32 --dropout=0.0 --eval_interval=100000 --eval_iters=3
       --log_interval=10 --always_save_checkpoint=False --data_dir="$work/data")
-nvidia-smi -L > "$out/gpu.txt" 2>&1
+# (only the profiles, their summary and steps.txt stay in $OUT: the device tool brings back 8 files at most)
+nvidia-smi -L > "$work/gpu.txt" 2>&1
 timeout 60 $PY -m mica.cli prepare shakespeare-char --input tests/data/tinyshakespeare.txt --out "$work/data" \
-    > "$out/prepare.txt" 2>&1
+    > "$work/prepare.txt" 2>&1
 for tf32 in False True; do  # float32 products, then with TF32 permitted
     t0=$(date +%s)
     rm -f "$out/profile-tf32-$tf32.txt"
     MICA_PROFILE="$out/profile-tf32-$tf32.txt" timeout 150 $PY -m mica.cli train "${args[@]}" --tf32=$tf32 \
-        --max_iters=30 --out_dir="$work/run-$tf32" > "$out/train-tf32-$tf32.txt" 2>&1
-    echo "train --tf32=$tf32: exit $? ($(( $(date +%s) - t0 )) s); $(grep '^iter 30' "$out/train-tf32-$tf32.txt")" >> "$out/steps.txt"
-    cp "$(ls -td "$MICA_CACHE"/trainer-cuda-*/ | head -1)/train.cu" "$out/train-tf32-$tf32.cu" 2>/dev/null
+        --max_iters=30 --out_dir="$work/run-$tf32" > "$work/train-tf32-$tf32.txt" 2>&1
+    echo "train --tf32=$tf32: exit $? ($(( $(date +%s) - t0 )) s); $(grep '^iter 30' "$work/train-tf32-$tf32.txt")" >> "$out/steps.txt"
+    cp "$(ls -td "$MICA_CACHE"/trainer-cuda-*/ | head -1)/train.cu" "$work/train-tf32-$tf32.cu" 2>/dev/null
 done
 t0=$(date +%s)
-[ "${TORCH:-1}" = 1 ] && timeout 120 $PY - "$work/data" 0 > "$out/torch.txt" 2>&1 <<'PYEOF'
+[ "${TORCH:-1}" = 1 ] && timeout 120 $PY - "$work/data" 0 > "$work/torch.txt" 2>&1 <<'PYEOF'
 import sys, numpy as np, torch
 from mica.train import config as config_mod
 from mica.train.programs import model_config
@@ -65,6 +68,6 @@ PYEOF
 echo "torch profile: exit $? ($(( $(date +%s) - t0 )) s)" >> "$out/steps.txt"
 for tf32 in False True; do
     echo "## TF32 $tf32" >> "$out/summary.txt"
-    $PY benchmarks/gpu_profile.py "$out/profile-tf32-$tf32.txt" "$out/train-tf32-$tf32.cu" train 25 >> "$out/summary.txt" 2>&1
+    $PY benchmarks/gpu_profile.py "$out/profile-tf32-$tf32.txt" "$work/train-tf32-$tf32.cu" train 25 >> "$out/summary.txt" 2>&1
 done
 cat "$out/steps.txt" "$out/summary.txt"
