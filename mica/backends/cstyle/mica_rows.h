@@ -13,6 +13,9 @@
  *   MICA_ROW_SUM(S, x, n)               the canonical sum of x[0, n), in every thread of the group
  *   MICA_ROW_SUM_EXPR(T, S, n, r, EXPR) r = the canonical sum of EXPR over j in [0, n)
  *   MICA_ROW_MAX(S, x, n)               mica_row_max's element: the first NaN, else the last largest
+ *   MICA_ROW_RESTRICT                   (optional) the qualifier of a row's arrays, which never
+ *                                       overlap (cross-entropy's backward, which may run in place,
+ *                                       has none): CUDA says __restrict__, so loads go out early
  * A thread reads back only elements it owns (the canonical sum's lane l is the j with j % 8 == l,
  * blocks being multiples of 8 long), so a row needs no barrier: its threads meet only inside the
  * sums' and the max's exchanges. */
@@ -29,6 +32,9 @@
 #define MICA_ROW_SUM(S, x, n) mica_sum_##S(x, n)
 #define MICA_ROW_SUM_EXPR(T, S, n, result, EXPR) MICA_SUM_EXPR(T, n, result, EXPR)
 #define MICA_ROW_MAX(S, x, n) mica_row_max_##S(x, n)
+#endif
+#ifndef MICA_ROW_RESTRICT
+#define MICA_ROW_RESTRICT /* (a row's inputs and outputs never overlap; a target may say so: restrict) */
 #endif
 
 #define MICA_DEFINE_ROWS(T, S)                                                                     \
@@ -61,7 +67,7 @@ static inline MICA_HD T mica_row_max_##S(const T *x, int64_t n) {               
     for (; j < n; j++) { bad |= x[j] != x[j]; m = x[j] > m ? x[j] : m; }                           \
     return bad || m == (T)0 ? mica_row_max_seq_##S(x, n) : m;                                      \
 }                                                                                                  \
-MICA_ROW_FN void mica_layer_norm_row_##S(const T *xr, const T *w, const T *b, T *yr, T *mean,      \
+MICA_ROW_FN void mica_layer_norm_row_##S(const T *MICA_ROW_RESTRICT xr, const T *MICA_ROW_RESTRICT w, const T *MICA_ROW_RESTRICT b, T *MICA_ROW_RESTRICT yr, T *mean,      \
                                          T *rstd, int64_t n, T eps) {                              \
     T mu = MICA_ROW_SUM(S, xr, n) / (T)n, var;                                                     \
     MICA_ROW_SUM_EXPR(T, S, n, var, (xr[j] - mu) * (xr[j] - mu));                                  \
@@ -77,7 +83,7 @@ MICA_ROW_FN void mica_layer_norm_row_##S(const T *xr, const T *w, const T *b, T 
         *rstd = rs;                                                                                \
     }                                                                                              \
 }                                                                                                  \
-MICA_ROW_FN void mica_layer_norm_backward_row_##S(const T *gr, const T *xr, const T *w, T mu, T rs, \
+MICA_ROW_FN void mica_layer_norm_backward_row_##S(const T *MICA_ROW_RESTRICT gr, const T *MICA_ROW_RESTRICT xr, const T *MICA_ROW_RESTRICT w, T mu, T rs, \
                                                   T *dr, int64_t n) {                              \
     MICA_ROW_FOR(j, 0, n) dr[j] = w ? gr[j] * w[j] : gr[j];                                        \
     T a = MICA_ROW_SUM(S, dr, n) / (T)n, c;                                                        \
@@ -88,14 +94,14 @@ MICA_ROW_FN void mica_layer_norm_backward_row_##S(const T *gr, const T *xr, cons
         dr[j] = rs * ((dr[j] - a) - xh * c);                                                       \
     }                                                                                              \
 }                                                                                                  \
-MICA_ROW_FN void mica_rms_norm_row_##S(const T *xr, const T *w, T *yr, T *rstd, int64_t n, T eps) { \
+MICA_ROW_FN void mica_rms_norm_row_##S(const T *MICA_ROW_RESTRICT xr, const T *MICA_ROW_RESTRICT w, T *MICA_ROW_RESTRICT yr, T *rstd, int64_t n, T eps) { \
     T ms;                                                                                          \
     MICA_ROW_SUM_EXPR(T, S, n, ms, xr[j] * xr[j]);                                                 \
     T rs = (T)1 / mica_sqrt_##S(ms / (T)n + eps);                                                  \
     MICA_ROW_FOR(j, 0, n) yr[j] = w ? (xr[j] * rs) * w[j] : xr[j] * rs;                            \
     if (MICA_ROW_LEAD) *rstd = rs;                                                                 \
 }                                                                                                  \
-MICA_ROW_FN void mica_rms_norm_backward_row_##S(const T *gr, const T *xr, const T *w, T rs, T *dr, \
+MICA_ROW_FN void mica_rms_norm_backward_row_##S(const T *MICA_ROW_RESTRICT gr, const T *MICA_ROW_RESTRICT xr, const T *MICA_ROW_RESTRICT w, T rs, T *MICA_ROW_RESTRICT dr, \
                                                 int64_t n) {                                       \
     MICA_ROW_FOR(j, 0, n) { T gx = w ? gr[j] * w[j] : gr[j]; dr[j] = gx * (xr[j] * rs); }          \
     T c = MICA_ROW_SUM(S, dr, n) / (T)n;                                                           \
@@ -104,24 +110,24 @@ MICA_ROW_FN void mica_rms_norm_backward_row_##S(const T *gr, const T *xr, const 
         dr[j] = rs * (gx - (xr[j] * rs) * c);                                                      \
     }                                                                                              \
 }                                                                                                  \
-MICA_ROW_FN void mica_softmax_row_##S(const T *xr, T *yr, int64_t n) {                             \
+MICA_ROW_FN void mica_softmax_row_##S(const T *MICA_ROW_RESTRICT xr, T *MICA_ROW_RESTRICT yr, int64_t n) {                             \
     T m = MICA_ROW_MAX(S, xr, n);                                                                  \
     MICA_ROW_FOR(j, 0, n) yr[j] = mica_exp_##S(xr[j] - m);                                         \
     T s = MICA_ROW_SUM(S, yr, n);                                                                  \
     MICA_ROW_FOR(j, 0, n) yr[j] = yr[j] / s;                                                       \
 }                                                                                                  \
-MICA_ROW_FN void mica_softmax_backward_row_##S(const T *gr, const T *yr, T *dr, int64_t n) {       \
+MICA_ROW_FN void mica_softmax_backward_row_##S(const T *MICA_ROW_RESTRICT gr, const T *MICA_ROW_RESTRICT yr, T *MICA_ROW_RESTRICT dr, int64_t n) {       \
     MICA_ROW_FOR(j, 0, n) dr[j] = gr[j] * yr[j];                                                   \
     T dot = MICA_ROW_SUM(S, dr, n);                                                                \
     MICA_ROW_FOR(j, 0, n) dr[j] = yr[j] * (gr[j] - dot);                                           \
 }                                                                                                  \
-MICA_ROW_FN void mica_log_softmax_row_##S(const T *xr, T *yr, int64_t n) {                         \
+MICA_ROW_FN void mica_log_softmax_row_##S(const T *MICA_ROW_RESTRICT xr, T *MICA_ROW_RESTRICT yr, int64_t n) {                         \
     T m = MICA_ROW_MAX(S, xr, n);                                                                  \
     MICA_ROW_FOR(j, 0, n) yr[j] = mica_exp_##S(xr[j] - m);                                         \
     T lse = mica_log_##S(MICA_ROW_SUM(S, yr, n));                                                  \
     MICA_ROW_FOR(j, 0, n) yr[j] = (xr[j] - m) - lse;                                               \
 }                                                                                                  \
-MICA_ROW_FN void mica_log_softmax_backward_row_##S(const T *gr, const T *yr, T *dr, int64_t n) {   \
+MICA_ROW_FN void mica_log_softmax_backward_row_##S(const T *MICA_ROW_RESTRICT gr, const T *MICA_ROW_RESTRICT yr, T *MICA_ROW_RESTRICT dr, int64_t n) {   \
     T s = MICA_ROW_SUM(S, gr, n);                                                                  \
     MICA_ROW_FOR(j, 0, n) dr[j] = gr[j] - mica_exp_##S(yr[j]) * s;                                 \
 }                                                                                                  \
@@ -220,7 +226,7 @@ MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, i
     }                                                                                              \
 }                                                                                                  \
 MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i,  \
-                                                  T *pi, T *di, int64_t n, T li, T D) {            \
+                                                  T *MICA_ROW_RESTRICT pi, T *MICA_ROW_RESTRICT di, int64_t n, T li, T D) {            \
     const int64_t m_ = mica_attn_row_keys(a, i), w = mica_attn_row_span(m_, n);                   \
     const T scale = (T)a->scale, keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                     \
     if (a->dropout_p > 0) {                                                                        \

@@ -58,9 +58,11 @@ static __host__ __device__ __forceinline__ int64_t mica_attn_pass_bh(const mica_
     return p.over_heads ? p.outer * a->H + p.first + n : (p.first + n) * a->H + p.outer;
 }
 
-/* the rows of a chunk's scores: a group of 8 threads per query row, `count` inner indices */
+/* the rows of a chunk's scores: a group of 8 threads per query row, `count` inner indices (the
+ * arrays __restrict__: a thread's loads of its next elements go out before its stores) */
 template <typename T>
-static __global__ void mica_attn_gemm_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count, T *p, T *lse) {
+static __global__ void mica_attn_gemm_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count, T *__restrict__ p,
+                                           T *__restrict__ lse) {
     MICA_ROW_GROUPS(r, count * a.L) {
         const int64_t bh = mica_attn_pass_bh(&a, pass, r / a.L), i = r % a.L;
         mica_attn_gemm_of<T>::row(&a, bh, i, p + r * a.S, a.S, lse + bh * a.L + i);
@@ -68,8 +70,9 @@ static __global__ void mica_attn_gemm_rows(mica_attn_shape a, mica_attn_pass pas
 }
 
 template <typename T>
-static __global__ void mica_attn_gemm_backward_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count, T *p,
-                                                    T *dp, const T *lse, const T *D) {
+static __global__ void mica_attn_gemm_backward_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count,
+                                                    T *__restrict__ p, T *__restrict__ dp, const T *__restrict__ lse,
+                                                    const T *__restrict__ D) {
     MICA_ROW_GROUPS(r, count * a.L) {
         const int64_t bh = mica_attn_pass_bh(&a, pass, r / a.L), i = r % a.L;
         mica_attn_gemm_of<T>::backward_row(&a, bh, i, p + r * a.S, dp + r * a.S, a.S, lse[bh * a.L + i],

@@ -105,6 +105,7 @@ MICA_DEFINE_COOP(double, f64)
 
 /* mica_rows.h's names, cooperative */
 #define MICA_ROW_FN static __device__ __forceinline__
+#define MICA_ROW_RESTRICT __restrict__
 #define MICA_ROW_FOR(j, lo, hi)                                                                     \
     for (int64_t j = (lo) + (((int64_t)mica_row_lane() - (lo)) & (MICA_ROW_GROUP - 1)); j < (hi); j += MICA_ROW_GROUP)
 #define MICA_ROW_OWNS(j) (((j) & (MICA_ROW_GROUP - 1)) == mica_row_lane())

@@ -3,7 +3,8 @@
  * the CPU target's bits for any launch configuration, with no floating-point atomics.
  *
  *   layer_norm_backward, rms_norm_backward
- *       dx a row per group of 8 threads (mica_rows.h's row function, as mica_cuda_kernels.h);
+ *       dx a row per group of 8 threads (mica_rows.h's row function, as mica_cuda_kernels.h; the
+ *       kernel's arrays __restrict__, so a thread's loads go out ahead of its stores);
  *       the weight's and bias's gradients are column sums in mica_math.h's canonical order: a
  *       thread per (block of MICA_BLOCK rows, lane l, column j) adds rows b0 + l, b0 + l + 8, ...
  *       in increasing order (a warp's threads are consecutive columns, so every load is
@@ -63,9 +64,10 @@ static inline __host__ __device__ int64_t mica_sum_blocks(int64_t rows) {
     }
 
 #define MICA_DEFINE_CUDA_SWEEPS(T, S)                                                              \
-static __global__ void mica_layer_norm_backward_rows_##S(const T *g, const T *x, const T *w,       \
-                                                         const T *mean, const T *rstd, T *dx,      \
-                                                         int64_t rows, int64_t n) {                \
+static __global__ void mica_layer_norm_backward_rows_##S(const T *__restrict__ g, const T *__restrict__ x, \
+                                                         const T *__restrict__ w, const T *mean,   \
+                                                         const T *rstd, T *__restrict__ dx, int64_t rows, \
+                                                         int64_t n) {                              \
     MICA_ROW_GROUPS(r, rows)                                                                       \
         mica_layer_norm_backward_row_##S(g + r * n, x + r * n, w, mean[r], rstd[r], dx + r * n, n); \
 }                                                                                                  \
@@ -75,9 +77,9 @@ static __global__ void mica_layer_norm_backward_parts_##S(const T *g, const T *x
     MICA_NORM_PARTS(T, rows, n, part, with_w, with_b, g[r * n + j] * ((x[r * n + j] - mean[r]) * rstd[r]), \
                     g[r * n + j])                                                                  \
 }                                                                                                  \
-static __global__ void mica_rms_norm_backward_rows_##S(const T *g, const T *x, const T *w,         \
-                                                       const T *rstd, T *dx, int64_t rows,         \
-                                                       int64_t n) {                                \
+static __global__ void mica_rms_norm_backward_rows_##S(const T *__restrict__ g, const T *__restrict__ x, \
+                                                       const T *__restrict__ w, const T *rstd,     \
+                                                       T *__restrict__ dx, int64_t rows, int64_t n) { \
     MICA_ROW_GROUPS(r, rows)                                                                       \
         mica_rms_norm_backward_row_##S(g + r * n, x + r * n, w, rstd[r], dx + r * n, n);           \
 }                                                                                                  \
