@@ -33,7 +33,7 @@ static inline __host__ __device__ int64_t mica_sum_blocks(int64_t rows) {
 /* a norm backward's lane partials: part[(b * 8 + l) * n + j] (dw), and the same after nb * 8 * n (db).
  * A thread's chain of adds waits on its loads: MICA_NORM_AHEAD rows' terms are loaded and computed
  * first, then added in order (the same sum, bit for bit, with that many loads in flight). */
-#define MICA_NORM_AHEAD 16
+#define MICA_NORM_AHEAD 32
 #define MICA_NORM_PARTS(T, rows, n, part, with_w, with_b, DW_EXPR, DB_EXPR)                         \
     const int64_t nb_ = mica_sum_blocks(rows), half_ = nb_ * MICA_LANES * (n);                     \
     MICA_GRID_STRIDE(t, half_) {                                                                   \
@@ -43,13 +43,13 @@ static inline __host__ __device__ int64_t mica_sum_blocks(int64_t rows) {
         int64_t r0 = b0 + l;                                                                       \
         for (; r0 + MICA_LANES * (MICA_NORM_AHEAD - 1) < b1; r0 += MICA_LANES * MICA_NORM_AHEAD) { \
             T tw[MICA_NORM_AHEAD], tb[MICA_NORM_AHEAD];                                            \
-            MICA_UNROLL(16)                                                                        \
+            MICA_UNROLL(32)                                                                        \
             for (int u = 0; u < MICA_NORM_AHEAD; u++) {                                            \
                 const int64_t r = r0 + MICA_LANES * u;                                             \
                 tw[u] = with_w ? (DW_EXPR) : (T)0;                                                 \
                 tb[u] = with_b ? (DB_EXPR) : (T)0;                                                 \
             }                                                                                      \
-            MICA_UNROLL(16)                                                                        \
+            MICA_UNROLL(32)                                                                        \
             for (int u = 0; u < MICA_NORM_AHEAD; u++) {                                            \
                 if (with_w) aw = aw + tw[u];                                                       \
                 if (with_b) ab = ab + tb[u];                                                       \

@@ -56,7 +56,7 @@ def cooperative(kern):
     return _reduced(kern) >= 64 and _outputs(kern) < 32768
 
 
-AHEAD = 8  # a lane reduction's terms computed before they are added (their loads in flight together)
+AHEAD = 16  # a lane reduction's terms computed before they are added (their loads in flight together)
 
 
 def reduce_scratch(kern):
