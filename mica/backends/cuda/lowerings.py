@@ -130,25 +130,18 @@ def _attention(e, kernel):
         raise MicaError(f"scaled_dot_product_attention on {q.dtype.name} is not supported by the CUDA backend yet; "
                         "cast q, k and v to float32")
     lines, q, k, v, o = _c.attention_shape(e, kernel)
-    p, ctype = e.ptr, ct.ctype(q.dtype)
-    chunk = attention_chunk(kernel, e.target.attention)
-    gsb, gsh, gst = _c.attention_grad_strides(kernel) if kernel.op != "attention" else (0, 0, 0)
-    if chunk and kernel.op == "attention":
-        lines.append(f"if (mica_attention_gemm_cuda<{ctype}>(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
-                     f"{p(kernel.outputs[1])}, {chunk}, ({ctype} *)work) != 0) return 1;")
-    elif chunk:
-        dq, dk, dv = kernel.outputs
-        lines.append(f"if (mica_attention_gemm_backward_cuda<{ctype}>(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, "
-                     f"{p(k)}, {p(v)}, {p(o)}, {p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
-                     f"{chunk}, ({ctype} *)work) != 0) return 1;")
-    elif kernel.op == "attention":
-        t = f"{ctype}, {q.shape[-1]}, {v.shape[-1]}"  # (the head dims pick the kernels' tiles)
-        lines.append(f"if (mica_attention_cuda<{t}>(stream, &shape, {p(q)}, {p(k)}, {p(v)}, {p(o)}, "
-                     f"{p(kernel.outputs[1])}) != 0) return 1;")
-    else:
-        t = f"{ctype}, {q.shape[-1]}, {v.shape[-1]}"
-        dq, dk, dv = kernel.outputs
-        lines.append(f"if (mica_attention_backward_cuda<{t}>(stream, &shape, {p(kernel.inputs[0])}, {p(q)}, {p(k)}, "
-                     f"{p(v)}, {p(o)}, {p(kernel.inputs[5])}, {p(dq)}, {p(dk)}, {p(dv)}, {gsb}, {gsh}, {gst}, "
-                     f"({ctype} *)scratch) != 0) return 1;")
+    ctype, chunk = ct.ctype(q.dtype), attention_chunk(kernel, e.target.attention)
+    backward = kernel.op != "attention"
+    if backward:  # (g, q, k, v, o, lse -> dq, dk, dv, and g's strides)
+        views = [kernel.inputs[0], q, k, v, o, kernel.inputs[5], *kernel.outputs]
+        args = [*map(e.ptr, views), *map(str, _c.attention_grad_strides(kernel))]
+    else:  # (q, k, v -> o, lse)
+        args = [e.ptr(x) for x in (q, k, v, o, kernel.outputs[1])]
+    if chunk:  # cuBLASLt's products around the CPU's rows (mica_cuda_attention_gemm.h), a chunk's scores in work
+        name, template, args = "mica_attention_gemm", ctype, args + [str(chunk), f"({ctype} *)work"]
+    else:  # the fused kernels (mica_cuda_attention.h), their tiles picked by the head dims; the backward's D
+        name, template = "mica_attention", f"{ctype}, {q.shape[-1]}, {v.shape[-1]}"
+        args += [f"({ctype} *)scratch"] if backward else []
+    name += "_backward" if backward else ""
+    lines.append(f"if ({name}_cuda<{template}>({', '.join(['stream', '&shape', *args])}) != 0) return 1;")
     return ["{"] + ["    " + x for x in lines] + ["}"]
