@@ -200,13 +200,10 @@ class Tensor:
         if verb and method == "__call__" and not kwargs:  # a numpy scalar beside a Tensor: its operator
             scalar = (lambda x: isinstance(x, np.generic) or (isinstance(x, np.ndarray) and x.ndim == 0))
             return getattr(F, verb)(*(x.item() if scalar(x) else x for x in inputs))
-        use = f"mica.{name}" if hasattr(F, name) else "mica's verbs"
-        raise TraceError(f"numpy's {name} cannot take a traced Tensor; use {use} instead", user_location())
+        raise _numpy_refused(name)
 
     def __array_function__(self, func, types, args, kwargs):
-        name = getattr(func, "__name__", "function")
-        use = f"mica.{name}" if hasattr(F, name) else "mica's verbs"
-        raise TraceError(f"numpy's {name} cannot take a traced Tensor; use {use} instead", user_location())
+        raise _numpy_refused(getattr(func, "__name__", "function"))
 
     # ---- arithmetic ---------------------------------------------------------------------------
     def __add__(self, o): return F.add(self, o)
@@ -348,6 +345,12 @@ class Tensor:
 
 
 from . import verbs as F  # noqa: E402  (verbs build on Tensor; Tensor's methods call them)
+
+def _numpy_refused(name):
+    """The sentence for numpy's `name` given a traced Tensor: Mica's verb of that name, if it has one."""
+    use = f"mica.{name}" if hasattr(F, name) else "mica's verbs"
+    return TraceError(f"numpy's {name} cannot take a traced Tensor; use {use} instead", user_location())
+
 
 # numpy's ufuncs that are Python operators on a Tensor (np.float32(2) * x arrives as multiply)
 _OPERATOR_UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "div", "divide": "div",
