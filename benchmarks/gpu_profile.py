@@ -11,8 +11,10 @@ import re
 import sys
 from collections import defaultdict
 
-COMMENT = re.compile(r"^/\* k(\d+): (.*?) \*/$", re.M)
-HOST = re.compile(r"static int k(\d+)\(char \*A, cudaStream_t stream\) \{(.*?)\n\}", re.S)
+# a kernel's title: above its function, or beside a launch of an earlier kernel's function (the same text)
+COMMENT = re.compile(r"(?:^|MICA_MARK\(stream, \d+\);  )/\* k(\d+): (.*?) \*/$", re.M)
+HOST = re.compile(r"static int k(\d+)\((?:char \*A, )?cudaStream_t stream[^)]*\) \{(.*?)\n\}", re.S)
+RUNS = re.compile(r"^    (?:MICA_LAUNCH\(|if \()k(\d+).*MICA_MARK\(stream, (\d+)\);", re.M)  # function, mark
 GEMM = re.compile(r"mica_gemm_(\w+)\(stream, (\d+), (\d+), (\d+),")
 
 
@@ -41,20 +43,27 @@ def profile(path, program):
 
 
 def kinds(path):
-    """{k: (label, kind)} from the CUDA source"""
+    """{k: (label, kind[, flops])} from the CUDA source"""
     src = open(path).read()
-    out = {}
-    for m in COMMENT.finditer(src):
-        out[int(m.group(1))] = (m.group(2), "generated")
+    labels = {int(m.group(1)): m.group(2) for m in COMMENT.finditer(src)}
+    host = {}  # host function k: (what follows its label, its kind[, flops])
     for m in HOST.finditer(src):
         k, body = int(m.group(1)), m.group(2)
         g = GEMM.search(body)
-        label = out.get(k, ("?",))[0]
         if g:
             flops = 2 * int(g.group(2)) * int(g.group(3)) * int(g.group(4)) * max(1, body.count("mica_gemm_"))
-            out[k] = (f"{label} [{g.group(1)} {g.group(2)}x{g.group(3)}x{g.group(4)}]", "product", flops)
+            host[k] = (f" [{g.group(1)} {g.group(2)}x{g.group(3)}x{g.group(4)}]", "product", flops)
         else:
-            out[k] = (label, "attention" if "mica_attention" in body else "host call")
+            host[k] = ("", "attention" if "mica_attention" in body else "host call")
+    runs = {int(mark): int(fn) for fn, mark in RUNS.findall(src)}
+    out = {}
+    for k, label in labels.items():
+        fn = runs.get(k, k)
+        if fn in host:
+            suffix, kind, *flops = host[fn]
+            out[k] = (label + suffix, kind, *flops)
+        else:
+            out[k] = (label, "generated")
     return out
 
 

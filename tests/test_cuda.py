@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from pathlib import Path
 
 import mica
 from helpers import rel_err
@@ -634,6 +635,37 @@ def test_the_gpt_step_has_the_same_bits_twice_and_for_any_launch_configuration(g
     for other in flat[1:]:
         for a, b in zip(flat[0], other):
             assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_kernels_that_differ_only_in_their_buffers_share_one_function(gpt_step, tmp_path):
+    """A layer's kernels are the text of the layer before's on other buffers (a micro-batch's, of the
+    one before): each function is written once, takes its buffers as parameters, and is launched with
+    each kernel's pointers; every kernel is still launched once, in order, and the profile's reader
+    names each launch by its own op and kind."""
+    import re
+
+    lowered = gpt_step[0].lower("cuda")
+    src, n = lowered.source, len(lowered.schedule.kernels)
+    defined = [int(k) for k in re.findall(r"^static (?:__global__ void|int) k(\d+)\(", src, re.M)]
+    runs = re.findall(r"^    (?:MICA_LAUNCH\(|if \()k(\d+).*MICA_MARK\(stream, (\d+)\);", src, re.M)
+    assert [int(mark) for _, mark in runs] == list(range(n))
+    assert sorted({int(fn) for fn, _ in runs}) == defined
+    assert len(defined) < 0.75 * n, (len(defined), n)  # (two layers, and their backward)
+    assert all(int(fn) <= int(mark) for fn, mark in runs)  # (a function is defined by its first kernel)
+    functions = src.split("/* the program's C API")[0].splitlines()
+    assert [line for line in functions if "A + " in line  # (only the shared scratch and the rng are at fixed places)
+            and "char *work = A + " not in line and "int64_t *rng = (const int64_t *)(A + " not in line] == []
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from gpu_profile import kinds
+
+    (tmp_path / "train.cu").write_text(src)
+    what = kinds(str(tmp_path / "train.cu"))
+    assert sorted(what) == list(range(n))
+    titles = dict(re.findall(r"/\* k(\d+): (.*?)(?: \(|:| \*/)", src))
+    for fn, mark in runs:
+        assert what[int(mark)][0].startswith(titles[mark]), (mark, what[int(mark)])
+        assert what[int(mark)][1] == what[int(fn)][1], mark
+    assert {"generated", "product", "attention"} <= {kind for _, kind, *_ in what.values()}
 
 
 @needs_nvcc

@@ -61,6 +61,10 @@ class CStyleRenderer:
                                  f"  /* {b.cls}: {b.name or 'b%d' % b.id} */")
         return lines
 
+    def function_header(self, name):
+        """The opening line of a kernel function whose pointers were just declared."""
+        return f"{self.kernel_qualifier} {name}(char *A) {{"
+
     def literals(self):
         out = []
         for lit in self.s.literals:
@@ -103,7 +107,7 @@ class CStyleRenderer:
         decls = self.declare_pointers(views) + self.workspace_lines()
         if needs_rng:
             decls.append(f"const int64_t *rng = (const int64_t *)(A + {self.plan.offset(self.s.rng)});")
-        lines = [title] + helpers + [f"{self.kernel_qualifier} k{k}(char *A) {{"]
+        lines = [title] + helpers + [self.function_header(f"k{k}")]
         lines += ["    " + x for x in decls + body]
         lines.append("}")
         return lines

@@ -90,8 +90,41 @@ class CudaRenderer(CStyleRenderer):
         super().__init__(schedule, plan, name, target)
         self.accessor = _CudaAccessor(self)
         self.on_host = False  # rendering a host function: a literal is named by its device address
-        self.launches = []  # per kernel: (k, the host statement that runs it)
+        self.launches = []  # per kernel: (k, the host statement that runs it, a note)
         self.may_fail = False  # does a kernel check its input (an index in range)?
+        # A kernel's functions take their buffers as parameters p0, p1, ... (named in order of first
+        # use), so kernels that differ only in their buffers (a layer's, a micro-batch's) are one
+        # function, compiled once and launched with each one's pointers.
+        self._params = None  # root buffer id -> parameter name, while one kernel's functions are written
+        self._pending = []  # (name, type, arena offset) of the parameters just declared
+        self._args = {}  # function name -> the arguments a launch passes for its parameters
+        self._functions = {}  # a kernel's text, its own name made K -> the kernel that defines it
+
+    def pointer(self, buf):
+        name = super().pointer(buf)
+        if self._params is None:
+            return name
+        return self._params.setdefault(self.plan.root(buf).id, f"p{len(self._params)}")
+
+    def declare_pointers(self, views):
+        """A function's buffers are its parameters: they are noted for function_header, in the order
+        of their names; nothing is declared in its body."""
+        if self._params is None:
+            return super().declare_pointers(views)
+        seen = {}
+        for v in views:
+            if isinstance(v.src, Buffer) and self.plan.root(v.src).id not in seen:
+                b = self.plan.root(v.src)
+                seen[b.id] = (self.pointer(v.src), ct.stype(v.src.dtype), self.plan.offset(b))
+        self._pending = sorted(seen.values(), key=lambda p: int(p[0][1:]))
+        return []
+
+    def function_header(self, name, host=False, arena=True):
+        params = (["char *A"] if arena else []) + (["cudaStream_t stream"] if host else [])
+        params += [f"{t} *{n}" for n, t, _ in self._pending]
+        self._args[name] = "".join(f", ({t} *)(A + {off})" for _, t, off in self._pending)
+        self._pending = []
+        return f"{'static int' if host else self.kernel_qualifier} {name}({', '.join(params)}) {{"
 
     def ptr(self, view):
         if isinstance(view.src, Literal) and self.on_host:
@@ -161,7 +194,7 @@ class CudaRenderer(CStyleRenderer):
         helper, body = self.reduce(kern, f"k{k}")
         self._declared = None
         decls = self.declare_pointers([kern.out]) + self.workspace_lines()  # (the combining kernel reads no input)
-        return ([f"/* k{k}: {kern.name}{where} */"] + helper + [f"{self.kernel_qualifier} k{k}(char *A) {{"]
+        return ([f"/* k{k}: {kern.name}{where} */"] + helper + [self.function_header(f"k{k}")]
                 + ["    " + x for x in decls + body] + ["}"])
 
     def _reduce_by_lanes(self, kern, name, writer, names, kept, out_index, oidx, comb, tree, init, t):
@@ -196,8 +229,7 @@ class CudaRenderer(CStyleRenderer):
         lanes += [f"    acc = {comb('acc', f'v{kern.result}')};", "}",
                   f"{part}[(o * {nblk} + blk) * 8 + lane] = acc;"]
         helper_decls = self.declare_pointers([e.view for e in kern.exprs if e.kind == "load"]) + self.workspace_lines()
-        helper = ([f"/* {name}'s lanes: a thread per (output, block, lane) */",
-                   f"{self.kernel_qualifier} {name}_lanes(char *A) {{"]
+        helper = ([f"/* {name}'s lanes: a thread per (output, block, lane) */", self.function_header(f"{name}_lanes")]
                   + ["    " + x for x in helper_decls + _grid_stride(O * nblk * 8, lanes)] + ["}", ""])
         body = list(out_index) + [f"{t} tot = {init};",
                                   f"for (int64_t blk = 0; blk < {nblk}; blk++) {{",
@@ -256,19 +288,36 @@ class CudaRenderer(CStyleRenderer):
         raise AssertionError("products are host calls (see kernel)")
 
     def kernel(self, k, kern):
+        """kernel k's functions (none where an earlier kernel's text is the same: it is launched with
+        k's buffers), and its launch noted for mica_enqueue."""
+        import re
+
+        self._params, self._args = {}, {}
+        try:
+            lines, launch = self._kernel(k, kern)
+        finally:
+            self._params = None
+        own = re.compile(rf"\bk{k}(?![0-9])")  # (its name, and its lanes kernel's k<k>_lanes)
+        c = self._functions.setdefault(own.sub("K", "\n".join(lines[1:])), k)  # (lines[0]: its title)
+        launch = own.sub(f"k{c}", launch.format(**{n.replace(f"k{k}", "k"): a for n, a in self._args.items()}))
+        # (a launch of another kernel's function: k's title beside it, for a reader and the profile)
+        self.launches.append((k, launch, "" if c == k else f"  {lines[0]}"))
+        return lines if c == k else []
+
+    def _kernel(self, k, kern):
+        """(kernel k's lines, the statement that runs it, with {k} and {k_lanes} for their arguments)"""
         if isinstance(kern, Call) and self.target.lowering(kern.op).host:
-            return self.host_call(k, kern)
+            return self.host_call(k, kern), f"if (k{k}(A, stream{{k}}) != 0) return 1;"
         if not isinstance(kern, Gemm):
-            launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A);"
+            launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A{{k}});"
             if isinstance(kern, Reduce) and cooperative(kern):
                 launch = (f"MICA_LAUNCH(k{k}_lanes, mica_blocks({_outputs(kern) * 8 * _blocks(_reduced(kern))}), "
-                          f"MICA_THREADS, 0, stream, A); " + launch)
+                          f"MICA_THREADS, 0, stream, A{{k_lanes}}); " + launch)
             if isinstance(kern, Call) and self.target.kernel_abi(kern.op).may_fail:
                 self.may_fail = True  # (its flag is read once the step has run)
-            self.launches.append((k, launch))
             if isinstance(kern, Reduce) and cooperative(kern):
-                return self._lanes_kernels(k, kern)
-            return super().kernel(k, kern)
+                return self._lanes_kernels(k, kern), launch
+            return super().kernel(k, kern), launch
         a, b, out = kern.a, kern.b, kern.out
         s = GEMM_SUFFIX[out.dtype.name]  # (a product's operands and result share one floating type)
         p = ProductLayout(kern)
@@ -279,7 +328,9 @@ class CudaRenderer(CStyleRenderer):
         call = (f"if (mica_gemm_{s}(stream, {p.M}, {p.N}, {p.K}, {pa} + {off(a)}, {p.lda}, {p.ta}, {pb} + {off(b)}, "
                 f"{p.ldb}, {p.tb}, {pc} + {off(out)}, {p.N}) != 0) return 1;")
         lines = p.over_batch(call)
-        return self._host_function(k, kern, "a product", self.declare_pointers([a, b, out]), lines)
+        # (a product needs no arena: its buffers are its parameters, and cuBLASLt has its own workspace)
+        return (self._host_function(k, kern, "a product", self.declare_pointers([a, b, out]), lines, arena=False),
+                f"if (k{k}(stream{{k}}) != 0) return 1;")
 
     def host_call(self, k, kern):
         """A kernel primitive whose lowering runs on the host and launches its own device work."""
@@ -295,12 +346,11 @@ class CudaRenderer(CStyleRenderer):
             decls.append(f"const int64_t *rng = (const int64_t *)(A + {self.plan.offset(self.s.rng)});")
         return self._host_function(k, kern, "launched from the host", decls, body)
 
-    def _host_function(self, k, kern, what, decls, body):
+    def _host_function(self, k, kern, what, decls, body, arena=True):
         import os
 
-        self.launches.append((k, f"if (k{k}(A, stream) != 0) return 1;"))
         where = f" ({os.path.basename(kern.loc[0])}:{kern.loc[1]})" if kern.loc else ""
-        return ([f"/* k{k}: {kern.name}{where}: {what} */", f"static int k{k}(char *A, cudaStream_t stream) {{"]
+        return ([f"/* k{k}: {kern.name}{where}: {what} */", self.function_header(f"k{k}", host=True, arena=arena)]
                 + ["    " + x for x in decls + body] + ["    return 0;", "}"])
 
     @staticmethod
@@ -365,7 +415,7 @@ class CudaRenderer(CStyleRenderer):
             "/* Every kernel and product of one run, in order, on `stream` (captured into the graph); each",
             " * followed by a mark, which records an event only in a run that MICA_PROFILE times (mica_cuda.h). */",
             "static int mica_enqueue(char *A, cudaStream_t stream) {",
-            *[f"    {x} MICA_MARK(stream, {k});" for k, x in self.launches],
+            *[f"    {x} MICA_MARK(stream, {k});{note}" for k, x, note in self.launches],
             "    return 0;",
             "}",
             "",
