@@ -193,20 +193,32 @@ def _may_take(out, dying, src, k, last):
 
 
 def _place(buffers, first, last, align):
-    """First-fit offsets for buffers with lifetimes; returns (offsets by id, region size)."""
-    placed, offsets, size = [], {}, 0
-    for b in sorted(buffers, key=lambda b: (-b.nbytes, b.id)):
-        lo, hi = first[b.id], last[b.id]
-        clashes = sorted((offsets[p.id], offsets[p.id] + align(p.nbytes)) for p in placed
-                         if not (last[p.id] < lo or first[p.id] > hi))
+    """First-fit offsets for buffers with lifetimes, largest first; returns (offsets by id, region
+    size). Each buffer goes at the lowest offset where it fits between the placed buffers whose
+    lifetimes meet its own, taken in order of (start, stop): found over arrays of the placed ones,
+    so a step of GPT-2's 40 micro-batches (tens of thousands of buffers) is placed in seconds."""
+    import numpy as np
+
+    order = sorted(buffers, key=lambda b: (-b.nbytes, b.id))
+    n = len(order)
+    firsts, lasts = np.zeros(n, np.int64), np.zeros(n, np.int64)  # the placed buffers' lifetimes
+    starts, stops = np.zeros(n, np.int64), np.zeros(n, np.int64)  # and their places
+    offsets, size = {}, 0
+    for m, b in enumerate(order):
+        lo, hi, need = first[b.id], last[b.id], align(b.nbytes)
+        meet = (lasts[:m] >= lo) & (firsts[:m] <= hi)
+        st, sp = starts[:m][meet], stops[:m][meet]
         off = 0
-        for start, stop in clashes:
-            if off + align(b.nbytes) <= start:
-                break
-            off = max(off, stop)
+        if len(st):
+            by = np.lexsort((sp, st))
+            st, sp = st[by], sp[by]
+            before = np.maximum.accumulate(sp)  # the lowest free offset after each clash, in order
+            before = np.concatenate(([0], before[:-1]))
+            fits = np.flatnonzero(before + need <= st)
+            off = int(before[fits[0]]) if len(fits) else max(int(before[-1]), int(sp[-1]))
         offsets[b.id] = off
-        size = max(size, off + align(b.nbytes))
-        placed.append(b)
+        size = max(size, off + need)
+        firsts[m], lasts[m], starts[m], stops[m] = lo, hi, off, off + need
     return offsets, size
 
 

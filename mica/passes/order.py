@@ -51,13 +51,24 @@ def hoist(graph):
     return _hoist_slopes(graph, backward) + _weight_gradients_early(graph, backward)
 
 
+def _move_after(nodes, order, group, at):
+    """Put `group` (nodes after position `at`, in their order) right after position `at`, the nodes
+    in between keeping theirs: as removing the group and inserting it there, but in time (and
+    `order`'s updates) proportional to the span it crosses, not to the graph."""
+    end, ids = order[id(group[-1])], {id(m) for m in group}
+    span = group + [m for m in nodes[at + 1:end + 1] if id(m) not in ids]
+    nodes[at + 1:end + 1] = span
+    for k, m in enumerate(span, at + 1):
+        order[id(m)] = k
+
+
 def _weight_gradients_early(graph, backward):
     """Move every backward product that makes a parameter's gradient to right after the last
     producer of its operands; returns how many moved."""
     moved = 0
+    order = {id(m): k for k, m in enumerate(graph.nodes)}  # (kept up to date by _move_after)
     for n in [n for n in graph.nodes if n.op == "matmul" and graph.roles.get(n.out.id) == "gradient"
               and n.out.id in backward]:
-        order = {id(m): k for k, m in enumerate(graph.nodes)}
         views, stack = [], list(n.inputs)  # the views it reads through move with it
         while stack:
             u = stack.pop()
@@ -68,11 +79,7 @@ def _weight_gradients_early(graph, backward):
         group = sorted((m for m in views + [n] if order[id(m)] > at), key=lambda m: order[id(m)])
         if all(order[id(m)] == at + 1 + i for i, m in enumerate(group)):
             continue
-        anchor = graph.nodes[at] if at >= 0 else None
-        for m in group:
-            graph.nodes.remove(m)
-        at = graph.nodes.index(anchor) if anchor is not None else -1
-        graph.nodes[at + 1:at + 1] = group
+        _move_after(graph.nodes, order, group, at)
         moved += 1
     return moved
 
@@ -81,6 +88,7 @@ def _hoist_slopes(graph, backward):
     consumers = graph.consumers()
     out_ids = {v.id for v in graph.outputs}
     moved = 0
+    order = {id(m): k for k, m in enumerate(graph.nodes)}  # (kept up to date by _move_after)
     for n in [n for n in graph.nodes if n.op in HOISTED]:
         if len(n.inputs) != 1:
             continue
@@ -89,7 +97,6 @@ def _hoist_slopes(graph, backward):
         if (base.node.op == "input" or any(w.id in out_ids or w.id in graph.roles for w in views)
                 or n.out.shape != x.shape or n.out.dtype.itemsize > x.dtype.itemsize):
             continue
-        order = {id(m): k for k, m in enumerate(graph.nodes)}
         others = [r for r in readers if r is not n]
         if not others or any(order[id(r)] > order[id(n)] for r in others):
             continue
@@ -100,7 +107,6 @@ def _hoist_slopes(graph, backward):
             continue  # moved only to share a pass with an elementwise reader of x
         if order[id(last)] + 1 == order[id(n)]:
             continue
-        graph.nodes.remove(n)
-        graph.nodes.insert(graph.nodes.index(last) + 1, n)
+        _move_after(graph.nodes, order, [n], order[id(last)])
         moved += 1
     return moved
