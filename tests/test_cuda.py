@@ -439,7 +439,8 @@ def attention_step(causal, dropout_p, q=(3, 2, 5, 8), k=None, v=None, dtype=mica
 ATTENTION_CASES = [(True, 0.0, (3, 2, 5, 8), None, None), (True, 0.2, (3, 2, 5, 8), None, None),
                    (False, 0.0, (1, 4, 6, 8), (1, 4, 9, 8), (1, 4, 9, 12)), (True, 0.1, (2, 7, 8), (2, 5, 8), None),
                    (True, 0.0, (1, 2, 70, 8), None, None),  # three query and key tiles, the last one partial
-                   (False, 0.15, (2, 1, 19, 12), (2, 1, 45, 12), (2, 1, 45, 20)),  # keys over two tiles
+                   (False, 0.15, (2, 1, 19, 12), (2, 1, 75, 12), (2, 1, 75, 20)),  # keys over three tiles; rows
+                   # long enough for the rows' loads ahead (MICA_ROW_EACH) with dropout
                    (True, 0.1, (1, 2, 45, 4), (1, 2, 33, 4), (1, 2, 33, 9)),  # more queries than keys, tiles
                    (False, 0.0, (1, 1, 40, 64), None, None),  # GPT-2's head dim: key tiles of 16
                    (True, 0.1, (1, 1, 20, 160), None, None),  # forward tiles of 16, backward 8

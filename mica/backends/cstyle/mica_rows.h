@@ -13,6 +13,10 @@
  *   MICA_ROW_SUM(S, x, n)               the canonical sum of x[0, n), in every thread of the group
  *   MICA_ROW_SUM_EXPR(T, S, n, r, EXPR) r = the canonical sum of EXPR over j in [0, n)
  *   MICA_ROW_MAX(S, x, n)               mica_row_max's element: the first NaN, else the last largest
+ *   MICA_ROW_EACH(T, j, lo, hi, x, xj, y, yj, BODY)
+ *                                       MICA_ROW_FOR whose body starts with xj = x[j], yj = y[j]:
+ *                                       a target may load several j's first (their loads in flight
+ *                                       together: CUDA), so BODY reads x and y at j alone
  *   MICA_ROW_RESTRICT                   (optional) the qualifier of a row's arrays, which never
  *                                       overlap (cross-entropy's backward, which may run in place,
  *                                       has none): CUDA says __restrict__, so loads go out early
@@ -32,6 +36,9 @@
 #define MICA_ROW_SUM(S, x, n) mica_sum_##S(x, n)
 #define MICA_ROW_SUM_EXPR(T, S, n, result, EXPR) MICA_SUM_EXPR(T, n, result, EXPR)
 #define MICA_ROW_MAX(S, x, n) mica_row_max_##S(x, n)
+#endif
+#ifndef MICA_ROW_EACH
+#define MICA_ROW_EACH(T, j, lo, hi, x, xj, y, yj, ...) MICA_ROW_FOR(j, lo, hi) { const T xj = (x)[j], yj = (y)[j]; __VA_ARGS__ }
 #endif
 #ifndef MICA_ROW_RESTRICT
 #define MICA_ROW_RESTRICT /* (a row's inputs and outputs never overlap; a target may say so: restrict) */
@@ -231,13 +238,12 @@ MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int6
     const T scale = (T)a->scale, keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                     \
     if (a->dropout_p > 0) {                                                                        \
         uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
-        MICA_ROW_FOR(j, 0, m_) {                                                                   \
-            T pj = mica_exp_##S_(pi[j] - li), dpj = di[j];                                          \
+        MICA_ROW_EACH(T, j, 0, m_, pi, sj, di, dj,                                                 \
+            T pj = mica_exp_##S_(sj - li), dpj = dj;                                                \
             int kept = mica_keep(a->rng, a->stream, base + j, a->threshold);                       \
             dpj = kept ? dpj * keep_scale : (T)0;                                                  \
             pi[j] = MICA_ATTN_ROUND(a, T, kept ? pj * keep_scale : (T)0);                          \
-            di[j] = MICA_ATTN_ROUND(a, T, pj * (dpj - D)) * scale;                                 \
-        }                                                                                          \
+            di[j] = MICA_ATTN_ROUND(a, T, pj * (dpj - D)) * scale;)                                \
     } else if (a->half_round == 1) { /* (a branch per half type: each loop vectorizes) */          \
         MICA_ROW_FOR(j, 0, w) {                                                                    \
             T pj = mica_exp_##S_(pi[j] - li);                                                       \
@@ -251,11 +257,10 @@ MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int6
             pi[j] = (T)mica_round_f16((float)pj);                                                  \
         }                                                                                          \
     } else { /* the common case, kept apart so it vectorizes */                                    \
-        MICA_ROW_FOR(j, 0, w) {                                                                    \
-            T pj = mica_exp_##S_(pi[j] - li);                                                       \
-            di[j] = (pj * (di[j] - D)) * scale;                                                    \
-            pi[j] = pj;                                                                            \
-        }                                                                                          \
+        MICA_ROW_EACH(T, j, 0, w, pi, sj, di, dj,                                                  \
+            T pj = mica_exp_##S_(sj - li);                                                          \
+            di[j] = (pj * (dj - D)) * scale;                                                       \
+            pi[j] = pj;)                                                                           \
     }                                                                                              \
     MICA_ROW_FOR(j, m_, n) { pi[j] = (T)0; di[j] = (T)0; }                                         \
 }

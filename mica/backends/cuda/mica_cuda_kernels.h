@@ -108,6 +108,34 @@ MICA_DEFINE_COOP(double, f64)
 #define MICA_ROW_RESTRICT __restrict__
 #define MICA_ROW_FOR(j, lo, hi)                                                                     \
     for (int64_t j = (lo) + (((int64_t)mica_row_lane() - (lo)) & (MICA_ROW_GROUP - 1)); j < (hi); j += MICA_ROW_GROUP)
+/* MICA_ROW_FOR whose body starts from x[j] and y[j]: MICA_ROW_AHEAD j's of this thread loaded
+ * first, so their loads are in flight together (a row's loop otherwise waits on one pair at a
+ * time: the stores between them keep the compiler from moving the next loads up), then the bodies
+ * in increasing j; the rest one at a time. Each element's arithmetic is the body's, unchanged. */
+#define MICA_ROW_AHEAD 8
+#define MICA_ROW_EACH(T, j, lo, hi, x, xj, y, yj, ...)                                               \
+    {                                                                                              \
+        const int64_t j##_hi = (hi);                                                               \
+        int64_t j##_at = (lo) + (((int64_t)mica_row_lane() - (lo)) & (MICA_ROW_GROUP - 1));        \
+        for (; j##_at + (MICA_ROW_AHEAD - 1) * MICA_ROW_GROUP < j##_hi; j##_at += MICA_ROW_AHEAD * MICA_ROW_GROUP) { \
+            T j##_x[MICA_ROW_AHEAD], j##_y[MICA_ROW_AHEAD];                                        \
+            MICA_UNROLL(8)                                                                         \
+            for (int j##_u = 0; j##_u < MICA_ROW_AHEAD; j##_u++) {                                 \
+                j##_x[j##_u] = (x)[j##_at + j##_u * MICA_ROW_GROUP];                               \
+                j##_y[j##_u] = (y)[j##_at + j##_u * MICA_ROW_GROUP];                               \
+            }                                                                                      \
+            MICA_UNROLL(8)                                                                         \
+            for (int j##_u = 0; j##_u < MICA_ROW_AHEAD; j##_u++) {                                 \
+                const int64_t j = j##_at + j##_u * MICA_ROW_GROUP;                                 \
+                const T xj = j##_x[j##_u], yj = j##_y[j##_u];                                      \
+                __VA_ARGS__                                                                        \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t j = j##_at; j < j##_hi; j += MICA_ROW_GROUP) {                                \
+            const T xj = (x)[j], yj = (y)[j];                                                      \
+            __VA_ARGS__                                                                            \
+        }                                                                                          \
+    }
 #define MICA_ROW_OWNS(j) (((j) & (MICA_ROW_GROUP - 1)) == mica_row_lane())
 #define MICA_ROW_LEAD (mica_row_lane() == 0)
 #define MICA_ROW_SUM(S, x, n) mica_coop_sum_##S(x, n)
