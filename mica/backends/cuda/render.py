@@ -56,7 +56,15 @@ def cooperative(kern):
     return _reduced(kern) >= 64 and _outputs(kern) < 32768
 
 
-AHEAD = 16  # a lane reduction's terms computed before they are added (their loads in flight together)
+def ahead(kern):
+    """How many of a lane reduction's terms are computed before they are added (their loads in flight
+    together). A lane is a chain of up to 1,024 terms whatever the tensor's size, so a thread waits
+    on memory 1,024 / ahead times: a gradient norm's square-sums (one or two loads a term, few lanes)
+    take 64 terms of 4 bytes (32 of 8), a wider term 16, within the registers a thread has."""
+    loads = sum(1 for e in kern.exprs if e.kind == "load")
+    if loads > 2:
+        return 16
+    return 64 if kern.exprs[kern.result].dtype.itemsize <= 4 else 32
 
 
 def reduce_scratch(kern):
@@ -210,6 +218,7 @@ class CudaRenderer(CStyleRenderer):
         lanes += [f"(void){names[d]};" for d in kept]  # (a broadcast load may not need every index)
         red = _decompose([(shape[d], None) for d in axes], [names[d] for d in axes], "r")
         term = red + writer.lines()  # (the term of index r: v<result>)
+        AHEAD = ahead(kern)
         # a thread's chain of adds waits on its loads: AHEAD terms are computed first (their loads in
         # flight together), then added in order, the same sum bit for bit; the rest one at a time
         lanes += [f"{t} acc = {init};",
