@@ -119,12 +119,12 @@ MICA_DEFINE_COOP(double, f64)
         int64_t j##_at = (lo) + (((int64_t)mica_row_lane() - (lo)) & (MICA_ROW_GROUP - 1));        \
         for (; j##_at + (MICA_ROW_AHEAD - 1) * MICA_ROW_GROUP < j##_hi; j##_at += MICA_ROW_AHEAD * MICA_ROW_GROUP) { \
             T j##_x[MICA_ROW_AHEAD], j##_y[MICA_ROW_AHEAD];                                        \
-            MICA_UNROLL(8)                                                                         \
+            MICA_UNROLL(8) /* (MICA_ROW_AHEAD: a pragma takes no macro) */                         \
             for (int j##_u = 0; j##_u < MICA_ROW_AHEAD; j##_u++) {                                 \
                 j##_x[j##_u] = (x)[j##_at + j##_u * MICA_ROW_GROUP];                               \
                 j##_y[j##_u] = (y)[j##_at + j##_u * MICA_ROW_GROUP];                               \
             }                                                                                      \
-            MICA_UNROLL(8)                                                                         \
+            MICA_UNROLL(8) /* (MICA_ROW_AHEAD: a pragma takes no macro) */                         \
             for (int j##_u = 0; j##_u < MICA_ROW_AHEAD; j##_u++) {                                 \
                 const int64_t j = j##_at + j##_u * MICA_ROW_GROUP;                                 \
                 const T xj = j##_x[j##_u], yj = j##_y[j##_u];                                      \

@@ -387,7 +387,7 @@ class CudaRenderer(CStyleRenderer):
 
     # ---- the file --------------------------------------------------------------------------------
     ENQUEUE_PART = 64  # launches per function of mica_enqueue (the host compiler slows down more than
-    # linearly in one function's length: GPT-2 small's 5,147 in one took it minutes)
+    # linearly in one function's length: GPT-2 small's 12,950 in one took it minutes)
 
     def enqueue_lines(self):
         """mica_enqueue: every kernel and product of one run, in order, in functions of ENQUEUE_PART."""
