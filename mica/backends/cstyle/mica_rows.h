@@ -16,7 +16,8 @@
  *   MICA_ROW_EACH(T, j, lo, hi, x, xj, y, yj, BODY)
  *                                       MICA_ROW_FOR whose body starts with xj = x[j], yj = y[j]:
  *                                       a target may load several j's first (their loads in flight
- *                                       together: CUDA), so BODY reads x and y at j alone
+ *                                       together: CUDA), so BODY reads x and y at j alone;
+ *                                       MICA_ROW_EACH1(T, j, lo, hi, x, xj, BODY) with x alone
  *   MICA_ROW_RESTRICT                   (optional) the qualifier of a row's arrays, which never
  *                                       overlap (cross-entropy's backward, which may run in place,
  *                                       has none): CUDA says __restrict__, so loads go out early
@@ -38,8 +39,11 @@
 #define MICA_ROW_MAX(S, x, n) mica_row_max_##S(x, n)
 #endif
 #ifndef MICA_ROW_EACH
-#define MICA_ROW_EACH(T, j, lo, hi, x, xj, y, yj, ...) MICA_ROW_FOR(j, lo, hi) { const T xj = (x)[j], yj = (y)[j]; __VA_ARGS__ }
+#define MICA_ROW_EACH(T, j, lo, hi, x, xj, y, yj, ...)                                             \
+    MICA_ROW_FOR(j, lo, hi) { const T xj = (x)[j], yj = (y)[j]; (void)xj; (void)yj; __VA_ARGS__ }
 #endif
+/* (one array: its loads are the same address twice, which the compiler loads once) */
+#define MICA_ROW_EACH1(T, j, lo, hi, x, xj, ...) MICA_ROW_EACH(T, j, lo, hi, x, xj, x, xj##_again, __VA_ARGS__)
 #ifndef MICA_ROW_RESTRICT
 #define MICA_ROW_RESTRICT /* (a row's inputs and outputs never overlap; a target may say so: restrict) */
 #endif
@@ -143,7 +147,7 @@ MICA_ROW_FN void mica_cross_entropy_backward_row_##S(T g, const T *xr, int64_t k
     T gr = k == ignore ? (T)0 : g;                                                                 \
     int own = k != ignore && k >= 0 && k < n && MICA_ROW_OWNS(k);                                  \
     T xk = own ? xr[k] : (T)0; /* read before the row is written: dr may be xr (in place) */      \
-    MICA_ROW_FOR(j, 0, n) dr[j] = mica_exp_##S(xr[j] - l) * gr;                                    \
+    MICA_ROW_EACH1(T, j, 0, n, xr, xj, dr[j] = mica_exp_##S(xj - l) * gr;) /* (all 8 read first) */ \
     if (own) dr[k] = (mica_exp_##S(xk - l) - (T)1) * gr;                                           \
 }
 
@@ -218,18 +222,18 @@ MICA_ROW_FN void mica_attention_row_##S_(const mica_attn_shape *a, int64_t bh, i
     const int64_t m_ = mica_attn_row_keys(a, i), w = mica_attn_row_span(m_, n);                   \
     const T keep_scale = (T)(1.0 / (1.0 - a->dropout_p));                                          \
     T m = mica_attn_row_max_##S_(pi, m_, w);                                                       \
-    MICA_ROW_FOR(j, 0, w) pi[j] = mica_exp_##S_(pi[j] - m);                                        \
+    MICA_ROW_EACH1(T, j, 0, w, pi, sj, pi[j] = mica_exp_##S_(sj - m);)                             \
     T l = MICA_ROW_SUM(S_, pi, m_);                                                                \
     if (MICA_ROW_LEAD) *lse = m + mica_log_##S_(l);                                                \
     if (MICA_ROW_LEAD && a->half_round) *sum = l;                                                  \
     if (a->half_round == 1) MICA_ROW_FOR(j, 0, w) pi[j] = (T)mica_round_bf16((float)pi[j]);        \
     else if (a->half_round == 2) MICA_ROW_FOR(j, 0, w) pi[j] = (T)mica_round_f16((float)pi[j]);    \
-    else MICA_ROW_FOR(j, 0, w) pi[j] = pi[j] / l;                                                  \
+    else MICA_ROW_EACH1(T, j, 0, w, pi, ej, pi[j] = ej / l;)                                       \
     MICA_ROW_FOR(j, m_, n) pi[j] = (T)0;                                                           \
     if (a->dropout_p > 0) {                                                                        \
         uint64_t base = ((uint64_t)bh * a->L + i) * a->S;                                          \
-        MICA_ROW_FOR(j, 0, m_)                                                                     \
-            pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pi[j] * keep_scale : (T)0; \
+        MICA_ROW_EACH1(T, j, 0, m_, pi, pj,                                                        \
+            pi[j] = mica_keep(a->rng, a->stream, base + j, a->threshold) ? pj * keep_scale : (T)0;)  \
     }                                                                                              \
 }                                                                                                  \
 MICA_ROW_FN void mica_attention_backward_row_##S_(const mica_attn_shape *a, int64_t bh, int64_t i,  \

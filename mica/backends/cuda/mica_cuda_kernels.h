@@ -128,11 +128,13 @@ MICA_DEFINE_COOP(double, f64)
             for (int j##_u = 0; j##_u < MICA_ROW_AHEAD; j##_u++) {                                 \
                 const int64_t j = j##_at + j##_u * MICA_ROW_GROUP;                                 \
                 const T xj = j##_x[j##_u], yj = j##_y[j##_u];                                      \
+                (void)xj; (void)yj;                                                                \
                 __VA_ARGS__                                                                        \
             }                                                                                      \
         }                                                                                          \
         for (int64_t j = j##_at; j < j##_hi; j += MICA_ROW_GROUP) {                                \
             const T xj = (x)[j], yj = (y)[j];                                                      \
+            (void)xj; (void)yj;                                                                    \
             __VA_ARGS__                                                                            \
         }                                                                                          \
     }
