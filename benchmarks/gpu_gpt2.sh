@@ -4,15 +4,15 @@
 # micro-batch, 40 micro-batches a step (GPT_ACCUM to change it), float32 with TF32 permitted, on
 # random GPT-2 token ids (the work of a step does not depend on which tokens they are). For each:
 # the build (lowering, nvcc), the memory plan against the card's peak use (nvidia-smi, sampled),
-# and a few steps' losses and times from the trainer's own log. About 5 minutes on an H200; the
-# device tool's run with carry [".gpu-carry"] (benchmarks/gpu_carry.sh), or none: it needs no carry.
+# and a few steps' losses and times from the trainer's own log. At most 150 s for small and 225 s
+# for medium (GPT_TIMEOUT=N: N and 1.5 N), so it fits one device run; it needs no carry.
 # One table last.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="."
 work=/tmp/gpt2w; mkdir -p $work/data
 OUT=${OUT:-$work/out}; mkdir -p $OUT
-ITERS=${GPT_ITERS:-4}; ACCUM=${GPT_ACCUM:-40}
+ITERS=${GPT_ITERS:-3}; ACCUM=${GPT_ACCUM:-40}
 python3 - $work/data <<'EOF'
 import sys, numpy as np
 rng = np.random.default_rng(0)
@@ -22,12 +22,13 @@ EOF
 rows=()
 for model in small medium; do
   shape="--n_layer=12 --n_head=12 --n_embd=768"
-  [ $model = medium ] && shape="--n_layer=24 --n_head=16 --n_embd=1024"
+  limit=${GPT_TIMEOUT:-150}
+  [ $model = medium ] && shape="--n_layer=24 --n_head=16 --n_embd=1024" && limit=$(( limit * 3 / 2 ))
   log=$OUT/gpt2-$model.log; smi=$work/smi-$model.csv
   ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >> $smi 2>/dev/null; sleep 0.5; done ) &
   sampler=$!
   t0=$(date +%s)
-  timeout ${GPT_TIMEOUT:-170} python3 -m mica.cli train --device=cuda --tf32=True --dtype=float32 --compile=False \
+  timeout $limit python3 -m mica.cli train --device=cuda --tf32=True --dtype=float32 --compile=False \
     --data_dir=$work/data --out_dir=$work/out-$model $shape --block_size=1024 --batch_size=12 \
     --gradient_accumulation_steps=$ACCUM --dropout=0.0 --bias=False --max_iters=$ITERS --lr_decay_iters=$ITERS \
     --warmup_iters=1 --eval_interval=100000 --eval_iters=1 --log_interval=1 --always_save_checkpoint=False > $log 2>&1
