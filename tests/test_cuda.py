@@ -648,7 +648,10 @@ def test_kernels_that_differ_only_in_their_buffers_share_one_function(gpt_step, 
     lowered = gpt_step[0].lower("cuda")
     src, n = lowered.source, len(lowered.schedule.kernels)
     defined = [int(k) for k in re.findall(r"^static (?:__global__ void|int) k(\d+)\(", src, re.M)]
-    runs = re.findall(r"^    (?:MICA_LAUNCH\(|if \()k(\d+).*MICA_MARK\(stream, (\d+)\);", src, re.M)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from gpu_profile import RUNS, kinds
+
+    runs = RUNS.findall(src)  # (function, mark) of every launch
     assert [int(mark) for _, mark in runs] == list(range(n))
     assert sorted({int(fn) for fn, _ in runs}) == defined
     assert len(defined) < 0.75 * n, (len(defined), n)  # (two layers, and their backward)
@@ -656,9 +659,6 @@ def test_kernels_that_differ_only_in_their_buffers_share_one_function(gpt_step, 
     functions = src.split("/* the program's C API")[0].splitlines()
     assert [line for line in functions if "A + " in line  # (only the shared scratch and the rng are at fixed places)
             and "char *work = A + " not in line and "int64_t *rng = (const int64_t *)(A + " not in line] == []
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from gpu_profile import kinds
-
     (tmp_path / "train.cu").write_text(src)
     what = kinds(str(tmp_path / "train.cu"))
     assert sorted(what) == list(range(n))

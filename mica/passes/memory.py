@@ -14,6 +14,8 @@ The plan is a value: a byte offset per buffer and the buffers that reuse another
 Schedule is not changed, so one Schedule can be planned for two targets (the target gives the
 alignment and the scratch each kernel needs, per thread or per stream).
 """
+import numpy as np
+
 from ..ops import OPS
 from .schedule import Buffer, Call, Gemm, Loop
 
@@ -197,8 +199,6 @@ def _place(buffers, first, last, align):
     size). Each buffer goes at the lowest offset where it fits between the placed buffers whose
     lifetimes meet its own, taken in order of (start, stop): found over arrays of the placed ones,
     so a step of GPT-2's 40 micro-batches (tens of thousands of buffers) is placed in seconds."""
-    import numpy as np
-
     order = sorted(buffers, key=lambda b: (-b.nbytes, b.id))
     n = len(order)
     firsts, lasts = np.zeros(n, np.int64), np.zeros(n, np.int64)  # the placed buffers' lifetimes

@@ -6,6 +6,7 @@ as grid-stride copies; products as host calls of one wrapper (mica_cuda.h: cuBLA
 plain CPU product in the simulator). Launches go through MICA_LAUNCH, so only nvcc sees <<<>>>.
 """
 import math
+import re
 
 from ... import __version__
 from ...passes.schedule import Buffer, Call, Const, Gemm, Iota, Literal, Reduce, row_major
@@ -40,6 +41,9 @@ def _outputs(kern):
 
 def _reduced(kern):
     return math.prod(kern.in_shape[d] for d in kern.axes)
+
+
+_KERNEL_NAME = re.compile(r"\bk([0-9]+)(?![0-9])")  # a kernel function's name k<N> (or k<N>_lanes)
 
 
 def _blocks(R):
@@ -299,34 +303,36 @@ class CudaRenderer(CStyleRenderer):
     def kernel(self, k, kern):
         """kernel k's functions (none where an earlier kernel's text is the same: it is launched with
         k's buffers), and its launch noted for mica_enqueue."""
-        import re
-
         self._params, self._args = {}, {}
         try:
             lines, launch = self._kernel(k, kern)
         finally:
             self._params = None
-        own = re.compile(rf"\bk{k}(?![0-9])")  # (its name, and its lanes kernel's k<k>_lanes)
-        c = self._functions.setdefault(own.sub("K", "\n".join(lines[1:])), k)  # (lines[0]: its title)
-        launch = own.sub(f"k{c}", launch.format(**{n.replace(f"k{k}", "k"): a for n, a in self._args.items()}))
+
+        def own(name):  # (k's name, and its lanes kernel's k<k>_lanes, made `name`)
+            return lambda m: name if m.group(1) == str(k) else m.group(0)
+
+        c = self._functions.setdefault(_KERNEL_NAME.sub(own("K"), "\n".join(lines[1:])), k)  # (lines[0]: its title)
+        launch = _KERNEL_NAME.sub(own(f"k{c}"), launch)
         # (a launch of another kernel's function: k's title beside it, for a reader and the profile)
         self.launches.append((k, launch, "" if c == k else f"  {lines[0]}"))
         return lines if c == k else []
 
     def _kernel(self, k, kern):
-        """(kernel k's lines, the statement that runs it, with {k} and {k_lanes} for their arguments)"""
+        """(kernel k's lines, the statement that runs it with k's buffers)"""
         if isinstance(kern, Call) and self.target.lowering(kern.op).host:
-            return self.host_call(k, kern), f"if (k{k}(A, stream{{k}}) != 0) return 1;"
+            lines = self.host_call(k, kern)
+            return lines, f"if (k{k}(A, stream{self._args[f'k{k}']}) != 0) return 1;"
         if not isinstance(kern, Gemm):
-            launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A{{k}});"
-            if isinstance(kern, Reduce) and cooperative(kern):
-                launch = (f"MICA_LAUNCH(k{k}_lanes, mica_blocks({_outputs(kern) * 8 * _blocks(_reduced(kern))}), "
-                          f"MICA_THREADS, 0, stream, A{{k_lanes}}); " + launch)
             if isinstance(kern, Call) and self.target.kernel_abi(kern.op).may_fail:
                 self.may_fail = True  # (its flag is read once the step has run)
-            if isinstance(kern, Reduce) and cooperative(kern):
-                return self._lanes_kernels(k, kern), launch
-            return super().kernel(k, kern), launch
+            lanes = isinstance(kern, Reduce) and cooperative(kern)
+            lines = self._lanes_kernels(k, kern) if lanes else super().kernel(k, kern)
+            launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A{self._args[f'k{k}']});"
+            if lanes:
+                launch = (f"MICA_LAUNCH(k{k}_lanes, mica_blocks({_outputs(kern) * 8 * _blocks(_reduced(kern))}), "
+                          f"MICA_THREADS, 0, stream, A{self._args[f'k{k}_lanes']}); " + launch)
+            return lines, launch
         a, b, out = kern.a, kern.b, kern.out
         s = GEMM_SUFFIX[out.dtype.name]  # (a product's operands and result share one floating type)
         p = ProductLayout(kern)
@@ -336,10 +342,10 @@ class CudaRenderer(CStyleRenderer):
         self._declared, self.on_host = None, False
         call = (f"if (mica_gemm_{s}(stream, {p.M}, {p.N}, {p.K}, {pa} + {off(a)}, {p.lda}, {p.ta}, {pb} + {off(b)}, "
                 f"{p.ldb}, {p.tb}, {pc} + {off(out)}, {p.N}) != 0) return 1;")
-        lines = p.over_batch(call)
         # (a product needs no arena: its buffers are its parameters, and cuBLASLt has its own workspace)
-        return (self._host_function(k, kern, "a product", self.declare_pointers([a, b, out]), lines, arena=False),
-                f"if (k{k}(stream{{k}}) != 0) return 1;")
+        lines = self._host_function(k, kern, "a product", self.declare_pointers([a, b, out]), p.over_batch(call),
+                                    arena=False)
+        return lines, f"if (k{k}(stream{self._args[f'k{k}']}) != 0) return 1;"
 
     def host_call(self, k, kern):
         """A kernel primitive whose lowering runs on the host and launches its own device work."""
