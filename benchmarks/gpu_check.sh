@@ -88,9 +88,11 @@ program, shapes = t.attention_cases(t.ATTENTION_CASES[4:])  # the fused attentio
 program.lower("cuda").build()([tuple(t.data(case, seed=2)) for case in shapes], seed=4)
 step, specs, params, state, batch = _setup(dropout=0.1)  # attention, the graph, cuBLASLt's products
 mica.trace(step, *specs).lower("cuda").build()(params, state, *batch, seed=3)
+program, shapes = t.attention_cases(t.TF32_CASES)  # the TF32 tensor-core kernels (wmma, shared tiles)
+program.lower("cuda", tf32=True).build()([tuple(t.data(case, seed=2)) for case in shapes], seed=4)
 PYEOF
         rc=$?
-        row "compute-sanitizer $tool (5 programs)" "$(verdict $rc)" \
+        row "compute-sanitizer $tool (6 programs)" "$(verdict $rc)" \
             "$(grep -m1 'ERROR SUMMARY' "$out/sanitizer-$tool.txt" || echo "exit $rc")"
     done
 else

@@ -21,7 +21,8 @@ GEMM = re.compile(r"mica_gemm_(\w+)\(stream, (\d+), (\d+), (\d+),")
 # a host call's parts (MICA_PART in its routine), by the primitive
 PARTS = {"attention": {1: "S = scale Q K^T", 2: "the CPU's softmax rows", 3: "O = P V"},
          "attention_backward": {1: "D = dO . O", 2: "S = scale Q K^T", 3: "dP = dO V^T", 4: "the CPU's backward rows",
-                                5: "dV = P^T dO", 6: "dQ = dS K", 7: "dK = dS^T Q"},
+                                5: "dV = P^T dO", 6: "dQ = dS K", 7: "dK = dS^T Q",
+                                8: "dQ on tensor cores (TF32)", 9: "dK, dV on tensor cores (TF32)"},
          "layer_norm_backward": {1: "rows (dx)", 2: "columns' lane partials", 0: "columns' trees"},
          "rms_norm_backward": {1: "rows (dx)", 2: "columns' lane partials", 0: "columns' trees"},
          "embedding_backward": {1: "positions' bucket order", 0: "rows' sums"}}

@@ -601,6 +601,79 @@ def test_attention_rounds_where_the_oracle_does_with_fp_half_intermediates():
         assert rel_err(x, w) < rel_err(x, p) / 100, name
 
 
+# head dims that are multiples of 16, so the TF32 tensor-core kernels take them (tiles of 64 rows)
+TF32_CASES = [(True, 0.0, (1, 2, 70, 16), None, None),  # two query and key tiles, the last one partial
+              (False, 0.1, (2, 1, 19, 16), (2, 1, 75, 16), (2, 1, 75, 32)),  # keys over two tiles, Ev != E
+              (True, 0.1, (1, 2, 45, 16), (1, 2, 33, 16), (1, 2, 33, 32)),  # more queries than keys
+              (True, 0.0, (1, 1, 130, 64), None, None),  # GPT-2's head dim over three tiles
+              (False, 0.0, (3, 2, 5, 32), None, None), (True, 0.2, (2, 7, 48), None, None)]
+
+TF32_KEEP_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+import test_cuda as t
+program, shapes = t.attention_cases(t.TF32_CASES)
+args = [tuple(t.data(case, seed=2 + n)) for n, case in enumerate(shapes)]
+got = program.lower("cuda", simulate=True, tf32=True).build()(args, seed=4)
+np.savez(sys.argv[1], **{{f"{{c}}.{{k}}": v for c, d in got.items() for k, v in d.items()}})
+"""
+
+
+def test_attention_takes_the_tensor_cores_where_tf32_is_permitted():
+    """With tf32=True "auto" takes the TF32 kernels for float32 with head dims that are multiples of
+    16 (their only scratch the backward's D); without it, or with other head dims, the paths of
+    before; asking for them where they cannot run is a sentence."""
+    B, H, L = 1, 2, 70
+    program, _ = attention_step(True, 0.0, (B, H, L, 16))
+    lowered = program.lower("cuda", simulate=True, tf32=True)
+    assert "mica_attention_tc_backward_cuda<16, 16>(stream, &shape, " in lowered.source
+    assert '#include "mica_cuda_attention_tc.h"' in lowered.source
+    work = {k.op: lowered.target.workspace(k) for k in lowered.schedule.kernels
+            if getattr(k, "op", "").startswith("attention")}
+    assert work == {"attention": (0, 0), "attention_backward": (0, B * H * L * 4)}
+    plain = program.lower("cuda", simulate=True).source
+    assert "mica_attention_tc" not in plain and "mica_attention_gemm_backward_cuda<float>" in plain
+    eight, _ = attention_step(True, 0.0, (B, H, L, 8))
+    assert "mica_attention_gemm_backward_cuda<float>" in eight.lower("cuda", simulate=True, tf32=True).source
+    with pytest.raises(MicaError, match="attention='tf32' runs on TF32 tensor cores, but the program is not built "
+                                        "with tf32=True; leave attention='auto'"):
+        program.lower("cuda", simulate=True, attention="tf32")
+    with pytest.raises(MicaError, match=r"but its head dims \(8, 8\) are not multiples of 16"):
+        eight.lower("cuda", simulate=True, tf32=True, attention="tf32")
+    double, _ = attention_step(True, 0.0, (B, H, L, 16), dtype=mica.f64)
+    with pytest.raises(MicaError, match="but its type is float64, not float32"):
+        double.lower("cuda", simulate=True, tf32=True, attention="tf32")
+    wide, _ = attention_step(True, 0.0, (B, H, L, 256))
+    with pytest.raises(MicaError, match=r"need [0-9,]+ bytes of shared memory a block, past 101,376"):
+        wide.lower("cuda", simulate=True, tf32=True, attention="tf32")
+    assert "mica_attention_tc" not in wide.lower("cuda", simulate=True, tf32=True).source
+
+
+@needs_simulator
+def test_tf32_attention_in_the_simulator_matches_the_oracle(tmp_path):
+    """The tensor-core kernels (the simulator's wmma: operands rounded to TF32 as the card rounds
+    them) over one to three tiles, causal or not, dropout, more queries than keys, Ev != E: the
+    oracle's values to TF32's rounding, the same bits twice; and with TF32's rounding off
+    (MICA_CUDASIM_TF32=keep) to float32's, so what is left is the rounding, not the algorithm."""
+    program, shapes = attention_cases(TF32_CASES)
+    args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
+    exe = program.lower("cuda", simulate=True, tf32=True).build()
+    got, again = exe(args, seed=4), exe(args, seed=4)
+    assert _same_bits(got, again)
+    want = mica.reference.run(program, args, seed=4)
+    out = tmp_path / "keep.npz"
+    r = subprocess.run([sys.executable, "-c", TF32_KEEP_RUN.format(tests=os.path.dirname(os.path.abspath(__file__))),
+                        str(out)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, MICA_CUDASIM_TF32="keep"))
+    assert r.returncode == 0, r.stderr
+    kept = np.load(out)
+    for n, case in enumerate(TF32_CASES):
+        for key, value in got[f"c{n}"].items():
+            err, exact = rel_err(value, want[f"c{n}"][key]), rel_err(kept[f"c{n}.{key}"], want[f"c{n}"][key])
+            assert 1e-5 < err < 2e-3 and exact < 1e-5, (case, key, err, exact)
+
+
 @pytest.fixture(scope="module")
 def gpt_step():
     from test_cpu_gpt import _setup
@@ -621,6 +694,20 @@ def test_the_gpt_step_in_the_simulator_matches_the_oracle(gpt_step):
         assert rel_err(m["grads"][name], want["grads"][name]) < 1e-4, name
         assert rel_err(new_params[name], want_params[name]) < 1e-4, name
         assert rel_err(new_state["exp_avg_sq"][name], want_state["exp_avg_sq"][name]) < 1e-4, name
+
+
+@needs_simulator
+def test_the_gpt_step_with_tf32_attention_in_the_simulator_matches_the_oracle(gpt_step):
+    """The same step with tf32=True: its attention (head dim 16) on the tensor-core kernels, the
+    loss and every gradient within TF32's rounding of the oracle's."""
+    program, params, state, batch = gpt_step
+    lowered = program.lower("cuda", simulate=True, tf32=True)
+    assert "mica_attention_tc_backward_cuda<16, 16>" in lowered.source
+    _, _, m = lowered.build()(params, state, *batch, seed=3)
+    _, _, want = mica.reference.run(program, params, state, *batch, seed=3)
+    assert rel_err(m["loss"], want["loss"]) < 1e-5
+    for name in params:
+        assert rel_err(m["grads"][name], want["grads"][name]) < 3e-3, name
 
 
 @needs_simulator
@@ -672,18 +759,20 @@ def test_kernels_that_differ_only_in_their_buffers_share_one_function(gpt_step, 
 @needs_nvcc
 def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tmp_path, gpt_step):
     """The GPT training step (loops, reductions, row kernels, attention, products), the other row
-    kernels (in float32 and float64, with attention in float64), for sm_80..sm_120 plus PTX, with
+    kernels (in float32 and float64, with attention in float64), attention on TF32 tensor cores
+    (two head dims), for sm_80..sm_120 plus PTX, with
     the host compiler's -Wall -Wextra as errors too; ptxas reports no register spills in any of
     Mica's kernels."""
     from mica.backends.cuda import build
 
-    for name, program in (("gpt", gpt_step[0]), ("rows", row_kernels()),
-                          ("rows64", every_row_kernel(4, np.float64, widths=(24,), attention=F64_CASE)),
-                          ("bf16", half_products(mica.bfloat16))):
+    tf32 = attention_cases([TF32_CASES[1], TF32_CASES[3]])[0]  # (head dims (16, 32) and (64, 64))
+    for name, program, options in (("gpt", gpt_step[0], {}), ("rows", row_kernels(), {}),
+                                   ("rows64", every_row_kernel(4, np.float64, widths=(24,), attention=F64_CASE), {}),
+                                   ("bf16", half_products(mica.bfloat16), {}), ("tf32", tf32, {"tf32": True})):
         src = tmp_path / f"{name}.cu"
-        src.write_text(program.lower("cuda").source)
+        src.write_text(program.lower("cuda", **options).source)
         obj = tmp_path / f"{name}.o"
-        r = subprocess.run(build.nvcc_command(str(src), str(obj), shared=False) +
+        r = subprocess.run(build.nvcc_command(str(src), str(obj), shared=False, **options) +
                            ["-Xptxas", "-v", "-Xcompiler", "-Wall,-Wextra,-Werror"],  # (the host side too)
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
@@ -740,6 +829,25 @@ def test_on_the_gpu_attention_matches_the_oracle_and_keeps_its_bits(path):
     for n, case in enumerate(ATTENTION_CASES):
         for key, value in got[f"c{n}"].items():
             assert rel_err(value, want[f"c{n}"][key]) < 1e-5, (case, key)
+
+
+@needs_gpu
+@needs_simulator
+def test_on_the_gpu_tf32_attention_matches_the_oracle_and_the_simulator():
+    """The tensor-core kernels on the card: the oracle's values to TF32's rounding, the same bits
+    twice, and the simulator's wmma to rounding (the card adds a step's products in an order of
+    its own, so not to the bit)."""
+    program, shapes = attention_cases(TF32_CASES)
+    args = [tuple(data(case, seed=2 + n)) for n, case in enumerate(shapes)]
+    exe = program.lower("cuda", tf32=True).build()
+    got, again = exe(args, seed=4), exe(args, seed=4)
+    sim = program.lower("cuda", simulate=True, tf32=True).build()(args, seed=4)
+    want = mica.reference.run(program, args, seed=4)
+    assert _same_bits(got, again)
+    for n, case in enumerate(TF32_CASES):
+        for key, value in got[f"c{n}"].items():
+            assert rel_err(value, want[f"c{n}"][key]) < 2e-3, (case, key)
+            assert rel_err(value, sim[f"c{n}"][key]) < 2e-3, (case, key)
 
 
 @needs_gpu

@@ -203,7 +203,7 @@ DESCRIPTIONS = {
     "opt_level": "0, 1 or 2: gcc -O1/-O2/-O3; 0 also turns fusion off",
     "batch_order": "a file of recorded batch offsets to train on instead of random ones",
     "simulate": "with device=cuda: run the CUDA trainer on the CPU simulator (slow; for tiny configs)",
-    "tf32": "with device=cuda: let products use TF32, as nanoGPT's train.py does; False: float32 throughout",
+    "tf32": "with device=cuda: let products and attention use TF32, as nanoGPT's train.py does; False: float32 throughout",
     "data_dir": "the data folder (train.bin and val.bin, or shards; meta.json or meta.pkl); default data/<dataset>",
     "time_every_iter": "record every iteration's time in metrics.jsonl (mica bench)",
     "recipe": "nanogpt (these settings) or speedrun (the speedrun seed's: mica train speedrun --help)",
@@ -529,9 +529,10 @@ def check_supported(cfg, log=print):
         cfg["device"] = device(cfg["device"])
         _check_device(cfg)
         if cfg.get("tf32") and cfg["device"] != "cuda":
-            log("note: tf32=True lets a card's products use TF32; on the CPU they stay float32")
+            log("note: tf32=True lets a card's products and attention use TF32; on the CPU they stay float32")
         elif cfg.get("tf32") and cfg.get("simulate"):
-            log("note: tf32=True lets a card's products use TF32; the simulator's products stay float32")
+            log("note: tf32=True lets a card's products and attention use TF32; in the simulator cuBLASLt's "
+                "products stay float32 and attention rounds its operands to TF32, as the card's tensor cores do")
         if cfg.get("recipe") == "speedrun":
             return _check_speedrun(cfg)
         return _check_nanogpt(cfg, log)

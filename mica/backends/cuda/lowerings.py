@@ -2,11 +2,13 @@
 (mica_cuda_kernels.h) take the CPU kernels' arguments, so the C target's rule writes the call for
 both; what differs is only the routine behind the name (a __device__ routine here, each row on a
 group of 8 threads; `threads` sizes its launch).
-Host lowerings run their statements on the host and launch kernels of their own: attention (the
-fused, tiled kernels of mica_cuda_attention.h: no [L, S] matrix anywhere; the backward's scratch is
-D, one value per query row), and the backward primitives that sum across rows (the norms' weight
-gradients, embedding's), which need a second launch to finish a grid-wide sum (mica_cuda_sweeps.h;
-the C rule's arguments, passed to its *_cuda_ routine with the stream).
+Host lowerings run their statements on the host and launch kernels of their own: attention (on
+TF32 tensor cores where the user permits TF32, mica_cuda_attention_tc.h; cuBLASLt's products
+around the CPU's rows where a score matrix fits, mica_cuda_attention_gemm.h; else the fused, tiled
+kernels of mica_cuda_attention.h: attention_path chooses), and the backward primitives that sum
+across rows (the norms' weight gradients, embedding's), which need a second launch to finish a
+grid-wide sum (mica_cuda_sweeps.h; the C rule's arguments, passed to its *_cuda_ routine with the
+stream).
 """
 import math
 
@@ -87,7 +89,49 @@ def _embedding_backward(e, kernel):
 
 
 SCORES_BOUND = 64 << 20  # bytes: the most one chunk of the products path's [chunk, L, S] scores may take
-ATTENTION_PATHS = ("auto", "products", "fused")
+ATTENTION_PATHS = ("auto", "products", "fused", "tf32")
+TC_TILE, TC_SHARED = 64, 99 * 1024  # mica_cuda_attention_tc.h: rows a block; the opt-in limit of sm_86/89/120
+
+
+def _attention_operands(kernel):
+    return (kernel.inputs[0], kernel.inputs[1], kernel.inputs[2]) if kernel.op == "attention" else \
+        (kernel.inputs[1], kernel.inputs[2], kernel.inputs[3])
+
+
+def _tc_fits(kernel):
+    """None when the tensor-core kernels (mica_cuda_attention_tc.h) take this attention, else why not:
+    float32 without fp_half_intermediates' roundings, head dims multiples of 16, and their shared memory (the dQ and dK/dV kernels': two
+    [64, E + 4] and [64, Ev + 4] tiles, two [64, 68] score tiles, two rows of 64) within TC_SHARED."""
+    q, _, v = _attention_operands(kernel)
+    E, Ev = q.shape[-1], v.shape[-1]
+    if q.dtype != dtypes.float32:
+        return f"its type is {q.dtype.name}, not float32"
+    if kernel.attrs.get("half_round"):
+        return "it rounds its weights to a half type (fp_half_intermediates), which these kernels do not"
+    if E % 16 or Ev % 16:
+        return f"its head dims ({E}, {Ev}) are not multiples of 16"
+    shared = (TC_TILE * ((E + 4) + (Ev + 4) + 2 * (TC_TILE + 4)) + 2 * TC_TILE) * 4
+    if shared > TC_SHARED:
+        return f"its head dims ({E}, {Ev}) need {shared:,} bytes of shared memory a block, past {TC_SHARED:,}"
+    return None
+
+
+def attention_path(kernel, target):
+    """Which kernels run this attention (the target's `attention` option; "auto" decides):
+    "tf32", the tensor-core kernels, where the user permits TF32 (target.tf32) and they fit
+    (_tc_fits); else "products", cuBLASLt's products around the CPU's rows, where one [L, S] score
+    matrix fits SCORES_BOUND in float32 or float64 without fp_half_intermediates; else "fused",
+    Mica's tiled kernels, which keep no score matrix."""
+    path = target.attention
+    if path == "tf32":
+        why = _tc_fits(kernel) if target.tf32 else "the program is not built with tf32=True"
+        if why:
+            raise MicaError(f"attention with target option attention='tf32' runs on TF32 tensor cores, but {why}; "
+                            f"leave attention='auto'")
+        return path
+    if path == "auto" and target.tf32 and _tc_fits(kernel) is None:
+        return "tf32"
+    return "products" if attention_chunk(kernel, path) else "fused"
 
 
 def attention_chunk(kernel, path="auto"):
@@ -95,12 +139,12 @@ def attention_chunk(kernel, path="auto"):
     (mica_cuda_attention_gemm.h) computes at once: as many as fit SCORES_BOUND, 0 for the fused
     kernels (mica_cuda_attention.h), which keep no score matrix. "auto" takes the products where
     one [L, S] fits the bound and the type is float32 or float64 without fp_half_intermediates."""
-    q, k = (kernel.inputs[0], kernel.inputs[1]) if kernel.op == "attention" else (kernel.inputs[1], kernel.inputs[2])
+    q, k, _ = _attention_operands(kernel)
     B, H, L, _, *_ = _c._attn_dims(q)
     S, size = k.shape[-2], q.dtype.itemsize
     fits = q.dtype in (dtypes.float32, dtypes.float64) and not kernel.attrs.get("half_round") and \
         L * S * size <= SCORES_BOUND
-    if path == "fused" or (path == "auto" and not fits):
+    if path in ("fused", "tf32") or (path == "auto" and not fits):
         return 0
     if not fits:
         raise MicaError(f"attention with target option attention='products' needs float32 or float64 scores whose [L, S] "
@@ -109,13 +153,14 @@ def attention_chunk(kernel, path="auto"):
     return max(1, min(inner, SCORES_BOUND // (L * S * size)))
 
 
-def attention_scratch(kernel, path="auto"):
+def attention_scratch(kernel, target):
     """The products path: one chunk's scores (the backward: D, then the chunk's P and dP); the fused
-    kernels: the backward's D = rowsum(dO * O), B * H * L values (the forward needs none: no
-    [L, S] matrix is kept anywhere, mica_cuda_attention.h)."""
-    q, k = (kernel.inputs[0], kernel.inputs[1]) if kernel.op == "attention" else (kernel.inputs[1], kernel.inputs[2])
+    and tensor-core kernels: the backward's D = rowsum(dO * O), B * H * L values (their forward
+    needs none: no [L, S] matrix is kept anywhere)."""
+    q, k, _ = _attention_operands(kernel)
     rows, size = math.prod(q.shape[:-1]), q.dtype.itemsize
-    chunk = attention_chunk(kernel, path)
+    path = attention_path(kernel, target)
+    chunk = attention_chunk(kernel, path) if path == "products" else 0
     if not chunk:
         return 0, 0 if kernel.op == "attention" else rows * size
     scores = chunk * q.shape[-2] * k.shape[-2] * size
@@ -130,7 +175,8 @@ def _attention(e, kernel):
         raise MicaError(f"scaled_dot_product_attention on {q.dtype.name} is not supported by the CUDA backend yet; "
                         "cast q, k and v to float32")
     lines, q, k, v, o = _c.attention_shape(e, kernel)
-    ctype, chunk = ct.ctype(q.dtype), attention_chunk(kernel, e.target.attention)
+    ctype, path = ct.ctype(q.dtype), attention_path(kernel, e.target)
+    chunk = attention_chunk(kernel, path) if path == "products" else 0
     backward = kernel.op != "attention"
     if backward:  # (g, q, k, v, o, lse -> dq, dk, dv, and g's strides)
         views = [kernel.inputs[0], q, k, v, o, kernel.inputs[5], *kernel.outputs]
@@ -139,6 +185,9 @@ def _attention(e, kernel):
         args = [e.ptr(x) for x in (q, k, v, o, kernel.outputs[1])]
     if chunk:  # cuBLASLt's products around the CPU's rows (mica_cuda_attention_gemm.h), a chunk's scores in work
         name, template, args = "mica_attention_gemm", ctype, args + [str(chunk), f"({ctype} *)work"]
+    elif path == "tf32":  # the tensor-core kernels (mica_cuda_attention_tc.h), for the head dims; the backward's D
+        name, template = "mica_attention_tc", f"{q.shape[-1]}, {v.shape[-1]}"
+        args += ["(float *)scratch"] if backward else []
     else:  # the fused kernels (mica_cuda_attention.h), their tiles picked by the head dims; the backward's D
         name, template = "mica_attention", f"{ctype}, {q.shape[-1]}, {v.shape[-1]}"
         args += [f"({ctype} *)scratch"] if backward else []

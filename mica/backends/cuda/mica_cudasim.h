@@ -52,9 +52,10 @@
  *
  * Not simulated: a kernel that spins on another thread's write without a barrier hangs (fibers are
  * not preempted; the GPU gives no such guarantee either, across blocks), dynamic parallelism,
- * cooperative groups, half-precision intrinsics, textures. The race check covers 1-D arrays
+ * cooperative groups, half-precision intrinsics, textures, tensor cores other than wmma's TF32 m16n16k8
+ * (below). The race check covers 1-D arrays
  * declared with MICA_SHARED_ARRAY (a proxy element: pass a value, not tile[i], to a template).
- * Environment: MICA_CUDASIM_THREADS (OS threads running blocks), MICA_CUDASIM_STACK_KB (each
+ * Environment: MICA_CUDASIM_THREADS (OS threads running blocks), MICA_CUDASIM_TF32 (below), MICA_CUDASIM_STACK_KB (each
  * CUDA thread's stack, 128 KiB, 512 under ASan; an overflow hits a guard page, SIGSEGV).
  *
  * Numerics. Mica's kernels are built with no FMA contraction (nvcc --fmad=false, g++
@@ -80,7 +81,7 @@
 #include <cuda_runtime.h>
 #define MICA_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
     kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
-#define MICA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#define MICA_EXTERN_SHARED(type, name) extern __shared__ __align__(128) type name[]
 #define MICA_SHARED_ARRAY(type, name, count) __shared__ type name[count]
 
 #else
@@ -892,6 +893,122 @@ struct SyncWarpAt {
 } }
 
 #define MICA_EXTERN_SHARED(type, name) type* const name = static_cast<type*>(::mica_cudasim::detail::tl_dynamic_shared)
+
+/* ---- nvcuda::wmma: TF32 tensor-core fragments (m16n16k8) -----------------------------------
+ * CUDA leaves a fragment's element-to-lane layout unspecified, and Mica's kernels touch fragments
+ * only through load/store/fill/mma and element-wise operations, so any layout is a faithful one:
+ * here element t of lane l is element t * 32 + l of the fragment's matrix, row by row. Each call
+ * is warp-collective (every lane of the warp must reach it, checked as __syncwarp checks), and
+ * the card's requirements are checked: pointers 32-byte aligned, ldm a multiple of 4 floats.
+ * mma_sync is a warp exchange: each lane posts its A and B fragments, then computes its own
+ * elements of D = A B + C, the eight products (exact: TF32 significands) added to C one by one
+ * in increasing k. The card's tensor cores add them in an order of their own, so a kernel that
+ * multiplies on them agrees with the card to rounding, not to the bit (products aside, like
+ * cuBLASLt's). __float_to_tf32 rounds to nearest, ties away from zero (cvt.rna.tf32.f32).
+ * MICA_CUDASIM_TF32=keep (read once) keeps every float32 digit of the operands instead, so a test
+ * can hold a tensor-core kernel's algorithm to float32 apart from TF32's rounding. */
+namespace mica_cudasim { namespace detail {
+inline thread_local const float* tl_wmma_posted[1024][2];
+inline void wmma_check(const char* what, const void* p, unsigned ldm) {
+    if ((uintptr_t)p % 32) fail("wmma::%s: pointer %p is not 32-byte aligned, as the card requires", what, p);
+    if (ldm % 4) fail("wmma::%s: ldm %u is not a multiple of 4 floats (16 bytes), as the card requires", what, ldm);
+}
+inline bool tf32_keep() {
+    static const bool keep = getenv("MICA_CUDASIM_TF32") && !strcmp(getenv("MICA_CUDASIM_TF32"), "keep");
+    return keep;
+}
+inline float tf32_bits(float x) { /* the value a tensor core reads: the low 13 bits of the significand dropped */
+    if (tf32_keep()) return x;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffffe000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+} }
+namespace nvcuda { namespace wmma {
+struct row_major {};
+struct col_major {};
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+namespace precision { struct tf32 {}; }
+enum layout_t { mem_row_major, mem_col_major };
+
+template <int R, int C> struct mica_fragment { /* an R x C matrix spread over a warp's 32 lanes */
+    enum { rows = R, cols = C, num_elements = R * C / 32 };
+    float x[R * C / 32];
+};
+template <class Use, int M, int N, int K, class T, class Layout = void> class fragment;
+template <class Layout> class fragment<matrix_a, 16, 16, 8, precision::tf32, Layout> : public mica_fragment<16, 8> {};
+template <class Layout> class fragment<matrix_b, 16, 16, 8, precision::tf32, Layout> : public mica_fragment<8, 16> {};
+template <> class fragment<accumulator, 16, 16, 8, float, void> : public mica_fragment<16, 16> {};
+
+inline float __float_to_tf32(float in) {
+    if (!std::isfinite(in) || ::mica_cudasim::detail::tf32_keep()) return in;
+    uint32_t u;
+    memcpy(&u, &in, 4);
+    u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&in, &u, 4);
+    return in;
+}
+
+inline unsigned mica_lane() { return ::mica_cudasim::detail::current("wmma")->linear & 31u; }
+
+template <int R, int C>
+inline void mica_load(mica_fragment<R, C>& f, const float* p, unsigned ldm, bool row, const char* what) {
+    __syncwarp();
+    ::mica_cudasim::detail::wmma_check(what, p, ldm);
+    const unsigned lane = mica_lane();
+    for (int t = 0; t < f.num_elements; t++) {
+        const int e = t * 32 + (int)lane, r = e / C, c = e % C;
+        f.x[t] = row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+    }
+}
+template <class Use, class Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 8, precision::tf32, Layout>& f, const float* p, unsigned ldm) {
+    mica_load(f, p, ldm, std::is_same<Layout, row_major>::value, "load_matrix_sync");
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 8, float>& f, const float* p, unsigned ldm, layout_t layout) {
+    mica_load(f, p, ldm, layout == mem_row_major, "load_matrix_sync");
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 8, float>& f, unsigned ldm, layout_t layout) {
+    __syncwarp();
+    ::mica_cudasim::detail::wmma_check("store_matrix_sync", p, ldm);
+    const unsigned lane = mica_lane();
+    for (int t = 0; t < f.num_elements; t++) {
+        const int e = t * 32 + (int)lane, r = e / 16, c = e % 16;
+        (layout == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]) = f.x[t];
+    }
+}
+template <int R, int C>
+inline void fill_fragment(mica_fragment<R, C>& f, float v) {
+    for (int t = 0; t < f.num_elements; t++) f.x[t] = v;
+}
+template <class LA, class LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 8, float>& d, const fragment<matrix_a, 16, 16, 8, precision::tf32, LA>& a,
+                     const fragment<matrix_b, 16, 16, 8, precision::tf32, LB>& b,
+                     const fragment<accumulator, 16, 16, 8, float>& c) {
+    using ::mica_cudasim::detail::tf32_bits;
+    using ::mica_cudasim::detail::tl_wmma_posted;
+    const unsigned me = ::mica_cudasim::detail::current("wmma::mma_sync")->linear, base = me & ~31u, lane = me & 31u;
+    tl_wmma_posted[me][0] = a.x;
+    tl_wmma_posted[me][1] = b.x;
+    __syncwarp(); /* (every lane's fragments are posted) */
+    float out[8];
+    for (int t = 0; t < 8; t++) {
+        const int e = t * 32 + (int)lane, r = e / 16, col = e % 16;
+        float s = c.x[t];
+        for (int k = 0; k < 8; k++) {
+            const int ea = r * 8 + k, eb = k * 16 + col;
+            s = s + tf32_bits(tl_wmma_posted[base + ea % 32][0][ea / 32]) * tf32_bits(tl_wmma_posted[base + eb % 32][1][eb / 32]);
+        }
+        out[t] = s;
+    }
+    __syncwarp(); /* (every lane has read the others' fragments before any is changed) */
+    for (int t = 0; t < 8; t++) d.x[t] = out[t];
+}
+} }
 #ifdef MICA_CUDASIM_RACECHECK
 #define MICA_SHARED_ARRAY(type, name, count) thread_local ::mica_cudasim::RaceArray<type, (count)> name(#name)
 #else

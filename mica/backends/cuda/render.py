@@ -418,10 +418,12 @@ class CudaRenderer(CStyleRenderer):
                 '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', '#include "mica_cuda_attention.h"',
                 '#include "mica_cuda_attention_gemm.h"', '#include "mica_cuda_sweeps.h"',
                 *[f'#include "{h}"' for h in collective_headers(s)], "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
-        out += self.literals()
+        kernels = []
         for k, kern in enumerate(s.kernels):
-            out += self.kernel(k, kern)
-            out.append("")
+            kernels += self.kernel(k, kern) + [""]
+        if any("mica_attention_tc" in line for line in kernels):  # (only then: it brings in nvcc's mma.h)
+            out.insert(out.index('#include "mica_cuda_sweeps.h"') + 1, '#include "mica_cuda_attention_tc.h"')
+        out += self.literals() + kernels
         out += [
             "/* the program's C API (callable from C, Python's ctypes, the trainer) */",
             'extern "C" {',

@@ -5,8 +5,9 @@ without a GPU run it.
 What it answers for the shared pipeline: 256-byte alignment (cuBLASLt wants 16; 256 keeps every
 buffer on its own cache lines); one workspace for the one stream the program runs on; products
 of every floating type, half ones included (`half_kernel`), carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel primitives are
-lowered under platform "cuda" (lowerings.py: the row kernels; attention through cuBLASLt's products
-where a chunk of its scores fits a bound, else the fused kernels: `attention` chooses).
+lowered under platform "cuda" (lowerings.py: the row kernels; attention on TF32 tensor cores where
+tf32=True permits it, through cuBLASLt's products where a chunk of its scores fits a bound, else
+the fused kernels: `attention` chooses, "auto" by that order).
 """
 from ...errors import MicaError
 from ...targets import Target
@@ -25,7 +26,7 @@ class CudaTarget(Target):
         super().__init__(opt_level)
         if attention not in lowerings.ATTENTION_PATHS:
             raise MicaError(f"attention must be one of {', '.join(map(repr, lowerings.ATTENTION_PATHS))} (cuBLASLt's "
-                            f"products or the fused kernels), not {attention!r}")
+                            f"products, the fused kernels, or the TF32 tensor-core kernels), not {attention!r}")
         self.attention = attention
         for key, value in (("simulate", simulate), ("tf32", tf32)):
             if not isinstance(value, bool):
@@ -51,7 +52,7 @@ class CudaTarget(Target):
         from .render import reduce_scratch
 
         if isinstance(kernel, Call) and kernel.op in ("attention", "attention_backward"):
-            return lowerings.attention_scratch(kernel, self.attention)
+            return lowerings.attention_scratch(kernel, self)
         lanes = reduce_scratch(kernel)
         return (0, lanes) if lanes else super().workspace(kernel)
 
