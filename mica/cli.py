@@ -109,8 +109,10 @@ def cmd_sample(args, extra):
                         "Face's model.safetensors yourself, convert it with mica import PATH/model.safetensors "
                         "--out_dir DIR, and sample with --out_dir=DIR")
     if s["init_from"] != "resume":
-        raise MicaError("mica sample reads out_dir/ckpt.safetensors (init_from=resume); convert other weights "
-                        "with mica import")
+        where = s.origin.get("init_from")
+        raise MicaError(f"mica sample reads out_dir/ckpt.safetensors (init_from='resume'), but "
+                        f"{where + ' sets' if where else 'the settings give'} init_from={s['init_from']!r} (a training "
+                        "setting); pass --init_from=resume after the config, or convert other weights with mica import")
     from .train import config
 
     config.check_dtype(s)  # (sample.py's key; the sampler reads float32 weights)

@@ -445,6 +445,57 @@ def test_sample_reads_config_files_as_sample_py_does(run_dir):
     assert_sentence(mica("sample", "bad.py", cwd=run_dir), "bad.py:1: top_k must be int or None")
 
 
+def test_sample_with_a_training_configs_init_from_names_its_line(run_dir):
+    """A training config sets init_from='scratch'; sample.py would fail on it with a NameError. Mica
+    says which line sets it and that --init_from=resume after the config samples."""
+    (run_dir / "train_cfg.py").write_text("out_dir = 'out-shakespeare-char'\ninit_from = 'scratch'\n")
+    assert_sentence(mica("sample", "train_cfg.py", *SAMPLE[2:], cwd=run_dir),
+                    "but train_cfg.py:2 sets init_from='scratch' (a training setting); pass --init_from=resume after "
+                    "the config")
+    r = mica("sample", "train_cfg.py", "--init_from=resume", *SAMPLE[2:], cwd=run_dir)
+    assert r.returncode == 0 and r.stdout == mica(*SAMPLE, cwd=run_dir).stdout, r.stderr
+
+
+def test_resuming_on_data_of_another_vocabulary_is_refused_and_keeps_the_checkpoint(run_dir, tmp_path):
+    """The run's token ids mean its data's characters: resuming on a folder of another vocabulary
+    (or of none) is one sentence before anything is trained or written, and the checkpoint is as it
+    was (it could not have been sampled after)."""
+    work = tmp_path / "copy"
+    shutil.copytree(run_dir, work)
+    from mica.data.prepare import prepare_char
+
+    other = work / "data" / "other"
+    other.mkdir()
+    prepare_char("we few, we happy few, we band of brothers;\n" * 40, str(other), log=lambda *a: None)
+    ckpt = work / "out-shakespeare-char" / "ckpt.safetensors"
+    before = ckpt.read_bytes()
+    r = mica("train", *TINY, "--init_from=resume", "--dataset=other", "--max_iters=5", cwd=work)
+    assert_sentence(r, "data/other/meta.json's vocabulary (18 tokens) is not the one")
+    assert "is not the one the checkpoint in out-shakespeare-char was trained with" in r.stderr
+    for meta in ("meta.json", "meta.pkl"):
+        if (other / meta).exists():
+            os.unlink(other / meta)
+    r = mica("train", *TINY, "--init_from=resume", "--dataset=other", "--max_iters=5", cwd=work)
+    assert_sentence(r, "data/other holds no vocabulary (meta.json or meta.pkl), not the one the checkpoint")
+    assert ckpt.read_bytes() == before
+
+
+def test_a_torn_metrics_line_is_dropped_when_the_run_resumes(run_dir, tmp_path):
+    """A crash can cut metrics.jsonl's last row short; the resume drops that line with a note (the
+    trainer would otherwise append to it, and mica plot refuses the file), so every line after is
+    a whole row."""
+    work = tmp_path / "copy"
+    shutil.copytree(run_dir, work)
+    metrics = work / "out-shakespeare-char" / "metrics.jsonl"
+    with open(metrics, "ab") as f:
+        f.write(b'{"iter": 3, "lo')
+    r = mica("train", *TINY, "--init_from=resume", "--max_iters=4", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "was not a JSON row (a write cut short by a crash, or an edit) and is dropped" in r.stdout + r.stderr
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert any(row.get("iter") == 4 for row in rows)
+
+
 def test_sampling_from_another_folder_finds_the_runs_data(run_dir, tmp_path):
     """The run trained in run_dir with data/shakespeare_char (relative); its checkpoint keeps the
     path as given (its bytes do not depend on the folder), and mica sample run from elsewhere finds

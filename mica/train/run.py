@@ -180,6 +180,7 @@ def _prepare_nanogpt(cfg, log, held):
     vocab, data_meta = _data_vocab(folder, log if cfg["init_from"] == "scratch" else _quiet)  # (the note: scratch's)
     vocab = _follow_hf_weights(cfg, vocab, log)
     vocab = _follow_resumed_model(cfg, vocab, log)
+    _check_resumed_vocabulary(cfg, folder, data_meta)
     _check_weights_fit(cfg, vocab)
     need = cfg["block_size"] + 1
     train_files, train_lengths = _check_split(train_paths, vocab, need, "training data", log)
@@ -389,8 +390,9 @@ def _metrics_up_to(out_dir, step, evaluated_again, log):
     """metrics.jsonl without the rows a run wrote after the checkpoint it now resumes from (a run
     stopped by Ctrl-C or a crash trained on past its last checkpoint, and the resume trains those
     iterations again): training rows of iterations from `step` on, and validation rows after
-    `step` (at `step` too where the loop evaluates again there). Rewritten to a temporary file and
-    renamed; a row that is not JSON is kept."""
+    `step` (at `step` too where the loop evaluates again there); and lines that are not a JSON row
+    (a write a crash cut short, which the trainer would append to and `mica plot` refuses).
+    Rewritten to a temporary file and renamed."""
     path = os.path.join(out_dir, "metrics.jsonl")
     try:
         with open(path, "rb") as f:
@@ -398,12 +400,16 @@ def _metrics_up_to(out_dir, step, evaluated_again, log):
     except OSError:
         return  # (none yet, or unreadable: the trainer says so when it opens it)
 
-    def stale(line):
+    def row_of(line):
         try:
             row = json.loads(line)
         except ValueError:
-            return False
-        if not isinstance(row, dict):
+            return None
+        return row if isinstance(row, dict) else None
+
+    def stale(line):
+        row = row_of(line)
+        if row is None:
             return False
         if isinstance(row.get("iter"), int) and "step" not in row:
             return row["iter"] >= step
@@ -411,14 +417,20 @@ def _metrics_up_to(out_dir, step, evaluated_again, log):
             return row["step"] > step or (evaluated_again and row["step"] == step)
         return False
 
-    kept = [line for line in lines if not stale(line)]
+    broken = [n for n, line in enumerate(lines, 1) if line.strip() and row_of(line) is None]
+    kept = [line for n, line in enumerate(lines, 1) if not stale(line) and n not in broken and line.strip()]
     if len(kept) == len(lines):
         return
-    if kept and not kept[-1].endswith(b"\n"):
-        kept[-1] += b"\n"
-    atomic_write(path, b"".join(kept))
-    log(f"note: {len(lines) - len(kept)} rows of metrics.jsonl came after the checkpoint (the steps a run takes "
-        "after its last save, which this resume takes again) and are dropped; the resume writes them again")
+    atomic_write(path, b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept))
+    dropped = len(lines) - len(kept) - len(broken) - sum(1 for line in lines if not line.strip())
+    if dropped:
+        log(f"note: {dropped} rows of metrics.jsonl came after the checkpoint (the steps a run takes after its last "
+            "save, which this resume takes again) and are dropped; the resume writes them again")
+    if broken:
+        log(f"note: metrics.jsonl's line{'s' if len(broken) > 1 else ''} {', '.join(map(str, broken[:5]))}"
+            f"{' ...' if len(broken) > 5 else ''} {'were' if len(broken) > 1 else 'was'} not a JSON row (a write cut "
+            f"short by a crash, or an edit) and {'are' if len(broken) > 1 else 'is'} dropped, so the resume's rows "
+            "follow whole ones")
 
 
 def _train_time_at(metrics, step, log):
@@ -523,6 +535,24 @@ def _follow_resumed_model(cfg, vocab, log):
     if "transformer.wte.weight" in st.tensors:
         return int(st.info("transformer.wte.weight")[1][0])
     return vocab
+
+
+def _check_resumed_vocabulary(cfg, folder, data_meta):
+    """A resume trains on data of the vocabulary its checkpoint was trained with (the config it keeps
+    has the data's vocab_digest, as sampling checks it): a model whose token ids meant other
+    characters would train on, and its checkpoint could no longer be sampled, so refuse before the
+    earlier checkpoint is overwritten."""
+    path = os.path.join(cfg["out_dir"], "ckpt.safetensors")
+    if cfg["init_from"] != "resume" or not os.path.isfile(path):
+        return
+    trained = _saved_config(ckpt.SafeTensors(path)).get("vocab_digest")
+    if not isinstance(trained, str) or (data_meta is not None and meta_mod.digest(data_meta) == trained):
+        return
+    what = f"{data_meta.path}'s vocabulary ({data_meta.vocab_size} tokens) is not" if data_meta is not None else \
+        f"{folder} holds no vocabulary (meta.json or meta.pkl), not"
+    raise MicaError(f"{what} the one the checkpoint in {cfg['out_dir']} was trained with (other data, or the data "
+                    "prepared again since), so its token ids would mean other text; resume with the data the run "
+                    "trained on (--dataset or --data_dir), or train afresh with --init_from=scratch")
 
 
 def _follow_resumed_dtype(cfg, log):
