@@ -712,10 +712,11 @@ def test_the_gpt_step_with_tf32_attention_in_the_simulator_matches_the_oracle(gp
 
 @needs_simulator
 def test_the_gpt_step_has_the_same_bits_twice_and_for_any_launch_configuration(gpt_step):
+    """Threads per block, and each kernel in a launch of its own instead of groups (groups.py)."""
     program, params, state, batch = gpt_step
     runs = []
-    for threads in (32, 256, 32):
-        exe = program.lower("cuda", simulate=True, threads_per_block=threads).build()
+    for threads, grouped in ((32, True), (256, True), (32, True), (256, False)):
+        exe = program.lower("cuda", simulate=True, threads_per_block=threads, group_launches=grouped).build()
         runs.append(exe(params, state, *batch, seed=3))
     from mica.pytree import flatten
 
@@ -732,7 +733,7 @@ def test_kernels_that_differ_only_in_their_buffers_share_one_function(gpt_step, 
     names each launch by its own op and kind."""
     import re
 
-    lowered = gpt_step[0].lower("cuda")
+    lowered = gpt_step[0].lower("cuda", group_launches=False)  # (each kernel its own launch: groups below)
     src, n = lowered.source, len(lowered.schedule.kernels)
     defined = [int(k) for k in re.findall(r"^static (?:__global__ void|int) k(\d+)\(", src, re.M)]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -754,6 +755,70 @@ def test_kernels_that_differ_only_in_their_buffers_share_one_function(gpt_step, 
         assert what[int(mark)][0].startswith(titles[mark]), (mark, what[int(mark)])
         assert what[int(mark)][1] == what[int(fn)][1], mark
     assert {"generated", "product", "attention"} <= {kind for _, kind, *_ in what.values()}
+
+
+def _bytes_touched(kern, plan, target):
+    """(arena byte ranges read, written, uses the workspace) of a kernel, from the plan: a kernel
+    that is not a generated loop or reduction counts as writing all it touches."""
+    from mica.backends.cuda.render import reduce_scratch
+    from mica.passes.schedule import Buffer, Gemm, Loop, Reduce
+
+    def spans(views):
+        return {(plan.offset(plan.root(v.src)), plan.offset(plan.root(v.src)) + plan.root(v.src).nbytes)
+                for v in views if isinstance(v.src, Buffer)}
+
+    if isinstance(kern, (Loop, Reduce)):
+        loads = [e.view for e in kern.exprs if e.kind == "load"]
+        stores = [v for v, _ in kern.stores] if isinstance(kern, Loop) else [kern.out]
+        return spans(loads), spans(stores), reduce_scratch(kern) > 0
+    views = [kern.a, kern.b, kern.out] if isinstance(kern, Gemm) else [*kern.inputs, *getattr(kern, "outputs", [])]
+    if hasattr(kern, "out") and not isinstance(kern, Gemm):
+        views.append(kern.out)
+    return set(), spans(views), target.workspace(kern) != (0, 0)
+
+
+def test_independent_kernels_share_a_launch_in_an_order_that_keeps_every_dependence(gpt_step):
+    """groups.py: the optimizer's per-tensor square-sums share launches, so do their square roots and
+    the AdamW updates (most of each in one). Every kernel runs once; for every two kernels that
+    touch the same arena bytes (one writing), or both use the workspace, the first runs first
+    (checked from the plan here, apart from groups.py's reading); a reduction by lanes has a
+    scratch slice of its own in its group; the source launches each group once."""
+    import re
+    from mica.backends.cuda import groups
+    from mica.backends.cuda.render import reduce_scratch
+
+    program, params = gpt_step[0], gpt_step[1]
+    lowered = program.lower("cuda")
+    s, plan, target = lowered.schedule, lowered.plan, lowered.target
+    units = groups.launch_units(s, plan, target)
+    n = len(s.kernels)
+    assert sorted(k for u in units for k in u.members) == list(range(n))
+    for name in ("mul -> sum", "sqrt", "mul, sub, add, sqrt, div"):  # (square-sums, norms, AdamW: one per tensor)
+        most = max(sum(s.kernels[k].name == name for k in u.members) for u in units)
+        assert most >= len(params) // 2, (name, most, len(params))
+    assert len(units) < 0.75 * n, (len(units), n)
+    where = {k: i for i, u in enumerate(units) for k in u.members}
+    touched = [_bytes_touched(kern, plan, target) for kern in s.kernels]
+
+    def overlap(xs, ys):
+        return any(a < d and c < b for a, b in xs for c, d in ys)
+
+    for i in range(n):
+        ri, wi, si = touched[i]
+        for j in range(i + 1, n):
+            rj, wj, sj = touched[j]
+            if overlap(wi, rj | wj) or overlap(ri, wj):
+                assert where[i] < where[j], (i, j)
+            elif si and sj:
+                assert where[i] < where[j] or (where[i] == where[j] and i in units[where[i]].scratch), (i, j)
+    for u in units:
+        slices = sorted((u.scratch[k], u.scratch[k] + reduce_scratch(s.kernels[k])) for k in u.scratch)
+        assert all(a[1] <= b[0] for a, b in zip(slices, slices[1:])), slices
+        assert not slices or slices[-1][1] <= plan.per_unit_bytes
+    grouped = [u for u in units if len(u.members) > 1]
+    src = lowered.source
+    assert len(re.findall(r"MICA_LAUNCH\(g(\d+)(?:_sums)?, ", src)) == len(grouped) + sum(bool(u.scratch) for u in grouped)
+    assert sorted(int(k) for k in re.findall(r"MICA_MARK\(stream, (\d+)\);", src)) == sorted(u.members[0] for u in units)
 
 
 @needs_nvcc

@@ -67,8 +67,9 @@ static int mica_cuda_ready(void) {
     return 1;
 }
 
-/* blocks for n threads of work, each block MICA_THREADS threads (grid-stride loops take the rest) */
-static inline unsigned mica_blocks(int64_t n) {
+/* blocks for n threads of work, each block MICA_THREADS threads (grid-stride loops take the rest); a group
+ * kernel works out its members' blocks with it too */
+static __host__ __device__ inline unsigned mica_blocks(int64_t n) {
     int64_t b = (n + MICA_THREADS - 1) / MICA_THREADS;
     return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }

@@ -22,7 +22,10 @@
  * Operands are rounded to TF32 (cvt.rna) as they are loaded, products accumulate in float32. The
  * tensor cores add a step's eight products in an order of their own, so these kernels agree with
  * the simulator (mica_cudasim.h's wmma) and the other paths to TF32 rounding, not to the bit:
- * products aside, as cuBLASLt's. Head dims must be multiples of 16 and the three kernels' shared
+ * products aside, as cuBLASLt's. __launch_bounds__ asks for 3 forward blocks an SM and 2 of the
+ * backward's (their registers: ~160 and ~220-250 at head dim 64, no spills on any of the five
+ * architectures, which ptxas's own cap did not give on sm_86/89/120). Head dims must be
+ * multiples of 16 and the three kernels' shared
  * memory must fit 99 KiB (the smallest opt-in limit of sm_86/89/120): lowerings.attention_path
  * takes this path only then.
  */
@@ -135,7 +138,7 @@ static constexpr __host__ __device__ int64_t forward_shared() {
 }
 
 template <int64_t E, int64_t Ev>
-static __global__ void __launch_bounds__(MICA_TC_THREADS, 1)
+static __global__ void __launch_bounds__(MICA_TC_THREADS, 3)
 forward(mica_attn_shape a, const float *q, const float *k, const float *v, float *o, float *lse) {
     constexpr int64_t LDK = ld(E), LDV = ld(Ev), LDS = MICA_TC_LDS;
     const int64_t L = a.L, S = a.S, tiles = (L + MICA_TC_TILE - 1) / MICA_TC_TILE;
@@ -219,7 +222,7 @@ static constexpr __host__ __device__ int64_t dq_shared() {
 }
 
 template <int64_t E, int64_t Ev>
-static __global__ void __launch_bounds__(MICA_TC_THREADS, 1)
+static __global__ void __launch_bounds__(MICA_TC_THREADS, 2)
 dq_kernel(mica_attn_shape a, const float *g, int64_t g_sb, int64_t g_sh, int64_t g_st, const float *q, const float *k,
           const float *v, const float *lse, const float *D, float *dq) {
     constexpr int64_t LDK = ld(E), LDV = ld(Ev), LDS = MICA_TC_LDS;
@@ -283,7 +286,7 @@ template <int64_t E, int64_t Ev>
 static constexpr __host__ __device__ int64_t dkv_shared() { return dq_shared<E, Ev>(); }
 
 template <int64_t E, int64_t Ev>
-static __global__ void __launch_bounds__(MICA_TC_THREADS, 1)
+static __global__ void __launch_bounds__(MICA_TC_THREADS, 2)
 dkv_kernel(mica_attn_shape a, const float *g, int64_t g_sb, int64_t g_sh, int64_t g_st, const float *q, const float *k,
            const float *v, const float *lse, const float *D, float *dk, float *dv) {
     constexpr int64_t LDK = ld(E), LDV = ld(Ev), LDS = MICA_TC_LDS;

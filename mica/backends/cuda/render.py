@@ -79,9 +79,11 @@ def reduce_scratch(kern):
     return _outputs(kern) * _blocks(_reduced(kern)) * 8 * max(itemsize, 4)
 
 
-def _grid_stride(total, body):
-    return ([f"for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < {total}; "
-             "t += (int64_t)gridDim.x * blockDim.x) {"] + ["    " + b for b in body] + ["}"])
+def _grid_stride(total, body, block="blockIdx.x", blocks="gridDim.x"):
+    """A grid-stride loop over `total` indices t; a kernel run as a member of a group launch is
+    given its block and block count (mica_bx, mica_gx) instead of the launch's own."""
+    return ([f"for (int64_t t = {block} * (int64_t)blockDim.x + threadIdx.x; t < {total}; "
+             f"t += (int64_t){blocks} * blockDim.x) {{"] + ["    " + b for b in body] + ["}"])
 
 
 class _CudaAccessor(Accessor):
@@ -102,7 +104,7 @@ class CudaRenderer(CStyleRenderer):
         super().__init__(schedule, plan, name, target)
         self.accessor = _CudaAccessor(self)
         self.on_host = False  # rendering a host function: a literal is named by its device address
-        self.launches = []  # per kernel: (k, the host statement that runs it, a note)
+        self.launches = []  # per launch unit (groups.py): (its first kernel, the statements that run it, a note)
         self.may_fail = False  # does a kernel check its input (an index in range)?
         # A kernel's functions take their buffers as parameters p0, p1, ... (named in order of first
         # use), so kernels that differ only in their buffers (a layer's, a micro-batch's) are one
@@ -111,6 +113,14 @@ class CudaRenderer(CStyleRenderer):
         self._pending = []  # (name, type, arena offset) of the parameters just declared
         self._args = {}  # function name -> the arguments a launch passes for its parameters
         self._functions = {}  # a kernel's text, its own name made K -> the kernel that defines it
+        # Kernels that share a launch (groups.py) are written as device functions k<N>_at taking the
+        # block they run and the block count (mica_bx, mica_gx); a group kernel calls one per block.
+        self._block = ("blockIdx.x", "gridDim.x")  # the names a grid-stride loop reads them from
+        self._member = False  # writing a group member's functions
+        self._scratch_at = 0  # a member's slice of the scratch (a reduction by lanes)
+        self._types = {}  # function name -> its parameters' pointer types, while one kernel is written
+        self._calls = {}  # member k -> (the kernel whose functions it runs, {name: args}, {name: types})
+        self._launch_of = {}  # k -> (the statement that runs it alone, a note)
 
     def pointer(self, buf):
         name = super().pointer(buf)
@@ -135,7 +145,11 @@ class CudaRenderer(CStyleRenderer):
         params = (["char *A"] if arena else []) + (["cudaStream_t stream"] if host else [])
         params += [f"{t} *{n}" for n, t, _ in self._pending]
         self._args[name] = "".join(f", ({t} *)(A + {off})" for _, t, off in self._pending)
+        self._types[name] = [t for _, t, _ in self._pending]
         self._pending = []
+        if self._member:  # (a group kernel calls it for the blocks it is given)
+            return (f"static __device__ __noinline__ void {name}_at(unsigned mica_bx, unsigned mica_gx, "
+                    f"{', '.join(params)}) {{")
         return f"{'static int' if host else self.kernel_qualifier} {name}({', '.join(params)}) {{"
 
     def ptr(self, view):
@@ -160,10 +174,13 @@ class CudaRenderer(CStyleRenderer):
         ws = self.plan.workspace_offset
         return [f"[[maybe_unused]] char *work = A + {ws}, *scratch = A + {ws + self.plan.shared_bytes};"]
 
+    def _grid_stride(self, total, body):
+        return _grid_stride(total, body, *self._block)
+
     # ---- elementwise loops -----------------------------------------------------------------------
     def loop(self, kern):
         dims, names, body = loop_statements(self, kern)
-        return _grid_stride(max(math.prod(kern.shape), 1), _decompose(dims, names) + body)
+        return self._grid_stride(max(math.prod(kern.shape), 1), _decompose(dims, names) + body)
 
     # ---- reductions: a thread per output, the canonical order ------------------------------------
     def reduce(self, kern, name):
@@ -188,7 +205,7 @@ class CudaRenderer(CStyleRenderer):
             body += [f"    if ({names[axis]} == 0 || {v} > best || ({v} != {v} && best == best)) "
                      f"{{ best = {v}; at = {names[axis]}; }}", "}",
                      f"{self.accessor.base(out)}[{oidx}] = at;"]
-            return [], _grid_stride(max(O, 1), body)
+            return [], self._grid_stride(max(O, 1), body)
         comb = lambda a, b: _combine(kern.op, dtype, a, b)  # noqa: E731
         tree = comb(comb(comb("a[0]", "a[1]"), comb("a[2]", "a[3]")), comb(comb("a[4]", "a[5]"), comb("a[6]", "a[7]")))
         init = _init(kern.op, dtype)
@@ -196,7 +213,7 @@ class CudaRenderer(CStyleRenderer):
             return self._reduce_by_lanes(kern, name, writer, names, kept, body, oidx, comb, tree, init, t)
         body += canonical_sum(names, shape, axes, writer.lines(), kern.result, comb, tree, init, t)
         body.append(f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};")
-        return [], _grid_stride(max(O, 1), body)
+        return [], self._grid_stride(max(O, 1), body)
 
     def _lanes_kernels(self, k, kern):
         import os
@@ -216,7 +233,7 @@ class CudaRenderer(CStyleRenderer):
         shape, axes, out = kern.in_shape, kern.axes, kern.out
         O, R = _outputs(kern), math.prod(shape[d] for d in axes)
         nblk = _blocks(R)
-        part = f"(({t} *)scratch)"
+        part = f"(({t} *)(scratch + {self._scratch_at}))" if self._scratch_at else f"(({t} *)scratch)"
         lanes = [f"const int64_t o = t % {O}, lane = (t / {O}) % 8, blk = t / {O * 8};"]
         lanes += _decompose([(shape[d], None) for d in kept], [names[d] for d in kept], "o") if kept else []
         lanes += [f"(void){names[d]};" for d in kept]  # (a broadcast load may not need every index)
@@ -243,14 +260,14 @@ class CudaRenderer(CStyleRenderer):
                   f"{part}[(o * {nblk} + blk) * 8 + lane] = acc;"]
         helper_decls = self.declare_pointers([e.view for e in kern.exprs if e.kind == "load"]) + self.workspace_lines()
         helper = ([f"/* {name}'s lanes: a thread per (output, block, lane) */", self.function_header(f"{name}_lanes")]
-                  + ["    " + x for x in helper_decls + _grid_stride(O * nblk * 8, lanes)] + ["}", ""])
+                  + ["    " + x for x in helper_decls + self._grid_stride(O * nblk * 8, lanes)] + ["}", ""])
         body = list(out_index) + [f"{t} tot = {init};",
                                   f"for (int64_t blk = 0; blk < {nblk}; blk++) {{",
                                   f"    const {t} *a = {part} + (o_ * {nblk} + blk) * 8;",
                                   f"    tot = blk == 0 ? {tree} : {comb('tot', tree)};", "}",
                                   f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};"]
         body = ["const int64_t o_ = t;"] + body
-        return helper, _grid_stride(max(O, 1), body)
+        return helper, self._grid_stride(max(O, 1), body)
 
     # ---- pad and concat --------------------------------------------------------------------------
     def copy(self, kern):
@@ -270,7 +287,7 @@ class CudaRenderer(CStyleRenderer):
             value = self._element(x, s_idx)
             cond = " && ".join(conds) or "1"
             body.append(f"{self.accessor.base(out)}[{d_idx}] = ({cond}) ? {value} : {ct.const(0, out.dtype)};")
-            return _grid_stride(max(out.numel, 1), body)
+            return self._grid_stride(max(out.numel, 1), body)
         axis, start, lines = kern.attrs["axis"], 0, []
         for x in kern.inputs:  # disjoint slices of the output: no ordering between them
             starts, stops = [0] * len(out.shape), list(out.shape)
@@ -282,7 +299,7 @@ class CudaRenderer(CStyleRenderer):
             d_idx = offset_expr(dst.offset, [d[1][1] for d in dims], names)
             body = _decompose(dims, names) + [f"{self.accessor.base(dst)}[{d_idx}] = "
                                               f"{ct.store(dst.dtype, self._load(x, s_idx))};"]
-            lines += _grid_stride(max(x.numel, 1), body)
+            lines += self._grid_stride(max(x.numel, 1), body)
             start += x.shape[axis]
         return lines
 
@@ -300,23 +317,66 @@ class CudaRenderer(CStyleRenderer):
     def product(self, kern):
         raise AssertionError("products are host calls (see kernel)")
 
-    def kernel(self, k, kern):
+    def kernel(self, k, kern, scratch_at=None):
         """kernel k's functions (none where an earlier kernel's text is the same: it is launched with
-        k's buffers), and its launch noted for mica_enqueue."""
-        self._params, self._args = {}, {}
+        k's buffers), and its launch noted for mica_enqueue; or, with `scratch_at` (its slice of the
+        scratch), as a member of a group launch: device functions, the call noted for the group."""
+        self._params, self._args, self._types = {}, {}, {}
+        self._member, self._scratch_at = scratch_at is not None, scratch_at or 0
+        self._block = ("mica_bx", "mica_gx") if self._member else ("blockIdx.x", "gridDim.x")
         try:
             lines, launch = self._kernel(k, kern)
         finally:
-            self._params = None
+            self._params, self._member, self._scratch_at = None, False, 0
+            self._block = ("blockIdx.x", "gridDim.x")
 
         def own(name):  # (k's name, and its lanes kernel's k<k>_lanes, made `name`)
             return lambda m: name if m.group(1) == str(k) else m.group(0)
 
         c = self._functions.setdefault(_KERNEL_NAME.sub(own("K"), "\n".join(lines[1:])), k)  # (lines[0]: its title)
-        launch = _KERNEL_NAME.sub(own(f"k{c}"), launch)
-        # (a launch of another kernel's function: k's title beside it, for a reader and the profile)
-        self.launches.append((k, launch, "" if c == k else f"  {lines[0]}"))
+        if scratch_at is not None:
+            self._calls[k] = (c, self._args, self._types, lines[0])
+        else:  # (a launch of another kernel's function: k's title beside it, for a reader and the profile)
+            self._launch_of[k] = (_KERNEL_NAME.sub(own(f"k{c}"), launch), "" if c == k else f"  {lines[0]}")
         return lines if c == k else []
+
+    def group(self, unit):
+        """The group kernels of a unit of several kernels (groups.py): the first runs every member's
+        (a reduction by lanes: its lanes'), the second the lane reductions' sums; each block runs
+        one member, given its block among the member's own and their count, so every member runs
+        exactly as its own launch would. (lines, the statement that launches them)"""
+        first = unit.members[0]
+        phases = [[], []]
+        for k in unit.members:
+            kern = self.s.kernels[k]
+            c, args, types, _ = self._calls[k]
+            if isinstance(kern, Reduce) and cooperative(kern):
+                work = _outputs(kern) * 8 * _blocks(_reduced(kern))
+                phases[0].append((k, f"k{c}_lanes_at", args[f"k{k}_lanes"], types[f"k{k}_lanes"], work))
+                phases[1].append((k, f"k{c}_at", args[f"k{k}"], types[f"k{k}"], self._work(kern)))
+            else:
+                phases[0].append((k, f"k{c}_at", args[f"k{k}"], types[f"k{k}"], self._work(kern)))
+        titles = ", ".join(f"k{k}" for k in unit.members)
+        lines = [f"/* g{first}: kernels {titles}, independent of each other, in one launch (a block runs one) */"]
+        launches = []
+        for name, calls in ((f"g{first}", phases[0]), (f"g{first}_sums", phases[1])):
+            if not calls:
+                continue
+            params, body, passed, counts, q = [], [], "", [], 0
+            for k, fn, args, types, work in calls:
+                mine = [f"q{q + i}" for i in range(len(types))]
+                params.append(f"    {', '.join(f'{t} *{n}' for t, n in zip(types, mine))},  /* k{k} */")
+                q += len(types)
+                body += [f"    if (b < (n = mica_blocks({work}))) {{ {fn}(b, n, A{''.join(', ' + x for x in mine)}); "
+                         f"return; }}  /* k{k} */", "    b -= n;"]
+                passed += args
+                counts.append(f"mica_blocks({work})")
+            params[-1] = params[-1].replace(",  /*", ") {  /*", 1)
+            lines += [f"static __global__ void {name}(char *A,", *params, "    unsigned b = blockIdx.x, n;", *body, "}"]
+            launches.append(f"MICA_LAUNCH({name}, {' + '.join(counts)}, MICA_THREADS, 0, stream, A{passed});")
+        names = sorted({self.s.kernels[k].name for k in unit.members})
+        note = f"  /* k{first}: group [{'; '.join(names)}] of {len(unit.members)} kernels */"
+        return lines + [""], (" ".join(launches), note)
 
     def _kernel(self, k, kern):
         """(kernel k's lines, the statement that runs it with k's buffers)"""
@@ -397,6 +457,7 @@ class CudaRenderer(CStyleRenderer):
 
     def enqueue_lines(self):
         """mica_enqueue: every kernel and product of one run, in order, in functions of ENQUEUE_PART."""
+        self.launches = [(u.members[0], *self._launch_of[u.members[0]]) for u in self.units]
         parts = [self.launches[i:i + self.ENQUEUE_PART] for i in range(0, len(self.launches), self.ENQUEUE_PART)]
         out = ["/* Every kernel and product of one run, in order, on `stream` (captured into the graph); each",
                " * followed by a mark, which records an event only in a run that MICA_PROFILE times (mica_cuda.h). */"]
@@ -418,9 +479,17 @@ class CudaRenderer(CStyleRenderer):
                 '#include "mica_cuda.h"', '#include "mica_cuda_kernels.h"', '#include "mica_cuda_attention.h"',
                 '#include "mica_cuda_attention_gemm.h"', '#include "mica_cuda_sweeps.h"',
                 *[f'#include "{h}"' for h in collective_headers(s)], "", f"#define MICA_ARENA_BYTES {plan.total}LL", ""]
+        from .groups import launch_units, single_units
+
+        self.units = launch_units(s, plan, self.target) if self.target.group_launches else single_units(s)
+        at = {k: u.scratch.get(k, 0) for u in self.units if len(u.members) > 1 for k in u.members}
         kernels = []
         for k, kern in enumerate(s.kernels):
-            kernels += self.kernel(k, kern) + [""]
+            kernels += self.kernel(k, kern, at.get(k)) + [""]
+        for u in self.units:
+            if len(u.members) > 1:
+                lines, self._launch_of[u.members[0]] = self.group(u)
+                kernels += lines
         if any("mica_attention_tc" in line for line in kernels):  # (only then: it brings in nvcc's mma.h)
             out.insert(out.index('#include "mica_cuda_sweeps.h"') + 1, '#include "mica_cuda_attention_tc.h"')
         out += self.literals() + kernels

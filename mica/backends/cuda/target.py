@@ -22,17 +22,19 @@ class CudaTarget(Target):
     unit_name = "stream"
     workspace_units = 1
 
-    def __init__(self, opt_level=2, simulate=False, tf32=False, threads_per_block=None, attention="auto"):
+    def __init__(self, opt_level=2, simulate=False, tf32=False, threads_per_block=None, attention="auto",
+                 group_launches=True):
         super().__init__(opt_level)
         if attention not in lowerings.ATTENTION_PATHS:
             raise MicaError(f"attention must be one of {', '.join(map(repr, lowerings.ATTENTION_PATHS))} (cuBLASLt's "
                             f"products, the fused kernels, or the TF32 tensor-core kernels), not {attention!r}")
         self.attention = attention
-        for key, value in (("simulate", simulate), ("tf32", tf32)):
+        for key, value in (("simulate", simulate), ("tf32", tf32), ("group_launches", group_launches)):
             if not isinstance(value, bool):
                 raise MicaError(f"{key} must be True or False, not {value!r}")
         self.simulate = simulate
         self.tf32 = tf32
+        self.group_launches = group_launches  # independent generated kernels share a launch (groups.py)
         if threads_per_block is not None and not (isinstance(threads_per_block, int) and
                                                   8 <= threads_per_block <= 1024 and threads_per_block % 8 == 0):
             raise MicaError(f"threads_per_block must be a multiple of 8 from 8 to 1024 (a row kernel's 8 threads "
