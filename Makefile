@@ -14,7 +14,7 @@ $(VENV)/.core: pyproject.toml
 	touch $@
 
 $(VENV)/.tests: $(VENV)/.core
-	$(PY) -m pip install --quiet -e '.[test,cuda]'
+	$(PY) -m pip install --quiet -e '.[test,cuda,bpe]'
 	dpkg -s libboost-context-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y libboost-context-dev)
 	dpkg -s openmpi-bin libopenmpi-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y openmpi-bin libopenmpi-dev)
 	touch $@

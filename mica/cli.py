@@ -301,6 +301,11 @@ def cmd_check(args, extra):
         raise MicaError(f"unexpected arguments: {' '.join(extra)}")
     from .bench.protocol import check_device
 
+    for name, default in (("eval_every", 50), ("eval_batches", 20)):  # (method A's alone)
+        if args.method == "b" and getattr(args, name) is not None:
+            raise MicaError(f"--{name} is method A's (its evaluations); method B compares the two sides' losses "
+                            "step by step, so drop it, or pass --method a")
+        setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     for name, least in (("iters", 1), ("eval_every", 1), ("eval_batches", 1), ("threads", 0)):
         if getattr(args, name) < least:
             raise MicaError(f"--{name} must be {least} or more, got {getattr(args, name)}")
@@ -459,9 +464,9 @@ def parser():
     ch.add_argument("--data_dir", default=None, help="default data/shakespeare_char (speedrun_tiny: its config's "
                     "data/speedrun_tiny shards; a folder given here is read as DIR/train_*.bin and DIR/val_*.bin)")
     ch.add_argument("--iters", type=int, default=200, help="training iterations of each run (default 200)")
-    ch.add_argument("--eval_every", type=int, default=50, help="method A: iterations between evaluations "
+    ch.add_argument("--eval_every", type=int, default=None, help="method A: iterations between evaluations "
                     "(default 50)")
-    ch.add_argument("--eval_batches", type=int, default=20, help="method A: batches per evaluation (default 20)")
+    ch.add_argument("--eval_batches", type=int, default=None, help="method A: batches per evaluation (default 20)")
     ch.add_argument("--threads", type=int, default=0, help="threads of both sides; 0: one per core")
     ch.add_argument("--out", default=None, help="folder for the verdict JSON and the curves (default check-a or "
                     "check-b)")

@@ -208,16 +208,37 @@ def _weights_of_another_width(name):
     return setup
 
 
+def _hf_named_not_conv1d(name):
+    """A file named as Hugging Face's GPT-2 names its tensors, whose c_attn is not Conv1D's layout."""
+    def setup(root, d):
+        import numpy as np
+        from mica.train import checkpoint
+
+        C = 16
+        checkpoint.write(str(root / name), {"wte.weight": np.zeros((65, C), np.float32),
+                                            "wpe.weight": np.zeros((16, C), np.float32),
+                                            "h.0.attn.c_attn.weight": np.zeros((3 * C, C), np.float32)}, {})
+    return setup
+
+
 NO_SETUP = None
 TRACEBACK_PATHS = [
     ("bench without its data", NO_SETUP, ["bench", "--model", "cpu", "--rounds", "1", "--data_dir", "nope"],
-     "--model cpu trains on the data in nope, which does not exist; make it with mica prepare text --input FILE "
-     "[FILE ...] --tokenizer gpt2 --out nope, or give --data_dir"),
+     "--model cpu trains on the data in nope, which does not exist; make it with mica prepare shakespeare-char "
+     "--input input.txt --out nope, or give --data_dir"),  # (nanoGPT's CPU config trains on shakespeare_char)
     ("sample init_from=gpt2", NO_SETUP, ["sample", "--init_from=gpt2"],
      "init_from='gpt2' downloads GPT-2 from a hub, which Mica never does; get Hugging Face's model.safetensors"),
     ("check --simulate=yes", NO_SETUP, ["check", "--method", "b", "--simulate=yes"],
      "argument --simulate: expected True or False, got 'yes'"),
+    ("speedrun with a setting of nanoGPT's recipe", NO_SETUP, ["train", "speedrun_tiny", "--memory_budget=1KB"],
+     "unknown setting 'memory_budget'; it is a setting of nanoGPT's recipe, which the speedrun recipe"),
+    ("check b with method A's evaluations", NO_SETUP, ["check", "--method", "b", "--eval_every", "7"],
+     "--eval_every is method A's (its evaluations); method B compares the two sides' losses step by step, so drop "
+     "it, or pass --method a"),
     # (id, setup(root, data folder), command, the sentence's fragment)
+    ("init_from a file named as HF's GPT-2, of another layout", _hf_named_not_conv1d("hf.safetensors"),
+     ["train", *TINY, "--init_from=hf.safetensors"], "hf.safetensors names its tensors as Hugging Face's GPT-2 does, "
+     "but its h.0.attn.c_attn.weight is [48, 16], not Conv1D's [n_embd, 3 * n_embd]"),
     ("train.bin is a folder", _token_file_is_a_folder("train.bin"), ["train", *TINY],
      "training data data/shakespeare_char/train.bin is a folder, not a file of tokens"),
     ("a train shard is a folder", _token_file_is_a_folder("train_000000.bin"), ["train", *TINY],

@@ -48,6 +48,30 @@ def test_prepare_text_writes_meta_pkl_only_for_characters(tmp_path):
     assert meta.read(str(out)).tokenizer_file == "tokenizer.json"
 
 
+def test_a_failed_bpe_preparation_writes_nothing(tmp_path):
+    """BPE's tokenizer.json is written with the tokens, once they pass: a preparation refused for too
+    few tokens leaves an earlier good folder byte for byte as it was (its runs still sample), and
+    creates no folder where there was none. A character preparation after a BPE one removes the
+    tokenizer.json its meta no longer names."""
+    pytest.importorskip("tokenizers")
+    src, ten = tmp_path / "in.txt", tmp_path / "ten.txt"
+    src.write_text(TEXT * 5)
+    ten.write_text("abcdefghij")
+    out = tmp_path / "bpe"
+    prepare_text([str(src)], "bpe:300", str(out), log=lambda *a: None)
+    m = meta.read(str(out))
+    assert m.tokenizer_file == "tokenizer.json" and 256 < m.vocab_size <= 300
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    assert set(before) == {"tokenizer.json", "meta.json", "train.bin", "val.bin"}
+    for folder in (out, tmp_path / "new"):
+        with pytest.raises(MicaError, match="too few to split into training and validation data"):
+            prepare_text([str(ten)], "bpe:300", str(folder), log=lambda *a: None)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    assert not (tmp_path / "new").exists()
+    prepare_text([str(src)], "char", str(out), log=lambda *a: None)
+    assert sorted(os.listdir(out)) == ["meta.json", "meta.pkl", "train.bin", "val.bin"]
+
+
 def test_a_meta_json_older_than_nanogpts_meta_pkl_is_named(tmp_path):
     """mica prepare wrote meta.json and meta.pkl; then nanoGPT's prepare.py ran again over other text,
     rewriting meta.pkl and the tokens only. Reading the stale json would decode the new ids wrongly."""

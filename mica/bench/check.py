@@ -208,11 +208,11 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
         t = [curves["pytorch"][s][st] for s in seeds]
         med_m, med_t = float(np.median(m)), float(np.median(t))
         spread = max(max(m) - min(m), max(t) - min(t))
-        judged = st >= iters / 4
+        judged = st >= -(-iters // 4)  # (the first step at or past a quarter of the run)
         rows.append({"step": st, "mica_median": med_m, "pytorch_median": med_t, "difference": abs(med_m - med_t),
                      "larger_range": spread, "judged": judged, "ok": (not judged) or abs(med_m - med_t) <= spread})
     verdict = {"method": "a", "model": model, "dtype": dtype, "device": device, "iters": iters,
-               "eval_every": eval_every, "eval_batches": eval_batches, "judged_from_step": iters / 4,
+               "eval_every": eval_every, "eval_batches": eval_batches, "judged_from_step": -(-iters // 4),
                "seeds": seeds, "evaluations": rows, "curves": curves,
                "passed": bool(rows) and any(r["judged"] for r in rows) and all(r["ok"] for r in rows)}
     with open(os.path.join(out_dir, "verdict.json"), "w") as f:

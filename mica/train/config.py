@@ -296,6 +296,8 @@ SPEEDRUN_NAMES = {
 def _nearest(key, known):
     if key in SPEEDRUN_NAMES and "train_steps" in known:
         return f"; the speedrun recipe's setting for it is {SPEEDRUN_NAMES[key]}"
+    if "train_steps" in known and (key in MICA_DEFAULTS or key in DEFAULTS):
+        return "; it is a setting of nanoGPT's recipe, which the speedrun recipe (recipe='speedrun') does not take"
     near = difflib.get_close_matches(key, list(known), n=1)
     return f"; did you mean {near[0]!r}?" if near else ""
 

@@ -643,6 +643,10 @@ def _check_weights_fit(cfg, vocab):
 
     specs = GPT(programs.model_config(cfg, vocab)).param_specs()
     st = ckpt.SafeTensors(init)
+    if "h.0.attn.c_attn.weight" in st.tensors and not any(n.startswith("transformer.") for n in st.names):
+        raise MicaError(f"{init} names its tensors as Hugging Face's GPT-2 does, but its h.0.attn.c_attn.weight is "
+                        f"{list(st.info('h.0.attn.c_attn.weight')[1])}, not Conv1D's [n_embd, 3 * n_embd]; give a GPT-2 "
+                        "model.safetensors in Hugging Face's layout, or Mica's own weights")
     missing, wrong = [], []
     for name, spec in specs.items():
         key = "lm_head.weight" if name == "transformer.wte.weight" and name not in st.tensors else name
