@@ -205,6 +205,18 @@ class Tensor:
     def __array_function__(self, func, types, args, kwargs):
         raise _numpy_refused(getattr(func, "__name__", "function"))
 
+    def __setitem__(self, index, value):  # (x[i] = v, and x[i] += v, which Python ends with an assignment)
+        raise TraceError("a traced Tensor is a value and cannot be assigned into (x[...] = v, x[...] += v); build "
+                         "the new tensor instead, e.g. mica.where(mask, v, x), or mica.cat of the slices",
+                         user_location())
+
+    def _no_floor_division(self, o):  # (//, %: torch.floor_divide and torch.remainder)
+        raise TraceError("Mica has no floor division or remainder (x // y, x % y: torch.floor_divide, "
+                         "torch.remainder); write it from the verbs it has (dir(mica.Tensor) lists them)",
+                         user_location())
+
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __divmod__ = __rdivmod__ = _no_floor_division
+
     # ---- arithmetic ---------------------------------------------------------------------------
     def __add__(self, o): return F.add(self, o)
     def __radd__(self, o): return F.add(o, self)

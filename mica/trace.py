@@ -52,16 +52,18 @@ class Program:
 
     def flatten_args(self, args):
         """The input leaves of a call's arguments, checked against the traced signature."""
+        from .tensor import user_location  # (the call's line, in the user's file)
+
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         if tree != self.in_tree:
             raise TraceError(f"{self.name}: the arguments differ from the traced ones: "
-                             f"{pytree.describe_difference(tree, self.in_tree)}")
+                             f"{pytree.describe_difference(tree, self.in_tree)}", user_location())
         out = [x for x, s in zip(leaves, self._static) if s is None]
         for x, v, name in zip(out, self.graph.inputs, self.graph.input_names):
             shape = tuple(np.shape(x))
             if shape != v.shape:
                 raise TraceError(f"{self.name}: argument {name} has shape {list(shape)} but the program "
-                                 f"was traced for {v.spec!r}")
+                                 f"was traced for {v.spec!r}", user_location())
         return out
 
     def lower(self, target="cpu", **options):

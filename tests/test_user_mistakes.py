@@ -42,7 +42,34 @@ def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operand
                            "numpy array becomes a constant Tensor with mica.tensor(array))")
     said = _refused(lambda a: mica.nn.Linear(4, 2)(a), mica.f32[4])
     assert "cannot take a Parameter (Parameter(f32[2, 4]" in said and "); pass a traced Tensor or a number (a " \
-        "module's Parameter: call the model through mica.nn.functional_call(model, params, ...) in the trace)" in said
+        "module's Parameter: call the model through mica.nn.functional_call(model, params, ...), or inside `with " \
+        "model.bind(params):`, in the trace)" in said
+
+
+def _assign_first_row(a):
+    a[0] = 1.0
+    return a
+
+
+def _add_to_a_column(a):
+    b = a * 2
+    b[:, 0] += 1
+    return b
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda a: a // 2, "Mica has no floor division or remainder (x // y, x % y: torch.floor_divide, torch.remainder)"),
+    (lambda a: 7 % a, "Mica has no floor division or remainder"),
+    (_assign_first_row, "a traced Tensor is a value and cannot be assigned into (x[...] = v, x[...] += v); build the "
+                        "new tensor instead, e.g. mica.where(mask, v, x), or mica.cat of the slices"),
+    (_add_to_a_column, "a traced Tensor is a value and cannot be assigned into"),
+])
+def test_python_operators_mica_lacks_are_one_sentence_at_the_users_line(make, says):
+    """torch's //, % and item assignment, which a traced Tensor cannot take, name the user's line
+    instead of Python's TypeError."""
+    with pytest.raises(TraceError) as e:
+        mica.trace(make, mica.f32[3, 4])
+    assert str(e.value).startswith(says) and "test_user_mistakes.py:" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("make, says", [
@@ -132,7 +159,9 @@ def test_a_compiled_programs_inputs_of_the_wrong_kind_or_structure():
             ((p,), "called with 1 argument, traced with 2")):
         with pytest.raises(TraceError) as e:
             exe(*args)
-        assert str(e.value) == f"lookup: the arguments differ from the traced ones: {says}"
+        said, line = str(e.value), _line(-1)  # (the call's line, which the sentence names)
+        assert said.startswith(f"lookup: the arguments differ from the traced ones: {says} (") and said.endswith(
+            f"{line})"), said
 
 
 def test_a_boolean_input_takes_0_1_integers_and_refuses_floats():

@@ -69,7 +69,8 @@ def _not_an_operand(verb, x):
     """The sentence for a value a verb cannot take, with what to do for the usual ones."""
     kind, hint = type(x).__name__, ""
     if kind == "Parameter":  # (a module called on its own, its parameters never bound)
-        hint = " (a module's Parameter: call the model through mica.nn.functional_call(model, params, ...) in the trace)"
+        hint = (" (a module's Parameter: call the model through mica.nn.functional_call(model, params, ...), or "
+                "inside `with model.bind(params):`, in the trace)")
     elif type(x).__module__.startswith("torch"):
         kind, hint = f"torch.{kind}", " (pass it in as an input, or as a constant: mica.tensor(t.numpy()))"
     elif hasattr(x, "__array__"):

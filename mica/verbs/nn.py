@@ -23,6 +23,10 @@ def matmul(input, other):
         if a.shape != b.shape:
             fail(f"matmul: vectors {a.value.spec!r} and {b.value.spec!r} differ in length")
         return reshape(emit("matmul", [reshape(a, (1, -1)), reshape(b, (-1, 1))]), ())
+    inner = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if inner[0] != inner[1]:  # (the operands as given, before a 1-d one is promoted)
+        fail(f"matmul: cannot multiply {a.value.spec!r} by {b.value.spec!r}: inner sizes {inner[0]} and {inner[1]} "
+             "differ")
     if a.ndim == 1:
         return squeeze(matmul(unsqueeze(a, 0), b), -2)
     if b.ndim == 1:

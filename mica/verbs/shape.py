@@ -20,7 +20,9 @@ def _shape_args(shape, verb):
 def reshape(input, *shape):
     x = as_tensor(input)
     shape = _shape_args(shape, "view")
-    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+    if any(s < -1 for s in shape):
+        fail(f"view: a shape's sizes are 0 or more, or one -1 for the size inferred, got {list(shape)}")
+    if shape.count(-1) > 1:
         fail(f"view: at most one -1 may stand in a shape, got {list(shape)}")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)

@@ -8,6 +8,7 @@ from ... import pytree
 from ...backends.reference import round_bf16
 from ...dtypes import bfloat16, float16
 from ...errors import MicaError
+from ...tensor import user_location
 
 
 def check_input(array, view, index, name):
@@ -19,16 +20,17 @@ def check_input(array, view, index, name):
     try:
         a = np.asarray(array)
     except (TypeError, ValueError) as e:
-        raise MicaError(f"{name}: input {index} ({spec}) got a value numpy cannot read as an array ({e})") from None
+        raise MicaError(f"{name}: input {index} ({spec}) got a value numpy cannot read as an array ({e})",
+                        user_location()) from None
     want = np.dtype(np.float32) if view.dtype in (bfloat16, float16) else np.dtype(view.dtype.np_storage)
     fits = np.can_cast(a.dtype, want, casting="same_kind") or (want.kind == "b" and a.dtype.kind in "iu")
     if a.dtype.kind not in "biuf" or not fits:  # (0/1 integers are a mask's booleans, as numpy takes them)
         kind = {"b": "booleans", "i": "integers", "u": "integers"}.get(want.kind, "real numbers")
         raise MicaError(f"{name}: input {index} is {spec} and got {a.dtype} values; pass an array of {kind} "
-                        f"(e.g. np.asarray(x, np.{want}))")
+                        f"(e.g. np.asarray(x, np.{want}))", user_location())
     if a.shape != tuple(view.shape):
         raise MicaError(f"{name}: input {index} is {spec} and got shape {a.shape}; pass an array of shape "
-                        f"{tuple(view.shape)}")
+                        f"{tuple(view.shape)}", user_location())
     return a
 
 
@@ -92,7 +94,8 @@ class Executable:
         return _from_storage(np.array(arr), view.dtype)
 
     def __call__(self, *args, threads=None, seed=0, offset=0):
-        """Copy the arguments in, run once, return the results (numpy, in the program's structure)."""
+        """Copy the arguments in, run once, return the results (numpy, in the program's structure).
+        `seed` and `offset` key dropout's stream: the same pair, the same masks (a loop passes its step)."""
         self.load(*args)
         self.run(threads=threads, seed=seed, offset=offset)
         return self.results()

@@ -3,7 +3,7 @@
 A launch costs a few microseconds on a card whatever its size, and a small kernel (a layer norm's
 [384] weight's gradient square-sum, its AdamW update) leaves nearly the whole card idle, so an
 optimizer step of one kernel per tensor is a chain of waits. Kernels that do not depend on each
-other can share a launch: each block runs one of them (mica_cuda.h's group kernels, render.py).
+other can share a launch: each block runs one of them (render.py writes the group kernels).
 
 `launch_units` walks the schedule in order and puts each generated kernel (a loop, or a reduction
 but argmax) into the earliest group it may join: one whose members it does not depend on, and
