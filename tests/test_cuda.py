@@ -715,7 +715,7 @@ def test_the_gpt_step_has_the_same_bits_twice_and_for_any_launch_configuration(g
     """Threads per block, and each kernel in a launch of its own instead of groups (groups.py)."""
     program, params, state, batch = gpt_step
     runs = []
-    for threads, grouped in ((32, True), (256, True), (32, True), (256, False)):
+    for threads, grouped in ((32, True), (256, False), (32, True)):
         exe = program.lower("cuda", simulate=True, threads_per_block=threads, group_launches=grouped).build()
         runs.append(exe(params, state, *batch, seed=3))
     from mica.pytree import flatten
@@ -825,12 +825,12 @@ def test_independent_kernels_share_a_launch_in_an_order_that_keeps_every_depende
 def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tmp_path, gpt_step):
     """The GPT training step (loops, reductions, row kernels, attention, products), the other row
     kernels (in float32 and float64, with attention in float64), attention on TF32 tensor cores
-    (two head dims), for sm_80..sm_120 plus PTX, with
+    (GPT-2's head dim), for sm_80..sm_120 plus PTX, with
     the host compiler's -Wall -Wextra as errors too; ptxas reports no register spills in any of
     Mica's kernels."""
     from mica.backends.cuda import build
 
-    tf32 = attention_cases([TF32_CASES[1], TF32_CASES[3]])[0]  # (head dims (16, 32) and (64, 64))
+    tf32 = attention_cases([TF32_CASES[3]])[0]  # (GPT-2's head dim, 64)
     for name, program, options in (("gpt", gpt_step[0], {}), ("rows", row_kernels(), {}),
                                    ("rows64", every_row_kernel(4, np.float64, widths=(24,), attention=F64_CASE), {}),
                                    ("bf16", half_products(mica.bfloat16), {}), ("tf32", tf32, {"tf32": True})):

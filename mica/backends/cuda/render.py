@@ -117,7 +117,7 @@ class CudaRenderer(CStyleRenderer):
         # block they run and the block count (mica_bx, mica_gx); a group kernel calls one per block.
         self._block = ("blockIdx.x", "gridDim.x")  # the names a grid-stride loop reads them from
         self._member = False  # writing a group member's functions
-        self._scratch_at = 0  # a member's slice of the scratch (a reduction by lanes)
+        self._sliced = False  # a group member's reduction by lanes: its scratch slice is a parameter, mica_so
         self._types = {}  # function name -> its parameters' pointer types, while one kernel is written
         self._calls = {}  # member k -> (the kernel whose functions it runs, {name: args}, {name: types})
         self._launch_of = {}  # k -> (the statement that runs it alone, a note)
@@ -147,9 +147,9 @@ class CudaRenderer(CStyleRenderer):
         self._args[name] = "".join(f", ({t} *)(A + {off})" for _, t, off in self._pending)
         self._types[name] = [t for _, t, _ in self._pending]
         self._pending = []
-        if self._member:  # (a group kernel calls it for the blocks it is given)
+        if self._member:  # (a group kernel calls it for the blocks it is given, and a lane reduction its slice)
             return (f"static __device__ __noinline__ void {name}_at(unsigned mica_bx, unsigned mica_gx, "
-                    f"{', '.join(params)}) {{")
+                    f"{'int64_t mica_so, ' if self._sliced else ''}{', '.join(params)}) {{")
         return f"{'static int' if host else self.kernel_qualifier} {name}({', '.join(params)}) {{"
 
     def ptr(self, view):
@@ -233,7 +233,7 @@ class CudaRenderer(CStyleRenderer):
         shape, axes, out = kern.in_shape, kern.axes, kern.out
         O, R = _outputs(kern), math.prod(shape[d] for d in axes)
         nblk = _blocks(R)
-        part = f"(({t} *)(scratch + {self._scratch_at}))" if self._scratch_at else f"(({t} *)scratch)"
+        part = f"(({t} *)(scratch + mica_so))" if self._sliced else f"(({t} *)scratch)"
         lanes = [f"const int64_t o = t % {O}, lane = (t / {O}) % 8, blk = t / {O * 8};"]
         lanes += _decompose([(shape[d], None) for d in kept], [names[d] for d in kept], "o") if kept else []
         lanes += [f"(void){names[d]};" for d in kept]  # (a broadcast load may not need every index)
@@ -317,24 +317,26 @@ class CudaRenderer(CStyleRenderer):
     def product(self, kern):
         raise AssertionError("products are host calls (see kernel)")
 
-    def kernel(self, k, kern, scratch_at=None):
+    def kernel(self, k, kern, member=False):
         """kernel k's functions (none where an earlier kernel's text is the same: it is launched with
-        k's buffers), and its launch noted for mica_enqueue; or, with `scratch_at` (its slice of the
-        scratch), as a member of a group launch: device functions, the call noted for the group."""
+        k's buffers), and its launch noted for mica_enqueue; or, as a `member` of a group launch,
+        device functions, the call noted for the group (which passes a lane reduction its slice of
+        the scratch)."""
         self._params, self._args, self._types = {}, {}, {}
-        self._member, self._scratch_at = scratch_at is not None, scratch_at or 0
+        self._member = member
+        self._sliced = self._member and isinstance(kern, Reduce) and cooperative(kern)
         self._block = ("mica_bx", "mica_gx") if self._member else ("blockIdx.x", "gridDim.x")
         try:
             lines, launch = self._kernel(k, kern)
         finally:
-            self._params, self._member, self._scratch_at = None, False, 0
+            self._params, self._member, self._sliced = None, False, False
             self._block = ("blockIdx.x", "gridDim.x")
 
         def own(name):  # (k's name, and its lanes kernel's k<k>_lanes, made `name`)
             return lambda m: name if m.group(1) == str(k) else m.group(0)
 
         c = self._functions.setdefault(_KERNEL_NAME.sub(own("K"), "\n".join(lines[1:])), k)  # (lines[0]: its title)
-        if scratch_at is not None:
+        if member:
             self._calls[k] = (c, self._args, self._types, lines[0])
         else:  # (a launch of another kernel's function: k's title beside it, for a reader and the profile)
             self._launch_of[k] = (_KERNEL_NAME.sub(own(f"k{c}"), launch), "" if c == k else f"  {lines[0]}")
@@ -350,12 +352,12 @@ class CudaRenderer(CStyleRenderer):
         for k in unit.members:
             kern = self.s.kernels[k]
             c, args, types, _ = self._calls[k]
-            if isinstance(kern, Reduce) and cooperative(kern):
-                work = _outputs(kern) * 8 * _blocks(_reduced(kern))
-                phases[0].append((k, f"k{c}_lanes_at", args[f"k{k}_lanes"], types[f"k{k}_lanes"], work))
-                phases[1].append((k, f"k{c}_at", args[f"k{k}"], types[f"k{k}"], self._work(kern)))
+            if isinstance(kern, Reduce) and cooperative(kern):  # (its scratch slice's offset passed first)
+                work, at = _outputs(kern) * 8 * _blocks(_reduced(kern)), f"{unit.scratch[k]}, "
+                phases[0].append((k, f"k{c}_lanes_at", at, args[f"k{k}_lanes"], types[f"k{k}_lanes"], work))
+                phases[1].append((k, f"k{c}_at", at, args[f"k{k}"], types[f"k{k}"], self._work(kern)))
             else:
-                phases[0].append((k, f"k{c}_at", args[f"k{k}"], types[f"k{k}"], self._work(kern)))
+                phases[0].append((k, f"k{c}_at", "", args[f"k{k}"], types[f"k{k}"], self._work(kern)))
         titles = ", ".join(f"k{k}" for k in unit.members)
         lines = [f"/* g{first}: kernels {titles}, independent of each other, in one launch (a block runs one) */"]
         launches = []
@@ -363,11 +365,11 @@ class CudaRenderer(CStyleRenderer):
             if not calls:
                 continue
             params, body, passed, counts, q = [], [], "", [], 0
-            for k, fn, args, types, work in calls:
+            for k, fn, at, args, types, work in calls:
                 mine = [f"q{q + i}" for i in range(len(types))]
                 params.append(f"    {', '.join(f'{t} *{n}' for t, n in zip(types, mine))},  /* k{k} */")
                 q += len(types)
-                body += [f"    if (b < (n = mica_blocks({work}))) {{ {fn}(b, n, A{''.join(', ' + x for x in mine)}); "
+                body += [f"    if (b < (n = mica_blocks({work}))) {{ {fn}(b, n, {at}A{''.join(', ' + x for x in mine)}); "
                          f"return; }}  /* k{k} */", "    b -= n;"]
                 passed += args
                 counts.append(f"mica_blocks({work})")
@@ -482,10 +484,10 @@ class CudaRenderer(CStyleRenderer):
         from .groups import launch_units, single_units
 
         self.units = launch_units(s, plan, self.target) if self.target.group_launches else single_units(s)
-        at = {k: u.scratch.get(k, 0) for u in self.units if len(u.members) > 1 for k in u.members}
+        members = {k for u in self.units if len(u.members) > 1 for k in u.members}
         kernels = []
         for k, kern in enumerate(s.kernels):
-            kernels += self.kernel(k, kern, at.get(k)) + [""]
+            kernels += self.kernel(k, kern, k in members) + [""]
         for u in self.units:
             if len(u.members) > 1:
                 lines, self._launch_of[u.members[0]] = self.group(u)
