@@ -129,6 +129,19 @@ static __device__ __forceinline__ int keys_seen(const mica_attn_shape &a, int64_
     return mica_flash_seen(a, last, j0, MICA_TC_TILE);
 }
 
+/* a query tile's block (the forward's, dQ's): its head bh (batch b, head h) and first row i0; the
+ * warp's first row rw and last real one wlast; a lane pair's row r (query i), and which lane of it */
+struct query_block {
+    int64_t bh, i0, b, h, i, wlast;
+    int rw, r, half;
+    __device__ __forceinline__ explicit query_block(const mica_attn_shape &a) {
+        const int64_t tiles = (a.L + MICA_TC_TILE - 1) / MICA_TC_TILE;
+        bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * MICA_TC_TILE, b = bh / a.H, h = bh % a.H;
+        rw = 16 * (int)(threadIdx.x / 32), r = rw + (int)(threadIdx.x % 32) / 2, half = (int)(threadIdx.x % 2);
+        i = i0 + r, wlast = i0 + rw + 15 < a.L ? i0 + rw + 15 : a.L - 1;
+    }
+};
+
 /* ---- the forward ----------------------------------------------------------------------------
  * shared: K [64, ld(E)] (Q first, to load its fragments), V [64, ld(Ev)] (O last), S/P [64, LDS],
  * a row's rescale factor [64] */
@@ -141,10 +154,9 @@ template <int64_t E, int64_t Ev>
 static __global__ void __launch_bounds__(MICA_TC_THREADS, 3)
 forward(mica_attn_shape a, const float *q, const float *k, const float *v, float *o, float *lse) {
     constexpr int64_t LDK = ld(E), LDV = ld(Ev), LDS = MICA_TC_LDS;
-    const int64_t L = a.L, S = a.S, tiles = (L + MICA_TC_TILE - 1) / MICA_TC_TILE;
-    const int64_t bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * MICA_TC_TILE, b = bh / a.H, h = bh % a.H;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rw = 16 * warp, r = rw + lane / 2, half = lane % 2;
-    const int64_t i = i0 + r, wlast = (i0 + rw + 15 < L ? i0 + rw + 15 : L - 1);
+    const query_block t(a);
+    const int64_t L = a.L, S = a.S, bh = t.bh, i0 = t.i0, b = t.b, h = t.h, i = t.i, wlast = t.wlast;
+    const int rw = t.rw, r = t.r, half = t.half;
     MICA_EXTERN_SHARED(unsigned char, mica_tc_shared);
     float *Ks = (float *)mica_tc_shared, *Vs = Ks + MICA_TC_TILE * LDK, *Ss = Vs + MICA_TC_TILE * LDV;
     float *scale_row = Ss + MICA_TC_TILE * LDS, *Sr = Ss + r * LDS;
@@ -226,10 +238,9 @@ static __global__ void __launch_bounds__(MICA_TC_THREADS, 2)
 dq_kernel(mica_attn_shape a, const float *g, int64_t g_sb, int64_t g_sh, int64_t g_st, const float *q, const float *k,
           const float *v, const float *lse, const float *D, float *dq) {
     constexpr int64_t LDK = ld(E), LDV = ld(Ev), LDS = MICA_TC_LDS;
-    const int64_t L = a.L, S = a.S, tiles = (L + MICA_TC_TILE - 1) / MICA_TC_TILE;
-    const int64_t bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * MICA_TC_TILE, b = bh / a.H, h = bh % a.H;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rw = 16 * warp, r = rw + lane / 2, half = lane % 2;
-    const int64_t i = i0 + r, wlast = (i0 + rw + 15 < L ? i0 + rw + 15 : L - 1);
+    const query_block t(a);
+    const int64_t L = a.L, S = a.S, bh = t.bh, i0 = t.i0, b = t.b, h = t.h, i = t.i, wlast = t.wlast;
+    const int rw = t.rw, r = t.r, half = t.half;
     MICA_EXTERN_SHARED(unsigned char, mica_tc_shared);
     float *Ks = (float *)mica_tc_shared, *Vs = Ks + MICA_TC_TILE * LDK, *Ss = Vs + MICA_TC_TILE * LDV;
     float *Ps = Ss + MICA_TC_TILE * LDS, *ls = Ps + MICA_TC_TILE * LDS, *Ds = ls + MICA_TC_TILE;
