@@ -338,6 +338,28 @@ def test_hf_names_with_the_transformer_prefix_and_heads_from_gpt2s_table(tmp_pat
     assert convert.hf_gpt2_args(str(tmp_path / "model.safetensors"))["n_head"] == 12  # gpt2's
 
 
+def test_a_config_json_of_another_model_is_refused_not_ignored(tmp_path):
+    """The config.json beside a Hugging Face file describes its model: sizes other than its tensors',
+    or an activation that is not a GELU, are one sentence naming the key (the file would otherwise
+    load as a different model than its config says, silently)."""
+    hf = hf_gpt2(300, n_layer=2, n_embd=32, n_positions=64)
+    write_safetensors(tmp_path / "model.safetensors", hf, {"format": "pt"})
+    path = str(tmp_path / "model.safetensors")
+    good = {"n_head": 4, "n_layer": 2, "n_embd": 32, "n_positions": 64, "vocab_size": 300}
+    for config in (good, {**good, "activation_function": "gelu_new"}, {"n_head": 4, "activation_function": "gelu"}):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        assert convert.hf_gpt2_args(path)["n_layer"] == 2
+    for change, says in (({"n_layer": 3}, "gives n_layer=3, but"), ({"n_positions": 1024}, "gives n_positions=1024"),
+                         ({"vocab_size": 50257}, "gives vocab_size=50257, but"),
+                         ({"activation_function": "relu"}, "gives activation_function='relu', but nanoGPT's model")):
+        (tmp_path / "config.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(mica.MicaError, match=says):
+            convert.hf_gpt2_args(path)
+        r = mica_cli("import", path, "--out_dir", str(tmp_path / "out"), cwd=tmp_path, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, r.stderr
+        assert not (tmp_path / "out" / "ckpt.safetensors").exists()
+
+
 @pytest.mark.parametrize("name", ["gpt2", "gpt2-medium", "gpt2-xl"])
 def test_init_from_gpt2_is_refused_before_anything_compiles(tmp_path, name):
     r = mica_cli("train", "shakespeare_char", "--device=cpu", f"--init_from={name}", cwd=tmp_path, check=False)

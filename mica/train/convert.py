@@ -335,8 +335,36 @@ def hf_gpt2_args(path):
     if not layers or layers != list(range(len(layers))):
         raise MicaError(f"{path} has blocks h.{layers} rather than h.0 .. h.N-1; is it a whole GPT-2 file?")
     n_embd = wte[1]
-    return dict(n_layer=len(layers), n_head=_n_head(path, n_embd), n_embd=n_embd, block_size=wpe[0], bias=True,
+    args = dict(n_layer=len(layers), n_head=_n_head(path, n_embd), n_embd=n_embd, block_size=wpe[0], bias=True,
                 vocab_size=wte[0], dropout=0.0)
+    _check_hf_config(path, args)
+    return args
+
+
+HF_KEYS = {"n_layer": "n_layer", "n_embd": "n_embd", "n_positions": "block_size", "vocab_size": "vocab_size"}
+GELUS = ("gelu_new", "gelu", "gelu_fast", "gelu_pytorch_tanh")  # (nanoGPT's model, and Mica's, take each as its GELU)
+
+
+def _check_hf_config(path, args):
+    """Hugging Face's config.json beside the file, where there is one, describes the file's model:
+    sizes that disagree with its tensors, or an activation other than a GELU, mean it is another
+    model's (from_pretrained would refuse the first and compute another function for the second)."""
+    cfg_path = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            hf = json.load(f)
+    except (OSError, ValueError):
+        return  # (none, or unreadable: _n_head has said what it needs)
+    if not isinstance(hf, dict):
+        return
+    for key, ours in HF_KEYS.items():
+        if key in hf and hf[key] != args[ours]:
+            raise MicaError(f"{cfg_path} gives {key}={hf[key]!r}, but {path} holds {args[ours]!r} ({ours}, from its "
+                            "tensors); the config is another model's: fix it or remove it")
+    act = hf.get("activation_function", "gelu_new")
+    if act not in GELUS:
+        raise MicaError(f"{cfg_path} gives activation_function={act!r}, but nanoGPT's model (and Mica's) computes a "
+                        "GELU, so these weights would compute another function; import a GPT-2 with a GELU")
 
 
 def read_hf_gpt2(path, block_size=None):
