@@ -59,12 +59,6 @@ def _overlap(xs, ys):
     return any(a < d and c < b for a, b in xs for c, d in ys)
 
 
-def pointers(kern, plan):
-    """The pointers a generated kernel's function takes: one per root buffer it touches."""
-    reads, writes = _views(kern)
-    return len({plan.root(v.src).id for v in reads + writes if isinstance(v.src, Buffer)})
-
-
 class Unit:
     """One launch (or, with a reduction by lanes among its members, two: the lanes, then the sums)."""
 
@@ -100,12 +94,14 @@ def launch_units(schedule, plan, target):
     units = []
     capacity = plan.per_unit_bytes
     for k, kern in enumerate(schedule.kernels):
-        reads, writes = (_ranges(vs, plan) for vs in _views(kern))
+        read_views, write_views = _views(kern)
+        reads, writes = _ranges(read_views, plan), _ranges(write_views, plan)
         if not groupable(kern):
             units.append(Unit(k, False, reads, writes, target.workspace(kern) != (0, 0)))
             continue
         scratch = reduce_scratch(kern)
-        params = pointers(kern, plan)
+        # (the pointers its function takes: one per root buffer it touches)
+        params = len({plan.root(v.src).id for v in read_views + write_views if isinstance(v.src, Buffer)})
         best = None
         for u in reversed(units[-WINDOW:]):
             if u.depends(reads, writes):

@@ -159,8 +159,7 @@ def attention_scratch(kernel, target):
     needs none: no [L, S] matrix is kept anywhere)."""
     q, k, _ = _attention_operands(kernel)
     rows, size = math.prod(q.shape[:-1]), q.dtype.itemsize
-    path = attention_path(kernel, target)
-    chunk = attention_chunk(kernel, path) if path == "products" else 0
+    chunk = attention_chunk(kernel, attention_path(kernel, target))  # (0 for the fused and tensor-core paths)
     if not chunk:
         return 0, 0 if kernel.op == "attention" else rows * size
     scores = chunk * q.shape[-2] * k.shape[-2] * size
@@ -176,7 +175,7 @@ def _attention(e, kernel):
                         "cast q, k and v to float32")
     lines, q, k, v, o = _c.attention_shape(e, kernel)
     ctype, path = ct.ctype(q.dtype), attention_path(kernel, e.target)
-    chunk = attention_chunk(kernel, path) if path == "products" else 0
+    chunk = attention_chunk(kernel, path)  # (0 for the fused and tensor-core paths)
     backward = kernel.op != "attention"
     if backward:  # (g, q, k, v, o, lse -> dq, dk, dv, and g's strides)
         views = [kernel.inputs[0], q, k, v, o, kernel.inputs[5], *kernel.outputs]

@@ -71,12 +71,17 @@ def ahead(kern):
     return 64 if kern.exprs[kern.result].dtype.itemsize <= 4 else 32
 
 
+def _lane_threads(kern):
+    """Threads of a reduction by lanes' first kernel: one per (output, block of 8192, lane)."""
+    return _outputs(kern) * _blocks(_reduced(kern)) * 8
+
+
 def reduce_scratch(kern):
     """Bytes of scratch a cooperative reduction's lane partials take."""
     if not cooperative(kern):
         return 0
     itemsize = kern.exprs[kern.result].dtype.itemsize
-    return _outputs(kern) * _blocks(_reduced(kern)) * 8 * max(itemsize, 4)
+    return _lane_threads(kern) * max(itemsize, 4)
 
 
 def _grid_stride(total, body, block="blockIdx.x", blocks="gridDim.x"):
@@ -260,7 +265,7 @@ class CudaRenderer(CStyleRenderer):
                   f"{part}[(o * {nblk} + blk) * 8 + lane] = acc;"]
         helper_decls = self.declare_pointers([e.view for e in kern.exprs if e.kind == "load"]) + self.workspace_lines()
         helper = ([f"/* {name}'s lanes: a thread per (output, block, lane) */", self.function_header(f"{name}_lanes")]
-                  + ["    " + x for x in helper_decls + self._grid_stride(O * nblk * 8, lanes)] + ["}", ""])
+                  + ["    " + x for x in helper_decls + self._grid_stride(_lane_threads(kern), lanes)] + ["}", ""])
         body = list(out_index) + [f"{t} tot = {init};",
                                   f"for (int64_t blk = 0; blk < {nblk}; blk++) {{",
                                   f"    const {t} *a = {part} + (o_ * {nblk} + blk) * 8;",
@@ -337,7 +342,7 @@ class CudaRenderer(CStyleRenderer):
 
         c = self._functions.setdefault(_KERNEL_NAME.sub(own("K"), "\n".join(lines[1:])), k)  # (lines[0]: its title)
         if member:
-            self._calls[k] = (c, self._args, self._types, lines[0])
+            self._calls[k] = (c, self._args, self._types)
         else:  # (a launch of another kernel's function: k's title beside it, for a reader and the profile)
             self._launch_of[k] = (_KERNEL_NAME.sub(own(f"k{c}"), launch), "" if c == k else f"  {lines[0]}")
         return lines if c == k else []
@@ -351,10 +356,11 @@ class CudaRenderer(CStyleRenderer):
         phases = [[], []]
         for k in unit.members:
             kern = self.s.kernels[k]
-            c, args, types, _ = self._calls[k]
+            c, args, types = self._calls[k]
             if isinstance(kern, Reduce) and cooperative(kern):  # (its scratch slice's offset passed first)
-                work, at = _outputs(kern) * 8 * _blocks(_reduced(kern)), f"{unit.scratch[k]}, "
-                phases[0].append((k, f"k{c}_lanes_at", at, args[f"k{k}_lanes"], types[f"k{k}_lanes"], work))
+                at = f"{unit.scratch[k]}, "
+                phases[0].append((k, f"k{c}_lanes_at", at, args[f"k{k}_lanes"], types[f"k{k}_lanes"],
+                                  _lane_threads(kern)))
                 phases[1].append((k, f"k{c}_at", at, args[f"k{k}"], types[f"k{k}"], self._work(kern)))
             else:
                 phases[0].append((k, f"k{c}_at", "", args[f"k{k}"], types[f"k{k}"], self._work(kern)))
@@ -392,7 +398,7 @@ class CudaRenderer(CStyleRenderer):
             lines = self._lanes_kernels(k, kern) if lanes else super().kernel(k, kern)
             launch = f"MICA_LAUNCH(k{k}, mica_blocks({self._work(kern)}), MICA_THREADS, 0, stream, A{self._args[f'k{k}']});"
             if lanes:
-                launch = (f"MICA_LAUNCH(k{k}_lanes, mica_blocks({_outputs(kern) * 8 * _blocks(_reduced(kern))}), "
+                launch = (f"MICA_LAUNCH(k{k}_lanes, mica_blocks({_lane_threads(kern)}), "
                           f"MICA_THREADS, 0, stream, A{self._args[f'k{k}_lanes']}); " + launch)
             return lines, launch
         a, b, out = kern.a, kern.b, kern.out
