@@ -33,11 +33,10 @@ def tile_body(emitter, kernel):
     def index_of(view):
         return offset_expr(view.offset, view.strides, ["i0", "i1"])
 
-    writer = ExprWriter(emitter, kernel.exprs, index_of, f"i0 * {kernel.shape[1]} + i1")
+    writer = ExprWriter(emitter, kernel.exprs, index_of, f"i0 * {kernel.shape[1]} + i1", kernel.stores)
     body = writer.lines()
     for view, k in kernel.stores:
-        body.append(f"{emitter.accessor.base(view)}[{index_of(view)}] = "
-                    f"{ct.store_expr(kernel.exprs[k], view.dtype, f'v{k}')};")
+        body.append(f"{emitter.accessor.base(view)}[{index_of(view)}] = {writer.stored(k, view.dtype)};")
     return body
 
 
@@ -263,6 +262,5 @@ def _copy_nest(emitter, src, dst):
     elif isinstance(src.src, Iota):
         value = f"({ct.ctype(src.dtype)})({s_idx})"
     else:
-        value = f"{emitter.accessor.base(src)}[{s_idx}]"
-        value = ct.store(dst.dtype, ct.load(src.dtype, value))
+        value = ct.copied(src.dtype, dst.dtype, f"{emitter.accessor.base(src)}[{s_idx}]")
     return _nest(dims, names, [f"{emitter.accessor.base(dst)}[{d_idx}] = {value};"], src.shape)

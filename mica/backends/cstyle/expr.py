@@ -2,6 +2,7 @@
 expression (the user's ops in order), loads through strided indices, exact literals, dropout's
 Philox mask; and the index arithmetic of strided views (coalescing dims every access walks as
 one). A target adds only how the elements are iterated (OpenMP loops, or GPU threads)."""
+from ... import dtypes
 from ...ops import OPS
 from ...passes.schedule import Buffer, Iota, Literal
 from . import types as ct
@@ -46,22 +47,54 @@ def offset_expr(offset, strides, names):
 
 
 class ExprWriter:
-    """Writes a kernel's expressions as C statements, one local per expression."""
+    """Writes a kernel's expressions as C statements, one local per expression.
 
-    def __init__(self, emitter, kernel_exprs, index_of, flat_index=None):
+    A float16 expression that a loop stores (`stores`: the kernel's (view, expression) pairs) is
+    also kept as its bits, h<k>: the bits loaded, or the rounding's own result, stored as they are.
+    Rounding to float16 is a conversion there and back (mica_round_f16), and storing the rounded
+    value converted it a third time; a copy converted twice. The bits are the same either way
+    (a rounded value converts exactly), only the work differs; bfloat16's conversions are shifts,
+    and its stores take the bits of the rounded float (mica_bf16_exact)."""
+
+    def __init__(self, emitter, kernel_exprs, index_of, flat_index=None, stores=()):
         self.e = emitter
         self.exprs = kernel_exprs
         self.index_of = index_of      # view -> C index expression for the current element
         self.flat_index = flat_index  # C expression of the row-major index (dropout)
+        self.bits = {k for v, k in stores if v.dtype is dtypes.float16 and self._has_bits(kernel_exprs[k])}
+        self.read = {a for x in kernel_exprs for a in x.args}
+
+    @staticmethod
+    def _has_bits(x):
+        """Whether float16 expression `x` is made as bits: a load from memory or a rounding (not a
+        literal, nor an index, which the store rounds)."""
+        if x.dtype is not dtypes.float16 or x.kind == "const":
+            return False
+        return not (x.kind == "load" and isinstance(x.view.src, Iota))
 
     def lines(self):
         out = []
         for k, x in enumerate(self.exprs):
             t = ct.ctype(x.dtype)
-            out.append(f"{t} v{k} = {self.value(x)};")
+            if k not in self.bits:
+                out.append(f"{t} v{k} = {self.value(x)};")
+                continue
+            ref = f"{self.e.accessor.base(x.view)}[{self.index_of(x.view)}]" if x.kind == "load" else None
+            out.append(f"{ct.stype(x.dtype)} h{k} = {ref or self.value(x, rounded=False)};")
+            if k in self.read:
+                out.append(f"{t} v{k} = {ct.load(x.dtype, f'h{k}')};")
         return out
 
-    def value(self, x):
+    def stored(self, k, dtype):
+        """The value expression `k` writes to a buffer of `dtype`."""
+        if k in self.bits and dtype is dtypes.float16:
+            return f"h{k}"
+        return ct.store_expr(self.exprs[k], dtype, f"v{k}")
+
+    def value(self, x, rounded=True):
+        """Expression `x`'s value, rounded to its type where it is a half type; `rounded=False`:
+        its bits (a float16 rounding made once, stored as it is: `bits`)."""
+        rnd = ct.rounded if rounded else (lambda dtype, e: ct.store(dtype, e))
         if x.kind == "const":
             return ct.const(x.value, x.dtype)
         if x.kind == "load":
@@ -72,27 +105,27 @@ class ExprWriter:
             return ct.load(x.dtype, ref)
         args = [f"v{a}" for a in x.args]
         if x.op == "cast":
-            return self.cast(x, args[0])
+            return self.cast(x, args[0], rnd)
         if x.op == "dropout":
             keep = f"mica_keep(rng, {x.attrs['stream']}u, (uint64_t)({self.flat_index}), {x.attrs['threshold']}u)"
             scale = ct.const(1.0 / (1.0 - x.attrs["p"]), x.dtype)
-            return ct.rounded(x.dtype, f"({keep} ? {args[0]} * {scale} : ({ct.ctype(x.dtype)})0)")
+            return rnd(x.dtype, f"({keep} ? {args[0]} * {scale} : ({ct.ctype(x.dtype)})0)")
         tmpl = OPS[x.op].c
         if callable(tmpl):
             tmpl = tmpl(x.attrs)
         src_dtype = self.exprs[x.args[0]].dtype if x.args else x.dtype
         t = ct.ctype(x.dtype if x.dtype.kind != "bool" else src_dtype)
         expr = tmpl.format(*args, T=t, S=ct.suffix(src_dtype))
-        return ct.rounded(x.dtype, expr)
+        return rnd(x.dtype, expr)
 
-    def cast(self, x, arg):
+    def cast(self, x, arg, rnd=ct.rounded):
         src = self.exprs[x.args[0]].dtype if x.args else x.dtype
         dst = x.dtype
         if dst.kind == "bool":
             return f"({arg} != 0)"
         if dst.kind == "int" and src.kind == "float":
             return f"({ct.ctype(dst)})({arg})"
-        return ct.rounded(dst, f"({ct.ctype(dst)})({arg})")
+        return rnd(dst, f"({ct.ctype(dst)})({arg})")
 
 
 def combine(op, dtype, a, b):
@@ -130,10 +163,10 @@ def loop_statements(renderer, kernel):
     def index_of(view):
         return offset_expr(view.offset, strides_of[id(view)], names)
 
-    body = ExprWriter(renderer, kernel.exprs, index_of, offset_expr(0, flat_strides, names)).lines()
+    writer = ExprWriter(renderer, kernel.exprs, index_of, offset_expr(0, flat_strides, names), kernel.stores)
+    body = writer.lines()
     for view, k in kernel.stores:
-        body.append(f"{renderer.accessor.base(view)}[{index_of(view)}] = "
-                    f"{ct.store_expr(kernel.exprs[k], view.dtype, f'v{k}')};")
+        body.append(f"{renderer.accessor.base(view)}[{index_of(view)}] = {writer.stored(k, view.dtype)};")
     return dims, names, body
 
 

@@ -42,6 +42,12 @@ def store(dtype, value):
     return value
 
 
+def copied(src, dst, ref):
+    """Element `ref` of a `src` buffer as a `dst` element: its bits where the types are the same (a
+    copy is bit for bit), else converted through the compute type."""
+    return ref if src is dst else store(dst, load(src, ref))
+
+
 def store_expr(expr, dtype, value):
     """The stored form of loop expression `expr` (held in C variable `value`) in a buffer of
     `dtype`: a bfloat16 expression is a bfloat16 value already (rounded where it was made), so its

@@ -303,7 +303,7 @@ class CudaRenderer(CStyleRenderer):
             s_idx = offset_expr(x.offset, [d[1][0] for d in dims], names)
             d_idx = offset_expr(dst.offset, [d[1][1] for d in dims], names)
             body = _decompose(dims, names) + [f"{self.accessor.base(dst)}[{d_idx}] = "
-                                              f"{ct.store(dst.dtype, self._load(x, s_idx))};"]
+                                              f"{self._element(x, s_idx, dst.dtype)};"]
             lines += self._grid_stride(max(x.numel, 1), body)
             start += x.shape[axis]
         return lines
@@ -315,8 +315,13 @@ class CudaRenderer(CStyleRenderer):
             return f"({ct.ctype(x.dtype)})({idx})"
         return ct.load(x.dtype, f"{self.accessor.base(x)}[{idx}]")
 
-    def _element(self, x, idx):
-        return ct.store(x.dtype, self._load(x, idx))
+    def _element(self, x, idx, dtype=None):
+        """Element `idx` of view `x` stored as a `dtype` element (x's own type by default): a
+        buffer's bits as they are where the types are the same."""
+        dtype = dtype or x.dtype
+        if isinstance(x.src, (Const, Iota)):
+            return ct.store(dtype, self._load(x, idx))
+        return ct.copied(x.dtype, dtype, f"{self.accessor.base(x)}[{idx}]")
 
     # ---- products: host calls (mica_gemm_<type>) --------------------------------------------------------------------
     def product(self, kern):
