@@ -1,6 +1,7 @@
 """Data parallelism: the collectives (identity at world size 1 on the oracle and in C, their VJPs,
-their MPI lowering across 2 ranks bit for bit), and `mpirun -np 2 mica train` against one process
-(the same losses and checkpoint bytes), a killed rank, ranks prepared differently.
+their MPI lowering across 2 ranks bit for bit, their NCCL lowering in the CUDA simulator), and
+`mpirun -np 2 mica train` against one process (the same losses and checkpoint bytes; on the CPU
+and on simulated cards), a killed rank, ranks prepared differently.
 
 Open MPI refuses to run as root without OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM), and a machine with fewer
 cores than ranks needs --oversubscribe: mpirun() passes both."""
@@ -18,6 +19,7 @@ import pytest
 
 import mica
 from mica.train import checkpoint
+from test_cuda import needs_simulator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = os.path.join(HERE, "data", "tinyshakespeare.txt")
@@ -302,6 +304,47 @@ def _nccl_ready():
         return shutil.which("mpicc") is not None
     except mica.MicaError:
         return False
+
+
+@needs_mpi
+@needs_simulator
+def test_nccl_lowering_sums_in_rank_order_bit_for_bit_in_the_simulator(tmp_path):
+    """mica_nccl.h's all_reduce chain (chunked), reduce_scatter and all_gather, run on 2 ranks in the
+    CUDA simulator (its NCCL over MPI), against numpy's sums in rank order, bit for bit."""
+    r = run(mpirun(2, sys.executable, os.path.join(HERE, "mpi", "nccl_check.py")), tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.split("\n")[:2]) == ["rank 0: ok", "rank 1: ok"]
+
+
+@needs_mpi
+@needs_simulator
+def test_two_simulated_cards_train_bitwise_like_one(tmp_path, data):
+    """mpirun -np 2 mica train --device=cuda: each rank its card (here the simulator's), its share of
+    the micro-batches, the gradients summed over NCCL in rank order; the same losses, metrics and
+    checkpoint bytes as one process, dropout on."""
+    args = ["train", "shakespeare_char", *TINY, "--device=cuda", "--simulate=True", "--max_iters=3",
+            "--eval_interval=3", "--eval_iters=1", "--out_dir=out"]
+    one, two = _folder(tmp_path, "one", data), _folder(tmp_path, "two", data)
+    r1 = run(cli(*args), one)
+    assert r1.returncode == 0, r1.stderr
+    r2 = run(mpirun(2, *cli(*args)), two)
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    pattern = re.compile(r"^(?:iter \d+: loss [\d.]+|step \d+: .*$)", re.M)
+    losses = pattern.findall(r1.stdout)
+    assert len(losses) == 4 + 2 and losses == pattern.findall(re.sub(r"\r|\x1b\[K", "\n", r2.stdout))
+    assert _metrics(one / "out" / "metrics.jsonl") == _metrics(two / "out" / "metrics.jsonl")
+    assert open(one / "out" / "ckpt.safetensors", "rb").read() == open(two / "out" / "ckpt.safetensors", "rb").read()
+
+
+def test_what_cards_cannot_shard_yet_is_a_sentence(tmp_path, data):
+    d = _folder(tmp_path, "cards", data)
+    env = dict(_env(), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0")
+    base = cli("train", "shakespeare_char", *TINY, "--device=cuda", "--simulate=True", "--max_iters=1", "--out_dir=out")
+    r = run(base + ["--zero_stage=1"], d, env=env)
+    assert r.returncode != 0 and "zero_stage=1 on 2 ranks runs on the CPU only for now" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    r = run(cli("train", "shakespeare_char", *TINY, "--device=mps", "--max_iters=1"), d, env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "mps" in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(not _nccl_ready(), reason="needs nvcc, the nvidia-nccl-cu13 wheel and Open MPI")

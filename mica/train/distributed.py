@@ -1,6 +1,7 @@
 """Which rank of a data-parallel run this process is, and what every rank must agree on.
 
-`mpirun -np N mica train ...` starts N copies of `mica train`; each finds its rank in Open MPI's
+`mpirun -np N mica train ...` starts N copies of `mica train` (on the CPU, or on CUDA cards: one card
+a rank, by its local rank, its sums over NCCL); each finds its rank in Open MPI's
 environment (OMPI_COMM_WORLD_SIZE / _RANK), prepares the same programs (rank `r`'s train program
 takes the r-th contiguous share of the micro-batches one process would take) and hands over to
 the trainer, which joins MPI, compares every rank's run hash and trains. torchrun's variables
@@ -52,9 +53,20 @@ def ranks(cfg=None):
             raise MicaError("zero_stage=1 with dtype=float16 is not supported yet (the loss scaler's overflow check "
                             "reads every gradient, and a ZeRO-1 rank holds its share only); use dtype=bfloat16 or "
                             "float32, or zero_stage=0")
-        if cfg["device"] != "cpu":
-            raise MicaError(f"training on {world} ranks runs on the CPU for now (device={cfg['device']!r}); the "
-                            "collectives' NCCL lowering is built but its trainer is not yet")
+        if cfg["device"] not in ("cpu", "cuda"):
+            raise MicaError(f"training on {world} ranks runs on the CPU or on CUDA cards, not device={cfg['device']!r}; "
+                            "use --device=cpu or --device=cuda")
+        if cfg["device"] == "cuda":
+            sharded = "zero_stage=1" if cfg.get("zero_stage") else \
+                "the speedrun's sharded Muon" if cfg.get("recipe") == "speedrun" and cfg.get("shard_muon", True) else None
+            if sharded:
+                fix = "zero_stage=0" if cfg.get("zero_stage") else "shard_muon=False"
+                raise MicaError(f"{sharded} on {world} ranks runs on the CPU only for now (its uneven blocks of "
+                                f"tensors have no NCCL lowering yet); on cards use {fix}, or --device=cpu")
+            if cfg.get("recipe") == "speedrun" and cfg.get("dtype", "bfloat16") != "float32":
+                raise MicaError(f"the speedrun's {cfg.get('dtype', 'bfloat16')} weights on {world} ranks train on "
+                                "the CPU only for now (the cards' collectives sum float32 and float64); use "
+                                "--device=cpu, or dtype=float32")
     return world, rank
 
 

@@ -143,22 +143,29 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=
                          fp_half_intermediates=fp_half_intermediates)
     sources = {name: lowered[name].target.render(lowered[name], api=f"{name}_") for name in PROGRAMS}
     cc = cbuild.compiler()
+    runtime_flags, rank_c, rank_l = ["-O2", "-std=gnu11", "-fPIC"], [], []
+    if collectives.distributed(lowered["train"].schedule):  # data-parallel: NCCL (simulated: over MPI), Open MPI
+        from ..backends.cuda.collectives import build_flags
+
+        rank_c, rank_l = build_flags(simulate)
+        runtime_flags += ["-DMICA_MPI", *collectives.mpi_flags()[0]]
     if simulate:
-        compile_cmd = lambda src, obj: cuda_build.simulator_command(src, obj, shared=False)  # noqa: E731
-        link = ["g++", "-lboost_context", "-lpthread", "-lm"]
+        compile_cmd = lambda src, obj: cuda_build.simulator_command(src, obj, shared=False) + rank_c  # noqa: E731
+        link = ["g++", "-lboost_context", "-lpthread", *rank_l, "-lm"]
         what = "g++ (the CUDA simulator)"
     else:
-        compile_cmd = lambda src, obj: cuda_build.nvcc_command(src, obj, shared=False, tf32=tf32)  # noqa: E731
-        link = [cuda_build.nvcc(), *cuda_build.link_flags(), "-lm"]
+        compile_cmd = lambda src, obj: cuda_build.nvcc_command(src, obj, shared=False, tf32=tf32) + rank_c  # noqa: E731
+        link = [cuda_build.nvcc(), *cuda_build.link_flags(), *rank_l, "-lm"]
         what = "nvcc"
     runtime = _runtime_text()
     out_dir, exe = _place(f"trainer-cuda{'-sim' if simulate else ''}-", [
-        *sources.values(), runtime, cc, what, str(tf32), *compile_cmd("x", "y"), *link, cuda_build.headers_digest()])
+        *sources.values(), runtime, cc, what, str(tf32), *compile_cmd("x", "y"), *link, *runtime_flags,
+        cuda_build.headers_digest()])
     if cbuild.cached(exe):
         return exe, lowered
     log(f"compiling the CUDA trainer with {what} ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} "
         "kernels) ...")
-    _compile_and_link(out_dir, exe, sources, ".cu", compile_cmd, runtime, cc, ["-O2", "-std=gnu11", "-fPIC"],
+    _compile_and_link(out_dir, exe, sources, ".cu", compile_cmd, runtime, cc, runtime_flags,
                       lambda objects, tmp: [link[0], *objects, "-o", tmp, *link[1:]], "the linker")
     return exe, lowered
 

@@ -12,8 +12,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ARCHS = ("80", "86", "89", "90", "120")
 HEADERS = tuple(os.path.join(HERE, h) for h in ("mica_cuda.h", "mica_cuda_kernels.h", "mica_cuda_attention.h",
                                                  "mica_cuda_attention_gemm.h", "mica_cuda_attention_tc.h",
-                                                 "mica_cuda_sweeps.h",
-                                                 "mica_cudasim.h")) + (
+                                                 "mica_cuda_sweeps.h", "mica_nccl.h",
+                                                 "mica_cudasim.h", "mica_cudasim_nccl.h")) + (
     os.path.join(SHARED_DIR, "mica_math.h"), os.path.join(SHARED_DIR, "mica_rows.h"))
 
 
@@ -92,9 +92,16 @@ def build(source, name="program", simulate=False, tf32=False, threads_per_block=
     digest = hashlib.sha256()
     for part in (source, kind, str(tf32), str(threads_per_block), headers_digest()):
         digest.update(part.encode() + b"\0")
+    ranks = []  # collectives across ranks: NCCL and Open MPI (the simulator's NCCL: Open MPI alone)
+    if '#include "mica_nccl.h"' in source:
+        from .collectives import build_flags
+
+        compile_flags, link_flags = build_flags(simulate)
+        ranks = compile_flags + link_flags
+    digest.update("\0".join(ranks).encode())
     out_dir = os.path.join(cache_dir(), f"cuda-{kind}-" + digest.hexdigest()[:24])
     if simulate:
         return compile_cached(source, out_dir, "program.cu", "g++ (the CUDA simulator)", name,
-                              lambda src, out: simulator_command(src, out, threads_per_block))
+                              lambda src, out: simulator_command(src, out, threads_per_block) + ranks)
     return compile_cached(source, out_dir, "program.cu", "nvcc", name,
-                          lambda src, out: nvcc_command(src, out, tf32=tf32, threads_per_block=threads_per_block))
+                          lambda src, out: nvcc_command(src, out, tf32=tf32, threads_per_block=threads_per_block) + ranks)

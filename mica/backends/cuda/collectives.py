@@ -4,6 +4,8 @@ single-operand collective is a device copy. Building one needs NCCL's headers an
 nvidia-nccl-cu13 wheel: pip install -e '.[cuda]') and Open MPI's (the id is broadcast over MPI)."""
 
 from ...errors import MicaError
+from ...ops.collective import COLLECTIVES
+from ...passes.schedule import Call
 from ...targets import register_lowering
 from ..c.collectives import distributed, mpi_flags
 from ..cstyle import types as ct
@@ -15,6 +17,14 @@ def headers(schedule):
     return [HEADER] if distributed(schedule) else []
 
 
+def setup(schedule):
+    """The statements that make the communicator before the program's graph is captured (none
+    without collectives across ranks)."""
+    worlds = {k.attrs["world"] for k in schedule.kernels
+              if isinstance(k, Call) and k.op in COLLECTIVES and k.attrs["world"] > 1}
+    return [f"if (mica_nccl_ready({w})) return 1;" for w in sorted(worlds)]
+
+
 def nccl_paths():
     """(include dir, lib dir) of the nvidia-nccl-cu13 wheel."""
     from .build import wheel_dirs
@@ -22,10 +32,13 @@ def nccl_paths():
     return wheel_dirs("nvidia.nccl", "NCCL is not installed: pip install nvidia-nccl-cu13 (or pip install -e '.[cuda]')")
 
 
-def build_flags():
-    """(nvcc's compile flags, its link flags) for a program with collectives across ranks."""
-    include, lib = nccl_paths()
+def build_flags(simulate=False):
+    """(compile flags, link flags) for a program with collectives across ranks: nvcc's, with NCCL
+    and Open MPI; or, simulated, g++'s with Open MPI alone (mica_cudasim_nccl.h is NCCL there)."""
     mpi_c, mpi_l = mpi_flags()
+    if simulate:
+        return list(mpi_c), list(mpi_l)
+    include, lib = nccl_paths()
     compile_flags = ["-I", include] + [f for f in mpi_c if f.startswith("-I")]
     link = ["-L", lib, "-l:libnccl.so.2", "-Xlinker", f"-rpath,{lib}"]
     link += [f if not f.startswith("-Wl,") else "-Xlinker=" + f[4:] for f in mpi_l if not f.startswith("-pthread")]

@@ -54,7 +54,9 @@ static void mica_check(cudaError_t e) {
         snprintf(mica_error_text, sizeof mica_error_text, "a copy to or from the GPU failed: %s", cudaGetErrorString(e));
 }
 
-/* a device to run on, or a sentence in mica_error_text */
+/* a device to run on, or a sentence in mica_error_text. A rank of several on one machine (mpirun's
+ * OMPI_COMM_WORLD_LOCAL_RANK, or LOCAL_RANK) takes the card of its local rank, before its first
+ * allocation, so ranks never share a card unless there are fewer cards than ranks. */
 static int mica_cuda_ready(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -62,6 +64,13 @@ static int mica_cuda_ready(void) {
         snprintf(mica_error_text, sizeof mica_error_text,
                  "no CUDA device is usable here (%s); run on a machine with an NVIDIA GPU and its driver, or "
                  "simulate it (simulate=True)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return 0;
+    }
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("LOCAL_RANK");
+    if (local && cudaSetDevice(atoi(local) % n) != cudaSuccess) {
+        snprintf(mica_error_text, sizeof mica_error_text, "this rank could not take CUDA device %d of %d (%s)",
+                 atoi(local) % n, n, cudaGetErrorString(cudaGetLastError()));
         return 0;
     }
     return 1;

@@ -1,14 +1,26 @@
 /* Collectives over NCCL for a CUDA program compiled for `world` ranks: the same definitions and
  * the same fixed sum order as the CPU's (mica/backends/c/mica_collectives.h). NCCL moves bytes
  * (send/recv, broadcast, all-gather); every sum is a Mica kernel adding operands in rank order,
- * so the bits do not depend on NCCL's ring or tree. The communicator is made on first use: rank 0
- * asks NCCL for its id and broadcasts it over MPI (the launcher is mpirun); each rank uses the card
- * of its local rank. Host functions: they enqueue on `stream` and return nonzero on failure. */
+ * so the bits do not depend on NCCL's ring or tree. The communicator is made before the program's
+ * graph is captured (mica_nccl_ready: NCCL allocates device memory, which a capture forbids): rank 0
+ * asks NCCL for its id and broadcasts it over MPI (the launcher is mpirun); each rank has taken the
+ * card of its local rank (mica_cuda_ready). Host functions: they enqueue on `stream` and return
+ * nonzero on failure. In the simulator NCCL is mica_cudasim_nccl.h, the same calls over MPI. */
 #ifndef MICA_NCCL_H
 #define MICA_NCCL_H
 
+#ifndef OMPI_SKIP_MPICXX  /* (C++: MPI's C API alone, not Open MPI's old C++ bindings and their library) */
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
+#ifdef MICA_CUDASIM
+#include "mica_cudasim_nccl.h"
+#else
 #include <nccl.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -24,13 +36,21 @@ static int mica_nccl_fail(const char *what, const char *why) {
     return 1;
 }
 
+static void mica_nccl_finalize_at_exit(void) {
+    int done;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+}
+
 static int mica_nccl_ready(int world) {
     if (mica_nccl_rank >= 0) return 0;
     int init, size, rank;
     MPI_Initialized(&init);
-    if (!init) {
+    if (!init) {  /* (in a process of its own, as Python's: the trainer's runtime has joined MPI already) */
         int provided;
         MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        atexit(mica_nccl_finalize_at_exit);
     }
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -40,11 +60,6 @@ static int mica_nccl_ready(int world) {
                  world);
         return 1;
     }
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!local) local = getenv("LOCAL_RANK");
-    int devices = 0;
-    cudaGetDeviceCount(&devices);
-    if (devices > 0) cudaSetDevice((local ? atoi(local) : rank) % devices);
     ncclUniqueId id;
     if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) return mica_nccl_fail("ncclGetUniqueId", "no NCCL id");
     if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
@@ -103,7 +118,7 @@ static int mica_nccl_all_reduce(T *out, const T *const *in, int m, int64_t n, in
         } else {
             MICA_NCCL_CHECK(ncclRecv(out + at, (size_t)k, type, rank - 1, mica_nccl_comm, stream));
         }
-        for (int j = first; j < m; j++) mica_nccl_add<T><<<mica_nccl_blocks(k), 256, 0, stream>>>(out + at, in[j] + at, k);
+        for (int j = first; j < m; j++) MICA_LAUNCH(mica_nccl_add<T>, mica_nccl_blocks(k), 256, 0, stream, out + at, in[j] + at, k);
         if (rank < world - 1) MICA_NCCL_CHECK(ncclSend(out + at, (size_t)k, type, rank + 1, mica_nccl_comm, stream));
     }
     MICA_NCCL_CHECK(ncclBroadcast(out, out, (size_t)n, type, world - 1, mica_nccl_comm, stream));
@@ -120,7 +135,7 @@ static int mica_nccl_reduce_scatter(T *out, const T *x, int64_t n, int world, T 
         MICA_NCCL_CHECK(ncclRecv(received + (int64_t)r * n, (size_t)n, type, r, mica_nccl_comm, stream));
     }
     MICA_NCCL_CHECK(ncclGroupEnd());
-    mica_nccl_fold<T><<<mica_nccl_blocks(n), 256, 0, stream>>>(out, received, n, world);
+    MICA_LAUNCH(mica_nccl_fold<T>, mica_nccl_blocks(n), 256, 0, stream, out, received, n, world);
     return 0;
 }
 

@@ -14,7 +14,7 @@ from ..cstyle import types as ct
 from ..cstyle.expr import Accessor, ExprWriter, coalesce, combine as _combine, loop_statements, offset_expr
 from ..cstyle.expr import ProductLayout, canonical_sum, reduce_init as _init
 from ..cstyle.render import CStyleRenderer, _c_string
-from .collectives import headers as collective_headers
+from .collectives import headers as collective_headers, setup as collective_setup
 
 THREADS = 256  # threads per block; results do not depend on it (tests change it)
 
@@ -552,6 +552,7 @@ class CudaRenderer(CStyleRenderer):
         out += ["    if (graph_arena != arena) {",
                 "        if (graph) cudaGraphExecDestroy(graph);",
                 "        graph = 0, graph_arena = 0;",
+                *["        " + line for line in collective_setup(s)],
                 "        if (mica_resolve_literals() != 0 || mica_capture(stream, A, mica_enqueue, &graph) != 0) return 1;",
                 "        graph_arena = arena;",
                 "    }",
