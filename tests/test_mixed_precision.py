@@ -62,6 +62,48 @@ def test_autocast_follows_pytorchs_lists():
     assert got == want, [c[0] for c, a, b in zip(cases, got, want) if a != b]
 
 
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_a_norm_after_a_product_under_autocast_is_pytorchs_mixed_type_norm(half):
+    """Linear -> LayerNorm -> GELU -> Linear (and an RMS norm with a weight) under autocast: the
+    product's half output meets float32 norm weights, which PyTorch normalizes in float32 and
+    rounds once to the half type; loss and gradients against torch.autocast on the same weights.
+    An RMS norm's default eps is float32's machine epsilon for the half types too (PyTorch's
+    opmath type), where Mica took the half type's own (2^-7 for bfloat16)."""
+    rng = np.random.default_rng(7)
+    shapes = {"w1": (24, 10), "b1": (24,), "g": (24,), "b": (24,), "r": (24,), "w2": (3, 24), "b2": (3,)}
+    p = {k: (rng.standard_normal(s) * 0.3).astype(np.float32) for k, s in shapes.items()}
+    x, y = rng.standard_normal((5, 10)).astype(np.float32), rng.integers(0, 3, 5)
+    dt = getattr(mica, half)
+
+    def loss(q, x, y):
+        with mica.autocast(dtype=dt):
+            h = F.layer_norm(F.linear(x, q["w1"], q["b1"]), (24,), q["g"], q["b"])
+            h = F.rms_norm(F.gelu(h), (24,), q["r"])
+            return F.cross_entropy(F.linear(h, q["w2"], q["b2"]), y)
+
+    program = mica.trace(lambda q, x, y: mica.value_and_grad(loss)(q, x, y),
+                         {k: mica.f32[s] for k, s in shapes.items()}, mica.f32[5, 10], mica.i64[5])
+    got_loss, got = program.lower("cpu").build()(p, x, y)
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
+    with torch.autocast("cpu", dtype=getattr(torch, half)):
+        tf = torch.nn.functional
+        h = tf.layer_norm(tf.linear(torch.tensor(x), tp["w1"], tp["b1"]), (24,), tp["g"], tp["b"])
+        h = tf.rms_norm(tf.gelu(h), (24,), tp["r"])
+        want = tf.cross_entropy(tf.linear(h, tp["w2"], tp["b2"]), torch.tensor(y))
+    want.backward()
+    assert rel_err(float(got_loss), float(want)) < 1e-2
+    for k in shapes:
+        g, w = got[k], tp[k].grad.numpy()
+        assert np.abs(g - w).max() <= 3e-2 * np.abs(w).max(), k
+    # the default eps: float32's, as torch's for a half input (bit for bit here, one rounding each)
+    xs = (rng.standard_normal((6, 16)) * 0.02).astype(np.float32)
+    mine = np.asarray(mica.compile(lambda v: F.rms_norm(v.to(dt), (16,)).to(mica.float32), mica.f32[6, 16])(xs))
+    theirs = torch.nn.functional.rms_norm(torch.tensor(xs).to(getattr(torch, half)), (16,)).float().numpy()
+    assert np.abs(mine - theirs).max() <= 2.0 ** -7 * np.abs(theirs).max()
+    other = torch.nn.functional.rms_norm(torch.tensor(xs).to(getattr(torch, half)), (16,), eps=2.0 ** -7).float()
+    assert np.abs(mine - other.numpy()).max() > 0.05  # (the half type's own eps moves these rows)
+
+
 def test_autocast_disabled_and_on_cuda():
     def step(x, y):
         with mica.autocast(dtype=mica.bfloat16):

@@ -102,28 +102,43 @@ def _normalized(x, normalized_shape, verb):
     return k
 
 
+def _mixed_params(x, params):
+    """PyTorch's mixed-type norms: a half-type input with float32 weights (a norm after a product
+    under autocast, or a bfloat16 model's float32 norm weights) is normalized in float32 and the
+    result rounded once to the input's type. (x widened, the norm, y rounded), where it applies."""
+    given = [as_tensor(p) for p in params if p is not None]
+    if x.dtype in (dtypes.bfloat16, dtypes.float16) and given and all(p.dtype is dtypes.float32 for p in given):
+        return to(x, dtypes.float32), x.dtype
+    return x, None
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     x = _floating_input(input, "layer_norm")
     x, weight, bias = amp.float32("layer_norm", x, weight, bias)
     k = _normalized(x, normalized_shape, "layer_norm")
+    x, back = _mixed_params(x, (weight, bias))
     params = [as_tensor(p) for p in (weight, bias) if p is not None]
     y, _mean, _rstd = emit("layer_norm", [x, *params], eps=float(eps), ndims=k,
                            has_weight=weight is not None, has_bias=bias is not None)
-    return y
+    return to(y, back) if back is not None else y
 
 
-_FINFO_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+# eps=None: the machine epsilon of the type the norm computes in (PyTorch's opmath type: float32
+# for the half types too)
+_FINFO_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -23, "float16": 2.0 ** -23}
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
-    """RMS norm; eps=None means the element type's machine epsilon, as in PyTorch."""
+    """RMS norm; eps=None means the machine epsilon of the type it computes in, as in PyTorch
+    (float32's for float32 and the half types, which compute in float32)."""
     x = _floating_input(input, "rms_norm")
     k = _normalized(x, normalized_shape, "rms_norm")
     if eps is None:
         eps = _FINFO_EPS[x.dtype.name]
+    x, back = _mixed_params(x, (weight,))
     params = [as_tensor(weight)] if weight is not None else []
     y, _rstd = emit("rms_norm", [x, *params], eps=float(eps), ndims=k, has_weight=weight is not None)
-    return y
+    return to(y, back) if back is not None else y
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
