@@ -324,6 +324,31 @@ def test_the_row_kernels_keep_their_bits_when_the_grid_strides():
     assert _same_bits(sim(*args), cpu_exe(*args, threads=2))
 
 
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda-sim", marks=needs_simulator)])
+def test_embedding_takes_int32_indices_as_pytorch_does(target):
+    """int32 indices (PyTorch takes them) pick the same rows and sum the same gradients as int64
+    ones: the verb casts them (a visible node). The kernels read int64, so an int32 buffer was read
+    two indices at a time on the CPU (wrong rows, silently) and did not compile for CUDA."""
+    F = mica.nn.functional
+    rng = np.random.default_rng(32)
+    w = rng.standard_normal((9, 5)).astype(np.float32)
+    idx = rng.integers(0, 9, (3, 7)).astype(np.int32)
+    g = rng.standard_normal((3, 7, 5)).astype(np.float32)
+
+    def step(w, idx, g):
+        out = F.embedding(idx, w)
+        return out, mica.grad((out * g).sum(), w)
+
+    program = mica.trace(step, mica.f32[9, 5], mica.i32[3, 7], mica.f32[3, 7, 5])
+    assert "cast" in program.ir and "dtype=i64" in program.ir
+    options = {"simulate": True} if target == "cuda-sim" else {}
+    out, grad = program.lower(target.split("-")[0], **options).build()(w, idx, g)
+    assert np.array_equal(np.asarray(out), w[idx])
+    want = np.zeros_like(w, dtype=np.float64)
+    np.add.at(want, idx.reshape(-1), g.reshape(-1, 5).astype(np.float64))
+    assert np.abs(np.asarray(grad) - want).max() <= 1e-5 * np.abs(want).max()
+
+
 @needs_simulator
 def test_embedding_and_its_backward_give_the_cpu_targets_bits():
     """Tables of 1, 7, 9 and 40 columns; positions that repeat a row (its gradients summed in

@@ -417,8 +417,8 @@ defop("attention_backward", infer=_attention_bwd_infer, ref=_attention_bwd_ref, 
 
 def _embedding_infer(specs):
     idx, w = specs
-    if idx.dtype.kind != "int" or len(w.shape) != 2:
-        raise ShapeError(f"embedding: expects integer indices and a [num_embeddings, dim] weight, "
+    if idx.dtype is not dtypes.int64 or len(w.shape) != 2:  # (the verb casts int32 indices)
+        raise ShapeError(f"embedding: expects int64 indices and a [num_embeddings, dim] weight, "
                          f"got {idx!r} and {w!r}")
     return [(idx.shape + w.shape[1:], w.dtype)]
 

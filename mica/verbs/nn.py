@@ -149,6 +149,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     idx = as_tensor(input)
     if idx.dtype.kind != "int":
         fail(f"embedding: indices must be integers, got {idx.value.spec!r}")
+    if idx.dtype is not dtypes.int64:  # (the kernels read int64 indices; PyTorch takes int32 ones too)
+        idx = to(idx, dtypes.int64)
     return emit("embedding", [idx, as_tensor(weight)])
 
 
