@@ -160,6 +160,25 @@ def test_a_flag_without_its_value_before_a_config_suggests_true(tmp_path):
         config_mod.load(None, ["--eval_only", "shakespeare_char"])
     with pytest.raises(MicaError, match=r"e.g. --eval_only=True$"):
         config_mod.load(None, ["--eval_only", "config/missing.py"])
+    # a setting that is not yes/no: its default as the example of its type (True would be refused)
+    with pytest.raises(MicaError, match=r"e.g. --learning_rate=0.0006$"):
+        config_mod.load(None, ["--learning_rate"])
+    with pytest.raises(MicaError, match=r"e.g. --out_dir=out$"):
+        config_mod.load(None, ["--out_dir", "shakespeare_char"])
+
+
+def test_settings_must_fit_in_64_bits_and_numpy_numbers_are_numbers(tmp_path):
+    """A count beyond 64 bits is one sentence naming the setting (it reached the trainer's manifest,
+    which called itself damaged); a config's numpy scalars are the numbers they are, as in nanoGPT."""
+    for item in ("--eval_interval=99999999999999999999", "--max_iters=1e30", "--max_iters=-9223372036854775809"):
+        with pytest.raises(MicaError, match=r"does not fit in 64 bits"):
+            config_mod.load(None, [item])
+    assert config_mod.load(None, ["--max_iters=9223372036854775807"])["max_iters"] == 2 ** 63 - 1
+    c = _write(tmp_path, "np.py", "import numpy as np\nbatch_size = np.int64(4)\nlearning_rate = np.float64(2e-3)\n"
+                                  "bias = np.bool_(True)\n")
+    cfg = config_mod.load(c)
+    assert (cfg["batch_size"], cfg["learning_rate"], cfg["bias"]) == (4, 2e-3, True)
+    assert (type(cfg["batch_size"]), type(cfg["learning_rate"]), type(cfg["bias"])) == (int, float, bool)
 
 
 def test_a_deleted_current_folder_does_not_break_an_absolute_config(tmp_path, monkeypatch):

@@ -68,8 +68,26 @@ def test_resume_continues_bitwise_exactly(workdir):
 
     (d / "forgot").mkdir()
     shutil.copy(d / "straight" / "ckpt.safetensors", d / "forgot" / "ckpt.safetensors")
-    r = mica("train", *common, "--max_iters=0", "--out_dir=forgot", cwd=d)
-    assert "note: forgot holds an earlier run's checkpoint; this run starts from scratch and replaces it" in r.stdout
+    for name in ("metrics.jsonl", "init.safetensors"):
+        shutil.copy(d / "straight" / name, d / "forgot" / name)
+    before = {p.name: p.read_bytes() for p in (d / "forgot").iterdir()}
+    # stopped before its first save (a loss that turns non-finite at iter 5; the first save is at 8): the
+    # earlier run's checkpoint, log and start are as they were, this run's log beside them
+    r = mica_cli("train", *common, "--max_iters=12", "--eval_interval=8", "--learning_rate=1e4", "--decay_lr=False",
+                 "--grad_clip=0.0", "--out_dir=forgot", cwd=d)
+    assert r.returncode == 3 and "the loss is nan" in r.stderr, r.stderr
+    assert "note: forgot holds an earlier run's checkpoint; this run does not resume it and replaces it, its " \
+           "metrics.jsonl and init.safetensors at its first save" in r.stdout
+    assert "the earlier run's ckpt.safetensors, metrics.jsonl and init.safetensors in forgot are untouched" in r.stderr
+    assert {n: (d / "forgot" / n).read_bytes() for n in before} == before
+    assert b'"stopped": "non-finite loss"' in (d / "forgot" / "metrics.jsonl.new").read_bytes()
+    # a run that ends (or saves) makes its files the folder's
+    mica("train", *common, "--max_iters=0", "--out_dir=forgot", cwd=d)
+    assert not (d / "forgot" / "metrics.jsonl.new").exists() and not (d / "forgot" / "init.new.safetensors").exists()
+    assert (d / "forgot" / "metrics.jsonl").read_bytes() != before["metrics.jsonl"]
+    assert (d / "forgot" / "init.safetensors").read_bytes() != before["init.safetensors"]
+    assert json.loads((d / "forgot" / "metrics.jsonl").read_text().splitlines()[0]) == \
+        json.loads((d / "straight" / "metrics.jsonl").read_text().splitlines()[0]) | {"step": 0}
 
 
 def test_sample_produces_text_of_the_asked_length(workdir):

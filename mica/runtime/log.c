@@ -10,10 +10,15 @@
 static FILE *metrics;
 static int tty = -1;
 
-/* a scratch run starts a fresh file; a resumed one appends to the run it continues */
+/* A scratch run starts a fresh file; a resumed one appends to the run it continues. A run that
+ * starts in a folder holding an earlier run's checkpoint (S.pending: mica train's note says its
+ * first save replaces that run) keeps that run's metrics.jsonl and init.safetensors until its own
+ * first checkpoint or its end: it logs to metrics.jsonl.new, starts from init.new.safetensors, and
+ * log_keep_run renames both into place. A run stopped before (Ctrl-C, a non-finite loss, a failure)
+ * leaves the earlier run's files as they were. */
 void log_open_metrics(int append) {
     char path[8192];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", S.out_dir);
+    snprintf(path, sizeof path, "%s/metrics.jsonl%s", S.out_dir, S.pending && !append ? ".new" : "");
     metrics = fopen(path, append ? "a+" : "w");
     if (!metrics) die(2, "cannot write %s: %s; check that the folder is writable", path, strerror(errno));
     if (append && fseek(metrics, -1, SEEK_END) == 0 && fgetc(metrics) != '\n') /* a run killed mid-line */
@@ -42,6 +47,29 @@ void log_metrics(const char *fmt, ...) {
 void log_close_metrics(void) {
     if (metrics) fclose(metrics);
     metrics = 0;
+}
+
+/* this run's log and start are now the folder's (its first checkpoint, or its end): S.pending's
+ * files renamed into place, the earlier run's replaced (the open log goes on in the renamed file) */
+void log_keep_run(void) {
+    if (!S.pending) return;
+    S.pending = 0;
+    if (S.rank != 0) return;
+    const char *names[2][2] = {{"metrics.jsonl.new", "metrics.jsonl"}, {"init.new.safetensors", "init.safetensors"}};
+    for (int i = 0; i < 2; i++) {
+        char from[8192], to[8192];
+        snprintf(from, sizeof from, "%s/%s", S.out_dir, names[i][0]);
+        snprintf(to, sizeof to, "%s/%s", S.out_dir, names[i][1]);
+        if (rename(from, to) != 0 && errno != ENOENT)
+            fprintf(stderr, "mica: warning: cannot rename %s to %s (%s); this run's file keeps its name\n", from, to,
+                    strerror(errno));
+    }
+}
+
+/* the end of a run that finished: its files are the folder's, then the log closes */
+void log_finish_metrics(void) {
+    log_keep_run();
+    log_close_metrics();
 }
 
 /* the progress line is for a person at a terminal; under mpirun a rank's stdout is Open MPI's

@@ -47,6 +47,9 @@ static const char *last_good(void) {
     if (last_saved >= 0)
         snprintf(text, sizeof text, "the last good checkpoint, %s/ckpt.safetensors (iter %lld), is untouched",
                  S.out_dir, (long long)last_saved);
+    else if (S.pending)
+        snprintf(text, sizeof text, "this run saved no checkpoint (the earlier run's ckpt.safetensors, metrics.jsonl "
+                 "and init.safetensors in %s are untouched; this run's log is metrics.jsonl.new)", S.out_dir);
     else
         snprintf(text, sizeof text, "this run saved no checkpoint (any ckpt.safetensors in %s is from an earlier run, "
                  "untouched)", S.out_dir);
@@ -69,8 +72,7 @@ static int stop_interrupted(int64_t iter, const char *during) {
         fprintf(stderr, "mica: interrupted %s iter %lld; the last good checkpoint is %s/ckpt.safetensors (iter %lld): "
                 "resume with --init_from=resume\n", during, (long long)iter, S.out_dir, (long long)last_saved);
     else
-        fprintf(stderr, "mica: interrupted %s iter %lld; this run saved no checkpoint (any ckpt.safetensors in %s is "
-                "from an earlier run, untouched)\n", during, (long long)iter, S.out_dir);
+        fprintf(stderr, "mica: interrupted %s iter %lld; %s\n", during, (long long)iter, last_good());
     log_metrics("{\"iter\": %lld, \"stopped\": \"interrupted\"}", (long long)iter);
     log_close_metrics();
     return 130;
@@ -172,6 +174,7 @@ int train_loop(void) {
                 best_val_loss = lv;
                 if (iter > 0) {
                     checkpoint_save(iter, best_val_loss, next, rows, before_eval); /* (rank 0 writes) */
+                    log_keep_run();
                     last_saved = iter;
                     update_stop_text();
                     if (S.rank == 0) printf("saving checkpoint to %s\n", S.out_dir);
@@ -224,6 +227,6 @@ int train_loop(void) {
             log_progress(iter, rate * S.batch * S.accum * S.block, (S.max_iters - iter) / (rate > 0 ? rate : 1e-9));
     }
     log_clear_progress();
-    log_close_metrics();
+    log_finish_metrics();
     return 0;
 }

@@ -281,7 +281,7 @@ void read_manifest(const char *path) {
         INT("max_iters", S.max_iters); INT("eval_interval", S.eval_interval); INT("eval_iters", S.eval_iters);
         INT("log_interval", S.log_interval); INT("eval_only", S.eval_only); INT("always_save", S.always_save);
         INT("seed", S.seed); INT("threads", S.threads); INT("time_every_iter", S.time_every_iter);
-        INT("stop_at", S.stop_at); INT("eval_offset", S.eval_offset);
+        INT("stop_at", S.stop_at); INT("eval_offset", S.eval_offset); INT("pending", S.pending);
         DBL("flops_per_iter", S.flops_per_iter); DBL("peak_flops", S.peak_flops);
         INT("train.x", S.tr_x); INT("train.y", S.tr_y); INT("train.iter", S.tr_iter); INT("train.loss", S.tr_loss);
         INT("train.lr", S.tr_lr); INT("eval.x", S.ev_x); INT("eval.y", S.ev_y); INT("eval.loss", S.ev_loss);

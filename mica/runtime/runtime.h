@@ -81,6 +81,7 @@ typedef struct {
     int n_train_files, n_val_files;
     int64_t vocab, block, batch, accum, max_iters, eval_interval, eval_iters, log_interval;
     int64_t eval_only, always_save, seed, threads, time_every_iter, stop_at; /* stop_at: 0, or a step to stop after */
+    int64_t pending; /* 1: an earlier run's metrics.jsonl and init.safetensors stay until this run's first save (log.c) */
     double flops_per_iter, peak_flops;
     /* the programs' inputs (tr_x, ...) and outputs (tr_loss, ...) the loop uses, by index */
     int64_t tr_x, tr_y, tr_iter, tr_loss, tr_lr, ev_x, ev_y, ev_loss, lg_idx, lg_logits;
@@ -161,6 +162,8 @@ void checkpoint_load(int which); /* the `fill` slots' bytes and the `load` slots
 void log_open_metrics(int append);
 void log_metrics(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_close_metrics(void);
+void log_keep_run(void);
+void log_finish_metrics(void);
 void log_progress(int64_t iter, double tok_per_s, double eta);
 void log_clear_progress(void);
 

@@ -149,6 +149,7 @@ int speedrun_loop(void) {
             if (step > start) {
                 int64_t next[2] = {train.file, train.pos};
                 checkpoint_save(step, val_loss, next, 2, no_generator); /* (rank 0 writes) */
+                log_keep_run();
                 saved_at = step;
                 if (S.world > 1) {
                     char text[8600];
@@ -197,12 +198,13 @@ int speedrun_loop(void) {
                         "%lld): resume with --init_from=resume\n", (long long)step + 1, S.out_dir, (long long)saved_at);
             else
                 fprintf(stderr, "mica: interrupted after step %lld; this run saved no checkpoint (any ckpt.safetensors in "
-                        "%s is from an earlier run, untouched)\n", (long long)step + 1, S.out_dir);
+                        "%s is from an earlier run, untouched%s)\n", (long long)step + 1, S.out_dir,
+                        S.pending ? ", as are its metrics.jsonl and init.safetensors; this run's log is metrics.jsonl.new" : "");
             log_close_metrics();
             return 130;
         }
     }
     log_clear_progress();
-    log_close_metrics();
+    log_finish_metrics();
     return 0;
 }

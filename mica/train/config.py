@@ -261,6 +261,8 @@ def _check_type(key, value, source, defaults, nullable=()):
     default = defaults[key]
     if value is None and key in nullable:
         return None
+    value = _plain(value)
+    value = _fits(key, value, source, default)
     if type(default) is float and type(value) is int:
         return float(value)
     if type(default) is int and type(value) is float and math.isfinite(value):
@@ -272,6 +274,32 @@ def _check_type(key, value, source, defaults, nullable=()):
         also = " or None" if key in nullable else ""
         kind = "a whole number" if type(default) is int and type(value) is float else type(default).__name__
         raise MicaError(f"{source}: {key} must be {kind}{also} (like its default {default!r}), got {_show(value)}")
+    return value
+
+
+def _plain(value):
+    """A numpy scalar as the Python number it is (a config file's np.float64(2e-3): nanoGPT reads it
+    as the float it subclasses)."""
+    import numpy as np
+
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def _fits(key, value, source, default):
+    """A whole number the trainer keeps in 64 bits (the seed's range is its own: check_seed)."""
+    if key == "seed" or type(default) is not int:
+        return value
+    whole = value if type(value) is int else int(value) if type(value) is float and math.isfinite(value) \
+        and value.is_integer() else None
+    if whole is not None and not -2**63 <= whole < 2**63:
+        raise MicaError(f"{source}: {key}={_show(value)} does not fit in 64 bits (the trainer counts in 64-bit "
+                        "integers); use a smaller value")
     return value
 
 
@@ -322,11 +350,14 @@ def apply_overrides(settings, items, nullable=(), defaults=None):
     return out
 
 
-def _without_value(item, after):
+def _without_value(item, after, defaults=None):
     """The sentence for a setting given without '=' (`after`: the item that follows it, which the
-    example takes for its value when it looks like one)."""
+    example takes for its value when it looks like one; else True for a yes/no setting, or the
+    setting's default as an example of its type)."""
+    default = (defaults or {}).get(item[2:], True)
     value = after if after and not after.startswith("-") and not os.path.isfile(after) and \
-        after not in BUILTIN_CONFIGS and not after.endswith(".py") else "True"
+        after not in BUILTIN_CONFIGS and not after.endswith(".py") else \
+        "True" if isinstance(default, bool) or default is None else default if isinstance(default, str) else repr(default)
     example = f"; a setting takes its value after '=', e.g. {item}={value}" if re.fullmatch(r"--\w+", item) else ""
     return MicaError(f"expected --key=value, got {item!r}{example}")
 
@@ -340,7 +371,7 @@ def load_script_settings(items, defaults, nullable=()):
     out, names, origin = dict(defaults), {}, {}
     for i, item in enumerate(items):
         if "=" not in item and item.startswith("-"):
-            raise _without_value(item, items[i + 1] if i + 1 < len(items) else "")
+            raise _without_value(item, items[i + 1] if i + 1 < len(items) else "", defaults)
         if "=" in item or item.startswith("-"):
             out = apply_overrides(out, [item], nullable, defaults)
             origin.pop(item.lstrip("-").partition("=")[0], None)
@@ -426,7 +457,7 @@ def _load(items, recipe, log):
             explicit.add(key)
             origin.pop(key, None)  # (the command line's own --key=value names the key already)
         elif item.startswith("-"):
-            raise _without_value(item, items[i + 1] if i + 1 < len(items) else "")
+            raise _without_value(item, items[i + 1] if i + 1 < len(items) else "", defaults_for(recipe))
         elif not item:
             raise MicaError("an empty argument is neither a config file nor --key=value; remove it")
         elif item in BUILTIN_CONFIGS and not os.path.exists(item):

@@ -370,10 +370,11 @@ def prepare_speedrun(cfg, log):
                     time_every_iter=int(cfg["time_every_iter"]), flops_per_iter=programs.flops_per_iter(cfg, model),
                     peak_flops=1.0, stop_at=cfg["stop_at"],
                     config_json=json.dumps(_with_vocab_digest(cfg, data_meta), separators=(",", ":")))
+    if cfg["init_from"] != "resume":
+        _say_replaced(out_dir, settings, log)
     if cfg["init_from"] == "scratch":
         log("initializing a new model from scratch")
-        _say_replaced(out_dir, log)
-        path = os.path.join(out_dir, "init.safetensors")
+        path = _init_path(out_dir, settings)
         ckpt.write(path, _stored(model, model.init(cfg["seed"])), {"format": "mica", "config": json.dumps(cfg)})
         loads = _loads(path, expected, settings, params_only=True)
     elif cfg["init_from"] == "resume":
@@ -716,10 +717,11 @@ def _stored(model, values):
 def _initial_state(cfg, model, by_name, out_dir, settings, log):
     """Where the trainer's starting values come from: [(slot index, file offset)] of init_file."""
     init = cfg["init_from"]
+    if init != "resume":
+        _say_replaced(out_dir, settings, log)
     if init == "scratch":
         log("initializing a new model from scratch")
-        _say_replaced(out_dir, log)
-        path = os.path.join(out_dir, "init.safetensors")
+        path = _init_path(out_dir, settings)
         tensors = dict(model.init(cfg["seed"]))
         if cfg.get("dtype") == "float16":  # the loss scaler starts at its init_scale, not at zero
             tensors.update({f"optimizer.scaler.{k}": v for k, v in mica_amp.GradScaler().init().items()})
@@ -763,19 +765,19 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
             log("the loss scaler starts at GradScaler's init_scale (65536), as in a run from scratch")
         if _hf_init(cfg):  # Hugging Face's names and Conv1D layout: converted to Mica's first
             tensors, _ = convert.read_hf_gpt2(init, block_size=cfg["block_size"])
-            init = os.path.join(out_dir, "init.safetensors")
+            init = _init_path(out_dir, settings)
             ckpt.write(init, tensors, {"format": "mica", "converted_from": os.path.abspath(cfg["init_from"]),
                                        "config": json.dumps(cfg)})
         else:
-            init = _widened(init, by_name, out_dir, cfg, log)
+            init = _widened(init, by_name, _init_path(out_dir, settings), cfg, log)
         return _loads(init, by_name, settings, params_only=True, fresh_scaler=True)
     raise AssertionError(f"init_from={init!r} passed _check_init_from")
 
 
-def _widened(path, by_name, out_dir, cfg, log):
+def _widened(path, by_name, out, cfg, log):
     """A weights file whose floating tensors are half types (bfloat16, float16) where the model's
     are float32: the trainer keeps float32 master weights, so the file's values are widened
-    (exactly) into out_dir/init.safetensors; any other file is read as it is."""
+    (exactly) into `out` (the run's init file); any other file is read as it is."""
     st = ckpt.SafeTensors(path)
     half = [n for n in st.names if st.info(n)[0] in (ckpt.BFLOAT16, np.dtype(np.float16))
             and by_name.get(n, (0, 0, np.float32))[2] == np.float32]
@@ -784,7 +786,6 @@ def _widened(path, by_name, out_dir, cfg, log):
     log(f"note: {path} holds {len(half)} tensors in {st.info(half[0])[0].name}; the model trains float32 "
         "master weights, widened from them exactly")
     tensors = {n: (st.read(n).astype(np.float32) if n in half else st.read(n)) for n in st.names}
-    out = os.path.join(out_dir, "init.safetensors")
     ckpt.write(out, tensors, {"format": "mica", "converted_from": os.path.abspath(path), "config": json.dumps(cfg)})
     return out
 
@@ -834,12 +835,23 @@ def _say_other_product_kernel(cfg, kernel, log):
             "that kernel where this processor has it)")
 
 
-def _say_replaced(out_dir, log):
-    """A note when a run from scratch starts in a folder holding an earlier run's checkpoint, which
-    its first save replaces (as nanoGPT's does): the moment to stop if --init_from=resume was meant."""
-    if os.path.isfile(os.path.join(out_dir, "ckpt.safetensors")):
-        log(f"note: {out_dir} holds an earlier run's checkpoint; this run starts from scratch and replaces it at its "
-            "first save (Ctrl-C now and pass --init_from=resume to continue that run instead)")
+def _say_replaced(out_dir, settings, log):
+    """A note when a run that does not resume starts in a folder holding an earlier run's
+    checkpoint, which its first save replaces (as nanoGPT's does): the moment to stop if
+    --init_from=resume was meant. Until then that run's metrics.jsonl and init.safetensors stay as
+    they are too (settings' `pending`: this run logs to metrics.jsonl.new and starts from
+    init.new.safetensors, renamed into place at its first save or its end, runtime/log.c)."""
+    settings["pending"] = int(os.path.isfile(os.path.join(out_dir, "ckpt.safetensors")))
+    if settings["pending"]:
+        log(f"note: {out_dir} holds an earlier run's checkpoint; this run does not resume it and replaces it, its "
+            "metrics.jsonl and init.safetensors at its first save (Ctrl-C now and pass --init_from=resume to continue "
+            "that run instead)")
+
+
+def _init_path(out_dir, settings):
+    """Where this run's starting values are written: init.safetensors, or init.new.safetensors while an
+    earlier run's files stay (`pending`, _say_replaced)."""
+    return os.path.join(out_dir, "init.new.safetensors" if settings.get("pending") else "init.safetensors")
 
 
 def _say_scaler(st, by_name, cfg, log):
