@@ -37,7 +37,10 @@ class autocast:  # noqa: N801  (PyTorch's name)
     def __init__(self, device_type="cpu", dtype=None, enabled=True, cache_enabled=None):
         if device_type not in FLOAT32:
             raise MicaError(f"autocast: device_type must be 'cpu' or 'cuda', got {device_type!r}")
-        dtype = _DEFAULT_DTYPE[device_type] if dtype is None else dtypes.as_dtype(dtype)
+        try:
+            dtype = _DEFAULT_DTYPE[device_type] if dtype is None else dtypes.as_dtype(dtype)
+        except (TypeError, KeyError):
+            raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype!r}") from None
         if dtype not in (dtypes.bfloat16, dtypes.float16):
             raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype.name}")
         self.device_type, self.dtype, self.enabled = device_type, dtype, bool(enabled)
@@ -108,11 +111,21 @@ class GradScaler:
     the step (parameters and optimizer state keep their bits) and multiplies the scale by
     backoff_factor; growth_interval steps in a row without one multiply it by growth_factor."""
 
-    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                 enabled=True):
-        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1 or int(growth_interval) < 1:
+    def __init__(self, device="cuda", init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, enabled=True):
+        # (torch.amp.GradScaler's signature; `device` changes nothing here: the target decides where it runs)
+        if not isinstance(device, str):
+            raise MicaError(f"GradScaler: device is a name such as 'cuda' or 'cpu' (torch.amp.GradScaler's first "
+                            f"argument), got {device!r}; pass init_scale by name")
+        try:
+            ok = init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and int(growth_interval) >= 1 \
+                and int(growth_interval) == growth_interval
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
             raise MicaError("GradScaler: init_scale must be > 0, growth_factor > 1, backoff_factor in (0, 1) and "
                             "growth_interval a positive count")
+        self.device = device
         self.init_scale, self.growth_factor = float(init_scale), float(growth_factor)
         self.backoff_factor, self.growth_interval = float(backoff_factor), int(growth_interval)
         self.enabled = bool(enabled)
@@ -126,6 +139,10 @@ class GradScaler:
         return {"scale": dtypes.Spec((), dtypes.float32), "growth_tracker": dtypes.Spec((), dtypes.int32)}
 
     def scale(self, loss, state):
+        if self.enabled and (not isinstance(state, dict) or "scale" not in state):
+            from .tensor import fail
+
+            fail("GradScaler.scale: the state must be the dict scaler.init() gives (specs: scaler.state_specs())")
         return loss * state["scale"] if self.enabled else loss
 
     def unscale(self, grads, state):
@@ -153,7 +170,14 @@ class GradScaler:
             return new
         is_leaf = lambda x: isinstance(x, Tensor)  # noqa: E731
         a, tree = pytree.flatten(old, is_leaf=is_leaf)
-        b, _ = pytree.flatten(new, is_leaf=is_leaf)
+        b, other = pytree.flatten(new, is_leaf=is_leaf)
+        shapes = [(x.shape, x.dtype) if is_leaf(x) else None for x in a]
+        if tree != other or shapes != [(y.shape, y.dtype) if is_leaf(y) else None for y in b]:
+            from .tensor import fail
+
+            fail("GradScaler.step: `new` must have the structure, shapes and dtypes of `old` (the optimizer's "
+                 "result for the same parameters and state, in the same order), e.g. scaler.step(found_inf, "
+                 "(params, opt_state), opt.update(params, grads, opt_state))")
         chosen = pytree.unflatten(tree, [x if x is y else F.where(found_inf, x, y) for x, y in zip(a, b)])
         from .tensor import current
 
@@ -169,6 +193,11 @@ class GradScaler:
 
         if not self.enabled:
             return state
+        if not isinstance(state, dict) or set(state) != {"scale", "growth_tracker"}:
+            from .tensor import fail
+
+            fail("GradScaler.update: the state must be the dict scaler.init() gives ('scale' and "
+                 "'growth_tracker'; specs: scaler.state_specs())")
         scale, tracker = state["scale"], state["growth_tracker"]
         grown = tracker + 1 == self.growth_interval
         wider = F.to(F.to(scale, dtypes.float64) * self.growth_factor, dtypes.float32)

@@ -367,6 +367,37 @@ def test_float16_with_gradient_accumulation_trains(work):
     assert all(abs(f16[i] - f32[i]) < 1e-2 * f32[i] for i in f32)
 
 
+def test_grad_scaler_takes_torchs_arguments_and_refuses_mismatched_trees():
+    """torch.amp.GradScaler's signature (device first); a step whose `new` is not `old`'s structure
+    (swapped, or the optimizer state left out) is a sentence at the user's line, where it compiled
+    with wrong shapes, raised StopIteration or dropped leaves; a hand-made state without the growth
+    tracker, and autocast's dtype given as a string it does not know, are sentences too."""
+    assert mica.amp.GradScaler("cpu", growth_interval=5).growth_interval == 5
+    assert mica.amp.GradScaler(device="cuda").init_scale == 2.0 ** 16
+    with pytest.raises(MicaError, match="pass init_scale by name"):
+        mica.amp.GradScaler(4.0)
+    sc, opt = mica.amp.GradScaler(init_scale=4.0), mica.optim.SGD(lr=0.5)
+    ps = {"w": mica.f32[3, 2], "b": mica.f32[2]}
+
+    def step(arrange):
+        def f(p, o, s, x):
+            loss, g = mica.value_and_grad(lambda q: sc.scale((x @ q["w"] + q["b"]).square().mean(), s))(p)
+            g, found = sc.unscale(g, s)
+            new = opt.update(p, g, o)
+            return sc.step(found, *arrange(p, o, new))
+        return f
+
+    for arrange in (lambda p, o, new: ((p, o), (new[1], new[0])), lambda p, o, new: ((p, o), new[0]),
+                    lambda p, o, new: (p, new)):
+        with pytest.raises(MicaError, match=r"GradScaler.step: `new` must have the structure.*test_mixed_precision"):
+            mica.trace(step(arrange), ps, opt.state_specs(ps), sc.state_specs(), mica.f32[4, 3])
+    mica.trace(step(lambda p, o, new: ((p, o), new)), ps, opt.state_specs(ps), sc.state_specs(), mica.f32[4, 3])
+    with pytest.raises(MicaError, match="GradScaler.update: the state must be the dict scaler.init"):
+        mica.trace(lambda s, x: sc.update(s, x.sum() > 0), {"scale": mica.f32[()]}, mica.f32[3])
+    with pytest.raises(MicaError, match="autocast: dtype must be mica.bfloat16 or mica.float16, got 'fp16'"):
+        mica.autocast(dtype="fp16")
+
+
 def test_grad_scaler_takes_torchs_decisions_on_the_same_numbers():
     """float16 autocast with a GradScaler (growth every 3 steps): inputs that grow and shrink make
     steps overflow (skipped, the scale halved), grow the scale, and overflow twice in a row; every

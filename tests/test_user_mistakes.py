@@ -11,6 +11,7 @@ import pytest
 import mica
 import mica.nn.functional as F
 from mica.errors import GradError, MissingVerbError, TraceError
+from test_cuda import needs_simulator
 
 HERE = __file__
 
@@ -162,6 +163,23 @@ def test_a_compiled_programs_inputs_of_the_wrong_kind_or_structure():
         said, line = str(e.value), _line(-1)  # (the call's line, which the sentence names)
         assert said.startswith(f"lookup: the arguments differ from the traced ones: {says} (") and said.endswith(
             f"{line})"), said
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda-sim", marks=needs_simulator)])
+def test_integers_out_of_an_inputs_range_and_a_bad_dropout_key_are_sentences(target):
+    """numpy's cast wrapped 2**40 + 5 into an int32 input as 5, silently; a seed of 'a' was Python's
+    ValueError. Both are sentences at the call's line; a seed of 64 bits (unsigned too) is a key."""
+    options = {"simulate": True} if target == "cuda-sim" else {}
+    exe = mica.trace(lambda a: a * 2, mica.i32[2]).lower(target.split("-")[0], **options).build()
+    with pytest.raises(mica.MicaError, match=r"input 0 is i32\[2\] and got 1099511627781, outside int32's range; "
+                                             r"pass values from -2147483648 to 2147483647 \(.*test_user_mistakes"):
+        exe(np.array([1, 2 ** 40 + 5]))
+    with pytest.raises(mica.MicaError, match=r"input 0 is i32\[2\] and got -2147483649, outside"):
+        exe(np.array([-2 ** 31 - 1, 0]))
+    for key in (dict(seed="a"), dict(offset=1.5), dict(seed=2 ** 64), dict(seed=True)):
+        with pytest.raises(mica.MicaError, match=r"(seed|offset) must be a whole number of 64 bits"):
+            exe(np.array([1, 2]), **key)
+    assert np.array_equal(exe(np.array([1, -3]), seed=2 ** 64 - 1, offset=np.int64(4)), [2, -6])
 
 
 def test_a_boolean_input_takes_0_1_integers_and_refuses_floats():

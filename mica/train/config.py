@@ -198,7 +198,8 @@ DESCRIPTIONS = {
     "device": "cpu, or cuda (an NVIDIA GPU; cuda:0 is the same)",
     "dtype": "float32, or bfloat16: the products and attention in bfloat16 under autocast, as torch.autocast (on a CPU nanoGPT trains float32, so a CPU run does too unless dtype is given); float16 adds GradScaler's loss scaling, as nanoGPT",
     "compile": "accepted; Mica's step is always compiled",
-    "seed": "seeds the initialization, the batches and dropout (any 64-bit int, negative too)",
+    "seed": "seeds the initialization, the batches and dropout (any 64-bit int, negative too; nanoGPT's train.py "
+            "seeds with 1337 itself)",
     "threads": "trainer threads; 0: one per core, at most max(8, cores) (results are the same for any count)",
     "opt_level": "0, 1 or 2: gcc -O1/-O2/-O3; 0 also turns fusion off",
     "batch_order": "a file of recorded batch offsets to train on instead of random ones",
@@ -244,9 +245,12 @@ def train_help(items=()):
         "usage: mica train [CONFIG ...] [--key=value ...]",
         "CONFIG is a nanoGPT config file (Python assigning some of the settings below) or a built-in name\n"
         f"({', '.join(BUILTIN_CONFIGS)}). Each --key=value overrides one setting: a Python literal of the default's\n"
-        "type, or a bare word as a string. As in nanoGPT, configs and settings apply in the order given, and a\n"
-        f"config file sees the settings before it. The settings and their {where}:",
-        [("nanoGPT's settings (train.py):", list(DEFAULTS)), ("Mica's settings:", list(MICA_DEFAULTS))],
+        "type (a whole float is taken for a count, as a config's max_iters / 10), or a bare word as a string. As\n"
+        "in nanoGPT, configs and settings apply in the order given, and a config file sees the settings before it.\n"
+        f"The settings and their {where}:",
+        # (nanoGPT's train.py seeds with 1337 itself: `seed` is Mica's setting)
+        [("nanoGPT's settings (train.py):", [k for k in DEFAULTS if k != "seed"]),
+         ("Mica's settings:", ["seed", *MICA_DEFAULTS])],
         DESCRIPTIONS, defaults)
 
 
@@ -549,16 +553,9 @@ def device(name):
 
 def cuda_unusable():
     """None when the NVIDIA driver sees a GPU here, else why not (a few words)."""
-    import ctypes
+    from ..backends.cuda.build import unusable
 
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "no NVIDIA driver is installed here (libcuda.so.1 is missing)"
-    count = ctypes.c_int(0)
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
-        return "the NVIDIA driver finds no usable GPU here"
-    return None
+    return unusable()
 
 
 def check_supported(cfg, log=print):
@@ -585,8 +582,20 @@ def check_dtype(cfg):
     """A nanoGPT-recipe config's dtype: one of nanoGPT's three names, as train.py takes them (led by
     the config file's line that set it)."""
     if cfg["dtype"] not in DTYPES:
-        near = _nearest(cfg["dtype"], DTYPES) if isinstance(cfg["dtype"], str) else ""
+        near = _dtype_meant(cfg["dtype"]) if isinstance(cfg["dtype"], str) else ""
         raise _located(cfg, MicaError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}{near}"))
+
+
+# the other names of the three (torch's aliases and the usual short ones)
+DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+                 "f16": "float16", "half": "float16"}
+
+
+def _dtype_meant(text):
+    """'; did you mean ...?' for a dtype spelled another way: another case, a short name or an alias."""
+    key = text.strip().lower().removeprefix("torch.")
+    meant = key if key in DTYPES else DTYPE_ALIASES.get(key)
+    return f"; did you mean {meant!r}?" if meant else _nearest(key, DTYPES)
 
 
 def _located(cfg, e):

@@ -72,8 +72,11 @@ def _check_batch_order(path, windows, needed=None, rows=None):
     if not os.path.exists(path):
         raise MicaError(f"batch order file {path} does not exist; check the path, or leave batch_order empty for "
                         "the seed's random batches")
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
         raise MicaError(f"batch order file {path} is a folder; give the path of the file in it")
+    if not os.path.isfile(path):
+        raise MicaError(f"batch order file {path} is not a regular file (a device or a pipe); give the path of a "
+                        "text file of row offsets")
     text = read_text(path, "batch order file")
     count = 0
     for number, line in enumerate(text.splitlines(), 1):

@@ -31,7 +31,26 @@ def check_input(array, view, index, name):
     if a.shape != tuple(view.shape):
         raise MicaError(f"{name}: input {index} is {spec} and got shape {a.shape}; pass an array of shape "
                         f"{tuple(view.shape)}", user_location())
+    if want.kind == "i" and a.dtype.kind in "iu" and a.size:  # (numpy's cast would wrap it)
+        info = np.iinfo(want)
+        low, high = a.min(), a.max()
+        if low < info.min or high > info.max:
+            raise MicaError(f"{name}: input {index} is {spec} and got {high if high > info.max else low}, outside "
+                            f"{want}'s range; pass values from {info.min} to {info.max}", user_location())
     return a
+
+
+def check_key(seed, offset):
+    """(seed, offset) of a run as the two integers that key dropout's stream, or one sentence."""
+    out = []
+    for what, v in (("seed", seed), ("offset", offset)):
+        if isinstance(v, (float, np.floating)) and float(v).is_integer():
+            v = int(v)
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not -2**63 <= int(v) < 2**64:
+            raise MicaError(f"{what} must be a whole number of 64 bits (it keys dropout's stream with the other of "
+                            f"seed and offset), got {v!r}", user_location())
+        out.append(int(v) - 2**64 if int(v) >= 2**63 else int(v))
+    return out
 
 
 def _to_storage(array, dtype):
@@ -115,7 +134,8 @@ class Executable:
     def run(self, threads=None, seed=0, offset=0):
         """Run once over what is in the arena. State updated in place stays there for the next run."""
         threads = threads or min(os.cpu_count() or 1, self.lowered.target.max_threads)
-        rc = self._lib.mica_run(self._arena, int(threads), int(seed), int(offset))
+        seed, offset = check_key(seed, offset)
+        rc = self._lib.mica_run(self._arena, int(threads), seed, offset)
         if rc != 0:
             raise MicaError(self._lib.mica_error().decode())
 

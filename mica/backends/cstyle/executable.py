@@ -6,7 +6,7 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import _from_storage, _to_storage, check_input
+from ..c.executable import _from_storage, _to_storage, check_input, check_key
 
 
 class AbiExecutable:
@@ -56,7 +56,8 @@ class AbiExecutable:
         self._set(self._arena, index, data.ctypes.data)
 
     def run(self, threads=1, seed=0, offset=0):
-        rc = self._run(self._arena, int(threads), int(seed), int(offset))
+        seed, offset = check_key(seed, offset)
+        rc = self._run(self._arena, int(threads), seed, offset)
         if rc != 0:
             raise MicaError(self._error().decode())
 

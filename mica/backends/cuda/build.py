@@ -24,6 +24,20 @@ def nvcc():
     return path
 
 
+def unusable():
+    """None when the NVIDIA driver sees a GPU here, else why not (a few words)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA driver is installed here (libcuda.so.1 is missing)"
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        return "the NVIDIA driver finds no usable GPU here"
+    return None
+
+
 def wheel_dirs(module, missing):
     """(include dir, lib dir) of an NVIDIA wheel's package (`module`, e.g. nvidia.cu13); `missing`:
     the sentence when it is not installed."""

@@ -68,6 +68,11 @@ class CudaTarget(Target):
         from ..cstyle.executable import AbiExecutable
         from . import build
 
+        why = None if self.simulate else build.unusable()
+        if why:  # (said before nvcc's minutes, not after them by the loaded library)
+            raise MicaError(f"a CUDA program built here could not run: it needs an NVIDIA GPU and its driver, and "
+                            f"{why}; run it on the simulator (simulate=True), or build it where a card is (its CUDA "
+                            "source is the lowering's .source)")
         library = build.build(lowered.source, lowered.program.name, simulate=self.simulate, tf32=self.tf32,
                               threads_per_block=self.threads_per_block)
         return AbiExecutable(lowered, library)
