@@ -181,12 +181,15 @@ def cmd_inspect(args, extra):
     if any(a and "=" not in a and not a.startswith("-") for a in extra):
         return _inspect_config(args, extra)
     known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
-    s = _settings(extra, {**known, "batch_size": 1})
-    batch = s.pop("batch_size")
-    return _inspect_gpt(args, s, batch)
+    s = _settings(extra, {**known, "batch_size": 1, "dtype": "float32"})
+    batch, dtype = s.pop("batch_size"), s.pop("dtype")
+    from .train import config as config_mod
+
+    config_mod.check_dtype({"dtype": dtype})
+    return _inspect_gpt(args, s, batch, dtype)
 
 
-def _inspect_gpt(args, s, batch):
+def _inspect_gpt(args, s, batch, dtype="float32"):
     import mica
 
     from .models.gpt import GPT, GPTConfig, loss_fn
@@ -207,7 +210,8 @@ def _inspect_gpt(args, s, batch):
         opt = mica.optim.adamw(param_groups=mica.optim.nanogpt_param_groups(params, 0.1))
 
         def step(params, opt_state, x, y):
-            loss, g = mica.value_and_grad(loss_fn(model))(params, x, y)
+            with mica.autocast(dtype=getattr(mica, dtype) if dtype != "float32" else None, enabled=dtype != "float32"):
+                loss, g = mica.value_and_grad(loss_fn(model))(params, x, y)
             norm = mica.optim.clip_grad_norm(g, 1.0)
             params, opt_state = opt.update(params, g, opt_state)
             return params, opt_state, loss, norm
@@ -414,7 +418,7 @@ def parser():
                          description="CONFIG: config files or built-in names, read as mica train reads them (the "
                          "vocabulary from --vocab_size=N or the config's data folder); without one, --key=value sets "
                          "nanoGPT's model.py GPTConfig (n_layer, n_head, n_embd, block_size, vocab_size, bias, "
-                         "dropout) and batch_size")
+                         "dropout), batch_size and dtype (float32, bfloat16 or float16: the step under autocast)")
     ins.add_argument("--ir", action="store_true", help="print the IR of one training step")
     be = sub.add_parser("bench", help="one training step side by side with PyTorch, by the report's protocol")
     be.add_argument("--model", default="cpu", choices=["cpu", "shakespeare_char", "tutorial", "gpt2", "gpt2-medium",

@@ -18,6 +18,11 @@ def test_inspect_prints_the_step_ir():
     r = _mica("inspect", "--ir", "--n_layer=1", "--n_head=2", "--n_embd=8", "--block_size=4", "--vocab_size=7")
     assert r.returncode == 0, r.stderr
     assert " = attention_backward " in r.stdout and "gpt.py:" in r.stdout
+    # without a config, --dtype too: the step under autocast (it was an unknown setting)
+    r = _mica("inspect", "--ir", "--n_layer=1", "--n_head=2", "--n_embd=8", "--block_size=4", "--vocab_size=7",
+              "--dtype=bfloat16")
+    assert r.returncode == 0, r.stderr
+    assert ":bf16[4, 24] = matmul" in r.stdout and "cast" in r.stdout
 
 
 def test_unknown_setting_names_the_nearest_one():
