@@ -26,6 +26,8 @@ def attention_slot(dtype, L, S, E, Ev):
     floats; doubles for float64)."""
     if dtype is dtypes.float32:
         return E * S + Ev * S + 2 * L * S
+    if dtype is dtypes.float16:  # (the widened heads: mica_attention_slot_f16)
+        return E * S + Ev * S + 2 * L * S + 2 * L * E + 2 * S * E + 2 * S * Ev + 2 * L * Ev
     if dtype is dtypes.bfloat16:  # (the widened heads, then the packed operands: mica_attention_tiles_bf16)
         Ep, Evp, Sp, Lp = (-(-x // 32) * 32 for x in (E, Ev, S, L))
         tiles = ((Ep + Evp) * Sp // 2 + 16 * max(Ep, Evp, Sp, Lp) + 1024 + (Sp * (Ep + Evp) + Lp * (Ep + Evp)) // 2
@@ -66,7 +68,7 @@ def _per_row(kernel):
 def _attention_scratch(kernel):
     q, k, v = kernel.inputs[:3] if kernel.op == "attention" else kernel.inputs[1:4]
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    element = 4 if q.dtype is dtypes.bfloat16 else q.dtype.itemsize  # (bfloat16 heads are widened in it)
+    element = 4 if q.dtype in (dtypes.bfloat16, dtypes.float16) else q.dtype.itemsize  # (half heads: widened)
     return 0, attention_slot(q.dtype, L, S, E, Ev) * element
 
 
@@ -79,15 +81,15 @@ def _rows(view, ndims):
     return math.prod(view.shape[:len(view.shape) - ndims]), math.prod(view.shape[len(view.shape) - ndims:])
 
 
-BF16_KERNELS = ("attention", "attention_backward")  # the kernels that also exist for bfloat16 operands
+HALF_KERNELS = ("attention", "attention_backward")  # the kernels that also exist for half-type operands
 
 
 def _dtype(kernel):
     """The element type the kernel computes in and its kernels' suffix; the CPU kernels exist for
-    float32 and float64, and those of BF16_KERNELS for bfloat16 too."""
+    float32 and float64, and those of HALF_KERNELS for bfloat16 and float16 too."""
     dt = kernel.inputs[0].dtype if kernel.op != "embedding" else kernel.inputs[1].dtype
-    if dt is dtypes.bfloat16 and kernel.op in BF16_KERNELS:
-        return dt, "bf16"
+    if dt in (dtypes.bfloat16, dtypes.float16) and kernel.op in HALF_KERNELS:
+        return dt, "bf16" if dt is dtypes.bfloat16 else "f16"
     if dt not in (dtypes.float32, dtypes.float64):
         raise MicaError(f"{kernel.op} on {dt.name} is not supported by the CPU backend yet; cast to float32 first")
     return dt, ct.suffix(dt)

@@ -758,4 +758,70 @@ static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf
         mica_bf16_tiles_end(amx);
     }
 }
+
+/* ---- float16 attention: each head widened to float32 as it is read (exactly; F16C where the
+ * processor has it: mica_wide_row), the float32 heads' arithmetic (the bfloat16 kernel's float32
+ * path, with fp_half_intermediates' roundings: half_round 2), each result rounded once to float16
+ * as it is written. In place of a cast pass over q, k, v (and o, g) before and after a float32
+ * kernel. Per-thread scratch: mica_attention_slot_f16(L, S, E, Ev) floats. */
+static inline int64_t mica_attention_slot_f16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
+    return mica_attention_widened_bf16(L, S, E, Ev);
+}
+
+/* dst[r * cols + c] = src[r * st + c] widened; and back, rounded */
+static void mica_f16_rows_in(const mica_f16 *src, int64_t st, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r = 0; r < rows; r++) mica_wide_row(src, MICA_WIDE_F16, st, r, cols, dst + r * cols);
+}
+static void mica_f16_rows_out(const float *src, int64_t rows, int64_t cols, mica_f16 *dst, int64_t st) {
+    mica_wide_write(src, cols, rows, cols, dst, st, 0, 0, MICA_WIDE_F16, 1);
+}
+
+static void mica_attention_f16(const mica_attn_shape *a, const mica_f16 *q, const mica_f16 *k, const mica_f16 *v,
+                               mica_f16 *o, float *lse, float *scratch, int64_t slot) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
+    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
+        int64_t b = bh / a->H, h = bh % a->H;
+        float *base = scratch + (int64_t)omp_get_thread_num() * slot;
+        float *kt = base, *p = kt + E * S;
+        float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
+        mica_f16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
+        mica_f16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kf);  /* (then transposed) */
+        mica_transpose_f32(kf, E, kt, S, S, E);
+        mica_f16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
+        mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E);
+        mica_attention_head_f32(a, bh, &qk, MICA_ATTN_ROWS, vf, Ev, of, Ev, lse, p);
+        mica_f16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
+    }
+}
+
+static void mica_attention_backward_f16(const mica_attn_shape *a, const mica_f16 *g, const mica_f16 *q,
+                                        const mica_f16 *k, const mica_f16 *v, const mica_f16 *o, const float *lse,
+                                        mica_f16 *dq, mica_f16 *dk, mica_f16 *dv, int64_t g_sb, int64_t g_sh,
+                                        int64_t g_st, float *scratch, int64_t slot) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
+#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
+    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
+        int64_t b = bh / a->H, h = bh % a->H;
+        float *base = scratch + (int64_t)omp_get_thread_num() * slot;
+        float *kt = base, *vt = kt + E * S;
+        float *pd = vt + Ev * S, *ds = pd + L * S;
+        float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
+        float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
+        float *vf = dvf + S * Ev;  /* V widened, before its transpose */
+        mica_f16_rows_in(g + b * g_sb + h * g_sh, g_st, L, Ev, gf);
+        mica_f16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
+        mica_f16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
+        mica_f16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kf);
+        mica_transpose_f32(kf, E, kt, S, S, E);
+        mica_f16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
+        mica_transpose_f32(vf, Ev, vt, S, S, Ev);
+        mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E), gv = mica_attn_dots_of_f32(gf, Ev, vt, S, Ev);
+        mica_attention_backward_head_f32(a, bh, &qk, &gv, MICA_ATTN_ROWS, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E,
+                                         dkf, E, dvf, Ev, pd, ds);
+        mica_f16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
+        mica_f16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
+        mica_f16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);
+    }
+}
 #endif

@@ -6,8 +6,8 @@ inlines it: float32 products through OpenBLAS, bfloat16 ones on each 32-row bloc
 kernels or on the float32 fallback's OpenBLAS tiles); bfloat16 products are its own
 (mica_bf16gemm.h, the kernel chosen from the processor: bf16gemm.py), and so is bfloat16 attention
 (mica_kernels.h); float16 products are widened inside the product (mica_f16gemm: no float16
-product instructions are used); the other half-type kernels are widened to float32 around them
-(passes/widen.py); the kernels' lowerings are registered under platform "c" (lowerings.py).
+product instructions are used), and float16 attention inside the kernel (mica_attention_f16); the
+other half-type kernels are widened to float32 around them (passes/widen.py); the kernels' lowerings are registered under platform "c" (lowerings.py).
 """
 import os
 
@@ -15,7 +15,7 @@ from ... import dtypes
 from ...targets import Target
 from . import build as _build
 from . import bf16gemm
-from .lowerings import BF16_KERNELS, gemm_scratch
+from .lowerings import HALF_KERNELS, gemm_scratch
 from . import collectives as _collectives  # noqa: F401  (registers the collectives' lowerings)
 
 
@@ -46,9 +46,8 @@ class CTarget(Target):
         return self._bf16_gemm
 
     def half_kernel(self, op, dtype):
-        if dtype is dtypes.float16:  # (widened inside the product: mica_f16gemm)
-            return op == "matmul"
-        return dtype is dtypes.bfloat16 and (op == "matmul" or op in BF16_KERNELS)
+        # (float16 products widened inside the product, mica_f16gemm; its attention widened inside the kernel)
+        return dtype in (dtypes.bfloat16, dtypes.float16) and (op == "matmul" or op in HALF_KERNELS)
 
     @property
     def workspace_units(self):
