@@ -158,7 +158,8 @@ def _write(path, obj):
     ({"vocab_size": True}, "not a positive whole number"),
     ({"vocab_size": 2, "itos": ["a", "b"]}, "has itos without stoi"),
     ({"vocab_size": 2, "itos": ["a", "b"], "stoi": {"a": 0, "b": 0}}, "disagree"),
-    ({"vocab_size": 3, "itos": ["a", "b"], "stoi": {"a": 0, "b": 1}}, "says vocab_size 3 but has 2 itos"),
+    ({"vocab_size": 1, "itos": ["a", "b"], "stoi": {"a": 0, "b": 1}}, "says vocab_size 1 but has 2 itos"),
+    ({"vocab_size": 3, "itos": ["a", "b"], "stoi": {"a": 0, "b": 1, "c": 2}}, "says vocab_size 3 but has 2 itos"),
     ({"vocab_size": 2, "itos": "ab", "stoi": {"a": 0, "b": 1}}, "not a list or dict"),
     ({"vocab_size": 2, "itos": [1, 2], "stoi": {1: 0, 2: 1}}, "not a string"),
     ({"vocab_size": 2, "itos": {"0": "a", "2": "b"}, "stoi": {"a": 0, "b": 1}}, "not 0..1"),
@@ -171,6 +172,15 @@ def test_malformed_meta_files_are_sentences(tmp_path, obj, needle, kind):
     _write(str(tmp_path / kind), obj)
     with pytest.raises(MicaError, match=needle):
         meta.read(str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["meta.json", "meta.pkl"])
+def test_a_padded_character_vocabulary_is_read_as_nanogpt_reads_it(tmp_path, kind):
+    """vocab_size above the characters' count (rows no character names, as in a vocabulary padded to 128):
+    nanoGPT trains it; the model takes vocab_size rows and sampling decodes the characters."""
+    _write(str(tmp_path / kind), {"vocab_size": 128, "itos": ["a", "b"], "stoi": {"a": 0, "b": 1}})
+    m = meta.read(str(tmp_path))
+    assert m.vocab_size == 128 and m.itos == ["a", "b"]
 
 
 def test_other_broken_files_are_sentences(tmp_path):

@@ -230,7 +230,9 @@ def _char_tables(bad, itos, stoi, n):
         raise MicaError(f"{bad} has stoi of type {type(stoi).__name__}, not a dict")
     if not all(isinstance(s, str) for s in itos):
         raise MicaError(f"{bad} has an itos entry that is not a string")
-    if len(itos) != n or len(stoi) != n:
+    # (fewer entries than vocab_size: a padded vocabulary, whose model has rows no character names; nanoGPT
+    # trains it, and sampling refuses an id beyond the entries)
+    if len(itos) != len(stoi) or len(itos) > n or not itos:
         raise MicaError(f"{bad} says vocab_size {n} but has {len(itos)} itos and {len(stoi)} stoi entries; "
                         "prepare the data again")
     for i, s in enumerate(itos):
