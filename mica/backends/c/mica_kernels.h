@@ -512,6 +512,70 @@ static void mica_bf16_rows_out(const float *src, int64_t rows, int64_t cols, mic
         for (int64_t c = 0; c < cols; c++) dst[r * st + c] = mica_bf16_store(src[r * cols + c]);
 }
 
+/* dst[r * cols + c] = src[r * st + c] widened; and back, rounded to nearest even */
+static void mica_f16_rows_in(const mica_f16 *src, int64_t st, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r = 0; r < rows; r++) mica_wide_row(src, MICA_WIDE_F16, st, r, cols, dst + r * cols);
+}
+static void mica_f16_rows_out(const float *src, int64_t rows, int64_t cols, mica_f16 *dst, int64_t st) {
+    mica_wide_write(src, cols, rows, cols, dst, st, 0, 0, MICA_WIDE_F16, 1);
+}
+
+/* a half type's rows (`half`: MICA_WIDE_BF16 or MICA_WIDE_F16; both 2 bytes an element) widened into
+ * float32, and float32 rows rounded back: bfloat16 as it is (subnormals kept), float16 exactly */
+static void mica_half_rows_in(int half, const void *src, int64_t st, int64_t rows, int64_t cols, float *dst) {
+    if (half == MICA_WIDE_F16) mica_f16_rows_in((const mica_f16 *)src, st, rows, cols, dst);
+    else mica_bf16_rows_in((const mica_bf16 *)src, st, rows, cols, dst);
+}
+static void mica_half_rows_out(int half, const float *src, int64_t rows, int64_t cols, void *dst, int64_t st) {
+    if (half == MICA_WIDE_F16) mica_f16_rows_out(src, rows, cols, (mica_f16 *)dst, st);
+    else mica_bf16_rows_out(src, rows, cols, (mica_bf16 *)dst, st);
+}
+/* element `at` of a half-type array */
+static inline const void *mica_half_at(const void *x, int64_t at) { return (const char *)x + 2 * at; }
+
+/* One head of half-type attention computed in float32: the head widened into the thread's scratch
+ * (mica_attention_slot_f16(L, S, E, Ev) floats), the float32 head's arithmetic (its rows round where
+ * fp_half_intermediates says: a->half_round), each result rounded once as it is written. float16
+ * attention on the CPU, and bfloat16's where the processor has no bfloat16 products. */
+static void mica_attention_head_widened(const mica_attn_shape *a, int64_t bh, int half, const void *q, const void *k,
+                                        const void *v, void *o, float *lse, float *base) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev, b = bh / a->H, h = bh % a->H;
+    float *kt = base, *p = kt + E * S;
+    float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
+    mica_half_rows_in(half, mica_half_at(q, b * a->q_sb + h * a->q_sh), a->q_st, L, E, qf);
+    mica_half_rows_in(half, mica_half_at(k, b * a->k_sb + h * a->k_sh), a->k_st, S, E, kf);  /* (then transposed) */
+    mica_transpose_f32(kf, E, kt, S, S, E);
+    mica_half_rows_in(half, mica_half_at(v, b * a->v_sb + h * a->v_sh), a->v_st, S, Ev, vf);
+    mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E);
+    mica_attention_head_f32(a, bh, &qk, MICA_ATTN_ROWS, vf, Ev, of, Ev, lse, p);
+    mica_half_rows_out(half, of, L, Ev, (char *)o + 2 * (b * a->o_sb + h * a->o_sh), a->o_st);
+}
+
+static void mica_attention_backward_head_widened(const mica_attn_shape *a, int64_t bh, int half, const void *g,
+                                                 int64_t g_sb, int64_t g_sh, int64_t g_st, const void *q,
+                                                 const void *k, const void *v, const void *o, const float *lse,
+                                                 void *dq, void *dk, void *dv, float *base) {
+    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev, b = bh / a->H, h = bh % a->H;
+    float *kt = base, *vt = kt + E * S;
+    float *pd = vt + Ev * S, *ds = pd + L * S;
+    float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
+    float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
+    float *vf = dvf + S * Ev;  /* V widened, before its transpose */
+    mica_half_rows_in(half, mica_half_at(g, b * g_sb + h * g_sh), g_st, L, Ev, gf);
+    mica_half_rows_in(half, mica_half_at(o, b * a->o_sb + h * a->o_sh), a->o_st, L, Ev, of);
+    mica_half_rows_in(half, mica_half_at(q, b * a->q_sb + h * a->q_sh), a->q_st, L, E, qf);
+    mica_half_rows_in(half, mica_half_at(k, b * a->k_sb + h * a->k_sh), a->k_st, S, E, kf);
+    mica_transpose_f32(kf, E, kt, S, S, E);
+    mica_half_rows_in(half, mica_half_at(v, b * a->v_sb + h * a->v_sh), a->v_st, S, Ev, vf);
+    mica_transpose_f32(vf, Ev, vt, S, S, Ev);
+    mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E), gv = mica_attn_dots_of_f32(gf, Ev, vt, S, Ev);
+    mica_attention_backward_head_f32(a, bh, &qk, &gv, MICA_ATTN_ROWS, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E, dkf,
+                                     E, dvf, Ev, pd, ds);
+    mica_half_rows_out(half, dqf, L, E, (char *)dq + 2 * (b * a->dq_sb + h * a->dq_sh), a->dq_st);
+    mica_half_rows_out(half, dkf, S, E, (char *)dk + 2 * (b * a->dk_sb + h * a->dk_sh), a->dk_st);
+    mica_half_rows_out(half, dvf, S, Ev, (char *)dv + 2 * (b * a->dv_sb + h * a->dv_sh), a->dv_st);
+}
+
 #if MICA_BF16_GEMM != MICA_BF16_F32
 #define MICA_ATTN_ROWS_BF16 MICA_BF16_MB
 /* out[r * ldo + c] = alpha * (op(A) rows [m0, m0 + rows) . y columns c), k from k0 (a multiple of
@@ -673,32 +737,24 @@ static void mica_attention_bf16(const mica_attn_shape *a, const mica_bf16 *q, co
         mica_bf16_tiles_begin(amx);
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < a->B * a->H; bh++) {
-            int64_t b = bh / a->H, h = bh % a->H;
             float *base = scratch + (int64_t)omp_get_thread_num() * slot;
-            float *kt = base, *p = kt + E * S;
-            float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
+#if MICA_BF16_GEMM != MICA_BF16_F32
+            int64_t b = bh / a->H, h = bh % a->H;
+            float *p = base + E * S, *vf = p + 2 * L * S + L * E, *of = vf + S * Ev;
             const mica_bf16 *qh = q + b * a->q_sb + h * a->q_sh, *kh = k + b * a->k_sb + h * a->k_sh;
             const mica_bf16 *vh = v + b * a->v_sb + h * a->v_sh;
-#if MICA_BF16_GEMM != MICA_BF16_F32
             mica_attn_tiles t = mica_attention_tiles(base, a);
             mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, t.yp[0], t.ap, t.acc, amx);
-            const int64_t block = MICA_ATTN_ROWS_BF16;
-            (void)qf; (void)kf; (void)kt;
             if (a->half_round == 1 && a->dropout_p == 0) {
                 mica_attention_head_rounded(a, bh, &qk, vh, of, lse, p, &t, amx);
-                mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
-                continue;
+            } else {
+                mica_bf16_rows_in(vh, a->v_st, S, Ev, vf);
+                mica_attention_head_f32(a, bh, &qk, MICA_ATTN_ROWS_BF16, vf, Ev, of, Ev, lse, p);
             }
-#else
-            mica_bf16_rows_in(qh, a->q_st, L, E, qf);
-            mica_bf16_rows_in(kh, a->k_st, S, E, kf);  /* (then transposed) */
-            mica_transpose_f32(kf, E, kt, S, S, E);
-            mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E);
-            const int64_t block = MICA_ATTN_ROWS;
-#endif
-            mica_bf16_rows_in(vh, a->v_st, S, Ev, vf);
-            mica_attention_head_f32(a, bh, &qk, block, vf, Ev, of, Ev, lse, p);
             mica_bf16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
+#else
+            mica_attention_head_widened(a, bh, MICA_WIDE_BF16, q, k, v, o, lse, base);
+#endif
         }
         mica_bf16_tiles_end(amx);
     }
@@ -715,113 +771,62 @@ static void mica_attention_backward_bf16(const mica_attn_shape *a, const mica_bf
         mica_bf16_tiles_begin(amx);
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < a->B * a->H; bh++) {
-            int64_t b = bh / a->H, h = bh % a->H;
             float *base = scratch + (int64_t)omp_get_thread_num() * slot;
-            float *kt = base, *vt = kt + E * S;
-            float *pd = vt + Ev * S, *ds = pd + L * S;
+#if MICA_BF16_GEMM != MICA_BF16_F32
+            int64_t b = bh / a->H, h = bh % a->H;
+            float *pd = base + (E + Ev) * S, *ds = pd + L * S;
             float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
             float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
-            float *vf = dvf + S * Ev;  /* V widened, before its transpose */
             const mica_bf16 *gh = g + b * g_sb + h * g_sh, *qh = q + b * a->q_sb + h * a->q_sh;
             const mica_bf16 *kh = k + b * a->k_sb + h * a->k_sh, *vh = v + b * a->v_sb + h * a->v_sh;
             mica_bf16_rows_in(gh, g_st, L, Ev, gf);
             mica_bf16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
-#if MICA_BF16_GEMM != MICA_BF16_F32
             mica_attn_tiles t = mica_attention_tiles(base, a);
             mica_attn_dots qk = mica_attn_dots_of_bf16(qh, a->q_st, kh, a->k_st, S, E, t.yp[0], t.ap, t.acc, amx);
             mica_attn_dots gv = mica_attn_dots_of_bf16(gh, g_st, vh, a->v_st, S, Ev, t.yp[1], t.ap, t.acc, amx);
-            const int64_t block = MICA_ATTN_ROWS_BF16;
-            (void)kt; (void)vt; (void)vf;
             if (a->half_round == 1) {
                 mica_attention_backward_head_rounded(a, bh, &qk, &gv, qh, kh, gh, g_st, gf, of, lse, dqf, dkf, dvf, pd,
                                                      ds, &t, amx);
             } else {
                 mica_bf16_rows_in(qh, a->q_st, L, E, qf);
                 mica_bf16_rows_in(kh, a->k_st, S, E, kf);
-                mica_attention_backward_head_f32(a, bh, &qk, &gv, block, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E,
-                                                 dkf, E, dvf, Ev, pd, ds);
+                mica_attention_backward_head_f32(a, bh, &qk, &gv, MICA_ATTN_ROWS_BF16, gf, Ev, qf, E, kf, E, of, Ev,
+                                                 lse, dqf, E, dkf, E, dvf, Ev, pd, ds);
             }
-#else
-            mica_bf16_rows_in(qh, a->q_st, L, E, qf);
-            mica_bf16_rows_in(kh, a->k_st, S, E, kf);
-            mica_transpose_f32(kf, E, kt, S, S, E);
-            mica_bf16_rows_in(vh, a->v_st, S, Ev, vf);
-            mica_transpose_f32(vf, Ev, vt, S, S, Ev);
-            mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E), gv = mica_attn_dots_of_f32(gf, Ev, vt, S, Ev);
-            mica_attention_backward_head_f32(a, bh, &qk, &gv, MICA_ATTN_ROWS, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E,
-                                             dkf, E, dvf, Ev, pd, ds);
-#endif
             mica_bf16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
             mica_bf16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
             mica_bf16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);
+#else
+            mica_attention_backward_head_widened(a, bh, MICA_WIDE_BF16, g, g_sb, g_sh, g_st, q, k, v, o, lse, dq, dk,
+                                                 dv, base);
+#endif
         }
         mica_bf16_tiles_end(amx);
     }
 }
 
-/* ---- float16 attention: each head widened to float32 as it is read (exactly; F16C where the
- * processor has it: mica_wide_row), the float32 heads' arithmetic (the bfloat16 kernel's float32
- * path, with fp_half_intermediates' roundings: half_round 2), each result rounded once to float16
- * as it is written. In place of a cast pass over q, k, v (and o, g) before and after a float32
- * kernel. Per-thread scratch: mica_attention_slot_f16(L, S, E, Ev) floats. */
+/* ---- float16 attention: the widened heads above, in place of a cast pass over q, k, v (and o, g)
+ * before and after a float32 kernel. Per-thread scratch: mica_attention_slot_f16(L, S, E, Ev) floats. */
 static inline int64_t mica_attention_slot_f16(int64_t L, int64_t S, int64_t E, int64_t Ev) {
     return mica_attention_widened_bf16(L, S, E, Ev);
 }
 
-/* dst[r * cols + c] = src[r * st + c] widened; and back, rounded */
-static void mica_f16_rows_in(const mica_f16 *src, int64_t st, int64_t rows, int64_t cols, float *dst) {
-    for (int64_t r = 0; r < rows; r++) mica_wide_row(src, MICA_WIDE_F16, st, r, cols, dst + r * cols);
-}
-static void mica_f16_rows_out(const float *src, int64_t rows, int64_t cols, mica_f16 *dst, int64_t st) {
-    mica_wide_write(src, cols, rows, cols, dst, st, 0, 0, MICA_WIDE_F16, 1);
-}
-
 static void mica_attention_f16(const mica_attn_shape *a, const mica_f16 *q, const mica_f16 *k, const mica_f16 *v,
                                mica_f16 *o, float *lse, float *scratch, int64_t slot) {
-    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
-    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
-        int64_t b = bh / a->H, h = bh % a->H;
-        float *base = scratch + (int64_t)omp_get_thread_num() * slot;
-        float *kt = base, *p = kt + E * S;
-        float *qf = p + 2 * L * S, *vf = qf + L * E, *of = vf + S * Ev, *kf = of + L * Ev;
-        mica_f16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
-        mica_f16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kf);  /* (then transposed) */
-        mica_transpose_f32(kf, E, kt, S, S, E);
-        mica_f16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
-        mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E);
-        mica_attention_head_f32(a, bh, &qk, MICA_ATTN_ROWS, vf, Ev, of, Ev, lse, p);
-        mica_f16_rows_out(of, L, Ev, o + b * a->o_sb + h * a->o_sh, a->o_st);
-    }
+#pragma omp parallel for schedule(static) if (a->B * a->H * a->L * a->S * (a->E + a->Ev) > 65536)
+    for (int64_t bh = 0; bh < a->B * a->H; bh++)
+        mica_attention_head_widened(a, bh, MICA_WIDE_F16, q, k, v, o, lse,
+                                    scratch + (int64_t)omp_get_thread_num() * slot);
 }
 
 static void mica_attention_backward_f16(const mica_attn_shape *a, const mica_f16 *g, const mica_f16 *q,
                                         const mica_f16 *k, const mica_f16 *v, const mica_f16 *o, const float *lse,
                                         mica_f16 *dq, mica_f16 *dk, mica_f16 *dv, int64_t g_sb, int64_t g_sh,
                                         int64_t g_st, float *scratch, int64_t slot) {
-    const int64_t L = a->L, S = a->S, E = a->E, Ev = a->Ev;
-#pragma omp parallel for schedule(static) if (a->B * a->H * L * S * (E + Ev) > 65536)
-    for (int64_t bh = 0; bh < a->B * a->H; bh++) {
-        int64_t b = bh / a->H, h = bh % a->H;
-        float *base = scratch + (int64_t)omp_get_thread_num() * slot;
-        float *kt = base, *vt = kt + E * S;
-        float *pd = vt + Ev * S, *ds = pd + L * S;
-        float *qf = ds + L * S, *kf = qf + L * E, *gf = kf + S * E, *of = gf + L * Ev;
-        float *dqf = of + L * Ev, *dkf = dqf + L * E, *dvf = dkf + S * E;
-        float *vf = dvf + S * Ev;  /* V widened, before its transpose */
-        mica_f16_rows_in(g + b * g_sb + h * g_sh, g_st, L, Ev, gf);
-        mica_f16_rows_in(o + b * a->o_sb + h * a->o_sh, a->o_st, L, Ev, of);
-        mica_f16_rows_in(q + b * a->q_sb + h * a->q_sh, a->q_st, L, E, qf);
-        mica_f16_rows_in(k + b * a->k_sb + h * a->k_sh, a->k_st, S, E, kf);
-        mica_transpose_f32(kf, E, kt, S, S, E);
-        mica_f16_rows_in(v + b * a->v_sb + h * a->v_sh, a->v_st, S, Ev, vf);
-        mica_transpose_f32(vf, Ev, vt, S, S, Ev);
-        mica_attn_dots qk = mica_attn_dots_of_f32(qf, E, kt, S, E), gv = mica_attn_dots_of_f32(gf, Ev, vt, S, Ev);
-        mica_attention_backward_head_f32(a, bh, &qk, &gv, MICA_ATTN_ROWS, gf, Ev, qf, E, kf, E, of, Ev, lse, dqf, E,
-                                         dkf, E, dvf, Ev, pd, ds);
-        mica_f16_rows_out(dqf, L, E, dq + b * a->dq_sb + h * a->dq_sh, a->dq_st);
-        mica_f16_rows_out(dkf, S, E, dk + b * a->dk_sb + h * a->dk_sh, a->dk_st);
-        mica_f16_rows_out(dvf, S, Ev, dv + b * a->dv_sb + h * a->dv_sh, a->dv_st);
-    }
+#pragma omp parallel for schedule(static) if (a->B * a->H * a->L * a->S * (a->E + a->Ev) > 65536)
+    for (int64_t bh = 0; bh < a->B * a->H; bh++)
+        mica_attention_backward_head_widened(a, bh, MICA_WIDE_F16, g, g_sb, g_sh, g_st, q, k, v, o, lse, dq, dk, dv,
+                                             scratch + (int64_t)omp_get_thread_num() * slot);
 }
+
 #endif
