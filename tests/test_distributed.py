@@ -147,10 +147,10 @@ def _metrics(path):
     return [{k: v for k, v in json.loads(line).items() if k not in ("time_ms", "mfu")} for line in open(path)]
 
 
-@needs_mpi
-def test_two_ranks_train_bitwise_like_one_process(tmp_path, data):
-    args = ["train", "shakespeare_char", *TINY, "--max_iters=4", "--eval_interval=2", "--always_save_checkpoint=True",
-            "--out_dir=out"]
+def _one_process_and_two_ranks(tmp_path, data, args, lines):
+    """`mica train` in one process and under mpirun -np 2, each in a folder of its own: the same
+    `lines` log lines (losses), metrics and checkpoint bytes (every tensor, the data position, the
+    generator and the metadata). (one folder, two folder, the mpirun's result)."""
     one, two = _folder(tmp_path, "one", data), _folder(tmp_path, "two", data)
     r1 = run(cli(*args), one)
     assert r1.returncode == 0, r1.stderr
@@ -159,11 +159,18 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, data):
     pattern = re.compile(r"^(?:iter \d+: loss [\d.]+|step \d+: .*$)", re.M)
     losses = pattern.findall(r1.stdout)
     # (mpirun gives its ranks a terminal: rank 0 draws the progress line, cleared by \r and ESC[K)
-    assert len(losses) == 5 + 3 and losses == pattern.findall(re.sub(r"\r|\x1b\[K", "\n", r2.stdout))
-    assert r2.stdout.count("step 2: train loss") == 1  # rank 0 alone logs
+    assert len(losses) == lines and losses == pattern.findall(re.sub(r"\r|\x1b\[K", "\n", r2.stdout))
     assert _metrics(one / "out" / "metrics.jsonl") == _metrics(two / "out" / "metrics.jsonl")
-    a, b = (open(d / "out" / "ckpt.safetensors", "rb").read() for d in (one, two))
-    assert a == b  # every tensor, the data position, the generator and the metadata
+    assert open(one / "out" / "ckpt.safetensors", "rb").read() == open(two / "out" / "ckpt.safetensors", "rb").read()
+    return one, two, r2
+
+
+@needs_mpi
+def test_two_ranks_train_bitwise_like_one_process(tmp_path, data):
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=4", "--eval_interval=2", "--always_save_checkpoint=True",
+            "--out_dir=out"]
+    one, two, r2 = _one_process_and_two_ranks(tmp_path, data, args, 5 + 3)
+    assert r2.stdout.count("step 2: train loss") == 1  # rank 0 alone logs
     # every rank resumes from the one checkpoint, still in step with one process
     more = [a.replace("--max_iters=4", "--max_iters=6") for a in args] + ["--init_from=resume"]
     r1, r2 = run(cli(*more), one), run(mpirun(2, *cli(*more)), two)
@@ -324,16 +331,7 @@ def test_two_simulated_cards_train_bitwise_like_one(tmp_path, data):
     checkpoint bytes as one process, dropout on."""
     args = ["train", "shakespeare_char", *TINY, "--device=cuda", "--simulate=True", "--max_iters=3",
             "--eval_interval=3", "--eval_iters=1", "--out_dir=out"]
-    one, two = _folder(tmp_path, "one", data), _folder(tmp_path, "two", data)
-    r1 = run(cli(*args), one)
-    assert r1.returncode == 0, r1.stderr
-    r2 = run(mpirun(2, *cli(*args)), two)
-    assert r2.returncode == 0, r2.stdout + r2.stderr
-    pattern = re.compile(r"^(?:iter \d+: loss [\d.]+|step \d+: .*$)", re.M)
-    losses = pattern.findall(r1.stdout)
-    assert len(losses) == 4 + 2 and losses == pattern.findall(re.sub(r"\r|\x1b\[K", "\n", r2.stdout))
-    assert _metrics(one / "out" / "metrics.jsonl") == _metrics(two / "out" / "metrics.jsonl")
-    assert open(one / "out" / "ckpt.safetensors", "rb").read() == open(two / "out" / "ckpt.safetensors", "rb").read()
+    _one_process_and_two_ranks(tmp_path, data, args, 4 + 2)
 
 
 def test_what_cards_cannot_shard_yet_is_a_sentence(tmp_path, data):
