@@ -73,4 +73,5 @@ def main():
     print(f"rank {rank}: ok")
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -8,11 +8,7 @@ import sys
 import numpy as np
 
 import mica
-
-
-def operands(rank, shape, m, dtype):
-    rng = np.random.default_rng(1000 + rank)
-    return [rng.standard_normal(shape).astype(dtype) for _ in range(m)]
+from collectives_check import operands  # (this folder: the CPU lowering's check, whose operands these are)
 
 
 def main():

@@ -12,13 +12,7 @@
 #ifndef MICA_CUDASIM_NCCL_H
 #define MICA_CUDASIM_NCCL_H
 
-#ifndef OMPI_SKIP_MPICXX  /* (C++: MPI's C API alone, not Open MPI's old C++ bindings and their library) */
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include <mpi.h> /* (included by mica_nccl.h first, as MPI's C API alone) */
 
 #include <cstdio>
 #include <cstdlib>
