@@ -125,6 +125,18 @@ def test_mpi_lowering_sums_in_rank_order_bit_for_bit(tmp_path):
     assert sorted(r.stdout.split("\n")[:2]) == ["rank 0: ok", "rank 1: ok"]
 
 
+@needs_mpi
+def test_a_program_for_two_ranks_run_alone_says_so():
+    """Loaded by Python without mpirun, the program joins MPI as one rank (mica_mpi.h) and stops
+    with a sentence, not MPI's abort."""
+    from mica import distributed as d
+
+    exe = mica.compile(lambda a: d.all_reduce([a], world=2), mica.f32[3])
+    with pytest.raises(mica.MicaError, match="^this program was compiled for 2 ranks but runs among 1: start it "
+                                             "with mpirun -np"):
+        exe(np.ones(3, np.float32))
+
+
 # ---- mpirun -np 2 mica train --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

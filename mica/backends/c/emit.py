@@ -177,5 +177,6 @@ SHARED_DIR = os.path.join(os.path.dirname(RUNTIME_DIR), "cstyle")  # mica_math.h
 RUNTIME_HEADERS = (os.path.join(RUNTIME_DIR, name) for name in
                    ("mica_runtime.h", "mica_gemm.h", "mica_blas.h", "mica_bf16gemm.h", "mica_kernels.h",
                     "mica_collectives.h"))
-RUNTIME_HEADERS = (*RUNTIME_HEADERS, os.path.join(SHARED_DIR, "mica_math.h"), os.path.join(SHARED_DIR, "mica_rows.h"))
+SHARED_HEADERS = tuple(os.path.join(SHARED_DIR, name) for name in ("mica_math.h", "mica_rows.h", "mica_mpi.h"))
+RUNTIME_HEADERS = (*RUNTIME_HEADERS, *SHARED_HEADERS)
 INCLUDES = ("-I", RUNTIME_DIR, "-I", SHARED_DIR)

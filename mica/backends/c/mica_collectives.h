@@ -12,39 +12,24 @@
  *   all_gather      MPI_Allgather (a copy).
  *   the _v forms    uneven blocks (counts[r] elements from displs[r]; all_gather's by MPI_Allgatherv).
  *
- * A program loaded by Python initializes MPI itself (and finalizes it at exit); the trainer has
- * initialized it already. A failed call stops the program with a sentence (the trainer sets
- * MPI_ERRORS_RETURN, so a dead peer is reported rather than aborting the job mid-sentence). */
+ * MPI is joined in mica_mpi.h (shared with the cards' NCCL collectives). A failed call stops the
+ * program with a sentence: MPI returns its errors, so a dead peer is reported rather than aborting
+ * the job mid-sentence. */
 #ifndef MICA_COLLECTIVES_H
 #define MICA_COLLECTIVES_H
 
 #include <limits.h>
-#include <mpi.h>
+#include "mica_mpi.h"
 #include <stdlib.h>
 #include <string.h>
 
 #define MICA_CHAIN_CHUNK ((int64_t)1 << 18) /* elements per message of the all_reduce chain */
 
-static void mica_mpi_finalize_at_exit(void) {
-    int done;
-    MPI_Finalized(&done);
-    if (!done) MPI_Finalize();
-}
-
 /* 0 when MPI runs `world` ranks; sets *rank */
 static int mica_mpi_ready(int world, int *rank) {
-    int init, size;
-    MPI_Initialized(&init);
-    if (!init) {
-        int provided;
-        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-        atexit(mica_mpi_finalize_at_exit);
-    }
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    int size = mica_mpi_join(rank);
     if (size != world) {
-        mica_fail("this program was compiled for %lld ranks but runs among %lld: start it with mpirun -np "
-                  "and the world size it was built for", world, size);
+        mica_fail(MICA_MPI_WORLD_TEXT, world, size);
         return 1;
     }
     return 0;

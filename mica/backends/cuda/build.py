@@ -6,15 +6,14 @@ import shutil
 
 from ...errors import MicaError
 from ..c.build import cache_dir, compile_cached
-from ..c.emit import SHARED_DIR
+from ..c.emit import SHARED_DIR, SHARED_HEADERS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARCHS = ("80", "86", "89", "90", "120")
 HEADERS = tuple(os.path.join(HERE, h) for h in ("mica_cuda.h", "mica_cuda_kernels.h", "mica_cuda_attention.h",
                                                  "mica_cuda_attention_gemm.h", "mica_cuda_attention_tc.h",
                                                  "mica_cuda_sweeps.h", "mica_nccl.h",
-                                                 "mica_cudasim.h", "mica_cudasim_nccl.h")) + (
-    os.path.join(SHARED_DIR, "mica_math.h"), os.path.join(SHARED_DIR, "mica_rows.h"))
+                                                 "mica_cudasim.h", "mica_cudasim_nccl.h")) + SHARED_HEADERS
 
 
 def nvcc():

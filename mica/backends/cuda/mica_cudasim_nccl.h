@@ -12,7 +12,7 @@
 #ifndef MICA_CUDASIM_NCCL_H
 #define MICA_CUDASIM_NCCL_H
 
-#include <mpi.h> /* (included by mica_nccl.h first, as MPI's C API alone) */
+#include <mpi.h> /* (included first by mica_mpi.h, as MPI's C API alone) */
 
 #include <cstdio>
 #include <cstdlib>

@@ -9,13 +9,7 @@
 #ifndef MICA_NCCL_H
 #define MICA_NCCL_H
 
-#ifndef OMPI_SKIP_MPICXX  /* (C++: MPI's C API alone, not Open MPI's old C++ bindings and their library) */
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include "mica_mpi.h"
 #ifdef MICA_CUDASIM
 #include "mica_cudasim_nccl.h"
 #else
@@ -36,28 +30,11 @@ static int mica_nccl_fail(const char *what, const char *why) {
     return 1;
 }
 
-static void mica_nccl_finalize_at_exit(void) {
-    int done;
-    MPI_Finalized(&done);
-    if (!done) MPI_Finalize();
-}
-
 static int mica_nccl_ready(int world) {
     if (mica_nccl_rank >= 0) return 0;
-    int init, size, rank;
-    MPI_Initialized(&init);
-    if (!init) {  /* (in a process of its own, as Python's: the trainer's runtime has joined MPI already) */
-        int provided;
-        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-        atexit(mica_nccl_finalize_at_exit);
-    }
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int rank, size = mica_mpi_join(&rank);
     if (size != world) {
-        snprintf(mica_error_text, sizeof mica_error_text,
-                 "this program was compiled for %d ranks but runs among %d: start it with mpirun -np %d", world, size,
-                 world);
+        snprintf(mica_error_text, sizeof mica_error_text, MICA_MPI_WORLD_TEXT, (long long)world, (long long)size);
         return 1;
     }
     ncclUniqueId id;
