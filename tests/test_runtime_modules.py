@@ -15,6 +15,7 @@ HARNESS = r"""
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "runtime.h"
 settings S;
 volatile sig_atomic_t interrupted;
@@ -35,6 +36,13 @@ int open_set(const char **paths, const long long *headers, int n, long long bloc
     return 0;
 }
 long long set_windows(void) { return set.windows; }
+/* log.c: the run's folder and world, and what a rank would say if a signal ended it */
+static char stop_text[9000];
+void dist_set_stop_text(const char *text) { snprintf(stop_text, sizeof stop_text, "%s", text); }
+const char *last_stop_text(void) { return stop_text; }
+void set_run(const char *out_dir, long long pending, long long world) {
+    S.out_dir = strdup(out_dir); S.pending = pending; S.world = world; S.rank = 0;
+}
 void set_row(long long w, int64_t *x, int64_t *y) { tokens_row(&set, w, x, y); }
 """
 
@@ -47,7 +55,7 @@ def lib(tmp_path_factory):
     so = d / "harness.so"
     cmd = ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I", RUNTIME, str(src),
            os.path.join(RUNTIME, "checkpoint.c"), os.path.join(RUNTIME, "tokens.c"), os.path.join(RUNTIME, "rng.c"),
-           "-o", str(so)]
+           os.path.join(RUNTIME, "log.c"), "-o", str(so)]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(so))
     lib.crc32_update.restype = ctypes.c_uint32
@@ -58,6 +66,12 @@ def lib(tmp_path_factory):
     lib.rng_uniform.argtypes = [ctypes.c_int64]
     lib.set_windows.restype = ctypes.c_longlong
     lib.set_row.argtypes = [ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p]
+    lib.set_run.argtypes = [ctypes.c_char_p, ctypes.c_longlong, ctypes.c_longlong]
+    lib.last_stop_text.restype = ctypes.c_char_p
+    lib.log_last_good.restype = ctypes.c_char_p
+    lib.log_last_good.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.log_stop_text.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.log_interrupted.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
     return lib
 
 
@@ -104,3 +118,31 @@ def test_token_windows_span_files_in_order_and_rows_are_shifted_by_one(lib, tmp_
     for w, (part, at) in {0: (0, 0), 31: (0, 31), 32: (2, 0), 53: (2, 21)}.items():
         lib.set_row(w, x.ctypes.data, y.ctypes.data)
         assert np.array_equal(x, parts[part][at:at + block]) and np.array_equal(y, parts[part][at + 1:at + block + 1])
+
+
+def test_a_stopped_run_names_what_it_left_in_the_loops_unit(lib, capfd):
+    """log.c's sentences, which the nanoGPT loop (iters) and the speedrun's (steps) both say: the
+    last checkpoint of this run, or none, with an earlier run's files untouched; the text a rank of
+    several gives when mpirun ends it; Ctrl-C's line in stderr."""
+    lib.set_run(b"out", 0, 1)
+    assert lib.log_last_good(b"step", 12) == b"the last good checkpoint, out/ckpt.safetensors (step 12), is untouched"
+    assert lib.log_last_good(b"iter", -1) == (b"this run saved no checkpoint (any ckpt.safetensors in out is from an "
+                                               b"earlier run, untouched)")
+    lib.log_stop_text(b"iter", 5)
+    assert lib.last_stop_text() == b""  # (one process: its own signal handler speaks)
+    lib.set_run(b"runs/b", 1, 2)
+    assert lib.log_last_good(b"iter", -1) == (b"this run saved no checkpoint (the earlier run's ckpt.safetensors, "
+                                               b"metrics.jsonl and init.safetensors in runs/b are untouched; this "
+                                               b"run's log is metrics.jsonl.new)")
+    lib.log_stop_text(b"step", 40)
+    assert lib.last_stop_text() == (b"mpirun ended this run (another rank failed or the run was interrupted); the "
+                                    b"last good checkpoint, runs/b/ckpt.safetensors (step 40), is untouched")
+    capfd.readouterr()
+    assert lib.log_interrupted(b"after", b"step", 41, 40) == 130
+    assert lib.log_interrupted(b"while validating at", b"step", 3, -1) == 130
+    err = capfd.readouterr().err.splitlines()
+    assert err == ["mica: interrupted after step 41; the last good checkpoint is runs/b/ckpt.safetensors (step 40): "
+                   "resume with --init_from=resume",
+                   "mica: interrupted while validating at step 3; this run saved no checkpoint (the earlier run's "
+                   "ckpt.safetensors, metrics.jsonl and init.safetensors in runs/b are untouched; this run's log is "
+                   "metrics.jsonl.new)"]

@@ -92,3 +92,45 @@ void log_progress(int64_t iter, double tok_per_s, double eta) {
            (int)eta / 60, (int)eta % 60);
     fflush(stdout);
 }
+
+/* ---- what a stopped run left: the sentences of the nanoGPT loop (loop.c, "iter") and the speedrun's
+ * (speedrun.c, "step"); `saved` is the iter or step of this run's last checkpoint, -1 for none */
+
+const char *log_last_good(const char *unit, int64_t saved) {
+    static char text[8400];
+    if (saved >= 0)
+        snprintf(text, sizeof text, "the last good checkpoint, %s/ckpt.safetensors (%s %lld), is untouched", S.out_dir,
+                 unit, (long long)saved);
+    else if (S.pending)
+        snprintf(text, sizeof text, "this run saved no checkpoint (the earlier run's ckpt.safetensors, metrics.jsonl "
+                 "and init.safetensors in %s are untouched; this run's log is metrics.jsonl.new)", S.out_dir);
+    else
+        snprintf(text, sizeof text, "this run saved no checkpoint (any ckpt.safetensors in %s is from an earlier run, "
+                 "untouched)", S.out_dir);
+    return text;
+}
+
+/* what a rank of a multi-rank run says when a signal ends it (dist.c); after each save */
+void log_stop_text(const char *unit, int64_t saved) {
+    if (S.world > 1) {
+        char text[8600];
+        snprintf(text, sizeof text, "mpirun ended this run (another rank failed or the run was interrupted); %s",
+                 log_last_good(unit, saved));
+        dist_set_stop_text(text);
+    }
+}
+
+/* Ctrl-C's sentence, `during` ("after", "while evaluating at") `unit` `at`, and its row in metrics.jsonl
+ * (which a resume drops with the other rows after its checkpoint); the file closed */
+int log_interrupted(const char *during, const char *unit, int64_t at, int64_t saved) {
+    log_clear_progress();
+    fflush(stdout);
+    if (saved >= 0)
+        fprintf(stderr, "mica: interrupted %s %s %lld; the last good checkpoint is %s/ckpt.safetensors (%s %lld): "
+                "resume with --init_from=resume\n", during, unit, (long long)at, S.out_dir, unit, (long long)saved);
+    else
+        fprintf(stderr, "mica: interrupted %s %s %lld; %s\n", during, unit, (long long)at, log_last_good(unit, saved));
+    log_metrics("{\"iter\": %lld, \"stopped\": \"interrupted\"}", (long long)at); /* (a training row's key) */
+    log_close_metrics();
+    return 130;
+}

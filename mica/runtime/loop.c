@@ -41,42 +41,9 @@ static void fill_batch(int which, int64_t x_input, int64_t y_input, const token_
 
 static int64_t last_saved = -1; /* the iteration of the last good checkpoint, -1: none from this run */
 
-/* the last good checkpoint, in words */
-static const char *last_good(void) {
-    static char text[8400];
-    if (last_saved >= 0)
-        snprintf(text, sizeof text, "the last good checkpoint, %s/ckpt.safetensors (iter %lld), is untouched",
-                 S.out_dir, (long long)last_saved);
-    else if (S.pending)
-        snprintf(text, sizeof text, "this run saved no checkpoint (the earlier run's ckpt.safetensors, metrics.jsonl "
-                 "and init.safetensors in %s are untouched; this run's log is metrics.jsonl.new)", S.out_dir);
-    else
-        snprintf(text, sizeof text, "this run saved no checkpoint (any ckpt.safetensors in %s is from an earlier run, "
-                 "untouched)", S.out_dir);
-    return text;
-}
-
-/* what a rank of a multi-rank run says when a signal ends it (dist.c) */
-static void update_stop_text(void) {
-    if (S.world > 1) {
-        char text[8600];
-        snprintf(text, sizeof text, "mpirun ended this run (another rank failed or the run was interrupted); %s", last_good());
-        dist_set_stop_text(text);
-    }
-}
-
-static int stop_interrupted(int64_t iter, const char *during) {
-    log_clear_progress();
-    fflush(stdout);
-    if (last_saved >= 0)
-        fprintf(stderr, "mica: interrupted %s iter %lld; the last good checkpoint is %s/ckpt.safetensors (iter %lld): "
-                "resume with --init_from=resume\n", during, (long long)iter, S.out_dir, (long long)last_saved);
-    else
-        fprintf(stderr, "mica: interrupted %s iter %lld; %s\n", during, (long long)iter, last_good());
-    log_metrics("{\"iter\": %lld, \"stopped\": \"interrupted\"}", (long long)iter);
-    log_close_metrics();
-    return 130;
-}
+static const char *last_good(void) { return log_last_good("iter", last_saved); }
+static void update_stop_text(void) { log_stop_text("iter", last_saved); }
+static int stop_interrupted(int64_t iter, const char *during) { return log_interrupted(during, "iter", iter, last_saved); }
 
 /* the eval program gets the train program's current parameters, through the staging buffer */
 void copy_parameters_to_eval(void) {

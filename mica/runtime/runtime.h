@@ -166,6 +166,9 @@ void log_keep_run(void);
 void log_finish_metrics(void);
 void log_progress(int64_t iter, double tok_per_s, double eta);
 void log_clear_progress(void);
+const char *log_last_good(const char *unit, int64_t saved); /* a stopped run's last good checkpoint, in words */
+void log_stop_text(const char *unit, int64_t saved);       /* what a rank says when a signal ends it (world > 1) */
+int log_interrupted(const char *during, const char *unit, int64_t at, int64_t saved); /* Ctrl-C's sentence; 130 */
 
 /* ---- loop.c / sampler.c ---------------------------------------------------------------------- */
 int train_loop(void);

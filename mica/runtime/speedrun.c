@@ -129,11 +129,7 @@ int speedrun_loop(void) {
             double shared = S.rank == 0 ? validate(vx, vy) : 0;
             dist_broadcast(&shared, 1);
             float val_loss = (float)shared;
-            if (interrupted) {
-                fprintf(stderr, "mica: interrupted while validating at step %lld\n", (long long)step);
-                log_close_metrics();
-                return 130;
-            }
+            if (interrupted) return log_interrupted("while validating at", "step", step, saved_at);
             int64_t done = step > 1 ? step : 1;
             if (S.rank == 0) printf("step:%lld/%lld val_loss:%.5f train_time:%.3fs step_avg:%.2fms\n", (long long)step,
                    (long long)S.max_iters, val_loss, training_time, 1000 * training_time / done);
@@ -142,7 +138,7 @@ int speedrun_loop(void) {
                         training_time);
             if (!isfinite(val_loss)) {
                 if (S.rank == 0) fprintf(stderr, "mica: error: the validation loss is not finite at step %lld, so training stopped "
-                        "without saving\n", (long long)step);
+                        "without saving; %s\n", (long long)step, log_last_good("step", saved_at));
                 log_close_metrics();
                 return 3;
             }
@@ -151,13 +147,7 @@ int speedrun_loop(void) {
                 checkpoint_save(step, val_loss, next, 2, no_generator); /* (rank 0 writes) */
                 log_keep_run();
                 saved_at = step;
-                if (S.world > 1) {
-                    char text[8600];
-                    snprintf(text, sizeof text, "mpirun ended this run (another rank failed or the run was interrupted); "
-                             "the last good checkpoint, %s/ckpt.safetensors (step %lld), is untouched", S.out_dir,
-                             (long long)step);
-                    dist_set_stop_text(text);
-                }
+                log_stop_text("step", saved_at);
             }
             t0 = now();
         }
@@ -177,8 +167,8 @@ int speedrun_loop(void) {
         prog_get_output(ARENA_TRAIN, (int)S.tr_lr, &lr);
         if (!isfinite(loss)) {
             log_clear_progress();
-            if (S.rank == 0) fprintf(stderr, "mica: error: the training loss is %s at step %lld, so training stopped\n",
-                    isnan(loss) ? "nan" : "infinite", (long long)step);
+            if (S.rank == 0) fprintf(stderr, "mica: error: the training loss is %s at step %lld, so training stopped; %s\n",
+                    isnan(loss) ? "nan" : "infinite", (long long)step, log_last_good("step", saved_at));
             log_metrics("{\"iter\": %lld, \"loss\": null, \"stopped\": \"non-finite loss\"}", (long long)step);
             log_close_metrics();
             return 3;
@@ -192,17 +182,7 @@ int speedrun_loop(void) {
                    approx_training_time, 1000 * approx_training_time / (step + 1));
             fflush(stdout);
         }
-        if (interrupted) {
-            if (saved_at >= 0)
-                fprintf(stderr, "mica: interrupted after step %lld; the last good checkpoint is %s/ckpt.safetensors (step "
-                        "%lld): resume with --init_from=resume\n", (long long)step + 1, S.out_dir, (long long)saved_at);
-            else
-                fprintf(stderr, "mica: interrupted after step %lld; this run saved no checkpoint (any ckpt.safetensors in "
-                        "%s is from an earlier run, untouched%s)\n", (long long)step + 1, S.out_dir,
-                        S.pending ? ", as are its metrics.jsonl and init.safetensors; this run's log is metrics.jsonl.new" : "");
-            log_close_metrics();
-            return 130;
-        }
+        if (interrupted) return log_interrupted("after", "step", step + 1, saved_at);
     }
     log_clear_progress();
     log_finish_metrics();
