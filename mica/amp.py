@@ -15,6 +15,8 @@ rounds its half outputs once; elementwise operations on half values compute in f
 each result; sums accumulate in float32 (passes/widen.py, backends/cstyle/expr.py).
 """
 import functools
+import sys
+import weakref
 
 from . import dtypes
 from .errors import MicaError
@@ -28,6 +30,7 @@ FLOAT32 = {
 _DEFAULT_DTYPE = {"cpu": dtypes.bfloat16, "cuda": dtypes.float16}  # torch.get_autocast_dtype's defaults
 
 _REGIONS = []  # (device_type, dtype or None when disabled), innermost last
+_UNSCALED = weakref.WeakKeyDictionary()  # a graph being traced -> the ids of the gradients unscale returned
 
 
 class autocast:  # noqa: N801  (PyTorch's name)
@@ -35,14 +38,18 @@ class autocast:  # noqa: N801  (PyTorch's name)
     cache_enabled=None); a context manager or a decorator."""
 
     def __init__(self, device_type="cpu", dtype=None, enabled=True, cache_enabled=None):
+        from .tensor import user_location
+
         if device_type not in FLOAT32:
-            raise MicaError(f"autocast: device_type must be 'cpu' or 'cuda', got {device_type!r}")
+            raise MicaError(f"autocast: device_type must be 'cpu' or 'cuda', got {device_type!r}", user_location())
         try:
             dtype = _DEFAULT_DTYPE[device_type] if dtype is None else dtypes.as_dtype(dtype)
         except (TypeError, KeyError):
-            raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype!r}") from None
+            raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype!r}",
+                            user_location()) from None
         if dtype not in (dtypes.bfloat16, dtypes.float16):
-            raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype.name}")
+            raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype.name}",
+                            user_location())
         self.device_type, self.dtype, self.enabled = device_type, dtype, bool(enabled)
 
     def __enter__(self):
@@ -67,9 +74,29 @@ def active():
     return _REGIONS[-1] if _REGIONS and _REGIONS[-1][1] is not None else None
 
 
+def _no_torch_region(verb):
+    """A sentence where torch.autocast is on around a traced verb it would cast (it changes nothing
+    in a Mica trace, so the step would train in float32 unsaid)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    for device in ("cpu", "cuda"):
+        try:
+            on = torch.is_autocast_enabled(device)
+        except Exception:  # (an older torch: no device argument)
+            on = False
+        if on:
+            from .tensor import fail
+
+            fail(f"{verb} runs under torch.autocast('{device}'), which Mica's trace does not see; write "
+                 f"mica.autocast('{device}', dtype=...) instead (the same arguments) so its casts are in the program")
+
+
 def lower(verb, *tensors):
     """The operands of a lower-precision verb, cast to the region's half type."""
     region = active()
+    if region is None and verb in LOWER:
+        _no_torch_region(verb)
     if region is None or verb not in LOWER:
         return tensors
     from .verbs.core import to
@@ -138,34 +165,63 @@ class GradScaler:
     def state_specs(self):
         return {"scale": dtypes.Spec((), dtypes.float32), "growth_tracker": dtypes.Spec((), dtypes.int32)}
 
-    def scale(self, loss, state):
-        if self.enabled and (not isinstance(state, dict) or "scale" not in state):
-            from .tensor import fail
+    # how the functional calls go, for the sentences of a call shaped like torch's
+    _FORM = "docs/api.md shows the whole step"
 
-            fail("GradScaler.scale: the state must be the dict scaler.init() gives (specs: scaler.state_specs())")
+    def _check_state(self, verb, state, keys=("scale",)):
+        """The scaler's state as a traced step holds it (Tensors: inputs of the step), or a sentence."""
+        from .tensor import Tensor, fail
+
+        if not isinstance(state, dict) or not all(k in state for k in keys):
+            fail(f"GradScaler.{verb}: the state must be the dict scaler.init() gives ('scale' and "
+                 f"'growth_tracker'), made outside the step and passed in (traced with scaler.state_specs()); "
+                 f"{self._FORM}")
+        if not all(isinstance(state[k], Tensor) for k in keys):
+            fail(f"GradScaler.{verb}: the state's values are constants here (scaler.init() called inside the "
+                 f"step?), so the scale could never change; {self._FORM}")
+
+    def scale(self, loss, state=None):
+        if self.enabled:
+            self._check_state("scale", state)
         return loss * state["scale"] if self.enabled else loss
 
-    def unscale(self, grads, state):
+    def unscale(self, grads, state=None):
         """(the gradients times 1/scale, a 0-d bool: did any hold an inf or NaN)."""
         from . import pytree
         from . import verbs as F
-        from .tensor import Tensor
+        from .tensor import Tensor, current, fail
 
         leaves, tree = pytree.flatten(grads, is_leaf=lambda x: isinstance(x, Tensor))
         if not self.enabled:
             return grads, F.as_tensor(False)
+        self._check_state("unscale", state)
+        if not leaves or not all(isinstance(g, Tensor) and g.dtype.kind == "float" for g in leaves):
+            fail("GradScaler.unscale: the gradients must be floating-point Tensors (a Tensor, or a list, tuple or "
+                 "dict of them, as mica.grad gives), got " + (
+                     "none" if not leaves else type(next(g for g in leaves if not isinstance(g, Tensor)
+                                                        or g.dtype.kind != "float")).__name__))
+        done = _UNSCALED.setdefault(current("GradScaler.unscale").graph, set())
+        if any(g.value.id in done for g in leaves):
+            fail("GradScaler.unscale: these gradients were unscaled already (a second unscale divides them by the "
+                 "scale again; PyTorch refuses unscale_ twice in a step): unscale each gradient once")
         inv = F.to(F.as_tensor(1.0, dtypes.float64) / F.to(state["scale"], dtypes.float64), dtypes.float32)
         flags = [F.amax(F.to((g - g) != 0, dtypes.float32)) for g in leaves]  # inf - inf and NaN - NaN are NaN
         found = F.amax(F.stack(flags)) > 0
         # (in float32, then back to the gradient's type, as GradScaler: 1/scale in a half type could round to 0)
-        return pytree.unflatten(tree, [F.to(F.to(g, dtypes.float32) * inv, g.dtype) for g in leaves]), found
+        out = [F.to(F.to(g, dtypes.float32) * inv, g.dtype) for g in leaves]
+        done.update(g.value.id for g in out)
+        return pytree.unflatten(tree, out), found
 
-    def step(self, found_inf, old, new):
+    def step(self, found_inf, old=None, new=None):
         """`new` (the optimizer's result) where the step is taken, else `old`, leaf by leaf."""
         from . import pytree
         from . import verbs as F
-        from .tensor import Tensor
+        from .tensor import Tensor, fail
 
+        if not isinstance(found_inf, Tensor) or old is None or new is None:
+            fail("GradScaler.step takes (found_inf, old, new), unscale's flag, the parameters and optimizer state "
+                 "before the step and the optimizer's result, and returns the one to keep (Mica's optimizers are "
+                 f"functions, not objects); {self._FORM}")
         if not self.enabled:
             return new
         is_leaf = lambda x: isinstance(x, Tensor)  # noqa: E731
@@ -193,7 +249,8 @@ class GradScaler:
 
         if not self.enabled:
             return state
-        if not isinstance(state, dict) or set(state) != {"scale", "growth_tracker"}:
+        self._check_state("update", state, ("scale", "growth_tracker"))
+        if set(state) != {"scale", "growth_tracker"}:
             from .tensor import fail
 
             fail("GradScaler.update: the state must be the dict scaler.init() gives ('scale' and "

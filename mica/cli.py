@@ -352,6 +352,11 @@ def cmd_check(args, extra):
               f"{len(v['evaluations'])} evaluations (from step {judged[0]['step']}) the two sides' median validation "
               f"losses must differ by no more than the larger family's range; closest, step {worst['step']}: "
               f"{worst['difference']:.4f} against {worst['larger_range']:.4f}: {'PASS' if v['passed'] else 'FAIL'}")
+        first, last = v["evaluations"][0], judged[-1]
+        if v["loss_drop"] < 0.05:  # (two families of untrained models agree whatever their code computes)
+            print(f"note: the models barely trained in these runs (median validation loss {first['mica_median']:.3f} "
+                  f"at step {first['step']}, {last['mica_median']:.3f} at step {last['step']}), so this verdict says "
+                  "little about training the same model; run more --iters")
     print(f"verdict and curves in {args.out}/")
     return 0 if v["passed"] else 1
 
@@ -485,6 +490,9 @@ def parser():
 
 
 def main(argv=None):
+    from . import errors
+
+    errors.IN_CLI = True
     argv = list(sys.argv[1:] if argv is None else argv)
     p = parser()
     # `train`/`sample`/`inspect` take nanoGPT's free-form --key=value settings

@@ -1,6 +1,9 @@
 """The exceptions a user can meet. Each carries one sentence and, where known, the user's file:line."""
 
 
+IN_CLI = False  # set by the mica command: a call into Mica from it is not a user's line to name
+
+
 class MicaError(Exception):
     """Base class of every error Mica raises on purpose."""
 
@@ -8,6 +11,12 @@ class MicaError(Exception):
         self.sentence = message
         self.loc = loc
         super().__init__(f"{message} ({format_loc(loc)})" if loc else message)
+
+    def locate(self, loc):
+        """Give the error a place (file, line) where it had none."""
+        if loc and self.loc is None:
+            self.loc = loc
+            self.args = (f"{self.sentence} ({format_loc(loc)})",)
 
 
 class ShapeError(MicaError):

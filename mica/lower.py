@@ -44,6 +44,7 @@ class Lowered:
         self.fp_half_intermediates = _check_flag("fp_half_intermediates", fp_half_intermediates)
         self.opt_level = target.opt_level
         self.memory_budget = _check_budget(memory_budget)
+        remat = _check_flag("remat", remat)
         self._plan(*(("min-cut", ()) if remat else ("off", 0)))
         if self.memory_budget is not None and self.plan.total > self.memory_budget:
             self._fit(remat)
@@ -129,7 +130,32 @@ class Lowered:
 
     def build(self, **options):
         """Compile (cached) and load: an Executable to call with numpy arrays."""
-        return self.target.build(self, **options)
+        import inspect
+
+        with _at_users_line():
+            known = [k for k in inspect.signature(self.target.build).parameters if k != "lowered"]
+            unknown = [k for k in options if k not in known]
+            if unknown:
+                raise MicaError(f"build() takes {'the option ' + ', '.join(known) if known else 'no options'} here, "
+                                f"not {unknown[0]}=...; the target's options (simulate, tf32, ...) are lower()'s, or "
+                                "mica.compile()'s")
+            return self.target.build(self, **options)
+
+
+class _at_users_line:
+    """A MicaError raised inside, without a place, is given the user's line that called into Mica
+    (lower(), build(), compile(): their options and what their compilers say)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        from . import errors
+        from .tensor import user_location
+
+        if isinstance(error, MicaError) and error.loc is None and not errors.IN_CLI:  # (the mica command's
+            error.locate(user_location())  # errors name the settings or files at fault themselves)
+        return False
 
 
 def _check_flag(name, value):
@@ -149,5 +175,6 @@ def _check_budget(budget):
 def lower(program, target, remat=False, memory_budget=None, fp_half_intermediates=False, **options):
     """Lower `program` for `target` (a name or a Target); `remat`, `memory_budget` and
     `fp_half_intermediates` are the pipeline's (see above), other options go to the target."""
-    return Lowered(program, get_target(target, **options), remat=remat, memory_budget=memory_budget,
-                   fp_half_intermediates=fp_half_intermediates)
+    with _at_users_line():
+        return Lowered(program, get_target(target, **options), remat=remat, memory_budget=memory_budget,
+                       fp_half_intermediates=fp_half_intermediates)

@@ -108,6 +108,8 @@ def test_check_method_a_compares_families(data):
     # both families start from their own nanoGPT-style inits at about ln(65)
     assert all(abs(v["curves"][side][s][0] - 4.17) < 0.1 for side in ("mica", "pytorch") for s in (1337, 1338))
     assert isinstance(v["passed"], bool) and (data / "ca" / "verdict.json").exists()
+    ev = v["evaluations"]  # (the CLI notes a check of barely trained models: a fall under 5%)
+    assert v["loss_drop"] == min(1 - ev[-1][k] / ev[0][k] for k in ("mica_median", "pytorch_median"))
 
 
 def test_torch_side_profile_groups_families():

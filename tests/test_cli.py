@@ -30,6 +30,9 @@ def test_unknown_setting_names_the_nearest_one():
     assert r.returncode == 2
     assert r.stderr.strip() == "mica: error: unknown setting 'n_layr'; did you mean 'n_layer'?"
     assert "Traceback" not in r.stderr
+    # python -m mica is the mica command too, its status included
+    r = subprocess.run([sys.executable, "-m", "mica", "inspect", "--n_layr=3"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().endswith("did you mean 'n_layer'?")
 
 
 def test_inspect_reads_config_files_as_mica_train_does(tmp_path):

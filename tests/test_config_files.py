@@ -188,3 +188,12 @@ def test_a_deleted_current_folder_does_not_break_an_absolute_config(tmp_path, mo
     monkeypatch.chdir(gone)
     gone.rmdir()
     assert config_mod.load(c)["n_layer"] == 2
+
+
+def test_a_wider_dtype_than_nanogpts_is_pointed_to_float32(tmp_path):
+    from mica.train import config
+
+    assert config._dtype_meant("float64").endswith("float32 is the widest type nanoGPT's recipe trains in: did you "
+                                                   "mean 'float32'?")
+    assert config._dtype_meant("torch.double").endswith("did you mean 'float32'?")
+    assert config._dtype_meant("BF16") == "; did you mean 'bfloat16'?"

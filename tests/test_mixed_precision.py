@@ -489,3 +489,56 @@ def test_mfu_is_measured_against_the_ceiling_of_the_runs_product_dtype(tmp_path,
     assert 1e8 < programs.peak_flops("float32") == json.loads((tmp_path / "peak_flops.json").read_text())["flops"]
     (tmp_path / "peak_flops.json").write_text("[1, 2")
     assert 1e8 < programs.peak_flops("bfloat16") < 1e14
+
+
+def test_grad_scaler_and_autocast_used_torchs_way_are_sentences_at_the_users_line():
+    """What a PyTorch user writes first: torch.autocast around traced verbs (which Mica's trace would
+    not see: the step would train in float32 unsaid), scaler.scale(loss) and scaler.step(opt) as
+    methods of objects, a state made inside the step (a constant scale), unscale twice (a second
+    division), non-Tensor gradients, a string dtype in .to() (a device there, as in torch)."""
+    sc = mica.amp.GradScaler()
+    W, st = mica.f32[4, 4], sc.state_specs()
+
+    def refused(fn, *specs):
+        with pytest.raises(MicaError) as e:
+            mica.trace(fn, *specs)
+        assert "test_mixed_precision.py:" in str(e.value), e.value
+        return e.value.sentence
+
+    def under_torch(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x, w).sum()
+
+    assert refused(under_torch, W, W).startswith("linear runs under torch.autocast('cpu'), which Mica's trace does "
+                                                 "not see; write mica.autocast('cpu', dtype=...) instead")
+    assert refused(lambda w: sc.scale(w.sum()), W).startswith("GradScaler.scale: the state must be the dict")
+    assert refused(lambda w: sc.step(object()), W).startswith("GradScaler.step takes (found_inf, old, new)")
+    assert "the state's values are constants here" in refused(lambda w: sc.scale(w.sum(), sc.init()), W)
+    assert refused(lambda w, s: sc.unscale([w], s["scale"]), W, st).startswith("GradScaler.unscale: the state must")
+    assert refused(lambda w, s: sc.unscale([w, 3.0], s), W, st).endswith("as mica.grad gives), got float")
+    assert "unscaled already" in refused(lambda w, s: sc.unscale(sc.unscale([w], s)[0], s), W, st)
+    # one scaler for two optimizers' gradients unscales each set once, as torch's unscale_(opt) per optimizer
+    mica.trace(lambda w, v, s: (sc.unscale([w], s)[0][0] + sc.unscale([v], s)[0][0]).sum(), W, W, st)
+    assert refused(lambda x: x.to("bfloat16").sum(), W).startswith(
+        "to: a string is a device in Tensor.to, as in PyTorch, not an element type; write .to(mica.bfloat16)")
+    assert "not a device PyTorch knows" in refused(lambda x: x.to("gpu").sum(), W)
+    assert "cast" not in mica.trace(lambda x: x.to("cuda:0").sum(), W).ir
+    with pytest.raises(MicaError, match=r"autocast: dtype must be mica.bfloat16 or mica.float16, got float32 "
+                                        r"\(.*test_mixed_precision.py:\d+\)"):
+        mica.autocast(dtype=mica.float32)
+
+
+def test_a_value_beyond_a_narrower_inputs_range_is_a_sentence_not_inf():
+    """numpy's cast would make 7e4 an infinity in a float16 input (warning on stderr); the program
+    says so instead. Infinities and NaNs given as such pass, and values that round to the largest
+    finite one do."""
+    exe = mica.compile(lambda x: (x.float() * 2).sum(), mica.f16[4])
+    assert exe(np.array([1, 2, 3, 65519.9], np.float32)) == 2 * (6 + 65504)
+    for bad in (np.full(4, 7e4, np.float32), np.array([1, np.inf, 2, 7e4]), np.array([70000, 1, 2, 3])):
+        with pytest.raises(MicaError, match=r"input 0 is f16\[4\] and got 70000(\.0)?, beyond float16's largest "
+                                            r"value \(65504\); scale the values"):
+            exe(bad)
+    assert np.isnan(exe(np.array([1, np.inf, np.nan, -np.inf], np.float32)))
+    exe32 = mica.compile(lambda x: x.sum(), mica.f32[2])
+    with pytest.raises(MicaError, match="got 1e\\+39, beyond float32's largest value"):
+        exe32(np.array([1e39, 1.0]))

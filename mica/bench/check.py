@@ -211,9 +211,12 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
         judged = st >= -(-iters // 4)  # (the first step at or past a quarter of the run)
         rows.append({"step": st, "mica_median": med_m, "pytorch_median": med_t, "difference": abs(med_m - med_t),
                      "larger_range": spread, "judged": judged, "ok": (not judged) or abs(med_m - med_t) <= spread})
+    # how far training took both families: the smaller relative fall of the median validation loss from
+    # the first evaluation to the last (a check of barely trained models says little)
+    drop = min(1 - rows[-1][k] / rows[0][k] for k in ("mica_median", "pytorch_median")) if len(rows) > 1 else 0.0
     verdict = {"method": "a", "model": model, "dtype": dtype, "device": device, "iters": iters,
                "eval_every": eval_every, "eval_batches": eval_batches, "judged_from_step": -(-iters // 4),
-               "seeds": seeds, "evaluations": rows, "curves": curves,
+               "seeds": seeds, "evaluations": rows, "curves": curves, "loss_drop": drop,
                "passed": bool(rows) and any(r["judged"] for r in rows) and all(r["ok"] for r in rows)}
     with open(os.path.join(out_dir, "verdict.json"), "w") as f:
         json.dump(verdict, f, indent=1, default=str)

@@ -594,6 +594,8 @@ DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "bf16"
 def _dtype_meant(text):
     """'; did you mean ...?' for a dtype spelled another way: another case, a short name or an alias."""
     key = text.strip().lower().removeprefix("torch.")
+    if key in ("float64", "double", "fp64", "f64"):
+        return "; float32 is the widest type nanoGPT's recipe trains in: did you mean 'float32'?"
     meant = key if key in DTYPES else DTYPE_ALIASES.get(key)
     return f"; did you mean {meant!r}?" if meant else _nearest(key, DTYPES)
 

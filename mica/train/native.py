@@ -154,7 +154,7 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=
         link = ["g++", "-lboost_context", "-lpthread", *rank_l, "-lm"]
         what = "g++ (the CUDA simulator)"
     else:
-        compile_cmd = lambda src, obj: cuda_build.nvcc_command(src, obj, shared=False, tf32=tf32) + rank_c  # noqa: E731
+        compile_cmd = lambda src, obj: cuda_build.nvcc_command(src, obj, shared=False) + rank_c  # noqa: E731
         link = [cuda_build.nvcc(), *cuda_build.link_flags(), *rank_l, "-lm"]
         what = "nvcc"
     runtime = _runtime_text()

@@ -7,6 +7,7 @@ import builtins
 import collections
 import math
 import numbers
+import re
 import sys
 
 import numpy as np
@@ -307,6 +308,24 @@ def detach(input):
     return emit("detach", [as_tensor(input)])
 
 
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta|hip|xla|hpu|mtia|privateuseone)(:\d+)?")
+
+
+def _device_name(name):
+    """`name`, a device's as Tensor.to takes it (which Mica ignores: the target is lower()'s), or a sentence."""
+    if _DEVICE.fullmatch(name):
+        return
+    try:
+        meant = as_dtype(name)
+    except Exception:
+        meant = None
+    if meant is not None:
+        raise TraceError(f"to: a string is a device in Tensor.to, as in PyTorch, not an element type; write "
+                         f".to(mica.{meant.name}) or .to(dtype=mica.{meant.name})", user_location())
+    raise TraceError(f"to: {name!r} is not a device PyTorch knows (a device is ignored by Mica: the target is "
+                     "lower()'s); pass an element type such as mica.float32", user_location())
+
+
 def to(input, *args, dtype=None, **kwargs):
     """Cast to an element type; device names and copy/non_blocking flags are accepted and ignored."""
     for a in args:
@@ -314,7 +333,9 @@ def to(input, *args, dtype=None, **kwargs):
             dtype = a.dtype
         elif isinstance(a, DType) or (a is not None and str(a).startswith("torch.")):
             dtype = a
-        elif not isinstance(a, (str, bool)):
+        elif isinstance(a, str):
+            _device_name(a)
+        elif not isinstance(a, bool):
             raise TraceError(f"to: cannot interpret {a!r}; pass an element type such as mica.float32",
                              user_location())
     if dtype is None:

@@ -37,7 +37,39 @@ def check_input(array, view, index, name):
         if low < info.min or high > info.max:
             raise MicaError(f"{name}: input {index} is {spec} and got {high if high > info.max else low}, outside "
                             f"{want}'s range; pass values from {info.min} to {info.max}", user_location())
+    if want.kind == "f" and a.dtype.kind in "iuf" and a.size:  # (numpy's cast would make it inf)
+        limit, largest = _FINITE_BELOW.get(view.dtype.name, _FINITE_BELOW["float32"])
+        if want.itemsize < a.dtype.itemsize or view.dtype in (bfloat16, float16):
+            with np.errstate(invalid="ignore"):
+                beyond = np.abs(a) >= limit
+            if beyond.any():
+                v = a.reshape(-1)[np.flatnonzero(beyond.reshape(-1) & np.isfinite(a.reshape(-1)))]
+                if v.size:
+                    raise MicaError(f"{name}: input {index} is {spec} and got {v[0]}, beyond {view.dtype.name}'s "
+                                    f"largest value ({largest}); scale the values, or trace the input as a wider "
+                                    "type", user_location())
     return a
+
+
+# the magnitude from which a value rounds to infinity in each float type (half its last step above the
+# largest finite value), and that largest value
+_FINITE_BELOW = {"float16": (65520.0, "65504"), "bfloat16": (2.0 ** 128 * (1 - 2.0 ** -9), "3.39e38"),
+                 "float32": (2.0 ** 128 * (1 - 2.0 ** -25), "3.40e38")}
+
+
+def check_threads(threads):
+    """`threads` as a count of OpenMP threads, or one sentence."""
+    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise MicaError(f"threads must be a positive whole number (OpenMP threads to run with), got {threads!r}",
+                        user_location())
+    return int(threads)
+
+
+def refuse_keywords(unknown, known):
+    """One sentence for keywords a compiled program's call does not take (where Python's TypeError was)."""
+    if unknown:
+        raise MicaError(f"a compiled program takes its traced arguments and the keywords {', '.join(known)}, not "
+                        f"{next(iter(unknown))}=...; the target and its options are lower()'s", user_location())
 
 
 def check_key(seed, offset):
@@ -112,9 +144,10 @@ class Executable:
                                               strides=[s * size for s in view.strides])
         return _from_storage(np.array(arr), view.dtype)
 
-    def __call__(self, *args, threads=None, seed=0, offset=0):
+    def __call__(self, *args, threads=None, seed=0, offset=0, **unknown):
         """Copy the arguments in, run once, return the results (numpy, in the program's structure).
         `seed` and `offset` key dropout's stream: the same pair, the same masks (a loop passes its step)."""
+        refuse_keywords(unknown, ("threads", "seed", "offset"))
         self.load(*args)
         self.run(threads=threads, seed=seed, offset=offset)
         return self.results()
@@ -133,7 +166,8 @@ class Executable:
 
     def run(self, threads=None, seed=0, offset=0):
         """Run once over what is in the arena. State updated in place stays there for the next run."""
-        threads = threads or min(os.cpu_count() or 1, self.lowered.target.max_threads)
+        threads = min(os.cpu_count() or 1, self.lowered.target.max_threads) if threads is None else \
+            check_threads(threads)
         seed, offset = check_key(seed, offset)
         rc = self._lib.mica_run(self._arena, int(threads), seed, offset)
         if rc != 0:

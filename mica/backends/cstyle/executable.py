@@ -6,7 +6,7 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import _from_storage, _to_storage, check_input, check_key
+from ..c.executable import _from_storage, _to_storage, check_input, check_key, check_threads, refuse_keywords
 
 
 class AbiExecutable:
@@ -40,7 +40,8 @@ class AbiExecutable:
             self._arena_free(arena)
             self._arena = None
 
-    def __call__(self, *args, threads=1, seed=0, offset=0):
+    def __call__(self, *args, threads=1, seed=0, offset=0, **unknown):
+        refuse_keywords(unknown, ("threads", "seed", "offset"))
         self.load(*args)
         self.run(threads=threads, seed=seed, offset=offset)
         return self.results()
@@ -56,8 +57,8 @@ class AbiExecutable:
         self._set(self._arena, index, data.ctypes.data)
 
     def run(self, threads=1, seed=0, offset=0):
-        seed, offset = check_key(seed, offset)
-        rc = self._run(self._arena, int(threads), seed, offset)
+        threads, (seed, offset) = check_threads(threads), check_key(seed, offset)
+        rc = self._run(self._arena, threads, seed, offset)
         if rc != 0:
             raise MicaError(self._error().decode())
 

@@ -63,11 +63,10 @@ def gencode():
     return flags + ["-gencode", f"arch=compute_{ARCHS[-1]},code=compute_{ARCHS[-1]}"]
 
 
-def nvcc_command(src, out, shared=True, tf32=False, threads_per_block=None, archs=None):
+def nvcc_command(src, out, shared=True, threads_per_block=None, archs=None):
     include, _ = cuda_libraries()
     cmd = [nvcc(), "-O3", "--threads", "0", "--fmad=false", "-std=c++17", "-Werror", "all-warnings", "-I", HERE,
            "-I", SHARED_DIR, "-I", include, *(archs or gencode()), "-Xcompiler", "-fPIC"]
-    cmd += ["-DMICA_TF32"] if tf32 else []
     cmd += [f"-DMICA_THREADS={threads_per_block}"] if threads_per_block else []
     if shared:
         cmd += ["-shared", src, "-o", out, *link_flags()]
@@ -99,11 +98,11 @@ def simulator_command(src, out, threads_per_block=None, sanitize=False, shared=T
     return cmd
 
 
-def build(source, name="program", simulate=False, tf32=False, threads_per_block=None):
+def build(source, name="program", simulate=False, threads_per_block=None):
     """Compile to a shared library (cached); returns its path."""
     kind = "sim" if simulate else "nvcc"
     digest = hashlib.sha256()
-    for part in (source, kind, str(tf32), str(threads_per_block), headers_digest()):
+    for part in (source, kind, str(threads_per_block), headers_digest()):  # (TF32: the source says, MICA_TF32)
         digest.update(part.encode() + b"\0")
     ranks = []  # collectives across ranks: NCCL and Open MPI (the simulator's NCCL: Open MPI alone)
     if '#include "mica_nccl.h"' in source:
@@ -117,4 +116,4 @@ def build(source, name="program", simulate=False, tf32=False, threads_per_block=
         return compile_cached(source, out_dir, "program.cu", "g++ (the CUDA simulator)", name,
                               lambda src, out: simulator_command(src, out, threads_per_block) + ranks)
     return compile_cached(source, out_dir, "program.cu", "nvcc", name,
-                          lambda src, out: nvcc_command(src, out, tf32=tf32, threads_per_block=threads_per_block) + ranks)
+                          lambda src, out: nvcc_command(src, out, threads_per_block=threads_per_block) + ranks)

@@ -73,7 +73,7 @@ class CudaTarget(Target):
             raise MicaError(f"a CUDA program built here could not run: it needs an NVIDIA GPU and its driver, and "
                             f"{why}; run it on the simulator (simulate=True), or build it where a card is (its CUDA "
                             "source is the lowering's .source)")
-        library = build.build(lowered.source, lowered.program.name, simulate=self.simulate, tf32=self.tf32,
+        library = build.build(lowered.source, lowered.program.name, simulate=self.simulate,
                               threads_per_block=self.threads_per_block)
         return AbiExecutable(lowered, library)
 
