@@ -197,3 +197,21 @@ def test_a_wider_dtype_than_nanogpts_is_pointed_to_float32(tmp_path):
                                                    "mean 'float32'?")
     assert config._dtype_meant("torch.double").endswith("did you mean 'float32'?")
     assert config._dtype_meant("BF16") == "; did you mean 'bfloat16'?"
+
+
+def test_a_config_sees_what_train_py_imported_as_in_nanogpt(tmp_path, monkeypatch):
+    """nanoGPT runs a config in train.py's globals, after its imports: os, time, math, pickle,
+    nullcontext, np and torch are there (torch imported only when used), and none is a helper of the
+    config's own to note."""
+    import torch
+
+    path = _write(tmp_path, "g.py", "dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'\n"
+                                    "out_dir = os.path.join('out', 'g')\nmax_iters = int(math.sqrt(16)) + "
+                                    "int(np.int64(1))\nwith nullcontext():\n    eval_iters = 3\n"
+                                    "here = os.path.dirname(__file__)\n")
+    monkeypatch.chdir(tmp_path)
+    notes = []
+    cfg = config_mod.load(path, [], notes.append)
+    assert (cfg["dtype"], cfg["out_dir"], cfg["max_iters"], cfg["eval_iters"]) == \
+        ("bfloat16" if torch.cuda.is_available() else "float32", "out/g", 5, 3)
+    assert notes == [f"note: {path}:6: here is not a setting; ignored (a helper variable?)"]

@@ -301,6 +301,17 @@ def test_a_resume_of_an_imported_half_runs_checkpoint_names_the_dtype_it_trains_
     run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=imported", "--init_from=resume", "--dtype=bfloat16"],
                     log=notes.append)
     assert not any("imported checkpoint's config says" in n for n in notes)
+    # nanoGPT's own train.py on a CPU: its config says float16 (no card with bfloat16) and trained float32
+    ck = torch.load("half.pt", weights_only=False)
+    ck["config"] = {k: v for k, v in ck["config"].items() if k != "recipe"} | {"device": "cpu", "dtype": "float16"}
+    torch.save(ck, "cpu.pt")
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "import", "cpu.pt", "--out_dir", "from_cpu"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    notes = []
+    run.prepare_run(TINY[0], [*TINY[1:], "--out_dir=from_cpu", "--init_from=resume"], log=notes.append)
+    assert any("says dtype=float16, but it trained on device='cpu', where nanoGPT trains in float32 whatever dtype "
+               "says; so does this run" in n for n in notes), notes
 
 
 def test_float16_training_keeps_its_loss_scaler_in_the_checkpoint_and_resumes_exactly(work):

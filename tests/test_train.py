@@ -215,3 +215,23 @@ def test_eval_inside_the_train_arena_changes_no_bit(workdir, monkeypatch):
     st = a.names  # the state: every parameter and optimizer tensor, each on its own alignment
     assert 0 < state < arenas["train"] and state >= sum(a.read(n).nbytes for n in st if n != "optimizer.step")
     assert total == max(arenas["train"], state + arenas["eval"]) < total_apart
+
+
+def test_a_batch_order_given_to_a_resume_is_that_runs_from_its_first_iteration(workdir):
+    """A recorded order's offsets are the run's own from its first iteration, a resume's included:
+    the batch its checkpoint drew for that iteration gives way to the file's first rows (as for an
+    imported checkpoint, which holds none). Split where the straight run's file is cut, the two
+    runs are the same run, bit for bit."""
+    d, _ = workdir
+    rows, windows = 4, 1_003_854 - 32
+    order = np.random.default_rng(7).integers(0, windows, (9, rows))  # a batch before iteration 0, then 8
+    np.savetxt(d / "order_all.txt", order.ravel(), fmt="%d")
+    np.savetxt(d / "order_late.txt", order[4:].ravel(), fmt="%d")  # the batches of iterations 4..8
+    common = ["shakespeare_char", *TINY, "--eval_interval=4", "--dropout=0.1"]
+    straight = mica("train", *common, "--max_iters=8", "--out_dir=order_straight", "--batch_order=order_all.txt",
+                    cwd=d).stdout
+    mica("train", *common, "--max_iters=4", "--out_dir=order_split", "--batch_order=order_all.txt", cwd=d)
+    resumed = mica("train", *common, "--max_iters=8", "--out_dir=order_split", "--init_from=resume",
+                   "--batch_order=order_late.txt", cwd=d).stdout
+    after = [line for line in _losses(straight) if int(re.search(r"\d+", line).group()) >= 4]
+    assert _losses(resumed) == after and len(after) == 2 + 5

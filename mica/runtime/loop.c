@@ -98,9 +98,14 @@ int train_loop(void) {
         last_saved = iter;
     }
     update_stop_text();
+    /* A resume takes the batch its checkpoint drew for this iteration, unless a batch order is given:
+     * that file's offsets are this run's from its first iteration on, the first one included (as for a
+     * resume of an imported checkpoint, which holds no batch). */
     if (S.resume && S.n_resume_next) {
         if (!S.has_resume_rng) die(2, "the checkpoint has a data position but no generator state; it is damaged");
         rng_set(S.resume_rng);
+    }
+    if (S.resume && S.n_resume_next && !order_file) {
         for (int64_t r = 0; r < rows; r++)
             if (S.resume_next[r] < 0 || S.resume_next[r] >= train_data.windows)
                 die(2, "the checkpoint's data position (row offset %lld) lies outside the training data (%lld rows): "

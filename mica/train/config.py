@@ -202,7 +202,8 @@ DESCRIPTIONS = {
             "seeds with 1337 itself)",
     "threads": "trainer threads; 0: one per core, at most max(8, cores) (results are the same for any count)",
     "opt_level": "0, 1 or 2: gcc -O1/-O2/-O3; 0 also turns fusion off",
-    "batch_order": "a file of recorded batch offsets to train on instead of random ones",
+    "batch_order": "a file of recorded batch offsets to train on instead of random ones (batch_size x "
+                   "gradient_accumulation_steps a batch, from this run's first iteration on: a resume's too)",
     "simulate": "with device=cuda: run the CUDA trainer on the CPU simulator (slow; for tiny configs)",
     "tf32": "with device=cuda: let products and attention use TF32, as nanoGPT's train.py does; False: float32 throughout",
     "data_dir": "the data folder (train.bin and val.bin, or shards; meta.json or meta.pkl); default data/<dataset>",

@@ -31,7 +31,7 @@ def run(path, settings, carried=None):
     text = read_text(path, "config file")
     code = _compile(text, path)
     assigned = _Assignments.of(text, path)
-    carried = dict(carried or {})
+    carried = {**train_py_names(), **(carried or {})}
     scope = {**carried, **settings}
     ran = _run_tracing_lines(code, scope, path)
     gone = [k for k in settings if k not in scope]
@@ -43,6 +43,39 @@ def run(path, settings, carried=None):
     names = {k: v for k, v in scope.items() if k not in settings and not k.startswith("_")}
     others = {k: v for k, v in names.items() if k not in carried or v is not carried[k]}
     return Ran(set_, others, names, assigned.last)
+
+
+class _LazyTorch:
+    """train.py's `torch`, imported when a config file first uses it (`torch.cuda.is_available()`):
+    most configs never do, and `make train`'s venv has no PyTorch."""
+
+    def __getattr__(self, name):
+        try:
+            import torch
+        except ImportError:
+            raise ModuleNotFoundError("it uses torch (train.py's import, which nanoGPT's configs see), and torch is "
+                                      "not installed here: pip install torch, or write the value") from None
+        return getattr(torch, name)
+
+
+def train_py_names():
+    """What nanoGPT's train.py has imported when its configurator runs a config file in its globals
+    (a config may use them: `os.path.join(...)`, `torch.cuda.is_available()`); __file__ is train.py's
+    path, in the folder nanoGPT runs from."""
+    import contextlib
+    import math
+    import pickle
+    import time
+
+    import numpy as np
+
+    names = {"os": os, "time": time, "math": math, "pickle": pickle, "nullcontext": contextlib.nullcontext, "np": np,
+             "torch": _LazyTorch()}
+    try:
+        names["__file__"] = os.path.join(os.getcwd(), "train.py")
+    except OSError:  # (the current folder was deleted)
+        pass
+    return names
 
 
 def literal_recipe(path):

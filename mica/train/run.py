@@ -586,7 +586,15 @@ def _follow_saved_dtype(cfg, st, saved, log):
     if was not in config_mod.DTYPES or was == cfg["dtype"]:
         return
     if "imported_from" in st.metadata:
-        if "dtype" not in getattr(cfg, "given", ()):
+        # nanoGPT's train.py autocasts on cards alone: a checkpoint it trained on a CPU (its config has no
+        # recipe, which Mica's exports have) trained in float32 whatever its dtype says
+        device = saved.get("device")
+        if "recipe" not in saved and isinstance(device, str) and "cuda" not in device:
+            if cfg["dtype"] != "float32" or "dtype" in getattr(cfg, "given", ()):
+                return
+            log(f"note: the imported checkpoint's config says dtype={was}, but it trained on device={device!r}, "
+                "where nanoGPT trains in float32 whatever dtype says; so does this run")
+        elif "dtype" not in getattr(cfg, "given", ()):
             log(f"note: the imported checkpoint's config says dtype={was} (nanoGPT's setting where it was trained); "
                 f"this run trains in dtype={cfg['dtype']}: pass --dtype={was} to train in that")
         return
