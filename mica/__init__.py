@@ -4,14 +4,28 @@ Write a model and its training step with PyTorch's verbs, trace it once with sta
 (`mica.trace`), differentiate it ahead of time (`mica.grad`), and run it on the float64 oracle
 (`mica.reference.run`) or — later stages — as compiled native code.
 """
-from .amp import autocast
-from .dtypes import Spec
-from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
-from .errors import GradError, MicaError, ShapeError, TraceError
-from .grad import grad, value_and_grad
-from .tensor import Tensor
-from .trace import Program, compile, trace  # noqa: A004
-from .verbs import (
+import os as _os
+import signal as _signal
+import sys as _sys
+
+if _sys.argv and _os.path.basename(_sys.argv[0]) == "mica" and \
+        _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+    def _interrupted_starting(signum, frame):
+        """The mica command's Ctrl-C while it imports (cli.main takes over after): its status and
+        sentence, not a traceback from the middle of an import."""
+        _os.write(2, b"mica: interrupted\n")
+        _os._exit(130)
+
+    _signal.signal(_signal.SIGINT, _interrupted_starting)
+
+from .amp import autocast  # noqa: E402
+from .dtypes import Spec  # noqa: E402
+from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
+from .errors import GradError, MicaError, ShapeError, TraceError  # noqa: E402
+from .grad import grad, value_and_grad  # noqa: E402
+from .tensor import Tensor  # noqa: E402
+from .trace import Program, compile, trace  # noqa: A004, E402
+from .verbs import (  # noqa: E402
     abs, add, addcdiv, addcmul, amax, amin, arange, argmax, argmin, as_tensor, cat, chunk, clamp, clip,
     concat, cos, cross_entropy, detach, div, dropout, embedding, eq, erf, eye, exp, expand, flatten, full,
     full_like, ge, gelu, gt, layer_norm, le, lerp, linear, linspace, log, log_softmax, logical_and,

@@ -122,6 +122,12 @@ def cmd_sample(args, extra):
                         "--device=cpu, or --simulate=True to run the CUDA program on the CPU simulator")
     if s["simulate"] and device != "cuda":
         raise MicaError("simulate=True simulates the CUDA program; pass it with --device=cuda")
+    if isinstance(s["out_dir"], str):
+        from .train import checkpoint
+
+        note = checkpoint.newer_pytorch_note(os.path.join(s["out_dir"], "ckpt.safetensors"))
+        if note:
+            print(note, file=sys.stderr)
     texts = run.sample(s["out_dir"], s["start"], s["num_samples"], s["max_new_tokens"], s["temperature"],
                        s["top_k"], s["seed"], s["threads"] or None, data_dir=s["data_dir"], device=device,
                        simulate=s["simulate"], dtype=s["dtype"])
@@ -512,6 +518,10 @@ def main(argv=None):
         args.out = f"check-{args.method}"
     if args.command in ("train", "sample", "inspect"):
         extra = [a for a in argv[argv.index(args.command) + 1:] if a != "--ir"]
+    import signal
+
+    if getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "_interrupted_starting":  # (mica/__init__'s)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, said below
     try:
         return handlers[args.command](args, extra)
     except MicaError as e:

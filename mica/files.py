@@ -51,6 +51,23 @@ def lock_run_folder(out_dir, doing="train into"):
     _LOCKS[key] = fd
 
 
+def run_folder_in_use(out_dir):
+    """Whether another command holds `out_dir`'s run lock now (a run training there)."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(out_dir, ".mica.lock"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return os.path.realpath(out_dir) not in _LOCKS  # (held by another process, not by this one)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def no_empty_folders_left(*paths):
     """Folders among `paths` (and their parents) that this command creates are removed again if it

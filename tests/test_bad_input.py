@@ -690,6 +690,12 @@ def test_disk_full_at_the_first_write(data, tmpfs):
     r = mica("prepare", "text", "--input", "in.txt", "--out", str(folder / "p"), cwd=root)
     assert_sentence(r, f"cannot write {folder / 'p' / 'train.bin'} (No space left on device)")
     assert not (folder / "p").exists()  # (the folder it made is gone again: nothing was written)
+    # room for the run's start, not for its first checkpoint: nothing to resume from, said so
+    small = mount("small", "48k")
+    r = mica("train", *TINY, "--always_save_checkpoint=True", f"--out_dir={small / 'run'}", cwd=root)
+    assert_sentence(r, f"writing the checkpoint in {small / 'run'} failed (No space left on device); this run saved "
+                       f"no checkpoint (any ckpt.safetensors in {small / 'run'} is from an earlier run, untouched): "
+                       "free space (or fix the folder), then start the run again")
 
 
 def test_a_config_files_helper_variables_are_ignored_with_a_note(tmp_path):

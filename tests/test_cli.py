@@ -62,3 +62,16 @@ def test_inspect_ir_of_a_config_is_the_train_program_in_its_dtype(tmp_path):
         outs[dtype] = r.stdout
     assert "bf16[" not in outs["float32"] and "= cast " in outs["bfloat16"] and "bf16[2, 8, 16]" in outs["bfloat16"]
     assert "i64[2, 2, 8]" in outs["float32"]  # (the two micro-batches of x, as the trainer feeds them)
+
+
+def test_ctrl_c_while_the_mica_command_starts_is_its_sentence_not_a_traceback():
+    """The command's imports take a while on a loaded machine: a Ctrl-C then ends it as one later
+    does (status 130, "mica: interrupted"), where Python printed a traceback from an import. Only the
+    command: a program importing mica keeps Python's KeyboardInterrupt."""
+    starting = ("import os, signal, sys, time\nsys.argv[0] = '/usr/bin/mica'\nimport mica\n"
+                "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+    r = subprocess.run([sys.executable, "-c", starting], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (130, "mica: interrupted\n")
+    r = subprocess.run([sys.executable, "-c", starting.replace("/usr/bin/mica", "train.py")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 130 and "KeyboardInterrupt" in r.stderr

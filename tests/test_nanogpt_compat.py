@@ -420,3 +420,52 @@ def test_a_pickle_that_runs_code_is_never_loaded(tmp_path):
     r = mica_cli("import", str(tmp_path / "evil.pt"), "--out_dir", str(tmp_path / "out"), cwd=tmp_path, check=False)
     assert r.returncode == 2 and "holds Python objects besides tensors" in r.stderr, r.stderr
     assert not marker.exists() and not (tmp_path / "out" / "ckpt.safetensors").exists()
+
+
+def test_an_imported_checkpoint_of_other_data_is_named_as_such(nanogpt):
+    """An imported checkpoint keeps no digest of its vocabulary, only its embedding's size: where the
+    data's vocabulary is larger the checkpoint was trained on other data, which is said before the
+    data's own checks would blame its token ids."""
+    d = nanogpt["dir"]
+    (d / "wide" / "data" / "shakespeare_char").mkdir(parents=True)
+    mica_cli("prepare", "shakespeare-char", "--input", SHAKESPEARE, "--out", str(d / "wide" / "data" /
+                                                                               "shakespeare_char"), cwd=d)
+    rows = pickle.load(open(d / "data" / "shakespeare_char" / "meta.pkl", "rb"))["vocab_size"]
+    assert rows < len(set(open(SHAKESPEARE).read())) == 65  # (the fixture's data: a part of the text)
+    mica_cli("import", str(d / "ckpt.pt"), "--out_dir", str(d / "wide" / "out"), cwd=d)
+    r = mica_cli("train", *FLAGS, "--out_dir=out", "--init_from=resume", cwd=d / "wide", check=False)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"mica: error: the checkpoint in out embeds {rows} tokens, but data/shakespeare_char/meta.json's vocabulary "
+        "has 65: it was trained on other data; resume with the data it trained on (--dataset or --data_dir), or "
+        "train afresh with --init_from=scratch"), r.stderr
+
+
+def test_a_newer_ckpt_pt_beside_micas_checkpoint_is_noted(nanogpt):
+    """nanoGPT's train.py resumed an export in the run's folder and wrote ckpt.pt since: Mica still
+    reads its own checkpoint (sampling too), and says which file it skips and how to take it."""
+    import shutil
+    import time
+
+    from mica.train import run
+
+    d = nanogpt["dir"]
+    mica_cli("import", "ckpt.pt", "--out_dir", "newer", cwd=d)
+    shutil.copy(d / "ckpt.pt", d / "newer" / "ckpt.pt")
+    later = time.time() + 60
+    os.utime(d / "newer" / "ckpt.pt", (later, later))
+    want = ("note: newer/ckpt.pt is newer than newer/ckpt.safetensors, which this reads (Mica reads its own checkpoint "
+            "only); to go on from newer/ckpt.pt instead, convert it first: mica import newer/ckpt.pt --out_dir newer "
+            "--force")
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        notes = []
+        run.prepare_run(None, [*FLAGS, "--out_dir=newer", "--init_from=resume"], log=notes.append)
+    finally:
+        os.chdir(cwd)
+    assert want in notes, notes
+    r = mica_cli("sample", "--out_dir=newer", "--num_samples=1", "--max_new_tokens=2", cwd=d)
+    assert want in r.stderr, r.stderr
+    os.utime(d / "newer" / "ckpt.pt", (later - 3600, later - 3600))  # (older: nothing to say)
+    assert "is newer than" not in mica_cli("sample", "--out_dir=newer", "--num_samples=1", "--max_new_tokens=2",
+                                           cwd=d).stderr

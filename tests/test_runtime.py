@@ -316,15 +316,21 @@ def test_a_damaged_cached_trainer_is_rebuilt_not_run(work, monkeypatch, tmp_path
 
 
 def test_a_second_run_into_the_same_out_dir_is_refused_while_the_first_trains(work):
-    exe, manifest, _ = run.prepare_run(TINY[0], [*TINY[1:], "--max_iters=100000000"], **QUIET)
+    """Also a resume there, before the first run has saved anything: the run is named, not the
+    checkpoint it has not written yet."""
+    exe, manifest, _ = run.prepare_run(TINY[0], [*TINY[1:], "--max_iters=100000000", "--eval_interval=100000000",
+                                                 "--out_dir=busy"], **QUIET)
     p = subprocess.Popen([exe, manifest], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, close_fds=False)
     try:
         p.stdout.readline()  # it runs, holding the lock it inherited
         for fd in files._LOCKS.values():  # the lock is the trainer's alone now
             os.close(fd)
         files._LOCKS.clear()
-        r = mica("train", *TINY, cwd=work)
-        assert r.returncode == 2 and "another mica train is running in out-shakespeare-char" in r.stderr, r.stderr
+        r = mica("train", *TINY, "--out_dir=busy", cwd=work)
+        assert r.returncode == 2 and "another mica train is running in busy; wait" in r.stderr, r.stderr
+        r = mica("train", *TINY, "--out_dir=busy", "--init_from=resume", cwd=work)
+        assert r.returncode == 2 and r.stderr.strip() == "mica: error: another mica train is running in busy and has " \
+            "saved no checkpoint there yet; wait for it to finish (or stop it), then resume", r.stderr
     finally:
         p.send_signal(signal.SIGINT)
         p.communicate(timeout=30)

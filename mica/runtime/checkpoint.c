@@ -124,7 +124,10 @@ static void send_shards(void) {
         }
 }
 
+static int64_t last_written = -2; /* the iter of the last good checkpoint (this run's, or the one it resumed); -1: none */
+
 void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nnext, const uint64_t gen[4]) {
+    if (last_written == -2) last_written = S.resume ? S.resume_iter : -1;
     if (S.rank != 0) {
         send_shards();
         return;
@@ -169,14 +172,17 @@ void checkpoint_save(int64_t iter, double best, const int64_t *next, int64_t nne
     }
     if (fclose(f) != 0 || !ok) {
         unlink(tmp);
-        die(2, "writing the checkpoint in %s failed (%s); nothing was replaced: free space (or fix the folder) and "
-               "resume from the last checkpoint with --init_from=resume", S.out_dir, strerror(err ? err : errno));
+        const char *unit = strcmp(S.loop, "speedrun") ? "iter" : "step";
+        die(2, "writing the checkpoint in %s failed (%s); %s: free space (or fix the folder), then %s", S.out_dir,
+            strerror(err ? err : errno), log_last_good(unit, last_written),
+            last_written >= 0 ? "resume from it with --init_from=resume" : "start the run again");
     }
     if (rename(tmp, path) != 0) {
         err = errno;
         unlink(tmp);
         die(2, "cannot move the checkpoint into place in %s: %s", S.out_dir, strerror(err));
     }
+    last_written = iter;
     free(h.p);
     free(crc);
 }

@@ -79,6 +79,20 @@ def missing(path, then="check the path, or train a run into that folder first"):
     return f"checkpoint {path} does not exist; {then}"
 
 
+def newer_pytorch_note(path):
+    """A note when nanoGPT's ckpt.pt beside Mica's checkpoint `path` was written after it (nanoGPT's
+    train.py resumed an export there, say), which Mica does not read: None otherwise."""
+    pt = os.path.join(os.path.dirname(path) or ".", "ckpt.pt")
+    try:
+        newer = os.path.getmtime(pt) > os.path.getmtime(path)
+    except OSError:
+        return None
+    if not newer:
+        return None
+    return (f"note: {pt} is newer than {path}, which this reads (Mica reads its own checkpoint only); to go on "
+            f"from {pt} instead, convert it first: mica import {pt} --out_dir {os.path.dirname(path) or '.'} --force")
+
+
 RESUMED_METADATA = ("iter_num", "best_val_loss", "config")  # (and the batch generator's "rng", where a run wrote it)
 
 

@@ -246,8 +246,10 @@ def train_help(items=()):
         "usage: mica train [CONFIG ...] [--key=value ...]",
         "CONFIG is a nanoGPT config file (Python assigning some of the settings below) or a built-in name\n"
         f"({', '.join(BUILTIN_CONFIGS)}). Each --key=value overrides one setting: a Python literal of the default's\n"
-        "type (a whole float is taken for a count, as a config's max_iters / 10), or a bare word as a string. As\n"
-        "in nanoGPT, configs and settings apply in the order given, and a config file sees the settings before it.\n"
+        "type (a whole float is taken for a count, as a config's max_iters / 10, and an int for a float, which\n"
+        "nanoGPT's configurator refuses), or a bare word as a string (everything after the first '='). As in\n"
+        "nanoGPT, configs and settings apply in the order given, and a config file sees the settings before it\n"
+        "and train.py's imports (os, np, torch, ...).\n"
         f"The settings and their {where}:",
         # (nanoGPT's train.py seeds with 1337 itself: `seed` is Mica's setting)
         [("nanoGPT's settings (train.py):", [k for k in DEFAULTS if k != "seed"]),

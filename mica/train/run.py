@@ -22,7 +22,7 @@ from . import checkpoint as ckpt
 from . import config as config_mod
 from . import convert
 from . import distributed, memory_plan, native, programs
-from ..files import atomic_write, lock_run_folder, no_empty_folders_left, read_text, writable_folder
+from ..files import atomic_write, lock_run_folder, no_empty_folders_left, read_text, run_folder_in_use, writable_folder
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
@@ -165,9 +165,16 @@ def prepare_run(config_path=None, overrides=(), log=print):
     try:
         _check_init_from(cfg)
     except MicaError as e:  # (led by the config line that chose the weights, where a file did)
+        if cfg["init_from"] == "resume" and isinstance(cfg["out_dir"], str) and run_folder_in_use(cfg["out_dir"]):
+            raise MicaError(f"another mica train is running in {cfg['out_dir']} and has saved no checkpoint there "
+                            "yet; wait for it to finish (or stop it), then resume") from None
         origin = getattr(cfg, "origin", {})
         at = origin.get("init_from") or (origin.get("out_dir") if cfg["init_from"] == "resume" else None)
         raise (MicaError(f"{at}: {e.sentence}") if at else e) from None
+    if cfg["init_from"] == "resume":
+        note = ckpt.newer_pytorch_note(os.path.join(cfg["out_dir"], "ckpt.safetensors"))
+        if note:
+            held(note)
     with no_empty_folders_left(cfg["out_dir"]):  # a run refused before it wrote anything leaves no folder
         if cfg["recipe"] == "speedrun":
             held.say()
@@ -549,8 +556,16 @@ def _check_resumed_vocabulary(cfg, folder, data_meta):
     path = os.path.join(cfg["out_dir"], "ckpt.safetensors")
     if cfg["init_from"] != "resume" or not os.path.isfile(path):
         return
-    trained = _saved_config(ckpt.SafeTensors(path)).get("vocab_digest")
-    if not isinstance(trained, str) or (data_meta is not None and meta_mod.digest(data_meta) == trained):
+    st = ckpt.SafeTensors(path)
+    trained = _saved_config(st).get("vocab_digest")
+    if not isinstance(trained, str):  # (an imported checkpoint: its vocabulary's size is all it says of its data)
+        rows = st.info("transformer.wte.weight")[1][0] if "transformer.wte.weight" in st.names else None
+        if data_meta is not None and rows is not None and rows < data_meta.vocab_size:
+            raise MicaError(f"the checkpoint in {cfg['out_dir']} embeds {rows} tokens, but {data_meta.path}'s "
+                            f"vocabulary has {data_meta.vocab_size}: it was trained on other data; resume with the "
+                            "data it trained on (--dataset or --data_dir), or train afresh with --init_from=scratch")
+        return
+    if data_meta is not None and meta_mod.digest(data_meta) == trained:
         return
     what = f"{data_meta.path}'s vocabulary ({data_meta.vocab_size} tokens) is not" if data_meta is not None else \
         f"{folder} holds no vocabulary (meta.json or meta.pkl), not"
