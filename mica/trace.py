@@ -59,16 +59,17 @@ class Program:
             raise TraceError(f"{self.name}: the arguments differ from the traced ones: "
                              f"{pytree.describe_difference(tree, self.in_tree)}", user_location())
         out = [x for x, s in zip(leaves, self._static) if s is None]
-        for x, v, name in zip(out, self.graph.inputs, self.graph.input_names):
+        for index, (x, v, name) in enumerate(zip(out, self.graph.inputs, self.graph.input_names)):
             try:
                 a = np.asarray(x)
             except (TypeError, ValueError) as e:
-                raise TraceError(f"{self.name}: argument {name} ({v.spec!r}) got a value numpy cannot read as an "
+                raise TraceError(f"{self.name}: input {index} ({v.spec!r}) got a value numpy cannot read as an "
                                  f"array ({e})", user_location()) from None
             shape = a.shape
-            if a.dtype.kind not in "biuf":
-                raise TraceError(f"{self.name}: argument {name} is {v.spec!r} and got {a.dtype} values; pass an "
-                                 "array of real numbers", user_location())
+            if a.dtype.kind not in "biuf":  # (text, objects, complex numbers: as the executables' check says)
+                kind = {"bool": "booleans", "int": "integers"}.get(v.dtype.kind, "real numbers")
+                raise TraceError(f"{self.name}: input {index} is {v.spec!r} and got {a.dtype} values; pass an "
+                                 f"array of {kind}", user_location())
             if shape != v.shape:
                 raise TraceError(f"{self.name}: argument {name} has shape {list(shape)} but the program "
                                  f"was traced for {v.spec!r}", user_location())

@@ -192,3 +192,44 @@ def test_a_boolean_input_takes_0_1_integers_and_refuses_floats():
     with pytest.raises(mica.MicaError, match=r"^f: input 0 is b8\[3\] and got float64 values; pass an array of "
                                              r"booleans"):
         check_input(np.array([0.5, 1.0, 0.0]), mask, 0, "f")
+
+
+def test_a_compiled_programs_call_and_options_are_sentences_at_the_users_line():
+    """What a new user tried on the compiled program: simulate given to build() (as docs/api.md's
+    comment reads), keywords the call does not take, threads that are no count, remat='yes', text
+    for an array; lower()'s own refusals name the line too, and a kernel's failure at run time names
+    the line that traced its verb."""
+    def step(w, x):
+        return (x @ w).square().mean()
+
+    program = mica.trace(step, mica.f32[16, 8], mica.f32[4, 16])
+
+    def said(fn):
+        with pytest.raises(mica.MicaError) as e:
+            fn()
+        assert e.value.loc and e.value.loc[0] == HERE, e.value  # (this file's line that called)
+        return e.value.sentence
+
+    assert said(lambda: program.lower("cuda").build(simulate=True)).startswith(
+        "build() takes no options here, not simulate=...; the target's options (simulate, tf32, ...) are lower()'s")
+    assert said(lambda: program.lower("cpu", frob=1)).startswith("the cpu target has no option 'frob'")
+    assert said(lambda: program.lower("cpu", remat="yes")) == "remat must be True or False, got 'yes'"
+    exe = program.lower("cpu").build()
+    w, x = np.random.randn(16, 8), np.random.randn(4, 16)
+    assert said(lambda: exe(w, x, device="cuda")).startswith(
+        "a compiled program takes its traced arguments and the keywords threads, seed, offset, not device=...")
+    for bad in (-1, 0, "2", True):
+        assert said(lambda: exe(w, x, threads=bad)).startswith("threads must be a positive whole number")
+    assert said(lambda: exe("hello", x)) == "step: input 0 is f32[16, 8] and got <U5 values; pass an array of " \
+                                            "real numbers"
+    np.testing.assert_allclose(exe(w, x, threads=2), ((x @ w) ** 2).mean(), rtol=1e-5)
+
+    def lookup(table, idx, t):
+        return F.cross_entropy(F.embedding(idx, table), t)
+
+    looked = mica.compile(lookup, mica.f32[10, 5], mica.i64[4], mica.i64[4])
+    table = np.random.randn(10, 5).astype(np.float32)
+    with pytest.raises(mica.MicaError) as e:
+        looked(table, np.array([1, 2, 12, 3]), np.array([0, 1, 2, 3]))
+    assert e.value.sentence == "embedding: index 12 is out of range for 10 embeddings"
+    assert e.value.loc == (HERE, lookup.__code__.co_firstlineno + 1)  # (the line that traced the embedding)

@@ -72,6 +72,14 @@ def refuse_keywords(unknown, known):
                         f"{next(iter(unknown))}=...; the target and its options are lower()'s", user_location())
 
 
+def run_error(text, program):
+    """A failed run's sentence (a kernel's, led by its verb: "embedding: index 12 is out of range ..."),
+    at the line that traced that verb where the program has one such node, else at the call's line."""
+    verb = text.split(":", 1)[0]
+    places = {n.loc for n in program.graph.nodes if n.op == verb and n.loc}
+    return MicaError(text, places.pop() if len(places) == 1 else user_location())
+
+
 def check_key(seed, offset):
     """(seed, offset) of a run as the two integers that key dropout's stream, or one sentence."""
     out = []
@@ -171,7 +179,7 @@ class Executable:
         seed, offset = check_key(seed, offset)
         rc = self._lib.mica_run(self._arena, int(threads), seed, offset)
         if rc != 0:
-            raise MicaError(self._lib.mica_error().decode())
+            raise run_error(self._lib.mica_error().decode(), self.lowered.program)
 
     def results(self):
         schedule = self.lowered.schedule

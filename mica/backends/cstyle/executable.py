@@ -6,7 +6,7 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import _from_storage, _to_storage, check_input, check_key, check_threads, refuse_keywords
+from ..c.executable import _from_storage, _to_storage, check_input, check_key, check_threads, refuse_keywords, run_error
 
 
 class AbiExecutable:
@@ -60,7 +60,7 @@ class AbiExecutable:
         threads, (seed, offset) = check_threads(threads), check_key(seed, offset)
         rc = self._run(self._arena, threads, seed, offset)
         if rc != 0:
-            raise MicaError(self._error().decode())
+            raise run_error(self._error().decode(), self.lowered.program)
 
     def results(self):
         outs = []
