@@ -292,7 +292,8 @@ def test_a_rank_that_cannot_start_ends_the_others_within_seconds(tmp_path, data)
     # rank 1's settings are refused before it reaches MPI: rank 0, waiting for it, is ended by mpirun
     r = run(mpirun(1, *cli(*args)) + [":", "-np", "1", *cli(*args, "--n_layer=x")], d)
     assert r.returncode != 0 and "mica: error: --n_layer: n_layer must be int" in r.stderr, r.stderr
-    assert r.stderr.count("mica: rank 0 of 2 stopped:") == 1 and "Traceback" not in r.stderr
+    # (its sentence once, where its trainer had started; on a loaded machine mpirun may end it still preparing)
+    assert r.stderr.count("mica: rank 0 of 2 stopped:") <= 1 and "Traceback" not in r.stderr
     # a rank that never joins (here not Mica at all): rank 0 stops after MICA_START_TIMEOUT seconds
     t = time.time()
     r = run(mpirun(1, *cli(*args)) + [":", "-np", "1", "sleep", "120"], d, env=dict(_env(), MICA_START_TIMEOUT="5"))
