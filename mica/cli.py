@@ -239,7 +239,7 @@ def _inspect_config(args, items):
     cfg = config_mod.load(None, [a for a in items if a not in vocab], log=lambda _: None)
     if cfg["recipe"] == "speedrun":  # (a config file computed it: read again with every item)
         return _inspect_recipe(args, config_mod.load(None, items))
-    config_mod.check_dtype(cfg)  # (the program --ir prints is the one mica train would build)
+    config_mod.check_settings(cfg)  # (the program --ir prints is the one mica train would build, or refuses)
     if vocab:
         vocab_size = config_mod.apply_overrides({"vocab_size": 50304}, vocab[-1:])["vocab_size"]
     else:

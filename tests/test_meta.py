@@ -286,3 +286,46 @@ def test_sampling_refuses_a_data_folder_prepared_again_since_training(tmp_path):
     assert r.returncode == 2 and "the vocabulary in data/shakespeare_char/meta.json is not the one this run trained " \
                                  "with" in r.stderr, r.stderr
     assert mica_cli(*sample, "--data_dir=kept", cwd=tmp_path).returncode == 0
+
+
+def test_a_preparation_that_fails_part_way_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    """Every file of a preparation is written before any is moved into place: a write that fails
+    after train.bin (a full disk at val.bin) leaves the earlier tokens and vocabulary whole, never new
+    tokens beside an old vocabulary; and a staging folder is not left behind."""
+    from mica.data import prepare as prep
+    from mica.data import tokens as tok
+
+    out = tmp_path / "d"
+    prepare_char("abc\n" * 300, str(out), log=lambda *a: None)
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    real = tok.write_bin
+
+    def full_at_val(path, tokens):
+        if os.path.basename(path) == "val.bin":
+            raise MicaError(f"cannot write {path} (No space left on device)")
+        real(path, tokens)
+
+    monkeypatch.setattr(tok, "write_bin", full_at_val)
+    for attempt in (lambda: prepare_char(TEXT, str(out), log=lambda *a: None),
+                    lambda: prep._prepare_text(TEXT, "char", str(out), "bin", lambda *a: None, None)):
+        with pytest.raises(MicaError, match="No space left on device"):
+            attempt()
+        assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    monkeypatch.setattr(tok, "write_bin", real)
+    prep._prepare_text(TEXT, "char", str(out), "shards", lambda *a: None, 500)  # (another layout: the old one goes)
+    assert sorted(os.listdir(out)) == ["meta.json", "meta.pkl", "train_000000.bin", "train_000001.bin",
+                                       "train_000002.bin", "val_000000.bin"]
+
+
+def test_nanogpts_character_preparation_reads_windows_line_ends_as_its_prepare_py(tmp_path):
+    """prepare.py reads input.txt in Python's text mode, so '\\r\\n' (and a lone '\\r') is '\\n'; a
+    text of more than 65,536 distinct characters is a sentence, as prepare text's is."""
+    from mica.data.prepare import prepare_shakespeare_char
+
+    src = tmp_path / "crlf.txt"
+    src.write_bytes(TEXT.replace("\n", "\r\n").encode() + b"old\rmac\r")
+    prepare_shakespeare_char(str(src), str(tmp_path / "d"), log=lambda *a: None)
+    assert pickle.load(open(tmp_path / "d" / "meta.pkl", "rb")) == nanogpt_meta(TEXT + "old\nmac\n")
+    src.write_text("".join(chr(0x10000 + i) for i in range(70000)), encoding="utf-8")
+    with pytest.raises(MicaError, match="the text has 70,000 distinct characters, more than uint16 tokens can hold"):
+        prepare_shakespeare_char(str(src), str(tmp_path / "d"), log=lambda *a: None)

@@ -86,6 +86,42 @@ def _atomic(path, data):
         raise
 
 
+class _Staged:
+    """A preparation's files written into a hidden folder inside `out_dir`, then moved into place
+    together once every one is written: a failure part-way (a full disk) leaves the folder's
+    earlier files as they were, never new tokens beside an old vocabulary. Files of an earlier
+    preparation that this one does not replace (the other token layout, extra shards, a meta.pkl or
+    tokenizer.json this vocabulary does not name) go once the new ones are in place."""
+
+    def __init__(self, out_dir):
+        import tempfile
+
+        self.out_dir = out_dir
+        self.dir = tempfile.mkdtemp(prefix=".mica-prepare-", dir=out_dir)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        import shutil
+
+        if error is None:
+            names = set(os.listdir(self.dir))
+            for name in sorted(names):
+                os.replace(os.path.join(self.dir, name), os.path.join(self.out_dir, name))
+            self.moved = names
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return False
+
+    def remove_stale(self, fmt, log):
+        _remove_other_format(self.out_dir, fmt, log)
+        for name in os.listdir(self.out_dir):
+            split = name.split("_")[0]
+            shard = split in ("train", "val") and name.endswith(".bin") and name[len(split) + 1:-4].isdigit()
+            if (shard and name not in self.moved) or (name in ("meta.pkl", "tokenizer.json") and name not in self.moved):
+                os.unlink(os.path.join(self.out_dir, name))
+
+
 def char_vocab(text):
     chars = sorted(set(text))
     return {ch: i for i, ch in enumerate(chars)}, chars
@@ -98,6 +134,9 @@ def prepare_char(text, out_dir, log=print):
 
 def _prepare_char(text, out_dir, log):
     stoi, itos = char_vocab(text)
+    if len(itos) > MAX_TOKEN + 1:
+        raise MicaError(f"the text has {len(itos):,} distinct characters, more than uint16 tokens can hold (65,536); "
+                        "prepare it with --tokenizer bpe:VOCAB (mica prepare text) instead")
     n = len(text)
     train, val = text[: int(n * 0.9)], text[int(n * 0.9):]
     if not train or not val:
@@ -109,10 +148,11 @@ def _prepare_char(text, out_dir, log):
         return np.fromiter((stoi[c] for c in part), dtype=np.uint16, count=len(part))
 
     train_ids, val_ids = encode(train), encode(val)
-    tok.write_bin(os.path.join(out_dir, "train.bin"), train_ids)
-    tok.write_bin(os.path.join(out_dir, "val.bin"), val_ids)
-    _remove_other_format(out_dir, "bin", log)
-    _write_meta(out_dir, {"vocab_size": len(itos), "tokenizer": "char", "itos": itos, "stoi": stoi})
+    with _Staged(out_dir) as staged:
+        tok.write_bin(os.path.join(staged.dir, "train.bin"), train_ids)
+        tok.write_bin(os.path.join(staged.dir, "val.bin"), val_ids)
+        _write_meta(staged.dir, {"vocab_size": len(itos), "tokenizer": "char", "itos": itos, "stoi": stoi})
+    staged.remove_stale("bin", log)
     log(f"length of dataset in characters: {n:,}")
     log(f"vocab size: {len(itos):,}")
     log(f"train has {len(train_ids):,} tokens")
@@ -121,8 +161,8 @@ def _prepare_char(text, out_dir, log):
 
 
 def prepare_shakespeare_char(input=None, out_dir="data/shakespeare_char", log=print):
-    if input:
-        text = _read_text([input])
+    if input:  # (nanoGPT's prepare.py reads it in Python's text mode: Windows' and old Mac's line ends are '\n')
+        text = _read_text([input]).replace("\r\n", "\n").replace("\r", "\n")
     else:
         from .corpus import default_corpus
 
@@ -216,7 +256,8 @@ def _prepare_text(text, tokenizer, out_dir, fmt, log, shard_tokens):
     if tokenizer == "char":
         stoi, itos = char_vocab(text)
         if len(itos) > MAX_TOKEN + 1:
-            raise MicaError(f"the text has {len(itos):,} distinct characters, more than uint16 tokens can hold")
+            raise MicaError(f"the text has {len(itos):,} distinct characters, more than uint16 tokens can hold "
+                            "(65,536); prepare it with --tokenizer bpe:VOCAB instead")
         ids = np.array([stoi[c] for c in text], dtype=np.uint16)
         meta.update(vocab_size=len(itos), itos=itos, stoi=stoi)
     elif tokenizer.startswith("bpe"):
@@ -244,19 +285,20 @@ def _prepare_text(text, tokenizer, out_dir, fmt, log, shard_tokens):
     if split == 0 or split == n:
         raise MicaError(f"the text gives {n} token{'s' if n != 1 else ''}, too few to split into training and "
                         "validation data (nine tenths and one tenth); give more text")
-    os.makedirs(out_dir, exist_ok=True)
-    if fmt == "bin":
-        tok.write_bin(os.path.join(out_dir, "train.bin"), ids[:split])
-        tok.write_bin(os.path.join(out_dir, "val.bin"), ids[split:])
-    elif fmt == "shards":
-        write_shards(out_dir, "train", ids[:split], shard_tokens)
-        write_shards(out_dir, "val", ids[split:], shard_tokens)
-    else:
+    if fmt not in ("bin", "shards"):
         raise MicaError(f"unknown format {fmt!r}; use bin or shards")
-    _remove_other_format(out_dir, fmt, log)
-    if tokenizer_json is not None:
-        _atomic(os.path.join(out_dir, "tokenizer.json"), tokenizer_json)
-    _write_meta(out_dir, meta)
+    os.makedirs(out_dir, exist_ok=True)
+    with _Staged(out_dir) as staged:
+        if fmt == "bin":
+            tok.write_bin(os.path.join(staged.dir, "train.bin"), ids[:split])
+            tok.write_bin(os.path.join(staged.dir, "val.bin"), ids[split:])
+        else:
+            write_shards(staged.dir, "train", ids[:split], shard_tokens)
+            write_shards(staged.dir, "val", ids[split:], shard_tokens)
+        if tokenizer_json is not None:
+            _atomic(os.path.join(staged.dir, "tokenizer.json"), tokenizer_json)
+        _write_meta(staged.dir, meta)
+    staged.remove_stale(fmt, log)
     log(f"{len(text):,} characters -> {n:,} tokens ({tokenizer}, vocab {meta['vocab_size']:,}); "
         f"train {split:,}, val {n - split:,}, written to {out_dir} as {fmt}")
     return {"vocab_size": meta["vocab_size"], "train_tokens": split, "val_tokens": n - split}

@@ -578,6 +578,19 @@ def check_supported(cfg, log=print):
         raise _located(cfg, e) from None
 
 
+def check_settings(cfg):
+    """The recipe's checks of the settings alone, as mica train makes them (no device, data or
+    weights: mica inspect shows the program mica train would build, or refuses as it would)."""
+    import copy
+
+    settings = copy.copy(cfg)
+    settings["init_from"] = "scratch"  # (a finetuning config's gpt2* weights: inspect builds no weights)
+    try:
+        return _check_speedrun(settings) if cfg.get("recipe") == "speedrun" else _check_nanogpt(settings, lambda _: None)
+    except MicaError as e:
+        raise _located(cfg, e) from None
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 

@@ -1009,6 +1009,9 @@ def _codec(cfg, vocab=None, padded=False):
     folder = cfg.get("data_dir") or os.path.join("data", cfg["dataset"])
     m = meta_mod.read(folder)
     trained = cfg.get("vocab_digest")
+    if isinstance(trained, str) and m is None and not os.path.isdir(folder):
+        raise MicaError(f"the data folder {folder} does not exist, so there is no vocabulary to decode with; point "
+                        "--data_dir at the data the run trained on")
     if isinstance(trained, str) and (m is None or meta_mod.digest(m) != trained):
         what = f"the vocabulary in {m.path} is not" if m is not None else f"{folder} holds no vocabulary, not"
         raise MicaError(f"{what} the one this run trained with (the data was prepared again since, or --data_dir "
