@@ -75,3 +75,19 @@ def test_ctrl_c_while_the_mica_command_starts_is_its_sentence_not_a_traceback():
     r = subprocess.run([sys.executable, "-c", starting.replace("/usr/bin/mica", "train.py")], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode != 130 and "KeyboardInterrupt" in r.stderr
+
+
+def test_inspect_refuses_the_settings_mica_train_refuses(tmp_path):
+    """--ir shows the program mica train would build: settings train refuses are refused here too,
+    in its words and at the config's line (not an internal error, nor a program of empty batches)."""
+    (tmp_path / "tiny.py").write_text("n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\nbatch_size = 2\n")
+    (tmp_path / "bad.py").write_text("n_embd = 60\nn_head = 7\n")
+    for flag, said in (("--gradient_accumulation_steps=0", "gradient_accumulation_steps must be positive, got 0"),
+                       ("--batch_size=0", "batch_size must be positive, got 0"),
+                       ("--dropout=1.5", "dropout must be in [0, 1), got 1.5")):
+        r = subprocess.run([sys.executable, "-m", "mica.cli", "inspect", "tiny.py", "--ir", flag], cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert (r.returncode, r.stderr.strip()) == (2, f"mica: error: {said}"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "inspect", "bad.py"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.stderr.strip() == "mica: error: bad.py:1: n_embd (60) must be divisible by n_head (7)", r.stderr
