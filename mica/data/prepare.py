@@ -111,6 +111,8 @@ class _Staged:
                 os.replace(os.path.join(self.dir, name), os.path.join(self.out_dir, name))
             self.moved = names
         shutil.rmtree(self.dir, ignore_errors=True)
+        if isinstance(error, MicaError) and self.dir in error.sentence:  # (the file's own name, not its staging)
+            raise MicaError(error.sentence.replace(self.dir, self.out_dir), error.loc) from None
         return False
 
     def remove_stale(self, fmt, log):
