@@ -498,7 +498,14 @@ def parser():
 def main(argv=None):
     from . import errors
 
-    errors.IN_CLI = True
+    errors.IN_CLI = True  # (while the command runs: a program calling main() keeps its own lines after)
+    try:
+        return _main(argv)
+    finally:
+        errors.IN_CLI = False
+
+
+def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     p = parser()
     # `train`/`sample`/`inspect` take nanoGPT's free-form --key=value settings
