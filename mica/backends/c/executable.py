@@ -37,17 +37,18 @@ def check_input(array, view, index, name):
         if low < info.min or high > info.max:
             raise MicaError(f"{name}: input {index} is {spec} and got {high if high > info.max else low}, outside "
                             f"{want}'s range; pass values from {info.min} to {info.max}", user_location())
-    if want.kind == "f" and a.dtype.kind in "iuf" and a.size:  # (numpy's cast would make it inf)
+    # (numpy's cast would make it inf: floats of a wider type, or integers for float16, whose range is small)
+    narrower = a.dtype.itemsize > view.dtype.itemsize if a.dtype.kind == "f" else view.dtype is float16
+    if want.kind == "f" and a.dtype.kind in "iuf" and a.size and narrower:
         limit, largest = _FINITE_BELOW.get(view.dtype.name, _FINITE_BELOW["float32"])
-        if want.itemsize < a.dtype.itemsize or view.dtype in (bfloat16, float16):
-            with np.errstate(invalid="ignore"):
-                beyond = np.abs(a) >= limit
-            if beyond.any():
-                v = a.reshape(-1)[np.flatnonzero(beyond.reshape(-1) & np.isfinite(a.reshape(-1)))]
-                if v.size:
-                    raise MicaError(f"{name}: input {index} is {spec} and got {v[0]}, beyond {view.dtype.name}'s "
-                                    f"largest value ({largest}); scale the values, or trace the input as a wider "
-                                    "type", user_location())
+        with np.errstate(invalid="ignore"):
+            beyond = np.abs(a.astype(np.float64) if a.dtype.kind != "f" else a) >= limit
+        if beyond.any():
+            v = a.reshape(-1)[np.flatnonzero(beyond.reshape(-1) & np.isfinite(a.reshape(-1)))]
+            if v.size:
+                raise MicaError(f"{name}: input {index} is {spec} and got {v[0]}, beyond {view.dtype.name}'s "
+                                f"largest value ({largest}); scale the values, or trace the input as a wider type",
+                                user_location())
     return a
 
 
