@@ -97,7 +97,11 @@ class _Staged:
         import tempfile
 
         self.out_dir = out_dir
-        self.dir = tempfile.mkdtemp(prefix=".mica-prepare-", dir=out_dir)
+        try:
+            self.dir = tempfile.mkdtemp(prefix=".mica-prepare-", dir=out_dir)
+        except OSError as e:
+            raise MicaError(f"cannot write in {out_dir} ({e.strerror}); check that the folder is writable and the "
+                            "disk has room (nothing was replaced)") from None
 
     def __enter__(self):
         return self
