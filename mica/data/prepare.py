@@ -122,9 +122,8 @@ class _Staged:
     def remove_stale(self, fmt, log):
         _remove_other_format(self.out_dir, fmt, log)
         for name in os.listdir(self.out_dir):
-            split = name.split("_")[0]
-            shard = split in ("train", "val") and name.endswith(".bin") and name[len(split) + 1:-4].isdigit()
-            if (shard and name not in self.moved) or (name in ("meta.pkl", "tokenizer.json") and name not in self.moved):
+            stale = _is_shard(name, "train") or _is_shard(name, "val") or name in ("meta.pkl", "tokenizer.json")
+            if stale and name not in self.moved:
                 os.unlink(os.path.join(self.out_dir, name))
 
 
@@ -191,6 +190,11 @@ def _bpe_tokenizer(text, vocab):
     return t
 
 
+def _is_shard(name, split):
+    """Whether a file name is one of `split`'s shards (train_000000.bin, ...)."""
+    return name.startswith(f"{split}_") and name.endswith(".bin") and name[len(split) + 1:-4].isdigit()
+
+
 def write_shards(out_dir, split, ids, shard_tokens=None):
     """`split`_000000.bin, `split`_000001.bin, ... of at most shard_tokens tokens each (one shard
     when None), replacing any earlier shards of the split; returns the paths."""
@@ -204,7 +208,7 @@ def write_shards(out_dir, split, ids, shard_tokens=None):
         paths.append(path)
     for name in os.listdir(out_dir):  # shards of an earlier, longer preparation would be read too
         full = os.path.join(out_dir, name)
-        if name.startswith(f"{split}_") and name.endswith(".bin") and full not in paths and name[len(split) + 1:-4].isdigit():
+        if _is_shard(name, split) and full not in paths:
             os.unlink(full)
     return paths
 
@@ -216,7 +220,7 @@ def _remove_other_format(out_dir, fmt, log):
     stale = []
     for name in sorted(os.listdir(out_dir)):
         for split in ("train", "val"):
-            shard = name.startswith(f"{split}_") and name.endswith(".bin") and name[len(split) + 1:-4].isdigit()
+            shard = _is_shard(name, split)
             if (fmt == "bin" and shard) or (fmt == "shards" and name == f"{split}.bin"):
                 stale.append(name)
     for name in stale:
