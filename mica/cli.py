@@ -527,7 +527,9 @@ def _main(argv):
         extra = [a for a in argv[argv.index(args.command) + 1:] if a != "--ir"]
     import signal
 
-    if getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "_interrupted_starting":  # (mica/__init__'s)
+    import mica
+
+    if signal.getsignal(signal.SIGINT) is getattr(mica, "_interrupted_starting", None):  # (while it imported)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, said below
     try:
         return handlers[args.command](args, extra)
