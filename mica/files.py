@@ -99,9 +99,10 @@ def read_text(path, what="file"):
     """The UTF-8 text of `path`, or a sentence: missing, a folder, unreadable, or not UTF-8 (with
     the line of the first bad byte)."""
     if not os.path.exists(path):
-        raise MicaError(f"{what} {path} does not exist")
+        where = "" if os.path.isabs(path) else f" (a relative path starts in {os.getcwd()})"
+        raise MicaError(f"{what} {path} does not exist; check the path{where}")
     if os.path.isdir(path):
-        raise MicaError(f"{what} {path} is a folder, not a file")
+        raise MicaError(f"{what} {path} is a folder, not a file; give the path of the file in it")
     try:
         with open(path, "rb") as f:
             raw = f.read()

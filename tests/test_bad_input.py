@@ -422,8 +422,10 @@ SAMPLE_PATHS = [
     ("top_k=-5", NO_SETUP, ["--top_k=-5"], "top_k must be a positive count of tokens to keep, or None for no cut; got -5"),
     ("top_k=0", NO_SETUP, ["--top_k=0"], "top_k must be a positive count"),
     ("top_k a word", NO_SETUP, ["--top_k=all"], "--top_k: top_k must be int or None"),
-    ("temperature=0", NO_SETUP, ["--temperature=0"], "temperature must be a positive number (lower is more "
+    ("temperature=0", NO_SETUP, ["--temperature=0"], "temperature must be a positive, finite number (lower is more "
      "conservative), got 0"),
+    ("temperature inf from a config", _text("hot.py", "temperature = float('inf')\n"), ["hot.py"],
+     "temperature must be a positive, finite number (lower is more conservative), got inf"),
     ("max_new_tokens=-1", NO_SETUP, ["--max_new_tokens=-1"], "max_new_tokens must be 0 or more, got -1"),
     ("num_samples=0", NO_SETUP, ["--num_samples=0"], "num_samples must be 1 or more, got 0"),
     ("dtype a typo", NO_SETUP, ["--dtype=bfloat64"], "dtype must be 'float32', 'bfloat16' or 'float16', got 'bfloat64'; did you mean 'bfloat16'?"),

@@ -45,7 +45,8 @@ def _read_text(paths):
     parts = []
     for p in paths:
         if not os.path.exists(p):
-            raise MicaError(f"input file {p} does not exist")
+            raise MicaError(f"input file {p} does not exist; check the path, or leave out --input for the built-in "
+                            "corpus")
         if os.path.isdir(p):
             raise MicaError(f"input {p} is a folder; give the text file(s) in it (--input FILE [FILE ...])")
         parts.append(read_text(p, "input file"))

@@ -178,7 +178,8 @@ def _is_mask_buffer(name, value):
 def import_nanogpt(path, out_dir):
     torch = _torch()
     if not os.path.exists(path):
-        raise MicaError(f"{path} does not exist")
+        raise MicaError(f"{path} does not exist; give the path of nanoGPT's ckpt.pt (or a GPT-2 model.safetensors) "
+                        "to import")
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -406,7 +407,7 @@ def read_hf_gpt2(path, block_size=None):
 def import_hf_gpt2(path, out_dir):
     """out_dir/ckpt.safetensors from a Hugging Face GPT-2 file (weights only, iteration 0)."""
     if not os.path.exists(path):
-        raise MicaError(f"{path} does not exist")
+        raise MicaError(f"{path} does not exist; give the path of a Hugging Face GPT-2 model.safetensors to import")
     if not is_hf_gpt2(path):
         raise MicaError(f"{path} is not GPT-2 in Hugging Face's layout (its c_attn weights are not Conv1D's "
                         "[n_embd, 3 * n_embd]); a Mica checkpoint needs no import: pass --init_from=PATH")

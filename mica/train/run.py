@@ -1112,7 +1112,8 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
             raise MicaError("--start=FILE: names no file; give its path, e.g. --start=FILE:prompt.txt")
         start = read_text(start[5:], "--start prompt file")
     if not temperature > 0 or temperature == float("inf"):
-        raise MicaError(f"temperature must be a positive number (lower is more conservative), got {temperature}")
+        raise MicaError(f"temperature must be a positive, finite number (lower is more conservative), got "
+                        f"{temperature}")
     if max_new_tokens < 0:
         raise MicaError(f"max_new_tokens must be 0 or more, got {max_new_tokens}")
     if num_samples < 1:
