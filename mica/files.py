@@ -31,39 +31,41 @@ def writable_folder(path, what="output folder"):
 _LOCKS = {}  # folder -> the descriptor holding its lock (inherited by the trainer across exec)
 
 
+def _take_lock(fd):
+    """Take the run lock on the open `fd` at once, or say False: another open of the file holds it."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
 def lock_run_folder(out_dir, doing="train into"):
     """One command at a time writes a run's folder: a second `mica train` (or a `mica import`) would
     overwrite the first's checkpoints. The lock is held until this process ends; a trainer holds it
     itself (the descriptor survives exec), so it lasts as long as the run."""
-    import fcntl
-
     key = os.path.realpath(out_dir)
     if key in _LOCKS:  # this process prepares again (tests, mica check): its own earlier lock goes
         os.close(_LOCKS.pop(key))
     fd = os.open(os.path.join(out_dir, ".mica.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if not _take_lock(fd):
         os.close(fd)
         raise MicaError(f"another mica train is running in {out_dir}; wait for it to finish or {doing} another "
-                        "folder") from None
+                        "folder")
     os.set_inheritable(fd, True)
     _LOCKS[key] = fd
 
 
 def run_folder_in_use(out_dir):
     """Whether another command holds `out_dir`'s run lock now (a run training there)."""
-    import fcntl
-
     try:
         fd = os.open(os.path.join(out_dir, ".mica.lock"), os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return os.path.realpath(out_dir) not in _LOCKS  # (held by another process, not by this one)
+        return not _take_lock(fd) and os.path.realpath(out_dir) not in _LOCKS  # (another process's, not ours)
     finally:
         os.close(fd)
 
