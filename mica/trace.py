@@ -51,7 +51,9 @@ class Program:
         return self.graph.rng is not None
 
     def flatten_args(self, args):
-        """The input leaves of a call's arguments, checked against the traced signature."""
+        """The input leaves of a call's arguments as numpy arrays, checked against the traced
+        signature: its structure here, each leaf's kind, shape and range by inputs.check_input."""
+        from .inputs import check_input
         from .tensor import user_location  # (the call's line, in the user's file)
 
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
@@ -59,21 +61,8 @@ class Program:
             raise TraceError(f"{self.name}: the arguments differ from the traced ones: "
                              f"{pytree.describe_difference(tree, self.in_tree)}", user_location())
         out = [x for x, s in zip(leaves, self._static) if s is None]
-        for index, (x, v, name) in enumerate(zip(out, self.graph.inputs, self.graph.input_names)):
-            try:
-                a = np.asarray(x)
-            except (TypeError, ValueError) as e:
-                raise TraceError(f"{self.name}: input {index} ({v.spec!r}) got a value numpy cannot read as an "
-                                 f"array ({e})", user_location()) from None
-            shape = a.shape
-            if a.dtype.kind not in "biuf":  # (text, objects, complex numbers: as the executables' check says)
-                kind = {"bool": "booleans", "int": "integers"}.get(v.dtype.kind, "real numbers")
-                raise TraceError(f"{self.name}: input {index} is {v.spec!r} and got {a.dtype} values; pass an "
-                                 f"array of {kind}", user_location())
-            if shape != v.shape:
-                raise TraceError(f"{self.name}: argument {name} has shape {list(shape)} but the program "
-                                 f"was traced for {v.spec!r}", user_location())
-        return out
+        return [check_input(x, v, index, self.name, label)
+                for index, (x, v, label) in enumerate(zip(out, self.graph.inputs, self.graph.input_names))]
 
     def lower(self, target="cpu", **options):
         """Run the shared pipeline for `target` (a name, e.g. "cpu", or a Target): schedule, memory

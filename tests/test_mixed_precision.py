@@ -546,7 +546,7 @@ def test_a_value_beyond_a_narrower_inputs_range_is_a_sentence_not_inf():
     exe = mica.compile(lambda x: (x.float() * 2).sum(), mica.f16[4])
     assert exe(np.array([1, 2, 3, 65519.9], np.float32)) == 2 * (6 + 65504)
     for bad in (np.full(4, 7e4, np.float32), np.array([1, np.inf, 2, 7e4]), np.array([70000, 1, 2, 3])):
-        with pytest.raises(MicaError, match=r"input 0 is f16\[4\] and got 70000(\.0)?, beyond float16's largest "
+        with pytest.raises(MicaError, match=r"input 0 \(x\) is f16\[4\] and got 70000(\.0)?, beyond float16's largest "
                                             r"value \(65504\); scale the values"):
             exe(bad)
     assert np.isnan(exe(np.array([1, np.inf, np.nan, -np.inf], np.float32)))

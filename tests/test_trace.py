@@ -135,7 +135,8 @@ def test_tensors_cannot_escape_a_trace():
 
 def test_oracle_checks_argument_shapes():
     prog = mica.trace(lambda d: d["a"] * 2, {"a": mica.f32[3]})
-    with pytest.raises(mica.TraceError, match=r"d\[.a.\] has shape \[4\]"):
+    with pytest.raises(mica.MicaError, match=r"input 0 \(d\[.a.\]\) is f32\[3\] and got shape \(4,\); pass an array "
+                                             r"of shape \(3,\)"):
         mica.reference.run(prog, {"a": np.ones(4)})
 
 

@@ -140,18 +140,19 @@ def test_a_compiled_programs_inputs_of_the_wrong_kind_or_structure():
     # what converts as numpy's and torch's assignments convert: float64 weights, int32 indices
     assert float(exe({k: v.astype(np.float64) for k, v in p.items()}, np.array([0, 4, 2], np.int32))) == want
     for bad, says in (
-            (np.array([0.5, 4.2, 2.9]), "lookup: input 2 is i64[3] and got float64 values; pass an array of integers "
+            (np.array([0.5, 4.2, 2.9]), "lookup: input 2 (i) is i64[3] and got float64 values; pass an array of "
+                                        "integers "
                                         "(e.g. np.asarray(x, np.int64))"),
-            (np.array([1 + 2j, 0, 0]), "lookup: input 2 is i64[3] and got complex128 values"),
-            (np.array(["a", "b", "c"]), "lookup: input 2 is i64[3] and got <U1 values")):
+            (np.array([1 + 2j, 0, 0]), "lookup: input 2 (i) is i64[3] and got complex128 values"),
+            (np.array(["a", "b", "c"]), "lookup: input 2 (i) is i64[3] and got <U1 values")):
         with pytest.raises(mica.MicaError) as e:
             exe(p, bad)
         assert str(e.value).startswith(says)
-    with pytest.raises(mica.MicaError, match=r"^lookup: input 0 is f32\[5, 3\] and got complex64 values; pass an "
-                                             r"array of real numbers"):
+    with pytest.raises(mica.MicaError, match=r"^lookup: input 0 \(p\['w'\]\) is f32\[5, 3\] and got complex64 values; "
+                                             r"pass an array of real numbers"):
         exe({"w": p["w"].astype(np.complex64), "l": p["l"]}, np.array([0, 1, 2]))
-    with pytest.raises(mica.MicaError, match=r"^lookup: input 2 is i64\[3\] and got shape \(2,\); pass an array of "
-                                             r"shape \(3,\)"):
+    with pytest.raises(mica.MicaError, match=r"^lookup: input 2 \(i\) is i64\[3\] and got shape \(2,\); pass an "
+                                             r"array of shape \(3,\)"):
         exe.set_input(2, np.array([0, 1]))
     for args, says in (
             (({"w": p["w"]}, np.arange(3)), "argument 0 lacks 'l'"),
@@ -171,10 +172,10 @@ def test_integers_out_of_an_inputs_range_and_a_bad_dropout_key_are_sentences(tar
     ValueError. Both are sentences at the call's line; a seed of 64 bits (unsigned too) is a key."""
     options = {"simulate": True} if target == "cuda-sim" else {}
     exe = mica.trace(lambda a: a * 2, mica.i32[2]).lower(target.split("-")[0], **options).build()
-    with pytest.raises(mica.MicaError, match=r"input 0 is i32\[2\] and got 1099511627781, outside int32's range; "
+    with pytest.raises(mica.MicaError, match=r"input 0 \(a\) is i32\[2\] and got 1099511627781, outside int32's range; "
                                              r"pass values from -2147483648 to 2147483647 \(.*test_user_mistakes"):
         exe(np.array([1, 2 ** 40 + 5]))
-    with pytest.raises(mica.MicaError, match=r"input 0 is i32\[2\] and got -2147483649, outside"):
+    with pytest.raises(mica.MicaError, match=r"input 0 \(a\) is i32\[2\] and got -2147483649, outside"):
         exe(np.array([-2 ** 31 - 1, 0]))
     for key in (dict(seed="a"), dict(offset=1.5), dict(seed=2 ** 64), dict(seed=True)):
         with pytest.raises(mica.MicaError, match=r"(seed|offset) must be a whole number of 64 bits"):
@@ -185,7 +186,7 @@ def test_integers_out_of_an_inputs_range_and_a_bad_dropout_key_are_sentences(tar
 def test_a_boolean_input_takes_0_1_integers_and_refuses_floats():
     from types import SimpleNamespace
 
-    from mica.backends.c.executable import check_input
+    from mica.inputs import check_input
 
     mask = SimpleNamespace(dtype=mica.bool_, shape=(3,))
     assert check_input(np.array([1, 0, 1]), mask, 0, "f").dtype.kind == "i"
@@ -220,8 +221,8 @@ def test_a_compiled_programs_call_and_options_are_sentences_at_the_users_line():
         "a compiled program takes its traced arguments and the keywords threads, seed, offset, not device=...")
     for bad in (-1, 0, "2", True):
         assert said(lambda: exe(w, x, threads=bad)).startswith("threads must be a positive whole number")
-    assert said(lambda: exe("hello", x)) == "step: input 0 is f32[16, 8] and got <U5 values; pass an array of " \
-                                            "real numbers"
+    assert said(lambda: exe("hello", x)) == "step: input 0 (w) is f32[16, 8] and got <U5 values; pass an array " \
+                                            "of real numbers (e.g. np.asarray(x, np.float32))"
     np.testing.assert_allclose(exe(w, x, threads=2), ((x @ w) ** 2).mean(), rtol=1e-5)
 
     def lookup(table, idx, t):

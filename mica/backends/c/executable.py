@@ -8,54 +8,8 @@ from ... import pytree
 from ...backends.reference import round_bf16
 from ...dtypes import bfloat16, float16
 from ...errors import MicaError
+from ...inputs import check_input
 from ...tensor import user_location
-
-
-def check_input(array, view, index, name):
-    """`array` as numpy, or one sentence when it cannot be this input without losing its meaning: a
-    shape other than the traced one, or values of another kind (floats where the program reads
-    integers, complex numbers, text). Integers and booleans for a float input, float64 for float32,
-    and integers for a boolean mask convert as torch's and numpy's assignments do."""
-    spec = f"{view.dtype.short}[{', '.join(map(str, view.shape))}]"
-    try:
-        a = np.asarray(array)
-    except (TypeError, ValueError) as e:
-        raise MicaError(f"{name}: input {index} ({spec}) got a value numpy cannot read as an array ({e})",
-                        user_location()) from None
-    want = np.dtype(np.float32) if view.dtype in (bfloat16, float16) else np.dtype(view.dtype.np_storage)
-    fits = np.can_cast(a.dtype, want, casting="same_kind") or (want.kind == "b" and a.dtype.kind in "iu")
-    if a.dtype.kind not in "biuf" or not fits:  # (0/1 integers are a mask's booleans, as numpy takes them)
-        kind = {"b": "booleans", "i": "integers", "u": "integers"}.get(want.kind, "real numbers")
-        raise MicaError(f"{name}: input {index} is {spec} and got {a.dtype} values; pass an array of {kind} "
-                        f"(e.g. np.asarray(x, np.{want}))", user_location())
-    if a.shape != tuple(view.shape):
-        raise MicaError(f"{name}: input {index} is {spec} and got shape {a.shape}; pass an array of shape "
-                        f"{tuple(view.shape)}", user_location())
-    if want.kind == "i" and a.dtype.kind in "iu" and a.size:  # (numpy's cast would wrap it)
-        info = np.iinfo(want)
-        low, high = a.min(), a.max()
-        if low < info.min or high > info.max:
-            raise MicaError(f"{name}: input {index} is {spec} and got {high if high > info.max else low}, outside "
-                            f"{want}'s range; pass values from {info.min} to {info.max}", user_location())
-    # (numpy's cast would make it inf: floats of a wider type, or integers for float16, whose range is small)
-    narrower = a.dtype.itemsize > view.dtype.itemsize if a.dtype.kind == "f" else view.dtype is float16
-    if want.kind == "f" and a.dtype.kind in "iuf" and a.size and narrower:
-        limit, largest = _FINITE_BELOW.get(view.dtype.name, _FINITE_BELOW["float32"])
-        with np.errstate(invalid="ignore"):
-            beyond = np.abs(a.astype(np.float64) if a.dtype.kind != "f" else a) >= limit
-        if beyond.any():
-            v = a.reshape(-1)[np.flatnonzero(beyond.reshape(-1) & np.isfinite(a.reshape(-1)))]
-            if v.size:
-                raise MicaError(f"{name}: input {index} is {spec} and got {v[0]}, beyond {view.dtype.name}'s "
-                                f"largest value ({largest}); scale the values, or trace the input as a wider type",
-                                user_location())
-    return a
-
-
-# the magnitude from which a value rounds to infinity in each float type (half its last step above the
-# largest finite value), and that largest value
-_FINITE_BELOW = {"float16": (65520.0, "65504"), "bfloat16": (2.0 ** 128 * (1 - 2.0 ** -9), "3.39e38"),
-                 "float32": (2.0 ** 128 * (1 - 2.0 ** -25), "3.40e38")}
 
 
 def check_threads(threads):
@@ -163,14 +117,17 @@ class Executable:
 
     def load(self, *args):
         """Copy every argument into the arena."""
-        leaves = self.lowered.program.flatten_args(args)
-        for i, x in enumerate(leaves):
-            self.set_input(i, x)
+        for i, a in enumerate(self.lowered.program.flatten_args(args)):  # (checked there)
+            self._put(i, a)
 
     def set_input(self, index, array):
         """Overwrite one input (by its flat index) — e.g. the next batch between steps."""
+        program = self.lowered.program
+        self._put(index, check_input(array, self.lowered.schedule.inputs[index], index, program.name,
+                                     program.input_names[index]))
+
+    def _put(self, index, a):
         view = self.lowered.schedule.inputs[index]
-        a = check_input(array, view, index, self.lowered.program.name)
         self._buffer(view.src)[...] = _to_storage(a, view.dtype).reshape(-1)
 
     def run(self, threads=None, seed=0, offset=0):

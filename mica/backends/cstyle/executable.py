@@ -6,7 +6,8 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import _from_storage, _to_storage, check_input, check_key, check_threads, refuse_keywords, run_error
+from ...inputs import check_input
+from ..c.executable import _from_storage, _to_storage, check_key, check_threads, refuse_keywords, run_error
 
 
 class AbiExecutable:
@@ -47,12 +48,16 @@ class AbiExecutable:
         return self.results()
 
     def load(self, *args):
-        for i, (view, x) in enumerate(zip(self.lowered.schedule.inputs, self.lowered.program.flatten_args(args))):
-            self.set_input(i, x)
+        for i, a in enumerate(self.lowered.program.flatten_args(args)):  # (checked there)
+            self._put(i, a)
 
     def set_input(self, index, array):
+        program = self.lowered.program
+        self._put(index, check_input(array, self.lowered.schedule.inputs[index], index, program.name,
+                                     program.input_names[index]))
+
+    def _put(self, index, a):
         view = self.lowered.schedule.inputs[index]
-        a = check_input(array, view, index, self.lowered.program.name)
         data = np.ascontiguousarray(_to_storage(a, view.dtype).reshape(view.shape))
         self._set(self._arena, index, data.ctypes.data)
 
