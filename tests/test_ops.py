@@ -74,6 +74,8 @@ CASES = [
     case("minimum", lambda m, a, b: m.minimum(a, b), [Fl(2, 1, 3), Fl(2, 3)]),
     case("clamp", lambda m, a: m.clamp(a, -0.5, 0.7), [Fl(4, 5)]),
     case("clamp_max_only", lambda m, a: a.clamp(max=0.2), [Fl(10)]),
+    case("pow_integers", lambda m, a: a ** 3 + (a - 2) ** 5 + a ** 0, [Int(3, 4, high=9)], grad=False),
+    case("clamp_integers_by_a_float", lambda m, a: a.clamp(min=0.5, max=2.5), [Int(3, 4, high=4)], grad=False),
     case("lerp_small_weight", lambda m, a, b: m.lerp(a, b, 0.1), [Fl(3, 4), Fl(3, 4)]),
     case("lerp_large_weight", lambda m, a, b: a.lerp(b, 0.95), [Fl(5), Fl(2, 5)]),
     case("addcmul", lambda m, a, b, c: m.addcmul(a, b, c, value=0.3), [Fl(3, 4), Fl(3, 4), Fl(4)]),
@@ -132,6 +134,8 @@ CASES = [
     case("var", lambda m, a: a.var(-1, keepdim=True), [Fl(3, 6)]),
     case("norm_fro", lambda m, a: a.norm(), [Fl(3, 4)]),
     case("norm_dims_keepdim", lambda m, a: a.norm(dim=(-2, -1), keepdim=True), [Fl(2, 3, 4)]),
+    case("norm_p3_dim", lambda m, a: a.norm(p=3, dim=1), [Fl(3, 4)]),
+    case("norm_p0", lambda m, a: a.norm(p=0), [Fl(3, 4)], grad=False),
     # shape
     case("view", lambda m, a: a.view(4, 3) * m.arange(3, dtype=m.float64), [Fl(2, 6)]),
     case("view_infer", lambda m, a: a.view(-1, 2)[:, :1], [Fl(2, 3, 4)]),
@@ -196,6 +200,23 @@ CASES = [
          [Fl(2, 4, 3), Int(2, 3, high=4)]),
     case("cross_entropy_ignore", lambda m, x, t: m.cross_entropy(x, t - 1, ignore_index=-1), [Fl(8, 4), Int(8, high=5)]),
     case("cross_entropy_1d", lambda m, x, t: m.cross_entropy(x, t[0]), [Fl(5), Int(1, high=5)]),
+    case("cross_entropy_label_smoothing", lambda m, x, t: m.cross_entropy(x, t, label_smoothing=0.1),
+         [Fl(6, 5), Int(6, high=5)]),
+    case("cross_entropy_label_smoothing_3d_ignore_sum",
+         lambda m, x, t: m.cross_entropy(x, t - 1, ignore_index=-1, reduction="sum", label_smoothing=0.3),
+         [Fl(2, 4, 3), Int(2, 3, high=5)]),
+    case("cross_entropy_probabilities", lambda m, x, p: m.cross_entropy(x, m.softmax(p, 1), label_smoothing=0.1),
+         [Fl(4, 5), Fl(4, 5)]),
+    case("cross_entropy_probabilities_3d_none", lambda m, x, p: m.cross_entropy(x, m.softmax(p * 2, 1), reduction="none"),
+         [Fl(2, 3, 4), Fl(2, 3, 4)]),
+    case("cross_entropy_probabilities_1d_sum", lambda m, x, p: m.cross_entropy(x, m.softmax(p, 0), reduction="sum"),
+         [Fl(5), Fl(5)]),
+    case("nll_loss_mean", lambda m, x, t: m.nll_loss(m.log_softmax(x, 1), t), [Fl(6, 5), Int(6, high=5)]),
+    case("nll_loss_3d_none", lambda m, x, t: m.nll_loss(x, t, reduction="none"), [Fl(2, 4, 3), Int(2, 3, high=4)]),
+    case("nll_loss_ignore_sum", lambda m, x, t: m.nll_loss(x, t - 1, ignore_index=-1, reduction="sum"),
+         [Fl(8, 4), Int(8, high=5)]),
+    case("nll_loss_ignore_mean", lambda m, x, t: m.nll_loss(x, t - 1, ignore_index=-1), [Fl(8, 4), Int(8, high=5)]),
+    case("nll_loss_1d", lambda m, x, t: m.nll_loss(x, t[0]), [Fl(5), Int(1, high=5)]),
     case("sdpa", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v), [Fl(2, 4, 3), Fl(2, 5, 3), Fl(2, 5, 2)]),
     case("sdpa_causal_heads", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, is_causal=True),
          [Fl(2, 3, 5, 4), Fl(2, 3, 5, 4), Fl(2, 3, 5, 4)]),
@@ -265,3 +286,76 @@ def test_op(request, fn, inputs, fwd_tol, grad_tol, grad):
     rhs = float(sum(np.sum(g * vs[k]) for k, g in zip(floats, grads)))
     scale = max(abs(lhs), abs(rhs), float(np.linalg.norm(jv.ravel()) * np.linalg.norm(u.ravel())) * 1e-3, 1e-12)
     assert abs(lhs - rhs) <= 1e-6 * scale, (lhs, rhs)
+
+
+def _corner_pairs():
+    """Values at the corners where a derivative needs torch's convention (no finite differences
+    there): a zero vector's norm, x ** 0 at x = 0, ties in max(dim)/min(dim), a 0-d literal."""
+    ties = np.array([[3.0, 1.0, 3.0], [2.0, 5.0, 5.0], [-1.0, -1.0, -1.0]])
+    zero_row = np.array([[1.0, -2.0, 3.0], [0.0, 0.0, 0.0]])
+    with_zero = np.array([1.5, 0.0, -2.0])
+    return [
+        ("norm_of_a_zero_row", lambda m, a: a.norm(dim=-1), [zero_row]),
+        ("norm_p3_of_a_zero_row", lambda m, a: a.norm(p=3, dim=1), [zero_row]),
+        ("norm_of_zero_and_the_rest", lambda m, a: a.norm() + a[1].norm(), [zero_row]),
+        ("pow_zero_at_zero", lambda m, a: m.pow(a, 0.0) * 3 + a ** 0, [with_zero]),
+        ("pow_tensor_exponent_zero_at_zero", lambda m, a, e: m.pow(a, e), [abs(with_zero), np.array([0.0, 0.0, 2.0])]),
+        ("max_dim_ties", lambda m, a: a.max(dim=1).values * 2 + a.min(1)[0], [ties]),
+        ("max_dim_ties_keepdim", lambda m, a: a.max(dim=0, keepdim=True).values, [ties]),
+        ("literal_0d", lambda m, a: m.tensor(2.5, dtype=a.dtype) * a + m.tensor(3.0, dtype=a.dtype), [with_zero[0]]),
+    ]
+
+
+@pytest.mark.parametrize("name,fn,arrays", _corner_pairs(), ids=[c[0] for c in _corner_pairs()])
+def test_corners_take_torchs_values_and_gradients(name, fn, arrays):
+    """The oracle and the compiled program give torch's values and gradients (the gradient goes to
+    the index max(dim) returns; 0 for a zero vector's norm and for x ** 0), never NaN."""
+    targs = [to_torch(np.asarray(a), requires_grad=True) for a in arrays]
+    tout = fn(T, *targs)
+    u = np.random.default_rng(0).standard_normal(tuple(tout.shape))
+    want = [g.numpy() for g in torch.autograd.grad(tout, targs, to_torch(u))]
+
+    def with_grads(*xs):
+        *args, cot = xs
+        out = fn(mica, *args)
+        return out, mica.grad(out, list(args), grad_output=cot)
+
+    specs = [spec_of(np.asarray(a)) for a in arrays] + [spec_of(u)]
+    program = mica.trace(with_grads, *specs)
+    for got_out, grads in (mica.reference.run(program, *arrays, u),
+                           program.lower("cpu").build()(*arrays, u)):
+        assert np.asarray(got_out).shape == tuple(tout.shape)
+        assert rel_err(got_out, tout.detach().numpy()) <= 1e-12
+        for g, w in zip(grads, want):
+            assert np.isfinite(g).all() and rel_err(g, w) <= 1e-12, (g, w)
+
+
+def test_nll_loss_takes_torchs_arguments_and_refuses_what_torch_refuses():
+    """Targets of the wrong shape are a sentence at the user's line (torch raises too), as are class
+    weights; a target out of range makes the loss NaN (torch raises), never a silently smaller loss;
+    -inf log-probabilities of other classes stay out of the sum; a 0-d literal is a 0-d target."""
+    with pytest.raises(mica.MicaError, match=r"^nll_loss: input f32\[4, 3\] needs targets of shape \[4\], got "
+                                             r"i64\[1\] \(.*test_ops.py:\d+\)"):
+        mica.trace(lambda x, t: mica.nn.functional.nll_loss(x, t), mica.f32[4, 3], mica.i64[1])
+    with pytest.raises(mica.MicaError, match="^nll_loss: class weights .* are not supported"):
+        mica.trace(lambda x, t: mica.nn.functional.nll_loss(x, t, x[0]), mica.f32[4, 3], mica.i64[4])
+    exe = mica.compile(lambda x, t: mica.nn.functional.nll_loss(x, t), mica.f32[2, 3], mica.i64[2])
+    logp = np.array([[-np.inf, -0.25, -2.0], [-1.0, -np.inf, -0.5]], np.float32)
+    assert exe(logp, np.array([1, 2])) == np.float32(0.375)
+    assert np.isnan(exe(logp, np.array([1, 3]))) and np.isnan(exe(logp, np.array([-2, 0])))
+    assert exe(logp, np.array([1, -100])) == np.float32(0.25)  # (ignore_index's -100: out of the mean)
+    exe = mica.compile(lambda z: mica.nn.functional.cross_entropy(z, mica.tensor(3)), mica.f32[5])
+    z = np.arange(5, dtype=np.float32)
+    assert rel_err(exe(z), TF.cross_entropy(torch.tensor(z), torch.tensor(3)).item()) < 1e-6
+
+
+@pytest.mark.parametrize("fn,says", [
+    (lambda x: x ** -1, "pow: integers cannot be raised to a negative integer power (-1), as in torch"),
+    (lambda x: 2 ** x, "pow: integers raised to a tensor of integer exponents are not supported"),
+    (lambda x: mica.nn.functional.linear(x.float(), mica.ones(3, 5)), "linear: input f32[4] needs 5 features in its "
+     "last dim, as weight f32[3, 5] takes (in_features 5)"),
+])
+def test_what_torch_refuses_is_a_sentence(fn, says):
+    with pytest.raises(mica.MicaError) as e:
+        mica.trace(fn, mica.i64[4])
+    assert str(e.value).startswith(says) and "test_ops.py:" in str(e.value), str(e.value)

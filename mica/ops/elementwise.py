@@ -198,7 +198,13 @@ def _div_vjp(c, o, i, a, n):
 
 def _pow_vjp(c, o, i, a, n):
     x, e = i
-    gx = _sum_to(c[0] * e * F.pow(x, e - 1), x) if n[0] else None
+    gx = None
+    if n[0]:
+        gx = c[0] * e * F.pow(x, e - 1)
+        node = e.value.node
+        if node.op != "const" or node.attrs["value"] == 0:  # torch's: 0 where e == 0 (not 0 * x**-1, NaN at 0)
+            gx = F.where(e == 0, 0.0, gx)
+        gx = _sum_to(gx, x)
     # d/de x**e = x**e log x; PyTorch defines it as 0 where x == 0 (and e >= 0), so do we.
     ge = _sum_to(c[0] * F.where(x == 0, 0.0, o[0] * F.log(x)), e) if n[1] else None
     return [gx, ge]

@@ -180,7 +180,29 @@ def pow(input, exponent):
     input, exponent = amp.float32("pow", input, exponent)
     if isinstance(input, Tensor) and is_scalar(exponent) and exponent == 2:
         return mul(input, input)
-    return _binary("pow", input, exponent, compute=_floating(result_type(input, exponent)))
+    dt = result_type(input, exponent)
+    if dt.kind == "int":  # (torch's: an integer result, by products; the pow primitive is float's)
+        if not (isinstance(input, Tensor) and is_scalar(exponent)):
+            fail("pow: integers raised to a tensor of integer exponents are not supported; cast one side with .float()")
+        if exponent < 0:
+            fail(f"pow: integers cannot be raised to a negative integer power ({exponent}), as in torch; cast the "
+                 "base with .float() first")
+        return _integer_power(as_tensor(input, dt), int(exponent))
+    return _binary("pow", input, exponent, compute=_floating(dt))
+
+
+def _integer_power(x, n):
+    """x ** n for integers by repeated squaring (wrapping on overflow, as torch's does)."""
+    if n == 0:
+        return full_like(x, 1)
+    result = None
+    while n:
+        if n & 1:
+            result = x if result is None else mul(result, x)
+        n >>= 1
+        if n:
+            x = mul(x, x)
+    return result
 
 
 def maximum(input, other):
@@ -263,6 +285,8 @@ def clamp(input, min=None, max=None):
     x = as_tensor(input)
     if min is None and max is None:
         fail("clamp: give at least one of min and max")
+    dt = result_type(x, *(b for b in (min, max) if b is not None))  # (an integer tensor and 2.5: float, as torch's)
+    x = x if dt is x.dtype else to(x, dt)
     out = x
     if min is not None:
         out = where(lt(out, min), as_tensor(min, x.dtype) if is_scalar(min) else min, out)
@@ -412,7 +436,7 @@ def max(input, dim=None, keepdim=False):
     if dim is None:
         return amax(x)
     d = canon_dim(dim, x.ndim, "max")
-    return MaxResult(amax(x, d, keepdim), argmax(x, d, keepdim))
+    return MaxResult(*_picked(x, argmax(x, d, keepdim=True), d, keepdim))
 
 
 def min(input, dim=None, keepdim=False):
@@ -422,7 +446,17 @@ def min(input, dim=None, keepdim=False):
     if dim is None:
         return amin(x)
     d = canon_dim(dim, x.ndim, "min")
-    return MinResult(amin(x, d, keepdim), argmax(neg(x), d, keepdim))
+    return MinResult(*_picked(x, argmax(neg(x), d, keepdim=True), d, keepdim))
+
+
+def _picked(x, index, d, keepdim):
+    """The values at `index` (kept along dim d) and the index, as max(x, d) and min(x, d) return
+    them: the value is the one element the index names, so its gradient goes there alone, as torch's
+    does (amax and amin share a tie's gradient among the tied elements instead)."""
+    positions = emit("iota", [], n=x.shape[d], dtype=dtypes.int64).reshape(*(-1 if a == d else 1
+                                                                             for a in range(x.ndim)))
+    values = sum(where(index == positions, x, 0), d, keepdim)
+    return values, (index if keepdim else index.squeeze(d))
 
 
 def argmax(input, dim=None, keepdim=False):
@@ -449,12 +483,21 @@ def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
 def norm(input, p="fro", dim=None, keepdim=False):
     (x,) = amp.float32("norm", as_tensor(input))
     if p in ("fro", 2, 2.0):
-        return sqrt(sum(x * x, dim, keepdim))
+        return _root_of_sum(sum(x * x, dim, keepdim), sqrt)
     if p in (float("inf"), "inf"):
         return amax(abs(x), dim if dim is not None else (), keepdim)
     if p == 1:
         return sum(abs(x), dim, keepdim)
-    return pow(sum(pow(abs(x), p), dim, keepdim), 1.0 / p)
+    if p == 0:  # (torch's: the count of nonzero elements)
+        return sum(to(ne(x, 0), x.dtype), dim, keepdim)
+    return _root_of_sum(sum(pow(abs(x), p), dim, keepdim), lambda s: pow(s, 1.0 / p))
+
+
+def _root_of_sum(s, root):
+    """root(s) with torch's norm gradient at a zero vector: 0, where the root's slope (infinite at 0)
+    times the sum's (0) would be NaN. The same values: root(0) is 0."""
+    zero = eq(s, 0)
+    return where(zero, 0.0, root(where(zero, 1.0, s)))
 
 
 # ---- constants ------------------------------------------------------------------------------------
@@ -539,8 +582,9 @@ def tensor(data, dtype=None, **_device):
         dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
     if not in_trace():
         return arr.astype(dt.np_storage)
+    shape = tuple(arr.shape)  # (before ascontiguousarray, which makes a 0-d array 1-d)
     arr = np.ascontiguousarray(arr.astype(dt.np_storage))
-    return emit("literal", [], data=arr.tobytes(), shape=tuple(arr.shape), dtype=dt)
+    return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)
 
 
 from .shape import expand  # noqa: E402  (shape verbs build on these)

@@ -52,7 +52,12 @@ def linear(input, weight, bias=None):
     input, weight = amp.lower("linear", as_tensor(input), as_tensor(weight))
     if bias is not None:
         (bias,) = amp.lower("linear", as_tensor(bias))
-    y = matmul(input, transpose(weight, -1, -2) if as_tensor(weight).ndim == 2 else weight)
+    if weight.ndim not in (1, 2):
+        fail(f"linear: the weight must be [out_features, in_features] (or 1-d), got {weight.value.spec!r}")
+    if input.ndim == 0 or input.shape[-1] != weight.shape[-1]:
+        fail(f"linear: input {input.value.spec!r} needs {weight.shape[-1]} features in its last dim, as weight "
+             f"{weight.value.spec!r} takes (in_features {weight.shape[-1]})")
+    y = matmul(input, transpose(weight, -1, -2) if weight.ndim == 2 else weight)
     return y if bias is None else add(y, bias)
 
 
@@ -154,51 +159,94 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     return emit("embedding", [idx, as_tensor(weight)])
 
 
+def _class_rows(verb, x, t, reduction):
+    """Logits or log-probabilities `x` of shape (N, C), (C,) or (N, C, d1, ...) and class indices `t`
+    of shape (N,), () or (N, d1, ...), as torch takes them: returned as rows (M, C) and targets (M,),
+    with the shape a reduction='none' result has."""
+    if t.dtype.kind != "int":
+        fail(f"{verb}: targets must be class indices (integers), got {t.value.spec!r}")
+    if reduction not in ("mean", "sum", "none"):
+        fail(f"{verb}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if x.ndim == 0:
+        fail(f"{verb}: the input needs a class dim, (C,), (N, C) or (N, C, d1, ...), got {x.value.spec!r}")
+    if x.ndim == 1:
+        if t.ndim != 0:
+            fail(f"{verb}: input {x.value.spec!r} needs a 0-d target, got {t.value.spec!r}")
+        return reshape(x, (1, -1)), reshape(t, (1,)), ()
+    t_shape = (x.shape[0],) + x.shape[2:]
+    if t.shape != t_shape:
+        fail(f"{verb}: input {x.value.spec!r} needs targets of shape {list(t_shape)}, got {t.value.spec!r}")
+    if x.ndim > 2:
+        perm = (0,) + tuple(range(2, x.ndim)) + (1,)
+        x = reshape(x.permute(*perm), (-1, x.shape[1]))
+    return x, reshape(t, (-1,)), t_shape
+
+
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
-    """Cross-entropy from logits and class indices: input (N, C), (C,) or (N, C, d1, ...)."""
+    """Cross-entropy from logits and class indices: input (N, C), (C,) or (N, C, d1, ...);
+    label_smoothing mixes in the mean over classes of -log p, as torch's does."""
     (x,) = amp.float32("cross_entropy", _floating_input(input, "cross_entropy"))
     t = as_tensor(target)
-    if weight is not None or label_smoothing or size_average is not None or reduce is not None:
-        raise TraceError("cross_entropy: class weights, label_smoothing and the legacy size_average/"
-                         "reduce flags are not supported", user_location())
-    if t.dtype.kind != "int":
-        fail(f"cross_entropy: targets must be class indices (integers), got {t.value.spec!r}")
+    if weight is not None or size_average is not None or reduce is not None:
+        raise TraceError("cross_entropy: class weights and the legacy size_average/reduce flags are not supported",
+                         user_location())
+    if not 0.0 <= label_smoothing <= 1.0:
+        fail(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if t.dtype.kind == "float":
+        return _cross_entropy_with_probabilities(x, t, reduction, label_smoothing)
+    x, t, t_shape = _class_rows("cross_entropy", x, t, reduction)
+    losses, _lse = emit("cross_entropy", [x, to(t, dtypes.int64)], ignore_index=int(ignore_index))
+    valid = to(t != ignore_index, x.dtype)
+    if label_smoothing:  # torch's: (1 - e) * nll + e / C * (-sum over classes of log p), ignored rows 0
+        smooth = -_sum(log_softmax(x, 1), 1) * valid
+        losses = losses * (1.0 - label_smoothing) + smooth * (label_smoothing / x.shape[1])
+    return _reduce_rows(losses, valid, t_shape, reduction)
+
+
+def _cross_entropy_with_probabilities(x, p, reduction, label_smoothing):
+    """torch's cross_entropy with a float target: class probabilities of the input's shape, the
+    loss -sum over classes of p log softmax(x); the mean is over every position but the class dim."""
+    if p.shape != x.shape:
+        fail(f"cross_entropy: a float target holds class probabilities of the input's shape {x.value.spec!r}, got "
+             f"{p.value.spec!r}; class indices are integers")
     if reduction not in ("mean", "sum", "none"):
         fail(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if x.ndim == 1:
-        x, t_shape = reshape(x, (1, -1)), ()
-        if t.ndim != 0:
-            fail(f"cross_entropy: logits {x.value.spec!r} need a 0-d target, got {t.value.spec!r}")
-        t = reshape(t, (1,))
-    else:
-        t_shape = (x.shape[0],) + x.shape[2:]
-        if t.shape != t_shape:
-            fail(f"cross_entropy: logits {x.value.spec!r} need targets of shape {list(t_shape)}, "
-                 f"got {t.value.spec!r}")
-        if x.ndim > 2:
-            perm = (0,) + tuple(range(2, x.ndim)) + (1,)
-            x = reshape(x.permute(*perm), (-1, x.shape[1]))
-        t = reshape(t, (-1,))
-    losses, _lse = emit("cross_entropy", [x, to(t, dtypes.int64)], ignore_index=int(ignore_index))
+    dim = 1 if x.ndim > 1 else 0
+    p = to(p, x.dtype)
+    if label_smoothing:
+        p = p * (1.0 - label_smoothing) + label_smoothing / x.shape[dim]
+    losses = -_sum(log_softmax(x, dim) * p, dim)
+    if reduction == "none":
+        return losses
+    total = _sum(losses)
+    return total if reduction == "sum" else total / max(losses.numel(), 1)
+
+
+def _reduce_rows(losses, valid, t_shape, reduction):
     if reduction == "none":
         return reshape(losses, t_shape)
     total = _sum(losses)
-    if reduction == "sum":
-        return total
-    count = _sum(to(t != ignore_index, x.dtype))
-    return total / count
+    return total if reduction == "sum" else total / _sum(valid)
 
 
-def nll_loss(input, target, ignore_index=-100, reduction="mean"):
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    """Negative log-likelihood of class indices from log-probabilities: input (N, C), (C,) or
+    (N, C, d1, ...), as torch's. A target outside [0, C) that is not ignore_index makes its loss NaN
+    (torch raises; a compiled program cannot, short of a kernel of its own)."""
     (x,) = amp.float32("nll_loss", _floating_input(input, "nll_loss"))
     t = as_tensor(target)
-    picked = -_sum(x * to(unsqueeze(t, 1) == reshape(_iota(x.shape[1]), (1, -1)), x.dtype), 1)
-    valid = to(t != ignore_index, x.dtype)
-    picked = picked * valid
-    if reduction == "none":
-        return picked
-    return _sum(picked) if reduction == "sum" else _sum(picked) / _sum(valid)
+    if weight is not None or size_average is not None or reduce is not None:
+        raise TraceError("nll_loss: class weights and the legacy size_average/reduce flags are not supported",
+                         user_location())
+    x, t, t_shape = _class_rows("nll_loss", x, t, reduction)
+    classes = x.shape[1]
+    hit = unsqueeze(t, 1) == reshape(_iota(classes), (1, -1))
+    picked = -_sum(where(hit, x, 0.0), 1)  # (a where, not a product: -inf log-probabilities elsewhere stay out)
+    valid = t != ignore_index
+    out_of_range = valid & ((t < 0) | (t >= classes))
+    losses = where(out_of_range, float("nan"), where(valid, picked, 0.0))
+    return _reduce_rows(losses, to(valid, x.dtype), t_shape, reduction)
 
 
 def _iota(n):
