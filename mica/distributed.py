@@ -6,6 +6,7 @@ them). `world` is the number of ranks the program is compiled for; every rank ru
     mine = mica.distributed.reduce_scatter([x0, x1], world=2)  # block r of all_reduce([x0, x1])
     every = mica.distributed.all_gather(x, world=2)          # [n, ...] -> [2n, ...], rank order
 """
+from . import dtypes
 from .tensor import Tensor, current, emit
 
 
@@ -16,8 +17,25 @@ def _tensors(xs, verb):
 
 
 def all_reduce(tensors, world):
-    """The sum, on every rank, of every rank's tensors: rank 0's in order, then rank 1's, ..."""
-    return emit("all_reduce", _tensors(tensors, "distributed.all_reduce"), world=world)
+    """The sum, on every rank, of every rank's tensors: rank 0's in order, then rank 1's, ... For
+    bfloat16 and float16 tensors the sum is one process's adding them in turn, each add rounded to
+    the half type (as `a + b` of half tensors is, and as a training loop's running gradient is): the
+    operands are all-gathered and added on every rank, since the collective primitive sums in
+    float32 and rounds once (mica/passes/widen.py)."""
+    xs = _tensors(tensors, "distributed.all_reduce")
+    if xs and xs[0].dtype in (dtypes.bfloat16, dtypes.float16):
+        return _added_in_turn(xs, world)
+    return emit("all_reduce", xs, world=world)
+
+
+def _added_in_turn(xs, world):
+    from .verbs.shape import stack
+
+    every = emit("all_gather", [stack(xs)], world=world)  # (rank 0's operands, then rank 1's, ...)
+    total = every[0]
+    for i in range(1, world * len(xs)):
+        total = total + every[i]
+    return total
 
 
 def _blocks(counts, rank):

@@ -313,6 +313,9 @@ def test_launches_mica_cannot_share_are_sentences(tmp_path, data):
     assert r.returncode != 0 and "zero_stage=1 with dtype=float16 is not supported yet" in r.stderr, r.stderr
     r = run(args + ["--zero_stage=2"], d)
     assert r.returncode != 0 and "zero_stage must be 0 (off) or 1" in r.stderr and "Traceback" not in r.stderr
+    (d / "order.txt").write_text("1 2 3 4 5\n")  # (a batch is 2 x 4 rows; the run draws two: one process's count)
+    r = run(args + ["--batch_order=order.txt"], d, env=dict(_env(), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0"))
+    assert r.returncode != 0 and "batch order file order.txt holds 5 offsets" in r.stderr, r.stderr
 
 
 def _nccl_ready():
@@ -386,7 +389,7 @@ def test_nccl_lowering_compiles_and_links_with_nvcc(tmp_path):
 # ---- mpirun -np 2 mica train with the speedrun recipe -------------------------------------------------
 
 SPEEDRUN = dict(recipe="speedrun", train_files="data/train_*.bin", val_files="data/val_*.bin", vocab_size=40,
-                train_steps=6, batch_size=64, seq_len=16, mbs=2, val_tokens=64, val_every=3, num_layers=2,
+                train_steps=6, batch_size=128, seq_len=16, mbs=2, val_tokens=64, val_every=3, num_layers=2,
                 model_dim=32, head_dim=16, ns_steps=3, ns_dtype="bfloat16", device="cpu", threads=1,
                 log_interval=1, seed=3)
 
@@ -399,7 +402,7 @@ def speedrun_one(tmp_path_factory):
     folder = tmp_path_factory.mktemp("speedrun_dp")
     rng = np.random.default_rng(0)
     draw = lambda n: np.minimum(rng.geometric(0.15, n) - 1, 29).astype(np.uint16)  # noqa: E731
-    for i, n in enumerate((150, 100, 200, 90)):  # six batches of 64 + 1: two shard switches
+    for i, n in enumerate((300, 200, 400, 180)):  # six batches of 128 + 1: two shard switches
         tok.write_shard(str(folder / "data" / f"train_{i:06d}.bin"), draw(n))
     tok.write_shard(str(folder / "data" / "val_000000.bin"), draw(100))
     (folder / "tiny.py").write_text("".join(f"{k} = {v!r}\n" for k, v in SPEEDRUN.items()))
@@ -542,4 +545,4 @@ def test_a_speedrun_batch_the_ranks_cannot_share_is_a_sentence(speedrun_one):
     r = run(cli("train", "tiny.py", "--out_dir=out"), d, env=dict(_env(), OMPI_COMM_WORLD_SIZE="3",
                                                                    OMPI_COMM_WORLD_RANK="0"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert "batch_size=64 holds 2 micro-batches of mbs * seq_len tokens, which do not divide among 3 ranks" in r.stderr
+    assert "batch_size=128 holds 4 micro-batches of mbs * seq_len tokens, which do not divide among 3 ranks" in r.stderr
