@@ -291,6 +291,22 @@ def test_fuzzed_checkpoints_give_a_sentence_or_a_correct_resume(work):
     assert outcomes.get(2, 0) > 100, outcomes
 
 
+def test_a_resume_from_a_damaged_checkpoint_changes_no_byte_of_the_runs_metrics(work):
+    """A resume drops metrics.jsonl's rows after its checkpoint (the resume writes them again); a
+    checkpoint whose tensor bytes changed is refused first, so no row is lost to a resume that
+    never ran."""
+    train(TINY)
+    before = open("out-shakespeare-char/metrics.jsonl", "rb").read()
+    st = checkpoint.SafeTensors(CKPT)
+    _, shape, offset = st.info("transformer.wte.weight")
+    data = bytearray(open(CKPT, "rb").read())
+    data[offset + 5] ^= 0x40
+    open(CKPT, "wb").write(bytes(data))
+    rc, message = resume_outcome(TINY)
+    assert rc == 2 and "is corrupt: tensor transformer.wte.weight does not match its checksum" in message, message
+    assert open("out-shakespeare-char/metrics.jsonl", "rb").read() == before
+
+
 def test_metrics_that_cannot_be_written_are_said_once_and_training_goes_on(work):
     os.makedirs("out-shakespeare-char")
     os.symlink("/dev/full", "out-shakespeare-char/metrics.jsonl")  # every write: No space left on device

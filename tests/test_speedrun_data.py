@@ -165,6 +165,11 @@ def test_validation_shards_of_another_tokenizer_are_refused(tmp_path, monkeypatc
         run.speedrun_vocab(cfg, log=lambda s: None)
     cfg = config_mod.load("speedrun_tiny", ["--train_files=a/train_*.bin", "--val_files=a/val_*.bin"], log=None)
     assert run.speedrun_vocab(cfg, log=lambda s: None) == 128
+    said = []  # the seed's GPT-2 vocabulary over 15 characters: trained as asked, with a note that says so
+    cfg = config_mod.load("speedrun", ["--train_files=a/train_*.bin", "--val_files=a/val_*.bin"], log=None)
+    assert run.speedrun_vocab(cfg, log=said.append) == 50304
+    assert said == ["note: vocab_size=50,304 is 3354x the 15 tokens of a/meta.json: the embedding and head rows "
+                    "beyond them never see a token; --vocab_size=0 follows the data"]
 
 
 def test_too_little_text_for_two_splits_is_a_sentence(tmp_path):

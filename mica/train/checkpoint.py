@@ -207,6 +207,12 @@ class SafeTensors:
         dtype, _, _ = self.info(name)
         return widen_bf16(self.read_bits(name)) if dtype is BFLOAT16 else self.read_bits(name)
 
+    def verify(self):
+        """Every tensor read against its checksum (a sentence at the first that does not match), so a
+        resume checks its checkpoint whole before it changes anything in the run's folder."""
+        for name in self.names if self._crcs is not None else ():
+            self.read_bits(name)
+
     def read_bits(self, name):
         """The tensor's stored values (a BF16 tensor's uint16 bit patterns), checked."""
         dtype, shape, offset = self.info(name)

@@ -200,7 +200,7 @@ def _prepare_nanogpt(cfg, log, held):
         windows = sum(max(n - cfg["block_size"], 0) for n in train_lengths)  # (as the trainer numbers rows)
         rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
         # (a run from its start draws one batch before iteration 0 and one more for each of max_iters)
-        needed = None if cfg["init_from"] == "resume" or distributed.ranks(cfg)[0] > 1 else \
+        needed = None if cfg["init_from"] == "resume" else \
             rows * (1 if cfg["eval_only"] else cfg["max_iters"] + 1)
         _check_batch_order(cfg["batch_order"], windows, needed, rows)
     out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
@@ -335,6 +335,10 @@ def _speedrun_vocab(cfg, log):
         if meta is not None and meta.vocab_size > cfg["vocab_size"]:
             raise MicaError(f"vocab_size={cfg['vocab_size']} is smaller than the {meta.vocab_size} tokens of {meta.path}; "
                             "pass a larger vocab_size, or 0 to follow the data")
+        if meta is not None and cfg["vocab_size"] >= 4 * max(meta.vocab_size, 128):  # (the seed's GPT-2 default on
+            log(f"note: vocab_size={cfg['vocab_size']:,} is {cfg['vocab_size'] / meta.vocab_size:.0f}x the "  # a small one)
+                f"{meta.vocab_size:,} tokens of {meta.path}: the embedding and head rows beyond them never see a "
+                "token; --vocab_size=0 follows the data")
         return cfg["vocab_size"], meta
     if meta is None:
         raise MicaError(f"vocab_size=0 follows the data's meta.json, but {folder} has none; pass --vocab_size=N")
@@ -398,6 +402,11 @@ def prepare_speedrun(cfg, log):
 
 
 def _metrics_up_to(out_dir, step, evaluated_again, log):
+    ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors")).verify()  # (a damaged one stops the resume first)
+    _trim_metrics(out_dir, step, evaluated_again, log)
+
+
+def _trim_metrics(out_dir, step, evaluated_again, log):
     """metrics.jsonl without the rows a run wrote after the checkpoint it now resumes from (a run
     stopped by Ctrl-C or a crash trained on past its last checkpoint, and the resume trains those
     iterations again): training rows of iterations from `step` on, and validation rows after
