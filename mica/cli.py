@@ -130,7 +130,7 @@ def cmd_sample(args, extra):
             print(note, file=sys.stderr)
     texts = run.sample(s["out_dir"], s["start"], s["num_samples"], s["max_new_tokens"], s["temperature"],
                        s["top_k"], s["seed"], s["threads"] or None, data_dir=s["data_dir"], device=device,
-                       simulate=s["simulate"], dtype=s["dtype"])
+                       simulate=s["simulate"], dtype=s["dtype"] if "dtype" in s.given else None)
     for t in texts:
         print(t)
         print("---------------")

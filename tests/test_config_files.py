@@ -215,3 +215,15 @@ def test_a_config_sees_what_train_py_imported_as_in_nanogpt(tmp_path, monkeypatc
     assert (cfg["dtype"], cfg["out_dir"], cfg["max_iters"], cfg["eval_iters"]) == \
         ("bfloat16" if torch.cuda.is_available() else "float32", "out/g", 5, 3)
     assert notes == [f"note: {path}:6: here is not a setting; ignored (a helper variable?)"]
+
+
+def test_sample_settings_know_which_were_given(tmp_path):
+    """mica sample notes a dtype only where one was given (sample.py's default float32 is not one):
+    a flag, a config file's assignment or a built-in config's setting counts, a default does not."""
+    from mica.cli import SAMPLE_DEFAULTS
+
+    s = config_mod.load_script_settings(["--top_k=5"], SAMPLE_DEFAULTS, nullable=("top_k",))
+    assert s.given == {"top_k"} and s["dtype"] == "float32"
+    path = _write(tmp_path, "c.py", "dtype = 'bfloat16'\nn_layer = 3\n")
+    s = config_mod.load_script_settings([path, "--seed=2"], SAMPLE_DEFAULTS, nullable=("top_k",))
+    assert {"dtype", "seed"} <= s.given and "top_k" not in s.given and s["dtype"] == "bfloat16"

@@ -50,7 +50,11 @@ static unsigned start_timeout(void) {
     const char *text = getenv("MICA_START_TIMEOUT");
     char *end;
     long v = text ? strtol(text, &end, 10) : 0;
-    return text && *text && !*end && v > 0 && v < 86400 ? (unsigned)v : 600;
+    if (text && *text && !*end && v > 0 && v < 86400) return (unsigned)v;
+    if (text)
+        fprintf(stderr, "mica: warning: MICA_START_TIMEOUT=%.40s is not a count of seconds from 1 to 86399; waiting "
+                "the default 600 s\n", text);
+    return 600;
 }
 
 void dist_init(void) {

@@ -12,13 +12,15 @@ volatile sig_atomic_t interrupted;
 
 void die(int code, const char *fmt, ...) {
     va_list ap;
+    char line[4096];
+    int n = snprintf(line, sizeof line, "mica: error: ");
     va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
     log_clear_progress();
     fflush(stdout);
-    fprintf(stderr, "mica: error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
+    fputs(line, stderr); /* (one write: the ranks of a run share the terminal, and pieces would interleave) */
     exit(code);
 }
 

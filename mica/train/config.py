@@ -375,17 +375,19 @@ def load_script_settings(items, defaults, nullable=()):
     may set anything; what is not one of this script's settings is ignored, as the script ignores
     it (a training config's n_layer means nothing to sample.py, its out_dir does). A Config: the
     origin of each setting a file gave, for a later check to name its line."""
-    out, names, origin = dict(defaults), {}, {}
+    out, names, origin, given = dict(defaults), {}, {}, set()
     for i, item in enumerate(items):
         if "=" not in item and item.startswith("-"):
             raise _without_value(item, items[i + 1] if i + 1 < len(items) else "", defaults)
         if "=" in item or item.startswith("-"):
             out = apply_overrides(out, [item], nullable, defaults)
             origin.pop(item.lstrip("-").partition("=")[0], None)
+            given.add(item.lstrip("-").partition("=")[0])
         elif item in BUILTIN_CONFIGS and not os.path.exists(item):
-            given = {k: v for k, v in BUILTIN_CONFIGS[item].items() if k in out}
-            out.update(given)
-            origin.update(dict.fromkeys(given, f"the built-in config {item}"))
+            builtin = {k: v for k, v in BUILTIN_CONFIGS[item].items() if k in out}
+            out.update(builtin)
+            origin.update(dict.fromkeys(builtin, f"the built-in config {item}"))
+            given.update(builtin)
         elif not item:
             raise MicaError("an empty argument is neither a config file nor --key=value; remove it")
         else:
@@ -394,7 +396,8 @@ def load_script_settings(items, defaults, nullable=()):
             for key, value in ran.settings.items():
                 out[key] = _check_type(key, value, _at(ran, item, key), defaults, nullable)
                 origin[key] = _at(ran, item, key)
-    return Config(out, origin)
+                given.add(key)
+    return Config(out, origin, given)
 
 
 def _run_file(path, settings, names):
