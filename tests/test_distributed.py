@@ -496,6 +496,20 @@ def test_zero1_assigns_whole_tensors_largest_first_to_the_least_loaded_rank():
     assert Layout(shapes, 8).counts == (64, 32, 20, 10, 5, 3, 1, 1)  # (a rank with nothing sends one zero)
 
 
+def test_ranks_may_differ_in_threads_but_not_in_what_changes_bits():
+    """The hash the ranks compare at start-up leaves out `threads` (no bit depends on it, and each
+    rank may take its own share of the cores) and keeps every other setting and the programs."""
+    from types import SimpleNamespace
+
+    from mica.train import distributed as dist_mod
+
+    lowered = {n: SimpleNamespace(source=f"/* {n} */") for n in ("train", "eval", "logits")}
+    cfg = {"n_layer": 2, "threads": 4, "dropout": 0.0}
+    assert dist_mod.run_hash(cfg, lowered, 2) == dist_mod.run_hash({**cfg, "threads": 1}, lowered, 2)
+    assert dist_mod.run_hash(cfg, lowered, 2) != dist_mod.run_hash({**cfg, "n_layer": 3}, lowered, 2)
+    assert dist_mod.run_hash(cfg, lowered, 2) != dist_mod.run_hash(cfg, {**lowered, "eval": lowered["train"]}, 2)
+
+
 def test_zero1_ranks_run_the_same_collectives_in_the_same_order():
     """Every rank's program differs under ZeRO-1 (its own tensors, its own moments), but MPI needs
     the same collectives in the same order everywhere, with the same blocks; each rank's moments

@@ -72,10 +72,12 @@ def ranks(cfg=None):
 
 def run_hash(cfg, lowered, world):
     """What every rank of a run must share: its configuration, the world size and the programs
-    (the train program's own source too where it is the same on every rank)."""
+    (the train program's own source too where it is the same on every rank). Not `threads`, which
+    changes no bit: a rank may take its own share of the cores."""
     from .native import PROGRAMS, _runtime_text
 
-    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
+    shared = {k: v for k, v in cfg.items() if k != "threads"}
+    h = hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode())
     h.update(f"\0{world}\0".encode())
     h.update(_runtime_text().encode())
     for name in PROGRAMS:
