@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+import mica
 from mica.data.prepare import prepare_char
 from mica.train import config as config_mod
 from mica.train import memory_plan, native, programs
@@ -195,3 +196,22 @@ def test_first_fit_placement_is_the_plain_loops_and_never_overlaps_live_buffers(
         for b in bufs:
             if a.id < b.id and a.nbytes and b.nbytes and not (last[a.id] < first[b.id] or first[a.id] > last[b.id]):
                 assert got[a.id] + a.nbytes <= got[b.id] or got[b.id] + b.nbytes <= got[a.id], (a.id, b.id)
+
+
+def test_a_value_of_another_type_is_never_written_over_a_dying_one():
+    """An elementwise loop may write its output over an activation that dies in it, of the same size
+    and type only: nll_loss's int64 targets (t - 1) cast to float64 over themselves were stored as
+    integers through the kernel's one int64 pointer and read back as float64 denormals (a mean of
+    -inf). Every opt level gives the oracle's value and gradient."""
+    F = mica.nn.functional
+
+    def f(x, t, u):
+        out = F.nll_loss(x, t - 1, ignore_index=-1)
+        return out, mica.grad(out, [x], grad_output=u)
+
+    program = mica.trace(f, mica.f64[8, 4], mica.i64[8], mica.f64[()])
+    x, t, u = np.random.default_rng(0).standard_normal((8, 4)), np.array([2, 0, 3, 0, 3, 4, 1, 0]), np.float64(0.7)
+    want_out, (want_grad,) = mica.reference.run(program, x, t, u)
+    for level in (0, 1, 2):
+        out, (grad,) = program.lower("cpu", opt_level=level).build()(x, t, u)
+        assert out == want_out and np.array_equal(grad, want_grad), level

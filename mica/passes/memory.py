@@ -190,8 +190,11 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
 
 def _may_take(out, dying, src, k, last):
     """May `out` be written over `dying` (which occupies `src`'s memory) in kernel k: `dying` is
-    read for the last time there, and its memory is planned, of out's class and size."""
-    return not src.persistent and src.cls == out.cls and src.nbytes == out.nbytes and last[dying.id] == k
+    read for the last time there, and its memory is planned, of out's class, size and element type
+    (a kernel names a buffer by one typed pointer: int64 indices cast to float64 over themselves
+    were stored as integers and read back as float64 denormals)."""
+    return (not src.persistent and src.cls == out.cls and src.nbytes == out.nbytes and out.dtype is dying.dtype
+            and last[dying.id] == k)
 
 
 def _place(buffers, first, last, align):
