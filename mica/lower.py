@@ -20,6 +20,11 @@ cheapest products that fit, then block checkpoints).
 `fp_half_intermediates` (off by default) lets half-type attention round where PyTorch's CPU
 attention rounds (passes/widen.py); without it every digit but the outputs' is kept.
 """
+import math
+import numbers
+
+import numpy as np
+
 from .errors import MicaError
 from .passes import fuse, memory, order, remat as remat_pass, simplify, widen
 from .targets import get_target
@@ -77,7 +82,7 @@ class Lowered:
             self._plan(*best[2])
             unit = "byte" if self.memory_budget == 1 else "bytes"
             raise BudgetError(f"memory_budget={self.memory_budget:,} {unit} is less than the smallest plan Mica can "
-                              f"make for {self.program.name} ({best[0]:,} bytes, with {self.remat.mode}); give at "
+                              f"make for {self.program.name} ({best[0]:,} bytes, {_how(self.remat.mode)}); give at "
                               f"least {best[0]:,} bytes", smallest=best[0], mode=self.remat.mode)
         choice = min(fits, key=lambda t: (t[1], t[0]))
         if choice[2] != self._planned:
@@ -158,6 +163,11 @@ class _at_users_line:
         return False
 
 
+def _how(mode):
+    """A plan's recomputation in words, for a sentence: "with min-cut", or "recomputing nothing"."""
+    return "recomputing nothing" if mode == "off" else f"with {mode}"
+
+
 def _check_flag(name, value):
     if not isinstance(value, bool):
         raise MicaError(f"{name} must be True or False, got {value!r}")
@@ -165,11 +175,17 @@ def _check_flag(name, value):
 
 
 def _check_budget(budget):
+    """A whole, positive number of bytes (an int, numpy's too, or a float such as 1e6 that is one)."""
     if budget is None:
         return None
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-        raise MicaError(f"memory_budget must be a positive number of bytes, got {budget!r}")
-    return budget
+    if isinstance(budget, str):
+        raise MicaError(f"memory_budget here is a whole number of bytes, got {budget!r}; sizes such as '2GB' and "
+                        "'auto' are mica train's --memory_budget (mica.train.memory_plan.parse_budget reads them)")
+    whole = isinstance(budget, numbers.Integral) or (isinstance(budget, numbers.Real) and math.isfinite(budget)
+                                                     and float(budget).is_integer())
+    if isinstance(budget, (bool, np.bool_)) or not whole or budget <= 0:
+        raise MicaError(f"memory_budget must be a whole, positive number of bytes, got {budget!r}")
+    return int(budget)
 
 
 def lower(program, target, remat=False, memory_budget=None, fp_half_intermediates=False, **options):

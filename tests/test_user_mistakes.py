@@ -232,5 +232,6 @@ def test_a_compiled_programs_call_and_options_are_sentences_at_the_users_line():
     table = np.random.randn(10, 5).astype(np.float32)
     with pytest.raises(mica.MicaError) as e:
         looked(table, np.array([1, 2, 12, 3]), np.array([0, 1, 2, 3]))
-    assert e.value.sentence == "embedding: index 12 is out of range for 10 embeddings"
+    assert e.value.sentence == "embedding: index 12 is out of range for 10 embeddings; give indices below the " \
+                               "table's row count (a data id beyond the vocabulary?)"
     assert e.value.loc == (HERE, lookup.__code__.co_firstlineno + 1)  # (the line that traced the embedding)

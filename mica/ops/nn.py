@@ -260,7 +260,8 @@ def _check_targets(t, classes, ignore_index):
     valid = t != ignore_index
     bad = valid & ((t < 0) | (t >= classes))
     if bad.any():
-        raise MicaError(f"cross_entropy: target {int(t[bad][0])} is out of range for {classes} classes")
+        raise MicaError(f"cross_entropy: target {int(t[bad][0])} is out of range for {classes} classes; give targets "
+                        "below the class count, or ignore_index")  # (mica_rows.h's sentence, every target's)
     return valid, np.where(valid, t, 0)
 
 
@@ -426,7 +427,8 @@ def _embedding_infer(specs):
 def _check_index(idx, n):
     bad = (idx < 0) | (idx >= n)
     if bad.any():
-        raise MicaError(f"embedding: index {int(idx[bad][0])} is out of range for {n} embeddings")
+        raise MicaError(f"embedding: index {int(idx[bad][0])} is out of range for {n} embeddings; give indices below "
+                        "the table's row count (a data id beyond the vocabulary?)")
 
 
 def _embedding_ref(a, at, run):

@@ -43,7 +43,10 @@ class Choice:
 
     @property
     def recomputed_bytes(self):
-        return sum(o.nbytes for n in self.recomputed for o in n.outputs)
+        """The bytes of the values recomputed: a node's outputs the backward keeps (a layer norm's
+        statistics, its output recomputed from them) count as kept, not again here."""
+        kept = {v.id for v in self.saved}
+        return sum(o.nbytes for n in self.recomputed for o in n.outputs if o.id not in kept)
 
     def summary(self):
         if self.mode == "off":

@@ -214,7 +214,7 @@ def _prepare_nanogpt(cfg, log, held):
     model, _, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
     shards = _zero(cfg, model, world, log)
-    budget = memory_plan.parse_budget(cfg["memory_budget"], cfg["device"])
+    budget = memory_plan.parse_budget(cfg["memory_budget"], "cpu" if cfg["simulate"] else cfg["device"])
     exe, lowered = native.build_trainer(progs, cfg["opt_level"], log, device=cfg["device"], simulate=cfg["simulate"],
                                         tf32=cfg["tf32"], memory_budget=budget,
                                         fp_half_intermediates=cfg["fp_half_intermediates"])

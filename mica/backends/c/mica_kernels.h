@@ -148,7 +148,7 @@ static void mica_cross_entropy_##S(const T *x, const int64_t *t, T *loss, T *lse
         int64_t k = t[r];                                                                          \
         lse[r] = l;                                                                                \
         if (k == ignore) { loss[r] = 0; continue; }                                                \
-        if (k < 0 || k >= n) { mica_fail("cross_entropy: target %lld is out of range for %lld classes", k, n); loss[r] = 0; continue; } \
+        if (k < 0 || k >= n) { mica_fail(MICA_CROSS_ENTROPY_RANGE_TEXT, k, n); loss[r] = 0; continue; } \
         loss[r] = l - xr[k];                                                                       \
     }                                                                                              \
 }                                                                                                  \
@@ -164,7 +164,7 @@ static void mica_embedding_##S(const int64_t *idx, const T *w, T *y, int64_t cou
     _Pragma("omp parallel for schedule(static) MICA_PAR_ROWS(count, D)")                          \
     for (int64_t i = 0; i < count; i++) {                                                          \
         int64_t k = idx[i];                                                                        \
-        if (k < 0 || k >= V) { mica_fail("embedding: index %lld is out of range for %lld embeddings", k, V); continue; } \
+        if (k < 0 || k >= V) { mica_fail(MICA_EMBEDDING_RANGE_TEXT, k, V); continue; } \
         memcpy(y + i * D, w + k * D, sizeof(T) * D);                                               \
     }                                                                                              \
 }                                                                                                  \
@@ -176,7 +176,7 @@ static void mica_embedding_backward_##S(const T *g, const int64_t *idx, T *dw, i
     for (int64_t v = 0; v <= V; v++) start[v] = 0;                                                 \
     for (int64_t i = 0; i < count; i++) {                                                          \
         int64_t k = idx[i];                                                                        \
-        if (k < 0 || k >= V) { mica_fail("embedding: index %lld is out of range for %lld embeddings", k, V); return; } \
+        if (k < 0 || k >= V) { mica_fail(MICA_EMBEDDING_RANGE_TEXT, k, V); return; } \
         start[k + 1]++;                                                                            \
     }                                                                                              \
     for (int64_t v = 0; v < V; v++) start[v + 1] += start[v];                                      \

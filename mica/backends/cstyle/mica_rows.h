@@ -28,6 +28,14 @@
 #define MICA_ROWS_H
 #include "mica_math.h"
 
+/* a row kernel's bad input stops the program with one sentence, the same on every target and in
+ * the oracle (mica/ops/nn.py); its two numbers are the value and the count it must stay below */
+#define MICA_CROSS_ENTROPY_RANGE_TEXT \
+    "cross_entropy: target %lld is out of range for %lld classes; give targets below the class count, or ignore_index"
+#define MICA_EMBEDDING_RANGE_TEXT                                                                   \
+    "embedding: index %lld is out of range for %lld embeddings; give indices below the table's row count (a data " \
+    "id beyond the vocabulary?)"
+
 #ifndef MICA_ROW_GROUP
 #define MICA_ROW_GROUP 1
 #define MICA_ROW_FN static inline MICA_HD

@@ -168,8 +168,8 @@ static int mica_cuda_kernel_failed(void) {
     if (cudaMemcpyFromSymbol(&f, mica_cuda_fail_state, sizeof f) != cudaSuccess) return mica_cuda_failed("reading a kernel's status");
     if (!f.failed) return 0;
     snprintf(mica_error_text, sizeof mica_error_text,
-             f.what == 0 ? "cross_entropy: target %lld is out of range for %lld classes"
-                         : "embedding: index %lld is out of range for %lld embeddings", f.a, f.b);
+             f.what == 0 ? MICA_CROSS_ENTROPY_RANGE_TEXT
+                         : MICA_EMBEDDING_RANGE_TEXT, f.a, f.b);
     mica_cuda_failure clear = {0, 0, 0, 0};
     cudaMemcpyToSymbol(mica_cuda_fail_state, &clear, sizeof clear);
     return 1;
