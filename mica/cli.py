@@ -244,7 +244,12 @@ def _inspect_config(args, items):
         vocab_size = config_mod.apply_overrides({"vocab_size": 50304}, vocab[-1:])["vocab_size"]
     else:
         folder = cfg["data_dir"] or os.path.join("data", cfg["dataset"])
-        vocab_size = run.vocab_size(folder, log=lambda _: None)[0] if os.path.isdir(folder) else 50304
+        if os.path.isdir(folder):  # (its note where the folder has no vocabulary: GPT-2's, as mica train says)
+            vocab_size = run.vocab_size(folder, log=lambda line: print(f"note: {line}"))[0]
+        else:
+            vocab_size = 50304
+            print(f"note: the data folder {folder} does not exist, so the model takes GPT-2's vocabulary (50304, as "
+                  "nanoGPT without a meta.pkl); give --data_dir of the prepared data, or --vocab_size=N")
     s = {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout")}
     if not args.ir:
         return _inspect_gpt(args, {**s, "vocab_size": vocab_size}, cfg["batch_size"])
@@ -296,10 +301,18 @@ def cmd_bench(args, extra):
                          memory_budgets=args.memory_budgets, fp_half_intermediates=args.fp_half_intermediates)
     print(protocol.table(res))
     charts = res.get("charts") or []
-    print(f"raw numbers: {args.out}/bench-{args.model}.json" + (f"; charts: {', '.join(charts)}" if charts else ""))
+    if res.get("unsaved"):
+        raise MicaError(f"the results above could not be saved ({res['unsaved']}); the table is all there is of "
+                        "this run: give --out a folder you can write to")
+    print(f"raw numbers: {args.out}/bench-{protocol.result_stem(res)}.json" +
+          (f"; charts: {', '.join(charts)}" if charts else ""))
     if not res["configs"]:
         why = "; ".join(f"{n}: {w}" for n, w in res["failures"].items())[:400]
         raise MicaError(f"every configuration failed ({why}), so nothing was measured; fix what the first one says "
+                        "and run again")
+    if not any(n.startswith("mica") for n in res["configs"]):
+        why = "; ".join(f"{n}: {w}" for n, w in res["failures"].items() if n.startswith("mica"))[:400]
+        raise MicaError(f"every Mica configuration failed ({why}), so there is nothing to compare; fix what it says "
                         "and run again")
     return 0
 

@@ -311,3 +311,32 @@ def test_bench_where_every_configuration_fails_says_so_and_fails(tmp_path):
     assert "nothing was measured" in r.stderr and "charts:" not in r.stdout
     failures = json.load(open(tmp_path / "bench" / "bench-cpu.json"))["failures"]
     assert sorted(failures) == ["mica O2", "pytorch eager"]
+
+
+def test_void_runs_are_left_out_and_a_failure_is_its_reason_not_torchs_footer():
+    """A Mica run whose own clock disagrees with the outside one is void: the median and range leave it
+    out (with every run void they are all there is, said). A failed mode's reason is its exception
+    line, not torch.compile's TORCHDYNAMO_VERBOSE footer; a half dtype's results have files of their own."""
+    from mica.bench import protocol
+
+    def run(ms, void=False):
+        return {"step_ms": ms, "first_step_s": 1.0, "own_step_ms": ms, "void": void}
+
+    runs = {"mica_O2": [run(5.0, void=True), run(10.0), run(11.0)], "pytorch_eager": [run(12.5), run(13.0)]}
+    res = protocol.summarize("cpu", 2, 3, 1, 2, runs, {}, {})
+    mica = res["configs"]["mica_O2"]
+    assert (mica["median_ms"], mica["min_ms"], mica["max_ms"]) == (10.5, 10.0, 11.0) and mica["void_runs"] == 1
+    assert mica["verdict"] == "faster" and "1 void (left out)" in protocol._verdict(mica)
+    every = protocol.summarize("cpu", 2, 2, 1, 2, {"mica_O2": [run(5.0, True), run(7.0, True)]}, {}, {})
+    assert every["configs"]["mica_O2"]["median_ms"] == 6.0
+    assert "2 void (all counted: no other run)" in protocol._verdict(every["configs"]["mica_O2"])
+    err = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+           "torch._inductor.exc.InductorError: InvalidCxxCompiler: No working C++ compiler found\n\n"
+           "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially if you're reporting a "
+           "bug to PyTorch).\n")
+    assert protocol.failure_reason(err, 1) == ("torch._inductor.exc.InductorError: InvalidCxxCompiler: No working "
+                                               "C++ compiler found")
+    assert protocol.failure_reason("noise\nmica: error: the data is gone\nmore\n", 2) == "mica: error: the data is gone"
+    assert protocol.failure_reason("", 9) == "exit status 9"
+    assert protocol.result_stem({"model": "cpu", "dtype": "bfloat16"}) == "cpu-bfloat16"
+    assert protocol.result_stem({"model": "cpu", "dtype": "float32"}) == "cpu"

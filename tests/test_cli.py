@@ -47,6 +47,12 @@ def test_inspect_reads_config_files_as_mica_train_does(tmp_path):
                         "--n_head=4"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "n_layer=2, n_head=4, n_embd=64" in r.stdout and "vocab_size=50304" in r.stdout  # (no data folder here)
+    assert "note: the data folder data/shakespeare_char does not exist, so the model takes GPT-2's vocabulary" in \
+        r.stdout  # (said, as mica train would: a silent 50304 misled a user about the model's size)
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)  # (a folder without meta.json / meta.pkl)
+    r = subprocess.run([sys.executable, "-m", "mica.cli", "inspect", "shakespeare_char", "--n_layer=1"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert "note: no meta.json or meta.pkl in the data folder: defaulting to vocab_size of GPT-2" in r.stdout
 
 
 def test_inspect_ir_of_a_config_is_the_train_program_in_its_dtype(tmp_path):

@@ -173,8 +173,9 @@ def method_a(model="cpu", iters=2000, eval_every=250, eval_batches=200, seeds=ra
     """Families of runs: each side trains with every seed; at every evaluation after the first
     quarter the two sides' median validation losses must differ by no more than the larger of
     the two families' ranges."""
-    from .protocol import MODELS, mica_train_cmd, torch_runner_cmd
+    from .protocol import MODELS, check_data, mica_train_cmd, torch_runner_cmd
 
+    check_data(model, data_dir)  # (before any run, with the preparation this model's data needs)
     os.makedirs(out_dir, exist_ok=True)
     settings = {**MODELS[model], "max_iters": iters, "eval_interval": eval_every, "eval_iters": eval_batches,
                 "log_interval": eval_every, "always_save_checkpoint": False, "device": "cpu", "data_dir": data_dir}

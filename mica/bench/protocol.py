@@ -28,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -144,6 +145,22 @@ def nvrtc_mapped(paths):
     return any(os.path.basename(p).startswith("libnvrtc") for p in paths)
 
 
+_BOILERPLATE = re.compile(r"Set TORCHDYNAMO_VERBOSE|You can suppress this exception|TORCHDYNAMO_|^-+$|^\s*$")
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:?")
+
+
+def failure_reason(err, returncode):
+    """The line of a failed run's stderr that says why: Mica's own sentence, else the last
+    exception line (torch.compile ends its reports with boilerplate about TORCHDYNAMO_VERBOSE, which
+    says nothing), else the last line that is not boilerplate, else the exit status."""
+    lines = [line.strip() for line in err.splitlines() if not _BOILERPLATE.search(line.strip())]
+    for pick in ([line for line in lines if line.startswith("mica: error:")],
+                 [line for line in lines if _EXCEPTION.match(line)], lines):
+        if pick:
+            return pick[-1]
+    return f"exit status {returncode}"
+
+
 def failure_kind(reason):
     """OOM when a failure's reason says the GPU's (or the host's) memory ran out, else failed."""
     return "OOM" if OOM.search(str(reason)) else "failed"
@@ -227,7 +244,7 @@ def run_once(cmd, env, warmup, window, gpu=False):
     stop.set()
     sampler.join()
     if proc.returncode != 0 or warmup not in stamps or warmup + window not in stamps:
-        raise RuntimeError(err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}")
+        raise RuntimeError(failure_reason(err, proc.returncode))
     first = min(stamps)
     info.pop("gpu_sampled", None)
     return {"step_ms": (stamps[warmup + window] - stamps[warmup]) / window * 1000,
@@ -588,10 +605,25 @@ def bench(model="cpu", data_dir=None, rounds=None, warmup=None, window=None, thr
     result["batch_size"] = _model(model, batch_size).get("batch_size") if model in MODELS else None
     if device == "cuda":
         result.update(device="cuda", tf32=bool(tf32), gpu=gpu_name(), simulated=bool(simulate))
-    with open(os.path.join(out, f"bench-{model}.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    result["charts"] = charts(result, runs, out)
+    path, tmp = os.path.join(out, f"bench-{result_stem(result)}.json"), None
+    try:  # (a file that cannot be written leaves the table, which the caller prints, and a sentence)
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=".bench-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, path)
+        tmp = None
+        result["charts"] = charts(result, runs, out)
+    except OSError as e:
+        result["unsaved"] = f"{path if tmp else e.filename or path}: {e.strerror}"
+        if tmp:
+            os.unlink(tmp)
     return result
+
+
+def result_stem(res):
+    """The results' file names: the model's, and the dtype's where it is not float32, so that runs of
+    one model in other dtypes keep their own files in one --out folder."""
+    return res["model"] + (f"-{res['dtype']}" if res.get("dtype", "float32") != "float32" else "")
 
 
 def machine(dtype=None):
@@ -647,7 +679,9 @@ def summarize(model, threads, rounds, warmup, window, runs, failures, extras):
         if not rs:
             continue
         times = [r["step_ms"] for r in rs]
-        c = {"step_ms": times, "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+        counted = [r["step_ms"] for r in rs if not r.get("void")] or times  # (a void run is left out: all void, said)
+        c = {"step_ms": times, "median_ms": statistics.median(counted), "min_ms": min(counted),
+             "max_ms": max(counted),
              "peak_rss_mb": max(r.get("peak_rss_kb", 0) for r in rs) / 1024,
              "first_step_s": statistics.median(r["first_step_s"] for r in rs),
              "program": rs[0].get("program"), "libraries": rs[0].get("libraries", []),
@@ -767,7 +801,8 @@ def _verdict(c, res=None):
     if verdict and res is not None and res.get("rounds", 3) < 3:
         verdict += f", from {_rounds(res['rounds'])} only"
     if c.get("void_runs"):
-        verdict += f", {c['void_runs']} void"
+        every = c["void_runs"] == len(c["step_ms"])
+        verdict += f", {c['void_runs']} void" + (" (all counted: no other run)" if every else " (left out)")
     return verdict
 
 
@@ -833,7 +868,7 @@ def charts(res, runs, out):
     what = res["model"] + (f", {res['dtype']}" if res.get("dtype", "float32") != "float32" else "")
     ax.set_title(f"{what}: one training step")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.savefig(os.path.join(out, f"steps-{res['model']}.png"), dpi=120, bbox_inches="tight")
+    fig.savefig(os.path.join(out, f"steps-{result_stem(res)}.png"), dpi=120, bbox_inches="tight")
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for n in names:
@@ -845,6 +880,6 @@ def charts(res, runs, out):
     ax.set_ylabel("training loss")
     ax.set_title(f"{what}: the first run's training loss")
     ax.legend()
-    fig.savefig(os.path.join(out, f"losses-{res['model']}.png"), dpi=120, bbox_inches="tight")
+    fig.savefig(os.path.join(out, f"losses-{result_stem(res)}.png"), dpi=120, bbox_inches="tight")
     plt.close(fig)
-    return [os.path.join(out, f"{kind}-{res['model']}.png") for kind in ("steps", "losses")]
+    return [os.path.join(out, f"{kind}-{result_stem(res)}.png") for kind in ("steps", "losses")]
