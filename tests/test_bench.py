@@ -340,3 +340,21 @@ def test_void_runs_are_left_out_and_a_failure_is_its_reason_not_torchs_footer():
     assert protocol.failure_reason("", 9) == "exit status 9"
     assert protocol.result_stem({"model": "cpu", "dtype": "bfloat16"}) == "cpu-bfloat16"
     assert protocol.result_stem({"model": "cpu", "dtype": "float32"}) == "cpu"
+
+
+def test_results_that_cannot_be_saved_leave_the_table_and_a_sentence(tmp_path, monkeypatch):
+    """Where bench-MODEL.json cannot be written (here a folder holds its name) the measured result
+    still comes back, saying what was not saved, and no temporary file is left: the command prints
+    the table, then the sentence (the runs are faked: this is about the saving)."""
+    from mica.bench import protocol
+
+    def fake_run(cmd, env, warmup, window, gpu=False):
+        return {"step_ms": 10.0, "first_step_s": 0.1, "losses": {0: 2.0, 10: 1.5}, "line_ms": {10: 100.0}}
+
+    monkeypatch.setattr(protocol, "run_once", fake_run)
+    (tmp_path / "bench-tutorial.json").mkdir()
+    res = protocol.bench(model="tutorial", rounds=1, warmup=0, window=10, every=10, torch_modes=["eager"],
+                         out=str(tmp_path), log=lambda *a: None)
+    assert res["unsaved"] == f"{tmp_path}/bench-tutorial.json: Is a directory"
+    assert "| mica O2 | 10.0 | 10.0 – 10.0 |" in protocol.table(res)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-tutorial.json"]
