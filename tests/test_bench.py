@@ -358,3 +358,38 @@ def test_results_that_cannot_be_saved_leave_the_table_and_a_sentence(tmp_path, m
     assert res["unsaved"] == f"{tmp_path}/bench-tutorial.json: Is a directory"
     assert "| mica O2 | 10.0 | 10.0 – 10.0 |" in protocol.table(res)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-tutorial.json"]
+
+
+def test_a_ctrl_c_to_the_bench_alone_ends_the_run_it_waits_on(tmp_path):
+    """Ctrl-C sent to the bench's process alone (kill -INT PID, not the terminal's group) reaches only
+    it: the program it is timing is ended with it, not left running on its own."""
+    import signal
+    import time
+
+    from mica.bench import protocol
+
+    pid_file = tmp_path / "pid"
+    child = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+             "print('iter 0: loss 1.0', flush=True); time.sleep(120)"]
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            protocol.run_once(child, dict(os.environ), 0, 10)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    pid = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the timed program outlived the bench's Ctrl-C")

@@ -221,6 +221,25 @@ def run_once(cmd, env, warmup, window, gpu=False):
                                daemon=True)
     sampler.start()
     stamps, losses, own, plan = {}, {}, {}, {}
+    try:
+        err = _read_lines(proc, stamps, losses, own, plan)
+    except BaseException:  # (Ctrl-C sent to this process alone, or any failure here: the run goes with it)
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        stop.set()
+        sampler.join()
+    if proc.returncode != 0 or warmup not in stamps or warmup + window not in stamps:
+        raise RuntimeError(failure_reason(err, proc.returncode))
+    first = min(stamps)
+    info.pop("gpu_sampled", None)
+    return {"step_ms": (stamps[warmup + window] - stamps[warmup]) / window * 1000,
+            "first_step_s": stamps[first] - start, "losses": losses, "line_ms": own, **plan, **info}
+
+
+def _read_lines(proc, stamps, losses, own, plan):
+    """A run's output line by line as it prints (each line's time stamped), until it ends; its stderr."""
     for line in proc.stdout:
         t = time.perf_counter()
         m = PLAN.match(line)
@@ -241,14 +260,7 @@ def run_once(cmd, env, warmup, window, gpu=False):
                 own[it] = float(m.group(3))
     err = proc.stderr.read()
     proc.wait()
-    stop.set()
-    sampler.join()
-    if proc.returncode != 0 or warmup not in stamps or warmup + window not in stamps:
-        raise RuntimeError(failure_reason(err, proc.returncode))
-    first = min(stamps)
-    info.pop("gpu_sampled", None)
-    return {"step_ms": (stamps[warmup + window] - stamps[warmup]) / window * 1000,
-            "first_step_s": stamps[first] - start, "losses": losses, "line_ms": own, **plan, **info}
+    return err
 
 
 def _footprint(paths):
