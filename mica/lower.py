@@ -82,8 +82,8 @@ class Lowered:
             self._plan(*best[2])
             unit = "byte" if self.memory_budget == 1 else "bytes"
             raise BudgetError(f"memory_budget={self.memory_budget:,} {unit} is less than the smallest plan Mica can "
-                              f"make for {self.program.name} ({best[0]:,} bytes, {_how(self.remat.mode)}); give at "
-                              f"least {best[0]:,} bytes", smallest=best[0], mode=self.remat.mode)
+                              f"make for {self.program.name} ({best[0]:,} bytes, {mode_words(self.remat.mode)}); "
+                              f"give at least {best[0]:,} bytes", smallest=best[0], mode=self.remat.mode)
         choice = min(fits, key=lambda t: (t[1], t[0]))
         if choice[2] != self._planned:
             self._plan(*choice[2])
@@ -163,7 +163,7 @@ class _at_users_line:
         return False
 
 
-def _how(mode):
+def mode_words(mode):
     """A plan's recomputation in words, for a sentence: "with min-cut", or "recomputing nothing"."""
     return "recomputing nothing" if mode == "off" else f"with {mode}"
 

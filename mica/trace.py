@@ -53,7 +53,6 @@ class Program:
     def flatten_args(self, args):
         """The input leaves of a call's arguments as numpy arrays, checked against the traced
         signature: its structure here, each leaf's kind, shape and range by inputs.check_input."""
-        from .inputs import check_input
         from .tensor import user_location  # (the call's line, in the user's file)
 
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
@@ -61,8 +60,13 @@ class Program:
             raise TraceError(f"{self.name}: the arguments differ from the traced ones: "
                              f"{pytree.describe_difference(tree, self.in_tree)}", user_location())
         out = [x for x, s in zip(leaves, self._static) if s is None]
-        return [check_input(x, v, index, self.name, label)
-                for index, (x, v, label) in enumerate(zip(out, self.graph.inputs, self.graph.input_names))]
+        return [self.checked_input(index, x) for index, x in enumerate(out)]
+
+    def checked_input(self, index, array):
+        """`array` as input `index` (numpy), or the sentence of inputs.check_input naming it."""
+        from .inputs import check_input
+
+        return check_input(array, self.graph.inputs[index], index, self.name, self.graph.input_names[index])
 
     def lower(self, target="cpu", **options):
         """Run the shared pipeline for `target` (a name, e.g. "cpu", or a Target): schedule, memory

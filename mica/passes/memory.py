@@ -181,7 +181,7 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
                 continue
             src = root(dying)
             if (out.id in aliases or out.persistent or out.cls not in ("activations", "gradients")
-                    or not _may_take(out, dying, src, k, last) or out.dtype is not dying.dtype
+                    or not _may_take(out, dying, src, k, last)
                     or any(v.src is dying for j, v in enumerate(kern.inputs) if j != i)):
                 continue
             aliases[out.id] = src

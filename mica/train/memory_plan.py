@@ -144,7 +144,7 @@ def train_budget(budget, eval_lowered, state=0):
 def lower_train_within(train, budget, eval_lowered, target, **options):
     """The train program lowered so that the run (max(train, state + eval) bytes, or the sum apart)
     fits in `budget` bytes; where no plan fits, the sentence names the run's smallest total."""
-    from ..lower import BudgetError, _how
+    from ..lower import BudgetError, mode_words
 
     ev = eval_lowered.plan.total
     state = state_bytes(train, eval_lowered.target.align)
@@ -154,9 +154,9 @@ def lower_train_within(train, budget, eval_lowered, target, **options):
         return train_bytes + ev if apart else max(train_bytes, state + ev)
 
     def refuse(need, train_bytes, mode):
-        how = (f"the train arena's {train_bytes:,} {_how(mode)}, plus the eval arena's {ev:,}" if apart else
-               f"the train arena's {train_bytes:,} {_how(mode)}, or the state's {state:,} plus the eval arena's "
-               f"{ev:,}, whichever is more")
+        arena = f"the train arena's {train_bytes:,} {mode_words(mode)}"
+        how = (f"{arena}, plus the eval arena's {ev:,}" if apart else
+               f"{arena}, or the state's {state:,} plus the eval arena's {ev:,}, whichever is more")
         unit = "byte" if budget == 1 else "bytes"
         return MicaError(f"memory_budget={budget:,} {unit} is less than the smallest plan Mica can make for this run "
                          f"({need:,} bytes: {how}); give at least {need:,} bytes, or memory_budget=auto")

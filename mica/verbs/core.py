@@ -436,7 +436,8 @@ def max(input, dim=None, keepdim=False):
     if dim is None:
         return amax(x)
     d = canon_dim(dim, x.ndim, "max")
-    return MaxResult(*_picked(x, argmax(x, d, keepdim=True), d, keepdim))
+    index = argmax(x, d, keepdim=True)  # (the value is the element it names, which alone gets the gradient)
+    return MaxResult(_taken_along(x, index, d, keepdim), index if keepdim else index.squeeze(d))
 
 
 def min(input, dim=None, keepdim=False):
@@ -446,17 +447,18 @@ def min(input, dim=None, keepdim=False):
     if dim is None:
         return amin(x)
     d = canon_dim(dim, x.ndim, "min")
-    return MinResult(*_picked(x, argmax(neg(x), d, keepdim=True), d, keepdim))
+    index = argmax(neg(x), d, keepdim=True)
+    return MinResult(_taken_along(x, index, d, keepdim), index if keepdim else index.squeeze(d))
 
 
-def _picked(x, index, d, keepdim):
-    """The values at `index` (kept along dim d) and the index, as max(x, d) and min(x, d) return
-    them: the value is the one element the index names, so its gradient goes there alone, as torch's
-    does (amax and amin share a tie's gradient among the tied elements instead)."""
+def _taken_along(x, index, d, keepdim=False):
+    """x's element at `index` (integers, of x's shape but 1 along dim d) of each line along dim d:
+    the sum of a where over that line, so the gradient goes to that element alone (max(x, d)'s and
+    min(x, d)'s values, as torch's, where amax shares a tie's gradient; nll_loss's log-probability).
+    An index outside the dim takes 0."""
     positions = emit("iota", [], n=x.shape[d], dtype=dtypes.int64).reshape(*(-1 if a == d else 1
                                                                              for a in range(x.ndim)))
-    values = sum(where(index == positions, x, 0), d, keepdim)
-    return values, (index if keepdim else index.squeeze(d))
+    return sum(where(index == positions, x, 0), d, keepdim)
 
 
 def argmax(input, dim=None, keepdim=False):

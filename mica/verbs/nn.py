@@ -7,7 +7,7 @@ from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
 from ..tensor import current, emit, fail, user_location
-from .core import add, as_tensor, gelu, relu, sigmoid, silu, tanh, to, where  # noqa: F401
+from .core import _taken_along, add, as_tensor, gelu, relu, sigmoid, silu, tanh, to, where  # noqa: F401
 from .core import sum as _sum
 from .shape import expand, reshape, transpose, unsqueeze, squeeze
 
@@ -241,16 +241,11 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
                          user_location())
     x, t, t_shape = _class_rows("nll_loss", x, t, reduction)
     classes = x.shape[1]
-    hit = unsqueeze(t, 1) == reshape(_iota(classes), (1, -1))
-    picked = -_sum(where(hit, x, 0.0), 1)  # (a where, not a product: -inf log-probabilities elsewhere stay out)
+    picked = -_taken_along(x, unsqueeze(t, 1), 1)  # (a where: -inf log-probabilities of other classes stay out)
     valid = t != ignore_index
     out_of_range = valid & ((t < 0) | (t >= classes))
     losses = where(out_of_range, float("nan"), where(valid, picked, 0.0))
     return _reduce_rows(losses, to(valid, x.dtype), t_shape, reduction)
-
-
-def _iota(n):
-    return emit("iota", [], n=n, dtype=dtypes.int64)
 
 
 def dropout(input, p=0.5, training=True, inplace=False):

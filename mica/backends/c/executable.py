@@ -8,7 +8,6 @@ from ... import pytree
 from ...backends.reference import round_bf16
 from ...dtypes import bfloat16, float16
 from ...errors import MicaError
-from ...inputs import check_input
 from ...tensor import user_location
 
 
@@ -122,9 +121,7 @@ class Executable:
 
     def set_input(self, index, array):
         """Overwrite one input (by its flat index) — e.g. the next batch between steps."""
-        program = self.lowered.program
-        self._put(index, check_input(array, self.lowered.schedule.inputs[index], index, program.name,
-                                     program.input_names[index]))
+        self._put(index, self.lowered.program.checked_input(index, array))
 
     def _put(self, index, a):
         view = self.lowered.schedule.inputs[index]

@@ -6,7 +6,6 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ...inputs import check_input
 from ..c.executable import _from_storage, _to_storage, check_key, check_threads, refuse_keywords, run_error
 
 
@@ -52,9 +51,7 @@ class AbiExecutable:
             self._put(i, a)
 
     def set_input(self, index, array):
-        program = self.lowered.program
-        self._put(index, check_input(array, self.lowered.schedule.inputs[index], index, program.name,
-                                     program.input_names[index]))
+        self._put(index, self.lowered.program.checked_input(index, array))
 
     def _put(self, index, a):
         view = self.lowered.schedule.inputs[index]
