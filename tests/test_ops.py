@@ -330,6 +330,37 @@ def test_corners_take_torchs_values_and_gradients(name, fn, arrays):
             assert np.isfinite(g).all() and rel_err(g, w) <= 1e-12, (g, w)
 
 
+def test_masks_keep_bool_and_bitwise_verbs_are_logical_on_bools_only():
+    """tril/triu keep their input's dtype (a bool mask stays bool: as int64 it was added to the scores),
+    ~ & | ^ on bools are torch's logical results, and what torch computes bit by bit on integers, an
+    integer attn_mask and an integer masked_fill mask are sentences at the user's line."""
+    n = 5
+    x = np.random.default_rng(3).standard_normal((1, 2, n, 8)).astype(np.float32)
+
+    def masks(m, q):
+        causal = m.ones(n, n, dtype=m.bool).tril()
+        above = m.ones(n, n, dtype=m.bool).triu(1)
+        s = q[0, 0, :, :n]
+        pos, big = s > 0, s > 0.5
+        return (m.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=causal),
+                s.masked_fill(above, float("-inf")).softmax(-1),
+                pos & ~above, pos | big, pos ^ big, True & big, m.ones(n, n, dtype=m.int64).tril(-1))
+
+    want = masks(torch, torch.tensor(x))
+    program = mica.trace(lambda q: masks(mica, q), mica.f32[1, 2, n, 8])
+    for got in (mica.reference.run(program, x), program.lower("cpu").build()(x)):
+        for g, w in zip(got, want):
+            assert str(np.asarray(g).dtype) == str(w.dtype).split(".")[1] or w.dtype.is_floating_point
+            assert rel_err(np.asarray(g).astype(np.float64), w.numpy().astype(np.float64)) <= 1e-6
+    for bad, says in ((lambda q: ~q.long(), r"^bitwise_not \(~\): .* got int64"),
+                      (lambda q: q.long() & 3, r"^bitwise_and \(&\): .* got int64"),
+                      (lambda q: mica.scaled_dot_product_attention(q, q, q, attn_mask=mica.ones(n, n, dtype=mica.int64)),
+                       r"^scaled_dot_product_attention: attn_mask must be bool .* got int64"),
+                      (lambda q: q.masked_fill(q.long(), 0.0), r"^masked_fill: the mask must be a bool tensor, got int64")):
+        with pytest.raises(mica.MicaError, match=says + r".*\(.*test_ops.py:\d+\)$"):
+            mica.trace(bad, mica.f32[n, n])
+
+
 def test_nll_loss_takes_torchs_arguments_and_refuses_what_torch_refuses():
     """Targets of the wrong shape are a sentence at the user's line (torch raises too), as are class
     weights; a target out of range makes the loss NaN (torch raises), never a silently smaller loss;

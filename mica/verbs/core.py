@@ -240,6 +240,37 @@ def logical_not(input):
     return emit("logical_not", [to(as_tensor(input), dtypes.bool_)])
 
 
+def logical_xor(input, other):
+    return ne(to(as_tensor(input), dtypes.bool_), to(as_tensor(other), dtypes.bool_))
+
+
+def _bool_only(verb, *operands):
+    """The operands of a bitwise verb as bool tensors, or a sentence: on bools PyTorch's ~, & , | and ^
+    are the logical verbs, which Mica has; on integers they work bit by bit, which it has not."""
+    ts = [as_tensor(x) for x in operands]
+    for t in ts:
+        if t.dtype is not dtypes.bool_:
+            fail(f"{verb}: Mica computes it on bool tensors only (where it is logical), got {t.dtype.name}; "
+                 "for a mask compare first (x != 0), for integer bits there is no verb yet")
+    return ts
+
+
+def bitwise_not(input):
+    return logical_not(*_bool_only("bitwise_not (~)", input))
+
+
+def bitwise_and(input, other):
+    return logical_and(*_bool_only("bitwise_and (&)", input, other))
+
+
+def bitwise_or(input, other):
+    return logical_or(*_bool_only("bitwise_or (|)", input, other))
+
+
+def bitwise_xor(input, other):
+    return logical_xor(*_bool_only("bitwise_xor (^)", input, other))
+
+
 def _unary(op, floating=True):
     def verb(input):
         x = as_tensor(input, verb=op) if isinstance(input, Tensor) else _need_tensor(op, input)
@@ -325,6 +356,9 @@ def where(condition, input, other):
 
 
 def masked_fill(input, mask, value):
+    m = as_tensor(mask)
+    if m.dtype is not dtypes.bool_:
+        fail(f"masked_fill: the mask must be a bool tensor, got {m.dtype.name} (make one with != 0 or .bool())")
     return where(mask, as_tensor(value, input.dtype) if is_scalar(value) else to(value, input.dtype), input)
 
 

@@ -276,6 +276,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         fail(f"scaled_dot_product_attention: q {q.value.spec!r}, k {k.value.spec!r} and v {v.value.spec!r} "
              "must be [..., L, E], [..., S, E] and [..., S, Ev]")
+    if attn_mask is not None and not (attn_mask.dtype is dtypes.bool_ or attn_mask.dtype.is_floating_point):
+        fail(f"scaled_dot_product_attention: attn_mask must be bool (True keeps a score) or a floating type "
+             f"(added to the scores), got {attn_mask.dtype.name}; for a mask of 0s and 1s write mask.bool()")
     if attn_mask is not None and is_causal:
         fail("scaled_dot_product_attention: give attn_mask or is_causal=True, not both")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])

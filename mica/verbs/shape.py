@@ -228,7 +228,7 @@ def _triangle(x, diagonal, lower):
     r = reshape(emit("iota", [], n=rows, dtype=dtypes.int64), (rows, 1))
     c = reshape(emit("iota", [], n=cols, dtype=dtypes.int64), (1, cols))
     keep = (c - r <= diagonal) if lower else (c - r >= diagonal)
-    return where(keep, x, 0)
+    return where(keep, x, False if x.dtype is dtypes.bool_ else 0)  # the input's dtype, as torch keeps it
 
 
 def tril(input, diagonal=0):
