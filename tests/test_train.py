@@ -81,8 +81,14 @@ def test_resume_continues_bitwise_exactly(workdir):
     assert "the earlier run's ckpt.safetensors, metrics.jsonl and init.safetensors in forgot are untouched" in r.stderr
     assert {n: (d / "forgot" / n).read_bytes() for n in before} == before
     assert b'"stopped": "non-finite loss"' in (d / "forgot" / "metrics.jsonl.new").read_bytes()
-    # a run that ends (or saves) makes its files the folder's
-    mica("train", *common, "--max_iters=0", "--out_dir=forgot", cwd=d)
+    # a run that ends without a save (nanoGPT writes nothing then) leaves them too, its log beside them
+    r = mica("train", *common, "--max_iters=0", "--out_dir=forgot", cwd=d)
+    assert "note: this run saved no checkpoint, so the earlier run's ckpt.safetensors, metrics.jsonl and " \
+           "init.safetensors in forgot stay as they were; this run's log is metrics.jsonl.new" in r.stdout
+    assert {n: (d / "forgot" / n).read_bytes() for n in before} == before
+    assert (d / "forgot" / "metrics.jsonl.new").exists() and not (d / "forgot" / "init.new.safetensors").exists()
+    # a run that saves makes its files the folder's
+    mica("train", *common, "--max_iters=4", "--out_dir=forgot", cwd=d)
     assert not (d / "forgot" / "metrics.jsonl.new").exists() and not (d / "forgot" / "init.new.safetensors").exists()
     assert (d / "forgot" / "metrics.jsonl").read_bytes() != before["metrics.jsonl"]
     assert (d / "forgot" / "init.safetensors").read_bytes() != before["init.safetensors"]

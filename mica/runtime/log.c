@@ -13,9 +13,9 @@ static int tty = -1;
 /* A scratch run starts a fresh file; a resumed one appends to the run it continues. A run that
  * starts in a folder holding an earlier run's checkpoint (S.pending: mica train's note says its
  * first save replaces that run) keeps that run's metrics.jsonl and init.safetensors until its own
- * first checkpoint or its end: it logs to metrics.jsonl.new, starts from init.new.safetensors, and
- * log_keep_run renames both into place. A run stopped before (Ctrl-C, a non-finite loss, a failure)
- * leaves the earlier run's files as they were. */
+ * first checkpoint: it logs to metrics.jsonl.new, starts from init.new.safetensors, and log_keep_run
+ * renames both into place. A run that saves none (stopped by Ctrl-C, a non-finite loss or a failure,
+ * or finished without a save) leaves the earlier run's files as they were. */
 void log_open_metrics(int append) {
     char path[8192];
     snprintf(path, sizeof path, "%s/metrics.jsonl%s", S.out_dir, S.pending && !append ? ".new" : "");
@@ -49,7 +49,7 @@ void log_close_metrics(void) {
     metrics = 0;
 }
 
-/* this run's log and start are now the folder's (its first checkpoint, or its end): S.pending's
+/* this run's log and start are now the folder's (its first checkpoint): S.pending's
  * files renamed into place, the earlier run's replaced (the open log goes on in the renamed file) */
 void log_keep_run(void) {
     if (!S.pending) return;
@@ -66,10 +66,18 @@ void log_keep_run(void) {
     }
 }
 
-/* the end of a run that finished: its files are the folder's, then the log closes */
+/* the end of a run that finished, then the log closes. One that saved no checkpoint in a folder holding
+ * an earlier run's (S.pending still: --max_iters=0, --eval_only, or no eval after iter 0) leaves that
+ * run whole, as nanoGPT writes nothing then: its start goes, its log stays as metrics.jsonl.new */
 void log_finish_metrics(void) {
-    log_keep_run();
     log_close_metrics();
+    if (!S.pending || S.rank != 0) return;
+    char path[8192];
+    snprintf(path, sizeof path, "%s/init.new.safetensors", S.out_dir);
+    unlink(path);
+    printf("note: this run saved no checkpoint, so the earlier run's ckpt.safetensors, metrics.jsonl and "
+           "init.safetensors in %s stay as they were; this run's log is metrics.jsonl.new\n", S.out_dir);
+    fflush(stdout);
 }
 
 /* the progress line is for a person at a terminal; under mpirun a rank's stdout is Open MPI's

@@ -1,4 +1,5 @@
 """Move between Mica's checkpoints and nanoGPT's ckpt.pt (torch needed for the .pt side)."""
+import errno
 import json
 import os
 import warnings
@@ -76,6 +77,7 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
         raise MicaError("--to is empty; give the path of the ckpt.pt to write")
     if os.path.isdir(to):
         raise MicaError(f"--to {to} is a folder; give the path of the file to write, e.g. {os.path.join(to, 'ckpt.pt')}")
+    _check_export_target(out_dir, to)
     st = ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors"))
     st.check_metadata()  # (its iteration and config go into the ckpt.pt)
     try:
@@ -120,7 +122,33 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
     ck = {"model": model, "optimizer": optimizer, "model_args": model_args,
           "iter_num": iter_num, "best_val_loss": torch.tensor(float(st.metadata.get("best_val_loss", 1e9))),
           "config": cfg}  # (best_val_loss as train.py keeps it: estimate_loss's mean, a 0-d float32 tensor)
-    _save_atomically(torch, ck, to)
+    _save_atomically(torch, ck, to, need=os.path.getsize(st.path))
+
+
+RUN_FILES = ("ckpt.safetensors", "init.safetensors", "init.new.safetensors", "metrics.jsonl", "trainer.manifest",
+             "sample.manifest", ".mica.lock")  # what mica train keeps in a run's folder
+
+
+def _check_export_target(out_dir, to):
+    """A ckpt.pt goes to a new path or over a regular file: never over a device, a pipe or a socket
+    (the rename would put a file in its place), a run's own files, or anything ending .safetensors
+    (which would hold a PyTorch pickle). nanoGPT's ckpt.pt beside a run's files is fine."""
+    import stat
+
+    try:
+        mode = os.stat(to).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise MicaError(f"--to {to} is not a regular file (a device, a pipe or a socket); give the path of a "
+                        "ckpt.pt to write")
+    if to.endswith(".safetensors"):
+        raise MicaError(f"--to {to} ends in .safetensors, but export writes nanoGPT's ckpt.pt (a PyTorch pickle); "
+                        "give a path ending in .pt")
+    folder, name = os.path.split(os.path.realpath(to))
+    if name in RUN_FILES and (folder == os.path.realpath(out_dir) or os.path.exists(os.path.join(folder, ".mica.lock"))):
+        raise MicaError(f"--to {to} is one of a mica run's own files, which export would replace; write the "
+                        f"ckpt.pt beside them instead, e.g. {os.path.join(os.path.dirname(to), 'ckpt.pt')}")
 
 
 def nanogpt_lr(cfg, iter_num):
@@ -136,12 +164,16 @@ def nanogpt_lr(cfg, iter_num):
     return float(cosine_with_warmup(iter_num, s["learning_rate"], s["warmup_iters"], s["lr_decay_iters"], s["min_lr"]))
 
 
-def _save_atomically(torch, obj, to):
+def _save_atomically(torch, obj, to, need=0):
     """torch.save to a temporary file beside `to`, then rename: a failure never leaves a partial
-    ckpt.pt (nor replaces a good one). A missing folder is created, as mica import's --out_dir is."""
+    ckpt.pt (nor replaces a good one). A missing folder is created, as mica import's --out_dir is.
+    `need`, about the bytes it writes, tells a full disk (torch's error does not say) from the rest."""
+    import shutil
+
     from ..files import writable_folder
 
-    writable_folder(os.path.dirname(os.path.abspath(to)), "folder of --to")
+    folder = os.path.dirname(os.path.abspath(to))
+    writable_folder(folder, "folder of --to")
     tmp = f"{to}.tmp{os.getpid()}"
     try:
         torch.save(obj, tmp)
@@ -151,6 +183,10 @@ def _save_atomically(torch, obj, to):
             os.unlink(tmp)
         except OSError:
             pass
+        free = shutil.disk_usage(folder).free
+        if free < need or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+            raise MicaError(f"cannot write {to}: its disk is full ({free:,} bytes free, about {need:,} needed); "
+                            "free some space or choose a path on another disk") from None
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][:200]
         raise MicaError(f"cannot write {to} ({why}); choose a path in a folder you can write to") from None
 

@@ -875,7 +875,7 @@ def _say_replaced(out_dir, settings, log):
     checkpoint, which its first save replaces (as nanoGPT's does): the moment to stop if
     --init_from=resume was meant. Until then that run's metrics.jsonl and init.safetensors stay as
     they are too (settings' `pending`: this run logs to metrics.jsonl.new and starts from
-    init.new.safetensors, renamed into place at its first save or its end, runtime/log.c)."""
+    init.new.safetensors, renamed into place at its first save; a run that saves none leaves them, runtime/log.c)."""
     settings["pending"] = int(os.path.isfile(os.path.join(out_dir, "ckpt.safetensors")))
     if settings["pending"]:
         log(f"note: {out_dir} holds an earlier run's checkpoint; this run does not resume it and replaces it, its "
