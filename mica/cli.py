@@ -508,6 +508,15 @@ def parser():
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while the command prepares: as Ctrl-C (what it started is stopped, compilers
+    killed, a partial file removed), then the signal's status."""
+
+
+def _terminated(signum, frame):
+    raise Terminated(signum)
+
+
 def main(argv=None):
     from . import errors
 
@@ -544,8 +553,13 @@ def _main(argv):
 
     if signal.getsignal(signal.SIGINT) is getattr(mica, "_interrupted_starting", None):  # (while it imported)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, said below
+    before = {sig: signal.signal(sig, _terminated)  # (until the trainer's exec: it has its own handlers)
+              for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return handlers[args.command](args, extra)
+    except Terminated as e:
+        print(f"mica: stopped by {signal.Signals(e.args[0]).name}", file=sys.stderr)
+        return 128 + e.args[0]
     except MicaError as e:
         print(f"mica: error: {e}", file=sys.stderr)
         return 2
@@ -566,6 +580,14 @@ def _main(argv):
     except KeyboardInterrupt:
         print("mica: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # (numpy's "Unable to allocate 40 GiB": a model far too large for this machine)
+        gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        print(f"mica: error: {args.command} ran out of memory before it could start (this machine has {gib:.0f} GiB); "
+              "use a smaller model (n_layer, n_embd) or batch", file=sys.stderr)
+        return 2
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

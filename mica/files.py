@@ -97,14 +97,31 @@ def no_empty_folders_left(*paths):
         raise
 
 
+def missing(path):
+    """Why os.path.exists(path) is False, as the end of a clause: "does not exist", or for a link
+    whose target is missing (or a loop of links) that link's target."""
+    if os.path.islink(path):
+        try:
+            return f"is a link to {os.readlink(path)}, which does not exist (or is a loop of links)"
+        except OSError:
+            pass
+    return "does not exist"
+
+
 def read_text(path, what="file"):
-    """The UTF-8 text of `path`, or a sentence: missing, a folder, unreadable, or not UTF-8 (with
-    the line of the first bad byte)."""
+    """The UTF-8 text of `path`, or a sentence: missing, a folder, a device (/dev/zero would fill the
+    memory) or a socket, unreadable, or not UTF-8 (with the line of the first bad byte). A pipe is
+    read (`<(...)` in a shell gives one)."""
+    import stat
+
     if not os.path.exists(path):
         where = "" if os.path.isabs(path) else f" (a relative path starts in {os.getcwd()})"
-        raise MicaError(f"{what} {path} does not exist; check the path{where}")
+        raise MicaError(f"{what} {path} {missing(path)}; check the path{where}")
     if os.path.isdir(path):
         raise MicaError(f"{what} {path} is a folder, not a file; give the path of the file in it")
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise MicaError(f"{what} {path} is a device or a socket, not a file; give the path of a text file")
     try:
         with open(path, "rb") as f:
             raw = f.read()

@@ -303,8 +303,16 @@ TRACEBACK_PATHS = [
      "run/ckpt.pt --out_dir run"),
     ("sample beside nanoGPT's ckpt.pt", _text("run/ckpt.pt", "x"), ["sample", "--out_dir=run"],
      "convert it first with mica import run/ckpt.pt --out_dir run"),
-    ("init_from a .pt", _text("w.pt", "x"), ["train", *TINY, "--init_from=w.pt"],
+    ("init_from a .pt", _text("w.pt", "PK\x03\x04"), ["train", *TINY, "--init_from=w.pt"],
      "init_from=w.pt is a PyTorch checkpoint; convert it first with mica import w.pt --out_dir DIR"),
+    ("init_from a .bin of tokens", _text("t.bin", "\x01\x00\x02\x00"), ["train", *TINY, "--init_from=t.bin"],
+     "init_from file t.bin is not a PyTorch checkpoint (not torch.save's zip or pickle; a file of tokens?)"),
+    ("init_from a missing .pt", NO_SETUP, ["train", *TINY, "--init_from=nope.pt"],
+     "init_from file nope.pt does not exist; give the path of nanoGPT's ckpt.pt"),
+    ("an out_dir with a line break", NO_SETUP, ["train", *TINY, "--out_dir=a\nb"],
+     "out_dir holds a line break or a NUL character"),
+    ("a config named as prepare names it", NO_SETUP, ["train", "shakespeare-char"],
+     "did you mean shakespeare_char?"),
     ("init_from a missing file", NO_SETUP, ["train", *TINY, "--init_from=nope.safetensors"],
      "init_from file nope.safetensors does not exist; give the path of a .safetensors file"),
     ("init_from a word", NO_SETUP, ["train", *TINY, "--init_from=gtp2"], "init_from='gtp2' is not available"),
@@ -411,6 +419,8 @@ def run_dir(tmp_path_factory):
 SAMPLE = ["sample", "--out_dir=out-shakespeare-char", "--num_samples=1", "--max_new_tokens=8"]
 SAMPLE_PATHS = [
     ("--start=FILE: missing", NO_SETUP, ["--start=FILE:nope.txt"], "--start prompt file nope.txt does not exist"),
+    ("--start=FILE: a device", NO_SETUP, ["--start=FILE:/dev/zero"],
+     "--start prompt file /dev/zero is a device or a socket, not a file"),
     ("--start=FILE: a folder", _folder("prompts"), ["--start=FILE:prompts"], "prompt file prompts is a folder"),
     ("--start=FILE: not UTF-8", _text("p.txt", b"First \xff\n"), ["--start=FILE:p.txt"],
      "prompt file p.txt is not UTF-8 text: byte 0xff at p.txt:1 (offset 6)"),
@@ -563,6 +573,17 @@ def test_export_into_a_missing_folder_creates_it(run_dir):
     assert target.read_bytes() == b"nanoGPT's own"
     assert mica("export", "out-shakespeare-char", "--to", str(target), "--force", cwd=run_dir).returncode == 0
     assert target.read_bytes()[:2] == b"PK"  # (torch.save's zip)
+    # --force replaces a file, never a device or pipe, the run's own files or a .safetensors name
+    run = run_dir / "out-shakespeare-char"
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    os.mkfifo(run_dir / "pipe")
+    for to, says in (("pipe", "--to pipe is not a regular file (a device, a pipe or a socket)"),
+                     ("/dev/null", "--to /dev/null is not a regular file"),
+                     (str(run / "ckpt.safetensors"), "ends in .safetensors, but export writes nanoGPT's ckpt.pt"),
+                     (str(run / "metrics.jsonl"), "is one of a mica run's own files, which export would replace")):
+        assert_sentence(mica("export", "out-shakespeare-char", "--to", to, "--force", cwd=run_dir), says)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
+    assert (run_dir / "pipe").is_fifo() and os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
 
 
 def test_negative_seed_trains_and_samples_without_a_warning(data):

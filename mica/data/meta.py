@@ -147,8 +147,9 @@ def _unpickle(path, data):
     try:
         return _PlainUnpickler(io.BytesIO(data)).load()
     except _Refused as e:
+        numpy = " (numpy numbers: save int(n), not np.int64(n))" if e.what.startswith("numpy") else ""
         raise MicaError(f"{path} asks to load {e.what}, which a vocabulary file never needs, so it was refused "
-                        "unread (a meta.pkl may hold only dicts, lists, strings and numbers)") from None
+                        f"unread (a meta.pkl may hold only dicts, lists, strings and Python numbers{numpy})") from None
     except Exception:  # a corrupt pickle can fail in many ways (EOF, bad opcode, wrong stack types...)
         raise MicaError(f"{path} is not a readable pickle (truncated or corrupt?); prepare the data again") from None
 
@@ -193,7 +194,10 @@ def _check(path, obj):
     if "vocab_size" not in obj:
         raise MicaError(f"{bad} has no vocab_size; prepare the data again")
     n = obj["vocab_size"]
-    if not _is_int(n) or not 0 < n <= MAX_VOCAB:
+    if _is_int(n) and n > MAX_VOCAB:
+        raise MicaError(f"{bad} has vocab_size {n:,}, more than the {MAX_VOCAB:,} tokens Mica's models take; "
+                        "prepare the data again")
+    if not _is_int(n) or not 0 < n:
         raise MicaError(f"{bad} has vocab_size {_short(n)}, not a positive whole number; prepare the data again")
     vocab = Vocab(path=path, vocab_size=n)
     for key in ("tokenizer", "tokenizer_file"):

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from ..errors import MicaError
-from ..files import atomic_write
+from ..files import atomic_write, missing
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -50,7 +50,7 @@ def open_tokens(path, vocab_size=None, min_tokens=0, what="token file"):
     exists and is whole, a shard's header agrees with its size, every token is below vocab_size,
     and there are at least min_tokens of them."""
     if not os.path.exists(path):
-        raise MicaError(f"{what} {path} does not exist; prepare the data first: {_prepare_hint(path)}")
+        raise MicaError(f"{what} {path} {missing(path)}; prepare the data first: {_prepare_hint(path)}")
     if not os.path.isfile(path):
         raise MicaError(f"{what} {path} is {'a folder' if os.path.isdir(path) else 'not a regular file'}, not a "
                         "file of tokens; prepare the data again (mica prepare ...)")
@@ -74,8 +74,9 @@ def _open_tokens(path, vocab_size, min_tokens, what):
                             "is known")
         count = int(header[2])
         if size - offset != 2 * count:
+            odd = " and a stray byte" if (size - offset) % 2 else ""
             raise MicaError(f"{what} {path} claims {count:,} tokens in its header but holds "
-                            f"{(size - offset) / 2:,.1f}: the file is truncated or corrupt")
+                            f"{(size - offset) // 2:,}{odd}: the file is truncated or corrupt")
     elif size >= HEADER_INTS * 4:
         header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
         if int(header[1]) == SHARD_VERSION and 2 * int(header[2]) == size - HEADER_INTS * 4 and not header[3:].any():

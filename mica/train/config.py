@@ -405,7 +405,11 @@ def _run_file(path, settings, names):
     from . import config_files
 
     if not os.path.exists(path):
-        raise MicaError(f"config file {path} does not exist (built-in configs: {', '.join(BUILTIN_CONFIGS)})")
+        from ..files import missing
+
+        near = difflib.get_close_matches(path.replace("-", "_"), BUILTIN_CONFIGS, n=1)
+        meant = f"; did you mean {near[0]}?" if near else ""
+        raise MicaError(f"config file {path} {missing(path)} (built-in configs: {', '.join(BUILTIN_CONFIGS)}){meant}")
     return config_files.run(path, settings, names)
 
 
@@ -567,6 +571,10 @@ def cuda_unusable():
 def check_supported(cfg, log=print):
     """Refuse what Mica cannot do yet; say what is accepted but means nothing here."""
     try:
+        for key, value in cfg.items():  # (paths above all: the trainer's manifest has a setting a line)
+            if isinstance(value, str) and any(c in value for c in "\n\r\0"):
+                raise MicaError(f"{key} holds a line break or a NUL character ({value[:40]!r}), which Mica's "
+                                "trainer cannot take; give it without one")
         cfg["device"] = device(cfg["device"])
         _check_device(cfg)
         if cfg.get("tf32") and cfg["device"] != "cuda":

@@ -35,6 +35,14 @@ def check_gpt_tensors(found, args, where, dtypes=(np.dtype(np.float32),)):
 
     try:
         config = GPTConfig(**{k: args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")})
+        n_embd, n_head = config.n_embd, config.n_head
+        divides = isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0 and n_embd % n_head == 0
+    except Exception:
+        divides = True  # (the sentence below)
+    if not divides:
+        raise MicaError(f"{where} says n_embd={n_embd} with n_head={n_head}, which does not divide it; a GPT's "
+                        "heads share its width evenly, so it is damaged or not nanoGPT's model")
+    try:
         want = {n: tuple(spec.shape) for n, spec in GPT(config).param_specs().items()}
     except Exception:  # (settings missing or of the wrong kind: no model to hold the tensors against)
         raise MicaError(f"{where} does not say which GPT it holds (n_layer, n_head, n_embd, block_size, bias, "
@@ -80,11 +88,10 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
     _check_export_target(out_dir, to)
     st = ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors"))
     st.check_metadata()  # (its iteration and config go into the ckpt.pt)
-    try:
-        cfg = json.loads(st.metadata.get("config", "{}"))
-    except ValueError:
-        raise MicaError(f"checkpoint {st.path} has unreadable config metadata") from None
-    if isinstance(cfg, dict) and cfg.get("recipe") == "speedrun":
+    from .run import _saved_config
+
+    cfg = _saved_config(st)  # (a dict whose model settings are checked)
+    if cfg.get("recipe") == "speedrun":
         raise MicaError(f"{st.path} holds the speedrun recipe's model, which nanoGPT's ckpt.pt cannot hold (it is "
                         "nanoGPT's GPT only); sample from it with mica sample, or use the safetensors file itself")
     params = [n for n in st.names if not n.startswith(("optimizer.", "data."))]
@@ -111,7 +118,14 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
         for i, n in enumerate(order):
             state[i] = {"step": torch.tensor(step), "exp_avg": _torch_tensor(torch, st, f"optimizer.exp_avg.{n}"),
                         "exp_avg_sq": _torch_tensor(torch, st, f"optimizer.exp_avg_sq.{n}")}
-    iter_num = int(st.metadata.get("iter_num", 0))
+    try:
+        iter_num = int(st.metadata.get("iter_num", 0))
+        best_val_loss = float(st.metadata.get("best_val_loss", 1e9))
+        if not 0 <= iter_num < 2**62:
+            raise ValueError
+    except ValueError:
+        raise MicaError(f"checkpoint {st.path} has no readable iter_num / best_val_loss in its metadata; use another "
+                        "checkpoint") from None
     group = dict(lr=nanogpt_lr(cfg, iter_num), betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)), eps=1e-8,
                  amsgrad=False, foreach=None, maximize=False, capturable=False, differentiable=False, fused=None)
     optimizer = {"state": state, "param_groups": [
@@ -120,7 +134,7 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
     model_args = {k: cfg.get(k) for k in MODEL_ARGS}
     model_args["vocab_size"] = shapes["transformer.wte.weight"][0]
     ck = {"model": model, "optimizer": optimizer, "model_args": model_args,
-          "iter_num": iter_num, "best_val_loss": torch.tensor(float(st.metadata.get("best_val_loss", 1e9))),
+          "iter_num": iter_num, "best_val_loss": torch.tensor(best_val_loss),
           "config": cfg}  # (best_val_loss as train.py keeps it: estimate_loss's mean, a 0-d float32 tensor)
     _save_atomically(torch, ck, to, need=os.path.getsize(st.path))
 
@@ -290,8 +304,10 @@ def import_nanogpt(path, out_dir):
     cfg.update({k: v for k, v in _plain(dict(model_args)).items() if k != "vocab_size"})
     try:
         iter_num, best = int(_plain(ck.get("iter_num", 0))), float(_plain(ck.get("best_val_loss", 1e9)))
-    except (TypeError, ValueError):
-        raise MicaError(f"{path} has an iter_num or best_val_loss that is not a number") from None
+        if not 0 <= iter_num < 2**62:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise MicaError(f"{path} has an iter_num or best_val_loss that is not a number (iter_num counts from 0)") from None
     out = os.path.join(out_dir, "ckpt.safetensors")
     ckpt.write(out, tensors, {"format": "mica", "imported_from": os.path.abspath(path),
                               "iter_num": iter_num, "best_val_loss": repr(best),

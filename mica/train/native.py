@@ -3,7 +3,6 @@ the manifest that tells it where everything lives."""
 import hashlib
 import math
 import os
-import subprocess
 import tempfile
 
 from ..backends.c import build as cbuild
@@ -172,24 +171,16 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=
 
 def _run_all(jobs):
     """Run (what, command) jobs at once; the first failure becomes a sentence."""
-    procs = [(what, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-             for what, cmd in jobs]
-    failed = None
-    for what, p in procs:
-        err = p.communicate()[1]
-        if p.returncode != 0 and failed is None:
-            failed = (what, err)
-    if failed:
-        what, err = failed
-        first = next((line for line in err.splitlines() if "error" in line), err.strip()[:300])
-        raise MicaError(f"the compiler failed on the {what} program ({first})")
+    results = cbuild.run_tools([cmd for _, cmd in jobs])
+    for (what, _), (status, err) in zip(jobs, results):
+        if status != 0:
+            raise MicaError(f"the compiler failed on the {what} program ({cbuild.first_error(err, status)})")
 
 
 def _run(cmd, what, tool="the C compiler"):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:300])
-        raise MicaError(f"{tool} failed on the {what} program ({first})")
+    [(status, err)] = cbuild.run_tools([cmd])
+    if status != 0:
+        raise MicaError(f"{tool} failed on the {what} program ({cbuild.first_error(err, status)})")
 
 
 def _input_index(lowered):

@@ -19,7 +19,7 @@ def read_metrics(out_dir):
         for n, line in enumerate(lines, 1):
             try:
                 m = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 if not line.endswith("\n"):  # the last line of a run killed mid-write: the rest stands
                     print(f"note: {path}:{n} was cut off mid-write; plotting the lines before it")
                     break

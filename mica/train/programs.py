@@ -342,7 +342,7 @@ def peak_flops(dtype="float32"):
             known = json.load(f)
         if not isinstance(known, dict):
             known = {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         known = {}
     measured = _bf16_product_rate() if dtype == "bfloat16" else _f32_product_rate()
     before = known.get(key)

@@ -248,6 +248,15 @@ def _prepare_nanogpt(cfg, log, held):
 PYTORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 
 
+def _looks_like_torch_save(path):
+    """Whether `path` starts as torch.save's files do: a zip (PK), or the pickle of the legacy format."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) in (b"PK", b"\x80\x02")
+    except OSError:
+        return True  # (the reading is convert's, with its own sentence)
+
+
 def _check_init_from(cfg):
     """Where the starting weights come from, checked before anything is built or written: resume
     needs out_dir's checkpoint, a path must be a .safetensors file, and PyTorch's files are named
@@ -261,6 +270,12 @@ def _check_init_from(cfg):
             raise MicaError(ckpt.missing(path, then="start with --init_from=scratch, or point --out_dir at the folder "
                                                     "of the run to resume"))
         return
+    if init.endswith(PYTORCH_SUFFIXES) and not os.path.isfile(init):
+        raise MicaError(f"init_from file {init} " + ("is a folder" if os.path.isdir(init) else "does not exist")
+                        + "; give the path of nanoGPT's ckpt.pt to convert with mica import, or a .safetensors file")
+    if init.endswith(PYTORCH_SUFFIXES) and not _looks_like_torch_save(init):
+        raise MicaError(f"init_from file {init} is not a PyTorch checkpoint (not torch.save's zip or pickle; a file "
+                        "of tokens?); give nanoGPT's ckpt.pt to convert with mica import, or a .safetensors file")
     if init.endswith(PYTORCH_SUFFIXES):
         raise MicaError(f"init_from={init} is a PyTorch checkpoint; convert it first with mica import {init} "
                         "--out_dir DIR, then train with --init_from=resume --out_dir=DIR (or "
@@ -423,7 +438,7 @@ def _trim_metrics(out_dir, step, evaluated_again, log):
     def row_of(line):
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return row if isinstance(row, dict) else None
 
@@ -465,7 +480,7 @@ def _train_time_at(metrics, step, log):
             for line in f:
                 try:
                     row = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 if isinstance(row, dict) and row.get("step") == step and _numbers(row, "val_loss", "train_time") \
                         and 0 <= row["train_time"] < float("inf"):
@@ -775,7 +790,7 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         st.check_metadata()
         try:
             settings.update(resume=1, resume_iter=int(md["iter_num"]), resume_best=float(md["best_val_loss"]))
-            if settings["resume_iter"] < 0:
+            if not 0 <= settings["resume_iter"] < 2**62:  # (the trainer's iterations are int64)
                 raise ValueError
         except (KeyError, ValueError):
             raise MicaError(f"checkpoint {path} has no readable iter_num / best_val_loss in its metadata; use another "
@@ -832,7 +847,28 @@ def _saved_config(st):
         saved = None
     if not isinstance(saved, dict):
         raise MicaError(f"checkpoint {st.path} has unreadable config metadata")
+    _check_saved_model(saved, st.path)
     return saved
+
+
+def _check_saved_model(saved, path):
+    """The model's settings a checkpoint's config holds, checked as a config's are (an edited one
+    could say n_head=3 beside n_embd=32): a sentence naming the checkpoint, not an error deep in
+    the model's code."""
+    speedrun = saved.get("recipe") == "speedrun"
+    keys = SPEEDRUN_MODEL_KEYS if speedrun else MODEL_KEYS
+    defaults = config_mod.defaults_for("speedrun" if speedrun else "nanogpt")
+    for k in keys:
+        if k in saved:
+            saved[k] = config_mod._check_type(k, saved[k], f"checkpoint {path}", defaults)
+            if k != "bias" and saved[k] <= 0:
+                raise MicaError(f"checkpoint {path}: its config says {k}={saved[k]}, which must be positive; the "
+                                "checkpoint's metadata was edited or damaged, use another checkpoint")
+    if not speedrun and isinstance(saved.get("n_embd"), int) and isinstance(saved.get("n_head"), int) \
+            and saved["n_embd"] % saved["n_head"]:
+        raise MicaError(f"checkpoint {path}: its config says n_embd={saved['n_embd']} with n_head={saved['n_head']}, "
+                        "which does not divide it; the checkpoint's metadata was edited or damaged, use another "
+                        "checkpoint")
 
 
 def _product_kernel(lowered):

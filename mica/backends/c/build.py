@@ -14,9 +14,17 @@ GCC_OPT = {0: "-O1", 1: "-O2", 2: "-O3"}
 
 
 def cache_dir():
+    """Where built programs are kept: MICA_CACHE, else $XDG_CACHE_HOME/mica or ~/.cache/mica."""
     root = os.environ.get("MICA_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                                          os.path.expanduser("~/.cache"), "mica")
-    os.makedirs(root, exist_ok=True)
+    try:
+        os.makedirs(root, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        named = "MICA_CACHE" if os.environ.get("MICA_CACHE") else "the build cache"
+        raise MicaError(f"{named} {root} cannot be a folder Mica writes built programs into ({e.strerror}); set "
+                        "MICA_CACHE to a folder you can write") from None
     return root
 
 
@@ -102,6 +110,35 @@ def build(source, opt_level, name="program", profile=False, blas="openblas"):
                           lambda src, out: [cc, *fl, "-shared", *INCLUDES, src, "-o", out, *ldflags, "-lm"])
 
 
+def run_tools(commands):
+    """Run the compiler commands at once, each in its own process group; [(exit status, stderr)].
+    If this process is interrupted meanwhile (Ctrl-C, SIGTERM), every group is killed (gcc's cc1
+    and as with it) before the interruption goes on: no compiler is left running without a parent."""
+    procs = []
+    try:
+        for cmd in commands:
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))
+        return [(p.returncode, err) for p in procs for err in [p.communicate()[1]]]
+    except BaseException:
+        import signal
+
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for p in procs:
+            p.wait()
+        raise
+
+
+def first_error(stderr, status):
+    """The line of a compiler's stderr that says what failed (or its start), or its exit status."""
+    found = next((line for line in stderr.splitlines() if "error" in line or "cannot find" in line), stderr.strip()[:300])
+    return found.strip() or f"it exited with status {status} and said nothing"
+
+
 def compile_cached(source, out_dir, src_name, compiler_name, name, command):
     """The shared library built from `source` in `out_dir` (the cache entry): kept when whole,
     else `command(source path, output path)` runs and a failure is one sentence naming the source."""
@@ -113,15 +150,18 @@ def compile_cached(source, out_dir, src_name, compiler_name, name, command):
     write_whole(src, source)
     with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
-    r = subprocess.run(command(src, tmp_path), capture_output=True, text=True)
-    if r.returncode != 0:
+    try:
+        [(status, stderr)] = run_tools([command(src, tmp_path)])
+    except BaseException:
+        if os.path.exists(tmp_path):
+            os.unlink(tmp_path)
+        raise
+    if status != 0:
         if os.path.exists(tmp_path):  # (a compiler that failed while linking has removed it itself)
             os.unlink(tmp_path)
-        first = next((line for line in r.stderr.splitlines() if "error" in line or "cannot find" in line),
-                     r.stderr.strip()[:300])
         hint = "; install Debian's libboost-context-dev, which the CUDA simulator's threads need" \
-            if "boost" in r.stderr else ""
-        raise MicaError(f"{compiler_name} failed on the generated program for {name} ({first.strip()}); "
+            if "boost" in stderr else ""
+        raise MicaError(f"{compiler_name} failed on the generated program for {name} ({first_error(stderr, status)}); "
                         f"the source is at {src}{hint}")
     install(tmp_path, lib)
     return lib
