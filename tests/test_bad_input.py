@@ -801,3 +801,86 @@ def test_a_reader_that_leaves_after_training_started_stops_the_trainer(run_dir):
         p.kill()
         raise AssertionError("the trainer went on training after its reader had left")
     assert rc == -signal.SIGPIPE, rc
+
+
+def _edited_run(run_dir, name, **changes):
+    """A copy of run_dir's run whose checkpoint metadata says `changes` (its CRCs made again, as a
+    careful hand would): what sample, export and resume read from it is checked, not trusted."""
+    import shutil
+
+    from mica.train import checkpoint
+
+    folder = run_dir / name
+    shutil.copytree(run_dir / "out-shakespeare-char", folder)
+    os.unlink(folder / ".mica.lock")
+    st = checkpoint.SafeTensors(str(folder / "ckpt.safetensors"))
+    meta = {k: v for k, v in st.metadata.items() if k not in ("crc32", "meta_crc32")}
+    cfg = json.loads(meta["config"])
+    cfg.update({k: v for k, v in changes.items() if k != "iter_num"})
+    meta.update(config=json.dumps(cfg), **{k: v for k, v in changes.items() if k == "iter_num"})
+    checkpoint.write(str(folder / "ckpt.safetensors"), {n: st.read(n) for n in st.names}, meta)
+    return name
+
+
+@pytest.mark.parametrize("changes,says", [
+    (dict(n_head=3), "its config says n_embd=16 with n_head=3, which does not divide it"),
+    (dict(n_layer="x"), "n_layer must be int"),
+    (dict(n_embd=-16), "its config says n_embd=-16, which must be positive"),
+    (dict(iter_num=str(2**70)), "has no readable iter_num / best_val_loss in its metadata"),
+    (dict(iter_num="-7"), "has no readable iter_num / best_val_loss in its metadata"),
+], ids=["n_head", "n_layer", "n_embd", "iter_huge", "iter_negative"])
+def test_an_edited_checkpoints_settings_are_sentences(run_dir, changes, says):
+    name = _edited_run(run_dir, f"edited-{next(iter(changes))}-{abs(hash(str(changes))) % 1000}", **changes)
+    commands = [["export", name, "--to", f"{name}.pt"],
+                ["train", *TINY, f"--out_dir={name}", "--init_from=resume"]]
+    if "iter_num" not in changes:
+        commands.append(["sample", f"--out_dir={name}", "--max_new_tokens=4", "--num_samples=1"])
+    for args in commands:
+        if args[0] == "export":
+            pytest.importorskip("torch")
+        assert_sentence(mica(*args, cwd=run_dir), says)
+
+
+def test_a_deeply_nested_metrics_line_is_dropped_by_a_resume_and_refused_by_plot(run_dir):
+    import shutil
+
+    shutil.copytree(run_dir / "out-shakespeare-char", run_dir / "nested")
+    with open(run_dir / "nested" / "metrics.jsonl", "a") as f:
+        f.write("[" * 100000 + "]" * 100000 + "\n")
+    r = mica("plot", "nested", cwd=run_dir)
+    assert "Traceback" not in r.stderr and r.returncode != 0
+    r = mica("train", *TINY, "--out_dir=nested", "--init_from=resume", cwd=run_dir)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "[[[" not in (run_dir / "nested" / "metrics.jsonl").read_text()
+
+
+def test_sigterm_while_compiling_stops_the_compilers_with_a_sentence(data, tmp_path):
+    """SIGTERM (or SIGHUP) before the trainer starts is Ctrl-C's way out: the compiler's whole process
+    group is killed (no gcc or cc1 left running without a parent), the sentence, status 128 + 15, and
+    no folder left behind."""
+    import signal
+    import time
+
+    root, _ = data
+    cache = tmp_path / "own-cache"  # (nothing built yet: it compiles)
+    p = subprocess.Popen([sys.executable, "-m", "mica.cli", "train", *TINY, "--n_embd=24", "--out_dir=stopped"],
+                         cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "MICA_CACHE": str(cache)})
+    for line in p.stdout:
+        if line.startswith("compiling"):
+            break
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM and "mica: stopped by SIGTERM" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(cache).encode() in f.read():
+                    left.append(pid)
+        except OSError:
+            pass
+    assert not left, f"compilers left running: {left}"
+    assert not (root / "stopped").exists()
