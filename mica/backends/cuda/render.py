@@ -244,7 +244,7 @@ class CudaRenderer(CStyleRenderer):
         lanes += [f"(void){names[d]};" for d in kept]  # (a broadcast load may not need every index)
         red = _decompose([(shape[d], None) for d in axes], [names[d] for d in axes], "r")
         term = red + writer.lines()  # (the term of index r: v<result>)
-        AHEAD = ahead(kern)
+        AHEAD = {64: "MICA_AHEAD64", 32: "MICA_AHEAD32"}.get(ahead(kern), ahead(kern))  # (mica_cuda.h: 16 on sm_120)
         # a thread's chain of adds waits on its loads: AHEAD terms are computed first (their loads in
         # flight together), then added in order, the same sum bit for bit; the rest one at a time
         lanes += [f"{t} acc = {init};",
