@@ -548,13 +548,16 @@ def _main(argv):
     if args.command in ("train", "sample", "inspect"):
         extra = [a for a in argv[argv.index(args.command) + 1:] if a != "--ir"]
     import signal
+    import threading
 
     import mica
 
     if signal.getsignal(signal.SIGINT) is getattr(mica, "_interrupted_starting", None):  # (while it imported)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, said below
-    before = {sig: signal.signal(sig, _terminated)  # (until the trainer's exec: it has its own handlers)
-              for sig in (signal.SIGTERM, signal.SIGHUP)}
+    before = {}
+    if threading.current_thread() is threading.main_thread():  # (only there can Python take a signal)
+        before = {sig: signal.signal(sig, _terminated)  # (until the trainer's exec: it has its own handlers)
+                  for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return handlers[args.command](args, extra)
     except Terminated as e:
