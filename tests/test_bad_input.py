@@ -298,11 +298,11 @@ TRACEBACK_PATHS = [
     ("resume without a checkpoint", NO_SETUP, ["train", *TINY, "--init_from=resume", "--out_dir=fresh"],
      "checkpoint fresh/ckpt.safetensors does not exist; start with --init_from=scratch, or point --out_dir at the "
      "folder of the run to resume"),
-    ("resume beside nanoGPT's ckpt.pt", _text("run/ckpt.pt", "x"), ["train", *TINY, "--init_from=resume", "--out_dir=run"],
-     "run holds nanoGPT's ckpt.pt but no Mica checkpoint (run/ckpt.safetensors); convert it first with mica import "
-     "run/ckpt.pt --out_dir run"),
-    ("sample beside nanoGPT's ckpt.pt", _text("run/ckpt.pt", "x"), ["sample", "--out_dir=run"],
-     "convert it first with mica import run/ckpt.pt --out_dir run"),
+    # (nanoGPT's folder is converted first, as mica import would: a damaged ckpt.pt is import's sentence)
+    ("resume beside a damaged ckpt.pt", _text("run/ckpt.pt", "x"), ["train", *TINY, "--init_from=resume", "--out_dir=run"],
+     "run/ckpt.pt is not a PyTorch checkpoint (torch.save writes a zip archive"),
+    ("sample beside a damaged ckpt.pt", _text("run/ckpt.pt", "x"), ["sample", "--out_dir=run"],
+     "run/ckpt.pt is not a PyTorch checkpoint (torch.save writes a zip archive"),
     ("init_from a .pt", _text("w.pt", "PK\x03\x04"), ["train", *TINY, "--init_from=w.pt"],
      "init_from=w.pt is a PyTorch checkpoint; convert it first with mica import w.pt --out_dir DIR"),
     ("init_from a .bin of tokens", _text("t.bin", "\x01\x00\x02\x00"), ["train", *TINY, "--init_from=t.bin"],

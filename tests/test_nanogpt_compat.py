@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import pickle
+import shutil
 import struct
 
 import numpy as np
@@ -179,14 +180,20 @@ def test_export_writes_the_ckpt_pt_nanogpt_itself_wrote(nanogpt):
             assert torch.equal(got["model"][name], t), name
 
 
-def test_an_imported_checkpoint_resumes_where_pytorch_would_have_gone(nanogpt):
+def test_nanogpts_own_run_folder_resumes_where_pytorch_would_have_gone(nanogpt):
+    """nanoGPT's out_dir as its train.py left it (ckpt.pt alone): --init_from=resume converts it first,
+    as mica import would, and goes on with PyTorch's own losses; then mica sample reads it."""
     d = nanogpt["dir"]
-    if not (d / "imported").exists():
-        mica_cli("import", "ckpt.pt", "--out_dir", "imported", cwd=d)
-    r = mica_cli("train", *FLAGS, "--out_dir=imported", "--init_from=resume", "--batch_order=after.txt",
+    (d / "theirs").mkdir()
+    shutil.copy(d / "ckpt.pt", d / "theirs" / "ckpt.pt")
+    r = mica_cli("train", *FLAGS, "--out_dir=theirs", "--init_from=resume", "--batch_order=after.txt",
                  f"--max_iters={SAVED_AT + MORE - 1}", "--threads=2", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert "note: theirs holds nanoGPT's ckpt.pt and no Mica checkpoint; converting it to theirs/ckpt.safetensors " \
+           "first (as mica import theirs/ckpt.pt --out_dir theirs does; the ckpt.pt stays as it is)" in r.stdout
+    assert (d / "theirs" / "ckpt.pt").read_bytes() == (d / "ckpt.pt").read_bytes()
     assert "defaulting to vocab_size" not in r.stdout
-    losses = _mica_losses(str(d / "imported"))
+    losses = _mica_losses(str(d / "theirs"))
     assert len(losses) == MORE and f"iter {SAVED_AT}: loss" in r.stdout and f"iter {SAVED_AT - 1}:" not in r.stdout
     want, control = nanogpt["continued"], nanogpt["reset"]
     # the first loss needs only the weights; the next ones AdamW's moments, its step count and
@@ -197,9 +204,15 @@ def test_an_imported_checkpoint_resumes_where_pytorch_would_have_gone(nanogpt):
     assert min(abs(c - w) / w for c, w in zip(control[1:], want[1:])) > 1e-3, (control, want)
 
     # mica sample decodes with nanoGPT's meta.pkl (the folder has no meta.json)
-    out = mica_cli("sample", "--out_dir=imported", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=20",
+    out = mica_cli("sample", "--out_dir=theirs", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=20",
                    cwd=d).stdout
     assert out.startswith("ROMEO:") and len(out.split("\n---------------\n")[0]) == len("ROMEO:") + 20
+    # sampling from nanoGPT's folder converts it too, saying so on stderr (the text alone on stdout)
+    (d / "theirs2").mkdir()
+    shutil.copy(d / "ckpt.pt", d / "theirs2" / "ckpt.pt")
+    r = mica_cli("sample", "--out_dir=theirs2", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=20", cwd=d)
+    assert r.returncode == 0 and "converting it to theirs2/ckpt.safetensors first" in r.stderr, r.stderr
+    assert r.stdout.startswith("ROMEO:")
 
 
 # ---- Hugging Face's GPT-2 ------------------------------------------------------------------

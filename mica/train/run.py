@@ -160,6 +160,8 @@ def prepare_run(config_path=None, overrides=(), log=print):
     """Everything up to the trainer's manifest. Returns (executable, manifest path, cfg)."""
     held = _Held(log)
     cfg = config_mod.load(config_path, overrides, held)
+    if cfg["init_from"] == "resume":
+        adopt_nanogpt_checkpoint(cfg["out_dir"], held)
     _follow_resumed_dtype(cfg, held)  # (before check_supported, whose notes are about the dtype trained in)
     cfg = config_mod.check_supported(cfg, held)
     try:
@@ -255,6 +257,27 @@ def _looks_like_torch_save(path):
             return f.read(2) in (b"PK", b"\x80\x02")
     except OSError:
         return True  # (the reading is convert's, with its own sentence)
+
+
+def adopt_nanogpt_checkpoint(out_dir, log):
+    """nanoGPT's own out_dir (its ckpt.pt and no Mica checkpoint), resumed or sampled from as nanoGPT's
+    train.py and sample.py would: converted first, as `mica import OUT_DIR/ckpt.pt --out_dir OUT_DIR`
+    does, with a note; the ckpt.pt stays as it is. Where that cannot be done (no PyTorch to read it,
+    a folder this process cannot write or another command holds, several ranks) nothing happens
+    and the missing checkpoint's sentence names the import."""
+    if not isinstance(out_dir, str) or not out_dir:
+        return
+    path, pt = os.path.join(out_dir, "ckpt.safetensors"), os.path.join(out_dir, "ckpt.pt")
+    if os.path.lexists(path) or not os.path.isfile(pt) or not os.access(out_dir, os.W_OK) \
+            or distributed.ranks()[0] > 1 or run_folder_in_use(out_dir):
+        return
+    try:
+        import torch  # noqa: F401  (convert's reader)
+    except ImportError:
+        return
+    log(f"note: {out_dir} holds nanoGPT's ckpt.pt and no Mica checkpoint; converting it to {path} first (as mica "
+        f"import {pt} --out_dir {out_dir} does; the ckpt.pt stays as it is)")
+    convert.import_nanogpt(pt, out_dir)
 
 
 def _check_init_from(cfg):
@@ -1137,6 +1160,7 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     or from `data_dir`. `dtype` (sample.py's setting) is accepted; a note says when it is not the
     dtype sampling computes in."""
     path = os.path.join(out_dir, "ckpt.safetensors")
+    adopt_nanogpt_checkpoint(out_dir, log)
     st = ckpt.SafeTensors(path)
     st.check_metadata()  # (the config it reads: the model's shape, the data folder)
     saved = _saved_config(st)
