@@ -128,6 +128,13 @@ def test_prepare_writes_shards_of_at_most_shard_tokens(tmp_path):
     assert len(glob.glob(str(tmp_path / "d" / "train_*.bin"))) == 2
     r = mica_cli("prepare", "text", "--input", "in.txt", "--shard_tokens", "10", "--out", "e", cwd=tmp_path)
     assert r.returncode != 0 and "pass it with --format shards" in r.stderr and "Traceback" not in r.stderr
+    r = mica_cli("prepare", "text", "--input", "in.txt", "--format", "shards", "--shard_tokens", "1", "--out", "d",
+                 cwd=tmp_path)  # (a mistyped count: thousands of one-token files, refused before any is written)
+    assert r.returncode == 2 and "--shard_tokens 1 makes shards of one token" in r.stderr
+    r = mica_cli("prepare", "text", "--input", "in.txt", "--format", "shards", "--shard_tokens", "0.4e0", "--out", "d",
+                 cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(glob.glob(str(tmp_path / "d" / "train_*.bin"))) == 2
     # the other format in the same folder: the shards go, nanoGPT's files take their place (and back)
     r = mica_cli("prepare", "text", "--input", "in.txt", "--out", "d", cwd=tmp_path, check=True)
     assert "removed train_000000.bin, train_000001.bin, val_000000.bin of an earlier preparation" in r.stdout
@@ -178,3 +185,15 @@ def test_too_little_text_for_two_splits_is_a_sentence(tmp_path):
         r = mica_cli(*command, cwd=tmp_path)
         assert r.returncode == 2 and "too few to split into training and validation data" in r.stderr, r.stderr
     assert sorted(os.listdir(tmp_path)) == ["one.txt"]
+
+
+def test_a_shard_count_past_ten_thousand_is_refused_before_any_is_written(tmp_path):
+    from mica.data.prepare import prepare_text
+    from mica.errors import MicaError
+
+    (tmp_path / "in.txt").write_text("".join(chr(97 + (i * 7) % 26) for i in range(30000)))
+    with pytest.raises(MicaError, match=r"^--shard_tokens 2 would cut the 27,000 training tokens into 13,500 shards "
+                                        r"\(at most 10,000\); give a larger count"):
+        prepare_text([str(tmp_path / "in.txt")], out_dir=str(tmp_path / "d"), fmt="shards", shard_tokens=2,
+                     log=lambda *a: None)
+    assert not (tmp_path / "d").exists()

@@ -196,6 +196,9 @@ def _is_shard(name, split):
     return name.startswith(f"{split}_") and name.endswith(".bin") and name[len(split) + 1:-4].isdigit()
 
 
+MAX_SHARDS = 10_000  # a split's shards: more are a mistyped --shard_tokens, not data a model could train on
+
+
 def write_shards(out_dir, split, ids, shard_tokens=None):
     """`split`_000000.bin, `split`_000001.bin, ... of at most shard_tokens tokens each (one shard
     when None), replacing any earlier shards of the split; returns the paths."""
@@ -298,6 +301,13 @@ def _prepare_text(text, tokenizer, out_dir, fmt, log, shard_tokens):
                         "validation data (nine tenths and one tenth); give more text")
     if fmt not in ("bin", "shards"):
         raise MicaError(f"unknown format {fmt!r}; use bin or shards")
+    if shard_tokens == 1:
+        raise MicaError("--shard_tokens 1 makes shards of one token, which hold no input and target pair; give the "
+                        "tokens a shard holds (the speedrun's hold 100,000,000)")
+    if shard_tokens is not None and 0 < shard_tokens and split / shard_tokens > MAX_SHARDS:
+        raise MicaError(f"--shard_tokens {shard_tokens:,} would cut the {split:,} training tokens into "
+                        f"{-(-split // shard_tokens):,} shards (at most {MAX_SHARDS:,}); give a larger count "
+                        "(the speedrun's shards hold 100,000,000)")
     os.makedirs(out_dir, exist_ok=True)
     with _Staged(out_dir) as staged:
         if fmt == "bin":
