@@ -329,3 +329,26 @@ def test_nanogpts_character_preparation_reads_windows_line_ends_as_its_prepare_p
     src.write_text("".join(chr(0x10000 + i) for i in range(70000)), encoding="utf-8")
     with pytest.raises(MicaError, match="the text has 70,000 distinct characters, more than uint16 tokens can hold"):
         prepare_shakespeare_char(str(src), str(tmp_path / "d"), log=lambda *a: None)
+
+
+def test_a_character_table_has_one_digest_from_meta_pkl_or_meta_json(tmp_path):
+    """nanoGPT's meta.pkl names no tokenizer and Mica's meta.json says "char": the same table is the same
+    vocabulary, so a run trained on one folder samples with the other; digests made before (the
+    tokenizer as each file said it) still match; another table does not."""
+    import pickle
+
+    from mica.data import meta
+
+    chars = sorted(set("First Citizen: speak"))
+    stoi, itos = {c: i for i, c in enumerate(chars)}, {i: c for i, c in enumerate(chars)}
+    (tmp_path / "pkl").mkdir()
+    with open(tmp_path / "pkl" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": itos, "stoi": stoi}, f)
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "meta.json").write_text(json.dumps({"vocab_size": len(chars), "itos": chars,
+                                                              "stoi": stoi, "tokenizer": "char"}))
+    pkl, js = meta.read(str(tmp_path / "pkl")), meta.read(str(tmp_path / "json"))
+    assert meta.digest(pkl) == meta.digest(js)
+    assert meta.trained_with(js, meta.digest(pkl, legacy=True)) and meta.trained_with(pkl, meta.digest(js, legacy=True))
+    other = meta.Vocab(path="x", vocab_size=len(chars), itos=chars[::-1], stoi={}, tokenizer="char")
+    assert not meta.trained_with(other, meta.digest(js)) and not meta.trained_with(None, meta.digest(js))

@@ -6,6 +6,7 @@ builds only dicts, lists, tuples, strings, numbers, booleans and None, and refus
 (a class or function named in the file) before anything is looked up. Every problem with either
 file is one sentence (MicaError), never a traceback.
 """
+import dataclasses
 import io
 import json
 import os
@@ -65,13 +66,15 @@ def read(folder):
     return vocab
 
 
-def digest(v):
+def digest(v, legacy=False):
     """16 hex digits that change when the vocabulary's encoding does (its size, table, tokenizer and
     tokenizer file), kept in a run's config so sampling can tell whether a data folder still holds
-    the vocabulary the run trained with."""
+    the vocabulary the run trained with. A character table is "char" whether its file names the
+    tokenizer (meta.json) or not (nanoGPT's meta.pkl); `legacy`: as digests were made before that."""
     import hashlib
 
-    h = hashlib.sha256(json.dumps([v.vocab_size, v.itos, v.tokenizer], ensure_ascii=False).encode("utf-8"))
+    tokenizer = v.tokenizer if legacy or v.tokenizer is not None or v.itos is None else "char"
+    h = hashlib.sha256(json.dumps([v.vocab_size, v.itos, tokenizer], ensure_ascii=False).encode("utf-8"))
     if v.tokenizer_file:
         try:
             with open(os.path.join(os.path.dirname(v.path), v.tokenizer_file), "rb") as f:
@@ -79,6 +82,17 @@ def digest(v):
         except OSError:
             h.update(b"(missing)")
     return h.hexdigest()[:16]
+
+
+def trained_with(v, saved):
+    """Whether `saved`, a run's vocab_digest, is this vocabulary's (made now, or before char tables
+    from meta.pkl and meta.json were one digest)."""
+    if v is None:
+        return False
+    made = {digest(v), digest(v, legacy=True)}
+    if v.tokenizer == "char":  # (a run trained on the same table from nanoGPT's meta.pkl, before)
+        made.add(digest(dataclasses.replace(v, tokenizer=None), legacy=True))
+    return saved in made
 
 
 def load(path):

@@ -612,7 +612,7 @@ def _check_resumed_vocabulary(cfg, folder, data_meta):
                             f"vocabulary has {data_meta.vocab_size}: it was trained on other data; resume with the "
                             "data it trained on (--dataset or --data_dir), or train afresh with --init_from=scratch")
         return
-    if data_meta is not None and meta_mod.digest(data_meta) == trained:
+    if meta_mod.trained_with(data_meta, trained):
         return
     what = f"{data_meta.path}'s vocabulary ({data_meta.vocab_size} tokens) is not" if data_meta is not None else \
         f"{folder} holds no vocabulary (meta.json or meta.pkl), not"
@@ -1080,7 +1080,7 @@ def _codec(cfg, vocab=None, padded=False):
     if isinstance(trained, str) and m is None and not os.path.isdir(folder):
         raise MicaError(f"the data folder {folder} does not exist, so there is no vocabulary to decode with; point "
                         "--data_dir at the data the run trained on")
-    if isinstance(trained, str) and (m is None or meta_mod.digest(m) != trained):
+    if isinstance(trained, str) and not meta_mod.trained_with(m, trained):
         what = f"the vocabulary in {m.path} is not" if m is not None else f"{folder} holds no vocabulary, not"
         raise MicaError(f"{what} the one this run trained with (the data was prepared again since, or --data_dir "
                         "names other data), so its tokens would decode as other text; point --data_dir at the data "
