@@ -289,8 +289,19 @@ def _inspect_recipe(args, cfg):
     return 0
 
 
+def _need_torch(command):
+    """`mica bench` and `mica check` measure Mica beside PyTorch: without it, one sentence first."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise MicaError(f"mica {command} runs PyTorch beside Mica, and PyTorch is not installed in this Python; "
+                        "install it (pip install torch==2.13.0, or pip install -e '.[bench]' in Mica's folder)")
+
+
 def cmd_bench(args, extra):
     from .bench import protocol
+
+    _need_torch("bench")
 
     if extra:
         raise MicaError(f"unexpected arguments: {' '.join(extra)}")
@@ -318,6 +329,7 @@ def cmd_bench(args, extra):
 
 
 def cmd_check(args, extra):
+    _need_torch("check")
     from .bench import check
 
     if extra:

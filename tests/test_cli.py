@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _mica(*args):
     return subprocess.run([sys.executable, "-m", "mica.cli", *args], capture_output=True, text=True)
@@ -98,3 +100,17 @@ def test_inspect_refuses_the_settings_mica_train_refuses(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mica.cli", "inspect", "bad.py"], cwd=tmp_path, capture_output=True,
                        text=True)
     assert r.stderr.strip() == "mica: error: bad.py:1: n_embd (60) must be divisible by n_head (7)", r.stderr
+
+
+@pytest.mark.parametrize("command", [["bench"], ["check", "--method", "b"]])
+def test_bench_and_check_without_pytorch_say_so(command, monkeypatch, capsys):
+    import importlib.util
+
+    from mica import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mica: error: mica {command[0]} runs PyTorch beside Mica, and PyTorch is not installed") \
+        and err.count("\n") == 1, err
