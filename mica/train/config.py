@@ -172,7 +172,7 @@ DESCRIPTIONS = {
     "eval_only": "estimate the losses at iteration 0 and stop (as nanoGPT: a resumed run trains on)",
     "always_save_checkpoint": "save at every estimate, not only when val loss improves",
     "init_from": "scratch, resume (out_dir/ckpt.safetensors) or PATH.safetensors",
-    "wandb_log": "must stay False: Mica logs to out_dir/metrics.jsonl",
+    "wandb_log": "ignored (True gets a note): Mica logs every value to out_dir/metrics.jsonl",
     "wandb_project": "accepted, unused (no wandb)",
     "wandb_run_name": "accepted, unused (no wandb)",
     "dataset": "the data folder is data/<dataset> unless data_dir is set",
