@@ -76,7 +76,7 @@ def test_bad_shards_are_sentences(tmp_path):
     head = np.zeros(256, np.int32)
     cases = {
         "version": ((20240520, 2, 10), 10, "is a shard of version 2; only version 1"),
-        "short": ((20240520, 1, 10), 7, "claims 10 tokens in its header but holds 7.0"),
+        "short": ((20240520, 1, 10), 7, "claims 10 tokens in its header but holds 7: the file"),
         "magic": ((20240521, 1, 10), 10, "its magic number is 20240521, not 20240520"),
         "raw": ((5, 5, 5), 3, "is not a shard"),
     }
