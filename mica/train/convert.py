@@ -75,6 +75,8 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
     of them rounded to `dtype` (float32, bfloat16, float16: half copies of the float32 masters,
     rounded to nearest even, as torch's .to()); the optimizer's moments stay as stored. Without
     `force` a file already at `to` (nanoGPT's own checkpoint, maybe) is refused, not replaced."""
+    if to and not os.path.isdir(to):
+        _check_export_target(out_dir, to)  # (before torch's import: a refusal comes at once)
     torch = _torch()
     if not force and to and os.path.isfile(to):
         raise MicaError(f"--to {to} already exists (a nanoGPT checkpoint?); give another path, or add --force to "
