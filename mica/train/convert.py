@@ -75,19 +75,17 @@ def export_nanogpt(out_dir, to, dtype=None, force=True):
     of them rounded to `dtype` (float32, bfloat16, float16: half copies of the float32 masters,
     rounded to nearest even, as torch's .to()); the optimizer's moments stay as stored. Without
     `force` a file already at `to` (nanoGPT's own checkpoint, maybe) is refused, not replaced."""
-    if to and not os.path.isdir(to):
-        _check_export_target(out_dir, to)  # (before torch's import: a refusal comes at once)
-    torch = _torch()
-    if not force and to and os.path.isfile(to):
-        raise MicaError(f"--to {to} already exists (a nanoGPT checkpoint?); give another path, or add --force to "
-                        "replace it")
-    if dtype is not None and dtype not in EXPORT_DTYPES:
-        raise MicaError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     if not to:
         raise MicaError("--to is empty; give the path of the ckpt.pt to write")
     if os.path.isdir(to):
         raise MicaError(f"--to {to} is a folder; give the path of the file to write, e.g. {os.path.join(to, 'ckpt.pt')}")
     _check_export_target(out_dir, to)
+    if not force and os.path.isfile(to):
+        raise MicaError(f"--to {to} already exists (a nanoGPT checkpoint?); give another path, or add --force to "
+                        "replace it")
+    if dtype is not None and dtype not in EXPORT_DTYPES:
+        raise MicaError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+    torch = _torch()  # (after the checks of the arguments: a refusal comes at once)
     st = ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors"))
     st.check_metadata()  # (its iteration and config go into the ckpt.pt)
     from .run import _saved_config
