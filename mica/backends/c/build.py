@@ -119,7 +119,8 @@ def run_tools(commands):
         for cmd in commands:
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                           start_new_session=True))
-        return [(p.returncode, err) for p in procs for err in [p.communicate()[1]]]
+        errs = [p.communicate()[1] for p in procs]
+        return [(p.returncode, err) for p, err in zip(procs, errs)]
     except BaseException:
         import signal
 
