@@ -33,16 +33,12 @@ def check_gpt_tensors(found, args, where, dtypes=(np.dtype(np.float32),)):
     n_embd, block_size, bias, vocab_size) in one of `dtypes`: the sentence names what differs."""
     from ..models.gpt import GPT, GPTConfig
 
-    try:
-        config = GPTConfig(**{k: args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")})
-        n_embd, n_head = config.n_embd, config.n_head
-        divides = isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0 and n_embd % n_head == 0
-    except Exception:
-        divides = True  # (the sentence below)
-    if not divides:
+    n_embd, n_head = args.get("n_embd"), args.get("n_head")
+    if isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0 and n_embd % n_head:
         raise MicaError(f"{where} says n_embd={n_embd} with n_head={n_head}, which does not divide it; a GPT's "
                         "heads share its width evenly, so it is damaged or not nanoGPT's model")
     try:
+        config = GPTConfig(**{k: args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")})
         want = {n: tuple(spec.shape) for n, spec in GPT(config).param_specs().items()}
     except Exception:  # (settings missing or of the wrong kind: no model to hold the tensors against)
         raise MicaError(f"{where} does not say which GPT it holds (n_layer, n_head, n_embd, block_size, bias, "
@@ -225,17 +221,23 @@ def _is_mask_buffer(name, value):
     return name.endswith(".attn.bias") and getattr(value, "ndim", 4) != 1
 
 
+def looks_like_torch_save(path):
+    """Whether `path` starts as torch.save's files do: its zip archive, or the legacy format's pickle."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head == b"PK\x03\x04" or head[:1] == b"\x80"
+
+
 def import_nanogpt(path, out_dir):
     torch = _torch()
     if not os.path.exists(path):
         raise MicaError(f"{path} does not exist; give the path of nanoGPT's ckpt.pt (or a GPT-2 model.safetensors) "
                         "to import")
     try:
-        with open(path, "rb") as f:
-            head = f.read(4)
+        torch_file = looks_like_torch_save(path)
     except OSError as e:
         raise MicaError(f"cannot read {path} ({e.strerror})") from None
-    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip archive, or a legacy pickle
+    if not torch_file:
         raise MicaError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive, this file is "
                         "something else); give nanoGPT's ckpt.pt, or a Hugging Face model.safetensors")
     try:  # weights_only: a checkpoint is data; loading must never run code a pickle carries

@@ -251,12 +251,11 @@ PYTORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 
 
 def _looks_like_torch_save(path):
-    """Whether `path` starts as torch.save's files do: a zip (PK), or the pickle of the legacy format."""
+    """convert.looks_like_torch_save, or True where the file cannot be read (convert says why)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(2) in (b"PK", b"\x80\x02")
+        return convert.looks_like_torch_save(path)
     except OSError:
-        return True  # (the reading is convert's, with its own sentence)
+        return True
 
 
 def adopt_nanogpt_checkpoint(out_dir, log):
