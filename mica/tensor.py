@@ -4,6 +4,7 @@ A Tensor is a handle to one Value of the graph being built. Verbs called on Tens
 in-place methods (`add_`, `mul_`, ...) point the handle at a new Value, so code written in
 PyTorch's in-place style stays functional underneath.
 """
+import functools
 import os
 import sys
 
@@ -98,15 +99,56 @@ def fail(message):
     raise ShapeError(message, _STACK[-1].loc() if _STACK else user_location())
 
 
+def takes_axis(verb):
+    """torch's `axis=` spelling of a verb's `dim=` (numpy's name, which torch accepts everywhere)."""
+    @functools.wraps(verb)
+    def with_axis(*args, **kwargs):
+        if "axis" in kwargs:
+            if "dim" in kwargs:
+                fail(f"{verb.__name__}: give dim or axis, not both")
+            kwargs["dim"] = kwargs.pop("axis")
+        return verb(*args, **kwargs)
+    return with_axis
+
+
+def link_view(base, out):
+    """Record that `out` (a Tensor, or a tuple or list of them) views `base`'s memory in torch."""
+    if not isinstance(base, Tensor):
+        return out
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(t, Tensor) and t is not base and t._base is not base:
+            t._base = base  # (the outermost verb's input: a verb built of others names the user's tensor)
+            if base._views is None:
+                base._views = []
+            base._views.append(t)
+    return out
+
+
+def _sharing_memory(t):
+    """Every handle on t's memory in torch: the tensor its views lead back to, and all views of it."""
+    while t._base is not None:
+        t = t._base
+    found, todo = [], [t]
+    while todo:
+        u = todo.pop()
+        found.append(u)
+        todo.extend(u._views or ())
+    return found
+
+
 class Tensor:
     """A traced value: static shape and element type, no data until the program runs."""
 
-    __slots__ = ("_value", "_ctx")
+    # _base: the Tensor this one is a view of in torch (a slice, view, transpose, ...), else None;
+    # _views: the views taken of this one; _stale: where an in-place write reached this tensor's
+    # memory through another handle (torch would see it here, Mica cannot), else None
+    __slots__ = ("_value", "_ctx", "_base", "_views", "_stale")
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
 
     def __init__(self, value, ctx):
         self._value = value
         self._ctx = ctx
+        self._base = self._views = self._stale = None
 
     @property
     def value(self):
@@ -114,16 +156,30 @@ class Tensor:
             raise TraceError("this Tensor belongs to a trace that has finished (or to another trace); "
                              "Tensors cannot be kept between traces — return values instead",
                              user_location())
+        if self._stale is not None:
+            verb, (path, line) = self._stale
+            raise TraceError(f"this tensor shares its memory with one changed by {verb} at "
+                             f"{os.path.basename(path)}:{line} (a view of it, or the tensor it views), so torch would "
+                             "read the changed values here; Mica does not write through views: build the new "
+                             "tensor instead (mica.where, mica.cat of the pieces), or take .clone() before the "
+                             "in-place step", user_location())
         return self._value
 
     def _rebind(self, other):
-        """In-place update: this handle now names `other`'s value (same shape and type required)."""
+        """In-place update: this handle now names `other`'s value (same shape and type required).
+        Every other handle on the same memory in torch (its views, the tensor it views) is marked:
+        torch would see the write through it and Mica does not, so reading one is an error."""
         if other.shape != self.shape:
             fail(f"in-place update of a {self._value.spec!r} tensor with a result of shape "
                  f"{list(other.shape)}; in-place results must keep the shape")
         if other.dtype is not self.dtype:
             other = other.to(self.dtype)
         self._value = other.value
+        if self._base is not None or self._views:
+            written = (sys._getframe(1).f_code.co_name, user_location())
+            for t in _sharing_memory(self):
+                if t is not self:
+                    t._stale = written
         return self
 
     # ---- static facts -------------------------------------------------------------------------
@@ -261,6 +317,19 @@ class Tensor:
     def fill_(self, v): return self._rebind(F.full_like(self, v))
     def copy_(self, src): return self._rebind(F.expand(F.as_tensor(src), self.shape))
     def masked_fill_(self, mask, value): return self._rebind(F.masked_fill(self, mask, value))
+    def pow_(self, e): return self._rebind(F.pow(self, e))
+    def clamp_min_(self, min): return self._rebind(F.clamp(self, min=min))
+    def clamp_max_(self, max): return self._rebind(F.clamp(self, max=max))
+    def neg_(self): return self._rebind(F.neg(self))
+    def abs_(self): return self._rebind(F.abs(self))
+    def exp_(self): return self._rebind(F.exp(self))
+    def log_(self): return self._rebind(F.log(self))
+    def sqrt_(self): return self._rebind(F.sqrt(self))
+    def rsqrt_(self): return self._rebind(F.rsqrt(self))
+    def tanh_(self): return self._rebind(F.tanh(self))
+    def sigmoid_(self): return self._rebind(F.sigmoid(self))
+    def relu_(self): return self._rebind(F.relu(self))
+    def square_(self): return self._rebind(F.square(self))
 
     # ---- methods named as torch.Tensor's ------------------------------------------------------
     def add(self, other, alpha=1): return F.add(self, other, alpha=alpha)
@@ -302,6 +371,13 @@ class Tensor:
     def square(self): return F.square(self)
     def clamp(self, min=None, max=None): return F.clamp(self, min, max)
     clip = clamp
+    def clamp_min(self, min): return F.clamp(self, min=min)
+    def clamp_max(self, max): return F.clamp(self, max=max)
+    def std(self, dim=None, unbiased=True, keepdim=False, correction=None):
+        return F.std(self, dim, unbiased=unbiased, keepdim=keepdim, correction=correction)
+    def logsumexp(self, dim, keepdim=False): return F.logsumexp(self, dim, keepdim)
+    def mm(self, mat2): return F.mm(self, mat2)
+    def bmm(self, mat2): return F.bmm(self, mat2)
     def maximum(self, o): return F.maximum(self, o)
     def minimum(self, o): return F.minimum(self, o)
     def softmax(self, dim): return F.softmax(self, dim)
@@ -321,7 +397,11 @@ class Tensor:
             raise TraceError("view(dtype) reinterprets bits, which Mica does not do; use .to(dtype)",
                              user_location())
         return F.reshape(self, *shape)
-    def reshape(self, *shape): return F.reshape(self, *shape)
+    def reshape(self, *shape, **named):  # (torch's keyword: x.reshape(shape=(2, 3)))
+        if named and (shape or set(named) != {"shape"}):
+            fail(f"reshape takes the new shape, as reshape(2, 3), reshape((2, 3)) or reshape(shape=(2, 3)); got "
+                 f"{', '.join(named)}")
+        return F.reshape(self, *(shape or (named["shape"],)))
     def view_as(self, other): return F.reshape(self, other.shape)
     def reshape_as(self, other): return F.reshape(self, other.shape)
     def flatten(self, start_dim=0, end_dim=-1): return F.flatten(self, start_dim, end_dim)
@@ -334,7 +414,7 @@ class Tensor:
     @property
     def mT(self): return F.transpose(self, -2, -1)
     def contiguous(self, memory_format=None): return self
-    def clone(self, memory_format=None): return self
+    def clone(self, memory_format=None): return Tensor(self.value, self._ctx)  # (a handle of its own: in-place on it)
     def detach(self): return F.detach(self)
     def unsqueeze(self, dim): return F.unsqueeze(self, dim)
     def squeeze(self, dim=None): return F.squeeze(self, dim)
@@ -362,6 +442,10 @@ class Tensor:
 
 
 from . import verbs as F  # noqa: E402  (verbs build on Tensor; Tensor's methods call them)
+
+for _name in ("sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "norm", "logsumexp",
+              "softmax", "log_softmax", "squeeze", "unsqueeze"):
+    setattr(Tensor, _name, takes_axis(getattr(Tensor, _name)))
 
 def _numpy_refused(name):
     """The sentence for numpy's `name` given a traced Tensor: Mica's verb of that name, if it has one."""

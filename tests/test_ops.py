@@ -390,3 +390,89 @@ def test_what_torch_refuses_is_a_sentence(fn, says):
     with pytest.raises(mica.MicaError) as e:
         mica.trace(fn, mica.i64[4])
     assert str(e.value).startswith(says) and "test_ops.py:" in str(e.value), str(e.value)
+
+
+def _corners(m, x, q, k, v, z):
+    """Corners an outside differential tester found wrong or missing, written as a torch user would
+    (var(dim=[])'s gradient is torch 2.13's inf, a bug of its own: compared by value only)."""
+    F = m.nn.functional
+    mask = m.arange(4).reshape(4, 1).expand(4, 4) > 0  # (query 0 may see no key: a padding row)
+    float_mask = m.where(mask, 0.0, float("-inf"))
+    y = x.clone()
+    y.mul_(2.0)  # (a clone is a tensor of its own: x stays as it was)
+    h = (x * 1.0)[:, 0]
+    h.mul_(3.0)  # (in place on a view whose base is never read again: as torch)
+    q5, k5 = x.reshape(3, 1, 2, 2, 5), x.reshape(1, 3, 2, 2, 5)
+    return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask),
+            F.scaled_dot_product_attention(q5, k5, q5, is_causal=True),
+            F.cross_entropy(z, m.tensor([-100, -100, -100, -100]), label_smoothing=0.2),
+            F.cross_entropy(z, m.tensor([-100, 1, 4, 2]), label_smoothing=0.1),
+            x.sum(dim=[]), x.mean(dim=[]), x.amax(dim=[]), x.amin(dim=[]), x.var(dim=[]).detach(), x.norm(dim=[]),
+            m.linspace(3, 5, 1) * x[0, 0, 0], x.norm(p=float("-inf"), dim=-1), x.norm(p=float("-inf")),
+            x[True], x[:, False], x[:, [True, False, True, True]], x[1, :, True, 2:4], x.argmax(keepdim=True),
+            x.std(1), x.std(dim=(0, 2), correction=0, keepdim=True), x.logsumexp(-1), m.logsumexp(x, (0, 2)),
+            m.mm(x[0], x[1].T), x.bmm(x.transpose(1, 2)), x.clamp_min(0.1).clamp_max(0.5),
+            x.softmax(axis=1), m.cat([x, x], axis=2), m.sum(x, axis=1), x.reshape(shape=(5, 12)), y, x, h)
+
+
+def test_corners_an_outside_tester_found_follow_torch():
+    """Each result and every gradient against torch float64, in one program: a query the mask leaves no
+    key gives 0 and finite gradients (was NaN in every v gradient), label smoothing's ignored rows give
+    gradient 0 (was 0/0), dim=[] reduces every dim (was none), linspace(a, b, 1) is [a], norm(-inf)
+    the smallest magnitude, bools index as torch's, argmax(keepdim) keeps every dim, attention over
+    three batch dims, a clone is its own tensor; std, logsumexp, mm, bmm, clamp_min/max, axis=."""
+    rng = np.random.default_rng(11)
+    x, q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4, 5), (4, 6), (4, 6), (4, 3)))
+    z = rng.standard_normal((4, 7)).astype(np.float32)
+    z[0, 2] = -np.inf  # (an ignored row's -inf logit: torch's loss stays finite)
+    inputs = (x, q, k, v, z)
+    program = mica.trace(lambda *a: _corners(mica, *a), *[spec_of(a) for a in inputs])
+    weights = [rng.standard_normal(o.shape) for o in program.outputs]
+
+    def step(*a):
+        outs = _corners(mica, *a)
+        loss = sum((o * mica.tensor(w)).sum() for o, w in zip(outs, weights) if o.dtype.is_floating_point and o.numel())
+        return outs, mica.grad(loss, list(a))
+
+    got, grads = mica.compile(step, *[spec_of(a) for a in inputs])(*inputs)
+    ts = [to_torch(a.astype(np.float64), requires_grad=True) for a in inputs]
+    want = _corners(torch, *ts)
+    loss = sum((o * torch.from_numpy(w)).sum() for o, w in zip(want, weights) if o.is_floating_point() and o.numel())
+    want_grads = torch.autograd.grad(loss, ts)
+    for i, (g, w) in enumerate(zip(got, want)):
+        w = w.detach().numpy()
+        assert np.shape(g) == w.shape, i
+        assert np.allclose(np.asarray(g, np.float64), w, rtol=2e-5, atol=1e-6, equal_nan=True), (i, g, w)
+    assert np.isnan(got[3]) and np.isfinite(got[4]) and not np.any(got[0][0]) and not np.any(got[1][0])
+    for g, w in zip(grads, want_grads):
+        assert np.all(np.isfinite(g)) and rel_err(g, w.numpy()) <= 1e-5
+    # x**e at x == 0 and e < 0: the exponent's gradient is -inf, as torch's (was 0)
+    e = np.array([-2.0, -0.5, 1.5], np.float32)
+    got = mica.compile(lambda e: mica.grad(mica.pow(mica.zeros(3), e).sum(), e), mica.f32[3])(e)
+    te = to_torch(e, requires_grad=True)
+    assert got.tolist() == torch.autograd.grad(torch.pow(torch.zeros(3), te).sum(), te)[0].tolist()
+
+
+@pytest.mark.parametrize("bad, says", [
+    (lambda x: (lambda y: (y[:, 0].mul_(5.0), y)[1])(x * 1.0),
+     r"^this tensor shares its memory with one changed by mul_ at test_ops.py:\d+ .*Mica does not write through views"),
+    (lambda x: (lambda v: (x.add_(1.0), v)[1])(x.view(-1)), r"^this tensor shares its memory with one changed by add_"),
+    (lambda x: x.sum((1, 1)), r"^sum: dims \[1, 1\] name a dim twice"),
+    (lambda x: x.amax((0, -3)), r"^amax: dims \[0, -3\] name a dim twice"),
+    (lambda x: x.flatten(2, 1), r"^flatten: start_dim 2 comes after end_dim 1"),
+    (lambda x: mica.where(x > 0), r"^where\(condition\) with one argument is torch.nonzero"),
+    (lambda x: mica.cat([x[0, 0, 0], x[0, 0, 1]]), r"^cat: zero-dimensional tensors cannot be concatenated"),
+    (lambda x: x[[[0, 1], [2, 0]]], r"^a list of lists as an index is read one way by torch 2"),
+    (lambda x: x[:, [True, False]], r"^a mask of \[2\] bools cannot index dim 1 of size 4"),
+    (lambda x: x.norm(p="nuc"), r"^norm: p='nuc' is not supported"),
+    (lambda x: mica.linspace(0, 1, -1), r"^linspace: steps must be an int, 0 or more"),
+    (lambda x: mica.mm(x, x), r"^mm: both operands must be 2-d"),
+    (lambda x: mica.nn.functional.cross_entropy(x, x.softmax(1), ignore_index=1),
+     r"^cross_entropy: ignore_index applies to class indices"),
+])
+def test_what_torch_refuses_or_would_see_differently_is_a_sentence(bad, says):
+    """An in-place step through a view, then a read of the tensor it shares memory with (torch would
+    see the write; Mica cannot), and calls torch refuses: one sentence at the user's line."""
+    with pytest.raises(mica.MicaError, match=says + r".*\(.*test_ops.py:\d+\)$"):
+        mica.trace(bad, mica.f32[3, 4, 5])

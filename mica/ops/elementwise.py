@@ -205,8 +205,9 @@ def _pow_vjp(c, o, i, a, n):
         if node.op != "const" or node.attrs["value"] == 0:  # torch's: 0 where e == 0 (not 0 * x**-1, NaN at 0)
             gx = F.where(e == 0, 0.0, gx)
         gx = _sum_to(gx, x)
-    # d/de x**e = x**e log x; PyTorch defines it as 0 where x == 0 (and e >= 0), so do we.
-    ge = _sum_to(c[0] * F.where(x == 0, 0.0, o[0] * F.log(x)), e) if n[1] else None
+    # d/de x**e = x**e log x; PyTorch defines it as 0 where x == 0 and e >= 0, so do we (at x == 0
+    # and e < 0 it is inf * -inf = -inf, as torch's)
+    ge = _sum_to(c[0] * F.where(F.logical_and(x == 0, e >= 0), 0.0, o[0] * F.log(x)), e) if n[1] else None
     return [gx, ge]
 
 

@@ -16,7 +16,7 @@ from .. import amp, dtypes
 from ..dtypes import DType, as_dtype, category, promote
 from ..errors import ShapeError, TraceError
 from ..ops.elementwise import broadcast_shapes
-from ..tensor import Tensor, current, emit, fail, in_trace, user_location
+from ..tensor import Tensor, current, emit, fail, in_trace, link_view, takes_axis, user_location
 
 # ---- operands -----------------------------------------------------------------------------------
 
@@ -329,6 +329,14 @@ def clamp(input, min=None, max=None):
 clip = clamp
 
 
+def clamp_min(input, min):
+    return clamp(input, min=min)
+
+
+def clamp_max(input, max):
+    return clamp(input, max=max)
+
+
 def lerp(input, end, weight):
     """start + weight * (end - start), evaluated as PyTorch does for accuracy near weight = 1."""
     diff = sub(end, input)
@@ -347,7 +355,12 @@ def addcdiv(input, tensor1, tensor2, value=1):
     return add(input, div(mul(value, tensor1), tensor2))
 
 
-def where(condition, input, other):
+def where(condition, input=None, other=None):
+    if input is None and other is None:
+        fail("where(condition) with one argument is torch.nonzero, whose shape depends on the data; Mica's shapes "
+             "are static: write where(condition, input, other)")
+    if input is None or other is None:
+        fail("where: give both input and other, where(condition, input, other)")
     c = as_tensor(condition)
     if c.dtype is not dtypes.bool_:
         fail(f"where: the condition must be a bool tensor, got {c.dtype.name}")
@@ -363,7 +376,8 @@ def masked_fill(input, mask, value):
 
 
 def detach(input):
-    return emit("detach", [as_tensor(input)])
+    x = as_tensor(input)
+    return link_view(x, emit("detach", [x]))  # (torch's detach shares the tensor's memory)
 
 
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta|hip|xla|hpu|mtia|privateuseone)(:\d+)?")
@@ -408,13 +422,14 @@ def to(input, *args, dtype=None, **kwargs):
 # ---- reductions -------------------------------------------------------------------------------------
 
 def _axes(x, dim, verb):
-    if dim is None or dim == ():
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):  # (torch's: no dims, every dim)
         return tuple(range(x.ndim))
-    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
-    axes = tuple(sorted({canon_dim(d, x.ndim, verb) for d in dims}))
+    dims = [canon_dim(d, x.ndim, verb) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))]
+    if len(set(dims)) != len(dims):
+        fail(f"{verb}: dims {list(dim)} name a dim twice; name each once")
     if x.ndim == 0:
         return ()
-    return axes
+    return tuple(sorted(dims))
 
 
 def sum(input, dim=None, keepdim=False, dtype=None):
@@ -427,7 +442,7 @@ def sum(input, dim=None, keepdim=False, dtype=None):
         (x,) = amp.float32("sum", x)
     axes = _axes(x, dim, "sum")
     if not axes:
-        return x
+        return Tensor(x.value, x._ctx)  # (a handle of its own, as torch's result is a new tensor)
     return emit("sum", [x], axes=axes, keepdim=bool(keepdim))
 
 
@@ -440,7 +455,7 @@ def mean(input, dim=None, keepdim=False, dtype=None):
     axes = _axes(x, dim, "mean")
     count = math.prod(x.shape[a] for a in axes)
     if not axes:
-        return x
+        return Tensor(x.value, x._ctx)
     with amp.autocast(enabled=False):  # (mean is not on autocast's float32 list, though sum is)
         return sum(x, axes, keepdim) / count
 
@@ -453,7 +468,7 @@ def amax(input, dim=(), keepdim=False):
     x = as_tensor(input)
     axes = _axes(x, dim, "amax")
     if not axes:
-        return x
+        return Tensor(x.value, x._ctx)
     return emit("max", [x], axes=axes, keepdim=bool(keepdim))
 
 
@@ -497,8 +512,9 @@ def _taken_along(x, index, d, keepdim=False):
 
 def argmax(input, dim=None, keepdim=False):
     x = as_tensor(input)
-    if dim is None:
-        return emit("argmax", [x.reshape(-1)], axis=0, keepdim=False)
+    if dim is None:  # (the flat index; keepdim keeps every dim, each of size 1, as torch's)
+        flat = emit("argmax", [x.reshape(-1)], axis=0, keepdim=False)
+        return flat.reshape((1,) * x.ndim) if keepdim else flat
     return emit("argmax", [x], axis=canon_dim(dim, x.ndim, "argmax"), keepdim=bool(keepdim))
 
 
@@ -516,12 +532,38 @@ def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
     return sum(d * d, axes, keepdim) / builtins.max(n - correction, 0)
 
 
+def std(input, dim=None, unbiased=True, keepdim=False, correction=None):
+    """The square root of var, with torch's gradient where the spread is 0: 0, not 0/0."""
+    (x,) = amp.float32("std", as_tensor(input))
+    return _root_of_sum(var(x, dim, unbiased, keepdim, correction), sqrt)
+
+
+def logsumexp(input, dim, keepdim=False):
+    """log(sum(exp(x))) over dim, shifted by the largest element (held constant: the gradient is
+    softmax's) so large inputs do not overflow; a line of -inf gives -inf, as torch's."""
+    (x,) = amp.float32("logsumexp", as_tensor(input))
+    if x.dtype.kind != "float":
+        x = to(x, dtypes.DEFAULT_FLOAT)
+    axes = _axes(x, dim, "logsumexp")
+    if not axes:
+        return log(exp(x))
+    m = detach(amax(x, axes, keepdim=True))
+    m = where(eq(abs(m), float("inf")), 0.0, m)
+    out = log(sum(exp(x - m), axes, keepdim=True)) + m
+    return out if keepdim else squeeze(out, axes)
+
+
 def norm(input, p="fro", dim=None, keepdim=False):
     (x,) = amp.float32("norm", as_tensor(input))
     if p in ("fro", 2, 2.0):
         return _root_of_sum(sum(x * x, dim, keepdim), sqrt)
+    if isinstance(p, str) and p not in ("inf", "-inf"):
+        fail(f"norm: p={p!r} is not supported; Mica's norms are vector norms: p='fro' (the default), a number, "
+             "inf or -inf")
     if p in (float("inf"), "inf"):
         return amax(abs(x), dim if dim is not None else (), keepdim)
+    if p in (float("-inf"), "-inf"):  # (torch's: the smallest magnitude)
+        return amin(abs(x), dim if dim is not None else (), keepdim)
     if p == 1:
         return sum(abs(x), dim, keepdim)
     if p == 0:  # (torch's: the count of nonzero elements)
@@ -603,11 +645,15 @@ def arange(start, end=None, step=1, dtype=None, **_device):
 def linspace(start, end, steps, dtype=None, **_device):
     """PyTorch's linspace: the first half stepped from start, the second half back from end, in the
     element type's own arithmetic."""
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
+        fail(f"linspace: steps must be an int, 0 or more, got {steps!r}")
     dtype = as_dtype(dtype) if dtype is not None else dtypes.DEFAULT_FLOAT
     t = np.float64 if dtype is dtypes.float64 else np.float32
     step = (t(end) - t(start)) / t(steps - 1) if steps > 1 else t(0)
     i = np.arange(steps).astype(t)
     vals = np.where(i < steps // 2, t(start) + step * i, t(end) - step * (t(steps - 1) - i))
+    if steps == 1:  # (torch's: [start])
+        vals = np.array([start], t)
     return tensor(vals, dtype=dtype)
 
 
@@ -623,4 +669,7 @@ def tensor(data, dtype=None, **_device):
     return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)
 
 
-from .shape import expand  # noqa: E402  (shape verbs build on these)
+from .shape import expand, squeeze  # noqa: E402  (shape verbs build on these)
+
+sum, mean, max, min, amax, amin, argmax, argmin, var, std, norm, logsumexp = (  # noqa: A001
+    takes_axis(v) for v in (sum, mean, max, min, amax, amin, argmax, argmin, var, std, norm, logsumexp))

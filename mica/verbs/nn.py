@@ -6,7 +6,7 @@ from .. import amp, dtypes
 from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
-from ..tensor import current, emit, fail, user_location
+from ..tensor import current, emit, fail, takes_axis, user_location
 from .core import _taken_along, add, as_tensor, gelu, relu, sigmoid, silu, tanh, to, where  # noqa: F401
 from .core import sum as _sum
 from .shape import expand, reshape, transpose, unsqueeze, squeeze
@@ -44,7 +44,21 @@ def matmul(input, other):
     return emit("matmul", [a, b])
 
 
-mm = bmm = matmul
+def mm(input, mat2):
+    """torch.mm: a [n, m] by [m, p] product, 2-d only (matmul broadcasts)."""
+    a, b = as_tensor(input), as_tensor(mat2)
+    if a.ndim != 2 or b.ndim != 2:
+        fail(f"mm: both operands must be 2-d, got {a.value.spec!r} and {b.value.spec!r}; matmul takes other ranks")
+    return matmul(a, b)
+
+
+def bmm(input, mat2):
+    """torch.bmm: [b, n, m] by [b, m, p], 3-d with one batch size (matmul broadcasts)."""
+    a, b = as_tensor(input), as_tensor(mat2)
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
+        fail(f"bmm: the operands must be 3-d with one batch size, got {a.value.spec!r} and {b.value.spec!r}; "
+             "matmul broadcasts batches")
+    return matmul(a, b)
 
 
 def linear(input, weight, bias=None):
@@ -88,10 +102,12 @@ def _rowwise(op, input, dim, dtype):
     return transpose(emit(op, [transpose(x, d, -1)]), d, -1)
 
 
+@takes_axis
 def softmax(input, dim=None, dtype=None):
     return _rowwise("softmax", input, dim, dtype)
 
 
+@takes_axis
 def log_softmax(input, dim=None, dtype=None):
     return _rowwise("log_softmax", input, dim, dtype)
 
@@ -194,12 +210,17 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if not 0.0 <= label_smoothing <= 1.0:
         fail(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if t.dtype.kind == "float":
+        if ignore_index != -100:
+            fail("cross_entropy: ignore_index applies to class indices, not to a float target of class probabilities")
         return _cross_entropy_with_probabilities(x, t, reduction, label_smoothing)
     x, t, t_shape = _class_rows("cross_entropy", x, t, reduction)
     losses, _lse = emit("cross_entropy", [x, to(t, dtypes.int64)], ignore_index=int(ignore_index))
-    valid = to(t != ignore_index, x.dtype)
+    kept = t != ignore_index
+    valid = to(kept, x.dtype)
     if label_smoothing:  # torch's: (1 - e) * nll + e / C * (-sum over classes of log p), ignored rows 0
-        smooth = -_sum(log_softmax(x, 1), 1) * valid
+        # (a where, not a product with 0: an ignored row's -inf logit, or the mean's 1/0 when every
+        # row is ignored, gives that row 0 and its gradient 0, as torch's, not NaN)
+        smooth = where(kept, -_sum(log_softmax(x, 1), 1), 0.0)
         losses = losses * (1.0 - label_smoothing) + smooth * (label_smoothing / x.shape[1])
     return _reduce_rows(losses, valid, t_shape, reduction)
 
@@ -290,14 +311,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         scores = matmul(q, transpose(k, -2, -1)) * scale
         mask = as_tensor(attn_mask)
         scores = masked_fill(scores, ~mask, float("-inf")) if mask.dtype is dtypes.bool_ else scores + mask
-        probs = softmax(scores, -1)
+        # a query the mask leaves no key (a padding row) attends to nothing: its output and every
+        # gradient through it are 0, as torch's (its safe softmax), not 0/0 spreading NaN to v
+        from .core import amax
+
+        nothing = amax(scores, -1, keepdim=True) == float("-inf")
+        probs = where(nothing, 0.0, softmax(where(nothing, 0.0, scores), -1))
         return matmul(dropout(probs, dropout_p) if dropout_p else probs, v)
     attrs = dict(causal=bool(is_causal), scale=scale, dropout_p=float(dropout_p), stream=-1,
                  threshold=threshold(dropout_p))
+    if len(batch) > 2:  # (the kernels take [B, H, T, D]: the leading batch dims as one)
+        q, k, v = (reshape(t, (-1,) + t.shape[-3:]) for t in (q, k, v))
     inputs = [q, k, v]
     if dropout_p:
         ctx = current("scaled_dot_product_attention")
         attrs["stream"] = ctx.next_stream()
         inputs.append(ctx.rng())
     out, _lse = emit("attention", inputs, **attrs)
-    return out
+    return reshape(out, batch + out.shape[-2:])

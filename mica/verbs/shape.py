@@ -1,11 +1,23 @@
 """Verbs that move data without arithmetic: views, permutations, indexing, splitting, joining."""
+import functools
 import math
 
 import numpy as np
 
 from .. import dtypes
-from ..tensor import Tensor, emit, fail
+from ..tensor import Tensor, emit, fail, link_view, takes_axis
 from .core import as_tensor, canon_dim, result_type, to, where
+
+
+def _a_view(verb):
+    """A verb whose result is a view of its input's memory in torch (an in-place step on one is
+    seen through the other there; tensor.py marks what Mica cannot follow)."""
+    first = verb.__code__.co_varnames[0]
+
+    @functools.wraps(verb)
+    def view_verb(*args, **kwargs):
+        return link_view(args[0] if args else kwargs.get(first), verb(*args, **kwargs))
+    return view_verb
 
 
 def _shape_args(shape, verb):
@@ -17,6 +29,7 @@ def _shape_args(shape, verb):
     return tuple(int(s) for s in shape)
 
 
+@_a_view
 def reshape(input, *shape):
     x = as_tensor(input)
     shape = _shape_args(shape, "view")
@@ -37,6 +50,7 @@ def reshape(input, *shape):
 view = reshape
 
 
+@_a_view
 def permute(input, *dims):
     x = as_tensor(input)
     dims = _shape_args(dims, "permute")
@@ -48,6 +62,7 @@ def permute(input, *dims):
     return emit("permute", [x], perm=perm)
 
 
+@_a_view
 def transpose(input, dim0, dim1):
     x = as_tensor(input)
     if x.ndim < 2:
@@ -61,6 +76,7 @@ def transpose(input, dim0, dim1):
 swapaxes = transpose
 
 
+@_a_view
 def expand(input, *sizes):
     x = as_tensor(input)
     sizes = _shape_args(sizes, "expand")
@@ -106,6 +122,7 @@ def pad_into(x, shape, starts, steps):
     return emit("pad", [x], shape=tuple(shape), starts=tuple(starts), steps=tuple(steps))
 
 
+@_a_view
 def narrow(input, dim, start, length):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "narrow")
@@ -118,12 +135,16 @@ def narrow(input, dim, start, length):
     return slice_(x, starts, stops, [1] * x.ndim)
 
 
+@takes_axis
+@_a_view
 def unsqueeze(input, dim):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim + 1, "unsqueeze")
     return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
 
 
+@takes_axis
+@_a_view
 def squeeze(input, dim=None):
     x = as_tensor(input)
     if dim is None:
@@ -134,14 +155,18 @@ def squeeze(input, dim=None):
     return reshape(x, tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
 
+@_a_view
 def flatten(input, start_dim=0, end_dim=-1):
     x = as_tensor(input)
     if x.ndim == 0:
         return reshape(x, (1,))
     a, b = canon_dim(start_dim, x.ndim, "flatten"), canon_dim(end_dim, x.ndim, "flatten")
+    if a > b:
+        fail(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
     return reshape(x, x.shape[:a] + (math.prod(x.shape[a:b + 1]),) + x.shape[b + 1:])
 
 
+@_a_view
 def unflatten(input, dim, sizes):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "unflatten")
@@ -149,6 +174,7 @@ def unflatten(input, dim, sizes):
         else reshape(x, x.shape[:d] + tuple(sizes) + x.shape[d + 1:])
 
 
+@_a_view
 def split(tensor, split_size_or_sections, dim=0):
     x = as_tensor(tensor)
     d = canon_dim(dim, x.ndim, "split")
@@ -169,6 +195,7 @@ def split(tensor, split_size_or_sections, dim=0):
     return tuple(out)
 
 
+@_a_view
 def chunk(input, chunks, dim=0):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "chunk")
@@ -177,28 +204,33 @@ def chunk(input, chunks, dim=0):
     return split(x, max(1, -(-x.shape[d] // chunks)), d)
 
 
+@_a_view
 def unbind(input, dim=0):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "unbind")
     return tuple(squeeze(t, d) for t in split(x, 1, d))
 
 
+@takes_axis
 def cat(tensors, dim=0):
     ts = [as_tensor(t) for t in tensors]
     if not ts:
         fail("cat: needs at least one tensor")
+    if any(t.ndim == 0 for t in ts):
+        fail("cat: zero-dimensional tensors cannot be concatenated; use mica.stack, or unsqueeze them first")
     dt = result_type(*ts)
     ts = [to(t, dt) for t in ts]
     d = canon_dim(dim, ts[0].ndim, "cat")
     ts = [t for t in ts if t.shape[d] or len(ts) == 1] or ts[:1]
     if len(ts) == 1:
-        return ts[0]
+        return Tensor(ts[0].value, ts[0]._ctx)  # (a handle of its own: torch's cat is a new tensor)
     return emit("concat", ts, axis=d)
 
 
 concat = concatenate = cat
 
 
+@takes_axis
 def stack(tensors, dim=0):
     ts = [as_tensor(t) for t in tensors]
     if not ts:
@@ -265,31 +297,36 @@ ger = outer
 # ---- indexing ------------------------------------------------------------------------------------
 
 def getitem(x, index):
-    """Basic indexing (ints, slices with positive steps, None, ...) and one list of ints."""
+    """Basic indexing (ints, slices with positive steps, None, True/False, ...), which views x as
+    torch's does, and one list of ints or of bools (a mask along one dim), which copies."""
     if not isinstance(index, tuple):
         index = (index,)
+    index = tuple(it.tolist() if isinstance(it, np.ndarray) else it for it in index)
     for it in index:
         if isinstance(it, Tensor):
             fail("indexing with a Tensor is not supported; use mica.where, masked_fill or embedding")
-        if not (it is None or it is Ellipsis or isinstance(it, (int, np.integer, slice, list))):
+        if not (it is None or it is Ellipsis or isinstance(it, (int, np.integer, np.bool_, slice, list))):
             fail(f"cannot index with {type(it).__name__} {it!r}")
-    used = sum(1 for it in index if it is not None and it is not Ellipsis)
+    new_dims = (bool, np.bool_)  # (None, True and False add a dim of 1, 1 and 0, as torch's)
+    used = sum(1 for it in index if not (it is None or it is Ellipsis or isinstance(it, new_dims)))
     if used > x.ndim:
         fail(f"too many indices ({used}) for a tensor of {x.ndim} dims")
     if sum(1 for it in index if it is Ellipsis) > 1:
         fail("an index may hold at most one Ellipsis (...)")
     if Ellipsis in index:
-        k = index.index(Ellipsis)
+        k = next(k for k, it in enumerate(index) if it is Ellipsis)
         index = index[:k] + (slice(None),) * (x.ndim - used) + index[k + 1:]
     else:
         index = index + (slice(None),) * (x.ndim - used)
     if sum(1 for it in index if isinstance(it, list)) > 1:
         fail("only one list index at a time is supported")
 
-    starts, stops, steps, out_shape, pick = [], [], [], [], None
+    starts, stops, steps, out_shape, pick, empty = [], [], [], [], None, []
     d = 0
     for it in index:
-        if it is None:
+        if it is None or isinstance(it, new_dims):
+            if it is not None and not it:
+                empty.append(len(out_shape))
             out_shape.append(1)
             continue
         size = x.shape[d]
@@ -301,12 +338,8 @@ def getitem(x, index):
             starts.append(b), stops.append(e), steps.append(s)
             out_shape.append(len(range(b, e, s)))
         elif isinstance(it, list):
-            idx = [int(i) for i in it]
-            for i in idx:
-                if not -size <= i < size:
-                    fail(f"index {i} is out of range for dim {d} of size {size}")
+            pick = (len(out_shape), _list_index(it, d, size))
             starts.append(0), stops.append(size), steps.append(1)
-            pick = (len(out_shape), [i % size for i in idx])
             out_shape.append(size)
         else:
             i = int(it)
@@ -316,7 +349,32 @@ def getitem(x, index):
             starts.append(i), stops.append(i + 1), steps.append(1)
         d += 1
     y = reshape(slice_(x, starts, stops, steps), tuple(out_shape))
-    if pick is not None:
-        axis, idx = pick
-        y = cat([narrow(y, axis, i, 1) for i in idx], axis) if idx else narrow(y, axis, 0, 0)
-    return y
+    for axis in empty:
+        y = narrow(y, axis, 0, 0)
+    if pick is None:
+        return link_view(x, y)
+    axis, idx = pick
+    return cat([narrow(y, axis, i, 1) for i in idx], axis) if idx else narrow(y, axis, 0, 0)
+
+
+def _list_index(it, d, size):
+    """The positions a list index picks along dim d of the given size: ints, or bools as a mask."""
+    try:
+        a = np.array(it)
+    except ValueError:
+        a = None
+    if a is not None and a.ndim > 1:  # (torch 2 reads x[[[0, 1], [2, 0]]] as x[[0, 1], [2, 0]], and warns that
+        fail("a list of lists as an index is read one way by torch 2 and another by later versions; "  # it will not)
+             "index one dim at a time, with one list of ints or bools")
+    if a is None or a.dtype == object or (a.size and a.dtype.kind not in "biu"):
+        fail(f"a list index holds ints, or bools as a mask; got {it!r}")
+    if a.dtype == bool:
+        if a.ndim != 1 or len(a) != size:
+            fail(f"a mask of {list(a.shape)} bools cannot index dim {d} of size {size}; it needs one bool per "
+                 "position of that dim")
+        return [int(i) for i in np.flatnonzero(a)]
+    idx = [int(i) for i in a]
+    for i in idx:
+        if not -size <= i < size:
+            fail(f"index {i} is out of range for dim {d} of size {size}")
+    return [i % size for i in idx]
