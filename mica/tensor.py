@@ -1,12 +1,15 @@
 """The symbolic Tensor users hold while a function is traced, and the trace context behind it.
 
 A Tensor is a handle to one Value of the graph being built. Verbs called on Tensors append nodes;
-in-place methods (`add_`, `mul_`, ...) point the handle at a new Value, so code written in
-PyTorch's in-place style stays functional underneath.
+in-place methods (`add_`, `mul_`, `x[i] = v`, ...) point the handle at a new Value, so code written
+in PyTorch's in-place style stays functional underneath. A view remembers the tensor it views
+(link_view), so an in-place step on either points the other, and every other view, at its new
+Value as well: torch's shared memory, as values.
 """
 import functools
 import os
 import sys
+import weakref
 
 import numpy as np
 
@@ -111,44 +114,39 @@ def takes_axis(verb):
     return with_axis
 
 
-def link_view(base, out):
-    """Record that `out` (a Tensor, or a tuple or list of them) views `base`'s memory in torch."""
-    if not isinstance(base, Tensor):
-        return out
-    for t in out if isinstance(out, (tuple, list)) else (out,):
-        if isinstance(t, Tensor) and t is not base and t._base is not base:
-            t._base = base  # (the outermost verb's input: a verb built of others names the user's tensor)
-            if base._views is None:
-                base._views = []
-            base._views.append(t)
+_QUIET = [0]  # (while views are brought up to date, the verbs that do it record no views of their own)
+
+
+def link_view(base, out, forward, inverse):
+    """Record that `out` views `base`'s memory as torch's view verbs do: `forward(b)` is the view of
+    a base b, `inverse(v, b)` the base b with the view's elements replaced by v's. An in-place step
+    on either then reaches the other (Tensor._rebind)."""
+    if isinstance(base, Tensor) and isinstance(out, Tensor) and out is not base and not _QUIET[0]:
+        out._base, out._forward, out._inverse = base, forward, inverse
+        if base._views is None:
+            base._views = []
+        base._views.append(weakref.ref(out))  # (a view nobody holds any more needs no update)
     return out
 
 
-def _sharing_memory(t):
-    """Every handle on t's memory in torch: the tensor its views lead back to, and all views of it."""
-    while t._base is not None:
-        t = t._base
-    found, todo = [], [t]
-    while todo:
-        u = todo.pop()
-        found.append(u)
-        todo.extend(u._views or ())
-    return found
+def _live_views(t):
+    views = [v for v in (r() for r in t._views or ()) if v is not None]
+    t._views = [weakref.ref(v) for v in views] or None
+    return views
 
 
 class Tensor:
     """A traced value: static shape and element type, no data until the program runs."""
 
-    # _base: the Tensor this one is a view of in torch (a slice, view, transpose, ...), else None;
-    # _views: the views taken of this one; _stale: where an in-place write reached this tensor's
-    # memory through another handle (torch would see it here, Mica cannot), else None
-    __slots__ = ("_value", "_ctx", "_base", "_views", "_stale")
+    # _base: the Tensor this one views in torch (a slice, view, transpose, ...), else None, with
+    # _forward and _inverse (link_view); _views: weak references to the views taken of this one
+    __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
 
     def __init__(self, value, ctx):
         self._value = value
         self._ctx = ctx
-        self._base = self._views = self._stale = None
+        self._base = self._forward = self._inverse = self._views = None
 
     @property
     def value(self):
@@ -156,30 +154,38 @@ class Tensor:
             raise TraceError("this Tensor belongs to a trace that has finished (or to another trace); "
                              "Tensors cannot be kept between traces — return values instead",
                              user_location())
-        if self._stale is not None:
-            verb, (path, line) = self._stale
-            raise TraceError(f"this tensor shares its memory with one changed by {verb} at "
-                             f"{os.path.basename(path)}:{line} (a view of it, or the tensor it views), so torch would "
-                             "read the changed values here; Mica does not write through views: build the new "
-                             "tensor instead (mica.where, mica.cat of the pieces), or take .clone() before the "
-                             "in-place step", user_location())
         return self._value
 
     def _rebind(self, other):
-        """In-place update: this handle now names `other`'s value (same shape and type required).
-        Every other handle on the same memory in torch (its views, the tensor it views) is marked:
-        torch would see the write through it and Mica does not, so reading one is an error."""
+        """In-place update: this handle now names `other`'s value (same shape; cast to this type).
+        As in torch, the write reaches every handle on the same memory: the tensors this one views
+        (each with the view's elements replaced) and every view of them (taken again)."""
         if other.shape != self.shape:
             fail(f"in-place update of a {self._value.spec!r} tensor with a result of shape "
                  f"{list(other.shape)}; in-place results must keep the shape")
         if other.dtype is not self.dtype:
             other = other.to(self.dtype)
-        self._value = other.value
-        if self._base is not None or self._views:
-            written = (sys._getframe(1).f_code.co_name, user_location())
-            for t in _sharing_memory(self):
-                if t is not self:
-                    t._stale = written
+        if self._base is None and not self._views:
+            self._value = other.value
+            return self
+        _QUIET[0] += 1
+        try:
+            self._value = other.value
+            path, t = {id(self)}, self
+            while t._base is not None:  # up: each base takes its view's new elements
+                base = t._base
+                base._value = t._inverse(t, base).value
+                path.add(id(base))
+                t = base
+            todo = [t]
+            while todo:  # down: every other view of the root is taken again from its new base
+                u = todo.pop()
+                for v in _live_views(u):
+                    if id(v) not in path:
+                        v._value = v._forward(u).value
+                    todo.append(v)
+        finally:
+            _QUIET[0] -= 1
         return self
 
     # ---- static facts -------------------------------------------------------------------------
@@ -262,9 +268,13 @@ class Tensor:
         raise _numpy_refused(getattr(func, "__name__", "function"))
 
     def __setitem__(self, index, value):  # (x[i] = v, and x[i] += v, which Python ends with an assignment)
-        raise TraceError("a traced Tensor is a value and cannot be assigned into (x[...] = v, x[...] += v); build "
-                         "the new tensor instead, e.g. mica.where(mask, v, x), or mica.cat of the slices",
-                         user_location())
+        F.setitem(self, index, value)
+
+    # x += y is in place, as torch's: a tensor other names hold (an alias, a view) sees it
+    def __iadd__(self, o): return self.add_(o)
+    def __isub__(self, o): return self.sub_(o)
+    def __imul__(self, o): return self.mul_(o)
+    def __itruediv__(self, o): return self.div_(o)
 
     def _no_floor_division(self, o):  # (//, %: torch.floor_divide and torch.remainder)
         raise TraceError("Mica has no floor division or remainder (x // y, x % y: torch.floor_divide, "

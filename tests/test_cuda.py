@@ -1064,3 +1064,29 @@ def test_a_simulator_that_cannot_be_built_is_a_sentence(tmp_path):
                                    "(/usr/bin/ld: cannot find -lboost_context")
     assert "install Debian's libboost-context-dev" in str(e.value)
     assert os.listdir(tmp_path / "entry") == ["program.cu"]  # (no temporary left behind)
+
+
+def test_a_cached_program_names_the_cublaslt_it_links_and_a_library_that_cannot_load_is_a_sentence(tmp_path,
+                                                                                                    monkeypatch):
+    """Programs built by nvcc find cuBLASLt by an rpath into the venv that built them: the cache key
+    holds it, so a venv made elsewhere (a second checkout sharing ~/.cache/mica) builds its own
+    instead of loading one whose rpath leads nowhere; and a library that cannot load says so."""
+    from mica.backends.c.executable import load_library
+    from mica.backends.cuda import build
+
+    folders = []
+    monkeypatch.setattr(build, "compile_cached", lambda source, out_dir, *a: folders.append(out_dir))
+    for lib in ("/one/venv/nvidia/cu13/lib", "/another/venv/nvidia/cu13/lib", "/one/venv/nvidia/cu13/lib"):
+        monkeypatch.setattr(build, "cuda_libraries", lambda lib=lib: ("/include", lib))
+        build.build("int x;", simulate=False)
+        build.build("int x;", simulate=True)
+    assert folders[0] != folders[2] and folders[0] == folders[4] and folders[1] == folders[3] == folders[5]
+    # a program whose library is gone since it was built
+    (tmp_path / "dep.c").write_text("int dep(void) { return 7; }\n")
+    (tmp_path / "main.c").write_text("int dep(void);\nint entry(void) { return dep(); }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", str(tmp_path / "dep.c"), "-o", str(tmp_path / "libdep.so")], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", str(tmp_path / "main.c"), "-L", str(tmp_path), "-ldep", "-o",
+                    str(tmp_path / "libmain.so")], check=True)
+    with pytest.raises(MicaError, match=r"^the compiled program .*libmain.so cannot be loaded \(libdep.so: cannot "
+                                        r"open shared object file.*\); delete its folder from Mica's cache"):
+        load_library(str(tmp_path / "libmain.so"))

@@ -47,28 +47,20 @@ def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operand
         "model.bind(params):`, in the trace)" in said
 
 
-def _assign_first_row(a):
-    a[0] = 1.0
-    return a
-
-
-def _add_to_a_column(a):
-    b = a * 2
-    b[:, 0] += 1
-    return b
-
-
 @pytest.mark.parametrize("make, says", [
     (lambda a: a // 2, "Mica has no floor division or remainder (x // y, x % y: torch.floor_divide, torch.remainder)"),
     (lambda a: 7 % a, "Mica has no floor division or remainder"),
-    (_assign_first_row, "a traced Tensor is a value and cannot be assigned into (x[...] = v, x[...] += v); build the "
-                        "new tensor instead, e.g. mica.where(mask, v, x), or mica.cat of the slices"),
-    (_add_to_a_column, "a traced Tensor is a value and cannot be assigned into"),
+    (lambda a: a.__setitem__(a > 0, a), "x[mask] = value takes one value for the masked elements, got f32[3, 4]; use "
+                                        "mica.where(mask, values, x) for a tensor of them"),
+    (lambda a: a.__setitem__(a.long(), 1.0), "x[index] = value takes a Tensor index only as a bool mask of x's shape "
+                                             "[3, 4] (torch's masked_fill), got i64[3, 4]"),
+    (lambda a: a.expand(2, 3, 4).add_(1.0), "an in-place step on an expanded tensor would write one element of its "
+                                            "input many times, which torch refuses; take .clone()"),
 ])
 def test_python_operators_mica_lacks_are_one_sentence_at_the_users_line(make, says):
-    """torch's //, % and item assignment, which a traced Tensor cannot take, name the user's line
+    """torch's //, % and what torch refuses of item assignment and in-place steps name the user's line
     instead of Python's TypeError."""
-    with pytest.raises(TraceError) as e:
+    with pytest.raises(mica.MicaError) as e:
         mica.trace(make, mica.f32[3, 4])
     assert str(e.value).startswith(says) and "test_user_mistakes.py:" in str(e.value), str(e.value)
 

@@ -377,7 +377,8 @@ def masked_fill(input, mask, value):
 
 def detach(input):
     x = as_tensor(input)
-    return link_view(x, emit("detach", [x]))  # (torch's detach shares the tensor's memory)
+    out = emit("detach", [x])  # (torch's detach shares the tensor's memory: an in-place step reaches both)
+    return link_view(x, out, detach, lambda v, b: v)
 
 
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta|hip|xla|hpu|mtia|privateuseone)(:\d+)?")
@@ -595,7 +596,8 @@ def full(size, fill_value, dtype=None, **_device):
     dtype = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
     if not in_trace():
         return np.full(size, fill_value, dtype=dtype.np_storage)
-    return expand(const(fill_value, dtype), size)
+    out = expand(const(fill_value, dtype), size)
+    return Tensor(out.value, out._ctx)  # (a tensor of its own, not a view of the one value: in-place on it)
 
 
 def zeros(*size, dtype=None, **_device):

@@ -1,4 +1,5 @@
 """Verbs that move data without arithmetic: views, permutations, indexing, splitting, joining."""
+import builtins
 import functools
 import math
 
@@ -9,15 +10,89 @@ from ..tensor import Tensor, emit, fail, link_view, takes_axis
 from .core import as_tensor, canon_dim, result_type, to, where
 
 
-def _a_view(verb):
-    """A verb whose result is a view of its input's memory in torch (an in-place step on one is
-    seen through the other there; tensor.py marks what Mica cannot follow)."""
-    first = verb.__code__.co_varnames[0]
+def _a_view(inverse):
+    """A verb whose result views its input's memory in torch, so an in-place step on one reaches the
+    other (tensor.py's _rebind): `inverse(v, base, k, *arguments)` is the base with its k-th view's
+    elements replaced by v's (k: which of a tuple of views, else 0)."""
+    def decorate(verb):
+        first = verb.__code__.co_varnames[0]
 
-    @functools.wraps(verb)
-    def view_verb(*args, **kwargs):
-        return link_view(args[0] if args else kwargs.get(first), verb(*args, **kwargs))
-    return view_verb
+        @functools.wraps(verb)
+        def view_verb(*args, **kwargs):
+            out = verb(*args, **kwargs)
+            if args:
+                base, rest = args[0], args[1:]
+            else:
+                base, rest = kwargs.pop(first, None), ()
+            for k, t in enumerate(out if isinstance(out, tuple) else (out,)):
+                link_view(base, t, lambda b, k=k: _kth(verb(b, *rest, **kwargs), k),
+                          lambda v, b, k=k: inverse(v, b, k, *rest, **kwargs))
+            return out
+        return view_verb
+    return decorate
+
+
+def _kth(out, k):
+    return out[k] if isinstance(out, tuple) else out
+
+
+def _splice(b, piece, starts, steps):
+    """b with the elements at starts + i * steps replaced by piece's (piece: that region's shape)."""
+    from .core import full
+
+    piece = to(piece, b.dtype)
+    inside = pad_into(full(piece.shape, True, dtype=dtypes.bool_), b.shape, starts, steps)
+    return where(inside, pad_into(piece, b.shape, starts, steps), b)
+
+
+def _along(b, d, offset):
+    """starts and steps of a region at `offset` along dim d of b (the whole of every other dim)."""
+    starts = [0] * b.ndim
+    starts[d] = offset
+    return starts, [1] * b.ndim
+
+
+def _reshaped_back(v, b, k, *_, **__):
+    return reshape(v, b.shape)
+
+
+def _permuted_back(v, b, k, *dims):
+    perm = [canon_dim(d, b.ndim, "permute") for d in _shape_args(dims, "permute")]
+    return permute(v, *np.argsort(perm).tolist())
+
+
+def _transposed_back(v, b, k, dim0, dim1):
+    return transpose(v, dim0, dim1)
+
+
+def _expanded_back(v, b, k, *_):
+    fail("an in-place step on an expanded tensor would write one element of its input many times, which torch "
+         "refuses; take .clone() of the expanded tensor first")
+
+
+def _narrowed_back(v, b, k, dim, start, length):
+    d = canon_dim(dim, b.ndim, "narrow")
+    return _splice(b, v, *_along(b, d, start + b.shape[d] if start < 0 else start))
+
+
+def _split_back(v, b, k, split_size_or_sections, dim=0):
+    d = canon_dim(dim, b.ndim, "split")
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        offset = k * int(split_size_or_sections)
+    else:
+        offset = builtins.sum(int(s) for s in list(split_size_or_sections)[:k])
+    return _splice(b, v, *_along(b, d, offset))
+
+
+def _chunk_back(v, b, k, chunks, dim=0):
+    d = canon_dim(dim, b.ndim, "chunk")
+    return _splice(b, v, *_along(b, d, k * max(1, -(-b.shape[d] // chunks))))
+
+
+def _unbound_back(v, b, k, dim=0):
+    d = canon_dim(dim, b.ndim, "unbind")
+    return _splice(b, unsqueeze(v, d), *_along(b, d, k))
+
 
 
 def _shape_args(shape, verb):
@@ -29,7 +104,7 @@ def _shape_args(shape, verb):
     return tuple(int(s) for s in shape)
 
 
-@_a_view
+@_a_view(_reshaped_back)
 def reshape(input, *shape):
     x = as_tensor(input)
     shape = _shape_args(shape, "view")
@@ -50,7 +125,7 @@ def reshape(input, *shape):
 view = reshape
 
 
-@_a_view
+@_a_view(_permuted_back)
 def permute(input, *dims):
     x = as_tensor(input)
     dims = _shape_args(dims, "permute")
@@ -62,7 +137,7 @@ def permute(input, *dims):
     return emit("permute", [x], perm=perm)
 
 
-@_a_view
+@_a_view(_transposed_back)
 def transpose(input, dim0, dim1):
     x = as_tensor(input)
     if x.ndim < 2:
@@ -76,7 +151,7 @@ def transpose(input, dim0, dim1):
 swapaxes = transpose
 
 
-@_a_view
+@_a_view(_expanded_back)
 def expand(input, *sizes):
     x = as_tensor(input)
     sizes = _shape_args(sizes, "expand")
@@ -122,7 +197,7 @@ def pad_into(x, shape, starts, steps):
     return emit("pad", [x], shape=tuple(shape), starts=tuple(starts), steps=tuple(steps))
 
 
-@_a_view
+@_a_view(_narrowed_back)
 def narrow(input, dim, start, length):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "narrow")
@@ -136,7 +211,7 @@ def narrow(input, dim, start, length):
 
 
 @takes_axis
-@_a_view
+@_a_view(_reshaped_back)
 def unsqueeze(input, dim):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim + 1, "unsqueeze")
@@ -144,7 +219,7 @@ def unsqueeze(input, dim):
 
 
 @takes_axis
-@_a_view
+@_a_view(_reshaped_back)
 def squeeze(input, dim=None):
     x = as_tensor(input)
     if dim is None:
@@ -155,7 +230,7 @@ def squeeze(input, dim=None):
     return reshape(x, tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
 
-@_a_view
+@_a_view(_reshaped_back)
 def flatten(input, start_dim=0, end_dim=-1):
     x = as_tensor(input)
     if x.ndim == 0:
@@ -166,7 +241,7 @@ def flatten(input, start_dim=0, end_dim=-1):
     return reshape(x, x.shape[:a] + (math.prod(x.shape[a:b + 1]),) + x.shape[b + 1:])
 
 
-@_a_view
+@_a_view(_reshaped_back)
 def unflatten(input, dim, sizes):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "unflatten")
@@ -174,7 +249,7 @@ def unflatten(input, dim, sizes):
         else reshape(x, x.shape[:d] + tuple(sizes) + x.shape[d + 1:])
 
 
-@_a_view
+@_a_view(_split_back)
 def split(tensor, split_size_or_sections, dim=0):
     x = as_tensor(tensor)
     d = canon_dim(dim, x.ndim, "split")
@@ -195,7 +270,7 @@ def split(tensor, split_size_or_sections, dim=0):
     return tuple(out)
 
 
-@_a_view
+@_a_view(_chunk_back)
 def chunk(input, chunks, dim=0):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "chunk")
@@ -204,7 +279,7 @@ def chunk(input, chunks, dim=0):
     return split(x, max(1, -(-x.shape[d] // chunks)), d)
 
 
-@_a_view
+@_a_view(_unbound_back)
 def unbind(input, dim=0):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "unbind")
@@ -299,6 +374,64 @@ ger = outer
 def getitem(x, index):
     """Basic indexing (ints, slices with positive steps, None, True/False, ...), which views x as
     torch's does, and one list of ints or of bools (a mask along one dim), which copies."""
+    plan = _index_plan(x, index)
+    y = _basic(x, plan)
+    if plan.pick is None:
+        return link_view(x, y, lambda b: getitem(b, index), lambda v, b: _indexed_back(v, b, index))
+    axis, idx = plan.pick
+    return cat([narrow(y, axis, i, 1) for i in idx], axis) if idx else narrow(y, axis, 0, 0)
+
+
+def setitem(x, index, value):
+    """x[index] = value, as torch's: value (broadcast to the indexed shape, cast to x's type) is
+    written into x's elements, and so into every tensor sharing them. A bool Tensor of x's shape as
+    the index is masked_fill's mask."""
+    if isinstance(index, Tensor):
+        if index.dtype is not dtypes.bool_ or index.shape != x.shape:
+            fail(f"x[index] = value takes a Tensor index only as a bool mask of x's shape {list(x.shape)} (torch's "
+                 f"masked_fill), got {index.value.spec!r}; for other Tensor indices use mica.where")
+        from .core import masked_fill
+
+        value = as_tensor(value, x.dtype) if not isinstance(value, Tensor) else value
+        if value.numel() != 1:
+            fail(f"x[mask] = value takes one value for the masked elements, got {value.value.spec!r}; use "
+                 "mica.where(mask, values, x) for a tensor of them")
+        return x._rebind(masked_fill(x, index, reshape(value, ())))
+    plan = _index_plan(x, index)
+    if plan.empty:
+        return x  # (an index with False selects nothing)
+    if plan.pick is None:
+        view = getitem(x, index)
+        new = expand(_value_for(value, x, view.ndim), view.shape)
+        return x._rebind(new) if view is x else view._rebind(new)
+    axis, idx = plan.pick
+    whole = tuple(slice(None) if k == plan.list_at else it for k, it in enumerate(plan.index))
+    view = getitem(x, whole)
+    shape = list(view.shape)
+    shape[axis] = len(idx)
+    values = expand(_value_for(value, x, len(shape)), tuple(shape))
+    last = {p: k for k, p in enumerate(idx)}  # (a position given twice takes its last value, as torch's CPU)
+    new = cat([narrow(values, axis, last[p], 1) if p in last else narrow(view, axis, p, 1)
+               for p in range(view.shape[axis])], axis)
+    return x._rebind(new) if view is x else view._rebind(new)
+
+
+def _value_for(value, x, ndim):
+    """An assigned value in x's type, its leading dims of 1 beyond `ndim` dropped (as torch's)."""
+    v = to(as_tensor(value), x.dtype)
+    while v.ndim > ndim and v.shape[0] == 1:
+        v = reshape(v, v.shape[1:])
+    return v
+
+
+class _IndexPlan:
+    __slots__ = ("index", "starts", "stops", "steps", "out_shape", "pick", "list_at", "empty")
+
+
+def _index_plan(x, index):
+    """An index written as torch's, normalized (every dim named, ... expanded) and read: the slice
+    it takes (starts, stops, steps), the result's shape, the dims False makes empty, and a list's
+    (result dim, positions) with its place in the index."""
     if not isinstance(index, tuple):
         index = (index,)
     index = tuple(it.tolist() if isinstance(it, np.ndarray) else it for it in index)
@@ -308,26 +441,29 @@ def getitem(x, index):
         if not (it is None or it is Ellipsis or isinstance(it, (int, np.integer, np.bool_, slice, list))):
             fail(f"cannot index with {type(it).__name__} {it!r}")
     new_dims = (bool, np.bool_)  # (None, True and False add a dim of 1, 1 and 0, as torch's)
-    used = sum(1 for it in index if not (it is None or it is Ellipsis or isinstance(it, new_dims)))
+    used = builtins.sum(1 for it in index if not (it is None or it is Ellipsis or isinstance(it, new_dims)))
     if used > x.ndim:
         fail(f"too many indices ({used}) for a tensor of {x.ndim} dims")
-    if sum(1 for it in index if it is Ellipsis) > 1:
+    if builtins.sum(1 for it in index if it is Ellipsis) > 1:
         fail("an index may hold at most one Ellipsis (...)")
-    if Ellipsis in index:
+    if any(it is Ellipsis for it in index):
         k = next(k for k, it in enumerate(index) if it is Ellipsis)
         index = index[:k] + (slice(None),) * (x.ndim - used) + index[k + 1:]
     else:
         index = index + (slice(None),) * (x.ndim - used)
-    if sum(1 for it in index if isinstance(it, list)) > 1:
+    if builtins.sum(1 for it in index if isinstance(it, list)) > 1:
         fail("only one list index at a time is supported")
 
-    starts, stops, steps, out_shape, pick, empty = [], [], [], [], None, []
+    plan = _IndexPlan()
+    plan.index, plan.starts, plan.stops, plan.steps, plan.out_shape = index, [], [], [], []
+    plan.pick = plan.list_at = None
+    plan.empty = []
     d = 0
-    for it in index:
+    for at, it in enumerate(index):
         if it is None or isinstance(it, new_dims):
             if it is not None and not it:
-                empty.append(len(out_shape))
-            out_shape.append(1)
+                plan.empty.append(len(plan.out_shape))
+            plan.out_shape.append(1)
             continue
         size = x.shape[d]
         if isinstance(it, slice):
@@ -335,26 +471,36 @@ def getitem(x, index):
             if s <= 0:
                 fail(f"slices need a positive step, got {s}")
             e = max(e, b)
-            starts.append(b), stops.append(e), steps.append(s)
-            out_shape.append(len(range(b, e, s)))
+            plan.starts.append(b), plan.stops.append(e), plan.steps.append(s)
+            plan.out_shape.append(len(range(b, e, s)))
         elif isinstance(it, list):
-            pick = (len(out_shape), _list_index(it, d, size))
-            starts.append(0), stops.append(size), steps.append(1)
-            out_shape.append(size)
+            plan.pick, plan.list_at = (len(plan.out_shape), _list_index(it, d, size)), at
+            plan.starts.append(0), plan.stops.append(size), plan.steps.append(1)
+            plan.out_shape.append(size)
         else:
             i = int(it)
             if not -size <= i < size:
                 fail(f"index {i} is out of range for dim {d} of size {size}")
             i %= size
-            starts.append(i), stops.append(i + 1), steps.append(1)
+            plan.starts.append(i), plan.stops.append(i + 1), plan.steps.append(1)
         d += 1
-    y = reshape(slice_(x, starts, stops, steps), tuple(out_shape))
-    for axis in empty:
+    return plan
+
+
+def _basic(x, plan):
+    """The slice a plan takes, in the result's shape (before a list's pick)."""
+    y = reshape(slice_(x, plan.starts, plan.stops, plan.steps), tuple(plan.out_shape))
+    for axis in plan.empty:
         y = narrow(y, axis, 0, 0)
-    if pick is None:
-        return link_view(x, y)
-    axis, idx = pick
-    return cat([narrow(y, axis, i, 1) for i in idx], axis) if idx else narrow(y, axis, 0, 0)
+    return y
+
+
+def _indexed_back(v, b, index):
+    plan = _index_plan(b, index)
+    if plan.empty:
+        return b
+    counts = [len(range(st, sp, stp)) for st, sp, stp in zip(plan.starts, plan.stops, plan.steps)]
+    return _splice(b, reshape(v, tuple(counts)), plan.starts, plan.steps)
 
 
 def _list_index(it, d, size):

@@ -66,6 +66,16 @@ def _from_storage(a, dtype):
 _STORAGE_NP = {"bfloat16": np.dtype(np.uint16), "float16": np.dtype(np.float16)}
 
 
+
+def load_library(path):
+    """The compiled program at `path`, loaded into this process; a library that cannot load (one it
+    links, such as cuBLASLt, moved or gone since it was built) is a sentence."""
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        raise MicaError(f"the compiled program {path} cannot be loaded ({e}); delete its folder from Mica's cache "
+                        "(MICA_CACHE, else ~/.cache/mica) to build it again") from None
+
 class Executable:
     """A compiled program loaded in this process: call it with numpy arrays."""
 
@@ -74,7 +84,7 @@ class Executable:
         self.library = library
         self.source = lowered.source
         self.memory_report = lowered.memory_report
-        self._lib = lib = ctypes.CDLL(library)
+        self._lib = lib = load_library(library)
         lib.mica_arena_bytes.restype = ctypes.c_int64
         lib.mica_arena_new.restype = ctypes.c_void_p
         lib.mica_arena_free.argtypes = [ctypes.c_void_p]

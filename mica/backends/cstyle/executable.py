@@ -6,7 +6,7 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import _from_storage, _to_storage, check_key, check_threads, refuse_keywords, run_error
+from ..c.executable import _from_storage, _to_storage, check_key, check_threads, load_library, refuse_keywords, run_error
 
 
 class AbiExecutable:
@@ -15,7 +15,7 @@ class AbiExecutable:
         self.library = library
         self.source = lowered.source
         self.memory_report = lowered.memory_report
-        self._lib = lib = ctypes.CDLL(library)
+        self._lib = lib = load_library(library)
         f = lambda name, res, *args: self._fn(api + name, res, args)  # noqa: E731
         self._arena_bytes = f("arena_bytes", ctypes.c_int64)
         self._arena_new = f("arena_new", ctypes.c_void_p)

@@ -104,14 +104,16 @@ def build(source, name="program", simulate=False, threads_per_block=None):
     """Compile to a shared library (cached); returns its path."""
     kind = "sim" if simulate else "nvcc"
     digest = hashlib.sha256()
-    for part in (source, kind, str(threads_per_block), headers_digest()):  # (TF32: the source says, MICA_TF32)
+    # (TF32: the source says, MICA_TF32; nvcc's link flags name the cuBLASLt found by rpath, which a
+    # venv made elsewhere moves)
+    for part in (source, kind, str(threads_per_block), headers_digest(), *([] if simulate else link_flags())):
         digest.update(part.encode() + b"\0")
     ranks = []  # collectives across ranks: NCCL and Open MPI (the simulator's NCCL: Open MPI alone)
     if '#include "mica_nccl.h"' in source:
         from .collectives import build_flags
 
-        compile_flags, link_flags = build_flags(simulate)
-        ranks = compile_flags + link_flags
+        rank_compile, rank_link = build_flags(simulate)
+        ranks = rank_compile + rank_link
     digest.update("\0".join(ranks).encode())
     out_dir = os.path.join(cache_dir(), f"cuda-{kind}-" + digest.hexdigest()[:24])
     if simulate:
