@@ -134,3 +134,56 @@ def test_tutorial_training_follows_its_schedule_and_learns():
         alphas.append(float(m["alpha"]))
     assert alphas[0] == 0.0625 and alphas[15] == pytest.approx(0.03125)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_module_bookkeeping_follows_torch():
+    """What an outside tester found: a non-persistent buffer in state_dict, an array assigned over a
+    Parameter (silently untrained), Python floats as float64 parameters, containers' list and dict
+    idioms, device= and inplace=, bfloat16 initial values the program cannot hold."""
+    from collections import OrderedDict
+
+    def build(lib):
+        class M(lib.Module):
+            def __init__(self):
+                super().__init__()
+                self.seq = lib.Sequential(OrderedDict([("fc", lib.Linear(3, 4, device="cpu")),
+                                                       ("act", lib.ReLU(inplace=True))]))
+                self.layers = lib.ModuleList([lib.Linear(4, 4) for _ in range(3)])
+                self.layers.insert(1, lib.LayerNorm(4))
+                del self.layers[0]
+                self.layers[2] = lib.Linear(4, 2)
+                self.layers.extend([lib.Identity()])
+                self.heads = lib.ModuleDict({"x": lib.Linear(2, 1)})
+                self.heads.update({"y": lib.Linear(2, 5)})
+                self.register_buffer("keep", np.ones(2) if lib is nn else torch.ones(2, dtype=torch.float64))
+                self.register_buffer("cache", np.zeros(2) if lib is nn else torch.zeros(2), persistent=False)
+        return M()
+
+    m, t = build(nn), build(torch.nn)
+    assert list(m.state_dict(m.init(0))) == list(t.state_dict())
+    assert len(m.heads) == 2 and list(m.heads) == ["x", "y"] and isinstance(m.layers[1:], nn.ModuleList)
+    assert isinstance(m.seq[:1], nn.Sequential) and len(m.layers) == 4
+    with pytest.raises(mica.MicaError, match=r"^cannot assign a ndarray as parameter 'weight' of Linear \(a "
+                                             r"mica.nn.Parameter or None expected"):
+        m.seq.fc.weight = np.zeros((4, 3))
+    m.keep = np.array([2.0, 3.0])  # (still a buffer, as torch's)
+    assert m.state_dict(m.init(0))["keep"].tolist() == [2.0, 3.0]
+    assert nn.Parameter([1.0, 2.0]).dtype is mica.float32 and nn.Parameter(np.zeros(2)).dtype is mica.float32
+    assert nn.Parameter(np.zeros(2, np.float16)).dtype is mica.float16
+    from mica.backends.reference import round_bf16
+
+    w = nn.Embedding(4, 6).bfloat16().init(0)["weight"]
+    assert np.array_equal(w, round_bf16(w)) and len(np.unique(w)) > 12
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.nn.Tanh \(torch.nn.Tanh\)"):
+        nn.Tanh
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.optim.RMSprop"):
+        mica.optim.RMSprop
+    # torch.nn.init's fan-based initializers: the bounds and spreads torch computes
+    lin = nn.Linear(30, 50)
+    nn.init.xavier_uniform_(lin.weight)
+    nn.init.trunc_normal_(lin.bias, std=0.5, a=-0.1, b=0.2)
+    v = lin.init(3)
+    assert np.abs(v["weight"]).max() <= math.sqrt(6 / 80) and np.abs(v["weight"]).max() > 0.9 * math.sqrt(6 / 80)
+    assert v["bias"].min() >= -0.1 and v["bias"].max() <= 0.2
+    nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
+    assert abs(lin.init(3)["weight"].std() - math.sqrt(2 / 30)) < 0.02

@@ -248,3 +248,61 @@ def test_hyperparameters_at_the_edges_of_their_ranges_are_taken():
     mica.optim.adamw(lr=np.float32(1e-3), betas=[0.9, 0.999])
     mica.optim.sgd(lr=0, momentum=0)
     mica.optim.muon(mu=0.0)
+
+
+@pytest.mark.parametrize("make, tmake", [
+    (lambda: mica.optim.AdamW(lr=0.1, weight_decay=0.5), lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.5)),
+    (lambda: mica.optim.Adam(lr=0.05, betas=(0.8, 0.9), weight_decay=0.3),
+     lambda ps: torch.optim.Adam(ps, lr=0.05, betas=(0.8, 0.9), weight_decay=0.3)),
+    (lambda: mica.optim.SGD(lr=0.1, momentum=0.9, weight_decay=0.2),
+     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.2)),
+])
+def test_a_parameter_the_loss_never_reads_is_skipped_as_torch_skips_it(make, tmake):
+    """torch's optimizers skip a parameter whose grad is None (no decay, no momentum); Mica's decayed
+    it, a gradient of zeros. Four steps through accumulation and clipping (which keep it zero by
+    construction), against torch in float64; Adam's L2 decay on the way."""
+    rng = np.random.default_rng(8)
+    params = {"a": rng.standard_normal((3, 4)), "b": rng.standard_normal((2, 4)), "c": rng.standard_normal(4)}
+    xs = [rng.standard_normal((5, 4)) for _ in range(2)]
+    opt = make()
+
+    def loss(p, x):
+        return ((x @ p["a"].T).square().mean() + (x * p["c"]).sum().tanh())  # ("b": never read)
+
+    def step(p, s, x0, x1):
+        grads = [mica.grad(loss(p, x), p) for x in (x0, x1)]
+        g = {n: grads[0][n] + grads[1][n] for n in p}
+        mica.optim.clip_grad_norm(g, 0.5)
+        return opt.update(p, g, s)
+
+    prog = mica.trace(step, _tree_specs(params), _tree_specs(opt.init(params)), mica.f64[5, 4], mica.f64[5, 4])
+    tp = {n: to_torch(a, requires_grad=True) for n, a in params.items()}
+    topt = tmake(list(tp.values()))
+    state = opt.init(params)
+    for _ in range(4):
+        params, state = mica.reference.run(prog, params, state, *xs)
+        topt.zero_grad(set_to_none=True)
+        for x in xs:
+            t = to_torch(x)
+            ((t @ tp["a"].T).square().mean() + (t * tp["c"]).sum().tanh()).backward()
+        torch.nn.utils.clip_grad_norm_([tp["a"], tp["c"]], 0.5)
+        topt.step()
+    for n in params:
+        assert rel_err(params[n], tp[n].detach().numpy()) < 1e-10, n  # (float64; Adam amplifies rounding)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 3.0, float("inf"), "inf"])
+def test_clip_grad_norm_takes_torchs_norm_types(norm_type):
+    rng = np.random.default_rng(9)
+    grads = {"a": rng.standard_normal((3, 4)), "b": rng.standard_normal(5)}
+    out, norm = mica.reference.run(mica.trace(lambda g: (g, mica.optim.clip_grad_norm(g, 0.7, norm_type)),
+                                              _tree_specs(grads)), grads)
+    tparams = [torch.zeros(a.shape, dtype=torch.float64, requires_grad=True) for a in grads.values()]
+    for p, a in zip(tparams, grads.values()):
+        p.grad = to_torch(a)
+    tnorm = torch.nn.utils.clip_grad_norm_(tparams, 0.7, norm_type=float(norm_type))
+    assert rel_err(norm, tnorm.item()) < 1e-14
+    for a, p in zip(out.values(), tparams):
+        assert rel_err(a, p.grad.numpy()) < 1e-14
+    with pytest.raises(mica.MicaError, match="^clip_grad_norm: error_if_nonfinite=True would stop a step"):
+        mica.trace(lambda g: mica.optim.clip_grad_norm(g, 1.0, error_if_nonfinite=True), _tree_specs(grads))

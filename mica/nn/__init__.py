@@ -4,3 +4,11 @@ from .modules import (  # noqa: F401
     GELU, Dropout, Embedding, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ReLU,
     RMSNorm, Sequential, functional_call,
 )
+
+
+def __getattr__(name):  # (a module or helper torch.nn has and Mica does not: one sentence)
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from ..errors import missing_verb
+
+    raise missing_verb("mica.nn.", name, "torch.nn.")

@@ -93,6 +93,80 @@ def constant_(param, value):
     return param
 
 
+class TruncatedNormal(Initializer):
+    """N(mean, std) redrawn until inside [a, b] (torch.nn.init.trunc_normal_'s absolute bounds)."""
+
+    def __init__(self, mean=0.0, std=1.0, a=-2.0, b=2.0):
+        self.mean, self.std, self.a, self.b = float(mean), float(std), float(a), float(b)
+        if not self.a < self.b:
+            raise ValueError(f"trunc_normal_: a ({a}) must be below b ({b})")
+
+    def sample(self, shape, rng):
+        out = rng.normal(self.mean, self.std, size=shape)
+        bad = (out < self.a) | (out > self.b)
+        for _ in range(1000):
+            if not bad.any():
+                break
+            out[bad] = rng.normal(self.mean, self.std, size=int(bad.sum()))
+            bad = (out < self.a) | (out > self.b)
+        return np.clip(out, self.a, self.b)
+
+    def __repr__(self):
+        return f"TruncatedNormal({self.mean}, {self.std}, [{self.a}, {self.b}])"
+
+
+def _fans(param, what):
+    """torch.nn.init's fan_in and fan_out of a weight [out, in, *receptive field]."""
+    shape = param.shape
+    if len(shape) < 2:
+        from ..errors import MicaError
+
+        raise MicaError(f"{what}: fan in and fan out need a weight of 2 or more dims, got {list(shape)}")
+    receptive = math.prod(shape[2:])
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def _gain(nonlinearity, a):
+    if nonlinearity in ("linear", "sigmoid", "conv1d", "conv2d", "conv3d"):
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        return math.sqrt(2.0 / (1 + (0.01 if a is None else a) ** 2))
+    if nonlinearity == "selu":
+        return 3.0 / 4
+    raise ValueError(f"unsupported nonlinearity {nonlinearity!r}")
+
+
+def xavier_uniform_(param, gain=1.0):
+    fan_in, fan_out = _fans(param, "xavier_uniform_")
+    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return uniform_(param, -bound, bound)
+
+
+def xavier_normal_(param, gain=1.0):
+    fan_in, fan_out = _fans(param, "xavier_normal_")
+    return normal_(param, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)))
+
+
+def kaiming_uniform_(param, a=0, mode="fan_in", nonlinearity="leaky_relu"):
+    fan = _fans(param, "kaiming_uniform_")[0 if mode == "fan_in" else 1]
+    bound = _gain(nonlinearity, a) * math.sqrt(3.0 / fan) if fan else 0.0
+    return uniform_(param, -bound, bound)
+
+
+def kaiming_normal_(param, a=0, mode="fan_in", nonlinearity="leaky_relu"):
+    fan = _fans(param, "kaiming_normal_")[0 if mode == "fan_in" else 1]
+    return normal_(param, 0.0, _gain(nonlinearity, a) / math.sqrt(fan) if fan else 0.0)
+
+
+def trunc_normal_(param, mean=0.0, std=1.0, a=-2.0, b=2.0):
+    param.init = TruncatedNormal(mean, std, a, b)
+    return param
+
+
 def fan_in_uniform(fan_in):
     """PyTorch's default for Linear weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
     bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
@@ -105,3 +179,11 @@ def stream(seed, name):
     # float64 in numpy, which loses bits and warns "invalid value encountered in cast"
     key = np.array([int(seed) & (2**64 - 1), zlib.crc32(name.encode())], dtype=np.uint64)
     return np.random.Generator(np.random.Philox(key=key))
+
+
+def __getattr__(name):  # (torch.nn.init's in-place functions: Mica's initializers are objects, above)
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from ..errors import missing_verb
+
+    raise missing_verb("mica.nn.init.", name, "torch.nn.init.")

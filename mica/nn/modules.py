@@ -26,7 +26,7 @@ class Parameter:
         if data is not None:
             arr = np.asarray(data)
             shape = arr.shape
-            dtype = dtype or (as_dtype(arr.dtype) if arr.dtype.kind == "f" else dtypes.float32)
+            dtype = dtype or _default_float(arr)
             init = init or initializers.Constant(arr)
         if shape is None:
             raise MicaError("a Parameter needs initial data or a shape")
@@ -55,11 +55,20 @@ class Parameter:
         return f"Parameter({self.spec!r}, init={self.init!r})"
 
 
+def _default_float(arr):
+    """The element type data becomes: numpy's float64 (its default: np.zeros, Python floats) is the
+    default float32, as torch.tensor makes Python floats; float32 and the half types stay."""
+    if arr.dtype.kind == "f" and arr.dtype != np.float64:
+        return as_dtype(arr.dtype)
+    return dtypes.float32
+
+
 class Module:
     def __init__(self):
         object.__setattr__(self, "_parameters", {})
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "training", True)
 
     # ---- attribute registry, as torch.nn.Module keeps it -------------------------------------------
@@ -67,9 +76,16 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise MicaError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                             "assigning attributes")
-        for table in (self._parameters, self._modules, self._buffers):
-            if name in table and not isinstance(value, (Parameter, Module)) and value is not None:
-                del table[name]
+        if name in self._parameters and not isinstance(value, Parameter) and value is not None:
+            raise MicaError(f"cannot assign a {type(value).__name__} as parameter {name!r} of {type(self).__name__} "
+                            "(a mica.nn.Parameter or None expected, as torch's); its values come from init() or "
+                            "your params dict")
+        if name in self._modules and not isinstance(value, Module) and value is not None:
+            raise MicaError(f"cannot assign a {type(value).__name__} as child module {name!r} of "
+                            f"{type(self).__name__} (a mica.nn.Module or None expected, as torch's)")
+        if name in self._buffers and not isinstance(value, (Parameter, Module)):
+            self._buffers[name] = None if value is None else _buffer_array(value)  # (still a buffer, as torch's)
+            return
         if isinstance(value, Parameter):
             self._modules.pop(name, None)
             self._parameters[name] = value
@@ -94,11 +110,17 @@ class Module:
             return d["_modules"][name]
         if "_buffers" in d and name in d["_buffers"]:
             buf = d["_buffers"][name]
-            return F.tensor(buf) if F.in_trace() else buf
+            return F.tensor(buf) if F.in_trace() and buf is not None else buf
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def register_buffer(self, name, array, persistent=True):
-        self._buffers[name] = np.asarray(array)
+        """A constant the module reads (numpy values, which a trace reads as mica.tensor does: floats
+        as the default float32); a non-persistent one stays out of state_dict(), as torch's."""
+        self._buffers[name] = None if array is None else _buffer_array(array)
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
 
     def register_parameter(self, name, param):
         setattr(self, name, param)
@@ -190,8 +212,12 @@ class Module:
             for pattern, o in overrides.items():
                 if name == pattern or fnmatch.fnmatchcase(name, pattern):
                     init = o
-            values = init.sample(p.shape, initializers.stream(seed, name))
-            out[name] = np.asarray(values, dtype=np.float64).astype(p.dtype.np_storage)
+            values = np.asarray(init.sample(p.shape, initializers.stream(seed, name)), dtype=np.float64)
+            out[name] = values.astype(p.dtype.np_storage)
+            if p.dtype is dtypes.bfloat16:  # (held in float32: the values the program will hold)
+                from ..backends.reference import round_bf16
+
+                out[name] = round_bf16(out[name])
         return out
 
     def state_dict(self, params):
@@ -204,7 +230,8 @@ class Module:
                 if p is not None:
                     out[f"{mprefix}.{name}" if mprefix else name] = params[by_id[id(p)]]
             for name, b in m._buffers.items():
-                out[f"{mprefix}.{name}" if mprefix else name] = b
+                if b is not None and name not in m._non_persistent:
+                    out[f"{mprefix}.{name}" if mprefix else name] = b
         return out
 
     @contextlib.contextmanager
@@ -237,6 +264,19 @@ class Module:
         return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
 
 
+def _buffer_array(value):
+    return np.asarray(value)  # (as given: a trace reads a float buffer as the default float, F.tensor)
+
+
+def _device(device):
+    """torch's device= argument: accepted where it names the CPU or a card (Mica places tensors
+    itself), else the sentence mica.to gives."""
+    if device is not None:
+        from ..verbs.core import _device_name
+
+        _device_name(str(device))
+
+
 class _NoMemo(set):
     """A memo that remembers nothing: walks shared submodules under every name (state_dict)."""
 
@@ -253,8 +293,9 @@ def functional_call(module, params, *args, **kwargs):
 # ---- the layers ---------------------------------------------------------------------------------------
 
 class Linear(Module):
-    def __init__(self, in_features, out_features, bias=True, dtype=None):
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
         super().__init__()
+        _device(device)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(shape=(out_features, in_features), dtype=dtype,
                                 init=initializers.fan_in_uniform(in_features))
@@ -269,8 +310,9 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings, embedding_dim, dtype=None):
+    def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
         super().__init__()
+        _device(device)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), dtype=dtype, init=initializers.normal())
 
@@ -286,8 +328,9 @@ def _shape(normalized_shape):
 
 
 class LayerNorm(Module):
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=None):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
         super().__init__()
+        _device(device)
         self.normalized_shape, self.eps = _shape(normalized_shape), eps
         self.weight = Parameter(shape=self.normalized_shape, dtype=dtype, init=initializers.ones()) \
             if elementwise_affine else None
@@ -299,8 +342,9 @@ class LayerNorm(Module):
 
 
 class RMSNorm(Module):
-    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=None):
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
         super().__init__()
+        _device(device)
         self.normalized_shape, self.eps = _shape(normalized_shape), eps
         self.weight = Parameter(shape=self.normalized_shape, dtype=dtype, init=initializers.ones()) \
             if elementwise_affine else None
@@ -328,6 +372,9 @@ class GELU(Module):
 
 
 class ReLU(Module):
+    def __init__(self, inplace=False):  # (in place or not, the same values: a traced step has no memory to save)
+        super().__init__()
+
     def forward(self, x):
         return F.relu(x)
 
@@ -338,17 +385,50 @@ class Identity(Module):
 
 
 class ModuleList(Module):
+    """Modules held in order under the names "0", "1", ... (renumbered as torch's on insert and
+    delete); a slice is a ModuleList of the same modules."""
+
     def __init__(self, modules=()):
         super().__init__()
-        for m in modules:
-            self.append(m)
+        self.extend(modules)
+
+    def _renumber(self, modules):
+        self._modules.clear()
+        for k, m in enumerate(modules):
+            self._modules[str(k)] = _module(m, type(self).__name__)
 
     def append(self, module):
-        self._modules[str(len(self._modules))] = module
+        self._modules[str(len(self._modules))] = _module(module, type(self).__name__)
         return self
 
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index, module):
+        modules = list(self._modules.values())
+        modules.insert(index, module)
+        self._renumber(modules)
+
     def __getitem__(self, i):
+        if isinstance(i, slice):
+            return type(self)(list(self._modules.values())[i]) if type(self) is ModuleList else \
+                Sequential(*list(self._modules.values())[i])
         return list(self._modules.values())[i]
+
+    def __setitem__(self, i, module):
+        modules = list(self._modules.values())
+        modules[i] = module
+        self._renumber(modules)
+
+    def __delitem__(self, i):
+        modules = list(self._modules.values())
+        del modules[i]
+        self._renumber(modules)
+
+    def __iadd__(self, modules):
+        return self.extend(modules)
 
     def __len__(self):
         return len(self._modules)
@@ -360,17 +440,33 @@ class ModuleList(Module):
 class ModuleDict(Module):
     def __init__(self, modules=None):
         super().__init__()
-        for k, m in (modules or {}).items():
-            self._modules[k] = m
+        if modules is not None:
+            self.update(modules)
 
     def __getitem__(self, key):
         return self._modules[key]
 
     def __setitem__(self, key, module):
-        self._modules[key] = module
+        self._modules[key] = _module(module, "ModuleDict")
+
+    def __delitem__(self, key):
+        del self._modules[key]
 
     def __contains__(self, key):
         return key in self._modules
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def update(self, modules):
+        for k, m in (modules.items() if hasattr(modules, "items") else modules):
+            self[k] = m
+
+    def pop(self, key):
+        return self._modules.pop(key)
 
     def keys(self):
         return self._modules.keys()
@@ -383,10 +479,23 @@ class ModuleDict(Module):
 
 
 class Sequential(ModuleList):
+    """Modules called in order; Sequential(OrderedDict(name=module, ...)) names them, as torch's."""
+
     def __init__(self, *modules):
-        super().__init__(modules)
+        super().__init__()
+        if len(modules) == 1 and hasattr(modules[0], "items"):
+            for name, m in modules[0].items():
+                self._modules[str(name)] = _module(m, "Sequential")
+        else:
+            self.extend(modules)
 
     def forward(self, x):
         for m in self:
             x = m(x)
         return x
+
+
+def _module(m, container):
+    if not isinstance(m, Module):
+        raise MicaError(f"{container} holds mica.nn.Module objects, got a {type(m).__name__}")
+    return m

@@ -83,6 +83,25 @@ class AdamW(Optimizer):
         return {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
 
+class Adam(AdamW):
+    """torch.optim.Adam: AdamW's arithmetic with weight decay as an L2 term added to the gradient
+    (in float32 for a bfloat16 parameter, as the fused kernel's opmath) instead of decoupled."""
+
+    defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    def _update(self, params, grads, state, groups):
+        grads, coupled = dict(grads), []
+        for hyper, names, lr in groups:
+            wd = hyper["weight_decay"]
+            for n in self._mine(names) if wd != 0 else ():
+                g, p = grads[n], params[n]
+                if p.dtype is dtypes.bfloat16:
+                    g, p = F.to(g, dtypes.float32), F.to(p, dtypes.float32)
+                grads[n] = F.add(g, p, alpha=wd)
+            coupled.append(({**hyper, "weight_decay": 0.0}, names, lr))
+        return super()._update(params, grads, state, coupled)
+
+
 def _fma(a, b, c):
     """float32 a * b + c rounded once, as the kernel's vector fmadd: the float32 product is exact in
     float64, so only the sum rounds (and then to float32; the double rounding this adds changes a

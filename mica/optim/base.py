@@ -84,8 +84,16 @@ class Optimizer:
         return pytree.tree_map(Spec.of, self._init(fake))
 
     def update(self, params, grads, state, lr=None, lr_scale=None):
+        """A parameter the loss never reads (its gradient is zero by construction: torch's None) is
+        left as it is with its state, as torch's optimizers skip it: no decay, no momentum."""
         new_params = dict(params)
         new_state = self._update(new_params, grads, state, self._group_lrs(params, lr, lr_scale))
+        for n in self.managed(list(params)):
+            if n in grads and not has_gradient(grads[n]):
+                new_params[n] = params[n]
+                for key, part in new_state.items():
+                    if isinstance(part, dict) and n in part and isinstance(state.get(key), dict) and n in state[key]:
+                        part[n] = state[key][n]
         _record_updates(params, new_params, "parameter")
         _record_updates(state, new_state, "optimizer state")
         return new_params, new_state
@@ -104,6 +112,45 @@ class Optimizer:
 
     def _update(self, params, grads, state, groups):
         raise NotImplementedError
+
+
+# ops whose result is 0 wherever the inputs named are 0 (all of them: every input; "any": one)
+_ZERO_IF = {"expand": "all", "reshape": "all", "permute": "all", "slice": "all", "cast": "all", "neg": "all",
+            "detach": "all", "add": "all", "sub": "all", "mul": "any", "div": "first", "where": "branches",
+            "all_reduce": "all", "reduce_scatter": "all", "all_gather": "all"}
+
+
+def has_gradient(g):
+    """False where a gradient is zero by construction: mica.grad's zeros for a tensor the loss does
+    not reach, however it was since summed, scaled (clipping) or reshaped."""
+    from ..tensor import Tensor
+
+    return not isinstance(g, Tensor) or not _zero_by_construction(g._value)
+
+
+def _zero_by_construction(value):
+    todo, seen = [value], set()
+    while todo:
+        v = todo.pop()
+        if v.id in seen:
+            continue
+        seen.add(v.id)
+        node, rule = v.node, _ZERO_IF.get(v.node.op)
+        if node.op == "const":
+            if node.attrs["value"] != 0:
+                return False
+        elif rule == "any":
+            if not any(_zero_by_construction(i) for i in node.inputs):
+                return False
+        elif rule == "first":
+            todo.append(node.inputs[0])
+        elif rule == "branches":
+            todo.extend(node.inputs[1:3])
+        elif rule == "all":
+            todo.extend(node.inputs)
+        else:
+            return False
+    return True
 
 
 def _record_updates(old, new, role):
