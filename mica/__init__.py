@@ -28,11 +28,11 @@ from .trace import Program, compile, trace  # noqa: A004, E402
 from .verbs import (  # noqa: E402
     abs, add, addcdiv, addcmul, amax, amin, arange, argmax, argmin, as_tensor, bitwise_and, bitwise_not,
     bitwise_or, bitwise_xor, bmm, cat, chunk, clamp, clamp_max, clamp_min, clip,
-    concat, cos, cross_entropy, detach, div, dropout, embedding, eq, erf, eye, exp, expand, flatten, full,
+    concat, cos, cross_entropy, detach, div, dropout, einsum, embedding, eq, erf, eye, exp, expand, flatten, full,
     full_like, ge, gelu, gt, layer_norm, le, lerp, linear, linspace, log, log_softmax, logical_and,
     logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul, max, maximum, mean, min, minimum, mm,
     mul, narrow, ne,
-    neg, nll_loss, norm, ones, ones_like, outer, permute, pow, relu, repeat, reshape, result_type,
+    neg, nll_loss, norm, ones, ones_like, outer, permute, pow, relu, repeat, repeat_interleave, reshape, result_type,
     rms_norm, rsqrt, scaled_dot_product_attention, sigmoid, silu, sin, softmax, split, sqrt, square,
     squeeze, stack, std, sub, sum, tanh, tensor, to, transpose, tril, triu, unbind, unsqueeze, var, view,
     where, zeros, zeros_like,

@@ -431,6 +431,7 @@ class Tensor:
     def expand(self, *sizes): return F.expand(self, *sizes)
     def expand_as(self, other): return F.expand(self, other.shape)
     def repeat(self, *sizes): return F.repeat(self, *sizes)
+    def repeat_interleave(self, repeats, dim=None): return F.repeat_interleave(self, repeats, dim)
     def split(self, split_size, dim=0): return F.split(self, split_size, dim)
     def chunk(self, chunks, dim=0): return F.chunk(self, chunks, dim)
     def unbind(self, dim=0): return F.unbind(self, dim)

@@ -524,3 +524,41 @@ def test_in_place_steps_and_item_assignment_write_through_as_torchs():
         assert rel_err(g, w.detach().numpy()) <= 1e-6
     for g, w in zip(grads, want_grads):
         assert rel_err(g, w.numpy()) <= 1e-6
+
+
+def _einsum_pad_repeat(m, a, b, c):
+    F = m.nn.functional
+    return (m.einsum("bij,bjk->bik", a, b), m.einsum("bij,bjk,kl->bil", a, b, c), m.einsum("...ij,...jk", a, b),
+            m.einsum("bij,bij->b", a, a), m.einsum("bij->jb", a), m.einsum("ij,kl->ijkl", a[0], c),
+            F.pad(a, (1, 2)), F.pad(a, (-1, 2, 1, -1), "constant", 2.5), F.pad(a, (0, 0, 0, 0, 1, 1), value=-1.0),
+            a.repeat_interleave(2, 1), m.repeat_interleave(a, 3),
+            a.repeat_interleave(m.tensor([1, 0, 2]) if m is torch else [1, 0, 2], dim=1))  # (counts: torch's a tensor)
+
+
+def test_einsum_pad_and_repeat_interleave_compute_as_torchs():
+    """Values and gradients against torch float64: einsum's pairwise products (broadcast batch,
+    summed letters, `...`, implicit output), pad's counts from the last dim (negative ones cut),
+    repeat_interleave by a count and by counts."""
+    rng = np.random.default_rng(12)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 4), (2, 4, 5), (5, 3))]
+    specs = [spec_of(a) for a in inputs]
+    weights = [rng.standard_normal(o.shape) for o in _einsum_pad_repeat(torch, *[torch.tensor(a) for a in inputs])]
+
+    def step(*xs):
+        outs = _einsum_pad_repeat(mica, *xs)
+        return outs, mica.grad(sum((o * mica.tensor(w)).sum() for o, w in zip(outs, weights)), list(xs))
+
+    got, grads = mica.compile(step, *specs)(*inputs)
+    ts = [to_torch(a.astype(np.float64), requires_grad=True) for a in inputs]
+    want = _einsum_pad_repeat(torch, *ts)
+    want_grads = torch.autograd.grad(sum((o * torch.from_numpy(w)).sum() for o, w in zip(want, weights)), ts)
+    for g, w in zip(got, want):
+        assert rel_err(g, w.detach().numpy()) <= 1e-6
+    for g, w in zip(grads, want_grads):
+        assert rel_err(g, w.numpy()) <= 1e-6
+    for bad, says in ((lambda a: mica.einsum("ii->i", a[0]), r"^einsum: a letter twice in one operand"),
+                      (lambda a: mica.einsum("ij,jk->ik", a, a), r"^einsum: operand 'ij' names 2 dims"),
+                      (lambda a: mica.nn.functional.pad(a, (1, 1), mode="reflect"), r"^pad: mode 'reflect'"),
+                      (lambda a: a.repeat_interleave([1, 2], dim=0), r"^repeat_interleave: 2 counts for dim 0")):
+        with pytest.raises(mica.MicaError, match=says + r".*\(.*test_ops.py:\d+\)$"):
+            mica.trace(bad, mica.f32[3, 3, 3])

@@ -44,6 +44,82 @@ def matmul(input, other):
     return emit("matmul", [a, b])
 
 
+def einsum(equation, *operands):
+    """torch.einsum: each operand's dims named by letters (`...` for the leading rest); the output's
+    letters given after `->`, else every letter named once, in alphabetical order. Operands are taken
+    left to right, two at a time, as one batched matmul each (a letter in one operand only, and
+    not kept, is summed first). A letter repeated within an operand (a diagonal) is refused."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or not operands:
+        fail("einsum: give an equation such as 'ij,jk->ik' and its operands")
+    ts = [as_tensor(t) for t in operands]
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ts):
+        fail(f"einsum: {equation!r} names {len(terms)} operands, {len(ts)} were given")
+    ell = max((t.ndim - (len(term) - 3) for term, t in zip(terms, ts) if "..." in term), default=0)
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq][:ell]
+    named = []
+    for term, t in zip(terms, ts):
+        if term.count("...") > 1 or not all(c.isalpha() for c in term.replace("...", "")):
+            fail(f"einsum: cannot read the operand {term!r} of {equation!r}: letters and one '...'")
+        if "..." in term:
+            k = t.ndim - (len(term) - 3)
+            term = term.replace("...", "".join(spare[ell - k:]) if k > 0 else "")
+        if len(term) != t.ndim:
+            fail(f"einsum: operand {term!r} names {len(term)} dims, the tensor {t.value.spec!r} has {t.ndim}")
+        if len(set(term)) != len(term):
+            fail(f"einsum: a letter twice in one operand ({term!r}, a diagonal) is not supported")
+        named.append(term)
+    if arrow:
+        out = out.replace("...", "".join(spare))
+        if not all(c.isalpha() for c in out) or len(set(out)) != len(out) or any(c not in "".join(named) for c in out):
+            fail(f"einsum: cannot read the output {out!r} of {equation!r}: letters of the operands, each once")
+    else:
+        counts = {c: "".join(named).count(c) for c in set("".join(named))}
+        out = "".join(spare) + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in spare))
+    sizes = {}
+    for term, t in zip(named, ts):
+        for c, n in zip(term, t.shape):
+            if sizes.setdefault(c, n) != n and n != 1 and sizes[c] != 1:
+                fail(f"einsum: letter {c!r} stands for sizes {sizes[c]} and {n} in {equation!r}")
+            sizes[c] = max(sizes[c], n)
+    x, xs = ts[0], named[0]
+    for i in range(1, len(ts)):
+        later = out + "".join(named[i + 1:])
+        x, xs = _contract(x, xs, ts[i], named[i], later, sizes)
+    gone = [k for k, c in enumerate(xs) if c not in out]
+    if gone:
+        x = _sum(x, gone)
+        xs = "".join(c for c in xs if c in out)
+    return x.permute(*[xs.index(c) for c in out]) if xs != out else x
+
+
+def _contract(a, sa, b, sb, later, sizes):
+    """a (letters sa) with b (letters sb), keeping the letters `later` needs: a batched matmul."""
+    own_a = [k for k, c in enumerate(sa) if c not in sb and c not in later]
+    if own_a:
+        a, sa = _sum(a, own_a), "".join(c for c in sa if c in sb or c in later)
+    own_b = [k for k, c in enumerate(sb) if c not in sa and c not in later]
+    if own_b:
+        b, sb = _sum(b, own_b), "".join(c for c in sb if c in sa or c in later)
+    batch = [c for c in sa if c in sb and c in later]
+    summed = [c for c in sa if c in sb and c not in later]
+    left = [c for c in sa if c not in sb]
+    right = [c for c in sb if c not in sa]
+    a = a.permute(*[sa.index(c) for c in batch + left + summed])
+    b = b.permute(*[sb.index(c) for c in batch + summed + right])
+    n = lambda cs: math.prod(sizes[c] for c in cs)  # noqa: E731
+    a = expand(a, tuple(sizes[c] for c in batch + left + summed))  # (a letter of size 1 broadcasts)
+    b = expand(b, tuple(sizes[c] for c in batch + summed + right))
+    a = reshape(a, (n(batch), n(left), n(summed)))
+    b = reshape(b, (n(batch), n(summed), n(right)))
+    y = matmul(a, b)
+    return reshape(y, tuple(sizes[c] for c in batch + left + right)), "".join(batch + left + right)
+
+
 def mm(input, mat2):
     """torch.mm: a [n, m] by [m, p] product, 2-d only (matmul broadcasts)."""
     a, b = as_tensor(input), as_tensor(mat2)

@@ -305,6 +305,60 @@ def cat(tensors, dim=0):
 concat = concatenate = cat
 
 
+def pad(input, pad, mode="constant", value=None):
+    """torch.nn.functional.pad, constant mode: `pad` gives (before, after) counts from the last dim
+    backwards; a negative count cuts instead."""
+    x = as_tensor(input)
+    if mode != "constant":
+        fail(f"pad: mode {mode!r} is not supported; Mica pads with a constant (mode='constant')")
+    pad = [int(p) for p in pad]
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        fail(f"pad: {len(pad)} counts do not pair up over at most the tensor's {x.ndim} dims")
+    before, after = [0] * x.ndim, [0] * x.ndim
+    for k in range(len(pad) // 2):
+        before[x.ndim - 1 - k], after[x.ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    for d in range(x.ndim):  # (negative counts: torch cuts)
+        cut_lo, cut_hi = max(0, -before[d]), max(0, -after[d])
+        if cut_lo or cut_hi:
+            if cut_lo + cut_hi > x.shape[d]:
+                fail(f"pad: cutting {cut_lo + cut_hi} from dim {d} of size {x.shape[d]}")
+            x = narrow(x, d, cut_lo, x.shape[d] - cut_lo - cut_hi)
+    before, after = [max(0, b) for b in before], [max(0, a) for a in after]
+    if not any(before) and not any(after):
+        return Tensor(x.value, x._ctx)
+    shape = tuple(n + b + a for n, b, a in zip(x.shape, before, after))
+    out = pad_into(x, shape, before, [1] * x.ndim)
+    if value:
+        from .core import full
+
+        inside = pad_into(full(x.shape, True, dtype=dtypes.bool_), shape, before, [1] * x.ndim)
+        out = where(inside, out, as_tensor(value, x.dtype))
+    return out
+
+
+def repeat_interleave(input, repeats, dim=None):
+    """Each element repeated `repeats` times in place along dim (the flattened tensor without one),
+    as torch's: an int count, or one count per element given as ints."""
+    x = as_tensor(input)
+    if dim is None:
+        x, dim = reshape(x, (-1,)), 0
+    d = canon_dim(dim, x.ndim, "repeat_interleave")
+    if isinstance(repeats, Tensor):
+        fail("repeat_interleave: counts as a Tensor make a shape from data; give an int or a list of ints")
+    if isinstance(repeats, (int, np.integer)) and not isinstance(repeats, bool):
+        r = int(repeats)
+        if r < 0:
+            fail(f"repeat_interleave: repeats must be 0 or more, got {r}")
+        y = unsqueeze(x, d + 1)
+        y = expand(y, x.shape[:d + 1] + (r,) + x.shape[d + 1:])
+        return reshape(y, x.shape[:d] + (x.shape[d] * r,) + x.shape[d + 1:])
+    counts = [int(c) for c in repeats]
+    if len(counts) != x.shape[d] or min(counts, default=0) < 0:
+        fail(f"repeat_interleave: {len(counts)} counts for dim {d} of size {x.shape[d]}; give one count (0 or "
+             "more) per element")
+    return cat([narrow(x, d, i, 1) for i, c in enumerate(counts) for _ in range(c)] or [narrow(x, d, 0, 0)], d)
+
+
 @takes_axis
 def stack(tensors, dim=0):
     ts = [as_tensor(t) for t in tensors]
