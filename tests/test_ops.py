@@ -363,18 +363,27 @@ def test_masks_keep_bool_and_bitwise_verbs_are_logical_on_bools_only():
 
 def test_nll_loss_takes_torchs_arguments_and_refuses_what_torch_refuses():
     """Targets of the wrong shape are a sentence at the user's line (torch raises too), as are class
-    weights; a target out of range makes the loss NaN (torch raises), never a silently smaller loss;
-    -inf log-probabilities of other classes stay out of the sum; a 0-d literal is a 0-d target."""
+    weights; a target out of range stops the program with a sentence, as torch raises (it was a NaN
+    loss), on the CPU, the CUDA simulator and the oracle; -inf log-probabilities of other classes
+    stay out of the sum; a 0-d literal is a 0-d target."""
     with pytest.raises(mica.MicaError, match=r"^nll_loss: input f32\[4, 3\] needs targets of shape \[4\], got "
                                              r"i64\[1\] \(.*test_ops.py:\d+\)"):
         mica.trace(lambda x, t: mica.nn.functional.nll_loss(x, t), mica.f32[4, 3], mica.i64[1])
     with pytest.raises(mica.MicaError, match="^nll_loss: class weights .* are not supported"):
         mica.trace(lambda x, t: mica.nn.functional.nll_loss(x, t, x[0]), mica.f32[4, 3], mica.i64[4])
-    exe = mica.compile(lambda x, t: mica.nn.functional.nll_loss(x, t), mica.f32[2, 3], mica.i64[2])
+    program = mica.trace(lambda x, t: mica.nn.functional.nll_loss(x, t), mica.f32[2, 3], mica.i64[2])
     logp = np.array([[-np.inf, -0.25, -2.0], [-1.0, -np.inf, -0.5]], np.float32)
-    assert exe(logp, np.array([1, 2])) == np.float32(0.375)
-    assert np.isnan(exe(logp, np.array([1, 3]))) and np.isnan(exe(logp, np.array([-2, 0])))
-    assert exe(logp, np.array([1, -100])) == np.float32(0.25)  # (ignore_index's -100: out of the mean)
+    from test_cuda import _has_boost_context
+
+    runs = [program.lower("cpu").build(), lambda *a: mica.reference.run(program, *a)]
+    runs += [program.lower("cuda", simulate=True).build()] if _has_boost_context() else []
+    for exe in runs:
+        assert exe(logp, np.array([1, 2])) == np.float32(0.375)
+        assert exe(logp, np.array([1, -100])) == np.float32(0.25)  # (ignore_index's -100: out of the mean)
+        for bad in (3, -2):
+            with pytest.raises(mica.MicaError, match=rf"^nll_loss: target {bad} is out of range for 3 classes; give "
+                                                     "targets below the class count, or ignore_index"):
+                exe(logp, np.array([1, bad]))
     exe = mica.compile(lambda z: mica.nn.functional.cross_entropy(z, mica.tensor(3)), mica.f32[5])
     z = np.arange(5, dtype=np.float32)
     assert rel_err(exe(z), TF.cross_entropy(torch.tensor(z), torch.tensor(3)).item()) < 1e-6

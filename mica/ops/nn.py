@@ -464,6 +464,30 @@ defop("embedding_backward", infer=_embedding_bwd_infer, ref=_embedding_bwd_ref, 
       kernel=KernelABI(may_fail=True))
 
 
+# ---- check_range: class indices a composed verb reads (nll_loss), checked ----------------------------
+
+def _check_range_infer(specs, bound, ignore_index):
+    (t,) = specs
+    if t.dtype is not dtypes.int64:
+        raise ShapeError(f"check_range: expects int64 class indices, got {t!r}")
+    return [(t.shape, t.dtype)]
+
+
+def _check_range_ref(a, at, run):
+    (t,) = a
+    bad = (t != at["ignore_index"]) & ((t < 0) | (t >= at["bound"]))
+    if bad.any():
+        raise MicaError(f"nll_loss: target {int(t[bad][0])} is out of range for {at['bound']} classes; give targets "
+                        "below the class count, or ignore_index")  # (mica_rows.h's sentence, every target's)
+    return t.copy()
+
+
+# the indices, copied, or the program stops with a sentence (as torch raises): nll_loss picks its
+# log-probabilities with a where over the classes, which an index out of range would miss silently
+defop("check_range", infer=_check_range_infer, ref=_check_range_ref, family="kernel",
+      kernel=KernelABI(may_fail=True), flops=lambda node: 0)
+
+
 # ---- dropout ----------------------------------------------------------------------------------------
 
 def _dropout_infer(specs, p, stream, threshold):

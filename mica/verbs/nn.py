@@ -329,19 +329,18 @@ def _reduce_rows(losses, valid, t_shape, reduction):
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """Negative log-likelihood of class indices from log-probabilities: input (N, C), (C,) or
-    (N, C, d1, ...), as torch's. A target outside [0, C) that is not ignore_index makes its loss NaN
-    (torch raises; a compiled program cannot, short of a kernel of its own)."""
+    (N, C, d1, ...), as torch's. A target outside [0, C) that is not ignore_index stops the program
+    with a sentence, as torch raises."""
     (x,) = amp.float32("nll_loss", _floating_input(input, "nll_loss"))
     t = as_tensor(target)
     if weight is not None or size_average is not None or reduce is not None:
         raise TraceError("nll_loss: class weights and the legacy size_average/reduce flags are not supported",
                          user_location())
     x, t, t_shape = _class_rows("nll_loss", x, t, reduction)
-    classes = x.shape[1]
+    t = emit("check_range", [to(t, dtypes.int64)], bound=x.shape[1], ignore_index=int(ignore_index))
     picked = -_taken_along(x, unsqueeze(t, 1), 1)  # (a where: -inf log-probabilities of other classes stay out)
     valid = t != ignore_index
-    out_of_range = valid & ((t < 0) | (t >= classes))
-    losses = where(out_of_range, float("nan"), where(valid, picked, 0.0))
+    losses = where(valid, picked, 0.0)
     return _reduce_rows(losses, to(valid, x.dtype), t_shape, reduction)
 
 

@@ -196,6 +196,13 @@ def _embedding(e, kernel):
     return [f"mica_embedding_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D});"]
 
 
+@lower("check_range")
+def _check_range(e, kernel):
+    t, out, p = kernel.inputs[0], kernel.outputs[0], e.ptr
+    return [f"mica_check_range({p(t)}, {p(out)}, {t.numel}, {kernel.attrs['bound']}, "
+            f"{kernel.attrs['ignore_index']}LL);"]
+
+
 @lower("embedding_backward", scratch=_embedding_backward_scratch)
 def _embedding_backward(e, kernel):
     ins, outs, p = kernel.inputs, kernel.outputs, e.ptr

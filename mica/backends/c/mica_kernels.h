@@ -197,6 +197,14 @@ static void mica_embedding_backward_##S(const T *g, const int64_t *idx, T *dw, i
 MICA_DEFINE_KERNELS(float, f32)
 MICA_DEFINE_KERNELS(double, f64)
 
+/* class indices copied, each checked against the class count (nll_loss's targets) */
+static void mica_check_range(const int64_t *t, int64_t *out, int64_t count, int64_t bound, int64_t ignore) {
+    for (int64_t i = 0; i < count; i++) {
+        if (t[i] != ignore && (t[i] < 0 || t[i] >= bound)) mica_fail(MICA_NLL_LOSS_RANGE_TEXT, t[i], bound);
+        out[i] = t[i];
+    }
+}
+
 /* ---- attention (the shape record and the float rows are in mica_rows.h) --------------------------
  * Dot products over the head dim run in increasing index; softmax sums use the canonical lanes.
  * Per-thread scratch: mica_attention_scratch(S, E, Ev) elements. */

@@ -32,6 +32,8 @@
  * the oracle (mica/ops/nn.py); its two numbers are the value and the count it must stay below */
 #define MICA_CROSS_ENTROPY_RANGE_TEXT \
     "cross_entropy: target %lld is out of range for %lld classes; give targets below the class count, or ignore_index"
+#define MICA_NLL_LOSS_RANGE_TEXT \
+    "nll_loss: target %lld is out of range for %lld classes; give targets below the class count, or ignore_index"
 #define MICA_EMBEDDING_RANGE_TEXT                                                                   \
     "embedding: index %lld is out of range for %lld embeddings; give indices below the table's row count (a data " \
     "id beyond the vocabulary?)"

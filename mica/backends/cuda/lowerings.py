@@ -19,7 +19,7 @@ from ..c import lowerings as _c
 from ..cstyle import types as ct
 
 ROW_KERNELS = ("layer_norm", "rms_norm", "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",
-               "cross_entropy", "cross_entropy_backward", "embedding")
+               "cross_entropy", "cross_entropy_backward", "embedding", "check_range")
 
 for _op in ROW_KERNELS:
     register_lowering(_op, "cuda", lowering_of(_op, "c").rule)
@@ -29,8 +29,8 @@ ROW_GROUP = 8  # threads per row (mica_cuda_kernels.h's MICA_ROW_GROUP: one per 
 
 def threads(kernel):
     """The threads a row kernel's launch asks for (grid-stride loops take any rest): a group of
-    ROW_GROUP per row; embedding a thread per output element."""
-    if kernel.op == "embedding":
+    ROW_GROUP per row; embedding and check_range a thread per output element."""
+    if kernel.op in ("embedding", "check_range"):  # (a thread per element: no rows)
         return max(kernel.outputs[0].numel, 1)
     x = kernel.inputs[1] if kernel.op.endswith("_backward") else kernel.inputs[0]  # the [rows, n] input
     ndims = kernel.attrs.get("ndims", 1)

@@ -169,7 +169,8 @@ static int mica_cuda_kernel_failed(void) {
     if (!f.failed) return 0;
     snprintf(mica_error_text, sizeof mica_error_text,
              f.what == 0 ? MICA_CROSS_ENTROPY_RANGE_TEXT
-                         : MICA_EMBEDDING_RANGE_TEXT, f.a, f.b);
+             : f.what == 1 ? MICA_EMBEDDING_RANGE_TEXT
+                           : MICA_NLL_LOSS_RANGE_TEXT, f.a, f.b);
     mica_cuda_failure clear = {0, 0, 0, 0};
     cudaMemcpyToSymbol(mica_cuda_fail_state, &clear, sizeof clear);
     return 1;
@@ -236,4 +237,13 @@ static __device__ void mica_embedding_##S(const int64_t *idx, const T *w, T *y, 
 
 MICA_DEFINE_CUDA_KERNELS(float, f32)
 MICA_DEFINE_CUDA_KERNELS(double, f64)
+
+/* class indices copied, each checked against the class count (nll_loss's targets) */
+static __device__ void mica_check_range(const int64_t *t, int64_t *out, int64_t count, int64_t bound,
+                                        int64_t ignore) {
+    MICA_GRID_STRIDE(i, count) {
+        if (t[i] != ignore && (t[i] < 0 || t[i] >= bound)) mica_cuda_fail(2, t[i], bound);
+        out[i] = t[i];
+    }
+}
 #endif
