@@ -22,7 +22,7 @@ from .amp import autocast  # noqa: E402
 from .dtypes import Spec  # noqa: E402
 from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
 from .errors import GradError, MicaError, ShapeError, TraceError  # noqa: E402
-from .grad import grad, value_and_grad  # noqa: E402
+from .grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled, value_and_grad  # noqa: E402
 from .tensor import Tensor  # noqa: E402
 from .trace import Program, compile, trace  # noqa: A004, E402
 from .verbs import (  # noqa: E402
@@ -38,6 +38,16 @@ from .verbs import (  # noqa: E402
     where, zeros, zeros_like,
 )
 from . import distributed, nn, optim, reference  # noqa: E402
+from .host import HostTensor, eager as _eager, _add_torch_methods  # noqa: E402
+
+# outside a trace the verbs take and give host tensors, torch's eager tensors (mica/host.py)
+_add_torch_methods()
+for _name in [n for n in dir() if not n.startswith("_") and n != "result_type"]:
+    if getattr(globals()[_name], "__module__", "").startswith("mica.verbs") and callable(globals()[_name]):
+        globals()[_name] = _eager(globals()[_name])
+for _name in [n for n in dir(nn.functional) if not n.startswith("_")]:
+    if getattr(getattr(nn.functional, _name), "__module__", "").startswith("mica.verbs"):
+        setattr(nn.functional, _name, _eager(getattr(nn.functional, _name)))
 
 bool = bool_  # noqa: A001  (mica.bool, like torch.bool)
 f32, bf16, f16, f64, i32, i64, b8 = float32, bfloat16, float16, float64, int32, int64, bool_

@@ -127,3 +127,52 @@ def value_and_grad(fn, argnums=0, has_aux=False):
         wrt = args[argnums] if isinstance(argnums, int) else tuple(args[i] for i in argnums)
         return result, grad(loss, wrt)
     return wrapped
+
+
+class set_grad_enabled:
+    """torch.set_grad_enabled, and below it no_grad, enable_grad and inference_mode: a context
+    manager or a decorator. Inside a trace, what is computed while gradients are off is detached
+    (mica.grad sends nothing through it), as torch's; outside a trace it changes nothing."""
+
+    def __init__(self, mode=True):
+        self.mode = bool(mode)
+        self._saved = []
+
+    def __enter__(self):
+        from .tensor import _STACK
+
+        ctx = _STACK[-1] if _STACK else None
+        self._saved.append((ctx, ctx.grad_enabled if ctx is not None else None))
+        if ctx is not None:
+            ctx.grad_enabled = self.mode
+        return self
+
+    def __exit__(self, *exc):
+        ctx, was = self._saved.pop()
+        if ctx is not None:
+            ctx.grad_enabled = was
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def with_mode(*args, **kwargs):
+            with set_grad_enabled(self.mode):
+                return fn(*args, **kwargs)
+        return with_mode
+
+
+class no_grad(set_grad_enabled):
+    def __init__(self):
+        super().__init__(False)
+
+
+class enable_grad(set_grad_enabled):
+    def __init__(self):
+        super().__init__(True)
+
+
+class inference_mode(set_grad_enabled):
+    def __init__(self, mode=True):
+        super().__init__(not mode)

@@ -44,6 +44,7 @@ class TraceContext:
         self.random_streams = 0
         self.loc_override = None
         self.open = True
+        self.grad_enabled = True  # (False under mica.no_grad: what is computed there is detached)
 
     def loc(self):
         return self.loc_override if self.loc_override is not None else user_location()
@@ -94,6 +95,8 @@ def emit(op, inputs, **attrs):
         raise
     node = ctx.graph.add(op, vals, attrs, out_types, ctx.loc())
     outs = tuple(Tensor(v, ctx) for v in node.outputs)
+    if not ctx.grad_enabled and op != "detach":  # (torch.no_grad: no gradient flows through what is made here)
+        outs = tuple(emit("detach", [o]) if o.dtype.kind == "float" else o for o in outs)
     return outs[0] if len(outs) == 1 else outs
 
 
@@ -260,7 +263,10 @@ class Tensor:
         name = getattr(ufunc, "__name__", "ufunc")
         verb = _OPERATOR_UFUNCS.get(name)
         if verb and method == "__call__" and not kwargs:  # a numpy scalar beside a Tensor: its operator
-            scalar = (lambda x: isinstance(x, np.generic) or (isinstance(x, np.ndarray) and x.ndim == 0))
+            from .host import HostTensor  # (a host tensor beside a traced one: a constant, as torch's)
+
+            scalar = (lambda x: isinstance(x, np.generic) or (isinstance(x, np.ndarray) and x.ndim == 0
+                                                               and not isinstance(x, HostTensor)))
             return getattr(F, verb)(*(x.item() if scalar(x) else x for x in inputs))
         raise _numpy_refused(name)
 

@@ -187,3 +187,48 @@ def test_module_bookkeeping_follows_torch():
     assert v["bias"].min() >= -0.1 and v["bias"].max() <= 0.2
     nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
     assert abs(lin.init(3)["weight"].std() - math.sqrt(2 / 30)) < 0.02
+
+
+def test_torch_model_files_port_with_their_own_idioms():
+    """What ports of nanoGPT's, minGPT's and llama2.c's model files met: @torch.no_grad() on a
+    method (now a context and decorator that detaches what it computes, as torch's), _init_weights'
+    `p.data.normal_()`, configure_optimizers' `p.requires_grad`, named_buffers, zero_grad; groups
+    of Parameter objects and load_state_dict are sentences that say how Mica takes them."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.register_buffer("mask", mica.tril(mica.ones(3, 3)).view(1, 3, 3))
+            self.apply(self._init_weights)
+
+        def _init_weights(self, module):
+            if isinstance(module, nn.Linear):
+                module.weight.data.normal_(mean=0.0, std=0.02)
+                module.bias.data.zero_()
+
+        @mica.no_grad()
+        def scale(self, x):
+            return x * 2.0
+
+    net = Net()
+    v = net.init(0)
+    assert abs(v["fc.weight"].std() - 0.02) < 0.01 and not v["fc.bias"].any()
+    assert [n for n, p in net.named_parameters() if p.requires_grad] == ["fc.weight", "fc.bias"]
+    assert [n for n, _ in net.named_buffers()] == ["mask"] and net.zero_grad() is None
+
+    def f(m, x, w):
+        y = x * w
+        with m.no_grad():
+            s = (y * 3.0).sum()
+            with m.enable_grad():
+                z = (y * 2.0).sum()
+        return (y * s).sum() + z + net.scale(y).sum() if m is mica else (y * s).sum() + z + (y * 2.0).detach().sum()
+
+    x, w = np.array([1.0, 2.0], np.float32), np.array([0.5, -1.0], np.float32)
+    g = mica.compile(lambda x, w: mica.grad(f(mica, x, w), w), mica.f32[2], mica.f32[2])(x, w)
+    tw = to_torch(w, requires_grad=True)
+    assert np.array_equal(g, torch.autograd.grad(f(torch, to_torch(x), tw), tw)[0].numpy())
+    with pytest.raises(mica.MicaError, match=r"^AdamW: group 0 holds Parameter objects; Mica's groups name"):
+        mica.optim.AdamW([{"params": list(net.parameters())}], lr=1e-3)
+    with pytest.raises(mica.MicaError, match=r"^Net.load_state_dict: Mica's modules hold no values"):
+        net.load_state_dict({})

@@ -3,6 +3,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 import mica
 from helpers import rel_err
@@ -106,13 +107,30 @@ def test_dtype_mismatch_is_a_shape_error():
         mica.trace(lambda i, w: mica.embedding(i, w), mica.f32[3], mica.f32[4, 2])
 
 
-def test_verbs_outside_a_trace_say_so():
-    with pytest.raises(mica.TraceError, match="outside a trace"):
-        mica.exp(np.ones(3))
-    with pytest.raises(mica.TraceError, match="outside a trace"):
-        mica.softmax(np.ones(3), -1)
-    # constructors give initial values outside a trace, as torch.zeros would
-    assert mica.ones(2, 3).shape == (2, 3) and mica.zeros(4).dtype == np.float32
+def _while_building(m):
+    """What torch code computes in a model's __init__, before any trace: nanoGPT's and minGPT's
+    causal mask, llama2.c's rotary frequencies, and numpy's same-named methods used torch's way."""
+    freqs = 1.0 / (10000.0 ** (m.arange(0, 8, 2)[: (8 // 2)].float() / 8))
+    angles = m.outer(m.arange(5).float(), freqs)
+    return (m.tril(m.ones(4, 4)).view(1, 1, 4, 4), angles.cos(), m.triu(m.full((4, 4), float("-inf")), diagonal=1),
+            m.arange(3).repeat(2), m.ones(2, 3).repeat(2, 1), m.arange(4) / 3, m.ones(2, 3).sum(-1, keepdim=True),
+            m.zeros(3, 3).masked_fill(m.ones(3, 3).tril() == 0, -1.0), m.arange(6).view(2, 3).transpose(0, 1),
+            m.stack([m.arange(3), m.arange(3) * 2], 0), m.exp(m.tensor([0.5, 1.0])), m.softmax(m.ones(3), -1))
+
+
+def test_verbs_outside_a_trace_compute_as_torchs_eager_tensors():
+    """Outside a trace a verb computes (a one-verb program on the oracle) and gives a host tensor:
+    a numpy array whose torch methods mean torch's (repeat, view, size, sum(dim, keepdim),
+    transpose), with torch's element types (int / int is float32); inside a trace it is a constant."""
+    got, want = _while_building(mica), _while_building(torch)
+    for g, w in zip(got, want):
+        assert isinstance(g, mica.HostTensor) and g.shape == tuple(w.shape) and str(g.dtype) == str(w.dtype).split(".")[1]
+        assert np.allclose(g, w.numpy(), rtol=1e-6, atol=0)  # (cos: Mica's own, within an ulp of torch's)
+    mask = got[0]
+    assert mica.ones(2, 3).size(0) == 2 and mica.ones(2, 3).size() == (2, 3) and mica.ones(2, 3).size == 6
+    exe = mica.compile(lambda x: (x.masked_fill(mask[:, :, :3, :3] == 0, 0.0) * mask[:, :, :3, :3]).sum(),
+                       mica.f32[1, 1, 3, 3])
+    assert exe(np.full((1, 1, 3, 3), 2.0, np.float32)) == 12.0
 
 
 def test_values_a_verb_cannot_take_get_a_sentence():

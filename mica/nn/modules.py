@@ -33,6 +33,29 @@ class Parameter:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = as_dtype(dtype or dtypes.float32)
         self.init = init or initializers.zeros()
+        self.requires_grad = True  # (torch's flag, kept for code that reads it; freezing is param_groups')
+
+    # torch's `p.data.normal_(...)` in an _init_weights: here it sets the initializer (nothing is drawn
+    # until Module.init), as mica.nn.init's functions do
+    @property
+    def data(self):
+        return self
+
+    def normal_(self, mean=0.0, std=1.0):
+        return initializers.normal_(self, mean, std)
+
+    def uniform_(self, a=0.0, b=1.0):
+        return initializers.uniform_(self, a, b)
+
+    def zero_(self):
+        return initializers.zeros_(self)
+
+    def fill_(self, value):
+        return initializers.constant_(self, value)
+
+    def requires_grad_(self, requires_grad=True):
+        self.requires_grad = bool(requires_grad)
+        return self
 
     @property
     def ndim(self):
@@ -158,6 +181,28 @@ class Module:
 
     def parameters(self):
         return (p for _, p in self.named_parameters())
+
+    def named_buffers(self, prefix=""):
+        for mprefix, m in self.named_modules(prefix):
+            for name, b in m._buffers.items():
+                if b is not None:
+                    yield (f"{mprefix}.{name}" if mprefix else name), b
+
+    def buffers(self):
+        return (b for _, b in self.named_buffers())
+
+    def requires_grad_(self, requires_grad=True):
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none=True):
+        """(Mica's gradients are values a step returns, never kept on the module: nothing to zero.)"""
+
+    def load_state_dict(self, state_dict, strict=True):
+        raise MicaError(f"{type(self).__name__}.load_state_dict: Mica's modules hold no values; the arrays are "
+                        "the params dict your step takes ({name: array}, the names model.state_dict(params) "
+                        "and torch's state_dict() use), so pass them there")
 
     def apply(self, fn):
         """Call fn on every submodule, then on this module (torch.nn.Module.apply)."""

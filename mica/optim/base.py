@@ -23,6 +23,12 @@ class Optimizer:
                             "parameters come to init(params) and update(params, grads, state)); its first argument "
                             "is param_groups, a list of dicts like {'params': [names], 'weight_decay': 0.0}, not "
                             f"the parameters themselves, so write {type(self).__name__}(lr=...)")
+        for i, g in enumerate(param_groups or ()):
+            sel = g["params"]
+            if not callable(sel) and any(type(p).__name__ == "Parameter" for p in sel):
+                raise MicaError(f"{type(self).__name__}: group {i} holds Parameter objects; Mica's groups name "
+                                "parameters (its optimizers are functional), so write {'params': [n for n, p in "
+                                "model.named_parameters() if ...]} with the names")
         self.hyper = {**self.defaults, **hyper}
         self.param_groups = param_groups
         self._check(self.hyper, "")

@@ -129,8 +129,10 @@ def _binary(op, a, b, compute=None, out_kinds=None):
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         current(verb)
         raise TraceError(f"{verb} needs at least one Tensor operand", user_location())
+    from ..host import HostTensor
+
     for x in (a, b):
-        if not isinstance(x, Tensor) and not is_scalar(x):
+        if not isinstance(x, (Tensor, HostTensor)) and not is_scalar(x):
             raise _not_an_operand(verb, x)
     dt = compute or result_type(a, b)
     return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])

@@ -1,0 +1,224 @@
+"""torch's eager tensors, outside a trace: what torch code computes while a model is built (a
+causal mask, rotary frequencies) before anything is traced.
+
+Outside a trace Mica's verbs give a HostTensor: a numpy array (so numpy and every Mica entry point
+take it as one) whose torch.Tensor methods mean what torch's do, where numpy has the same name with
+another meaning (`repeat`, `view`, `size`, `sum(dim, keepdim)`, `transpose`, `flatten`) and where
+numpy has none (`float`, `unsqueeze`, `masked_fill`, ...). A verb or method on host tensors runs
+as a one-verb program on the oracle at float32 precision (the compiled program's roundings), so
+it computes what it computes in a trace. Inside a trace a HostTensor is a constant, as a torch
+tensor made in __init__ is to torch's forward.
+"""
+import functools
+
+import numpy as np
+
+from .errors import MicaError
+
+
+class _Size(int):
+    """numpy's `size` (the element count, an int) that is also torch's `size()` / `size(dim)`."""
+
+    def __new__(cls, n, shape):
+        self = super().__new__(cls, n)
+        self.shape = shape
+        return self
+
+    def __call__(self, dim=None):
+        if dim is None:
+            return self.shape
+        return self.shape[dim]
+
+
+class HostTensor(np.ndarray):
+    """A numpy array with torch.Tensor's methods (module docstring)."""
+
+    __array_priority__ = 10  # (below a traced Tensor's: x * host inside a trace is the Tensor's)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """numpy's arithmetic, then torch's type rule: float64 only from a float64 operand (int / int
+        and int * 0.5 are float32, as torch's default float)."""
+        from .tensor import Tensor
+
+        if any(isinstance(x, Tensor) for x in inputs):
+            return NotImplemented  # (the traced Tensor's operator: this array is its constant)
+        plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, HostTensor) else o for o in kwargs["out"])
+        out = getattr(ufunc, method)(*plain, **kwargs)
+        wide = any(isinstance(x, np.ndarray) and x.dtype == np.float64 for x in plain)
+
+        def wrap(r):
+            if not isinstance(r, np.ndarray) and not isinstance(r, np.generic):
+                return r
+            r = np.asarray(r)
+            if r.dtype == np.float64 and not wide:
+                r = r.astype(np.float32)
+            return r.view(HostTensor)
+        return tuple(wrap(r) for r in out) if isinstance(out, tuple) else wrap(out)
+
+    # ---- names numpy gives another meaning ------------------------------------------------------
+    @property
+    def size(self):
+        return _Size(int(np.prod(self.shape, dtype=np.int64)), tuple(self.shape))
+
+    def view(self, *shape):
+        if len(shape) == 1 and (isinstance(shape[0], (np.dtype, type)) or shape[0] is None):
+            return np.ndarray.view(self, shape[0])  # (numpy's view as another dtype)
+        return _method("view", self, *shape)
+
+    def repeat(self, *sizes, **kwargs):
+        return _method("repeat", self, *sizes, **kwargs)
+
+    def transpose(self, *dims):
+        if len(dims) == 2 and all(isinstance(d, (int, np.integer)) for d in dims):
+            return _method("transpose", self, *dims)
+        return np.ndarray.transpose(np.asarray(self), *dims).view(HostTensor)  # (numpy's np.transpose)
+
+    def flatten(self, *args, **kwargs):
+        if args and isinstance(args[0], str) or "order" in kwargs:
+            return np.ndarray.flatten(np.asarray(self), *args, **kwargs).view(HostTensor)
+        return _method("flatten", self, *args, **kwargs)
+
+    def squeeze(self, *args, **kwargs):
+        return _method("squeeze", self, *args, **_dim(kwargs))
+
+
+def _dim(kwargs):
+    """numpy's keyword names (axis, keepdims; out=None) as torch's (dim, keepdim)."""
+    kwargs = dict(kwargs)
+    if "axis" in kwargs:
+        kwargs["dim"] = kwargs.pop("axis")
+    if "keepdims" in kwargs:
+        kwargs["keepdim"] = kwargs.pop("keepdims")
+    if kwargs.get("out", 0) is None:
+        kwargs.pop("out")
+    return kwargs
+
+
+def _reduction(name):
+    def reduce(self, *args, **kwargs):
+        return _method(name, self, *args, **_dim(kwargs))
+    reduce.__name__ = name
+    return reduce
+
+
+for _name in ("sum", "mean", "max", "min", "std", "var", "argmax", "argmin"):
+    setattr(HostTensor, _name, _reduction(_name))
+
+
+def _torch_method(name):
+    def method(self, *args, **kwargs):
+        return _method(name, self, *args, **kwargs)
+    method.__name__ = name
+    return method
+
+
+def _add_torch_methods():
+    """Every torch.Tensor method a traced Tensor has and numpy lacks, as a HostTensor method."""
+    from .tensor import Tensor
+
+    for name in dir(Tensor):
+        if name.startswith("_") or hasattr(np.ndarray, name) or name in vars(HostTensor):
+            continue
+        if callable(getattr(Tensor, name, None)):
+            setattr(HostTensor, name, _torch_method(name))
+    for name in ("mT",):
+        setattr(HostTensor, name, property(lambda self, n=name: _method(n, self)))
+    HostTensor.dim = lambda self: self.ndim
+    HostTensor.numel = lambda self: int(np.prod(self.shape, dtype=np.int64))
+    HostTensor.contiguous = HostTensor.clone = HostTensor.detach = HostTensor.cpu = lambda self, *a, **k: self.copy()
+
+
+def host(a):
+    """`a` (an array, or a pytree of them) as HostTensors."""
+    if isinstance(a, np.ndarray):
+        return a.view(HostTensor) if not isinstance(a, HostTensor) else a
+    if isinstance(a, np.generic):
+        return np.asarray(a).view(HostTensor)
+    if isinstance(a, (list, tuple)):
+        return type(a)(host(x) for x in a) if not hasattr(a, "_fields") else type(a)(*(host(x) for x in a))
+    return a
+
+
+def _method(name, self, *args, **kwargs):
+    """torch.Tensor's method `name` on a host tensor: the traced Tensor's method, run eagerly."""
+    return run(lambda x, *a, **k: getattr(x, name), (self,) + args, kwargs, method=name)
+
+
+def run(fn, args, kwargs, method=None):
+    """`fn(*args, **kwargs)` (a verb; or with `method`, that method of the first argument) with its
+    arrays as inputs of a one-verb program, run on the oracle at float32 precision."""
+    from . import reference
+    from .dtypes import Spec, as_dtype
+    from .trace import trace
+
+    arrays = []
+
+    def slot(a):
+        if isinstance(a, np.ndarray):
+            arrays.append(np.ascontiguousarray(a))
+            return _Slot(len(arrays) - 1)
+        if isinstance(a, (list, tuple)) and any(isinstance(x, np.ndarray) for x in a):
+            return type(a)(slot(x) for x in a)
+        return a
+
+    args, kwargs = [slot(a) for a in args], {k: slot(v) for k, v in kwargs.items()}
+
+    def body(*ts):
+        def put(a):
+            if isinstance(a, _Slot):
+                return ts[a.i]
+            if isinstance(a, (list, tuple)) and any(isinstance(x, _Slot) for x in a):
+                return type(a)(put(x) for x in a)
+            return a
+        a, k = [put(x) for x in args], {n: put(v) for n, v in kwargs.items()}
+        if method is not None:
+            return getattr(a[0], method)(*a[1:], **k) if callable(getattr(a[0], method)) else getattr(a[0], method)
+        return fn(*a, **k)
+
+    try:
+        specs = [Spec(a.shape, as_dtype(a.dtype)) for a in arrays]
+    except Exception:
+        raise MicaError(f"{method or getattr(fn, '__name__', 'a verb')} cannot take an array of "
+                        f"{next(a.dtype for a in arrays)}; give numbers, bools or floats") from None
+    program = trace(body, *specs, name=method or getattr(fn, "__name__", "verb"))
+    return host(reference.run(program, *arrays, precision="float32"))
+
+
+class _Slot:
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+
+def eager(verb):
+    """A public verb that, outside a trace, takes host tensors (and numpy arrays) as torch takes
+    eager tensors, and gives host tensors."""
+    from .tensor import in_trace
+
+    if verb.__name__ in ("tensor", "as_tensor"):  # (data in, a host tensor out: nothing to run)
+        from .verbs.core import tensor
+
+        @functools.wraps(verb)
+        def make(data, dtype=None, **kwargs):
+            if in_trace():
+                return verb(data, dtype=dtype, **kwargs)
+            if isinstance(data, HostTensor) and dtype is None:
+                return data if verb.__name__ == "as_tensor" else data.copy()
+            return host(tensor(np.asarray(data), dtype=dtype))
+        return make
+
+    @functools.wraps(verb)
+    def call(*args, **kwargs):
+        if in_trace():
+            return verb(*args, **kwargs)
+        if _holds_array(args) or _holds_array(kwargs.values()):
+            return run(verb, args, kwargs)
+        return host(verb(*args, **kwargs))
+    return call
+
+
+def _holds_array(values):
+    return any(isinstance(v, np.ndarray) or (isinstance(v, (list, tuple)) and _holds_array(v)) for v in values)
