@@ -232,3 +232,20 @@ def test_torch_model_files_port_with_their_own_idioms():
         mica.optim.AdamW([{"params": list(net.parameters())}], lr=1e-3)
     with pytest.raises(mica.MicaError, match=r"^Net.load_state_dict: Mica's modules hold no values"):
         net.load_state_dict({})
+
+
+def test_a_modules_to_dtype_reads_its_float_buffers_in_that_type():
+    """torch's Module.double() casts floating buffers as well as parameters: a float64 program read
+    them as float32 literals (0.1 became 0.10000000149)."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("c", np.array([0.1]))
+            self.w = nn.Parameter([1.0])
+
+        def forward(self, x):
+            return x * self.c * self.w
+
+    m = Scaled().double()
+    exe = mica.compile(lambda p, x: mica.nn.functional_call(m, p, x), m.param_specs(), mica.f64[1])
+    assert exe(m.init(0), np.array([1.0])).tolist() == [0.1]

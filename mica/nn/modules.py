@@ -133,7 +133,10 @@ class Module:
             return d["_modules"][name]
         if "_buffers" in d and name in d["_buffers"]:
             buf = d["_buffers"][name]
-            return F.tensor(buf) if F.in_trace() and buf is not None else buf
+            if not F.in_trace() or buf is None:
+                return buf
+            float_type = d.get("_buffer_float") if np.asarray(buf).dtype.kind == "f" else None
+            return F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def register_buffer(self, name, array, persistent=True):
@@ -220,11 +223,14 @@ class Module:
         return self.train(False)
 
     def to(self, dtype=None, *args, **kwargs):
-        for a in (dtype, *args):
+        """torch's Module.to(dtype): floating parameters, and floating buffers as a trace reads them."""
+        for a in (dtype, *args, kwargs.get("dtype")):
             if a is not None and not isinstance(a, str):
                 for p in self.parameters():
                     if p.dtype.kind == "float":
                         p.dtype = as_dtype(a)
+                for m in self.modules():
+                    object.__setattr__(m, "_buffer_float", as_dtype(a))
         return self
 
     def float(self):
