@@ -85,19 +85,25 @@ class HostTensor(np.ndarray):
 
 
 def _dim(kwargs):
-    """numpy's keyword names (axis, keepdims; out=None) as torch's (dim, keepdim)."""
+    """numpy's keyword names (axis, keepdims, ddof; out=None) as torch's (dim, keepdim, correction)."""
     kwargs = dict(kwargs)
-    if "axis" in kwargs:
-        kwargs["dim"] = kwargs.pop("axis")
-    if "keepdims" in kwargs:
-        kwargs["keepdim"] = kwargs.pop("keepdims")
-    if kwargs.get("out", 0) is None:
-        kwargs.pop("out")
+    for numpy_name, torch_name in (("axis", "dim"), ("keepdims", "keepdim"), ("ddof", "correction")):
+        if numpy_name in kwargs:
+            kwargs[torch_name] = kwargs.pop(numpy_name)
+    for unset in ("out", "dtype"):
+        if unset in kwargs and kwargs[unset] is None:
+            kwargs.pop(unset)
     return kwargs
+
+
+def _numpy_style(kwargs):
+    return any(k in kwargs for k in ("axis", "keepdims", "out", "ddof"))
 
 
 def _reduction(name):
     def reduce(self, *args, **kwargs):
+        if name in ("max", "min") and _numpy_style(kwargs):  # (numpy's max(axis=) is torch's amax: no indices)
+            return _method("a" + name, self, *args, **_dim(kwargs))
         return _method(name, self, *args, **_dim(kwargs))
     reduce.__name__ = name
     return reduce
@@ -128,6 +134,7 @@ def _add_torch_methods():
     HostTensor.dim = lambda self: self.ndim
     HostTensor.numel = lambda self: int(np.prod(self.shape, dtype=np.int64))
     HostTensor.contiguous = HostTensor.clone = HostTensor.detach = HostTensor.cpu = lambda self, *a, **k: self.copy()
+    HostTensor.numpy = lambda self: np.asarray(self)
 
 
 def host(a):

@@ -126,6 +126,12 @@ def test_verbs_outside_a_trace_compute_as_torchs_eager_tensors():
     for g, w in zip(got, want):
         assert isinstance(g, mica.HostTensor) and g.shape == tuple(w.shape) and str(g.dtype) == str(w.dtype).split(".")[1]
         assert np.allclose(g, w.numpy(), rtol=1e-6, atol=0)  # (cos: Mica's own, within an ulp of torch's)
+    a = mica.arange(12).float().view(3, 4)  # (numpy's functions on a host tensor keep numpy's meaning)
+    plain = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for f in (lambda x: np.max(x, axis=0), lambda x: np.min(x, axis=1, keepdims=True), np.std,
+              lambda x: np.var(x, axis=0, ddof=1), lambda x: np.mean(x, axis=1), np.transpose, np.sum):
+        assert np.allclose(f(a), f(plain), rtol=1e-6)
+    assert a.max(0)[1].tolist() == [2, 2, 2, 2]  # (torch's max(dim): values and indices)
     mask = got[0]
     assert mica.ones(2, 3).size(0) == 2 and mica.ones(2, 3).size() == (2, 3) and mica.ones(2, 3).size == 6
     exe = mica.compile(lambda x: (x.masked_fill(mask[:, :, :3, :3] == 0, 0.0) * mask[:, :, :3, :3]).sum(),
