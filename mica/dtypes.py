@@ -21,6 +21,12 @@ class DType:
     def is_floating_point(self):
         return self.kind == "float"
 
+    @property
+    def dtype(self):
+        """numpy's reading of this type (np.dtype(mica.float32), and a host tensor's dtype == mica.float32,
+        as torch compares them); bfloat16, which numpy lacks, is two bytes numpy reads as no number."""
+        return np.dtype((np.void, 2)) if self.name == "bfloat16" else self.np_storage
+
     def __getitem__(self, shape):
         if isinstance(shape, list):
             shape = tuple(shape)

@@ -65,14 +65,19 @@ class HostTensor(np.ndarray):
     def view(self, *shape):
         if len(shape) == 1 and (isinstance(shape[0], (np.dtype, type)) or shape[0] is None):
             return np.ndarray.view(self, shape[0])  # (numpy's view as another dtype)
-        return _method("view", self, *shape)
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if not self.flags.c_contiguous:
+            raise MicaError(f"view: a tensor laid out as this one (a transpose, a strided slice) cannot be viewed as "
+                            f"{list(shape)}, as in torch; use .reshape(...)")
+        out = np.ndarray.view(self, np.ndarray).reshape(shape).view(HostTensor)
+        return out
 
     def repeat(self, *sizes, **kwargs):
         return _method("repeat", self, *sizes, **kwargs)
 
     def transpose(self, *dims):
         if len(dims) == 2 and all(isinstance(d, (int, np.integer)) for d in dims):
-            return _method("transpose", self, *dims)
+            return np.swapaxes(self, *dims) if self.ndim >= 2 else self[...]
         return np.ndarray.transpose(np.asarray(self), *dims).view(HostTensor)  # (numpy's np.transpose)
 
     def flatten(self, *args, **kwargs):
@@ -80,8 +85,43 @@ class HostTensor(np.ndarray):
             return np.ndarray.flatten(np.asarray(self), *args, **kwargs).view(HostTensor)
         return _method("flatten", self, *args, **kwargs)
 
-    def squeeze(self, *args, **kwargs):
-        return _method("squeeze", self, *args, **_dim(kwargs))
+    def __getitem__(self, index):
+        out = np.ndarray.__getitem__(self, index)
+        return np.asarray(out).view(HostTensor) if isinstance(out, np.generic) else out  # (h[1, 2]: 0-d, as torch's)
+
+    # torch's views share their tensor's memory, as numpy's views do: an in-place step reaches both
+    def squeeze(self, dim=None, **kwargs):
+        dim = kwargs.pop("axis", dim)
+        dims = [d for d in range(self.ndim) if self.shape[d] == 1] if dim is None else \
+            [d % self.ndim for d in (dim if isinstance(dim, (tuple, list)) else (dim,)) if self.shape[d] == 1]
+        return np.squeeze(self, axis=tuple(dims)) if dims else self[...]
+
+    def unsqueeze(self, dim):
+        return np.expand_dims(self, dim if dim >= 0 else dim + self.ndim + 1)
+
+    def permute(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        return np.transpose(self, dims)
+
+    @property
+    def mT(self):
+        return np.swapaxes(self, -2, -1)
+
+    def narrow(self, dim, start, length):
+        index = [slice(None)] * self.ndim
+        start = start + self.shape[dim] if start < 0 else start
+        index[dim] = slice(start, start + length)
+        return self[tuple(index)]
+
+    def unflatten(self, dim, sizes):
+        d = dim % self.ndim
+        return self.view(*self.shape[:d], *sizes, *self.shape[d + 1:])
+
+    def detach(self):
+        return self[...]
+
+    def contiguous(self, memory_format=None):
+        return self if self.flags.c_contiguous else self.copy()
 
 
 def _dim(kwargs):
@@ -102,8 +142,8 @@ def _numpy_style(kwargs):
 
 def _reduction(name):
     def reduce(self, *args, **kwargs):
-        if name in ("max", "min") and _numpy_style(kwargs):  # (numpy's max(axis=) is torch's amax: no indices)
-            return _method("a" + name, self, *args, **_dim(kwargs))
+        if _numpy_style(kwargs):  # (numpy's np.max / np.mean / np.std call: numpy's meaning and types)
+            return host(getattr(np.ndarray, name)(np.asarray(self), *args, **kwargs))
         return _method(name, self, *args, **_dim(kwargs))
     reduce.__name__ = name
     return reduce
@@ -128,13 +168,24 @@ def _add_torch_methods():
         if name.startswith("_") or hasattr(np.ndarray, name) or name in vars(HostTensor):
             continue
         if callable(getattr(Tensor, name, None)):
-            setattr(HostTensor, name, _torch_method(name))
+            setattr(HostTensor, name, _in_place(name) if name.endswith("_") else _torch_method(name))
     for name in ("mT",):
         setattr(HostTensor, name, property(lambda self, n=name: _method(n, self)))
     HostTensor.dim = lambda self: self.ndim
     HostTensor.numel = lambda self: int(np.prod(self.shape, dtype=np.int64))
-    HostTensor.contiguous = HostTensor.clone = HostTensor.detach = HostTensor.cpu = lambda self, *a, **k: self.copy()
+    HostTensor.clone = lambda self, *a, **k: self.copy()
+    HostTensor.cpu = lambda self, *a, **k: self
     HostTensor.numpy = lambda self: np.asarray(self)
+
+
+def _in_place(name):
+    """torch's in-place method: the result written into this array's memory (and so into every
+    numpy view of it, as torch's views see it)."""
+    def method(self, *args, **kwargs):
+        np.copyto(self, np.asarray(_method(name, self, *args, **kwargs)), casting="unsafe")
+        return self
+    method.__name__ = name
+    return method
 
 
 def host(a):
@@ -164,7 +215,7 @@ def run(fn, args, kwargs, method=None):
 
     def slot(a):
         if isinstance(a, np.ndarray):
-            arrays.append(np.ascontiguousarray(a))
+            arrays.append(np.array(a, order="C"))  # (a copy that keeps a 0-d array 0-d)
             return _Slot(len(arrays) - 1)
         if isinstance(a, (list, tuple)) and any(isinstance(x, np.ndarray) for x in a):
             return type(a)(slot(x) for x in a)

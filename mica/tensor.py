@@ -168,9 +168,22 @@ class Tensor:
                  f"{list(other.shape)}; in-place results must keep the shape")
         if other.dtype is not self.dtype:
             other = other.to(self.dtype)
-        if self._base is None and not self._views:
-            self._value = other.value
-            return self
+        ctx, grad_enabled = self._ctx, self._ctx.grad_enabled
+        ctx.grad_enabled = True  # (what follows joins values: it is not the user's computation)
+        try:
+            if not grad_enabled and self.dtype.kind == "float":  # (torch.no_grad: the data changes, the tensor
+                other = emit("data_update", [self, other])       # keeps its own history)
+            if self._base is None and not self._views:
+                self._value = other.value
+                return self
+            self._propagate(other)
+        finally:
+            ctx.grad_enabled = grad_enabled
+        return self
+
+    def _propagate(self, other):
+        """Point this handle at `other`, the tensors it views at theirs with its elements replaced,
+        and every other view of them at its view of their new values."""
         _QUIET[0] += 1
         try:
             self._value = other.value
@@ -189,7 +202,6 @@ class Tensor:
                     todo.append(v)
         finally:
             _QUIET[0] -= 1
-        return self
 
     # ---- static facts -------------------------------------------------------------------------
     @property
@@ -330,7 +342,8 @@ class Tensor:
     def addcdiv_(self, t1, t2, value=1): return self._rebind(F.addcdiv(self, t1, t2, value=value))
     def clamp_(self, min=None, max=None): return self._rebind(F.clamp(self, min, max))
     def zero_(self): return self._rebind(F.zeros_like(self))
-    def fill_(self, v): return self._rebind(F.full_like(self, v))
+    def fill_(self, v):  # (v a number, or a 0-d Tensor as torch takes)
+        return self._rebind(F.expand(F.reshape(v, ()), self.shape) if isinstance(v, Tensor) else F.full_like(self, v))
     def copy_(self, src): return self._rebind(F.expand(F.as_tensor(src), self.shape))
     def masked_fill_(self, mask, value): return self._rebind(F.masked_fill(self, mask, value))
     def pow_(self, e): return self._rebind(F.pow(self, e))

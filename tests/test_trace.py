@@ -188,3 +188,29 @@ def test_type_promotion_follows_torch():
         specs = (a, b) if isinstance(b, mica.Spec) else (a,)
         prog = mica.trace(lambda x, y=b: x + y, *specs)
         assert tmap[prog.outputs.dtype.name] == want, (a, b)
+
+
+def _host_writes(m):
+    h = m.arange(6).float().view(2, 3)
+    h.add_(1)
+    h.mul_(2)
+    h.masked_fill_(h > 10, 0.0)
+    h.clamp_(max=8)
+    h.transpose(0, 1).mul_(0.5)  # (a torch view shares its tensor's memory: the write reaches h)
+    h.narrow(1, 0, 1).zero_()
+    a = m.arange(4).float()
+    a[:2].fill_(7)
+    n = m.ones(3)
+    n.unsqueeze(0)[0, 1] = 5.0
+    return h, a, n, m.arange(6).sum().float(), h[1, 2] * 2.5
+
+
+def test_host_tensors_write_in_place_through_their_views_and_compare_types_as_torch():
+    got, want = _host_writes(mica), _host_writes(torch)
+    for g, w in zip(got, want):
+        assert g.shape == tuple(w.shape) and str(g.dtype) == str(w.dtype).split(".")[1], (g, w)
+        assert np.array_equal(g, w.numpy())
+    assert mica.arange(3).float().dtype == mica.float32 and mica.arange(3).dtype == mica.int64
+    assert mica.ones(2).dtype != mica.bfloat16 and np.dtype(mica.int32) == np.int32
+    with pytest.raises(mica.MicaError, match=r"^view: a tensor laid out as this one .* use .reshape"):
+        mica.ones(2, 3).T.view(-1)

@@ -240,6 +240,11 @@ _binary("minimum", np.minimum, _minmax_vjp(lambda x, y: x < y), "(({0} < {1} || 
 for _name, _fn, _c in (("lt", np.less, "<"), ("le", np.less_equal, "<="), ("gt", np.greater, ">"),
                        ("ge", np.greater_equal, ">="), ("eq", np.equal, "=="), ("ne", np.not_equal, "!=")):
     _binary(_name, _fn, None, "({0} %s {1})" % _c, kinds=("float", "int", "bool"), result=dtypes.bool_)
+# torch's write to a tensor's data without autograd (an in-place step under no_grad, or through a
+# detached alias): the new values, with the gradient of the old ones (the history the tensor keeps)
+_binary("data_update", lambda old, new: np.broadcast_to(new, np.broadcast_shapes(np.shape(old), np.shape(new))),
+        lambda c, o, i, a, n: [_sum_to(c[0], i[0]) if n[0] else None, None], "{1}",
+        kinds=("float", "int", "bool"))
 _binary("logical_and", np.logical_and, None, "({0} && {1})", kinds=("bool",))
 _binary("logical_or", np.logical_or, None, "({0} || {1})", kinds=("bool",))
 

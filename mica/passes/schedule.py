@@ -108,7 +108,7 @@ class View:
         """The same elements in a new shape, or None when strides cannot express it."""
         if isinstance(self.src, Const):
             return View.of(self.src, shape)
-        if self.is_dense():
+        if self.is_dense() or math.prod(shape) == 0:  # (no elements: any strides address them all)
             return View(self.src, shape, row_major(shape), self.offset)
         # drop size-1 dims, then regroup dims whose strides chain
         dims = [(n, st) for n, st in zip(self.shape, self.strides) if n != 1]

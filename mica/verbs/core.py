@@ -379,8 +379,8 @@ def masked_fill(input, mask, value):
 
 def detach(input):
     x = as_tensor(input)
-    out = emit("detach", [x])  # (torch's detach shares the tensor's memory: an in-place step reaches both)
-    return link_view(x, out, detach, lambda v, b: v)
+    out = emit("detach", [x])  # (torch's detach shares the tensor's memory: an in-place step reaches both,
+    return link_view(x, out, detach, lambda v, b: emit("data_update", [b, v]))  # the tensor keeping its history)
 
 
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta|hip|xla|hpu|mtia|privateuseone)(:\d+)?")

@@ -24,7 +24,20 @@ def _a_view(inverse):
                 base, rest = args[0], args[1:]
             else:
                 base, rest = kwargs.pop(first, None), ()
+            detached = set()
+            if isinstance(base, Tensor) and not base._ctx.grad_enabled and base.dtype.kind == "float":
+                from .core import detach  # (under no_grad a view that changed nothing is still detached, as torch's;
+
+                def fresh(t):  # detach links it to the base itself)
+                    if t is not base:
+                        return t
+                    t = detach(base)
+                    detached.add(id(t))
+                    return t
+                out = tuple(fresh(t) for t in out) if isinstance(out, tuple) else fresh(out)
             for k, t in enumerate(out if isinstance(out, tuple) else (out,)):
+                if id(t) in detached:
+                    continue
                 link_view(base, t, lambda b, k=k: _kth(verb(b, *rest, **kwargs), k),
                           lambda v, b, k=k: inverse(v, b, k, *rest, **kwargs))
             return out
@@ -66,8 +79,11 @@ def _transposed_back(v, b, k, dim0, dim1):
 
 
 def _expanded_back(v, b, k, *_):
-    fail("an in-place step on an expanded tensor would write one element of its input many times, which torch "
-         "refuses; take .clone() of the expanded tensor first")
+    lead = v.ndim - b.ndim
+    if any(n > 1 for n in v.shape[:lead]) or any(o == 1 and n > 1 for o, n in zip(b.shape, v.shape[lead:])):
+        fail("an in-place step on an expanded tensor would write one element of its input many times, which torch "
+             "refuses; take .clone() of the expanded tensor first")
+    return reshape(v, b.shape)  # (an expand that repeats nothing, such as to (1, *shape), is a view torch writes)
 
 
 def _narrowed_back(v, b, k, dim, start, length):
@@ -276,6 +292,8 @@ def chunk(input, chunks, dim=0):
     d = canon_dim(dim, x.ndim, "chunk")
     if chunks <= 0:
         fail(f"chunk: chunks must be positive, got {chunks}")
+    if x.shape[d] == 0:  # (torch's: one empty chunk)
+        return (narrow(x, d, 0, 0),)
     return split(x, max(1, -(-x.shape[d] // chunks)), d)
 
 
