@@ -7,6 +7,7 @@ in PyTorch's in-place style stays functional underneath. A view remembers the te
 Value as well: torch's shared memory, as values.
 """
 import functools
+import math
 import os
 import sys
 import weakref
@@ -120,12 +121,55 @@ def takes_axis(verb):
 _QUIET = [0]  # (while views are brought up to date, the verbs that do it record no views of their own)
 
 
-def link_view(base, out, forward, inverse):
+def row_major(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def strides_of(t):
+    """The strides torch would give t over its memory (a view's, from the tensor it views; a
+    tensor of its own is row-major): they decide whether a reshape views or copies."""
+    return t._strides if t._strides is not None else row_major(t.shape)
+
+
+def is_contiguous(t):
+    st = strides_of(t)
+    return any(n == 0 for n in t.shape) or all(a == b for a, b, n in zip(st, row_major(t.shape), t.shape) if n != 1)
+
+
+def view_strides(old_shape, old_strides, new_shape):
+    """torch's computeStride: the strides of `old` viewed as new_shape, or None where its memory
+    cannot be read as that shape (torch's view refuses, its reshape copies)."""
+    if math.prod(old_shape) == 0 or not old_shape:
+        return row_major(new_shape) if math.prod(old_shape) == math.prod(new_shape) else None
+    new = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = old_strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = old_strides[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new) if view_d == -1 else None
+
+
+def link_view(base, out, forward, inverse, strides=None):
     """Record that `out` views `base`'s memory as torch's view verbs do: `forward(b)` is the view of
-    a base b, `inverse(v, b)` the base b with the view's elements replaced by v's. An in-place step
-    on either then reaches the other (Tensor._rebind)."""
+    a base b, `inverse(v, b)` the base b with the view's elements replaced by v's, `strides` the
+    view's (None: row-major). An in-place step on either then reaches the other (Tensor._rebind)."""
     if isinstance(base, Tensor) and isinstance(out, Tensor) and out is not base and not _QUIET[0]:
-        out._base, out._forward, out._inverse = base, forward, inverse
+        out._base, out._forward, out._inverse, out._strides = base, forward, inverse, strides
         if base._views is None:
             base._views = []
         base._views.append(weakref.ref(out))  # (a view nobody holds any more needs no update)
@@ -143,13 +187,13 @@ class Tensor:
 
     # _base: the Tensor this one views in torch (a slice, view, transpose, ...), else None, with
     # _forward and _inverse (link_view); _views: weak references to the views taken of this one
-    __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "__weakref__")
+    __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "_strides", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
 
     def __init__(self, value, ctx):
         self._value = value
         self._ctx = ctx
-        self._base = self._forward = self._inverse = self._views = None
+        self._base = self._forward = self._inverse = self._views = self._strides = None
 
     @property
     def value(self):
@@ -425,6 +469,11 @@ class Tensor:
         if len(shape) == 1 and isinstance(shape[0], dtypes.DType):
             raise TraceError("view(dtype) reinterprets bits, which Mica does not do; use .to(dtype)",
                              user_location())
+        if not is_contiguous(self):  # (torch's view reads the memory as it lies, or refuses)
+            target = F.reshape(F.detach(self), *shape).shape
+            if view_strides(self.shape, strides_of(self), target) is None:
+                fail(f"view: this tensor's elements ({self._value.spec!r}, a transpose or a strided slice of another) "
+                     f"cannot be read as shape {list(target)} without a copy, as in torch; use .reshape(...)")
         return F.reshape(self, *shape)
     def reshape(self, *shape, **named):  # (torch's keyword: x.reshape(shape=(2, 3)))
         if named and (shape or set(named) != {"shape"}):
@@ -442,7 +491,8 @@ class Tensor:
     def T(self): return F.permute(self, *reversed(range(self.ndim)))
     @property
     def mT(self): return F.transpose(self, -2, -1)
-    def contiguous(self, memory_format=None): return self
+    def contiguous(self, memory_format=None):  # (torch's: itself where its memory is in order, else a copy)
+        return self if is_contiguous(self) else Tensor(self.value, self._ctx)
     def clone(self, memory_format=None): return Tensor(self.value, self._ctx)  # (a handle of its own: in-place on it)
     def detach(self): return F.detach(self)
     def unsqueeze(self, dim): return F.unsqueeze(self, dim)

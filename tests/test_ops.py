@@ -613,3 +613,26 @@ def test_writes_without_history_and_zero_size_views_as_torchs():
         for g, w in zip(got, want):
             assert np.shape(g) == tuple(w.shape) and rel_err(g, w.detach().numpy()) <= 1e-12
         assert rel_err(grad, want_grad.numpy()) <= 1e-12
+
+
+def _copies(m, x):
+    """reshape, flatten and contiguous of a transpose copy in torch: a later write to the tensor
+    does not reach them; of an ordered tensor they view it, and it does."""
+    a = x * 1.0
+    t = a.T
+    r, c, fl = t.reshape(-1), t.contiguous(), t.flatten()
+    v, w = a.reshape(-1), a.contiguous()
+    a.mul_(2.0)
+    return r, c, fl, v, w
+
+
+def test_reshape_of_a_transpose_copies_and_of_an_ordered_tensor_views_as_torchs():
+    x = np.random.default_rng(15).standard_normal((3, 4))
+    program = mica.trace(lambda x: (_copies(mica, x), mica.grad(sum(o.sum() for o in _copies(mica, x)), [x])[0]),
+                         mica.f64[3, 4])
+    got, grad = mica.reference.run(program, x)
+    tx = to_torch(x, requires_grad=True)
+    want = _copies(torch, tx)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w.detach().numpy())
+    assert np.array_equal(grad, torch.autograd.grad(sum(o.sum() for o in want), tx)[0].numpy())

@@ -214,3 +214,53 @@ def test_host_tensors_write_in_place_through_their_views_and_compare_types_as_to
     assert mica.ones(2).dtype != mica.bfloat16 and np.dtype(mica.int32) == np.int32
     with pytest.raises(mica.MicaError, match=r"^view: a tensor laid out as this one .* use .reshape"):
         mica.ones(2, 3).T.view(-1)
+
+
+_VIEW_STEPS = [lambda x: x.transpose(0, -1), lambda x: x.permute(*reversed(range(x.ndim))), lambda x: x[..., ::2],
+               lambda x: x[1:], lambda x: x.unsqueeze(1), lambda x: x[:, 0] if x.ndim > 1 else x,
+               lambda x: x.flatten() if x.ndim > 1 else x, lambda x: x.mT if x.ndim >= 2 else x,
+               lambda x: x.expand(2, *x.shape), lambda x: x.squeeze()]
+
+
+def test_views_have_torchs_strides_so_reshape_views_or_copies_as_torchs():
+    """Random chains of view steps: every view's strides are torch's (size-1 dims aside), and
+    whether it can be viewed as another shape (else reshape copies and view refuses) is torch's."""
+    from mica.tensor import strides_of, view_strides
+
+    rng = np.random.default_rng(14)
+    checked = 0
+    for _ in range(150):
+        shape = tuple(int(n) for n in rng.integers(1, 5, rng.integers(2, 5)))
+        steps = [_VIEW_STEPS[i] for i in rng.integers(0, len(_VIEW_STEPS), rng.integers(1, 5))]
+        t = torch.zeros(shape)
+        try:
+            for step in steps:
+                t = step(t)
+        except (RuntimeError, IndexError):
+            continue
+        seen = {}
+
+        def chain(x):
+            v = x * 1.0
+            for step in steps:
+                v = step(v)
+            seen["strides"] = strides_of(v)
+            return v
+
+        mica.trace(chain, mica.Spec(shape, mica.f32))
+        if t.numel():
+            assert [s for s, n in zip(seen["strides"], t.shape) if n != 1] == \
+                [s for s, n in zip(t.stride(), t.shape) if n != 1], (shape, t.shape, t.stride(), seen)
+        for new in ((-1,), tuple(reversed(t.shape)) or (1,)):
+            target = tuple(torch.empty(t.shape).reshape(*new).shape)
+            try:
+                t.view(*new)
+                viewable = True
+            except RuntimeError:
+                viewable = False
+            assert viewable == (view_strides(tuple(t.shape), tuple(t.stride()), target) is not None)
+        checked += 1
+    assert checked > 100
+    with pytest.raises(mica.MicaError, match=r"^view: this tensor's elements .* cannot be read as shape \[12\] without "
+                                             r"a copy, as in torch; use .reshape"):
+        mica.trace(lambda x: x.T.view(-1), mica.f32[3, 4])

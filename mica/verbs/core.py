@@ -16,7 +16,7 @@ from .. import amp, dtypes
 from ..dtypes import DType, as_dtype, category, promote
 from ..errors import ShapeError, TraceError
 from ..ops.elementwise import broadcast_shapes
-from ..tensor import Tensor, current, emit, fail, in_trace, link_view, takes_axis, user_location
+from ..tensor import Tensor, current, emit, fail, in_trace, link_view, strides_of, takes_axis, user_location
 
 # ---- operands -----------------------------------------------------------------------------------
 
@@ -380,7 +380,8 @@ def masked_fill(input, mask, value):
 def detach(input):
     x = as_tensor(input)
     out = emit("detach", [x])  # (torch's detach shares the tensor's memory: an in-place step reaches both,
-    return link_view(x, out, detach, lambda v, b: emit("data_update", [b, v]))  # the tensor keeping its history)
+    return link_view(x, out, detach, lambda v, b: emit("data_update", [b, v]),  # the tensor keeping its history)
+                     strides_of(x))
 
 
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta|hip|xla|hpu|mtia|privateuseone)(:\d+)?")

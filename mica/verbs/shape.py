@@ -6,14 +6,15 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..tensor import Tensor, emit, fail, link_view, takes_axis
+from ..tensor import Tensor, emit, fail, link_view, strides_of, takes_axis, view_strides
 from .core import as_tensor, canon_dim, result_type, to, where
 
 
-def _a_view(inverse):
+def _a_view(inverse, strides=None):
     """A verb whose result views its input's memory in torch, so an in-place step on one reaches the
     other (tensor.py's _rebind): `inverse(v, base, k, *arguments)` is the base with its k-th view's
-    elements replaced by v's (k: which of a tuple of views, else 0)."""
+    elements replaced by v's (k: which of a tuple of views, else 0); `strides(base, view, k,
+    *arguments)` the view's strides, or None where torch copies instead (a reshape of a transpose)."""
     def decorate(verb):
         first = verb.__code__.co_varnames[0]
 
@@ -36,13 +37,46 @@ def _a_view(inverse):
                     return t
                 out = tuple(fresh(t) for t in out) if isinstance(out, tuple) else fresh(out)
             for k, t in enumerate(out if isinstance(out, tuple) else (out,)):
-                if id(t) in detached:
+                if id(t) in detached or not isinstance(base, Tensor) or not isinstance(t, Tensor) or t is base:
                     continue
+                st = (strides or _same_strides)(base, t, k, *rest, **kwargs)
+                if st is None:
+                    continue  # (torch copies here: the result shares nothing)
                 link_view(base, t, lambda b, k=k: _kth(verb(b, *rest, **kwargs), k),
-                          lambda v, b, k=k: inverse(v, b, k, *rest, **kwargs))
+                          lambda v, b, k=k: inverse(v, b, k, *rest, **kwargs), st)
             return out
         return view_verb
     return decorate
+
+
+def _same_strides(b, t, k, *_, **__):
+    return strides_of(b)
+
+
+def _reshaped_strides(b, t, k, *_, **__):
+    return view_strides(b.shape, strides_of(b), t.shape)
+
+
+def _permuted_strides(b, t, k, *dims):
+    st = strides_of(b)
+    return tuple(st[canon_dim(d, b.ndim, "permute")] for d in _shape_args(dims, "permute"))
+
+
+def _transposed_strides(b, t, k, dim0, dim1):
+    st = list(strides_of(b))
+    a, c = canon_dim(dim0, b.ndim, "transpose"), canon_dim(dim1, b.ndim, "transpose")
+    st[a], st[c] = st[c], st[a]
+    return tuple(st)
+
+
+def _expanded_strides(b, t, k, *_):
+    lead, st = t.ndim - b.ndim, strides_of(b)
+    return (0,) * lead + tuple(0 if o == 1 and n != 1 else s for s, o, n in zip(st, b.shape, t.shape[lead:]))
+
+
+def _unbound_strides(b, t, k, dim=0):
+    d = canon_dim(dim, b.ndim, "unbind")
+    return tuple(s for i, s in enumerate(strides_of(b)) if i != d)
 
 
 def _kth(out, k):
@@ -120,7 +154,7 @@ def _shape_args(shape, verb):
     return tuple(int(s) for s in shape)
 
 
-@_a_view(_reshaped_back)
+@_a_view(_reshaped_back, _reshaped_strides)
 def reshape(input, *shape):
     x = as_tensor(input)
     shape = _shape_args(shape, "view")
@@ -141,7 +175,7 @@ def reshape(input, *shape):
 view = reshape
 
 
-@_a_view(_permuted_back)
+@_a_view(_permuted_back, _permuted_strides)
 def permute(input, *dims):
     x = as_tensor(input)
     dims = _shape_args(dims, "permute")
@@ -153,7 +187,7 @@ def permute(input, *dims):
     return emit("permute", [x], perm=perm)
 
 
-@_a_view(_transposed_back)
+@_a_view(_transposed_back, _transposed_strides)
 def transpose(input, dim0, dim1):
     x = as_tensor(input)
     if x.ndim < 2:
@@ -167,7 +201,7 @@ def transpose(input, dim0, dim1):
 swapaxes = transpose
 
 
-@_a_view(_expanded_back)
+@_a_view(_expanded_back, _expanded_strides)
 def expand(input, *sizes):
     x = as_tensor(input)
     sizes = _shape_args(sizes, "expand")
@@ -227,7 +261,7 @@ def narrow(input, dim, start, length):
 
 
 @takes_axis
-@_a_view(_reshaped_back)
+@_a_view(_reshaped_back, _reshaped_strides)
 def unsqueeze(input, dim):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim + 1, "unsqueeze")
@@ -235,7 +269,7 @@ def unsqueeze(input, dim):
 
 
 @takes_axis
-@_a_view(_reshaped_back)
+@_a_view(_reshaped_back, _reshaped_strides)
 def squeeze(input, dim=None):
     x = as_tensor(input)
     if dim is None:
@@ -246,7 +280,7 @@ def squeeze(input, dim=None):
     return reshape(x, tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
 
-@_a_view(_reshaped_back)
+@_a_view(_reshaped_back, _reshaped_strides)
 def flatten(input, start_dim=0, end_dim=-1):
     x = as_tensor(input)
     if x.ndim == 0:
@@ -257,7 +291,7 @@ def flatten(input, start_dim=0, end_dim=-1):
     return reshape(x, x.shape[:a] + (math.prod(x.shape[a:b + 1]),) + x.shape[b + 1:])
 
 
-@_a_view(_reshaped_back)
+@_a_view(_reshaped_back, _reshaped_strides)
 def unflatten(input, dim, sizes):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "unflatten")
@@ -297,7 +331,7 @@ def chunk(input, chunks, dim=0):
     return split(x, max(1, -(-x.shape[d] // chunks)), d)
 
 
-@_a_view(_unbound_back)
+@_a_view(_unbound_back, _unbound_strides)
 def unbind(input, dim=0):
     x = as_tensor(input)
     d = canon_dim(dim, x.ndim, "unbind")
@@ -449,7 +483,8 @@ def getitem(x, index):
     plan = _index_plan(x, index)
     y = _basic(x, plan)
     if plan.pick is None:
-        return link_view(x, y, lambda b: getitem(b, index), lambda v, b: _indexed_back(v, b, index))
+        return link_view(x, y, lambda b: getitem(b, index), lambda v, b: _indexed_back(v, b, index),
+                         _indexed_strides(x, plan) if isinstance(x, Tensor) else None)
     axis, idx = plan.pick
     return cat([narrow(y, axis, i, 1) for i in idx], axis) if idx else narrow(y, axis, 0, 0)
 
@@ -557,6 +592,20 @@ def _index_plan(x, index):
             plan.starts.append(i), plan.stops.append(i + 1), plan.steps.append(1)
         d += 1
     return plan
+
+
+def _indexed_strides(x, plan):
+    """The strides of a basic index's view: an int drops its dim, a slice's step multiplies its
+    stride, None and True/False add a dim."""
+    st, out, d = strides_of(x), [], 0
+    for it in plan.index:
+        if it is None or isinstance(it, (bool, np.bool_)):
+            out.append(0)
+            continue
+        if isinstance(it, slice):
+            out.append(st[d] * plan.steps[d])
+        d += 1
+    return tuple(out)
 
 
 def _basic(x, plan):
