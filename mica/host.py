@@ -241,7 +241,14 @@ def run(fn, args, kwargs, method=None):
         raise MicaError(f"{method or getattr(fn, '__name__', 'a verb')} cannot take an array of "
                         f"{next(a.dtype for a in arrays)}; give numbers, bools or floats") from None
     program = trace(body, *specs, name=method or getattr(fn, "__name__", "verb"))
-    return host(reference.run(program, *arrays, precision="float32"))
+    from . import pytree
+
+    got = reference.run(program, *arrays, precision="float32")
+    leaves, tree = pytree.flatten(got)
+    specs = pytree.flatten(program.outputs)[0]
+    typed = [np.asarray(a).astype(s.dtype.np_storage, copy=False) if isinstance(a, np.ndarray) and hasattr(s, "dtype")
+             else a for a, s in zip(leaves, specs)]  # (each result in its own type: float16 too, as torch's)
+    return host(pytree.unflatten(tree, typed))
 
 
 class _Slot:

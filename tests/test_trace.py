@@ -212,6 +212,7 @@ def test_host_tensors_write_in_place_through_their_views_and_compare_types_as_to
         assert np.array_equal(g, w.numpy())
     assert mica.arange(3).float().dtype == mica.float32 and mica.arange(3).dtype == mica.int64
     assert mica.ones(2).dtype != mica.bfloat16 and np.dtype(mica.int32) == np.int32
+    assert mica.arange(3).float().half().dtype == mica.float16 and (mica.ones(2).half() + 1.1).dtype == np.float16
     with pytest.raises(mica.MicaError, match=r"^view: a tensor laid out as this one .* use .reshape"):
         mica.ones(2, 3).T.view(-1)
 
