@@ -201,7 +201,7 @@ def host(a):
 
 def _method(name, self, *args, **kwargs):
     """torch.Tensor's method `name` on a host tensor: the traced Tensor's method, run eagerly."""
-    return run(lambda x, *a, **k: getattr(x, name), (self,) + args, kwargs, method=name)
+    return run(None, (self,) + args, kwargs, method=name)
 
 
 def run(fn, args, kwargs, method=None):
@@ -231,9 +231,10 @@ def run(fn, args, kwargs, method=None):
                 return type(a)(put(x) for x in a)
             return a
         a, k = [put(x) for x in args], {n: put(v) for n, v in kwargs.items()}
-        if method is not None:
-            return getattr(a[0], method)(*a[1:], **k) if callable(getattr(a[0], method)) else getattr(a[0], method)
-        return fn(*a, **k)
+        if method is None:
+            return fn(*a, **k)
+        attr = getattr(a[0], method)  # (a method, or a property such as mT)
+        return attr(*a[1:], **k) if callable(attr) else attr
 
     try:
         specs = [Spec(a.shape, as_dtype(a.dtype)) for a in arrays]

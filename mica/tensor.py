@@ -470,7 +470,9 @@ class Tensor:
             raise TraceError("view(dtype) reinterprets bits, which Mica does not do; use .to(dtype)",
                              user_location())
         if not is_contiguous(self):  # (torch's view reads the memory as it lies, or refuses)
-            target = F.reshape(F.detach(self), *shape).shape
+            from .verbs.shape import _resolved_shape
+
+            target = _resolved_shape(self, shape)
             if view_strides(self.shape, strides_of(self), target) is None:
                 fail(f"view: this tensor's elements ({self._value.spec!r}, a transpose or a strided slice of another) "
                      f"cannot be read as shape {list(target)} without a copy, as in torch; use .reshape(...)")

@@ -157,6 +157,14 @@ def _shape_args(shape, verb):
 @_a_view(_reshaped_back, _reshaped_strides)
 def reshape(input, *shape):
     x = as_tensor(input)
+    shape = _resolved_shape(x, shape)
+    if shape == x.shape:
+        return x
+    return emit("reshape", [x], shape=shape)
+
+
+def _resolved_shape(x, shape):
+    """The shape reshape(x, *shape) gives: sizes as ints, a -1 inferred (or a sentence)."""
     shape = _shape_args(shape, "view")
     if any(s < -1 for s in shape):
         fail(f"view: a shape's sizes are 0 or more, or one -1 for the size inferred, got {list(shape)}")
@@ -167,9 +175,7 @@ def reshape(input, *shape):
         if known == 0 or x.numel() % known:
             fail(f"view: cannot view {x.value.spec!r} as shape {list(shape)}")
         shape = tuple(x.numel() // known if s == -1 else s for s in shape)
-    if shape == x.shape:
-        return x
-    return emit("reshape", [x], shape=shape)
+    return shape
 
 
 view = reshape
