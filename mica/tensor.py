@@ -215,12 +215,21 @@ class Tensor:
         ctx, grad_enabled = self._ctx, self._ctx.grad_enabled
         ctx.grad_enabled = True  # (what follows joins values: it is not the user's computation)
         try:
-            if not grad_enabled and self.dtype.kind == "float":  # (torch.no_grad: the data changes, the tensor
-                other = emit("data_update", [self, other])       # keeps its own history)
-            if self._base is None and not self._views:
-                self._value = other.value
+            keep_history = not grad_enabled and self.dtype.kind == "float"  # (torch.no_grad: the data changes,
+            if self._base is None and not self._views:                     # the tensor keeps its own history)
+                self._value = (emit("data_update", [self, other]) if keep_history else other).value
                 return self
+            if not keep_history:
+                self._propagate(other)
+                return self
+            # the memory's owner keeps its history (a view taken under no_grad has none of its own):
+            # its new values are a data_update of its old ones, and every view is taken again from them
+            root = self
+            while root._base is not None:
+                root = root._base
+            old_root = Tensor(root.value, ctx)
             self._propagate(other)
+            root._propagate(emit("data_update", [old_root, Tensor(root.value, ctx)]))
         finally:
             ctx.grad_enabled = grad_enabled
         return self

@@ -206,6 +206,29 @@ def test_the_row_kernels_give_the_cpu_targets_bits():
 
 
 @needs_simulator
+def test_results_with_no_elements_run_no_loop():
+    """A kernel whose output has no elements ran its loop once (divisions by a dim of 0: SIGFPE in
+    the simulator) and wrote element 0 of its empty buffer, which the plan lays over a live one (a
+    loss three times too large): now nothing runs, on the CPU's values."""
+    F = mica.nn.functional
+
+    def step(x, e, w):
+        loss, grads = mica.value_and_grad(lambda x, e, w: x.sum() + (e * w).sum(), argnums=(0, 1, 2))(x, e, w)
+        empty = x[:, 2:2] * 2.0
+        return (loss, grads, empty, F.softmax(empty, -1).sum() + F.log_softmax(x[:0], 0).sum()
+                + mica.logsumexp(e, dim=1).sum())
+
+    program = mica.trace(step, mica.f32[3, 4], mica.f32[3, 0, 4], mica.f32[1, 0, 4])
+    x = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5) / 7
+    e, w = np.zeros((3, 0, 4), np.float32), np.zeros((1, 0, 4), np.float32)
+    cuda = program.lower("cuda", simulate=True).build()(x, e, w)
+    cpu = program.lower("cpu").build()(x, e, w)
+    assert float(cuda[0]) == float(cpu[0]) and abs(float(cuda[0]) - x.astype(np.float64).sum()) < 1e-6
+    assert float(cuda[3]) == float(cpu[3]) == -np.inf  # (log of an empty sum, as torch's logsumexp)
+    assert cuda[2].shape == (3, 0) and all(np.array_equal(a, b) for a, b in zip(cuda[1], cpu[1]))
+
+
+@needs_simulator
 def test_an_index_out_of_range_is_a_sentence_on_the_device():
     program = row_kernels()
     wte, w, b, idx, targets = row_data()

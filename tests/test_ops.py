@@ -591,7 +591,13 @@ def _history(m, x):
     e.expand(1, 3, 4, 5).add_(1.0)  # (an expand that repeats nothing: torch writes through it)
     f = x * 1.0
     f.fill_(x[0, 0, 0])
-    return a, b, p + c, d, t, e, f, x[-1, 4:4].chunk(1, -1)[0], x[None, :-3, 2:]
+    g = x * 1.0  # (partial writes under no_grad: the written elements keep their history too)
+    with m.no_grad():
+        g[0] = 5.0
+        g[1].mul_(2.0)
+        g[:, 1] *= 3
+        g[[2]] = -1.0
+    return a, b, p + c, d, t, e, f, g, x[-1, 4:4].chunk(1, -1)[0], x[None, :-3, 2:]
 
 
 def test_writes_without_history_and_zero_size_views_as_torchs():

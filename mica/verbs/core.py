@@ -551,6 +551,8 @@ def logsumexp(input, dim, keepdim=False):
     axes = _axes(x, dim, "logsumexp")
     if not axes:
         return log(exp(x))
+    if builtins.any(x.shape[a] == 0 for a in axes):  # (an empty sum: log 0, as torch's)
+        return log(sum(x, axes, keepdim))
     m = detach(amax(x, axes, keepdim=True))
     m = where(eq(abs(m), float("inf")), 0.0, m)
     out = log(sum(exp(x - m), axes, keepdim=True)) + m

@@ -36,7 +36,7 @@ def _decompose(dims, names, flat="t"):
 
 
 def _outputs(kern):
-    return max(math.prod(n for d, n in enumerate(kern.in_shape) if d not in kern.axes), 1)
+    return math.prod(n for d, n in enumerate(kern.in_shape) if d not in kern.axes)
 
 
 def _reduced(kern):
@@ -86,7 +86,10 @@ def reduce_scratch(kern):
 
 def _grid_stride(total, body, block="blockIdx.x", blocks="gridDim.x"):
     """A grid-stride loop over `total` indices t; a kernel run as a member of a group launch is
-    given its block and block count (mica_bx, mica_gx) instead of the launch's own."""
+    given its block and block count (mica_bx, mica_gx) instead of the launch's own. No elements, no
+    loop (its body would index dims of size 0)."""
+    if total == 0:
+        return ["/* no elements: nothing to do */"]
     return ([f"for (int64_t t = {block} * (int64_t)blockDim.x + threadIdx.x; t < {total}; "
              f"t += (int64_t){blocks} * blockDim.x) {{"] + ["    " + b for b in body] + ["}"])
 
@@ -185,7 +188,7 @@ class CudaRenderer(CStyleRenderer):
     # ---- elementwise loops -----------------------------------------------------------------------
     def loop(self, kern):
         dims, names, body = loop_statements(self, kern)
-        return self._grid_stride(max(math.prod(kern.shape), 1), _decompose(dims, names) + body)
+        return self._grid_stride(math.prod(kern.shape), _decompose(dims, names) + body)
 
     # ---- reductions: a thread per output, the canonical order ------------------------------------
     def reduce(self, kern, name):
@@ -210,7 +213,7 @@ class CudaRenderer(CStyleRenderer):
             body += [f"    if ({names[axis]} == 0 || {v} > best || ({v} != {v} && best == best)) "
                      f"{{ best = {v}; at = {names[axis]}; }}", "}",
                      f"{self.accessor.base(out)}[{oidx}] = at;"]
-            return [], self._grid_stride(max(O, 1), body)
+            return [], self._grid_stride(O, body)
         comb = lambda a, b: _combine(kern.op, dtype, a, b)  # noqa: E731
         tree = comb(comb(comb("a[0]", "a[1]"), comb("a[2]", "a[3]")), comb(comb("a[4]", "a[5]"), comb("a[6]", "a[7]")))
         init = _init(kern.op, dtype)
@@ -218,7 +221,7 @@ class CudaRenderer(CStyleRenderer):
             return self._reduce_by_lanes(kern, name, writer, names, kept, body, oidx, comb, tree, init, t)
         body += canonical_sum(names, shape, axes, writer.lines(), kern.result, comb, tree, init, t)
         body.append(f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};")
-        return [], self._grid_stride(max(O, 1), body)
+        return [], self._grid_stride(O, body)
 
     def _lanes_kernels(self, k, kern):
         import os
@@ -272,7 +275,7 @@ class CudaRenderer(CStyleRenderer):
                                   f"    tot = blk == 0 ? {tree} : {comb('tot', tree)};", "}",
                                   f"{self.accessor.base(out)}[{oidx}] = {ct.store(out.dtype, 'tot')};"]
         body = ["const int64_t o_ = t;"] + body
-        return helper, self._grid_stride(max(O, 1), body)
+        return helper, self._grid_stride(O, body)
 
     # ---- pad and concat --------------------------------------------------------------------------
     def copy(self, kern):
@@ -292,7 +295,7 @@ class CudaRenderer(CStyleRenderer):
             value = self._element(x, s_idx)
             cond = " && ".join(conds) or "1"
             body.append(f"{self.accessor.base(out)}[{d_idx}] = ({cond}) ? {value} : {ct.const(0, out.dtype)};")
-            return self._grid_stride(max(out.numel, 1), body)
+            return self._grid_stride(out.numel, body)
         axis, start, lines = kern.attrs["axis"], 0, []
         for x in kern.inputs:  # disjoint slices of the output: no ordering between them
             starts, stops = [0] * len(out.shape), list(out.shape)
@@ -304,7 +307,7 @@ class CudaRenderer(CStyleRenderer):
             d_idx = offset_expr(dst.offset, [d[1][1] for d in dims], names)
             body = _decompose(dims, names) + [f"{self.accessor.base(dst)}[{d_idx}] = "
                                               f"{self._element(x, s_idx, dst.dtype)};"]
-            lines += self._grid_stride(max(x.numel, 1), body)
+            lines += self._grid_stride(x.numel, body)
             start += x.shape[axis]
         return lines
 
