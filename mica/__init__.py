@@ -26,19 +26,23 @@ from .grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled, 
 from .tensor import Tensor  # noqa: E402
 from .trace import Program, compile, trace  # noqa: A004, E402
 from .verbs import (  # noqa: E402
-    abs, add, addcdiv, addcmul, amax, amin, arange, argmax, argmin, as_tensor, bitwise_and, bitwise_not,
+    abs, add, addcdiv, all, allclose, any, addcmul, amax, amin, arange, argmax, argmin, argsort, as_tensor, bitwise_and, bitwise_not,
     bitwise_or, bitwise_xor, bmm, cat, chunk, clamp, clamp_max, clamp_min, clip,
-    concat, cos, cross_entropy, detach, div, dropout, einsum, embedding, eq, erf, eye, exp, expand, flatten, full,
-    full_like, ge, gelu, gt, layer_norm, le, lerp, linear, linspace, log, log_softmax, logical_and,
-    logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul, max, maximum, mean, min, minimum, mm,
+    ceil, concat, cos, cosine_similarity, cross_entropy, cumprod, cumsum, detach, div, dropout, einsum, embedding, eq, equal, erf, exp, expm1, eye, expand, fix, flatten, flip, fliplr, flipud, floor, floor_divide, fmod, frac, full,
+    full_like, gather, ge, gelu, gt, index_select, is_floating_point, is_tensor, isclose, isfinite, isinf, isnan, layer_norm, le, lerp, linear, linspace, log, log1p, log_softmax, logical_and,
+    logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul, max, maximum, mean, min, minimum, mm, msort,
     mul, narrow, ne,
-    neg, nll_loss, norm, ones, ones_like, outer, permute, pow, relu, repeat, repeat_interleave, reshape, result_type,
-    rms_norm, rsqrt, scaled_dot_product_attention, sigmoid, silu, sin, softmax, split, sqrt, square,
-    squeeze, stack, std, sub, sum, tanh, tensor, to, transpose, tril, triu, unbind, unsqueeze, var, view,
+    neg, nll_loss, norm, one_hot, ones, ones_like, outer, permute, pow, prod, relu, remainder, repeat, repeat_interleave, reshape, result_type,
+    rms_norm, roll, round, rsqrt, scaled_dot_product_attention, sgn, sigmoid, sign, silu, sin, softmax, sort, split, sqrt, square,
+    squeeze, stack, std, sub, sum, take_along_dim, tanh, tensor, topk, to, transpose, tril, triu, trunc, unbind, unsqueeze, var, view,
     where, zeros, zeros_like,
 )
 from . import distributed, nn, optim, reference  # noqa: E402
 from .host import HostTensor, eager as _eager, _add_torch_methods  # noqa: E402
+from .random import (  # noqa: E402  (host draws, outside a trace)
+    Generator, bernoulli, default_generator, get_rng_state, initial_seed, manual_seed, multinomial, normal, rand,
+    rand_like, randint, randn, randn_like, randperm, seed, set_rng_state,
+)
 
 # outside a trace the verbs take and give host tensors, torch's eager tensors (mica/host.py)
 _add_torch_methods()

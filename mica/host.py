@@ -10,6 +10,7 @@ it computes what it computes in a trace. Inside a trace a HostTensor is a consta
 tensor made in __init__ is to torch's forward.
 """
 import functools
+import sys
 
 import numpy as np
 
@@ -120,6 +121,26 @@ class HostTensor(np.ndarray):
     def detach(self):
         return self[...]
 
+    @property
+    def data(self):  # (torch's: the tensor itself, without history; numpy's memoryview is np.asarray(h).data)
+        return self
+
+    def nonzero(self, *, as_tuple=False):
+        """torch's: the [count, ndim] positions of the nonzero elements (numpy's tuple with
+        as_tuple=True, and for numpy's own functions, which call this method: np.nonzero,
+        np.flatnonzero, np.argwhere)."""
+        found = np.nonzero(np.asarray(self))
+        if as_tuple or sys._getframe(1).f_globals.get("__name__", "").startswith("numpy"):
+            return tuple(host(i.astype(np.int64)) for i in found)
+        return host(np.stack(found, axis=1).astype(np.int64) if found else np.zeros((1, 0), np.int64))
+
+    def __getattr__(self, name):  # (a torch.Tensor method Mica lacks: its sentence, not numpy's AttributeError)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from .errors import missing_verb
+
+        raise missing_verb("Tensor.", name, "torch.Tensor.")
+
     def contiguous(self, memory_format=None):
         return self if self.flags.c_contiguous else self.copy()
 
@@ -137,7 +158,7 @@ def _dim(kwargs):
 
 
 def _numpy_style(kwargs):
-    return any(k in kwargs for k in ("axis", "keepdims", "out", "ddof"))
+    return any(k in kwargs for k in ("axis", "keepdims", "out", "ddof", "kind", "order"))
 
 
 def _reduction(name):
@@ -149,7 +170,9 @@ def _reduction(name):
     return reduce
 
 
-for _name in ("sum", "mean", "max", "min", "std", "var", "argmax", "argmin"):
+# (numpy's own functions call these methods with numpy's keywords: np.sort(h) is h.sort(axis=...))
+for _name in ("sum", "mean", "max", "min", "std", "var", "argmax", "argmin", "sort", "argsort", "cumsum", "cumprod",
+              "round", "any", "all", "prod"):
     setattr(HostTensor, _name, _reduction(_name))
 
 
@@ -176,6 +199,19 @@ def _add_torch_methods():
     HostTensor.clone = lambda self, *a, **k: self.copy()
     HostTensor.cpu = lambda self, *a, **k: self
     HostTensor.numpy = lambda self: np.asarray(self)
+    from . import random
+
+    HostTensor.multinomial = lambda self, *a, **k: random.multinomial(self, *a, **k)
+    HostTensor.bernoulli = lambda self, *a, **k: random.bernoulli(self, *a, **k)
+    HostTensor.normal_ = lambda self, mean=0.0, std=1.0, generator=None: _drawn(
+        self, random.normal(mean, std, self.shape, generator=generator))
+    HostTensor.uniform_ = lambda self, a=0.0, b=1.0, generator=None: _drawn(
+        self, a + (b - a) * random.rand(*self.shape, generator=generator, dtype="float64"))
+
+
+def _drawn(self, values):
+    np.copyto(self, np.asarray(values), casting="unsafe")
+    return self
 
 
 def _in_place(name):

@@ -347,12 +347,15 @@ class Tensor:
     def __imul__(self, o): return self.mul_(o)
     def __itruediv__(self, o): return self.div_(o)
 
-    def _no_floor_division(self, o):  # (//, %: torch.floor_divide and torch.remainder)
-        raise TraceError("Mica has no floor division or remainder (x // y, x % y: torch.floor_divide, "
-                         "torch.remainder); write it from the verbs it has (dir(mica.Tensor) lists them)",
-                         user_location())
-
-    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __divmod__ = __rdivmod__ = _no_floor_division
+    # x // y and x % y are torch's floor_divide and remainder (Python's rounding, on every element)
+    def __floordiv__(self, o): return F.floor_divide(self, o)
+    def __rfloordiv__(self, o): return F.floor_divide(o, self)
+    def __mod__(self, o): return F.remainder(self, o)
+    def __rmod__(self, o): return F.remainder(o, self)
+    def __divmod__(self, o): return F.floor_divide(self, o), F.remainder(self, o)
+    def __rdivmod__(self, o): return F.floor_divide(o, self), F.remainder(o, self)
+    def __ifloordiv__(self, o): return self._rebind(F.floor_divide(self, o))
+    def __imod__(self, o): return self._rebind(F.remainder(self, o))
 
     # ---- arithmetic ---------------------------------------------------------------------------
     def __add__(self, o): return F.add(self, o)
@@ -389,7 +392,7 @@ class Tensor:
     def add_(self, other, alpha=1): return self._rebind(F.add(self, other, alpha=alpha))
     def sub_(self, other, alpha=1): return self._rebind(F.sub(self, other, alpha=alpha))
     def mul_(self, other): return self._rebind(F.mul(self, other))
-    def div_(self, other): return self._rebind(F.div(self, other))
+    def div_(self, other, rounding_mode=None): return self._rebind(F.div(self, other, rounding_mode=rounding_mode))
     def lerp_(self, end, weight): return self._rebind(F.lerp(self, end, weight))
     def addcmul_(self, t1, t2, value=1): return self._rebind(F.addcmul(self, t1, t2, value=value))
     def addcdiv_(self, t1, t2, value=1): return self._rebind(F.addcdiv(self, t1, t2, value=value))
@@ -412,6 +415,14 @@ class Tensor:
     def sigmoid_(self): return self._rebind(F.sigmoid(self))
     def relu_(self): return self._rebind(F.relu(self))
     def square_(self): return self._rebind(F.square(self))
+    def floor_(self): return self._rebind(F.floor(self))
+    def ceil_(self): return self._rebind(F.ceil(self))
+    def trunc_(self): return self._rebind(F.trunc(self))
+    def round_(self, decimals=0): return self._rebind(F.round(self, decimals=decimals))
+    def frac_(self): return self._rebind(F.frac(self))
+    def fmod_(self, o): return self._rebind(F.fmod(self, o))
+    def remainder_(self, o): return self._rebind(F.remainder(self, o))
+    def floor_divide_(self, o): return self._rebind(F.floor_divide(self, o))
 
     # ---- methods named as torch.Tensor's ------------------------------------------------------
     def add(self, other, alpha=1): return F.add(self, other, alpha=alpha)
@@ -451,6 +462,45 @@ class Tensor:
     def relu(self): return F.relu(self)
     def abs(self): return F.abs(self)
     def square(self): return F.square(self)
+    def floor(self): return F.floor(self)
+    def ceil(self): return F.ceil(self)
+    def trunc(self): return F.trunc(self)
+    fix = trunc
+    def round(self, decimals=0): return F.round(self, decimals=decimals)
+    def frac(self): return F.frac(self)
+    def fmod(self, o): return F.fmod(self, o)
+    def remainder(self, o): return F.remainder(self, o)
+    def floor_divide(self, o): return F.floor_divide(self, o)
+    def gather(self, dim, index): return F.gather(self, dim, index)
+    def take_along_dim(self, indices, dim=None): return F.take_along_dim(self, indices, dim)
+    def index_select(self, dim, index): return F.index_select(self, dim, index)
+    def topk(self, k, dim=-1, largest=True, sorted=True): return F.topk(self, k, dim, largest, sorted)
+    def sort(self, dim=-1, descending=False, stable=False): return F.sort(self, dim, descending, stable)
+    def argsort(self, dim=-1, descending=False, stable=False): return F.argsort(self, dim, descending, stable)
+    def msort(self): return F.msort(self)
+    def cumsum(self, dim, dtype=None): return F.cumsum(self, dim, dtype=dtype)
+    def cumprod(self, dim, dtype=None): return F.cumprod(self, dim, dtype=dtype)
+    def cumsum_(self, dim, dtype=None): return self._rebind(F.cumsum(self, dim, dtype=dtype))
+    def flip(self, *dims): return F.flip(self, dims[0] if len(dims) == 1 and not isinstance(dims[0], int) else dims)
+    def fliplr(self): return F.fliplr(self)
+    def flipud(self): return F.flipud(self)
+    def roll(self, shifts, dims=None): return F.roll(self, shifts, dims)
+    def sign(self): return F.sign(self)
+    def sgn(self): return F.sign(self)
+    def isnan(self): return F.isnan(self)
+    def isinf(self): return F.isinf(self)
+    def isfinite(self): return F.isfinite(self)
+    def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False): return F.isclose(self, other, rtol, atol, equal_nan)
+    def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        return F.allclose(self, other, rtol, atol, equal_nan)
+    def equal(self, other): return F.equal(self, other)
+    def any(self, dim=None, keepdim=False): return F.any(self, dim, keepdim)
+    def all(self, dim=None, keepdim=False): return F.all(self, dim, keepdim)
+    def prod(self, dim=None, keepdim=False, dtype=None): return F.prod(self, dim, keepdim, dtype=dtype)
+    def log1p(self): return F.log1p(self)
+    def expm1(self): return F.expm1(self)
+    def sign_(self): return self._rebind(F.sign(self))
+    def log1p_(self): return self._rebind(F.log1p(self))
     def clamp(self, min=None, max=None): return F.clamp(self, min, max)
     clip = clamp
     def clamp_min(self, min): return F.clamp(self, min=min)
@@ -535,7 +585,7 @@ class Tensor:
 from . import verbs as F  # noqa: E402  (verbs build on Tensor; Tensor's methods call them)
 
 for _name in ("sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "norm", "logsumexp",
-              "softmax", "log_softmax", "squeeze", "unsqueeze"):
+              "softmax", "log_softmax", "squeeze", "unsqueeze", "any", "all", "prod", "cumsum", "cumprod"):
     setattr(Tensor, _name, takes_axis(getattr(Tensor, _name)))
 
 def _numpy_refused(name):

@@ -869,6 +869,17 @@ def test_independent_kernels_share_a_launch_in_an_order_that_keeps_every_depende
     assert sorted(int(k) for k in re.findall(r"MICA_MARK\(stream, (\d+)\);", src)) == sorted(u.members[0] for u in units)
 
 
+def picks_and_roundings():
+    """The verbs built on index checks and exact roundings (gather, x[t], topk, one_hot, floor, fmod,
+    ...), with gradients: their CUDA source as nvcc sees it."""
+    def step(a, b, i):
+        y = (mica.floor(a) + mica.ceil(a) * mica.round(a) + mica.trunc(a) + mica.fmod(a, b) + a.gather(1, i)
+             + a.topk(2).values.sum() + a.cumsum(1) + mica.nn.functional.one_hot(i[0], 4).float().sum()
+             + a[:, i[0]].sum() + mica.nn.functional.softplus(a) + (a // b) + a.remainder(b))
+        return y, mica.grad(y.sum(), [a, b])
+    return mica.trace(step, mica.f32[3, 4], mica.f32[3, 4], mica.i64[3, 4])
+
+
 @needs_nvcc
 def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tmp_path, gpt_step):
     """The GPT training step (loops, reductions, row kernels, attention, products) for sm_80..sm_120
@@ -886,7 +897,8 @@ def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tm
     for name, program, options, archs in (
             ("gpt", gpt_step[0], {}, None), ("rows", row_kernels(), {}, ends),
             ("rows64", every_row_kernel(4, np.float64, widths=(24,), attention=F64_CASE), {}, ends),
-            ("bf16", half_products(mica.bfloat16), {}, ends), ("tf32", tf32, {"tf32": True}, ends)):
+            ("bf16", half_products(mica.bfloat16), {}, ends), ("tf32", tf32, {"tf32": True}, ends),
+            ("picks", picks_and_roundings(), {}, ends)):
         src = tmp_path / f"{name}.cu"
         src.write_text(program.lower("cuda", **options).source)
         assert ("#define MICA_TF32 1" in src.read_text()) == bool(options)  # (the source says: nvcc needs no flag)

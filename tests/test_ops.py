@@ -172,6 +172,54 @@ CASES = [
     case("masked_fill_fn", lambda m, a, c: m.masked_fill(a, c, 0.0), [Fl(2, 3, 4), Bool(2, 3, 4)]),
     case("compare_ops", lambda m, a, b: ((a < b) | (a >= 0.5)).float() + (a != b).double(), [Fl(3, 4), Fl(4)],
          grad=False),
+    # picking by index tensors and by order (verbs/select.py)
+    case("gather", lambda m, a, i: m.gather(a, 1, i), [Fl(3, 5), Int(3, 4, high=5)]),
+    case("gather_dim0_smaller", lambda m, a, i: a.gather(0, i), [Fl(4, 3), Int(2, 2, high=4)]),
+    case("take_along_dim_negative", lambda m, a, i: m.take_along_dim(a, i - 2, 1), [Fl(3, 5), Int(3, 4, high=5)]),
+    case("index_select", lambda m, a, i: a.index_select(0, i), [Fl(4, 3), Int(6, high=4)]),
+    case("index_select_dim1_batched", lambda m, a, i: m.index_select(a, 1, i), [Fl(2, 4, 3), Int(5, high=4)]),
+    case("tensor_index", lambda m, a, i: a[i], [Fl(4, 3), Int(2, 3, high=4)]),
+    case("tensor_index_pair_apart", lambda m, a, i, j: a[i, :, j], [Fl(4, 2, 3), Int(5, high=4), Int(5, high=3)]),
+    case("tensor_index_negative_after_int", lambda m, a, i: a[1, :, i - 2] + a[:, 0][:, i[0]].sum(),
+         [Fl(3, 2, 4), Int(2, 2, high=4)]),
+    case("topk", lambda m, a: (lambda r: r.values * 2 + r.indices)(m.topk(a, 3)), [Fl(4, 6)]),
+    case("topk_smallest_dim0", lambda m, a: (lambda v, i: v + i)(*a.topk(2, dim=0, largest=False)), [Fl(5, 3)]),
+    case("sort_descending", lambda m, a: (lambda r: r.values + r.indices * 0.5)(m.sort(a, dim=1, descending=True)),
+         [Fl(3, 5)]),
+    case("argsort_dim0", lambda m, a: m.argsort(a, dim=0), [Fl(5, 3)], grad=False),
+    case("cumsum_cumprod", lambda m, a: m.cumsum(a, 1) + a.cumprod(0), [Fl(3, 7)]),
+    case("cumsum_integers", lambda m, a: a.cumsum(0) + m.cumsum(a > 2, 1), [Int(6, 2, high=5)], grad=False),
+    case("flip_roll", lambda m, a: m.flip(a, (0, 2)) + m.roll(a, (1, -2), (1, 2)) * 2 + a.roll(3), [Fl(2, 3, 4)]),
+    case("one_hot", lambda m, i: m.nn.functional.one_hot(i, 6), [Int(2, 3, high=6)], grad=False),
+    case("prod", lambda m, a: a.prod(1) + a[0].prod(), [Fl(3, 5)]),
+    case("any_all", lambda m, a: (a > 0.5).any(1).double() + (a > -2).all(0).double().sum() + m.any(a > 3).double(),
+         [Fl(3, 4)], grad=False),
+    # roundings, remainders, tests of values
+    case("floor_ceil_trunc_round_frac", lambda m, a: m.floor(a * 3) + m.ceil(a * 2) * 2 + m.trunc(a * 5) * 3
+         + m.round(a * 4) * 4 + a.frac() + m.round(a, decimals=2), [Fl(3, 4)]),
+    case("fmod_remainder", lambda m, a, b: m.fmod(a * 5, b) + m.remainder(a * 5, -b) * 2 + (a * 3) % b, [Fl(3, 4), Pos(4)]),
+    case("div_rounding_modes", lambda m, a, b: m.div(a * 5, b, rounding_mode="floor")
+         + m.div(a * 5, b, rounding_mode="trunc") * 2 + a, [Fl(3, 4), Pos(3, 4)]),
+    case("floor_divide_floats", lambda m, a, b: (a * 7) // b + m.floor_divide(a, -b), [Fl(3, 4), Pos(4)], grad=False),
+    case("integer_division", lambda m, a, b: (a - 4) // (b + 1) * 100 + (a - 4) % (b + 1) * 10
+         + m.div(a - 4, -(b + 1), rounding_mode="trunc") + m.fmod(a - 4, b + 1) * 1000,
+         [Int(3, 4, high=9), Int(3, 4, high=4)], grad=False),
+    case("sign_and_tests", lambda m, a: m.sign(a) * a + m.isnan(a).double() + m.isfinite(a).double()
+         + m.isclose(a, a * (1 + 1e-9)).double() + m.log1p(a * a) + m.expm1(a * 0.3), [Fl(3, 4)]),
+    # other activations and losses of torch.nn.functional (verbs/activations.py)
+    case("softplus_logsigmoid", lambda m, a: m.nn.functional.softplus(a * 4) + m.nn.functional.logsigmoid(a * 8)
+         + m.nn.functional.softplus(a, beta=2, threshold=3), [Fl(3, 5)]),
+    case("leaky_elu_hardtanh", lambda m, a: m.nn.functional.leaky_relu(a, 0.2) + m.nn.functional.elu(a, 0.7)
+         + m.nn.functional.hardtanh(a, -0.5, 0.8) + m.nn.functional.relu6(a * 5) + m.nn.functional.softsign(a),
+         [Fl(4, 5)]),
+    case("glu_normalize_cosine", lambda m, a, b: m.nn.functional.glu(a).sum(1) + m.nn.functional.normalize(a, dim=1).sum(1)
+         + m.nn.functional.cosine_similarity(a, b), [Fl(3, 6), Fl(3, 6)]),
+    case("regression_losses", lambda m, a, b: m.nn.functional.mse_loss(a, b) + m.nn.functional.l1_loss(a, b, reduction="sum")
+         + m.nn.functional.smooth_l1_loss(a, b, beta=0.5) + m.nn.functional.huber_loss(a, b, delta=0.7), [Fl(3, 4), Fl(3, 4)]),
+    case("binary_cross_entropies", lambda m, a, b: m.nn.functional.binary_cross_entropy(m.sigmoid(a), m.sigmoid(b))
+         + m.nn.functional.binary_cross_entropy_with_logits(a * 3, m.sigmoid(b), reduction="sum"), [Fl(3, 4), Fl(3, 4)]),
+    case("kl_div", lambda m, a, b: m.nn.functional.kl_div(m.log_softmax(a, 1), m.softmax(b, 1), reduction="batchmean")
+         + m.nn.functional.kl_div(a, b, reduction="sum", log_target=True), [Fl(3, 4), Fl(3, 4)]),
     # casts, constants, ranges
     case("float_double", lambda m, a: a.float().double() * 2, [Fl(3, 4)], fwd_tol=1e-6, grad_tol=1e-6),
     case("to_type_as", lambda m, a, b: a.to(m.float32).type_as(b) + b, [Fl(3), Fl(3)], fwd_tol=1e-6, grad_tol=1e-6),
@@ -642,3 +690,32 @@ def test_reshape_of_a_transpose_copies_and_of_an_ordered_tensor_views_as_torchs(
     for g, w in zip(got, want):
         assert np.array_equal(g, w.detach().numpy())
     assert np.array_equal(grad, torch.autograd.grad(sum(o.sum() for o in want), tx)[0].numpy())
+
+
+@pytest.mark.parametrize("step, spec, bad, says", [
+    (lambda x, i: x.gather(1, i), [mica.f32[2, 3], mica.i64[2, 2]], np.array([[0, 3], [1, 2]]),
+     "an index tensor holds 3, out of range for a dim of 3 elements; give indices from 0 to size - 1"),
+    (lambda x, i: x.index_select(1, i[0]), [mica.f32[2, 3], mica.i64[2, 2]], np.array([[-1, 0], [0, 0]]),
+     "an index tensor holds -1, out of range for a dim of 3 elements; give indices from 0 to size - 1"),
+    (lambda x, i: x[:, i], [mica.f32[2, 3], mica.i64[2, 2]], np.array([[-4, 0], [0, 0]]),
+     "an index tensor holds -4, out of range for a dim of 3 elements; give indices from -size to size - 1"),
+    (lambda x, i: mica.nn.functional.one_hot(i, 3).float() + x.sum(), [mica.f32[2, 3], mica.i64[2, 2]],
+     np.array([[0, -1], [0, 0]]), "one_hot: class -1 is out of range for 3 classes; give classes from 0 to "
+     "num_classes - 1"),
+])
+def test_an_index_tensor_out_of_range_stops_the_program_with_a_sentence(step, spec, bad, says):
+    """torch raises on an index out of range; a compiled program stops with the same sentence on
+    every target, and a negative index wraps where torch's wraps it (x[t], take_along_dim)."""
+    from test_cuda import _has_boost_context
+
+    program = mica.trace(step, *spec)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    targets = [mica.reference.run, program.lower("cpu").build()]
+    if _has_boost_context():
+        targets.append(program.lower("cuda", simulate=True).build())
+    for run in targets:
+        with pytest.raises(mica.MicaError) as e:
+            run(*([program] if run is mica.reference.run else []), x, bad)
+        assert says in str(e.value)
+        good = run(*([program] if run is mica.reference.run else []), x, np.zeros((2, 2), np.int64) + 1)
+        assert np.isfinite(np.asarray(good)).all()

@@ -48,8 +48,10 @@ def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operand
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda a: a // 2, "Mica has no floor division or remainder (x // y, x % y: torch.floor_divide, torch.remainder)"),
-    (lambda a: 7 % a, "Mica has no floor division or remainder"),
+    (lambda a: a[a > 0], "indexing with a bool Tensor (a mask) picks a number of elements known only when the program "
+                         "runs, which a static shape cannot hold; use mica.where(mask, x, 0), masked_fill, or x[mask] = "
+                         "value"),
+    (lambda a: a[a.long(), [0, 1]], "an index mixing a list with a Tensor is not supported; make the list a Tensor"),
     (lambda a: a.__setitem__(a > 0, a), "x[mask] = value takes one value for the masked elements, got f32[3, 4]; use "
                                         "mica.where(mask, values, x) for a tensor of them"),
     (lambda a: a.__setitem__(a.long(), 1.0), "x[index] = value takes a Tensor index only as a bool mask of x's shape "
@@ -58,8 +60,8 @@ def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operand
                                             "input many times, which torch refuses; take .clone()"),
 ])
 def test_python_operators_mica_lacks_are_one_sentence_at_the_users_line(make, says):
-    """torch's //, % and what torch refuses of item assignment and in-place steps name the user's line
-    instead of Python's TypeError."""
+    """What a static shape cannot hold of torch's indexing, and what torch refuses of item assignment
+    and in-place steps, name the user's line instead of Python's TypeError."""
     with pytest.raises(mica.MicaError) as e:
         mica.trace(make, mica.f32[3, 4])
     assert str(e.value).startswith(says) and "test_user_mistakes.py:" in str(e.value), str(e.value)
@@ -69,7 +71,7 @@ def test_python_operators_mica_lacks_are_one_sentence_at_the_users_line(make, sa
     (lambda a: F.conv1d(a, a), "Mica has no mica.nn.functional.conv1d (torch.nn.functional.conv1d); write it from "
                                "the verbs it has (dir(mica.nn.functional) lists them)"),
     (lambda a: mica.kron(a, a), "Mica has no mica.kron (torch.kron)"),
-    (lambda a: a.cumsum(0), "Mica has no Tensor.cumsum (torch.Tensor.cumsum); write it from the verbs it has "
+    (lambda a: a.cummax(0), "Mica has no Tensor.cummax (torch.Tensor.cummax); write it from the verbs it has "
                             "(dir(mica.Tensor) lists them)"),
 ])
 def test_a_verb_mica_lacks_is_one_sentence_and_still_an_attribute_error(make, says):

@@ -34,6 +34,7 @@ class Parameter:
         self.dtype = as_dtype(dtype or dtypes.float32)
         self.init = init or initializers.zeros()
         self.requires_grad = True  # (torch's flag, kept for code that reads it; freezing is param_groups')
+        self._names = set()  # (every name named_parameters() gave it: Module.named_parameters)
 
     # torch's `p.data.normal_(...)` in an _init_weights: here it sets the initializer (nothing is drawn
     # until Module.init), as mica.nn.init's functions do
@@ -180,7 +181,9 @@ class Module:
                 if p is None or (remove_duplicate and id(p) in seen):
                     continue
                 seen.add(id(p))
-                yield (f"{mprefix}.{name}" if mprefix else name), p
+                full = f"{mprefix}.{name}" if mprefix else name
+                p._names.add(full)  # (an optimizer group of Parameter objects finds each by these)
+                yield full, p
 
     def parameters(self):
         return (p for _, p in self.named_parameters())
@@ -300,6 +303,8 @@ class Module:
             _BOUND.pop()
 
     def __call__(self, *args, **kwargs):
+        if not F.in_trace():  # (torch's eager call, as nanoGPT's generate() makes it: host tensors out)
+            return _eager_call(self, args, kwargs)
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
@@ -313,6 +318,31 @@ class Module:
         for name, m in self._modules.items():
             lines.append(f"  ({name}): " + repr(m).replace("\n", "\n  "))
         return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
+
+
+def _eager_call(module, args, kwargs):
+    """module(*args) outside a trace: the forward traced once and run on the oracle at float32
+    precision (host.run), each parameter the value bound to it (bind, functional_call) or else its
+    initial value, drawn once (as a torch module holds its initial weights until trained)."""
+    from ..host import run
+
+    table, drawn = dict(_BOUND[-1]), None
+    for name, p in module.named_parameters():
+        if id(p) not in table:
+            cached = getattr(p, "_initial", None)
+            if cached is None or cached[0] is not p.init:
+                drawn = module.init(0) if drawn is None else drawn
+                p._initial = (p.init, drawn[name])
+            table[id(p)] = p._initial[1]
+
+    def call(*a, **k):
+        _BOUND.append(table)
+        try:
+            return module.forward(*a, **k)
+        finally:
+            _BOUND.pop()
+    call.__name__ = type(module).__name__
+    return run(call, args, kwargs)
 
 
 def _buffer_array(value):

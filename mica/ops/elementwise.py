@@ -162,6 +162,10 @@ _unary("sigmoid", _sigmoid, lambda c, o, i, a, n: [c[0] * o[0] * (1 - o[0])],
 _unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), _relu_grad, "({0} < 0 ? ({T})0 : {0})",
        kinds=("float", "int"))
 _unary("abs", np.abs, _abs_grad, "({0} < 0 ? -{0} : {0})", kinds=("float", "int"))
+# roundings to an integer value: exact, their gradient zero (as torch's)
+for _name, _fn in (("floor", np.floor), ("ceil", np.ceil), ("trunc", np.trunc), ("round", np.rint)):
+    _unary(_name, _fn, lambda c, o, i, a, n: [F.zeros_like(c[0])],
+           "mica_%s_{S}({0})" % ("rint" if _name == "round" else _name))
 _unary("logical_not", np.logical_not, None, "(!{0})", kinds=("bool",))
 _unary("detach", lambda x: x, lambda c, o, i, a, n: [None], "{0}", kinds=("float", "int", "bool"))
 
@@ -220,9 +224,19 @@ def _minmax_vjp(pick):
     return vjp
 
 
+def _fmod_vjp(c, o, i, a, n):
+    x, y = i  # (fmod(x, y) = x - trunc(x / y) * y: torch's gradients, 1 and -trunc(x / y))
+    return [_sum_to(c[0], x) if n[0] else None, _sum_to(-c[0] * F.trunc(x / y), y) if n[1] else None]
+
+
 def _np_pow(x, e):
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.power(x, e)
+
+
+def _np_fmod(x, y):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.fmod(x, y)
 
 
 def _np_div(x, y):
@@ -235,6 +249,7 @@ _binary("sub", np.subtract, _sub_vjp, "({0} - {1})")
 _binary("mul", np.multiply, _mul_vjp, "({0} * {1})", kinds=("float", "int", "bool"))
 _binary("div", _np_div, _div_vjp, "({0} / {1})", kinds=("float",))
 _binary("pow", _np_pow, _pow_vjp, "mica_pow_{S}({0}, {1})", kinds=("float",))
+_binary("fmod", _np_fmod, _fmod_vjp, "mica_fmod_{S}({0}, {1})", kinds=("float",))
 _binary("maximum", np.maximum, _minmax_vjp(lambda x, y: x > y), "(({0} > {1} || {0} != {0}) ? {0} : {1})")
 _binary("minimum", np.minimum, _minmax_vjp(lambda x, y: x < y), "(({0} < {1} || {0} != {0}) ? {0} : {1})")
 for _name, _fn, _c in (("lt", np.less, "<"), ("le", np.less_equal, "<="), ("gt", np.greater, ">"),

@@ -466,7 +466,7 @@ defop("embedding_backward", infer=_embedding_bwd_infer, ref=_embedding_bwd_ref, 
 
 # ---- check_range: class indices a composed verb reads (nll_loss), checked ----------------------------
 
-def _check_range_infer(specs, bound, ignore_index):
+def _check_range_infer(specs, bound, ignore_index, mode="targets"):
     (t,) = specs
     if t.dtype is not dtypes.int64:
         raise ShapeError(f"check_range: expects int64 class indices, got {t!r}")
@@ -475,6 +475,22 @@ def _check_range_infer(specs, bound, ignore_index):
 
 def _check_range_ref(a, at, run):
     (t,) = a
+    n, mode = at["bound"], at.get("mode", "targets")
+    if mode == "index":
+        bad = (t < -n) | (t >= n)
+        if bad.any():  # (mica_rows.h's MICA_INDEX_RANGE_TEXT)
+            raise MicaError(f"an index tensor holds {int(t[bad][0])}, out of range for a dim of {n} elements; give "
+                            "indices from -size to size - 1")
+        return np.where(t < 0, t + n, t)
+    if mode in ("classes", "positions"):
+        bad = (t < 0) | (t >= n)
+        if bad.any() and mode == "classes":  # (MICA_CLASS_RANGE_TEXT)
+            raise MicaError(f"one_hot: class {int(t[bad][0])} is out of range for {n} classes; give classes from 0 "
+                            "to num_classes - 1")
+        if bad.any():  # (MICA_POSITION_RANGE_TEXT)
+            raise MicaError(f"an index tensor holds {int(t[bad][0])}, out of range for a dim of {n} elements; give "
+                            "indices from 0 to size - 1")
+        return t.copy()
     bad = (t != at["ignore_index"]) & ((t < 0) | (t >= at["bound"]))
     if bad.any():
         raise MicaError(f"nll_loss: target {int(t[bad][0])} is out of range for {at['bound']} classes; give targets "
@@ -483,7 +499,11 @@ def _check_range_ref(a, at, run):
 
 
 # the indices, copied, or the program stops with a sentence (as torch raises): nll_loss picks its
-# log-probabilities with a where over the classes, which an index out of range would miss silently
+# log-probabilities with a where over the classes, which an index out of range would miss silently.
+# mode "index": a tensor index of a dim of `bound` elements (gather, index_select, x[t]), from
+# -bound up, the negative ones wrapped (the flat row several make could be in range when one is
+# not); mode "positions": the same from 0 (gather's, index_select's); mode "classes": one_hot's
+# classes, from 0 (no ignore_index)
 defop("check_range", infer=_check_range_infer, ref=_check_range_ref, family="kernel",
       kernel=KernelABI(may_fail=True), flops=lambda node: 0)
 

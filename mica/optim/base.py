@@ -5,6 +5,25 @@ from ..dtypes import Spec
 from ..errors import MicaError
 
 
+# torch's keyword arguments that choose how a step is computed, not what it computes (fused and
+# foreach kernels give the same update); and options Mica has only in their off setting
+_SAME_STEP = ("fused", "foreach", "capturable", "differentiable")
+_FALSE_ONLY = ("maximize", "amsgrad")
+
+
+def _name_of(param, names, optimizer, group):
+    """A Parameter object in a group (torch's way, from model.parameters()) as the name the step's
+    parameters have it under: one of the names model.named_parameters() gave it."""
+    known = [n for n in getattr(param, "_names", ()) if n in names]
+    if len(known) != 1:
+        raise MicaError(f"{optimizer}: group {group} holds a Parameter "
+                        + ("that is not among the model's parameters" if not known else
+                           f"known by several names ({', '.join(sorted(known))})")
+                        + "; name the parameters in the group instead: {'params': [n for n, p in "
+                        "model.named_parameters() if ...]}")
+    return known[0]
+
+
 class Optimizer:
     """A functional optimizer. `init(params)` gives its state (numpy, outside a trace);
     `update(params, grads, state, lr=..., lr_scale=...)` runs inside a trace and returns
@@ -13,22 +32,23 @@ class Optimizer:
     defaults = {}
 
     def __init__(self, param_groups=None, **hyper):
+        from ..tensor import user_location
+
+        for name, value in list(hyper.items()):  # (torch's implementation choices: the same step here)
+            if name in _SAME_STEP:
+                hyper.pop(name)
+            elif name in _FALSE_ONLY and not value:
+                hyper.pop(name)
         unknown = set(hyper) - set(self.defaults)
         if unknown:
             raise MicaError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
-                            f"known: {sorted(self.defaults)}")
+                            f"known: {sorted(self.defaults)}", user_location())
         if param_groups is not None and (not isinstance(param_groups, (list, tuple))
                                          or not all(isinstance(g, dict) and "params" in g for g in param_groups)):
             raise MicaError(f"{type(self).__name__} takes settings only (Mica's optimizers are functional: the "
                             "parameters come to init(params) and update(params, grads, state)); its first argument "
                             "is param_groups, a list of dicts like {'params': [names], 'weight_decay': 0.0}, not "
                             f"the parameters themselves, so write {type(self).__name__}(lr=...)")
-        for i, g in enumerate(param_groups or ()):
-            sel = g["params"]
-            if not callable(sel) and any(type(p).__name__ == "Parameter" for p in sel):
-                raise MicaError(f"{type(self).__name__}: group {i} holds Parameter objects; Mica's groups name "
-                                "parameters (its optimizers are functional), so write {'params': [n for n, p in "
-                                "model.named_parameters() if ...]} with the names")
         self.hyper = {**self.defaults, **hyper}
         self.param_groups = param_groups
         self._check(self.hyper, "")
@@ -64,7 +84,8 @@ class Optimizer:
             if callable(sel):
                 chosen = [n for n in names if sel(n)]
             else:
-                chosen = list(sel)
+                chosen = [_name_of(p, names, type(self).__name__, i) if type(p).__name__ == "Parameter" else p
+                          for p in sel]
                 missing = [n for n in chosen if n not in names]
                 if missing:
                     raise MicaError(f"{type(self).__name__}: group {i} names unknown parameter {missing[0]!r}")

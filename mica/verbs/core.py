@@ -169,7 +169,7 @@ def mul(input, other):
 
 def div(input, other, rounding_mode=None):
     if rounding_mode is not None:
-        raise TraceError("div: rounding_mode is not supported; use true division", user_location())
+        return _div_rounded(input, other, rounding_mode)
     return _binary("div", input, other, compute=_floating(result_type(input, other)))
 
 
@@ -294,6 +294,175 @@ exp, log, tanh, sqrt, rsqrt, sin, cos, erf, sigmoid = (
 neg = _unary("neg", floating=False)
 abs = _unary("abs", floating=False)
 negative = neg
+
+
+def _rounding(op):
+    def verb(input, **named):
+        x = as_tensor(input, verb=op) if isinstance(input, Tensor) else _need_tensor(op, input)
+        if x.dtype.kind != "float":  # (an integer is its own floor, as torch's)
+            return emit("add", [x, const(0, x.dtype)]) if x.dtype.kind == "int" else fail(
+                f"{op} takes a number tensor, got {x.value.spec!r}")
+        return emit(op, [x])
+    verb.__name__ = op
+    return verb
+
+
+floor, ceil, trunc = (_rounding(o) for o in ("floor", "ceil", "trunc"))
+fix = trunc
+_round_half_even = _rounding("round")
+
+
+def round(input, decimals=0):  # noqa: A001  (torch.round: half to even; decimals as torch's, x * 10**d rounded)
+    if not isinstance(decimals, (int, np.integer)) or isinstance(decimals, bool):
+        fail(f"round: decimals must be an int, got {decimals!r}")
+    if decimals == 0 or not (isinstance(input, Tensor) and input.dtype.kind == "float"):
+        return _round_half_even(input)
+    scale = 10.0 ** builtins.abs(int(decimals))
+    if decimals > 0:
+        return div(_round_half_even(mul(input, scale)), scale)
+    return mul(_round_half_even(div(input, scale)), scale)
+
+
+def frac(input):
+    return sub(input, trunc(input))
+
+
+def sign(input):
+    x = as_tensor(input)
+    if x.dtype is dtypes.bool_:
+        return x
+    one = const(1, x.dtype)
+    s = where(gt(x, 0), one, where(lt(x, 0), neg(one), const(0, x.dtype)))
+    return where(ne(x, x), x, s) if x.dtype.kind == "float" else s  # (NaN's sign is NaN, as torch's)
+
+
+def sgn(input):
+    return sign(input)
+
+
+# ---- tests of values --------------------------------------------------------------------------------
+
+def isnan(input):
+    x = as_tensor(input)
+    return ne(x, x) if x.dtype.kind == "float" else full_like(x, False, dtype=dtypes.bool_)
+
+
+def isinf(input):
+    x = as_tensor(input)
+    return eq(abs(x), math.inf) if x.dtype.kind == "float" else full_like(x, False, dtype=dtypes.bool_)
+
+
+def isfinite(input):
+    x = as_tensor(input)
+    return logical_and(eq(x, x), ne(abs(x), math.inf)) if x.dtype.kind == "float" else \
+        full_like(x, True, dtype=dtypes.bool_)
+
+
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    a, b = as_tensor(input), as_tensor(other)
+    dt = result_type(a, b)
+    a, b = to(a, dt), to(b, dt)
+    if dt.kind != "float":
+        return eq(a, b)
+    close = logical_or(eq(a, b), logical_and(isfinite(a), le(abs(sub(a, b)), add(mul(abs(b), rtol), atol))))
+    return logical_or(close, logical_and(isnan(a), isnan(b))) if equal_nan else close
+
+
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """Whether every element is close, as torch's: a 0-d bool tensor (a Python bool's truth)."""
+    return all(isclose(input, other, rtol, atol, equal_nan))
+
+
+def equal(input, other):
+    a, b = as_tensor(input), as_tensor(other)
+    if a.shape != b.shape:
+        return const(False, dtypes.bool_)
+    return all(eq(a, b))
+
+
+def is_tensor(obj):
+    from ..host import HostTensor
+
+    return isinstance(obj, (Tensor, HostTensor))
+
+
+def is_floating_point(input):
+    return as_tensor(input).dtype.kind == "float"
+
+
+# ---- division with rounding, and remainders (torch's formulas, element by element) ----------------
+
+def _int_quotient(a, b, mode):
+    """a / b rounded toward zero or down, for integers: through float64 (exact while |a| < 2**53),
+    then corrected by one where the remainder says so, so the result is exact for every int64. A
+    zero divisor gives 0 (torch raises)."""
+    dt = a.dtype
+    safe_b = where(eq(b, 0), const(1, dt), b)
+    q = to(trunc(div(to(a, dtypes.float64), to(safe_b, dtypes.float64))), dt)
+    r = sub(a, mul(q, safe_b))
+    # truncation: the remainder has a's sign and |r| < |b|
+    too_far = logical_and(ne(r, 0), ne(lt(r, 0), lt(a, 0)))  # (q one too large in magnitude)
+    q = where(too_far, where(eq(lt(a, 0), lt(safe_b, 0)), sub(q, 1), add(q, 1)), q)
+    r = sub(a, mul(q, safe_b))
+    short = ge(abs(r), abs(safe_b))  # (q one too small in magnitude)
+    q = where(short, where(eq(lt(a, 0), lt(safe_b, 0)), add(q, 1), sub(q, 1)), q)
+    if mode == "floor":
+        r = sub(a, mul(q, safe_b))
+        q = where(logical_and(ne(r, 0), ne(lt(r, 0), lt(safe_b, 0))), sub(q, 1), q)
+    return where(eq(b, 0), const(0, dt), q)
+
+
+def _operands(verb, a, b):
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        current(verb)
+        raise TraceError(f"{verb} needs at least one Tensor operand", user_location())
+    dt = result_type(a, b)
+    if dt is dtypes.bool_:
+        fail(f"{verb}: bool tensors have no division; cast them with .long() or .float() first")
+    return as_tensor(a, dt), as_tensor(b, dt)
+
+
+def _floor_quotient(a, b):
+    """torch's floor division of floats: (a - fmod(a, b)) / b, corrected down by one where the
+    remainder's sign is not b's, then the nearest integer; a / b where b is 0."""
+    mod = emit("fmod", [a, b])
+    q = (a - mod) / b
+    q = where(logical_and(ne(mod, 0), ne(lt(b, 0), lt(mod, 0))), q - 1, q)
+    fq = floor(q)
+    q = where(ne(q, 0), fq + where(gt(q - fq, 0.5), 1.0, 0.0).to(q.dtype), mul(const(0.0, q.dtype), a / b))
+    return where(eq(b, 0), a / b, q)
+
+
+def _div_rounded(input, other, rounding_mode):
+    if rounding_mode not in ("trunc", "floor"):
+        fail(f"div: rounding_mode is None, 'trunc' or 'floor', got {rounding_mode!r}")
+    a, b = _operands("div", input, other)
+    if a.dtype.kind == "int":
+        return _int_quotient(a, b, rounding_mode)
+    a, b = amp.float32("div", a, b)
+    return trunc(a / b) if rounding_mode == "trunc" else _floor_quotient(a, b)
+
+
+def floor_divide(input, other):
+    return _div_rounded(input, other, "floor")
+
+
+def fmod(input, other):
+    a, b = _operands("fmod", input, other)
+    if a.dtype.kind == "int":
+        return sub(a, mul(_int_quotient(a, b, "trunc"), b))
+    a, b = amp.float32("fmod", a, b)
+    return emit("fmod", [a, b])
+
+
+def remainder(input, other):
+    """torch's: the remainder with the divisor's sign (Python's %)."""
+    a, b = _operands("remainder", input, other)
+    if a.dtype.kind == "int":
+        return sub(a, mul(_int_quotient(a, b, "floor"), b))
+    a, b = amp.float32("remainder", a, b)
+    mod = emit("fmod", [a, b])
+    return where(logical_and(ne(mod, 0), ne(lt(b, 0), lt(mod, 0))), mod + b, mod)
 
 
 def relu(input, inplace=False):
@@ -477,7 +646,49 @@ def amax(input, dim=(), keepdim=False):
 
 
 def amin(input, dim=(), keepdim=False):
-    return neg(amax(neg(input), dim, keepdim))
+    x = as_tensor(input)
+    if x.dtype is dtypes.bool_:
+        return logical_not(amax(logical_not(x), dim, keepdim))
+    return neg(amax(neg(x), dim, keepdim))
+
+
+def any(input, dim=None, keepdim=False):  # noqa: A001
+    """Whether any element (along dim) is nonzero: bool, as torch's."""
+    x = as_tensor(input)
+    b = x if x.dtype is dtypes.bool_ else ne(x, 0)
+    return amax(b, () if dim is None else dim, keepdim) if b.ndim else b
+
+
+def all(input, dim=None, keepdim=False):  # noqa: A001
+    x = as_tensor(input)
+    b = x if x.dtype is dtypes.bool_ else ne(x, 0)
+    return logical_not(any(logical_not(b), dim, keepdim))
+
+
+def prod(input, dim=None, keepdim=False, dtype=None):
+    """The product of the elements (along dim): running products, then the last (its gradient
+    right where an element is 0, as torch's)."""
+    x = as_tensor(input)
+    if dtype is not None:
+        x = to(x, dtype)
+    elif x.dtype.kind != "float":
+        x = to(x, dtypes.int64)
+    from .select import cumprod
+    from .shape import narrow, reshape
+
+    if dim is None:
+        flat = reshape(x, (-1,))
+        n = flat.shape[0]
+        return reshape(narrow(cumprod(flat, 0), 0, n - 1, 1), ()) if n else const(1, x.dtype)
+    d = canon_dim(dim, x.ndim, "prod")
+    if x.ndim == 0:
+        return x
+    n = x.shape[d]
+    if n:
+        out = narrow(cumprod(x, d), d, n - 1, 1)
+    else:
+        out = full(x.shape[:d] + (1,) + x.shape[d + 1:], 1, dtype=x.dtype)
+    return out if keepdim else squeeze(out, d)
 
 
 def max(input, dim=None, keepdim=False):
@@ -632,7 +843,7 @@ def arange(start, end=None, step=1, dtype=None, **_device):
     if step == 0:
         fail("arange: step must be non-zero")
     n = builtins.max(0, math.ceil((end - start) / step))
-    floats = any(isinstance(v, float) for v in (start, end, step))
+    floats = builtins.any(isinstance(v, float) for v in (start, end, step))
     dtype = as_dtype(dtype) if dtype is not None else (dtypes.DEFAULT_FLOAT if floats else dtypes.int64)
     if not in_trace():
         return (start + np.arange(n, dtype=np.float64 if dtype.kind == "float" else np.int64) * step

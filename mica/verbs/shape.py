@@ -485,7 +485,12 @@ ger = outer
 
 def getitem(x, index):
     """Basic indexing (ints, slices with positive steps, None, True/False, ...), which views x as
-    torch's does, and one list of ints or of bools (a mask along one dim), which copies."""
+    torch's does, and one list of ints or of bools (a mask along one dim), or integer Tensors
+    (verbs/select.py), which copy."""
+    if any(isinstance(it, Tensor) for it in (index if isinstance(index, tuple) else (index,))):
+        from .select import tensor_index
+
+        return tensor_index(x, index)
     plan = _index_plan(x, index)
     y = _basic(x, plan)
     if plan.pick is None:

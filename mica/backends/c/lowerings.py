@@ -196,11 +196,14 @@ def _embedding(e, kernel):
     return [f"mica_embedding_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D});"]
 
 
+CHECK_MODES = ("targets", "index", "classes", "positions")  # (mica_kernels.h's mica_check_range modes, in order)
+
+
 @lower("check_range")
 def _check_range(e, kernel):
     t, out, p = kernel.inputs[0], kernel.outputs[0], e.ptr
     return [f"mica_check_range({p(t)}, {p(out)}, {t.numel}, {kernel.attrs['bound']}, "
-            f"{kernel.attrs['ignore_index']}LL);"]
+            f"{kernel.attrs['ignore_index']}LL, {CHECK_MODES.index(kernel.attrs.get('mode', 'targets'))});"]
 
 
 @lower("embedding_backward", scratch=_embedding_backward_scratch)

@@ -197,10 +197,19 @@ static void mica_embedding_backward_##S(const T *g, const int64_t *idx, T *dw, i
 MICA_DEFINE_KERNELS(float, f32)
 MICA_DEFINE_KERNELS(double, f64)
 
-/* class indices copied, each checked against the class count (nll_loss's targets) */
-static void mica_check_range(const int64_t *t, int64_t *out, int64_t count, int64_t bound, int64_t ignore) {
+/* indices copied, each checked against the count it must stay below (mode, mica/ops/nn.py's
+ * check_range): 0, nll_loss's class indices (ignore passes); 1, a tensor index of a dim, from
+ * -bound up, the negative ones wrapped; 2, one_hot's classes; 3, a tensor index from 0 (gather's) */
+static void mica_check_range(const int64_t *t, int64_t *out, int64_t count, int64_t bound, int64_t ignore, int mode) {
     for (int64_t i = 0; i < count; i++) {
-        if (t[i] != ignore && (t[i] < 0 || t[i] >= bound)) mica_fail(MICA_NLL_LOSS_RANGE_TEXT, t[i], bound);
+        if (mode == 1) {
+            if (t[i] < -bound || t[i] >= bound) mica_fail(MICA_INDEX_RANGE_TEXT, t[i], bound);
+            out[i] = t[i] < 0 ? t[i] + bound : t[i];
+            continue;
+        }
+        if ((mode != 0 || t[i] != ignore) && (t[i] < 0 || t[i] >= bound))
+            mica_fail(mode == 2 ? MICA_CLASS_RANGE_TEXT : mode == 3 ? MICA_POSITION_RANGE_TEXT : MICA_NLL_LOSS_RANGE_TEXT,
+                      t[i], bound);
         out[i] = t[i];
     }
 }

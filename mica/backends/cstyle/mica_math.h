@@ -242,6 +242,18 @@ static inline MICA_HD float mica_sqrt_f32(float x) { return sqrtf(x); }
 static inline MICA_HD float mica_sin_f32(float x) { return sinf(x); }
 static inline MICA_HD float mica_cos_f32(float x) { return cosf(x); }
 static inline MICA_HD float mica_pow_f32(float x, float y) { return powf(x, y); }
+/* roundings to an integer value and the remainder of a division are exact in IEEE arithmetic: the
+ * same bits from every library and every GPU (rint rounds half to even, as torch.round) */
+static inline MICA_HD float mica_floor_f32(float x) { return floorf(x); }
+static inline MICA_HD float mica_ceil_f32(float x) { return ceilf(x); }
+static inline MICA_HD float mica_trunc_f32(float x) { return truncf(x); }
+static inline MICA_HD float mica_rint_f32(float x) { return rintf(x); }
+static inline MICA_HD float mica_fmod_f32(float x, float y) { return fmodf(x, y); }
+static inline MICA_HD double mica_floor_f64(double x) { return floor(x); }
+static inline MICA_HD double mica_ceil_f64(double x) { return ceil(x); }
+static inline MICA_HD double mica_trunc_f64(double x) { return trunc(x); }
+static inline MICA_HD double mica_rint_f64(double x) { return rint(x); }
+static inline MICA_HD double mica_fmod_f64(double x, double y) { return fmod(x, y); }
 
 static inline MICA_HD double mica_exp_f64(double x) { return exp(x); }
 static inline MICA_HD double mica_log_f64(double x) { return log(x); }

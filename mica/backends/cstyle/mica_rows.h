@@ -34,6 +34,12 @@
     "cross_entropy: target %lld is out of range for %lld classes; give targets below the class count, or ignore_index"
 #define MICA_NLL_LOSS_RANGE_TEXT \
     "nll_loss: target %lld is out of range for %lld classes; give targets below the class count, or ignore_index"
+#define MICA_INDEX_RANGE_TEXT \
+    "an index tensor holds %lld, out of range for a dim of %lld elements; give indices from -size to size - 1"
+#define MICA_POSITION_RANGE_TEXT \
+    "an index tensor holds %lld, out of range for a dim of %lld elements; give indices from 0 to size - 1"
+#define MICA_CLASS_RANGE_TEXT \
+    "one_hot: class %lld is out of range for %lld classes; give classes from 0 to num_classes - 1"
 #define MICA_EMBEDDING_RANGE_TEXT                                                                   \
     "embedding: index %lld is out of range for %lld embeddings; give indices below the table's row count (a data " \
     "id beyond the vocabulary?)"

@@ -170,7 +170,10 @@ static int mica_cuda_kernel_failed(void) {
     snprintf(mica_error_text, sizeof mica_error_text,
              f.what == 0 ? MICA_CROSS_ENTROPY_RANGE_TEXT
              : f.what == 1 ? MICA_EMBEDDING_RANGE_TEXT
-                           : MICA_NLL_LOSS_RANGE_TEXT, f.a, f.b);
+             : f.what == 2 ? MICA_NLL_LOSS_RANGE_TEXT
+             : f.what == 3 ? MICA_INDEX_RANGE_TEXT
+             : f.what == 4 ? MICA_CLASS_RANGE_TEXT
+                           : MICA_POSITION_RANGE_TEXT, f.a, f.b);
     mica_cuda_failure clear = {0, 0, 0, 0};
     cudaMemcpyToSymbol(mica_cuda_fail_state, &clear, sizeof clear);
     return 1;
@@ -238,11 +241,18 @@ static __device__ void mica_embedding_##S(const int64_t *idx, const T *w, T *y, 
 MICA_DEFINE_CUDA_KERNELS(float, f32)
 MICA_DEFINE_CUDA_KERNELS(double, f64)
 
-/* class indices copied, each checked against the class count (nll_loss's targets) */
+/* indices copied, each checked (mica_kernels.h's mica_check_range and its modes: nll_loss's class
+ * indices, a tensor index of a dim with the negative ones wrapped, one_hot's classes) */
 static __device__ void mica_check_range(const int64_t *t, int64_t *out, int64_t count, int64_t bound,
-                                        int64_t ignore) {
+                                        int64_t ignore, int mode) {
     MICA_GRID_STRIDE(i, count) {
-        if (t[i] != ignore && (t[i] < 0 || t[i] >= bound)) mica_cuda_fail(2, t[i], bound);
+        if (mode == 1) {
+            if (t[i] < -bound || t[i] >= bound) { mica_cuda_fail(3, t[i], bound); out[i] = 0; continue; }
+            out[i] = t[i] < 0 ? t[i] + bound : t[i];
+            continue;
+        }
+        if ((mode != 0 || t[i] != ignore) && (t[i] < 0 || t[i] >= bound))
+            mica_cuda_fail(mode == 2 ? 4 : mode == 3 ? 5 : 2, t[i], bound);
         out[i] = t[i];
     }
 }

@@ -1,0 +1,187 @@
+"""torch's random draws, outside a trace: host tensors for the code around a model (sampling the
+next token, a random batch, a random permutation), from one seeded generator (numpy's PCG64).
+
+The numbers are not torch's (another generator), but a seed gives the same numbers on every run
+and machine. Inside a traced step there are no host draws: the program's randomness is dropout's
+counter-based stream (a step's random bits are a function of its seed and step), so a draw there
+is a sentence that says so.
+"""
+import numpy as np
+
+from .errors import MicaError, TraceError
+from .host import host
+
+_DEFAULT_SEED = 67280421310721  # (torch's initial seed: a program that never seeds still repeats)
+
+
+class Generator:
+    """torch.Generator: its own stream, seeded with manual_seed."""
+
+    def __init__(self, device="cpu"):
+        self.manual_seed(_DEFAULT_SEED)
+
+    def manual_seed(self, seed):
+        seed = int(seed)
+        self._seed = seed
+        self._rng = np.random.Generator(np.random.PCG64(seed % 2 ** 64))
+        return self
+
+    seed = manual_seed
+
+    def initial_seed(self):
+        return self._seed
+
+    def get_state(self):
+        return host(np.frombuffer(repr(self._rng.bit_generator.state).encode(), dtype=np.uint8).copy())
+
+    def set_state(self, state):
+        import ast
+
+        self._rng.bit_generator.state = ast.literal_eval(bytes(np.asarray(state, dtype=np.uint8)).decode())
+        return self
+
+
+default_generator = Generator()
+
+
+def manual_seed(seed):
+    return default_generator.manual_seed(seed)
+
+
+seed = manual_seed
+
+
+def initial_seed():
+    return default_generator.initial_seed()
+
+
+def get_rng_state():
+    return default_generator.get_state()
+
+
+def set_rng_state(state):
+    default_generator.set_state(state)
+
+
+def _rng(verb, generator):
+    from .tensor import in_trace, user_location
+
+    if in_trace():
+        raise TraceError(f"mica.{verb} draws random numbers on the host, outside a traced step; inside one, "
+                         "randomness is dropout's (draw these outside and pass them in as an input)",
+                         user_location())
+    return (generator or default_generator)._rng
+
+
+def _size(verb, size):
+    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in size):
+        raise MicaError(f"mica.{verb}: a size is non-negative ints, got {list(size)}")
+    return tuple(int(s) for s in size)
+
+
+def _float(dtype):
+    from .dtypes import DEFAULT_FLOAT, as_dtype
+
+    dt = as_dtype(dtype) if dtype is not None else DEFAULT_FLOAT
+    if dt.kind != "float":
+        raise MicaError(f"a random draw of floats cannot be of {dt.name}; give a float type")
+    return dt
+
+
+def rand(*size, generator=None, dtype=None, **_device):
+    dt = _float(dtype)
+    return host(_rng("rand", generator).random(_size("rand", size)).astype(dt.np_storage))
+
+
+def randn(*size, generator=None, dtype=None, **_device):
+    dt = _float(dtype)
+    return host(_rng("randn", generator).standard_normal(_size("randn", size)).astype(dt.np_storage))
+
+
+def rand_like(input, dtype=None, **_device):
+    return rand(*np.shape(input), dtype=dtype or _like_float(input))
+
+
+def randn_like(input, dtype=None, **_device):
+    return randn(*np.shape(input), dtype=dtype or _like_float(input))
+
+
+def _like_float(input):
+    dt = getattr(input, "dtype", None)
+    return dt if dt is not None and np.dtype(dt).kind == "f" else None
+
+
+def randint(*args, size=None, generator=None, dtype=None, **_device):
+    """randint(high, size) or randint(low, high, size): ints in [low, high), int64."""
+    from .dtypes import as_dtype, int64
+
+    if size is not None:
+        args = args + (size,)
+    if len(args) == 2:
+        low, (high, size) = 0, args
+    elif len(args) == 3:
+        low, high, size = args
+    else:
+        raise MicaError("mica.randint takes (high, size) or (low, high, size)")
+    if not int(low) < int(high):
+        raise MicaError(f"mica.randint: low ({low}) must be below high ({high})")
+    dt = as_dtype(dtype) if dtype is not None else int64
+    draws = _rng("randint", generator).integers(int(low), int(high), _size("randint", (size,)), dtype=np.int64)
+    return host(draws.astype(dt.np_storage))
+
+
+def randperm(n, generator=None, dtype=None, **_device):
+    from .dtypes import as_dtype, int64
+
+    dt = as_dtype(dtype) if dtype is not None else int64
+    return host(_rng("randperm", generator).permutation(int(n)).astype(dt.np_storage))
+
+
+def normal(mean=0.0, std=1.0, size=None, generator=None, **_device):
+    rng = _rng("normal", generator)
+    shape = _size("normal", (size,)) if size is not None else np.broadcast_shapes(np.shape(mean), np.shape(std))
+    out = np.asarray(mean) + np.asarray(std) * rng.standard_normal(shape)
+    floats = [a for a in (mean, std) if isinstance(a, np.ndarray)]
+    return host(out.astype(floats[0].dtype if floats and floats[0].dtype.kind == "f" else np.float32))
+
+
+def bernoulli(input, p=None, generator=None):
+    probs = np.asarray(input if p is None else np.full(np.shape(input), p))
+    return host((_rng("bernoulli", generator).random(probs.shape) < probs).astype(
+        probs.dtype if probs.dtype.kind == "f" else np.float32))
+
+
+def multinomial(input, num_samples, replacement=False, generator=None):
+    """Indices drawn from each row's weights (non-negative, not all zero; not normalized), as
+    torch's: with replacement independent draws, without it each index at most once."""
+    rng = _rng("multinomial", generator)
+    w = np.asarray(input, dtype=np.float64)
+    if w.ndim not in (1, 2):
+        raise MicaError(f"mica.multinomial takes a 1-d or 2-d tensor of weights, got shape {list(w.shape)}")
+    rows = w.reshape(-1, w.shape[-1])
+    if not np.isfinite(rows).all() or (rows < 0).any():
+        raise MicaError("mica.multinomial: weights must be finite and non-negative (a NaN or inf in the "
+                        "probabilities?)")
+    n = rows.shape[1]
+    if not replacement and num_samples > n:
+        raise MicaError(f"mica.multinomial: cannot draw {num_samples} samples without replacement from {n} "
+                        "categories; pass replacement=True")
+    out = np.empty((rows.shape[0], int(num_samples)), dtype=np.int64)
+    for r, row in enumerate(rows):
+        if row.sum() <= 0:
+            raise MicaError("mica.multinomial: a row of weights sums to zero; every row needs a positive weight")
+        live = row.copy()
+        for s in range(int(num_samples)):
+            total = live.sum()
+            if total <= 0:
+                raise MicaError("mica.multinomial: fewer categories with a positive weight than samples asked "
+                                "without replacement")
+            pick = int(np.searchsorted(np.cumsum(live), rng.random() * total, side="right"))
+            pick = min(pick, n - 1)
+            while live[pick] == 0:  # (a draw at an edge of a zero-weight category: the next with weight)
+                pick = (pick + 1) % n
+            out[r, s] = pick
+            if not replacement:
+                live[pick] = 0.0
+    return host(out.reshape(w.shape[:-1] + (int(num_samples),)))

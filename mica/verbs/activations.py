@@ -1,0 +1,182 @@
+"""torch.nn.functional's other activations and losses, written with Mica's verbs (torch's formulas,
+so torch's values and gradients, corners included): softplus, logsigmoid, leaky_relu, elu,
+hardtanh, relu6, softsign, glu, normalize, cosine_similarity; mse, l1, smooth-L1, Huber, binary
+cross-entropy (on probabilities and on logits), KL divergence; log1p and expm1.
+"""
+from .. import dtypes
+from ..tensor import fail
+from .core import (abs, add, as_tensor, clamp, div, eq, exp, gt, le, log, logical_or, lt, maximum, mean, mul, ne,
+                   neg, norm, sigmoid, sub, to, where)
+from .core import sum as _sum
+from .shape import chunk, expand
+
+
+def _float(verb, x):
+    x = as_tensor(x)
+    if x.dtype.kind != "float":
+        x = to(x, dtypes.DEFAULT_FLOAT)
+    return x
+
+
+def log1p(input):
+    """log(1 + x), accurate for small x: log(u) * x / (u - 1) with u = 1 + x rounded (Goldberg's)."""
+    x = _float("log1p", input)
+    u = add(x, 1.0)
+    d = sub(u, 1.0)
+    exact = eq(d, 0.0)
+    return where(exact, x, mul(log(u), div(x, where(exact, 1.0, d))))
+
+
+def expm1(input):
+    """exp(x) - 1, accurate for small x: (u - 1) * x / log(u) with u = exp(x) (Kahan's)."""
+    x = _float("expm1", input)
+    u = exp(x)
+    lu = log(u)
+    plain = logical_or(logical_or(eq(u, 1.0), eq(sub(u, 1.0), -1.0)), ne(lu, lu))  # (x tiny, very negative, inf)
+    return where(eq(u, 1.0), x, where(plain, sub(u, 1.0), mul(sub(u, 1.0), div(x, where(plain, 1.0, lu)))))
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    x = _float("softplus", input)
+    bx = mul(x, beta)
+    return where(gt(bx, threshold), x, div(log1p(exp(where(gt(bx, threshold), 0.0, bx))), beta))
+
+
+def logsigmoid(input):
+    """x - log1p(exp(x)) below 0, -log1p(exp(-x)) from 0 (each exp's argument kept at most 0, and
+    the slope at 0 torch's 1/2)."""
+    x = _float("logsigmoid", input)
+    neg_side = lt(x, 0.0)
+    xn, xp = where(neg_side, x, 0.0), where(neg_side, 0.0, x)
+    return where(neg_side, sub(xn, log1p(exp(xn))), neg(log1p(exp(neg(xp)))))
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    x = as_tensor(input)
+    return where(gt(x, 0), x, mul(x, negative_slope))
+
+
+def elu(input, alpha=1.0, inplace=False):
+    x = _float("elu", input)
+    return where(gt(x, 0.0), x, mul(expm1(where(gt(x, 0.0), 0.0, x)), alpha))
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    x = as_tensor(input)  # (torch's gradient: 0 at and beyond the bounds)
+    return where(le(x, min_val), as_tensor(min_val, x.dtype), where(le(as_tensor(max_val, x.dtype), x),
+                                                                    as_tensor(max_val, x.dtype), x))
+
+
+def relu6(input, inplace=False):
+    return hardtanh(input, 0.0, 6.0)
+
+
+def softsign(input):
+    x = _float("softsign", input)
+    return div(x, add(abs(x), 1.0))
+
+
+def glu(input, dim=-1):
+    x = _float("glu", input)
+    if x.ndim == 0 or x.shape[dim] % 2:
+        fail(f"glu: dim {dim} of {x.value.spec!r} must have an even size, halved into values and gates")
+    a, b = chunk(x, 2, dim)
+    return mul(a, sigmoid(b))
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    x = _float("normalize", input)
+    n = clamp(norm(x, p, dim, keepdim=True), min=eps)
+    return div(x, expand(n, x.shape))
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """torch's: each vector divided by its norm (at least eps), then their dot product."""
+    a, b = _float("cosine_similarity", x1), _float("cosine_similarity", x2)
+    na = clamp(norm(a, 2, dim, keepdim=True), min=eps)
+    nb = clamp(norm(b, 2, dim, keepdim=True), min=eps)
+    return _sum(mul(div(a, na), div(b, nb)), dim)
+
+
+# ---- losses -----------------------------------------------------------------------------------------
+
+def _reduced(verb, losses, reduction):
+    if reduction == "mean":
+        return mean(losses)
+    if reduction == "sum":
+        return _sum(losses)
+    if reduction == "none":
+        return losses
+    fail(f"{verb}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _pair(verb, input, target):
+    x, t = _float(verb, input), as_tensor(target)
+    if t.dtype is not x.dtype:
+        t = to(t, x.dtype)
+    if x.shape != t.shape:  # (torch broadcasts with a warning that it is likely a mistake; so do not guess)
+        fail(f"{verb}: input {x.value.spec!r} and target {t.value.spec!r} differ in shape; give them the same shape")
+    return x, t
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    x, t = _pair("mse_loss", input, target)
+    d = sub(x, t)
+    return _reduced("mse_loss", mul(d, d), reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    x, t = _pair("l1_loss", input, target)
+    return _reduced("l1_loss", abs(sub(x, t)), reduction)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    x, t = _pair("smooth_l1_loss", input, target)
+    d = abs(sub(x, t))
+    if beta == 0:
+        return _reduced("smooth_l1_loss", d, reduction)
+    return _reduced("smooth_l1_loss", where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, 0.5 * beta)),
+                    reduction)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    x, t = _pair("huber_loss", input, target)
+    d = abs(sub(x, t))
+    return _reduced("huber_loss", where(lt(d, delta), mul(mul(d, d), 0.5), mul(sub(d, 0.5 * delta), delta)),
+                    reduction)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    """On probabilities, as torch's: each log clamped at -100 (so a 0 or 1 gives a finite loss)."""
+    x, t = _pair("binary_cross_entropy", input, target)
+    lx = maximum(log(x), as_tensor(-100.0, x.dtype))
+    l1x = maximum(log(sub(1.0, x)), as_tensor(-100.0, x.dtype))
+    loss = neg(add(mul(t, lx), mul(sub(1.0, t), l1x)))
+    if weight is not None:
+        loss = mul(loss, weight)
+    return _reduced("binary_cross_entropy", loss, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    """torch's: (1 - t) x + (1 + (pw - 1) t) softplus(-x), softplus(-x) = -logsigmoid(x)."""
+    x, t = _pair("binary_cross_entropy_with_logits", input, target)
+    soft = neg(logsigmoid(x))
+    scale = 1.0 if pos_weight is None else add(mul(sub(pos_weight, 1.0), t), 1.0)
+    loss = add(mul(sub(1.0, t), x), mul(scale, soft))
+    if weight is not None:
+        loss = mul(loss, weight)
+    return _reduced("binary_cross_entropy_with_logits", loss, reduction)
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    x, t = _pair("kl_div", input, target)
+    if log_target:
+        loss = mul(exp(t), sub(t, x))
+    else:  # (torch's xlogy: 0 where the target is 0)
+        pos = gt(t, 0.0)
+        loss = where(pos, mul(t, sub(log(where(pos, t, 1.0)), x)), neg(mul(t, x)))
+    if reduction == "batchmean":
+        return div(_sum(loss), x.shape[0] if x.ndim else 1)
+    return _reduced("kl_div", loss, reduction)
+

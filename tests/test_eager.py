@@ -1,0 +1,188 @@
+"""Outside a trace, as torch's eager mode: a module called on host tensors (nanoGPT's generate()),
+torch's random draws, and torch.Tensor's methods where numpy has the same name. Each model and loop
+is written once, as a function of the library it runs on (`mica` or `torch`): the same line means
+the same thing in both."""
+import inspect
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mica
+from helpers import rel_err
+
+
+def _tiny_gpt(lib):
+    """A GPT as nanoGPT's model.py writes it (its attention, MLP, blocks and generate)."""
+    nn, F = lib.nn, lib.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self, n_embd, n_head, block_size):
+            super().__init__()
+            self.c_attn, self.c_proj, self.n_head = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd), n_head
+            self.register_buffer("bias", lib.tril(lib.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    class Block(nn.Module):
+        def __init__(self, n_embd, n_head, block_size):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(n_embd), Attention(n_embd, n_head, block_size)
+            self.ln_2 = nn.LayerNorm(n_embd)
+            self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab_size=11, block_size=6, n_embd=16, n_head=2, n_layer=2):
+            super().__init__()
+            self.block_size = block_size
+            self.wte, self.wpe = nn.Embedding(vocab_size, n_embd), nn.Embedding(block_size, n_embd)
+            self.h = nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)])
+            self.ln_f, self.lm_head = nn.LayerNorm(n_embd), nn.Linear(n_embd, vocab_size, bias=False)
+
+        def forward(self, idx, targets=None):
+            b, t = idx.size()
+            pos = lib.arange(0, t, dtype=lib.long)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            return logits, loss
+
+        @lib.no_grad()
+        def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, sample=None):
+            for _ in range(max_new_tokens):
+                idx_cond = idx if idx.size(1) <= self.block_size else idx[:, -self.block_size:]
+                logits, _ = self(idx_cond)
+                logits = logits[:, -1, :] / temperature
+                if top_k is not None:
+                    v, _ = lib.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("Inf")
+                probs = F.softmax(logits, dim=-1)
+                idx_next = lib.multinomial(probs, num_samples=1) if sample else lib.argmax(probs, -1, keepdim=True)
+                idx = lib.cat((idx, idx_next), dim=1)
+            return idx
+
+    return GPT()
+
+
+def test_a_model_runs_eagerly_on_host_tensors_and_generates_torchs_tokens():
+    """nanoGPT's generate() calls the model outside any trace: each call is the forward traced once
+    and run on the oracle (float32), with bound weights or, unbound, its initial ones; top-k's
+    masking with topk and a bool-mask assignment, then the same greedy tokens as torch's."""
+    model, tmodel = _tiny_gpt(mica), _tiny_gpt(torch)
+    params = model.init(5)
+    tmodel.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict(params).items()})
+    idx = np.array([[1, 2, 3], [4, 0, 9]])
+    with model.bind({k: mica.tensor(v) for k, v in params.items()}):
+        logits, loss = model(mica.tensor(idx), mica.tensor(idx[:, ::-1].copy()))
+        tokens = model.generate(mica.tensor(idx), 5, temperature=0.8, top_k=4)
+    tlogits, tloss = tmodel(torch.from_numpy(idx), torch.from_numpy(idx[:, ::-1].copy()))
+    assert isinstance(logits, mica.HostTensor) and logits.dtype == np.float32
+    assert rel_err(logits, tlogits.detach().numpy()) < 1e-5 and abs(float(loss) - tloss.item()) < 1e-5
+    assert tokens.tolist() == tmodel.generate(torch.from_numpy(idx), 5, temperature=0.8, top_k=4).tolist()
+
+    # unbound: the initial weights (drawn once, as a torch module holds them until trained)
+    first, _ = model(mica.tensor(idx))
+    again, _ = model(mica.tensor(idx))
+    with model.bind({k: mica.tensor(v) for k, v in model.init(0).items()}):
+        bound, _ = model(mica.tensor(idx))
+    assert np.array_equal(first, again) and np.array_equal(first, bound)
+
+    # sampled: every token drawn from the top 3 of its step, the same tokens under the same seed
+    with model.bind({k: mica.tensor(v) for k, v in params.items()}):
+        mica.manual_seed(7)
+        drawn = model.generate(mica.tensor(idx), 4, top_k=3, sample=True)
+        mica.manual_seed(7)
+        assert np.array_equal(model.generate(mica.tensor(idx), 4, top_k=3, sample=True), drawn)
+        for t in range(3, 7):
+            logits, _ = model(drawn[:, max(0, t - 6):t])
+            top3 = np.argsort(-np.asarray(logits[:, -1]), axis=-1)[:, :3]
+            assert all(drawn[b, t] in top3[b] for b in range(2))
+
+
+def test_random_draws_repeat_under_a_seed_and_follow_torchs_signatures():
+    mica.manual_seed(3)
+    a = (mica.randn(2, 3), mica.rand((4,)), mica.randint(5, (3, 2)), mica.randint(2, 9, size=(50,)), mica.randperm(6))
+    mica.manual_seed(3)
+    b = (mica.randn(2, 3), mica.rand((4,)), mica.randint(5, (3, 2)), mica.randint(2, 9, size=(50,)), mica.randperm(6))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert a[0].dtype == np.float32 and a[2].dtype == np.int64 and a[0].shape == (2, 3)
+    assert a[3].min() >= 2 and a[3].max() < 9 and sorted(a[4].tolist()) == list(range(6))
+    g1, g2 = mica.Generator().manual_seed(11), mica.Generator().manual_seed(11)
+    mica.randn(5)  # (the default stream moves; a generator's own does not)
+    assert np.array_equal(mica.randn(4, generator=g1), mica.randn(4, generator=g2))
+
+    weights = mica.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, 0.0, 0.0, 2.0]])
+    picks = mica.multinomial(weights, 2)
+    assert picks.dtype == np.int64 and sorted(picks[0].tolist()) == [1, 2] and sorted(picks[1].tolist()) == [0, 3]
+    many = mica.multinomial(weights[0], 20000, replacement=True)
+    counts = np.bincount(many, minlength=4)
+    assert counts[0] == counts[3] == 0 and abs(counts[2] / 20000 - 0.75) < 0.02
+    with pytest.raises(mica.MicaError, match="without replacement from 4 categories"):
+        mica.multinomial(weights, 5)
+    with pytest.raises(mica.MicaError, match="finite and non-negative"):
+        mica.multinomial(mica.tensor([0.5, -0.1]), 1)
+    with pytest.raises(mica.TraceError, match=r"mica.randn draws random numbers on the host, outside a traced step"):
+        mica.trace(lambda x: x + mica.randn(3), mica.f32[3])
+
+
+def test_host_tensors_mean_torchs_methods_and_numpy_functions_keep_numpys():
+    """np.sort(h) calls h.sort(axis=...) and np.flatnonzero(h) h.nonzero(): numpy's meaning there;
+    h.sort(), h.argsort(dim=...), h.cumsum(dim=...), h.nonzero(), h.data are torch's."""
+    h = mica.tensor([[3.0, 1.0, 2.0], [0.0, 5.0, -1.0]])
+    t = torch.tensor(np.asarray(h))
+    values, indices = h.sort(dim=1, descending=True)
+    tv, ti = t.sort(dim=1, descending=True)
+    assert np.array_equal(values, tv.numpy()) and np.array_equal(indices, ti.numpy())
+    assert h.tolist() == t.tolist()  # (not sorted in place, as numpy's ndarray.sort would)
+    assert np.array_equal(h.argsort(dim=0), t.argsort(dim=0).numpy())
+    assert np.allclose(h.cumsum(dim=1), t.cumsum(dim=1).numpy()) and np.array_equal(np.sort(h), np.sort(t.numpy()))
+    assert np.array_equal(h.nonzero(), t.nonzero().numpy()) and np.array_equal(np.flatnonzero(h), [0, 1, 2, 4, 5])
+    assert np.array_equal(h.any(dim=0), t.any(dim=0).numpy()) and bool(np.any(h)) and h.data is h
+    assert np.array_equal(h.topk(2).values, t.topk(2).values.numpy())
+    assert np.array_equal((h.long() // 2) % 3, ((t.long() // 2) % 3).numpy())
+    with pytest.raises(mica.MicaError, match=r"^Mica has no Tensor.median \(torch.Tensor.median\)"):
+        h.median()
+
+
+def test_configure_optimizers_as_nanogpt_writes_it():
+    """nanoGPT's configure_optimizers: groups of Parameter objects (each found by the name
+    named_parameters() gave it), the `fused` check by inspect.signature, build-nanogpt's
+    fused=False: the same step as groups of names."""
+    model = _tiny_gpt(mica)
+    param_dict = {pn: p for pn, p in model.named_parameters() if p.requires_grad}
+    groups = [{"params": [p for n, p in param_dict.items() if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for n, p in param_dict.items() if p.dim() < 2], "weight_decay": 0.0}]
+    extra = dict(fused=True) if "fused" in inspect.signature(mica.optim.AdamW).parameters else dict()
+    by_objects = mica.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), fused=False, **extra)
+    by_names = mica.optim.AdamW([{"params": [n for n, p in param_dict.items() if p.dim() >= 2], "weight_decay": 0.1},
+                                 {"params": [n for n, p in param_dict.items() if p.dim() < 2], "weight_decay": 0.0}],
+                                lr=1e-2, betas=(0.9, 0.95))
+    params = model.init(1)
+    grads = {k: np.random.default_rng(2).standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
+    specs = model.param_specs()
+    out = []
+    for opt in (by_objects, by_names):
+        state = opt.init(params)
+        step = mica.trace(lambda p, g, s: opt.update(p, g, s), specs, specs, opt.state_specs(specs))
+        out.append(mica.reference.run(step, params, grads, state)[0])
+    assert all(np.array_equal(out[0][k], out[1][k]) for k in params)
+    assert not np.array_equal(out[0]["lm_head.weight"], params["lm_head.weight"])
+    stranger = mica.nn.Linear(2, 2).weight
+    with pytest.raises(mica.MicaError, match="group 0 holds a Parameter that is not among the model's parameters"):
+        mica.optim.AdamW([{"params": [stranger]}]).init(params)
+    with pytest.raises(mica.MicaError, match=r"unknown hyperparameter\(s\) \['maximize'\]"):
+        mica.optim.AdamW(lr=1e-3, maximize=True)
