@@ -486,6 +486,25 @@ class Tensor:
     def flipud(self): return F.flipud(self)
     def roll(self, shifts, dims=None): return F.roll(self, shifts, dims)
     def sign(self): return F.sign(self)
+    def median(self, dim=None, keepdim=False): return F.median(self, dim, keepdim)
+    def unfold(self, dimension, size, step): return F.unfold(self, dimension, size, step)
+    def new_tensor(self, data, dtype=None): return F.tensor(data, dtype=dtype or self.dtype)
+    def index_put(self, indices, values, accumulate=False): return F.index_put(self, indices, values, accumulate)
+    def index_put_(self, indices, values, accumulate=False):
+        return F.tensor_index_put(self, tuple(indices), values, accumulate)
+    def index_add(self, dim, index, source, alpha=1): return F.index_add(self, dim, index, source, alpha=alpha)
+    def index_add_(self, dim, index, source, alpha=1):
+        return self._rebind(F.index_add(self, dim, index, source, alpha=alpha))
+    def index_copy(self, dim, index, source): return F.index_copy(self, dim, index, source)
+    def index_copy_(self, dim, index, source): return self._rebind(F.index_copy(self, dim, index, source))
+    def index_fill(self, dim, index, value): return F.index_fill(self, dim, index, value)
+    def index_fill_(self, dim, index, value): return self._rebind(F.index_fill(self, dim, index, value))
+    def scatter(self, dim, index, src=None, value=None, reduce=None):
+        return F.scatter(self, dim, index, src, value, reduce=reduce)
+    def scatter_(self, dim, index, src=None, value=None, reduce=None):
+        return self._rebind(F.scatter(self, dim, index, src, value, reduce=reduce))
+    def scatter_add(self, dim, index, src): return F.scatter_add(self, dim, index, src)
+    def scatter_add_(self, dim, index, src): return self._rebind(F.scatter_add(self, dim, index, src))
     def sgn(self): return F.sign(self)
     def isnan(self): return F.isnan(self)
     def isinf(self): return F.isinf(self)
@@ -585,7 +604,7 @@ class Tensor:
 from . import verbs as F  # noqa: E402  (verbs build on Tensor; Tensor's methods call them)
 
 for _name in ("sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "norm", "logsumexp",
-              "softmax", "log_softmax", "squeeze", "unsqueeze", "any", "all", "prod", "cumsum", "cumprod"):
+              "softmax", "log_softmax", "squeeze", "unsqueeze", "any", "all", "prod", "cumsum", "cumprod", "median"):
     setattr(Tensor, _name, takes_axis(getattr(Tensor, _name)))
 
 def _numpy_refused(name):
@@ -596,7 +615,8 @@ def _numpy_refused(name):
 
 # numpy's ufuncs that are Python operators on a Tensor (np.float32(2) * x arrives as multiply)
 _OPERATOR_UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "div", "divide": "div",
-                    "power": "pow", "matmul": "matmul", "negative": "neg", "absolute": "abs", "less": "lt",
+                    "power": "pow", "matmul": "matmul", "floor_divide": "floor_divide", "remainder": "remainder",
+                    "fmod": "fmod", "negative": "neg", "absolute": "abs", "less": "lt",
                     "less_equal": "le", "greater": "gt", "greater_equal": "ge", "equal": "eq", "not_equal": "ne"}
 
 __all__ = ["Tensor", "TraceContext", "emit", "current", "user_location", "fail", "MicaError"]

@@ -194,6 +194,14 @@ CASES = [
     case("prod", lambda m, a: a.prod(1) + a[0].prod(), [Fl(3, 5)]),
     case("any_all", lambda m, a: (a > 0.5).any(1).double() + (a > -2).all(0).double().sum() + m.any(a > 3).double(),
          [Fl(3, 4)], grad=False),
+    case("index_add_repeats", lambda m, a, b, i: a.index_add(0, i, b, alpha=2), [Fl(4, 5), Fl(3, 5), Int(3, high=4)]),
+    case("index_copy_fill", lambda m, a, b: a.index_copy(0, m.tensor([3, 0, 1]), b).index_fill(1, m.tensor([4, 1]), -2.0),
+         [Fl(4, 5), Fl(3, 5)]),
+    case("scatter_add", lambda m, a, b, i: a.scatter_add(1, i, b), [Fl(4, 5), Fl(4, 3), Int(4, 3, high=5)]),
+    case("scatter_permutation_and_value", lambda m, a, b, r: a.scatter(1, m.argsort(r, dim=1)[:, :3], b)
+         .scatter(0, m.argsort(r, dim=0)[:2], 1.5), [Fl(4, 5), Fl(4, 3), Fl(4, 5)]),
+    case("median_unfold", lambda m, a: a.median(1).values + a.unfold(1, 3, 2).sum(-1).sum(-1) + a.median(), [Fl(3, 7)]),
+    case("setitem_tensor_index", lambda m, a, b, i: _written(m, a, b, i), [Fl(4, 5), Fl(3, 5), Int(3, high=4)]),
     # roundings, remainders, tests of values
     case("floor_ceil_trunc_round_frac", lambda m, a: m.floor(a * 3) + m.ceil(a * 2) * 2 + m.trunc(a * 5) * 3
          + m.round(a * 4) * 4 + a.frac() + m.round(a, decimals=2), [Fl(3, 4)]),
@@ -277,6 +285,16 @@ CASES = [
     case("sdpa_float_mask", lambda m, q, k, v, b: m.scaled_dot_product_attention(q, k, v, attn_mask=b),
          [Fl(3, 4), Fl(5, 4), Fl(5, 2), Fl(3, 5)]),
 ]
+
+
+def _written(m, a, b, i):
+    """x[t] = v and x[t] += v with integer Tensors (torch's index_put_), distinct rows and columns."""
+    x = a * 1.0
+    rows = m.argsort(i.double() * 0 + m.arange(3, dtype=m.float64) * -1.0)  # ([2, 1, 0])
+    x[rows] = b
+    x[:, i] = -1.0  # (a repeated index: the same value)
+    x[rows[:2], rows[1:] + 2] += b[0, :2]
+    return x
 
 
 def _run_torch(fn, arrays, cot_seed):
@@ -719,3 +737,50 @@ def test_an_index_tensor_out_of_range_stops_the_program_with_a_sentence(step, sp
         assert says in str(e.value)
         good = run(*([program] if run is mica.reference.run else []), x, np.zeros((2, 2), np.int64) + 1)
         assert np.isfinite(np.asarray(good)).all()
+
+
+def _picking_corners():
+    """What a differential fuzz of the new verbs met: infinities in isclose, NaN in median, an
+    input broadcast in cosine_similarity, probabilities of exactly 0 and 1, elu at -inf, empty
+    dims (any/all, index writes, glu), a rounded quotient by 0, 0-d tensors."""
+    inf, nan = np.inf, np.nan
+    return [
+        ("isclose_infinities", lambda m, a, b: m.isclose(a, b).double() + m.isclose(a, b, equal_nan=True).double(),
+         [np.array([1.5, -2.0, inf, -inf, 0.0]), np.array([inf, -inf, -inf, -inf, inf])]),
+        ("median_nan", lambda m, a: m.median(a, 0).values + m.median(a, 0).indices + m.median(a[:, 1]),
+         [np.array([[1.0, 4.0], [nan, 2.0], [3.0, 0.5]])]),
+        ("cosine_similarity_broadcast", lambda m, a, b: m.nn.functional.cosine_similarity(a, b, dim=1),
+         [np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]]), np.array([[2.0], [-3.0]])]),
+        ("bce_at_0_and_1", lambda m, p, t: m.nn.functional.binary_cross_entropy(p, t.detach(), reduction="sum"),
+         [np.array([0.0, 1.0, 0.5]), np.array([0.7, 0.3, 1.0])]),
+        ("elu_at_infinities", lambda m, a: m.nn.functional.elu(a), [np.array([inf, -inf, 1.0, -0.5])]),
+        ("rounded_quotient_by_0", lambda m, a, b: m.div(a, b, rounding_mode="floor") + m.div(a, b, rounding_mode="trunc"),
+         [np.array([1.5, -2.0, 3.0]), np.array([0.0, 0.5, -0.7])]),
+        ("empty_any_all", lambda m, a: m.any(a > 0).double() + (a > 0).all(1).double().sum() + (a > 0).all().double(),
+         [np.zeros((2, 0))]),
+        ("empty_index_writes", lambda m, a: (a.index_add(0, m.tensor([1, 1]), a[:2] * 2).sum() + a.flip(0).sum()
+                                             + m.nn.functional.glu(a[0, :0]).sum()), [np.zeros((4, 0))]),
+        ("zero_d_index_verbs", lambda m, a: a.index_fill(0, m.tensor([0]), 2.5) + a.index_select(0, m.tensor(0))
+         + a.unfold(0, 1, 1).sum(), [np.array(1.25)]),
+    ]
+
+
+@pytest.mark.parametrize("name,fn,arrays", _picking_corners(), ids=[c[0] for c in _picking_corners()])
+def test_corners_of_the_picking_and_rounding_verbs_follow_torch(name, fn, arrays):
+    targs = [to_torch(a, requires_grad=True) for a in arrays]
+    want = fn(T, *targs)
+    differentiable = want.requires_grad
+    tgrads = torch.autograd.grad(want.sum(), targs, allow_unused=True) if differentiable else [None] * len(targs)
+
+    def step(*xs):
+        out = fn(mica, *xs)
+        return out, (mica.grad(out.sum(), list(xs)) if differentiable else [])
+
+    program = mica.trace(step, *[spec_of(a) for a in arrays])
+    got, grads = mica.reference.run(program, *arrays)
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-12, atol=0, equal_nan=True)
+    for g, tg, a in zip(grads, tgrads, arrays):
+        np.testing.assert_allclose(g, np.zeros_like(a) if tg is None else tg.numpy(), rtol=1e-9, atol=1e-15,
+                                   equal_nan=True)
+    host = fn(mica, *[mica.tensor(a, dtype=mica.float64) for a in arrays])  # (outside a trace: the same)
+    np.testing.assert_allclose(host, want.detach().numpy(), rtol=1e-12, atol=0, equal_nan=True)

@@ -58,6 +58,21 @@ class Parameter:
         self.requires_grad = bool(requires_grad)
         return self
 
+    def __getitem__(self, index):
+        """Outside a trace, its initial values (a host tensor), indexed: nanoGPT's crop_block_size
+        makes a smaller Parameter of `wpe.weight[:block_size]` (trained values live in the params
+        dict: crop them there too)."""
+        if F.in_trace():
+            raise MicaError("a Parameter is read in a trace through the params it is bound to (functional_call, "
+                            "bind); index the bound tensor")
+        from ..host import host
+
+        cached = getattr(self, "_initial", None)
+        if cached is None or cached[0] is not self.init:
+            self._initial = (self.init, np.asarray(self.init.sample(self.shape, initializers.stream(0, min(self._names, default=""))),
+                                                   dtype=np.float64).astype(self.dtype.np_storage))
+        return host(self._initial[1])[index]
+
     @property
     def ndim(self):
         return len(self.shape)

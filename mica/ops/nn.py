@@ -452,7 +452,7 @@ def _embedding_bwd_ref(a, at, run):
     g, idx = a
     _check_index(idx, at["num_embeddings"])
     out = np.zeros((at["num_embeddings"], g.shape[-1]), dtype=g.dtype)
-    np.add.at(out, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
+    np.add.at(out, idx.reshape(-1), g.reshape(idx.size, g.shape[-1]))
     return out
 
 
@@ -460,8 +460,9 @@ def _embedding_bwd_ref(a, at, run):
 # no arithmetic) is as cheap to repeat in the backward as to read back, so remat may recompute it
 defop("embedding", infer=_embedding_infer, ref=_embedding_ref, vjp=_embedding_vjp, family="kernel",
       kernel=KernelABI(may_fail=True), remat="recompute", flops=lambda node: 0)
+# its own gradient is a gather (scatter_add's, index_put's gradient of the values they write)
 defop("embedding_backward", infer=_embedding_bwd_infer, ref=_embedding_bwd_ref, family="kernel",
-      kernel=KernelABI(may_fail=True))
+      vjp=lambda c, o, i, a, n: [emit("embedding", [i[1], c[0]]), None], kernel=KernelABI(may_fail=True))
 
 
 # ---- check_range: class indices a composed verb reads (nll_loss), checked ----------------------------

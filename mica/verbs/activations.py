@@ -3,12 +3,16 @@ so torch's values and gradients, corners included): softplus, logsigmoid, leaky_
 hardtanh, relu6, softsign, glu, normalize, cosine_similarity; mse, l1, smooth-L1, Huber, binary
 cross-entropy (on probabilities and on logits), KL divergence; log1p and expm1.
 """
+import math
+
+import numpy as np
+
 from .. import dtypes
 from ..tensor import fail
-from .core import (abs, add, as_tensor, clamp, div, eq, exp, gt, le, log, logical_or, lt, maximum, mean, mul, ne,
-                   neg, norm, sigmoid, sub, to, where)
+from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, gt, le, log, logical_or, lt, maximum, mean, mul,
+                   ne, neg, norm, sigmoid, sub, to, where)
 from .core import sum as _sum
-from .shape import chunk, expand
+from .shape import expand, narrow
 
 
 def _float(verb, x):
@@ -31,9 +35,13 @@ def expm1(input):
     """exp(x) - 1, accurate for small x: (u - 1) * x / log(u) with u = exp(x) (Kahan's)."""
     x = _float("expm1", input)
     u = exp(x)
-    lu = log(u)
-    plain = logical_or(logical_or(eq(u, 1.0), eq(sub(u, 1.0), -1.0)), ne(lu, lu))  # (x tiny, very negative, inf)
-    return where(eq(u, 1.0), x, where(plain, sub(u, 1.0), mul(sub(u, 1.0), div(x, where(plain, 1.0, lu)))))
+    um1 = sub(u, 1.0)
+    # (x tiny, very negative, inf or NaN: u - 1 itself; the other branch computes on safe values then,
+    # so no 0 * inf reaches its gradient)
+    plain = logical_or(logical_or(eq(u, 1.0), eq(um1, -1.0)), logical_or(ne(um1, um1), eq(u, math.inf)))
+    lu = log(where(plain, 1.0, u))
+    xs = where(plain, 0.0, x)
+    return where(eq(u, 1.0), x, where(plain, sub(u, 1.0), mul(sub(u, 1.0), div(xs, where(plain, 1.0, lu)))))
 
 
 def softplus(input, beta=1.0, threshold=20.0):
@@ -80,8 +88,8 @@ def glu(input, dim=-1):
     x = _float("glu", input)
     if x.ndim == 0 or x.shape[dim] % 2:
         fail(f"glu: dim {dim} of {x.value.spec!r} must have an even size, halved into values and gates")
-    a, b = chunk(x, 2, dim)
-    return mul(a, sigmoid(b))
+    h = x.shape[dim] // 2
+    return mul(narrow(x, dim, 0, h), sigmoid(narrow(x, dim, h, h)))
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
@@ -93,6 +101,10 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     """torch's: each vector divided by its norm (at least eps), then their dot product."""
     a, b = _float("cosine_similarity", x1), _float("cosine_similarity", x2)
+    from ..ops.elementwise import broadcast_shapes
+
+    shape = broadcast_shapes("cosine_similarity", a.shape, b.shape)  # (torch's: broadcast first)
+    a, b = expand(a, shape) if a.shape != shape else a, expand(b, shape) if b.shape != shape else b
     na = clamp(norm(a, 2, dim, keepdim=True), min=eps)
     nb = clamp(norm(b, 2, dim, keepdim=True), min=eps)
     return _sum(mul(div(a, na), div(b, nb)), dim)
@@ -146,12 +158,18 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
                     reduction)
 
 
+_BCE_EPS = float(np.float32(1e-12))  # (torch's EPSILON, a float even in a float64 loss)
+
+
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """On probabilities, as torch's: each log clamped at -100 (so a 0 or 1 gives a finite loss)."""
     x, t = _pair("binary_cross_entropy", input, target)
-    lx = maximum(log(x), as_tensor(-100.0, x.dtype))
-    l1x = maximum(log(sub(1.0, x)), as_tensor(-100.0, x.dtype))
-    loss = neg(add(mul(t, lx), mul(sub(1.0, t), l1x)))
+    xd, td = detach(x), detach(t)
+    lx = maximum(log(xd), as_tensor(-100.0, x.dtype))
+    l1x = maximum(log(sub(1.0, xd)), as_tensor(-100.0, x.dtype))
+    # torch's gradient in x, (x - t) / max(x (1 - x), 1e-12), finite at 0 and 1 where the logs are not
+    slope = div(sub(xd, td), maximum(mul(xd, sub(1.0, xd)), as_tensor(_BCE_EPS, x.dtype)))
+    loss = add(neg(add(mul(t, lx), mul(sub(1.0, t), l1x))), mul(sub(x, xd), slope))
     if weight is not None:
         loss = mul(loss, weight)
     return _reduced("binary_cross_entropy", loss, reduction)

@@ -315,6 +315,8 @@ _round_half_even = _rounding("round")
 def round(input, decimals=0):  # noqa: A001  (torch.round: half to even; decimals as torch's, x * 10**d rounded)
     if not isinstance(decimals, (int, np.integer)) or isinstance(decimals, bool):
         fail(f"round: decimals must be an int, got {decimals!r}")
+    if isinstance(input, Tensor) and input.dtype.kind != "float" and decimals != 0:
+        fail("round: decimals is for floating tensors (torch does not round integers to decimals); cast with .float()")
     if decimals == 0 or not (isinstance(input, Tensor) and input.dtype.kind == "float"):
         return _round_half_even(input)
     scale = 10.0 ** builtins.abs(int(decimals))
@@ -364,7 +366,8 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     a, b = to(a, dt), to(b, dt)
     if dt.kind != "float":
         return eq(a, b)
-    close = logical_or(eq(a, b), logical_and(isfinite(a), le(abs(sub(a, b)), add(mul(abs(b), rtol), atol))))
+    finite = logical_and(isfinite(a), isfinite(b))  # (an infinity is close to itself only, as torch's)
+    close = logical_or(eq(a, b), logical_and(finite, le(abs(sub(a, b)), add(mul(abs(b), rtol), atol))))
     return logical_or(close, logical_and(isnan(a), isnan(b))) if equal_nan else close
 
 
@@ -439,7 +442,7 @@ def _div_rounded(input, other, rounding_mode):
     a, b = _operands("div", input, other)
     if a.dtype.kind == "int":
         return _int_quotient(a, b, rounding_mode)
-    a, b = amp.float32("div", a, b)
+    a, b = amp.float32("div", detach(a), detach(b))  # (a rounded quotient's gradient is 0, as torch's)
     return trunc(a / b) if rounding_mode == "trunc" else _floor_quotient(a, b)
 
 
@@ -656,7 +659,9 @@ def any(input, dim=None, keepdim=False):  # noqa: A001
     """Whether any element (along dim) is nonzero: bool, as torch's."""
     x = as_tensor(input)
     b = x if x.dtype is dtypes.bool_ else ne(x, 0)
-    return amax(b, () if dim is None else dim, keepdim) if b.ndim else b
+    if not b.ndim:
+        return b
+    return gt(sum(to(b, dtypes.int64), dim, keepdim), 0)  # (a count: an empty one is 0, False, as torch's)
 
 
 def all(input, dim=None, keepdim=False):  # noqa: A001

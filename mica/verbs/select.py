@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tensor import Tensor, emit, fail
-from .core import (add, amax, amin, argmax, as_tensor, canon_dim, eq, floor_divide, full, gt, logical_and,
+from .core import (add, amax, amin, argmax, as_tensor, canon_dim, div, eq, floor_divide, full, gt, logical_and,
                    logical_not, logical_or, lt, mul, ne, sub, tensor, to, where)
 from .core import sum as _sum
 from .shape import cat, expand, flatten, narrow, pad, permute, reshape, unsqueeze
@@ -97,8 +97,8 @@ def _gather(input, dim, index, negative):
 
 def take_along_dim(input, indices, dim=None):
     x, indices = as_tensor(input), as_tensor(indices)
-    if dim is None:
-        return _gather(flatten(x), 0, flatten(indices), negative=True)
+    if dim is None:  # (torch's: the flattened input gathered, indices from 0)
+        return _gather(flatten(x), 0, flatten(indices), negative=False)
     d = canon_dim(dim, x.ndim, "take_along_dim")
     if indices.ndim != x.ndim:
         fail(f"take_along_dim: indices {indices.value.spec!r} need as many dims as the input {x.value.spec!r}")
@@ -117,9 +117,15 @@ def index_select(input, dim, index):
     if index.ndim > 1:
         fail(f"index_select: the index must be 1-d, got {index.value.spec!r}")
     d = canon_dim(dim, x.ndim, "index_select")
-    if x.ndim == 0:
+    if x.ndim == 0:  # (torch's: a 0-d input takes one index, the result its shape)
+        _one_index("index_select", index)
         return reshape(_select_dims(reshape(x, (1,)), (0,), [reshape(index, (-1,))], True, False), index.shape)
     return _select_dims(x, (d,), [reshape(index, (-1,))], keep_place=True, negative=False)
+
+
+def _one_index(verb, index):
+    if index.numel() != 1:
+        fail(f"{verb}: a 0-d input has one element, so the index holds one position, got {index.value.spec!r}")
 
 
 def _select_dims(y, dims, indices, keep_place, negative=True):
@@ -147,37 +153,8 @@ def tensor_index(x, index):
     None and ... first, as torch's; then the Tensors, broadcast together, pick along their dims."""
     from .shape import getitem
 
-    if not isinstance(index, tuple):
-        index = (index,)
-    for it in index:
-        if isinstance(it, Tensor) and it.dtype.kind != "int":
-            what = "a bool Tensor (a mask)" if it.dtype is dtypes.bool_ else f"a {it.dtype.name} Tensor"
-            fail(f"indexing with {what} picks a number of elements known only when the program runs, which a "
-                 "static shape cannot hold; use mica.where(mask, x, 0), masked_fill, or x[mask] = value")
-        if isinstance(it, list):
-            fail("an index mixing a list with a Tensor is not supported; make the list a Tensor (mica.tensor(...))")
-    basic, tensor_dims, tensors, out_dim = [], [], [], 0
-    for it in index:
-        if isinstance(it, Tensor):
-            basic.append(slice(None))
-            tensor_dims.append(out_dim)
-            tensors.append(it)
-            out_dim += 1
-        elif it is Ellipsis:
-            used = builtins.sum(1 for t in index if not (t is None or t is Ellipsis or isinstance(t, (bool, np.bool_))))
-            basic.append(it)
-            out_dim += x.ndim - used
-        elif it is None or isinstance(it, (bool, np.bool_)):
-            basic.append(it)
-            out_dim += 1
-        elif isinstance(it, slice):
-            basic.append(it)
-            out_dim += 1
-        else:
-            basic.append(it)  # (an int: its dim goes)
-    y = getitem(x, tuple(basic))
-    adjacent = tensor_dims == list(range(tensor_dims[0], tensor_dims[0] + len(tensor_dims)))
-    return _select_dims(y, tuple(tensor_dims), tensors, keep_place=adjacent)
+    basic, dims, tensors, adjacent = _tensor_index_parts(x, index)
+    return _select_dims(getitem(x, basic), dims, tensors, keep_place=adjacent)
 
 
 # ---- order -----------------------------------------------------------------------------------------
@@ -341,6 +318,9 @@ def cumprod(input, dim, *, dtype=None):
 def flip(input, dims):
     x = as_tensor(input)
     dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    if x.ndim == 0:  # (torch's: a 0-d tensor flips to itself along dim 0 or -1)
+        [canon_dim(e, 0, "flip") for e in dims]
+        return reshape(x, ())
     ds = [canon_dim(e, x.ndim, "flip") for e in dims]
     if len(set(ds)) != len(ds):
         fail(f"flip: dims {list(dims)} name a dim twice; name each once")
@@ -352,11 +332,17 @@ def flip(input, dims):
 
 
 def fliplr(input):
-    return flip(input, 1)
+    x = as_tensor(input)
+    if x.ndim < 2:
+        fail(f"fliplr needs at least 2 dims, got {x.value.spec!r}")
+    return flip(x, 1)
 
 
 def flipud(input):
-    return flip(input, 0)
+    x = as_tensor(input)
+    if x.ndim < 1:
+        fail(f"flipud needs at least 1 dim, got {x.value.spec!r}")
+    return flip(x, 0)
 
 
 def roll(input, shifts, dims=None):
@@ -388,3 +374,265 @@ def one_hot(input, num_classes=-1):
     t = emit("check_range", [to(t, dtypes.int64)], bound=int(num_classes), ignore_index=0, mode="classes")
     classes = reshape(emit("iota", [], n=int(num_classes), dtype=dtypes.int64), (1,) * t.ndim + (int(num_classes),))
     return to(eq(unsqueeze(t, -1), classes), dtypes.int64)
+
+
+# ---- writing by index tensors ------------------------------------------------------------------------
+
+def _spread(rows, values, n):
+    """A table of n rows, row r the sum of the rows of `values` whose index in `rows` is r (0 where
+    none), summed in position order: the embedding gradient's kernel (no atomics). Integer values
+    go through float64 (an int64 as two 32-bit halves, each sum exact)."""
+    if values.dtype in (dtypes.float32, dtypes.float64):
+        return emit("embedding_backward", [values, rows], num_embeddings=int(n))
+    if values.dtype.kind == "float":
+        return to(emit("embedding_backward", [to(values, dtypes.float32), rows], num_embeddings=int(n)), values.dtype)
+    if values.dtype is not dtypes.int64:
+        out = emit("embedding_backward", [to(values, dtypes.float64), rows], num_embeddings=int(n))
+        return to(out, values.dtype) if values.dtype is not dtypes.bool_ else ne(out, 0.0)
+    hi = floor_divide(values, _TWO32)
+    lo = sub(values, mul(hi, _TWO32))
+    hi, lo = (to(emit("embedding_backward", [to(h, dtypes.float64), rows], num_embeddings=int(n)), dtypes.int64)
+              for h in (hi, lo))
+    return add(mul(hi, _TWO32), lo)
+
+
+def _put_rows(table, flat, values, accumulate):
+    """table (n, R) with the rows `flat` (k positions, checked) given `values` ((k, R), or (1, R)
+    when every position takes the same row): added (accumulate), or written. A position written
+    twice with different rows takes their mean (torch leaves which one unspecified)."""
+    n = table.shape[0]
+    k = flat.shape[0]
+    if accumulate:
+        return add(table, _spread(flat, expand(values, (k, table.shape[1])), n))
+    counts = _spread(flat, full((k, 1), 1.0, dtype=dtypes.float32), n)
+    hit = gt(counts, 0.0)
+    if values.shape[0] == 1 and k != 1:
+        return where(hit, expand(values, table.shape), table)
+    summed = _spread(flat, values, n)
+    if summed.dtype.kind == "float":
+        summed = div(summed, to(where(hit, counts, 1.0), summed.dtype))
+    return where(hit, summed, table)
+
+
+def _put_dims(y, dims, indices, value, keep_place, accumulate, negative=True):
+    """y with the elements the index tensors pick along `dims` (as _select_dims) given `value`
+    (broadcast to what they pick)."""
+    from ..ops.elementwise import broadcast_shapes
+    from .shape import _value_for
+
+    checked = [_checked(i, y.shape[d], negative) for d, i in zip(dims, indices)]
+    S = tuple(broadcast_shapes("index", *(i.shape for i in checked)))
+    rest = [e for e in range(y.ndim) if e not in dims]
+    rest_shape = tuple(y.shape[e] for e in rest)
+    k, at = len(S), (dims[0] if keep_place else 0)
+    placed = rest_shape[:at] + S + rest_shape[at:]  # (the shape y[index] has)
+    v = _value_for(value, y, len(placed))
+    if v.ndim > len(placed):
+        fail(f"x[index] = value: a value of shape {list(v.shape)} does not fit the {list(placed)} elements indexed")
+    aligned = (1,) * (len(placed) - v.ndim) + tuple(v.shape)
+    v = reshape(v, aligned)
+    uniform = all(s == 1 for s in aligned[at:at + k])
+    if at:  # (S first, as the table's rows are)
+        v = permute(v, *range(at, at + k), *range(at), *range(at + k, len(placed)))
+    n_rest = math.prod(rest_shape)
+    if uniform:
+        rows = reshape(expand(v, (1,) * k + rest_shape), (1, n_rest))
+    else:
+        rows = reshape(expand(v, S + rest_shape), (math.prod(S), n_rest))
+    moved = permute(y, *dims, *rest) if list(dims) + rest != list(range(y.ndim)) else y
+    n = math.prod(y.shape[d] for d in dims)
+    table = reshape(moved, (n, n_rest))
+    flat = reshape(expand(_positions(y.shape, tuple(dims), checked), S), (-1,))
+    new = reshape(_put_rows(table, flat, to(rows, y.dtype), accumulate), tuple(y.shape[d] for d in dims) + rest_shape)
+    back = [0] * y.ndim
+    for pos, d in enumerate(list(dims) + rest):
+        back[d] = pos
+    return permute(new, *back) if back != list(range(y.ndim)) else new
+
+
+def _tensor_index_parts(x, index):
+    """(the basic index, the dims of y = x[basic] the Tensors index, the Tensors, whether their
+    results stay in place): torch's advanced indexing, read."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    for it in index:
+        if isinstance(it, Tensor) and it.dtype.kind != "int":
+            what = "a bool Tensor (a mask)" if it.dtype is dtypes.bool_ else f"a {it.dtype.name} Tensor"
+            fail(f"indexing with {what} picks a number of elements known only when the program runs, which a "
+                 "static shape cannot hold; use mica.where(mask, x, 0), masked_fill, or x[mask] = value")
+        if isinstance(it, list):
+            fail("an index mixing a list with a Tensor is not supported; make the list a Tensor (mica.tensor(...))")
+    basic, tensor_dims, tensors, out_dim = [], [], [], 0
+    for it in index:
+        if isinstance(it, Tensor):
+            basic.append(slice(None))
+            tensor_dims.append(out_dim)
+            tensors.append(it)
+            out_dim += 1
+        elif it is Ellipsis:
+            used = builtins.sum(1 for t in index if not (t is None or t is Ellipsis or isinstance(t, (bool, np.bool_))))
+            basic.append(it)
+            out_dim += x.ndim - used
+        elif it is None or isinstance(it, (bool, np.bool_, slice)):
+            basic.append(it)
+            out_dim += 1
+        else:
+            basic.append(it)  # (an int: its dim goes)
+    adjacent = tensor_dims == list(range(tensor_dims[0], tensor_dims[0] + len(tensor_dims)))
+    return tuple(basic), tuple(tensor_dims), tensors, adjacent
+
+
+def tensor_index_put(x, index, value, accumulate=False):
+    """x[index] = value (or +=, accumulate) where the index holds integer Tensors: torch's
+    index_put_, written into x and every tensor sharing its elements."""
+    from .shape import getitem
+
+    basic, dims, tensors, adjacent = _tensor_index_parts(x, index)
+    y = getitem(x, basic)
+    new = _put_dims(y, dims, tensors, value, adjacent, accumulate)
+    return x._rebind(new) if y is x else y._rebind(new)
+
+
+def index_put(input, indices, values, accumulate=False):
+    """torch.index_put: a copy of input with input[indices] = values (indices a tuple of Tensors)."""
+    from .shape import getitem
+
+    x = as_tensor(input)
+    basic, dims, tensors, adjacent = _tensor_index_parts(x, tuple(indices))
+    y = getitem(x, basic)
+    return _put_dims(y, dims, tensors, values, adjacent, accumulate)
+
+
+def index_add(input, dim, index, source, *, alpha=1):
+    x, index, src = as_tensor(input), as_tensor(index), as_tensor(source)
+    d = canon_dim(dim, x.ndim, "index_add") if x.ndim else 0
+    if index.ndim > 1:
+        fail(f"index_add: the index must be 1-d, got {index.value.spec!r}")
+    if not x.ndim:
+        _one_index("index_add", index)
+    x1 = x if x.ndim else reshape(x, (1,))
+    src = src if src.ndim else reshape(src, (1,))
+    if alpha != 1:
+        src = mul(src, alpha)
+    out = _put_dims(x1, (d,), [reshape(index, (-1,))], src, True, True, negative=False)
+    return out if x.ndim else reshape(out, ())
+
+
+def _write_along(verb, input, dim, index, values):
+    x, index = as_tensor(input), as_tensor(index)
+    if index.ndim > 1:
+        fail(f"{verb}: the index must be 1-d, got {index.value.spec!r}")
+    if x.ndim == 0:
+        _one_index(verb, index)
+        values = reshape(values, (1,)) if isinstance(values, Tensor) and values.ndim == 0 else values
+        return reshape(_put_dims(reshape(x, (1,)), (0,), [reshape(index, (-1,))], values, True, False, False), ())
+    d = canon_dim(dim, x.ndim, verb)
+    return _put_dims(x, (d,), [reshape(index, (-1,))], values, True, False, negative=False)
+
+
+def index_copy(input, dim, index, source):
+    return _write_along("index_copy", input, dim, index, as_tensor(source))
+
+
+def index_fill(input, dim, index, value):
+    return _write_along("index_fill", input, dim, index, value)
+
+
+def _scatter_plan(verb, x, dim, index, src):
+    """(flat positions in x of index's elements, src's values at index's positions, as rows)."""
+    index = as_tensor(index)
+    if index.ndim != x.ndim:
+        fail(f"{verb}: index {index.value.spec!r} needs as many dims as the input {x.value.spec!r}")
+    d = canon_dim(dim, x.ndim, verb) if x.ndim else 0
+    for e in range(x.ndim):
+        if e != d and index.shape[e] > x.shape[e]:
+            fail(f"{verb}: index {index.value.spec!r} is larger than the input {x.value.spec!r} in dim {e}")
+    if isinstance(src, Tensor):
+        if src.ndim != x.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
+            fail(f"{verb}: src {src.value.spec!r} must have index's number of dims and at least its sizes "
+                 f"({index.value.spec!r})")
+        src = _narrowed_to(src, index.shape)
+        rows = reshape(to(src, x.dtype), (-1, 1))
+    else:
+        rows = reshape(as_tensor(src, x.dtype), (1, 1))
+    if x.ndim == 0:
+        return reshape(_checked(index, 1, False), (-1,)), rows
+    coords = [_checked(index, x.shape[d], False) if e == d else _iota(index.shape[e], x.ndim, e) for e in range(x.ndim)]
+    flat = reshape(expand(_positions(x.shape, tuple(range(x.ndim)), coords), index.shape), (-1,))
+    return flat, rows
+
+
+def _narrowed_to(t, shape):
+    for e, n in enumerate(shape):
+        if t.shape[e] != n:
+            t = narrow(t, e, 0, n)
+    return t
+
+
+def scatter(input, dim, index, src=None, value=None, *, reduce=None):
+    """torch.scatter: input with input[i][index[i][j]] = src[i][j] along dim (or one value); a
+    position named twice takes the mean of its values (torch leaves which one unspecified).
+    reduce='add' is scatter_add."""
+    x = as_tensor(input)
+    if (src is None) == (value is None):
+        fail("scatter: give one of src (a Tensor, or a number) and value")
+    given = src if src is not None else value
+    if reduce not in (None, "add"):
+        fail(f"scatter: reduce={reduce!r} is not supported; Mica scatters plain values or reduce='add'")
+    flat, rows = _scatter_plan("scatter", x, dim, index, given)
+    out = _put_rows(reshape(x, (-1, 1)), flat, rows, accumulate=reduce == "add")
+    return reshape(out, x.shape)
+
+
+def scatter_add(input, dim, index, src):
+    x = as_tensor(input)
+    flat, rows = _scatter_plan("scatter_add", x, dim, index, as_tensor(src))
+    return reshape(_put_rows(reshape(x, (-1, 1)), flat, rows, accumulate=True), x.shape)
+
+
+MedianResult = collections.namedtuple("median", ["values", "indices"])
+
+
+def median(input, dim=None, keepdim=False):
+    """torch's: the lower of the two middle values (no mean); with dim, (values, indices)."""
+    x = as_tensor(input)
+    if dim is None:
+        flat = reshape(x, (-1,))
+        if flat.shape[0] == 0:
+            fail("median of an empty tensor has no value; torch gives NaN")
+        return reshape(median(flat, 0).values, ())
+    d = canon_dim(dim, x.ndim, "median")
+    if x.ndim == 0:
+        return MedianResult(x, full((), 0, dtype=dtypes.int64))
+    n = x.shape[d]
+    indices = narrow(argsort(x, d), d, (n - 1) // 2, 1)
+    nan = _isnan(x)
+    if nan is not None:  # (a line holding NaN has median NaN, its first NaN, as torch's)
+        indices = where(_any(nan, d), _first_true(nan, d), indices)
+    values = gather(x, d, indices)
+    if not keepdim:
+        from .shape import squeeze
+
+        values, indices = squeeze(values, d), squeeze(indices, d)
+    return MedianResult(values, indices)
+
+
+def unfold(input, dimension, size, step):
+    """torch.Tensor.unfold: the windows of `size` elements every `step` along dimension, as a new
+    last dim (copied here; torch's is a view)."""
+    x = as_tensor(input)
+    if x.ndim == 0:  # (torch's: a 0-d tensor is one window of one element)
+        canon_dim(dimension, 0, "unfold")
+        if size != 1 or not isinstance(step, int) or step < 1:
+            fail(f"unfold: a 0-d tensor has one window of size 1, got size {size!r} and step {step!r}")
+        return reshape(x, (1,))
+    d = canon_dim(dimension, x.ndim, "unfold")
+    n = x.shape[d]
+    if not (isinstance(size, int) and isinstance(step, int)) or size < 0 or step < 1 or size > n:
+        fail(f"unfold: size {size!r} must be at most the dim's {n} elements and step {step!r} at least 1")
+    windows = (n - size) // step + 1
+    at = np.add.outer(np.arange(windows) * step, np.arange(size)).reshape(-1)
+    picked = index_select(x, d, tensor(at, dtype=dtypes.int64))
+    shape = picked.shape[:d] + (windows, size) + picked.shape[d + 1:]
+    out = reshape(picked, shape)
+    return permute(out, *range(d + 1), *range(d + 2, out.ndim), d + 1)

@@ -504,10 +504,15 @@ def setitem(x, index, value):
     """x[index] = value, as torch's: value (broadcast to the indexed shape, cast to x's type) is
     written into x's elements, and so into every tensor sharing them. A bool Tensor of x's shape as
     the index is masked_fill's mask."""
+    if isinstance(index, Tensor) and index.dtype.kind == "int" or isinstance(index, tuple) and any(
+            isinstance(it, Tensor) for it in index):
+        from .select import tensor_index_put
+
+        return tensor_index_put(x, index, value)
     if isinstance(index, Tensor):
         if index.dtype is not dtypes.bool_ or index.shape != x.shape:
-            fail(f"x[index] = value takes a Tensor index only as a bool mask of x's shape {list(x.shape)} (torch's "
-                 f"masked_fill), got {index.value.spec!r}; for other Tensor indices use mica.where")
+            fail(f"x[index] = value takes a Tensor index as integer positions, or as a bool mask of x's shape "
+                 f"{list(x.shape)} (torch's masked_fill), got {index.value.spec!r}; for other masks use mica.where")
         from .core import masked_fill
 
         value = as_tensor(value, x.dtype) if not isinstance(value, Tensor) else value
