@@ -167,6 +167,7 @@ for _name, _fn in (("floor", np.floor), ("ceil", np.ceil), ("trunc", np.trunc), 
     _unary(_name, _fn, lambda c, o, i, a, n: [F.zeros_like(c[0])],
            "mica_%s_{S}({0})" % ("rint" if _name == "round" else _name))
 _unary("logical_not", np.logical_not, None, "(!{0})", kinds=("bool",))
+_unary("bitwise_not", np.invert, None, "(~{0})", kinds=("int",))
 _unary("detach", lambda x: x, lambda c, o, i, a, n: [None], "{0}", kinds=("float", "int", "bool"))
 
 
@@ -261,6 +262,9 @@ _binary("data_update", lambda old, new: np.broadcast_to(new, np.broadcast_shapes
         lambda c, o, i, a, n: [_sum_to(c[0], i[0]) if n[0] else None, None], "{1}",
         kinds=("float", "int", "bool"))
 _binary("logical_and", np.logical_and, None, "({0} && {1})", kinds=("bool",))
+for _name, _fn, _c in (("bitwise_and", np.bitwise_and, "&"), ("bitwise_or", np.bitwise_or, "|"),
+                       ("bitwise_xor", np.bitwise_xor, "^")):  # (integers, bit by bit)
+    _binary(_name, _fn, None, "({0} %s {1})" % _c, kinds=("int",))
 _binary("logical_or", np.logical_or, None, "({0} || {1})", kinds=("bool",))
 
 

@@ -246,31 +246,34 @@ def logical_xor(input, other):
     return ne(to(as_tensor(input), dtypes.bool_), to(as_tensor(other), dtypes.bool_))
 
 
-def _bool_only(verb, *operands):
-    """The operands of a bitwise verb as bool tensors, or a sentence: on bools PyTorch's ~, & , | and ^
-    are the logical verbs, which Mica has; on integers they work bit by bit, which it has not."""
-    ts = [as_tensor(x) for x in operands]
-    for t in ts:
-        if t.dtype is not dtypes.bool_:
-            fail(f"{verb}: Mica computes it on bool tensors only (where it is logical), got {t.dtype.name}; "
-                 "for a mask compare first (x != 0), for integer bits there is no verb yet")
-    return ts
+def _bitwise(verb, op, logical, *operands):
+    """torch's ~, &, | and ^: logical on bool tensors, bit by bit on integers (bools and Python ints
+    beside them promoted as torch's); floats are refused, as torch refuses them."""
+    if builtins.all(isinstance(x, Tensor) and x.dtype is dtypes.bool_ or isinstance(x, (bool, np.bool_)) for x in operands):
+        return logical(*(as_tensor(x) for x in operands))
+    if not builtins.any(isinstance(x, Tensor) for x in operands):
+        current(verb)
+        raise TraceError(f"{verb} needs at least one Tensor operand", user_location())
+    dt = result_type(*operands)
+    if dt.kind != "int":
+        fail(f"{verb} works on integer and bool tensors, got {dt.name}; floats have no bitwise operations in torch")
+    return emit(op, [as_tensor(x, dt) for x in operands])
 
 
 def bitwise_not(input):
-    return logical_not(*_bool_only("bitwise_not (~)", input))
+    return _bitwise("bitwise_not (~)", "bitwise_not", logical_not, input)
 
 
 def bitwise_and(input, other):
-    return logical_and(*_bool_only("bitwise_and (&)", input, other))
+    return _bitwise("bitwise_and (&)", "bitwise_and", logical_and, input, other)
 
 
 def bitwise_or(input, other):
-    return logical_or(*_bool_only("bitwise_or (|)", input, other))
+    return _bitwise("bitwise_or (|)", "bitwise_or", logical_or, input, other)
 
 
 def bitwise_xor(input, other):
-    return logical_xor(*_bool_only("bitwise_xor (^)", input, other))
+    return _bitwise("bitwise_xor (^)", "bitwise_xor", logical_xor, input, other)
 
 
 def _unary(op, floating=True):
