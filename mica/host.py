@@ -63,8 +63,10 @@ class HostTensor(np.ndarray):
     def size(self):
         return _Size(int(np.prod(self.shape, dtype=np.int64)), tuple(self.shape))
 
-    def view(self, *shape):
-        if len(shape) == 1 and (isinstance(shape[0], (np.dtype, type)) or shape[0] is None):
+    def view(self, *shape, **kwargs):
+        if kwargs or _called_by_numpy():  # (numpy's own code, or numpy's keywords: numpy's view)
+            return np.ndarray.view(self, *shape, **kwargs)
+        if len(shape) == 1 and (isinstance(shape[0], (np.dtype, type, str)) or shape[0] is None):
             return np.ndarray.view(self, shape[0])  # (numpy's view as another dtype)
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         if not self.flags.c_contiguous:
@@ -74,15 +76,19 @@ class HostTensor(np.ndarray):
         return out
 
     def repeat(self, *sizes, **kwargs):
+        if "axis" in kwargs or _called_by_numpy():  # (np.repeat(h, 2): numpy's)
+            return np.ndarray.repeat(np.asarray(self), *sizes, **kwargs).view(HostTensor)
         return _method("repeat", self, *sizes, **kwargs)
 
     def transpose(self, *dims):
+        if _called_by_numpy():
+            return np.ndarray.transpose(self, *dims)
         if len(dims) == 2 and all(isinstance(d, (int, np.integer)) for d in dims):
             return np.swapaxes(self, *dims) if self.ndim >= 2 else self[...]
         return np.ndarray.transpose(np.asarray(self), *dims).view(HostTensor)  # (numpy's np.transpose)
 
     def flatten(self, *args, **kwargs):
-        if args and isinstance(args[0], str) or "order" in kwargs:
+        if args and isinstance(args[0], str) or "order" in kwargs or _called_by_numpy():
             return np.ndarray.flatten(np.asarray(self), *args, **kwargs).view(HostTensor)
         return _method("flatten", self, *args, **kwargs)
 
@@ -130,7 +136,7 @@ class HostTensor(np.ndarray):
         as_tuple=True, and for numpy's own functions, which call this method: np.nonzero,
         np.flatnonzero, np.argwhere)."""
         found = np.nonzero(np.asarray(self))
-        if as_tuple or sys._getframe(1).f_globals.get("__name__", "").startswith("numpy"):
+        if as_tuple or _called_by_numpy():
             return tuple(host(i.astype(np.int64)) for i in found)
         return host(np.stack(found, axis=1).astype(np.int64) if found else np.zeros((1, 0), np.int64))
 
@@ -161,9 +167,15 @@ def _numpy_style(kwargs):
     return any(k in kwargs for k in ("axis", "keepdims", "out", "ddof", "kind", "order"))
 
 
+def _called_by_numpy(depth=2):
+    """Whether numpy's own code calls this method (np.unique calls ar.sort(), np.nonzero
+    ar.nonzero()): numpy's meaning then, whatever the keywords."""
+    return sys._getframe(depth).f_globals.get("__name__", "").startswith("numpy")
+
+
 def _reduction(name):
     def reduce(self, *args, **kwargs):
-        if _numpy_style(kwargs):  # (numpy's np.max / np.mean / np.std call: numpy's meaning and types)
+        if _numpy_style(kwargs) or _called_by_numpy():  # (numpy's np.max / np.sort / np.unique: numpy's meaning)
             return host(getattr(np.ndarray, name)(np.asarray(self), *args, **kwargs))
         return _method(name, self, *args, **_dim(kwargs))
     reduce.__name__ = name
@@ -280,7 +292,12 @@ def run(fn, args, kwargs, method=None):
     program = trace(body, *specs, name=method or getattr(fn, "__name__", "verb"))
     from . import pytree
 
-    got = reference.run(program, *arrays, precision="float32")
+    seed = 0
+    if any(n.op == "rng_key" for n in program.graph.nodes):  # (dropout, as torch's eager: new bits each call)
+        from .random import default_generator
+
+        seed = int(default_generator._rng.integers(0, 2 ** 63))
+    got = reference.run(program, *arrays, precision="float32", seed=seed)
     leaves, tree = pytree.flatten(got)
     specs = pytree.flatten(program.outputs)[0]
     typed = [np.asarray(a).astype(s.dtype.np_storage, copy=False) if isinstance(a, np.ndarray) and hasattr(s, "dtype")

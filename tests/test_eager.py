@@ -125,6 +125,13 @@ def test_random_draws_repeat_under_a_seed_and_follow_torchs_signatures():
     mica.randn(5)  # (the default stream moves; a generator's own does not)
     assert np.array_equal(mica.randn(4, generator=g1), mica.randn(4, generator=g2))
 
+    drop, ones = mica.nn.Dropout(0.5), mica.ones(4, 16)  # (eager dropout: new bits each call, as torch's)
+    mica.manual_seed(1)
+    first, second = drop(ones), drop(ones)
+    mica.manual_seed(1)
+    assert np.array_equal(drop(ones), first) and not np.array_equal(first, second)
+    assert np.unique(first).tolist() == [0.0, 2.0] and np.array_equal(drop.eval()(ones), ones)
+
     weights = mica.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, 0.0, 0.0, 2.0]])
     picks = mica.multinomial(weights, 2)
     assert picks.dtype == np.int64 and sorted(picks[0].tolist()) == [1, 2] and sorted(picks[1].tolist()) == [0, 3]
@@ -153,6 +160,11 @@ def test_host_tensors_mean_torchs_methods_and_numpy_functions_keep_numpys():
     assert np.array_equal(h.nonzero(), t.nonzero().numpy()) and np.array_equal(np.flatnonzero(h), [0, 1, 2, 4, 5])
     assert np.array_equal(h.any(dim=0), t.any(dim=0).numpy()) and bool(np.any(h)) and h.data is h
     assert np.array_equal(h.topk(2).values, t.topk(2).values.numpy())
+    hn = np.asarray(h)  # (numpy's functions that call these methods inside: numpy's results)
+    for f in (np.unique, lambda a: np.repeat(a, 2), lambda a: np.tile(a, 2), np.median, np.transpose, np.ravel,
+              lambda a: np.argwhere(a > 1)):
+        assert np.array_equal(f(h), f(hn))
+    assert np.array_equal(h.repeat(2, 1), t.repeat(2, 1).numpy())
     assert np.array_equal((h.long() // 2) % 3, ((t.long() // 2) % 3).numpy())
     with pytest.raises(mica.MicaError, match=r"^Mica has no Tensor.stft \(torch.Tensor.stft\)"):
         h.stft(4)
