@@ -54,8 +54,8 @@ def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operand
     (lambda a: a[a.long(), [0, 1]], "an index mixing a list with a Tensor is not supported; make the list a Tensor"),
     (lambda a: a.__setitem__(a > 0, a), "x[mask] = value takes one value for the masked elements, got f32[3, 4]; use "
                                         "mica.where(mask, values, x) for a tensor of them"),
-    (lambda a: a.__setitem__(a.long(), 1.0), "x[index] = value takes a Tensor index only as a bool mask of x's shape "
-                                             "[3, 4] (torch's masked_fill), got i64[3, 4]"),
+    (lambda a: a.__setitem__(a, 1.0), "x[index] = value takes a Tensor index as integer positions, or as a bool mask "
+                                      "of x's shape [3, 4] (torch's masked_fill), got f32[3, 4]"),
     (lambda a: a.expand(2, 3, 4).add_(1.0), "an in-place step on an expanded tensor would write one element of its "
                                             "input many times, which torch refuses; take .clone()"),
 ])
@@ -103,12 +103,16 @@ def test_tensor_methods_of_the_functions_mica_has():
     np.testing.assert_array_equal(got[12], np.where(a > b, a, b))
 
 
-def test_an_optimizer_built_torchs_way_says_how_to_build_it():
+def test_an_optimizer_built_torchs_way_takes_the_parameters_and_says_what_else_it_takes():
     model = mica.nn.Linear(3, 4)
-    with pytest.raises(mica.MicaError, match=r"AdamW takes settings only \(Mica's optimizers are functional: the "
-                                             r"parameters come to init\(params\) and update\(params, grads, state\)\)"):
-        mica.optim.AdamW(model.parameters(), lr=1e-3)
+    params = model.init(0)
+    opt = mica.optim.AdamW(model.parameters(), lr=1e-3)  # (torch's: one group of the model's Parameters)
+    assert [names for _, names in opt.groups(list(params))] == [["weight", "bias"]]
     assert mica.optim.AdamW([{"params": ["weight"], "weight_decay": 0.0}], lr=1e-3).param_groups
+    with pytest.raises(mica.MicaError, match=r"^AdamW takes the model's Parameters, or param_groups \(a list of dicts "
+                                             r"like .*; the values come to init\(params\) and update\(params, grads, "
+                                             r"state\) \(Mica's optimizers are functional\) \(.*test_user_mistakes"):
+        mica.optim.AdamW(params, lr=1e-3)
 
 
 def test_gradients_asked_of_what_has_none_or_the_wrong_way():

@@ -67,11 +67,18 @@ class Parameter:
                             "bind); index the bound tensor")
         from ..host import host
 
+        return host(self.initial_value(min(self._names, default="")))[index]
+
+    def initial_value(self, name, drawn=None):
+        """Its initial values (Module.init(0)'s, drawn under `name`, or taken from `drawn`), drawn
+        once per initializer: what an eager call reads where no value is bound."""
         cached = getattr(self, "_initial", None)
         if cached is None or cached[0] is not self.init:
-            self._initial = (self.init, np.asarray(self.init.sample(self.shape, initializers.stream(0, min(self._names, default=""))),
-                                                   dtype=np.float64).astype(self.dtype.np_storage))
-        return host(self._initial[1])[index]
+            if drawn is None:
+                drawn = np.asarray(self.init.sample(self.shape, initializers.stream(0, name)), dtype=np.float64)
+                drawn = drawn.astype(self.dtype.np_storage)
+            self._initial = (self.init, drawn)
+        return self._initial[1]
 
     @property
     def ndim(self):
@@ -344,11 +351,9 @@ def _eager_call(module, args, kwargs):
     table, drawn = dict(_BOUND[-1]), None
     for name, p in module.named_parameters():
         if id(p) not in table:
-            cached = getattr(p, "_initial", None)
-            if cached is None or cached[0] is not p.init:
-                drawn = module.init(0) if drawn is None else drawn
-                p._initial = (p.init, drawn[name])
-            table[id(p)] = p._initial[1]
+            stale = getattr(p, "_initial", (None,))[0] is not p.init
+            drawn = module.init(0) if stale and drawn is None else drawn  # (bf16 rounding and all, as init's)
+            table[id(p)] = p.initial_value(name, drawn[name] if stale else None)
 
     def call(*a, **k):
         _BOUND.append(table)

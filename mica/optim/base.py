@@ -43,12 +43,16 @@ class Optimizer:
         if unknown:
             raise MicaError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
                             f"known: {sorted(self.defaults)}", user_location())
+        if param_groups is not None and not isinstance(param_groups, (list, tuple, dict)):
+            param_groups = list(param_groups)  # (model.parameters(): a generator)
+        if param_groups and all(type(p).__name__ == "Parameter" for p in param_groups):
+            param_groups = [{"params": list(param_groups)}]  # (torch's AdamW(model.parameters(), ...): one group)
         if param_groups is not None and (not isinstance(param_groups, (list, tuple))
                                          or not all(isinstance(g, dict) and "params" in g for g in param_groups)):
-            raise MicaError(f"{type(self).__name__} takes settings only (Mica's optimizers are functional: the "
-                            "parameters come to init(params) and update(params, grads, state)); its first argument "
-                            "is param_groups, a list of dicts like {'params': [names], 'weight_decay': 0.0}, not "
-                            f"the parameters themselves, so write {type(self).__name__}(lr=...)")
+            raise MicaError(f"{type(self).__name__} takes the model's Parameters, or param_groups (a list of dicts "
+                            "like {'params': [names or Parameters], 'weight_decay': 0.0}), or settings only, as "
+                            f"{type(self).__name__}(lr=...); the values come to init(params) and update(params, "
+                            "grads, state) (Mica's optimizers are functional)", user_location())
         self.hyper = {**self.defaults, **hyper}
         self.param_groups = param_groups
         self._check(self.hyper, "")

@@ -1,9 +1,11 @@
 """Verbs that pick elements by position: by index tensors (gather, index_select, take_along_dim,
-x[t]), by order (topk, sort, argsort), along a dim (cumsum, cumprod, flip, roll), and one_hot.
+x[t]), by order (topk, sort, argsort, median), along a dim (cumsum, cumprod, flip, roll, unfold),
+one_hot; and that write by position (x[t] = v, index_put, index_add/copy/fill, scatter, scatter_add).
 
 Static shapes hold every result here: an index tensor's values are only known when the program
 runs, so each is checked there (the program stops with a sentence on one out of range, as torch
-raises) and rows are copied by the embedding kernel, whose gradient sums without atomics. Orders
+raises) and rows are copied by the embedding kernel, whose gradient (rows summed in position
+order, without atomics) is also what writes and adds rows. Orders
 are computed with comparisons and first-true picks, so ties and NaNs come out as torch's sorted
 CPU results do: the earlier position first, NaN as the largest value.
 """
@@ -194,10 +196,10 @@ def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002
         fail(f"topk: k = {k} is more than the 1024 Mica picks (one per round); use sort for a whole order")
     nan = _isnan(x)
     positions = _iota(n, x.ndim, d)
+    plain = None if nan is None else logical_not(nan)
     taken, picks = None, []
     for _ in range(int(k)):
         free = None if taken is None else logical_not(taken)
-        plain = None if nan is None else logical_not(nan)
         usable = plain if free is None else (free if plain is None else logical_and(free, plain))
         keyed = x if usable is None else where(usable, x, _extreme(x.dtype, largest))
         cand = eq(x, (amax if largest else amin)(keyed, d, keepdim=True))
@@ -411,6 +413,8 @@ def _put_rows(table, flat, values, accumulate):
     summed = _spread(flat, values, n)
     if summed.dtype.kind == "float":
         summed = div(summed, to(where(hit, counts, 1.0), summed.dtype))
+    elif summed.dtype.kind == "int":  # (equal values written twice: the value itself)
+        summed = floor_divide(summed, to(where(hit, counts, 1.0), summed.dtype))
     return where(hit, summed, table)
 
 
