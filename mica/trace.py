@@ -138,7 +138,32 @@ def trace(fn, *specs, name=None):
     return Program(graph, in_tree, out_tree, name or getattr(fn, "__name__", "program"), static)
 
 
-def compile(fn, *specs, target="cpu", name=None, **options):
+def compile(fn=None, *specs, target="cpu", name=None, **options):
     """Trace `fn`, lower it for `target` (options as Program.lower) and build it: returns a callable
-    Executable."""
-    return trace(fn, *specs, name=name).lower(target, **options).build()
+    Executable. Without specs, as torch.compile: a callable that compiles for the shapes and types
+    of the arguments it is first called with (again for others); a Module is returned as it is
+    (called outside a trace it runs eagerly; in a traced step it is part of the step)."""
+    if fn is None:  # (@mica.compile(target=...) as a decorator with settings)
+        return lambda f: compile(f, *specs, target=target, name=name, **options)
+    if specs:
+        return trace(fn, *specs, name=name).lower(target, **options).build()
+    from .nn import Module
+
+    if isinstance(fn, Module):
+        return fn
+    return _Compiled(fn, target, name, options)
+
+
+class _Compiled:
+    """torch.compile's contract: compile on the first call, for the arguments' shapes and types."""
+
+    def __init__(self, fn, target, name, options):
+        self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **run_options):
+        leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
+        key = (tree, tuple(to_spec(x) if _is_spec_leaf(x) else ("static", repr(x)) for x in leaves))
+        if key not in self.built:
+            self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
+        return self.built[key](*args, **run_options)

@@ -202,3 +202,22 @@ def test_configure_optimizers_as_nanogpt_writes_it():
         mica.optim.AdamW([{"params": [stranger]}]).init(params)
     with pytest.raises(mica.MicaError, match=r"unknown hyperparameter\(s\) \['maximize'\]"):
         mica.optim.AdamW(lr=1e-3, maximize=True)
+
+
+def test_compile_without_specs_is_torch_compile():
+    """torch.compile(fn): compiled at the first call for its arguments' shapes and types, again for
+    others; torch.compile(model) keeps the model (nanoGPT's `model = torch.compile(model)`)."""
+    @mica.compile
+    def step(x, w, scale):
+        return (x @ w).relu().sum() * scale
+
+    x, w = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)[:, :, :3], np.eye(3, dtype=np.float32)
+    got = step(x[0], w, 2.0)
+    assert abs(float(got) - float(np.maximum(x[0] @ w, 0).sum()) * 2) < 1e-5
+    step(x[1], w, 2.0)
+    assert len(step.built) == 1  # (the same shapes: built once)
+    step(x[0][:2], w, 2.0)
+    assert len(step.built) == 2
+    model = mica.nn.Linear(3, 2)
+    assert mica.compile(model) is model
+    assert mica.compile(opt_level=1)(lambda a: a + 1)(np.zeros(2, np.float32)).tolist() == [1.0, 1.0]
