@@ -127,6 +127,11 @@ class HostTensor(np.ndarray):
     def detach(self):
         return self[...]
 
+    def backward(self, *args, **kwargs):
+        from .tensor import BACKWARD_SENTENCE, user_location
+
+        raise MicaError(BACKWARD_SENTENCE, user_location())
+
     @property
     def data(self):  # (torch's: the tensor itself, without history; numpy's memoryview is np.asarray(h).data)
         return self

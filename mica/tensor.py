@@ -312,6 +312,9 @@ class Tensor:
 
     __int__ = __index__ = item = tolist = __float__
 
+    def backward(self, *args, **kwargs):
+        raise TraceError(BACKWARD_SENTENCE, user_location())
+
     def __getattr__(self, name):  # (only for names Tensor lacks: a method torch.Tensor has and Mica does not)
         if name.startswith("_"):
             raise AttributeError(name)
@@ -606,6 +609,11 @@ from . import verbs as F  # noqa: E402  (verbs build on Tensor; Tensor's methods
 for _name in ("sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "norm", "logsumexp",
               "softmax", "log_softmax", "squeeze", "unsqueeze", "any", "all", "prod", "cumsum", "cumprod", "median"):
     setattr(Tensor, _name, takes_axis(getattr(Tensor, _name)))
+
+BACKWARD_SENTENCE = ("Mica computes gradients as values a step returns, not with backward(): in the traced step "
+                     "write loss, grads = mica.value_and_grad(loss_fn)(params, ...) and give the grads to "
+                     "optimizer.update(params, grads, state) (docs/api.md, Optimizers)")
+
 
 def _numpy_refused(name):
     """The sentence for numpy's `name` given a traced Tensor: Mica's verb of that name, if it has one."""

@@ -94,8 +94,9 @@ def test_a_model_runs_eagerly_on_host_tensors_and_generates_torchs_tokens():
     assert rel_err(logits, tlogits.detach().numpy()) < 1e-5 and abs(float(loss) - tloss.item()) < 1e-5
     assert tokens.tolist() == tmodel.generate(torch.from_numpy(idx), 5, temperature=0.8, top_k=4).tolist()
 
-    # unbound: the initial weights (drawn once, as a torch module holds them until trained)
-    first, _ = model(mica.tensor(idx))
+    # unbound: the initial weights (drawn once, as a torch module holds them until trained), said once
+    with pytest.warns(UserWarning, match="called outside a trace with no values"):
+        first, _ = model(mica.tensor(idx))
     again, _ = model(mica.tensor(idx))
     with model.bind({k: mica.tensor(v) for k, v in model.init(0).items()}):
         bound, _ = model(mica.tensor(idx))
@@ -221,3 +222,38 @@ def test_compile_without_specs_is_torch_compile():
     model = mica.nn.Linear(3, 2)
     assert mica.compile(model) is model
     assert mica.compile(opt_level=1)(lambda a: a + 1)(np.zeros(2, np.float32)).tolist() == [1.0, 1.0]
+
+
+def test_a_model_holds_loaded_values_for_eager_calls_and_says_when_it_has_none():
+    """load_state_dict (numpy arrays, host or torch tensors, torch's keys) gives the values eager
+    calls run with; without any, a call runs with the initial values and says so once, at the
+    user's line; the torch habits a functional step replaces are sentences."""
+    model, tmodel = _tiny_gpt(mica), _tiny_gpt(torch)
+    idx = np.array([[1, 2, 3]])
+    with pytest.warns(UserWarning, match=r"^GPT is called outside a trace with no values for wte.weight and \d+ more: "
+                                         r"it runs with their initial values \(model.init\(0\)'s\)"):
+        first, _ = model(mica.tensor(idx))
+    assert np.array_equal(model.state_dict()["lm_head.weight"], model.init(0)["lm_head.weight"])
+    result = model.load_state_dict(tmodel.state_dict())  # (torch tensors, torch's keys, the buffers among them)
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    got, _ = model(mica.tensor(idx))
+    want, _ = tmodel(torch.from_numpy(idx))
+    assert rel_err(got, want.detach().numpy()) < 1e-5 and not np.array_equal(got, first)
+    assert np.array_equal(model.state_dict()["wte.weight"], tmodel.state_dict()["wte.weight"].numpy())
+    with pytest.raises(mica.MicaError, match=r"^GPT.load_state_dict: missing wpe.weight; unexpected extra \(torch's "
+                                             r"keys.*pass strict=False"):
+        model.load_state_dict({**{k: v for k, v in tmodel.state_dict().items() if k != "wpe.weight"}, "extra": 1})
+    with pytest.raises(mica.MicaError, match=r"^GPT.load_state_dict: wte.weight has shape \[2, 2\], the model's is "):
+        model.load_state_dict({"wte.weight": np.zeros((2, 2))}, strict=False)
+
+    opt = mica.optim.AdamW(model.parameters(), lr=1e-3)
+    assert opt.zero_grad() is None
+    with pytest.raises(mica.MicaError, match=r"^AdamW.step: Mica's optimizers are functional: in the traced step write "
+                                             r"params, state = optimizer.update\(params, grads, state\)"):
+        opt.step()
+    with pytest.raises(mica.MicaError, match=r"^AdamW.init takes the parameters' values, \{name: array\}"):
+        opt.init(dict(model.named_parameters()))
+    with pytest.raises(mica.MicaError, match=r"^Mica computes gradients as values a step returns, not with backward\(\)"):
+        mica.trace(lambda x: (x * 2).sum().backward(), mica.f32[3])
+    with pytest.raises(mica.MicaError, match=r"^Mica computes gradients as values a step returns.*test_eager.py:\d+"):
+        mica.tensor([1.0, 2.0]).sum().backward()

@@ -5,6 +5,7 @@ values. `model.init(seed)` draws initial values (a dict in `named_parameters` or
 trace `mica.nn.functional_call(model, params, *args)` (or `with model.bind(params):`) makes every
 `self.weight` read the traced Tensor for that parameter. Names follow PyTorch's `state_dict()`.
 """
+import collections
 import contextlib
 import fnmatch
 import math
@@ -69,15 +70,12 @@ class Parameter:
 
         return host(self.initial_value(min(self._names, default="")))[index]
 
-    def initial_value(self, name, drawn=None):
-        """Its initial values (Module.init(0)'s, drawn under `name`, or taken from `drawn`), drawn
-        once per initializer: what an eager call reads where no value is bound."""
+    def initial_value(self, name):
+        """Its initial values as Module.init(0) draws them under `name`, drawn once per
+        initializer: what an eager call reads where no value is bound or loaded."""
         cached = getattr(self, "_initial", None)
         if cached is None or cached[0] is not self.init:
-            if drawn is None:
-                drawn = np.asarray(self.init.sample(self.shape, initializers.stream(0, name)), dtype=np.float64)
-                drawn = drawn.astype(self.dtype.np_storage)
-            self._initial = (self.init, drawn)
+            self._initial = (self.init, _drawn(self.init, self, initializers.stream(0, name)))
         return self._initial[1]
 
     @property
@@ -227,10 +225,41 @@ class Module:
     def zero_grad(self, set_to_none=True):
         """(Mica's gradients are values a step returns, never kept on the module: nothing to zero.)"""
 
-    def load_state_dict(self, state_dict, strict=True):
-        raise MicaError(f"{type(self).__name__}.load_state_dict: Mica's modules hold no values; the arrays are "
-                        "the params dict your step takes ({name: array}, the names model.state_dict(params) "
-                        "and torch's state_dict() use), so pass them there")
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """torch's: the values (arrays, host tensors, torch tensors) under state_dict()'s keys become
+        what the model holds for eager calls outside a trace (a compiled step takes its params as
+        arguments: model.state_dict(params)'s values are those)."""
+        from ..tensor import user_location
+
+        where = type(self).__name__ + ".load_state_dict"
+        given = dict(state_dict)
+        expected, used = [], set()
+        for mprefix, m in self.named_modules(memo=_NoMemo()):
+            for name, p in m._parameters.items():
+                key = f"{mprefix}.{name}" if mprefix else name
+                if p is None:
+                    continue
+                expected.append(key)
+                if key in given:
+                    p._held = _as_values(where, key, given[key], p.shape, p.dtype)
+                    used.add(key)
+            for name, b in m._buffers.items():
+                key = f"{mprefix}.{name}" if mprefix else name
+                if b is None or name in m._non_persistent:
+                    continue
+                expected.append(key)
+                if key in given:
+                    m._buffers[name] = _as_values(where, key, given[key], np.shape(b), None)
+                    used.add(key)
+        missing = [k for k in dict.fromkeys(expected) if k not in used]  # (torch's order, a tie once)
+        unexpected = [k for k in given if k not in set(expected)]
+        if strict and (missing or unexpected):
+            raise MicaError(f"{where}: " + "; ".join(
+                part for part in (f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}" if missing
+                                  else "", f"unexpected {', '.join(unexpected[:4])}"
+                                           f"{' ...' if len(unexpected) > 4 else ''}" if unexpected else "") if part)
+                + " (torch's keys, model.state_dict()'s); pass strict=False to load what matches", user_location())
+        return _IncompatibleKeys(missing, unexpected)
 
     def apply(self, fn):
         """Call fn on every submodule, then on this module (torch.nn.Module.apply)."""
@@ -288,18 +317,16 @@ class Module:
             for pattern, o in overrides.items():
                 if name == pattern or fnmatch.fnmatchcase(name, pattern):
                     init = o
-            values = np.asarray(init.sample(p.shape, initializers.stream(seed, name)), dtype=np.float64)
-            out[name] = values.astype(p.dtype.np_storage)
-            if p.dtype is dtypes.bfloat16:  # (held in float32: the values the program will hold)
-                from ..backends.reference import round_bf16
-
-                out[name] = round_bf16(out[name])
+            out[name] = _drawn(init, p, initializers.stream(seed, name))
         return out
 
-    def state_dict(self, params):
+    def state_dict(self, params=None):
         """Every state_dict() key PyTorch would give this module tree (tied parameters under each
-        of their names), with values from `params`."""
+        of their names), with values from `params`; without them, the values the model holds for
+        eager calls (loaded by load_state_dict, else its initial ones)."""
         by_id = {id(p): n for n, p in self.named_parameters()}
+        if params is None:
+            params = {n: _held(p, n) for n, p in self.named_parameters()}
         out = {}
         for mprefix, m in self.named_modules(memo=_NoMemo()):
             for name, p in m._parameters.items():
@@ -312,7 +339,8 @@ class Module:
 
     @contextlib.contextmanager
     def bind(self, params):
-        """Inside a trace: make each parameter attribute read the Tensor params[name]."""
+        """Make each parameter attribute read params[name]: inside a trace a Tensor; outside one
+        (an eager call) the values it runs with."""
         table = dict(_BOUND[-1])
         for name, p in self.named_parameters():
             if name not in params:
@@ -348,12 +376,24 @@ def _eager_call(module, args, kwargs):
     initial value, drawn once (as a torch module holds its initial weights until trained)."""
     from ..host import run
 
-    table, drawn = dict(_BOUND[-1]), None
+    table, initial = dict(_BOUND[-1]), []
     for name, p in module.named_parameters():
         if id(p) not in table:
-            stale = getattr(p, "_initial", (None,))[0] is not p.init
-            drawn = module.init(0) if stale and drawn is None else drawn  # (bf16 rounding and all, as init's)
-            table[id(p)] = p.initial_value(name, drawn[name] if stale else None)
+            if getattr(p, "_held", None) is None:
+                initial.append(name)
+            table[id(p)] = _held(p, name)
+    if initial and not getattr(module, "_said_initial", False):
+        import warnings
+
+        from ..tensor import user_location
+
+        module._said_initial = True  # (once per module: a sampling loop calls it for every token)
+        path, line = user_location() or ("<mica>", 0)
+        warnings.warn_explicit(
+            f"{type(module).__name__} is called outside a trace with no values for {initial[0]}"
+            f"{f' and {len(initial) - 1} more' if len(initial) > 1 else ''}: it runs with their initial values "
+            "(model.init(0)'s); to run trained ones, call it inside `with model.bind(params):` or load them "
+            "with model.load_state_dict(model.state_dict(params))", UserWarning, path, line)
 
     def call(*a, **k):
         _BOUND.append(table)
@@ -363,6 +403,36 @@ def _eager_call(module, args, kwargs):
             _BOUND.pop()
     call.__name__ = type(module).__name__
     return run(call, args, kwargs)
+
+
+def _drawn(init, p, stream):
+    """An initializer's values for p, in p's element type (bfloat16 ones held in float32, rounded:
+    the values the program holds)."""
+    values = np.asarray(init.sample(p.shape, stream), dtype=np.float64).astype(p.dtype.np_storage)
+    if p.dtype is dtypes.bfloat16:
+        from ..backends.reference import round_bf16
+
+        values = round_bf16(values)
+    return values
+
+
+def _held(p, name):
+    """The values p holds for eager calls: loaded (load_state_dict), else its initial ones."""
+    held = getattr(p, "_held", None)
+    return held if held is not None else p.initial_value(name)
+
+
+def _as_values(where, key, value, shape, dtype):
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # (a torch tensor)
+        value = value.detach().cpu().float().numpy() if str(value.dtype) == "torch.bfloat16" else \
+            value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if tuple(arr.shape) != tuple(shape):
+        raise MicaError(f"{where}: {key} has shape {list(arr.shape)}, the model's is {list(shape)}")
+    return arr.astype(dtype.np_storage) if dtype is not None else arr
+
+
+_IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
 def _buffer_array(value):

@@ -104,7 +104,24 @@ class Optimizer:
         return [n for _, ns in self.groups(names) for n in ns]
 
     def init(self, params):
+        from collections.abc import Mapping
+
+        from ..tensor import user_location
+
+        if not isinstance(params, Mapping) or any(type(v).__name__ == "Parameter" for v in params.values()):
+            raise MicaError(f"{type(self).__name__}.init takes the parameters' values, {{name: array}} (params = "
+                            "model.init(seed)), not the Parameter objects", user_location())
         return self._init({n: np.asarray(params[n]) for n in self.managed(list(params))})
+
+    def zero_grad(self, set_to_none=True):
+        """(Mica's gradients are values a step returns, never kept on the optimizer: nothing to zero.)"""
+
+    def step(self, closure=None):
+        from ..tensor import user_location
+
+        raise MicaError(f"{type(self).__name__}.step: Mica's optimizers are functional: in the traced step write "
+                        "params, state = optimizer.update(params, grads, state), with state = optimizer.init(params) "
+                        "made once outside (docs/api.md, Optimizers)", user_location())
 
     def state_specs(self, param_specs):
         """The state's signature from the parameters' Specs (for tracing without values)."""
