@@ -312,8 +312,22 @@ class Tensor:
 
     __int__ = __index__ = item = tolist = __float__
 
-    def backward(self, *args, **kwargs):
-        raise TraceError(BACKWARD_SENTENCE, user_location())
+    @property
+    def grad(self):
+        """A parameter's gradient in a torch-style compiled step (mica/stateful.py), else None."""
+        from . import stateful
+
+        step = stateful.active()
+        return None if step is None else step.grad_of(self)
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        from . import stateful
+
+        if stateful.active() is None:
+            raise TraceError(BACKWARD_SENTENCE, user_location())
+        if gradient is not None or create_graph or inputs is not None:
+            fail("backward() in a compiled step takes a scalar loss alone (no gradient=, create_graph=, inputs=)")
+        return stateful.backward(self)
 
     def __getattr__(self, name):  # (only for names Tensor lacks: a method torch.Tensor has and Mica does not)
         if name.startswith("_"):
@@ -610,9 +624,10 @@ for _name in ("sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "
               "softmax", "log_softmax", "squeeze", "unsqueeze", "any", "all", "prod", "cumsum", "cumprod", "median"):
     setattr(Tensor, _name, takes_axis(getattr(Tensor, _name)))
 
-BACKWARD_SENTENCE = ("Mica computes gradients as values a step returns, not with backward(): in the traced step "
-                     "write loss, grads = mica.value_and_grad(loss_fn)(params, ...) and give the grads to "
-                     "optimizer.update(params, grads, state) (docs/api.md, Optimizers)")
+BACKWARD_SENTENCE = ("Mica computes gradients in a compiled step: put the step (forward, backward(), "
+                     "optimizer.step()) in a function under @mica.compile, or write loss, grads = "
+                     "mica.value_and_grad(loss_fn)(params, ...) and optimizer.update(params, grads, state) "
+                     "(docs/api.md, Optimizers)")
 
 
 def _numpy_refused(name):

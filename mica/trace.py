@@ -165,5 +165,12 @@ class _Compiled:
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         key = (tree, tuple(to_spec(x) if _is_spec_leaf(x) else ("static", repr(x)) for x in leaves))
         if key not in self.built:
-            self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
+            from . import stateful
+
+            found = stateful.find(self.fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
+            if found.params or found.optimizers:
+                self.built[key] = stateful.StatefulStep(self.fn, found, args, dict(target=self.target, name=self.name,
+                                                                                   **self.options))
+            else:
+                self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
         return self.built[key](*args, **run_options)

@@ -59,6 +59,15 @@ class Parameter:
         self.requires_grad = bool(requires_grad)
         return self
 
+    @property
+    def grad(self):
+        """In a torch-style compiled step (mica/stateful.py), the gradient backward() accumulated;
+        else None (Mica's gradients are values a step returns)."""
+        from .. import stateful
+
+        step = stateful.active()
+        return None if step is None else step.grads.get(id(self))
+
     def __getitem__(self, index):
         """Outside a trace, its initial values (a host tensor), indexed: nanoGPT's crop_block_size
         makes a smaller Parameter of `wpe.weight[:block_size]` (trained values live in the params
@@ -149,7 +158,12 @@ class Module:
             p = d["_parameters"][name]
             if p is None:
                 return None
-            return _BOUND[-1].get(id(p), p)
+            bound = _BOUND[-1].get(id(p))
+            if bound is not None:
+                return bound
+            from .. import stateful  # (a torch-style step under mica.compile: the step's current value)
+
+            return stateful.read(p) if F.in_trace() else p
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
         if "_buffers" in d and name in d["_buffers"]:
@@ -223,7 +237,12 @@ class Module:
         return self
 
     def zero_grad(self, set_to_none=True):
-        """(Mica's gradients are values a step returns, never kept on the module: nothing to zero.)"""
+        """(Mica's gradients are values a step returns; in a torch-style compiled step, mica/stateful.py,
+        the gradients backward() accumulated are dropped.)"""
+        from .. import stateful
+
+        if stateful.active() is not None:
+            stateful.zero_grad(self.parameters())
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's: the values (arrays, host tensors, torch tensors) under state_dict()'s keys become

@@ -54,7 +54,8 @@ class Optimizer:
                             f"{type(self).__name__}(lr=...); the values come to init(params) and update(params, "
                             "grads, state) (Mica's optimizers are functional)", user_location())
         self.hyper = {**self.defaults, **hyper}
-        self.param_groups = param_groups
+        # (each group holds every setting, as torch's: a loop may read and set g["lr"])
+        self.param_groups = None if param_groups is None else [{**self.hyper, **g} for g in param_groups]
         self._check(self.hyper, "")
         for i, g in enumerate(param_groups or ()):
             self._check(self._hyper_of(g), f"group {i}: ")
@@ -114,14 +115,23 @@ class Optimizer:
         return self._init({n: np.asarray(params[n]) for n in self.managed(list(params))})
 
     def zero_grad(self, set_to_none=True):
-        """(Mica's gradients are values a step returns, never kept on the optimizer: nothing to zero.)"""
+        """(Mica's gradients are values a step returns; in a torch-style compiled step, mica/stateful.py,
+        those of this optimizer's parameters are dropped.)"""
+        from .. import stateful
+
+        if stateful.active() is not None:
+            stateful.zero_grad([p for _, ps in stateful._groups_of(self, stateful.active()) for p in ps])
 
     def step(self, closure=None):
+        from .. import stateful
         from ..tensor import user_location
 
-        raise MicaError(f"{type(self).__name__}.step: Mica's optimizers are functional: in the traced step write "
-                        "params, state = optimizer.update(params, grads, state), with state = optimizer.init(params) "
-                        "made once outside (docs/api.md, Optimizers)", user_location())
+        if closure is None and stateful.active() is not None:
+            return stateful.step(self)
+        raise MicaError(f"{type(self).__name__}.step() updates parameters in a compiled step: put the step in a "
+                        "function under @mica.compile, or write params, state = optimizer.update(params, grads, "
+                        "state) in a traced one, with state = optimizer.init(params) made once outside "
+                        "(docs/api.md, Optimizers)", user_location())
 
     def state_specs(self, param_specs):
         """The state's signature from the parameters' Specs (for tracing without values)."""

@@ -1,0 +1,26 @@
+"""torch.nn.utils: clip_grad_norm_ on the gradients a torch-style compiled step keeps (mica/stateful.py)."""
+from ..errors import MicaError
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+    """Scale the gradients backward() gave `parameters` so their global norm is at most max_norm;
+    returns the norm before clipping (torch's). In a functional step, mica.optim.clip_grad_norm(grads,
+    max_norm) does the same on the grads dict."""
+    from .. import stateful
+    from ..optim import clip_grad_norm
+    from ..tensor import user_location
+
+    step = stateful.active()
+    if step is None:
+        raise MicaError("clip_grad_norm_ clips the gradients backward() gave in a compiled step (@mica.compile); in "
+                        "a functional step use mica.optim.clip_grad_norm(grads, max_norm)", user_location())
+    params = [parameters] if type(parameters).__name__ == "Parameter" else list(parameters)
+    grads = {i: step.grads[id(p)] for i, p in enumerate(params) if id(p) in step.grads}
+    if not grads:
+        from .. import verbs as F
+
+        return F.zeros(())
+    return clip_grad_norm(grads, max_norm, norm_type, error_if_nonfinite)
+
+
+clip_grad_norm = clip_grad_norm_

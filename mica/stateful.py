@@ -1,0 +1,245 @@
+"""torch's stateful training loop, compiled: a step written as torch writes it, with the model's
+parameters, `loss.backward()`, `optimizer.zero_grad()` and `optimizer.step()`, under
+`mica.compile` (torch.compile's contract: compiled at the first call).
+
+Mica's steps are functional (values in, values out); this is the same thing with the state kept
+for the user. The first call traces the step once to find what it reads: the Parameters read
+unbound and the optimizers stepped. Then the step is traced again as a function of (its arguments,
+those parameters' values, the optimizers' states, each group's learning rate), returning its
+result and the new parameters and states, and compiled. Each call runs it on the values the model
+and the optimizers hold, and keeps the new ones: the model's (Parameter._held, which eager calls
+outside a trace also read) and the optimizer's. In the trace, backward() adds mica.grad(loss,
+parameters) to each parameter's gradient, zero_grad() drops them, step() is the optimizer's
+update on the parameters' current values (later reads in the step see the new ones).
+"""
+import numpy as np
+
+from .errors import MicaError
+from .tensor import user_location
+
+_ACTIVE = []  # the step being traced (one at a time)
+
+
+class StepTrace:
+    """What a traced stateful step reads and keeps: mode "find" (the first trace: note what is
+    read) or "trace" (the compiled one: parameters are inputs)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.params = []      # Parameters read or stepped, in first-use order
+        self.optimizers = []  # optimizers stepped, in first-use order
+        self.bound = {}       # id(Parameter) -> its current Tensor
+        self.grads = {}       # id(Parameter) -> its accumulated gradient Tensor
+        self.states = {}      # id(optimizer) -> its state (a pytree of Tensors)
+        self.lrs = {}         # id(optimizer) -> [each group's learning rate, a traced scalar]
+
+    def grad_of(self, t):
+        """The gradient of the parameter whose current Tensor t is (None: not a parameter's, or
+        none yet)."""
+        for pid, bound in self.bound.items():
+            if bound is t:
+                if self.mode == "find":  # (a stand-in of the gradient's shape: this trace is never run)
+                    from . import verbs as F
+
+                    return F.zeros_like(t)
+                return self.grads.get(pid)
+        return None
+
+    def note(self, p):
+        if all(q is not p for q in self.params):
+            self.params.append(p)
+
+
+def active():
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def read(p):
+    """An unbound Parameter read in a stateful step: its current Tensor."""
+    step = active()
+    if step is None:
+        return p
+    if step.mode == "find":
+        step.note(p)
+        if id(p) not in step.bound:
+            from . import verbs as F
+
+            step.bound[id(p)] = F.zeros(p.shape, dtype=p.dtype)  # (a stand-in: this trace is never run)
+        return step.bound[id(p)]
+    if id(p) not in step.bound:
+        raise MicaError("a Parameter the step's first trace did not read is read now; a step reads the same "
+                        "parameters every call", user_location())
+    return step.bound[id(p)]
+
+
+def keys(params):
+    """A name per Parameter: the one named_parameters() gave it, unique among them."""
+    out, taken = {}, set()
+    for i, p in enumerate(params):
+        name = min(getattr(p, "_names", ()) or {f"param{i}"})
+        while name in taken:
+            name = f"{name}.{i}"
+        taken.add(name)
+        out[id(p)] = name
+    return out
+
+
+def backward(loss):
+    step = active()
+    from . import verbs as F
+    from .grad import grad
+
+    if step.mode == "find":
+        return None
+    params = [p for p in step.params if p.requires_grad and p.dtype.kind == "float"]
+    if loss.numel() != 1:
+        raise MicaError(f"backward() of a {loss.value.spec!r} tensor needs a gradient for it; call it on a scalar loss",
+                        user_location())
+    grads = grad(F.reshape(loss, ()), [step.bound[id(p)] for p in params])
+    for p, g in zip(params, grads):
+        step.grads[id(p)] = g if id(p) not in step.grads else step.grads[id(p)] + g
+    return None
+
+
+def zero_grad(params):
+    step = active()
+    for p in params:
+        step.grads.pop(id(p), None)
+
+
+def _groups_of(opt, step):
+    """The optimizer's groups as [(settings, [Parameter])]: Parameter objects, or names matched to
+    the step's parameters by the names named_parameters() gave them."""
+    if not opt.param_groups:
+        raise MicaError(f"{type(opt).__name__}.step() in a compiled step needs the parameters it updates: make it "
+                        f"with them, {type(opt).__name__}(model.parameters(), lr=...)", user_location())
+    by_name = {}
+    for p in step.params:
+        for n in getattr(p, "_names", ()):
+            by_name.setdefault(n, p)
+    out = []
+    for g in opt.param_groups:
+        ps = []
+        for item in g["params"]:
+            if type(item).__name__ == "Parameter":
+                ps.append(item)
+            elif isinstance(item, str) and item in by_name:
+                ps.append(by_name[item])
+            else:
+                raise MicaError(f"{type(opt).__name__}: a group names {item!r}, which the step does not read; give "
+                                "the Parameter objects (model.parameters())", user_location())
+        out.append(({k: v for k, v in g.items() if k != "params"}, ps))
+    return out
+
+
+def step(opt):
+    """optimizer.step(): its update on the current values and gradients of its parameters."""
+    s = active()
+    groups = _groups_of(opt, s)
+    if s.mode == "find":
+        for _, ps in groups:
+            for p in ps:
+                s.note(p)
+                read(p)
+        if all(o is not opt for o in s.optimizers):
+            s.optimizers.append(opt)
+        return None
+    from . import verbs as F
+
+    name = keys(s.params)
+    keyed = [{**settings, "params": [name[id(p)] for p in ps], "lr": lr}
+             for (settings, ps), lr in zip(groups, s.lrs[id(opt)])]
+    members = [p for _, ps in groups for p in ps]
+    params = {name[id(p)]: s.bound[id(p)] for p in members}
+    grads = {name[id(p)]: s.grads[id(p)] if id(p) in s.grads else F.zeros_like(s.bound[id(p)]) for p in members}
+    saved = opt.param_groups
+    opt.param_groups = keyed
+    try:
+        new_params, s.states[id(opt)] = opt.update(params, grads, s.states[id(opt)])
+    finally:
+        opt.param_groups = saved
+    for p in members:
+        s.bound[id(p)] = new_params[name[id(p)]]
+    return None
+
+
+class StatefulStep:
+    """The compiled step and the values it keeps between calls (mica.compile's, for a step that
+    reads unbound parameters or steps an optimizer)."""
+
+    def __init__(self, fn, found, args, compile_options):
+        from .dtypes import Spec, float32
+        from .trace import compile
+
+        self.fn, self.params, self.optimizers = fn, list(found.params), list(found.optimizers)
+        self.name = keys(self.params)
+        self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
+        param_specs = {self.name[id(p)]: p.spec for p in self.params}
+        state_specs = [self._keyed(o, lambda o=o: o.state_specs(self._mine(o, param_specs))) for o in self.optimizers]
+        lr_specs = [[Spec((), float32) for _ in self.groups[id(o)]] for o in self.optimizers]
+        self.calls = 0
+
+        def body(user_args, params, states, lrs):
+            s = StepTrace("trace")
+            s.params = list(self.params)
+            s.bound = {id(p): params[self.name[id(p)]] for p in self.params}
+            s.states = {id(o): st for o, st in zip(self.optimizers, states)}
+            s.lrs = {id(o): lr for o, lr in zip(self.optimizers, lrs)}
+            _ACTIVE.append(s)
+            try:
+                result = fn(*user_args)
+            finally:
+                _ACTIVE.pop()
+            return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
+                    [s.states[id(o)] for o in self.optimizers])
+
+        body.__name__ = getattr(fn, "__name__", "step")
+        self.exe = compile(body, tuple(args), param_specs, state_specs, lr_specs, **compile_options)
+
+    def _mine(self, opt, table):
+        """The entries of {key: ...} for the optimizer's parameters."""
+        return {self.name[id(p)]: table[self.name[id(p)]] for _, ps in self.groups[id(opt)] for p in ps}
+
+    def _keyed(self, opt, call):
+        """call() with the optimizer's groups naming its parameters by this step's keys."""
+        saved = opt.param_groups
+        opt.param_groups = [{**settings, "params": [self.name[id(p)] for p in ps]}
+                            for settings, ps in self.groups[id(opt)]]
+        try:
+            return call()
+        finally:
+            opt.param_groups = saved
+
+    def __call__(self, *args, **run_options):
+        from .host import host
+        from .nn.modules import _held
+
+        values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
+        states = []
+        for o in self.optimizers:
+            held = getattr(o, "_held_state", None)
+            if held is None:
+                held = self._keyed(o, lambda o=o: o.init(self._mine(o, values)))
+            states.append(held)
+        lrs = [[np.float32(g.get("lr", o.hyper["lr"])) for g in o.param_groups] for o in self.optimizers]
+        run_options.setdefault("offset", self.calls)  # (a new dropout key each call, as torch's stream moves)
+        self.calls += 1
+        result, new_params, new_states = self.exe(tuple(args), values, states, lrs, **run_options)
+        for p in self.params:
+            p._held = new_params[self.name[id(p)]]
+        for o, st in zip(self.optimizers, new_states):
+            o._held_state = st
+        return host(result)
+
+
+def find(fn, args):
+    """Trace fn once to find the parameters it reads unbound and the optimizers it steps."""
+    from .trace import trace
+
+    s = StepTrace("find")
+    _ACTIVE.append(s)
+    try:
+        trace(lambda *a: fn(*a), *args)
+    finally:
+        _ACTIVE.pop()
+    return s
