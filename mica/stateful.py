@@ -32,6 +32,7 @@ class StepTrace:
         self.grads = {}       # id(Parameter) -> its accumulated gradient Tensor
         self.states = {}      # id(optimizer) -> its state (a pytree of Tensors)
         self.lrs = {}         # id(optimizer) -> [each group's learning rate, a traced scalar]
+        self.modules = []     # the modules whose parameters were read (their train/eval mode keys the step)
 
     def grad_of(self, t):
         """The gradient of the parameter whose current Tensor t is (None: not a parameter's, or
@@ -54,13 +55,15 @@ def active():
     return _ACTIVE[-1] if _ACTIVE else None
 
 
-def read(p):
-    """An unbound Parameter read in a stateful step: its current Tensor."""
+def read(p, module=None):
+    """An unbound Parameter read in a stateful step (by `module`): its current Tensor."""
     step = active()
     if step is None:
         return p
     if step.mode == "find":
         step.note(p)
+        if module is not None and all(m is not module for m in step.modules):
+            step.modules.append(module)
         if id(p) not in step.bound:
             from . import verbs as F
 
@@ -172,6 +175,7 @@ class StatefulStep:
         from .trace import compile
 
         self.fn, self.params, self.optimizers = fn, list(found.params), list(found.optimizers)
+        self.modules = [m for owner in found.modules for m in owner.modules()]  # (and what they hold: Dropout)
         self.name = keys(self.params)
         self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
         param_specs = {self.name[id(p)]: p.spec for p in self.params}
@@ -194,7 +198,12 @@ class StatefulStep:
                     [s.states[id(o)] for o in self.optimizers])
 
         body.__name__ = getattr(fn, "__name__", "step")
-        self.exe = compile(body, tuple(args), param_specs, state_specs, lr_specs, **compile_options)
+        # one program per train/eval mode of the modules (dropout, and what a forward reads of self.training)
+        self.build = lambda: compile(body, tuple(args), param_specs, state_specs, lr_specs, **compile_options)
+        self.programs = {self._modes(): self.build()}
+
+    def _modes(self):
+        return tuple(bool(m.training) for m in self.modules)
 
     def _mine(self, opt, table):
         """The entries of {key: ...} for the optimizer's parameters."""
@@ -224,7 +233,10 @@ class StatefulStep:
         lrs = [[np.float32(g.get("lr", o.hyper["lr"])) for g in o.param_groups] for o in self.optimizers]
         run_options.setdefault("offset", self.calls)  # (a new dropout key each call, as torch's stream moves)
         self.calls += 1
-        result, new_params, new_states = self.exe(tuple(args), values, states, lrs, **run_options)
+        modes = self._modes()
+        if modes not in self.programs:
+            self.programs[modes] = self.build()
+        result, new_params, new_states = self.programs[modes](tuple(args), values, states, lrs, **run_options)
         for p in self.params:
             p._held = new_params[self.name[id(p)]]
         for o, st in zip(self.optimizers, new_states):

@@ -301,3 +301,34 @@ def test_a_torch_training_loop_compiles_as_written_and_trains_torchs_model():
     idx = np.array([[1, 2, 3]])
     logits, _ = model(mica.tensor(idx))  # (outside a trace: the trained values, no warning)
     assert rel_err(logits, tmodel(torch.from_numpy(idx))[0].detach().numpy()) < 1e-5
+
+
+def test_a_compiled_torch_step_follows_the_models_train_and_eval_modes():
+    """The step's dropout follows model.train()/eval() at each call (a program per mode), as torch's."""
+    class Net(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = mica.nn.Linear(4, 4), mica.nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.drop(self.fc(x)).square().mean()
+
+    net = Net()
+    opt = mica.optim.SGD(net.parameters(), lr=0.0)  # (no change: the same loss but for dropout)
+
+    @mica.compile
+    def step(x):
+        loss = net(x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = np.random.default_rng(2).standard_normal((8, 4)).astype(np.float32)
+    with pytest.warns(UserWarning):
+        plain = float(net.eval()(x))
+    net.train()
+    a, b = float(step(x)), float(step(x))
+    assert a != b and a != plain  # (a new mask each call)
+    net.eval()
+    assert abs(float(step(x)) - plain) < 1e-6

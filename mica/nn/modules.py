@@ -163,7 +163,7 @@ class Module:
                 return bound
             from .. import stateful  # (a torch-style step under mica.compile: the step's current value)
 
-            return stateful.read(p) if F.in_trace() else p
+            return stateful.read(p, self) if F.in_trace() else p
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
         if "_buffers" in d and name in d["_buffers"]:
