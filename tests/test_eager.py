@@ -332,3 +332,43 @@ def test_a_compiled_torch_step_follows_the_models_train_and_eval_modes():
     assert a != b and a != plain  # (a new mask each call)
     net.eval()
     assert abs(float(step(x)) - plain) < 1e-6
+
+
+def test_a_manual_update_loop_of_loose_parameters_compiles_as_torchs():
+    """makemore's loop: Parameters outside any module, p.grad = None, loss.backward(), then
+    p.data += -lr * p.grad: the same losses as torch's; a changing learning rate passed as a
+    numpy scalar is an input (one program)."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.integers(0, 27, (32, 3)), rng.integers(0, 27, (32,))
+    start = [rng.standard_normal((27, 10)).astype(np.float32), (rng.standard_normal((30, 27)) * 0.1).astype(np.float32),
+             np.zeros(27, np.float32)]
+
+    def losses(lib):
+        C, W, b = (mica.nn.Parameter(a.copy()) if lib is mica else torch.tensor(a.copy(), requires_grad=True)
+                   for a in start)
+        parameters = [C, W, b]
+
+        def step(xb, yb, lr):
+            emb = C[xb]
+            loss = lib.nn.functional.cross_entropy(emb.view(emb.shape[0], -1) @ W + b, yb)
+            for p in parameters:
+                p.grad = None
+            loss.backward()
+            for p in parameters:
+                p.data += -lr * p.grad
+            return loss
+
+        step = mica.compile(step) if lib is mica else step
+        out = []
+        for i in range(5):
+            xb, yb = X[i * 4:i * 4 + 12], Y[i * 4:i * 4 + 12]
+            lr = np.float32(0.1 / (i + 1))
+            out.append(float(step(xb, yb, lr)) if lib is mica else step(torch.tensor(xb), torch.tensor(yb), lr).item())
+        return out, step
+
+    got, step = losses(mica)
+    want, _ = losses(torch)
+    assert np.allclose(got, want, rtol=2e-6) and len(step.built) == 1
+    with pytest.raises(mica.MicaError, match=r"^a Parameter's __mul__: a Parameter holds no value outside a compiled "
+                                             r"step"):
+        mica.nn.Parameter(np.ones(2, np.float32)) * 2

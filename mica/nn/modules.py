@@ -38,26 +38,56 @@ class Parameter:
         self._names = set()  # (every name named_parameters() gave it: Module.named_parameters)
 
     # torch's `p.data.normal_(...)` in an _init_weights: here it sets the initializer (nothing is drawn
-    # until Module.init), as mica.nn.init's functions do
+    # until Module.init), as mica.nn.init's functions do. In a torch-style compiled step (mica/stateful.py)
+    # a Parameter is its current value: `p.data -= lr * p.grad`, `p.zero_()`, `p * 2` compute on it.
     @property
     def data(self):
         return self
 
+    @data.setter
+    def data(self, value):
+        if value is not self:
+            live = self._live("p.data = value")
+            live._rebind(F.as_tensor(value, live.dtype))
+
+    def _live(self, what=None):
+        """Its current Tensor in a torch-style compiled step, or (given `what`) a sentence."""
+        from .. import stateful
+
+        if stateful.active() is not None and F.in_trace():
+            return stateful.read(self)
+        if what is None:
+            return None
+        raise MicaError(f"{what}: a Parameter holds no value outside a compiled step; compute on the values "
+                        "(model.init(seed), the params a step takes), or put this in a step under @mica.compile")
+
     def normal_(self, mean=0.0, std=1.0):
+        if self._live() is not None:
+            raise MicaError("normal_ in a compiled step would draw random numbers there; set initial values "
+                            "outside it (its initializer, or model.load_state_dict)")
         return initializers.normal_(self, mean, std)
 
     def uniform_(self, a=0.0, b=1.0):
+        if self._live() is not None:
+            raise MicaError("uniform_ in a compiled step would draw random numbers there; set initial values "
+                            "outside it (its initializer, or model.load_state_dict)")
         return initializers.uniform_(self, a, b)
 
     def zero_(self):
-        return initializers.zeros_(self)
+        live = self._live()
+        return initializers.zeros_(self) if live is None else live.zero_()
 
     def fill_(self, value):
-        return initializers.constant_(self, value)
+        live = self._live()
+        return initializers.constant_(self, value) if live is None else live.fill_(value)
 
-    def requires_grad_(self, requires_grad=True):
-        self.requires_grad = bool(requires_grad)
-        return self
+    def __getattr__(self, name):  # (torch.Tensor's methods, on its current value in a compiled step)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        live = self._live()
+        if live is None:
+            raise AttributeError(f"'Parameter' object has no attribute {name!r}")
+        return getattr(live, name)
 
     @property
     def grad(self):
@@ -66,12 +96,32 @@ class Parameter:
         from .. import stateful
 
         step = stateful.active()
+        if step is not None and step.mode == "find":  # (a stand-in of its shape: that trace is never run)
+            return F.zeros(self.shape, dtype=self.dtype)
         return None if step is None else step.grads.get(id(self))
+
+    @grad.setter
+    def grad(self, value):  # (p.grad = None: makemore's zeroing)
+        from .. import stateful
+
+        step = stateful.active()
+        if step is not None:
+            if value is None:
+                step.grads.pop(id(self), None)
+            else:
+                step.grads[id(self)] = value
+
+    def requires_grad_(self, requires_grad=True):
+        self.requires_grad = bool(requires_grad)
+        return self
 
     def __getitem__(self, index):
         """Outside a trace, its initial values (a host tensor), indexed: nanoGPT's crop_block_size
         makes a smaller Parameter of `wpe.weight[:block_size]` (trained values live in the params
         dict: crop them there too)."""
+        live = self._live()
+        if live is not None:
+            return live[index]
         if F.in_trace():
             raise MicaError("a Parameter is read in a trace through the params it is bound to (functional_call, "
                             "bind); index the bound tensor")
@@ -106,6 +156,29 @@ class Parameter:
 
     def __repr__(self):
         return f"Parameter({self.spec!r}, init={self.init!r})"
+
+
+def _operator(name):
+    """A Parameter's operator: its current value's, in a torch-style compiled step."""
+    def op(self, *args):
+        return getattr(self._live(f"a Parameter's {name}"), name)(*args)
+    op.__name__ = name
+    return op
+
+
+def _in_place(dunder, method):
+    def op(self, other):  # (p -= lr * p.grad: the value is rebound, the name stays the Parameter)
+        getattr(self._live(f"a Parameter's {dunder}"), method)(other)
+        return self
+    op.__name__ = dunder
+    return op
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__matmul__", "__rmatmul__", "__pow__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__"):
+    setattr(Parameter, _name, _operator(_name))
+for _dunder, _method in (("__iadd__", "add_"), ("__isub__", "sub_"), ("__imul__", "mul_"), ("__itruediv__", "div_")):
+    setattr(Parameter, _dunder, _in_place(_dunder, _method))
 
 
 def _default_float(arr):

@@ -53,8 +53,18 @@ def _calling_verb():
     return f"mica.{f.f_code.co_name}" if f is not None else "mica"
 
 
+def _live_parameter(x):
+    """A Parameter in a torch-style compiled step is its current value (mica/stateful.py)."""
+    if type(x).__name__ == "Parameter":
+        live = x._live()
+        if live is not None:
+            return live
+    return x
+
+
 def as_tensor(x, dtype=None, verb=None):
     """A Tensor from a Tensor, a Python scalar or a numpy array (a literal constant)."""
+    x = _live_parameter(x)
     if isinstance(x, Tensor):
         return x if dtype is None or x.dtype is as_dtype(dtype) else to(x, dtype)
     verb = verb or _calling_verb()
@@ -126,6 +136,7 @@ def _short_repr(x, most=60):
 
 def _binary(op, a, b, compute=None, out_kinds=None):
     verb = op
+    a, b = _live_parameter(a), _live_parameter(b)
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         current(verb)
         raise TraceError(f"{verb} needs at least one Tensor operand", user_location())
