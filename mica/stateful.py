@@ -34,6 +34,17 @@ class StepTrace:
         self.lrs = {}         # id(optimizer) -> [each group's learning rate, a traced scalar]
         self.modules = []     # the modules whose parameters were read (their train/eval mode keys the step)
 
+    def set_grad_of(self, t, value):
+        """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
+        for pid, bound in self.bound.items():
+            if bound is t:
+                if value is None:
+                    self.grads.pop(pid, None)
+                else:
+                    self.grads[pid] = value
+                return
+        raise MicaError("only a parameter's gradient can be set in a compiled step", user_location())
+
     def grad_of(self, t):
         """The gradient of the parameter whose current Tensor t is (None: not a parameter's, or
         none yet)."""
@@ -104,10 +115,19 @@ def backward(loss):
     return None
 
 
-def zero_grad(params):
+def zero_grad(params, set_to_none=True):
+    """Drop the parameters' gradients (torch's default), or make them zeros: a gradient of zeros
+    that an optimizer still takes (torch's zero_grad(set_to_none=False): weight decay and momentum
+    move), so not one the optimizers skip as zero by construction (optim/base.py, has_gradient)."""
+    from . import verbs as F
+    from .tensor import emit
+
     step = active()
     for p in params:
-        step.grads.pop(id(p), None)
+        if set_to_none or step.mode == "find":
+            step.grads.pop(id(p), None)
+        else:
+            step.grads[id(p)] = emit("relu", [F.zeros(p.shape, dtype=p.dtype)])  # (zeros, not known zeros)
 
 
 def _groups_of(opt, step):
@@ -168,42 +188,53 @@ def step(opt):
 
 class StatefulStep:
     """The compiled step and the values it keeps between calls (mica.compile's, for a step that
-    reads unbound parameters or steps an optimizer)."""
+    reads unbound parameters or steps an optimizer): the parameters' values and gradients (torch
+    keeps p.grad between calls until zero_grad), the optimizers' states. One program per pattern of
+    what a call starts from: the modules' train/eval modes, which parameters hold a gradient, and
+    the groups' settings other than lr (lr is an input)."""
 
     def __init__(self, fn, found, args, compile_options):
-        from .dtypes import Spec, float32
-        from .trace import compile
-
-        self.fn, self.params, self.optimizers = fn, list(found.params), list(found.optimizers)
+        self.fn, self.args, self.options = fn, tuple(args), compile_options
+        self.params, self.optimizers = list(found.params), list(found.optimizers)
         self.modules = [m for owner in found.modules for m in owner.modules()]  # (and what they hold: Dropout)
         self.name = keys(self.params)
         self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
-        param_specs = {self.name[id(p)]: p.spec for p in self.params}
-        state_specs = [self._keyed(o, lambda o=o: o.state_specs(self._mine(o, param_specs))) for o in self.optimizers]
-        lr_specs = [[Spec((), float32) for _ in self.groups[id(o)]] for o in self.optimizers]
-        self.calls = 0
+        self.programs = {}
 
-        def body(user_args, params, states, lrs):
+    def _pattern(self):
+        modes = tuple(bool(m.training) for m in self.modules)
+        graded = tuple(getattr(p, "_held_grad", None) is not None for p in self.params)
+        settings = repr([[{k: v for k, v in g.items() if k not in ("params", "lr")} for g in o.param_groups]
+                         for o in self.optimizers])
+        return modes, graded, settings
+
+    def _build(self, graded):
+        from .dtypes import Spec, float32
+        from .trace import compile
+
+        param_specs = {self.name[id(p)]: p.spec for p in self.params}
+        grad_specs = {self.name[id(p)]: p.spec for p, g in zip(self.params, graded) if g}
+        state_specs = [self._keyed(o, lambda o=o: o.state_specs(self._mine(o, param_specs))) for o in self.optimizers]
+        lr_specs = [[Spec((), float32) for _ in o.param_groups] for o in self.optimizers]
+
+        def body(user_args, params, grads, states, lrs):
             s = StepTrace("trace")
             s.params = list(self.params)
             s.bound = {id(p): params[self.name[id(p)]] for p in self.params}
+            s.grads = {id(p): grads[self.name[id(p)]] for p in self.params if self.name[id(p)] in grads}
             s.states = {id(o): st for o, st in zip(self.optimizers, states)}
             s.lrs = {id(o): lr for o, lr in zip(self.optimizers, lrs)}
             _ACTIVE.append(s)
             try:
-                result = fn(*user_args)
+                result = self.fn(*user_args)
             finally:
                 _ACTIVE.pop()
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
+                    {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
                     [s.states[id(o)] for o in self.optimizers])
 
-        body.__name__ = getattr(fn, "__name__", "step")
-        # one program per train/eval mode of the modules (dropout, and what a forward reads of self.training)
-        self.build = lambda: compile(body, tuple(args), param_specs, state_specs, lr_specs, **compile_options)
-        self.programs = {self._modes(): self.build()}
-
-    def _modes(self):
-        return tuple(bool(m.training) for m in self.modules)
+        body.__name__ = getattr(self.fn, "__name__", "step")
+        return compile(body, self.args, param_specs, grad_specs, state_specs, lr_specs, **self.options)
 
     def _mine(self, opt, table):
         """The entries of {key: ...} for the optimizer's parameters."""
@@ -219,11 +250,18 @@ class StatefulStep:
         finally:
             opt.param_groups = saved
 
-    def __call__(self, *args, **run_options):
+    def __call__(self, args, run_options):
         from .host import host
         from .nn.modules import _held
 
+        pattern = self._pattern()
+        if pattern not in self.programs:
+            for o in self.optimizers:  # (the settings the program is built with: each group's own)
+                self.groups[id(o)] = [({k: v for k, v in g.items() if k != "params"}, ps)
+                                      for g, (_, ps) in zip(o.param_groups, self.groups[id(o)])]
+            self.programs[pattern] = self._build(pattern[1])
         values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
+        grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
         states = []
         for o in self.optimizers:
             held = getattr(o, "_held_state", None)
@@ -231,14 +269,11 @@ class StatefulStep:
                 held = self._keyed(o, lambda o=o: o.init(self._mine(o, values)))
             states.append(held)
         lrs = [[np.float32(g.get("lr", o.hyper["lr"])) for g in o.param_groups] for o in self.optimizers]
-        run_options.setdefault("offset", self.calls)  # (a new dropout key each call, as torch's stream moves)
-        self.calls += 1
-        modes = self._modes()
-        if modes not in self.programs:
-            self.programs[modes] = self.build()
-        result, new_params, new_states = self.programs[modes](tuple(args), values, states, lrs, **run_options)
+        result, new_params, new_grads, new_states = self.programs[pattern](tuple(args), values, grads, states, lrs,
+                                                                            **run_options)
         for p in self.params:
             p._held = new_params[self.name[id(p)]]
+            p._held_grad = new_grads.get(self.name[id(p)])
         for o, st in zip(self.optimizers, new_states):
             o._held_state = st
         return host(result)

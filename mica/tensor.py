@@ -320,6 +320,15 @@ class Tensor:
         step = stateful.active()
         return None if step is None else step.grad_of(self)
 
+    @grad.setter
+    def grad(self, value):  # (p.grad = None in a torch-style step: the gradient dropped)
+        from . import stateful
+
+        step = stateful.active()
+        if step is None:
+            fail("a traced Tensor keeps no gradient; gradients are values a step returns (mica.grad)")
+        step.set_grad_of(self, value)
+
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         from . import stateful
 

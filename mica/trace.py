@@ -159,18 +159,22 @@ class _Compiled:
 
     def __init__(self, fn, target, name, options):
         self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
+        self.calls = 0  # (the dropout key's offset: it moves with every call, whatever the shapes)
         self.__wrapped__ = fn
 
     def __call__(self, *args, **run_options):
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         key = (tree, tuple(to_spec(x) if _is_spec_leaf(x) else ("static", repr(x)) for x in leaves))
-        if key not in self.built:
-            from . import stateful
+        from . import stateful
 
+        if key not in self.built:
             found = stateful.find(self.fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
             if found.params or found.optimizers:
                 self.built[key] = stateful.StatefulStep(self.fn, found, args, dict(target=self.target, name=self.name,
                                                                                    **self.options))
             else:
                 self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
-        return self.built[key](*args, **run_options)
+        run_options.setdefault("offset", self.calls)
+        self.calls += 1
+        built = self.built[key]
+        return built(args, run_options) if isinstance(built, stateful.StatefulStep) else built(*args, **run_options)

@@ -372,3 +372,86 @@ def test_a_manual_update_loop_of_loose_parameters_compiles_as_torchs():
     with pytest.raises(mica.MicaError, match=r"^a Parameter's __mul__: a Parameter holds no value outside a compiled "
                                              r"step"):
         mica.nn.Parameter(np.ones(2, np.float32)) * 2
+
+
+def test_a_torch_step_keeps_gradients_between_calls_and_follows_every_setting_as_torchs():
+    """torch keeps p.grad between calls until zero_grad (accumulation over calls), re-reads every
+    group setting, takes zero_grad(set_to_none=False)'s zeros as gradients (AdamW still decays),
+    and lets p.grad be set; each as torch's, from the same weights."""
+    x = np.ones((2, 3), np.float32)
+
+    def pair(make, tmake):
+        m, t = mica.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+        m.load_state_dict(t.state_dict())
+        return m, t, make(m.parameters()), tmake(t.parameters())
+
+    def same(m, t):
+        return all(np.allclose(m.state_dict()[k], v.detach().numpy(), rtol=1e-6, atol=1e-7)
+                   for k, v in t.state_dict().items())
+
+    sgd = (lambda ps: mica.optim.SGD(ps, lr=0.1), lambda ps: torch.optim.SGD(ps, lr=0.1))
+    m, t, mo, to = pair(*sgd)
+
+    @mica.compile
+    def no_zeroing(x):  # (gradients add up over calls)
+        loss = m(x).sum()
+        loss.backward()
+        mo.step()
+        return loss
+
+    for _ in range(2):
+        no_zeroing(x)
+        t(torch.tensor(x)).sum().backward()
+        to.step()
+    assert same(m, t)
+
+    m, t, mo, to = pair(*sgd)
+    micro = mica.compile(lambda x: m(x).sum().backward())
+    apply = mica.compile(lambda: (mo.step(), mo.zero_grad(), m.bias.sum())[-1])
+    micro(x), micro(x), apply()
+    for _ in range(2):
+        t(torch.tensor(x)).sum().backward()
+    to.step()
+    to.zero_grad()
+    assert same(m, t)
+
+    m, t, mo, to = pair(*sgd)
+
+    @mica.compile
+    def plain(x):
+        mo.zero_grad()
+        loss = m(x).sum()
+        loss.backward()
+        mo.step()
+        return loss
+
+    for _ in range(3):
+        plain(x)
+        to.zero_grad()
+        t(torch.tensor(x)).sum().backward()
+        to.step()
+        for g in mo.param_groups + to.param_groups:
+            g["weight_decay"], g["momentum"] = 5.0, 0.5
+    assert same(m, t)
+
+    m, t, mo, to = pair(lambda ps: mica.optim.AdamW(ps, lr=0.1, weight_decay=0.5),
+                        lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.5))
+
+    @mica.compile
+    def zeros_kept(x):
+        loss = m(x).sum()
+        loss.backward()
+        mo.zero_grad(set_to_none=False)
+        m.bias.grad = None  # (dropped: the bias is skipped, the weight decays)
+        mo.step()
+        return loss
+
+    zeros_kept(x)
+    t(torch.tensor(x)).sum().backward()
+    to.zero_grad(set_to_none=False)
+    t.bias.grad = None
+    to.step()
+    assert same(m, t)
+    with pytest.raises(mica.MicaError, match=r"^AdamW was given another library's Parameters"):
+        mica.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    assert mo.state_dict()["param_groups"][0]["weight_decay"] == 0.5

@@ -315,7 +315,7 @@ class Module:
         from .. import stateful
 
         if stateful.active() is not None:
-            stateful.zero_grad(self.parameters())
+            stateful.zero_grad(self.parameters(), set_to_none)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's: the values (arrays, host tensors, torch tensors) under state_dict()'s keys become

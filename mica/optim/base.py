@@ -47,6 +47,13 @@ class Optimizer:
             param_groups = list(param_groups)  # (model.parameters(): a generator)
         if param_groups and all(type(p).__name__ == "Parameter" for p in param_groups):
             param_groups = [{"params": list(param_groups)}]  # (torch's AdamW(model.parameters(), ...): one group)
+        from ..nn import Parameter
+
+        for g in param_groups or ():
+            if isinstance(g, dict) and not callable(g.get("params")) and any(
+                    type(p).__name__ == "Parameter" and not isinstance(p, Parameter) for p in g.get("params", ())):
+                raise MicaError(f"{type(self).__name__} was given another library's Parameters (a torch model's?); "
+                                "give it the Mica model's, model.parameters()", user_location())
         if param_groups is not None and (not isinstance(param_groups, (list, tuple))
                                          or not all(isinstance(g, dict) and "params" in g for g in param_groups)):
             raise MicaError(f"{type(self).__name__} takes the model's Parameters, or param_groups (a list of dicts "
@@ -114,13 +121,40 @@ class Optimizer:
                             "model.init(seed)), not the Parameter objects", user_location())
         return self._init({n: np.asarray(params[n]) for n in self.managed(list(params))})
 
+    def add_param_group(self, param_group):
+        """torch's: another group, its settings defaulting to the optimizer's."""
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise MicaError(f"{type(self).__name__}.add_param_group takes a dict with 'params'")
+        group = {**self.hyper, **param_group}
+        group["params"] = list(group["params"]) if not callable(group["params"]) else group["params"]
+        self._check(self._hyper_of(group), f"group {len(self.param_groups or ())}: ")
+        self.param_groups = (self.param_groups or []) + [group]
+
+    def state_dict(self):
+        """The state a torch-style compiled step keeps (mica/stateful.py) and the groups' settings,
+        as torch's dict; a functional step's state is the value its update returns."""
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups or ()]
+        return {"state": getattr(self, "_held_state", None), "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        for g, saved in zip(self.param_groups or (), state_dict.get("param_groups", ())):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        self._held_state = state_dict.get("state")
+
+    def __getattr__(self, name):  # (a torch.optim.Optimizer method Mica lacks: its sentence)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from ..errors import missing_verb
+
+        raise missing_verb(f"{type(self).__name__}.", name, "torch.optim.Optimizer.")
+
     def zero_grad(self, set_to_none=True):
         """(Mica's gradients are values a step returns; in a torch-style compiled step, mica/stateful.py,
         those of this optimizer's parameters are dropped.)"""
         from .. import stateful
 
         if stateful.active() is not None:
-            stateful.zero_grad([p for _, ps in stateful._groups_of(self, stateful.active()) for p in ps])
+            stateful.zero_grad([p for _, ps in stateful._groups_of(self, stateful.active()) for p in ps], set_to_none)
 
     def step(self, closure=None):
         from .. import stateful
