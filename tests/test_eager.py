@@ -389,49 +389,40 @@ def test_a_torch_step_keeps_gradients_between_calls_and_follows_every_setting_as
         return all(np.allclose(m.state_dict()[k], v.detach().numpy(), rtol=1e-6, atol=1e-7)
                    for k, v in t.state_dict().items())
 
-    sgd = (lambda ps: mica.optim.SGD(ps, lr=0.1), lambda ps: torch.optim.SGD(ps, lr=0.1))
-    m, t, mo, to = pair(*sgd)
+    def loop_body(model, opt, zero_first):  # (the same lines for torch and, compiled, for Mica)
+        def step(x):
+            if zero_first:
+                opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
 
-    @mica.compile
-    def no_zeroing(x):  # (gradients add up over calls)
-        loss = m(x).sum()
-        loss.backward()
-        mo.step()
-        return loss
+    def steps(zero_first, count, between=lambda groups: None):
+        m, t, mo, to = pair(lambda ps: mica.optim.SGD(ps, lr=0.1), lambda ps: torch.optim.SGD(ps, lr=0.1))
+        mine, theirs = mica.compile(loop_body(m, mo, zero_first)), loop_body(t, to, zero_first)
+        for _ in range(count):
+            mine(x), theirs(torch.tensor(x))
+            between(mo.param_groups + to.param_groups)
+        return m, t, mo, to
 
-    for _ in range(2):
-        no_zeroing(x)
-        t(torch.tensor(x)).sum().backward()
-        to.step()
-    assert same(m, t)
+    assert same(*steps(False, 2)[:2])  # (no zero_grad: gradients add up over calls)
 
-    m, t, mo, to = pair(*sgd)
-    micro = mica.compile(lambda x: m(x).sum().backward())
+    def settings(groups):  # (a group's other settings, set between calls)
+        for g in groups:
+            g["weight_decay"], g["momentum"] = 5.0, 0.5
+
+    assert same(*steps(True, 3, settings)[:2])
+
+    m, t, mo, to = pair(lambda ps: mica.optim.SGD(ps, lr=0.1), lambda ps: torch.optim.SGD(ps, lr=0.1))
+    micro = mica.compile(lambda x: m(x).sum().backward())  # (accumulated over two calls, applied by a third)
     apply = mica.compile(lambda: (mo.step(), mo.zero_grad(), m.bias.sum())[-1])
     micro(x), micro(x), apply()
     for _ in range(2):
         t(torch.tensor(x)).sum().backward()
     to.step()
     to.zero_grad()
-    assert same(m, t)
-
-    m, t, mo, to = pair(*sgd)
-
-    @mica.compile
-    def plain(x):
-        mo.zero_grad()
-        loss = m(x).sum()
-        loss.backward()
-        mo.step()
-        return loss
-
-    for _ in range(3):
-        plain(x)
-        to.zero_grad()
-        t(torch.tensor(x)).sum().backward()
-        to.step()
-        for g in mo.param_groups + to.param_groups:
-            g["weight_decay"], g["momentum"] = 5.0, 0.5
     assert same(m, t)
 
     m, t, mo, to = pair(lambda ps: mica.optim.AdamW(ps, lr=0.1, weight_decay=0.5),
