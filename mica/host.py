@@ -46,7 +46,8 @@ class HostTensor(np.ndarray):
         plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
         if "out" in kwargs:
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, HostTensor) else o for o in kwargs["out"])
-        out = getattr(ufunc, method)(*plain, **kwargs)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
+            out = getattr(ufunc, method)(*plain, **kwargs)
         wide = any(isinstance(x, np.ndarray) and x.dtype == np.float64 for x in plain)
 
         def wrap(r):
@@ -131,6 +132,23 @@ class HostTensor(np.ndarray):
         from .tensor import BACKWARD_SENTENCE, user_location
 
         raise MicaError(BACKWARD_SENTENCE, user_location())
+
+    @property
+    def requires_grad(self):
+        return False
+
+    @requires_grad.setter
+    def requires_grad(self, value):  # (makemore's `for p in parameters: p.requires_grad = True`)
+        if value:
+            from .tensor import user_location
+
+            raise MicaError("a host tensor cannot become a parameter in place; make it one where it is made: "
+                            "W = mica.nn.Parameter(mica.randn(...)), or mica.randn(..., requires_grad=True)",
+                            user_location())
+
+    def requires_grad_(self, requires_grad=True):
+        self.requires_grad = requires_grad
+        return self
 
     @property
     def data(self):  # (torch's: the tensor itself, without history; numpy's memoryview is np.asarray(h).data)
@@ -327,6 +345,10 @@ def eager(verb):
 
         @functools.wraps(verb)
         def make(data, dtype=None, **kwargs):
+            if kwargs.pop("requires_grad", False) and not in_trace():  # (torch's leaf tensor: a Parameter)
+                from .nn import Parameter
+
+                return Parameter(np.asarray(make(data, dtype=dtype, **kwargs)))
             if in_trace():
                 return verb(data, dtype=dtype, **kwargs)
             if isinstance(data, HostTensor) and dtype is None:
@@ -336,6 +358,16 @@ def eager(verb):
 
     @functools.wraps(verb)
     def call(*args, **kwargs):
+        if kwargs.get("requires_grad") and not in_trace():  # (torch's leaf tensor: a Parameter, as torch's optimizers
+            kwargs.pop("requires_grad")                       # and a compiled step take it)
+            from .nn import Parameter
+
+            return Parameter(np.asarray(call(*args, **kwargs)))
+        kwargs.pop("requires_grad", None)
+        if verb.__name__ == "one_hot" and not in_trace() and kwargs.get("num_classes", args[1] if len(args) > 1 else -1) \
+                == -1 and args and isinstance(args[0], np.ndarray):  # (eager: the classes the data holds, as torch's)
+            kwargs["num_classes"] = int(np.max(args[0])) + 1 if np.size(args[0]) else 0
+            args = args[:1]
         if in_trace():
             return verb(*args, **kwargs)
         if _holds_array(args) or _holds_array(kwargs.values()):

@@ -26,7 +26,13 @@ class Generator:
         self._rng = np.random.Generator(np.random.PCG64(seed % 2 ** 64))
         return self
 
-    seed = manual_seed
+    def seed(self):
+        """torch's: a seed from the operating system's randomness, set and returned."""
+        import os
+
+        s = int.from_bytes(os.urandom(8), "little") >> 1
+        self.manual_seed(s)
+        return s
 
     def initial_seed(self):
         return self._seed
@@ -48,7 +54,8 @@ def manual_seed(seed):
     return default_generator.manual_seed(seed)
 
 
-seed = manual_seed
+def seed():
+    return default_generator.seed()
 
 
 def initial_seed():
@@ -89,20 +96,40 @@ def _float(dtype):
     return dt
 
 
+def _leaf(draw):
+    """requires_grad=True: torch's leaf tensor, here a Parameter of the values drawn (what a
+    compiled step and the optimizers take)."""
+    import functools
+
+    @functools.wraps(draw)
+    def made(*args, requires_grad=False, **kwargs):
+        values = draw(*args, **kwargs)
+        if requires_grad:
+            from .nn import Parameter
+
+            return Parameter(np.asarray(values))
+        return values
+    return made
+
+
+@_leaf
 def rand(*size, generator=None, dtype=None, **_device):
     dt = _float(dtype)
     return host(_rng("rand", generator).random(_size("rand", size)).astype(dt.np_storage))
 
 
+@_leaf
 def randn(*size, generator=None, dtype=None, **_device):
     dt = _float(dtype)
     return host(_rng("randn", generator).standard_normal(_size("randn", size)).astype(dt.np_storage))
 
 
+@_leaf
 def rand_like(input, dtype=None, **_device):
     return rand(*np.shape(input), dtype=dtype or _like_float(input))
 
 
+@_leaf
 def randn_like(input, dtype=None, **_device):
     return randn(*np.shape(input), dtype=dtype or _like_float(input))
 
@@ -138,6 +165,7 @@ def randperm(n, generator=None, dtype=None, **_device):
     return host(_rng("randperm", generator).permutation(int(n)).astype(dt.np_storage))
 
 
+@_leaf
 def normal(mean=0.0, std=1.0, size=None, generator=None, **_device):
     rng = _rng("normal", generator)
     shape = _size("normal", (size,)) if size is not None else np.broadcast_shapes(np.shape(mean), np.shape(std))

@@ -110,10 +110,11 @@ def takes_axis(verb):
     """torch's `axis=` spelling of a verb's `dim=` (numpy's name, which torch accepts everywhere)."""
     @functools.wraps(verb)
     def with_axis(*args, **kwargs):
-        if "axis" in kwargs:
-            if "dim" in kwargs:
-                fail(f"{verb.__name__}: give dim or axis, not both")
-            kwargs["dim"] = kwargs.pop("axis")
+        for numpy_name, name in (("axis", "dim"), ("keepdims", "keepdim")):  # (torch takes numpy's names too)
+            if numpy_name in kwargs:
+                if name in kwargs:
+                    fail(f"{verb.__name__}: give {name} or {numpy_name}, not both")
+                kwargs[name] = kwargs.pop(numpy_name)
         return verb(*args, **kwargs)
     return with_axis
 
@@ -512,6 +513,10 @@ class Tensor:
     def flipud(self): return F.flipud(self)
     def roll(self, shifts, dims=None): return F.roll(self, shifts, dims)
     def sign(self): return F.sign(self)
+    def multinomial(self, *args, **kwargs):
+        from .random import _rng
+
+        return _rng("multinomial", None)
     def median(self, dim=None, keepdim=False): return F.median(self, dim, keepdim)
     def unfold(self, dimension, size, step): return F.unfold(self, dimension, size, step)
     def new_tensor(self, data, dtype=None): return F.tensor(data, dtype=dtype or self.dtype)

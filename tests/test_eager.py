@@ -369,9 +369,10 @@ def test_a_manual_update_loop_of_loose_parameters_compiles_as_torchs():
     got, step = losses(mica)
     want, _ = losses(torch)
     assert np.allclose(got, want, rtol=2e-6) and len(step.built) == 1
-    with pytest.raises(mica.MicaError, match=r"^a Parameter's __mul__: a Parameter holds no value outside a compiled "
-                                             r"step"):
-        mica.nn.Parameter(np.ones(2, np.float32)) * 2
+    assert (mica.nn.Parameter(np.ones(2, np.float32)) * 2).tolist() == [2.0, 2.0]  # (outside: its values)
+    with pytest.raises(mica.MicaError, match=r"^a Parameter's __mul__: a Parameter is read in a traced function "
+                                             r"through the params bound to it"):
+        mica.trace(lambda x: mica.nn.Parameter(np.ones(2, np.float32)) * x, mica.f32[2])
 
 
 def test_a_torch_step_keeps_gradients_between_calls_and_follows_every_setting_as_torchs():
@@ -446,3 +447,37 @@ def test_a_torch_step_keeps_gradients_between_calls_and_follows_every_setting_as
     with pytest.raises(mica.MicaError, match=r"^AdamW was given another library's Parameters"):
         mica.optim.AdamW(torch.nn.Linear(2, 2).parameters())
     assert mo.state_dict()["param_groups"][0]["weight_decay"] == 0.5
+
+
+def test_makemores_bigram_network_trains_as_written_with_its_loop_body_compiled():
+    """makemore part 1: W = torch.randn(..., requires_grad=True) (a Parameter here), one_hot,
+    counts.sum(1, keepdims=True), -probs[arange, ys].log().mean(), W.grad = None, backward(),
+    W.data += -50 * W.grad; and W computes eagerly with its trained values after."""
+    xs, ys = np.array([0, 5, 13, 13, 1, 0, 15]), np.array([5, 13, 13, 1, 0, 15, 12])
+    W0 = np.random.default_rng(0).standard_normal((27, 27)).astype(np.float32)
+
+    def train(lib):
+        F = lib.nn.functional
+        X, Y = lib.tensor(xs), lib.tensor(ys)
+        W = lib.tensor(W0, requires_grad=True)
+
+        def body(X, Y):
+            xenc = F.one_hot(X, num_classes=27).float()
+            counts = (xenc @ W).exp()
+            probs = counts / counts.sum(1, keepdims=True)
+            loss = -probs[lib.arange(len(xs)), Y].log().mean() + 0.01 * (W ** 2).mean()
+            W.grad = None
+            loss.backward()
+            W.data += -50 * W.grad
+            return loss
+
+        step = mica.compile(body) if lib is mica else body
+        losses = [step(X, Y).item() for _ in range(4)]
+        return losses, np.asarray(W.detach() if lib is torch else W)
+
+    (got, w), (want, tw) = train(mica), train(torch)
+    assert np.allclose(got, want, rtol=1e-5) and np.allclose(w, tw, rtol=1e-4, atol=1e-5)  # (lr 50: float32's
+                                                                                             # roundings grow)
+    with pytest.raises(mica.MicaError, match=r"^a host tensor cannot become a parameter in place"):
+        mica.randn(3).requires_grad = True
+    assert int(mica.tensor([5, -5, 0]).__mod__(0).sum()) == 0 and mica.remainder(mica.tensor([5, -5]), 0).tolist() == [0, 0]

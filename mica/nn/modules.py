@@ -51,15 +51,25 @@ class Parameter:
             live._rebind(F.as_tensor(value, live.dtype))
 
     def _live(self, what=None):
-        """Its current Tensor in a torch-style compiled step, or (given `what`) a sentence."""
+        """Its current Tensor in a torch-style compiled step; for an operator (`what`) outside any
+        trace, the values it holds (a host tensor: loaded, trained by such a step, or initial); in
+        another trace, a sentence."""
         from .. import stateful
 
         if stateful.active() is not None and F.in_trace():
             return stateful.read(self)
         if what is None:
             return None
-        raise MicaError(f"{what}: a Parameter holds no value outside a compiled step; compute on the values "
-                        "(model.init(seed), the params a step takes), or put this in a step under @mica.compile")
+        if not F.in_trace():
+            from ..host import host
+
+            return host(_held(self, min(self._names, default="")))
+        raise MicaError(f"{what}: a Parameter is read in a traced function through the params bound to it "
+                        "(functional_call, model.bind), or in a torch-style step under @mica.compile")
+
+    def __array__(self, dtype=None, copy=None):  # (np.asarray(W) outside a trace: the values it holds)
+        values = np.asarray(self._live("np.asarray"))
+        return values if dtype is None else values.astype(dtype)
 
     def normal_(self, mean=0.0, std=1.0):
         if self._live() is not None:
@@ -81,13 +91,10 @@ class Parameter:
         live = self._live()
         return initializers.constant_(self, value) if live is None else live.fill_(value)
 
-    def __getattr__(self, name):  # (torch.Tensor's methods, on its current value in a compiled step)
-        if name.startswith("_"):
-            raise AttributeError(name)
-        live = self._live()
-        if live is None:
+    def __getattr__(self, name):  # (torch.Tensor's methods, on its current value: in a compiled step, or held)
+        if name.startswith("_") or F.in_trace() and self._live() is None:
             raise AttributeError(f"'Parameter' object has no attribute {name!r}")
-        return getattr(live, name)
+        return getattr(self._live(name), name)
 
     @property
     def grad(self):
@@ -98,7 +105,12 @@ class Parameter:
         step = stateful.active()
         if step is not None and step.mode == "find":  # (a stand-in of its shape: that trace is never run)
             return F.zeros(self.shape, dtype=self.dtype)
-        return None if step is None else step.grads.get(id(self))
+        if step is None:  # (outside: the one the last compiled step left, as torch keeps p.grad)
+            from ..host import host
+
+            held = getattr(self, "_held_grad", None)
+            return None if held is None or F.in_trace() else host(held)
+        return step.grads.get(id(self))
 
     @grad.setter
     def grad(self, value):  # (p.grad = None: makemore's zeroing)

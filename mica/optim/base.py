@@ -134,9 +134,15 @@ class Optimizer:
         """The state a torch-style compiled step keeps (mica/stateful.py) and the groups' settings,
         as torch's dict; a functional step's state is the value its update returns."""
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups or ()]
-        return {"state": getattr(self, "_held_state", None), "param_groups": groups}
+        return {"state": getattr(self, "_held_state", None), "param_groups": groups, "mica": type(self).__name__}
 
     def load_state_dict(self, state_dict):
+        from ..tensor import user_location
+
+        if not isinstance(state_dict, dict) or state_dict.get("mica") != type(self).__name__:
+            raise MicaError(f"{type(self).__name__}.load_state_dict takes what this optimizer's state_dict() gave "
+                            "(torch's optimizer state is laid out by parameter index, Mica's by name); start the "
+                            "state afresh, or save and load Mica's", user_location())
         for g, saved in zip(self.param_groups or (), state_dict.get("param_groups", ())):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._held_state = state_dict.get("state")

@@ -466,8 +466,8 @@ def floor_divide(input, other):
 
 def fmod(input, other):
     a, b = _operands("fmod", input, other)
-    if a.dtype.kind == "int":
-        return sub(a, mul(_int_quotient(a, b, "trunc"), b))
+    if a.dtype.kind == "int":  # (a zero divisor: 0, as its quotient's)
+        return where(eq(b, 0), const(0, a.dtype), sub(a, mul(_int_quotient(a, b, "trunc"), b)))
     a, b = amp.float32("fmod", a, b)
     return emit("fmod", [a, b])
 
@@ -475,8 +475,8 @@ def fmod(input, other):
 def remainder(input, other):
     """torch's: the remainder with the divisor's sign (Python's %)."""
     a, b = _operands("remainder", input, other)
-    if a.dtype.kind == "int":
-        return sub(a, mul(_int_quotient(a, b, "floor"), b))
+    if a.dtype.kind == "int":  # (a zero divisor: 0, as its quotient's)
+        return where(eq(b, 0), const(0, a.dtype), sub(a, mul(_int_quotient(a, b, "floor"), b)))
     a, b = amp.float32("remainder", a, b)
     mod = emit("fmod", [a, b])
     return where(logical_and(ne(mod, 0), ne(lt(b, 0), lt(mod, 0))), mod + b, mod)
