@@ -346,9 +346,7 @@ def eager(verb):
         @functools.wraps(verb)
         def make(data, dtype=None, **kwargs):
             if kwargs.pop("requires_grad", False) and not in_trace():  # (torch's leaf tensor: a Parameter)
-                from .nn import Parameter
-
-                return Parameter(np.asarray(make(data, dtype=dtype, **kwargs)))
+                return _leaf_parameter(make(data, dtype=dtype, **kwargs))
             if in_trace():
                 return verb(data, dtype=dtype, **kwargs)
             if isinstance(data, HostTensor) and dtype is None:
@@ -360,9 +358,7 @@ def eager(verb):
     def call(*args, **kwargs):
         if kwargs.get("requires_grad") and not in_trace():  # (torch's leaf tensor: a Parameter, as torch's optimizers
             kwargs.pop("requires_grad")                       # and a compiled step take it)
-            from .nn import Parameter
-
-            return Parameter(np.asarray(call(*args, **kwargs)))
+            return _leaf_parameter(call(*args, **kwargs))
         kwargs.pop("requires_grad", None)
         if verb.__name__ == "one_hot" and not in_trace() and kwargs.get("num_classes", args[1] if len(args) > 1 else -1) \
                 == -1 and args and isinstance(args[0], np.ndarray):  # (eager: the classes the data holds, as torch's)
@@ -374,6 +370,17 @@ def eager(verb):
             return run(verb, args, kwargs)
         return host(verb(*args, **kwargs))
     return call
+
+
+def _leaf_parameter(values):
+    """torch's leaf tensor (requires_grad=True): a Parameter of these values, in their own type."""
+    from .dtypes import as_dtype
+    from .nn import Parameter
+
+    arr = np.asarray(values)
+    if arr.dtype.kind != "f":
+        raise MicaError(f"only floating tensors can require gradients (torch's rule), got {arr.dtype}")
+    return Parameter(arr, dtype=as_dtype(arr.dtype))
 
 
 def _holds_array(values):

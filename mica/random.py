@@ -105,9 +105,9 @@ def _leaf(draw):
     def made(*args, requires_grad=False, **kwargs):
         values = draw(*args, **kwargs)
         if requires_grad:
-            from .nn import Parameter
+            from .host import _leaf_parameter
 
-            return Parameter(np.asarray(values))
+            return _leaf_parameter(values)
         return values
     return made
 
