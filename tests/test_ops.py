@@ -494,6 +494,23 @@ def _corners(m, x, q, k, v, z):
             x.softmax(axis=1), m.cat([x, x], axis=2), m.sum(x, axis=1), x.reshape(shape=(5, 12)), y, x, h)
 
 
+def _weighted_against_torch(fn, inputs, weights):
+    """fn(m, *inputs)'s outputs and the gradients of the sum of each floating output times its
+    weight: Mica's compiled from the float32 inputs, torch's in float64 (results as numpy)."""
+    def loss(outs, constant):
+        return sum((o * constant(w)).sum() for o, w in zip(outs, weights) if o.dtype.is_floating_point and o.numel())
+
+    def step(*xs):
+        outs = fn(mica, *xs)
+        return outs, mica.grad(loss(outs, mica.tensor), list(xs))
+
+    got, grads = mica.compile(step, *[spec_of(a) for a in inputs])(*inputs)
+    ts = [to_torch(a.astype(np.float64), requires_grad=True) for a in inputs]
+    want = fn(torch, *ts)
+    want_grads = torch.autograd.grad(loss(want, torch.from_numpy), ts)
+    return got, grads, [w.detach().numpy() for w in want], [g.numpy() for g in want_grads]
+
+
 def test_corners_an_outside_tester_found_follow_torch():
     """Each result and every gradient against torch float64, in one program: a query the mask leaves no
     key gives 0 and finite gradients (was NaN in every v gradient), label smoothing's ignored rows give
@@ -507,24 +524,13 @@ def test_corners_an_outside_tester_found_follow_torch():
     inputs = (x, q, k, v, z)
     program = mica.trace(lambda *a: _corners(mica, *a), *[spec_of(a) for a in inputs])
     weights = [rng.standard_normal(o.shape) for o in program.outputs]
-
-    def step(*a):
-        outs = _corners(mica, *a)
-        loss = sum((o * mica.tensor(w)).sum() for o, w in zip(outs, weights) if o.dtype.is_floating_point and o.numel())
-        return outs, mica.grad(loss, list(a))
-
-    got, grads = mica.compile(step, *[spec_of(a) for a in inputs])(*inputs)
-    ts = [to_torch(a.astype(np.float64), requires_grad=True) for a in inputs]
-    want = _corners(torch, *ts)
-    loss = sum((o * torch.from_numpy(w)).sum() for o, w in zip(want, weights) if o.is_floating_point() and o.numel())
-    want_grads = torch.autograd.grad(loss, ts)
+    got, grads, want, want_grads = _weighted_against_torch(_corners, inputs, weights)
     for i, (g, w) in enumerate(zip(got, want)):
-        w = w.detach().numpy()
         assert np.shape(g) == w.shape, i
         assert np.allclose(np.asarray(g, np.float64), w, rtol=2e-5, atol=1e-6, equal_nan=True), (i, g, w)
     assert np.isnan(got[3]) and np.isfinite(got[4]) and not np.any(got[0][0]) and not np.any(got[1][0])
     for g, w in zip(grads, want_grads):
-        assert np.all(np.isfinite(g)) and rel_err(g, w.numpy()) <= 1e-5
+        assert np.all(np.isfinite(g)) and rel_err(g, w) <= 1e-5
     # x**e at x == 0 and e < 0: the exponent's gradient is -inf, as torch's (was 0)
     e = np.array([-2.0, -0.5, 1.5], np.float32)
     got = mica.compile(lambda e: mica.grad(mica.pow(mica.zeros(3), e).sum(), e), mica.f32[3])(e)
@@ -589,19 +595,11 @@ def test_in_place_steps_and_item_assignment_write_through_as_torchs():
     rng = np.random.default_rng(5)
     x, v = rng.standard_normal((3, 4, 5)).astype(np.float32), rng.standard_normal((2, 4, 5)).astype(np.float32)
     weights = [rng.standard_normal(o.shape) for o in _writes(torch, torch.tensor(x), torch.tensor(v))]
-
-    def step(x, v):
-        outs = _writes(mica, x, v)
-        return outs, mica.grad(sum((o * mica.tensor(w)).sum() for o, w in zip(outs, weights)), [x, v])
-
-    got, grads = mica.compile(step, mica.f32[3, 4, 5], mica.f32[2, 4, 5])(x, v)
-    ts = [to_torch(a.astype(np.float64), requires_grad=True) for a in (x, v)]
-    want = _writes(torch, *ts)
-    want_grads = torch.autograd.grad(sum((o * torch.from_numpy(w)).sum() for o, w in zip(want, weights)), ts)
+    got, grads, want, want_grads = _weighted_against_torch(_writes, (x, v), weights)
     for g, w in zip(got, want):
-        assert rel_err(g, w.detach().numpy()) <= 1e-6
+        assert rel_err(g, w) <= 1e-6
     for g, w in zip(grads, want_grads):
-        assert rel_err(g, w.numpy()) <= 1e-6
+        assert rel_err(g, w) <= 1e-6
 
 
 def _einsum_pad_repeat(m, a, b, c):
@@ -619,21 +617,12 @@ def test_einsum_pad_and_repeat_interleave_compute_as_torchs():
     repeat_interleave by a count and by counts."""
     rng = np.random.default_rng(12)
     inputs = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 4), (2, 4, 5), (5, 3))]
-    specs = [spec_of(a) for a in inputs]
     weights = [rng.standard_normal(o.shape) for o in _einsum_pad_repeat(torch, *[torch.tensor(a) for a in inputs])]
-
-    def step(*xs):
-        outs = _einsum_pad_repeat(mica, *xs)
-        return outs, mica.grad(sum((o * mica.tensor(w)).sum() for o, w in zip(outs, weights)), list(xs))
-
-    got, grads = mica.compile(step, *specs)(*inputs)
-    ts = [to_torch(a.astype(np.float64), requires_grad=True) for a in inputs]
-    want = _einsum_pad_repeat(torch, *ts)
-    want_grads = torch.autograd.grad(sum((o * torch.from_numpy(w)).sum() for o, w in zip(want, weights)), ts)
+    got, grads, want, want_grads = _weighted_against_torch(_einsum_pad_repeat, inputs, weights)
     for g, w in zip(got, want):
-        assert rel_err(g, w.detach().numpy()) <= 1e-6
+        assert rel_err(g, w) <= 1e-6
     for g, w in zip(grads, want_grads):
-        assert rel_err(g, w.numpy()) <= 1e-6
+        assert rel_err(g, w) <= 1e-6
     for bad, says in ((lambda a: mica.einsum("ii->i", a[0]), r"^einsum: a letter twice in one operand"),
                       (lambda a: mica.einsum("ij,jk->ik", a, a), r"^einsum: operand 'ij' names 2 dims"),
                       (lambda a: mica.nn.functional.pad(a, (1, 1), mode="reflect"), r"^pad: mode 'reflect'"),
