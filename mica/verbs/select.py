@@ -39,20 +39,28 @@ def _checked(index, bound, negative=True):
 _TWO32 = 2 ** 32
 
 
-def _take(table, rows):
-    """table[rows] for a 2-d table and int64 row indices in range (checked already), in any element
-    type: float tables by the embedding kernel (its gradient, a sum per row); integer and bool
-    tables through float64, which holds them exactly (an int64 as two 32-bit halves)."""
-    if table.dtype in (dtypes.float32, dtypes.float64):
-        return emit("embedding", [rows, table])
-    if table.dtype.kind == "float":  # (a half type: exactly, through float32)
-        return to(emit("embedding", [rows, to(table, dtypes.float32)]), table.dtype)
-    if table.dtype is not dtypes.int64:
-        return to(emit("embedding", [rows, to(table, dtypes.float64)]), table.dtype)
-    hi = floor_divide(table, _TWO32)
-    lo = sub(table, mul(hi, _TWO32))
-    hi, lo = (to(emit("embedding", [rows, to(h, dtypes.float64)]), dtypes.int64) for h in (hi, lo))
+def _in_any_type(values, run):
+    """run(v), a row kernel (the embedding or its gradient, which exist for float32 and float64), on
+    values of any element type, exactly: half types through float32; integers and bools through
+    float64, which holds them (an int64 as two 32-bit halves, each sum of them exact too)."""
+    dt = values.dtype
+    if dt in (dtypes.float32, dtypes.float64):
+        return run(values)
+    if dt.kind == "float":
+        return to(run(to(values, dtypes.float32)), dt)
+    if dt is not dtypes.int64:
+        out = run(to(values, dtypes.float64))
+        return ne(out, 0.0) if dt is dtypes.bool_ else to(out, dt)
+    hi = floor_divide(values, _TWO32)
+    lo = sub(values, mul(hi, _TWO32))
+    hi, lo = (to(run(to(h, dtypes.float64)), dtypes.int64) for h in (hi, lo))
     return add(mul(hi, _TWO32), lo)
+
+
+def _take(table, rows):
+    """table[rows] for a 2-d table and int64 row indices in range (checked already): the embedding
+    kernel (its gradient, a sum per row)."""
+    return _in_any_type(table, lambda t: emit("embedding", [rows, t]))
 
 
 def _positions(shape, dims, indices):
@@ -80,21 +88,26 @@ def gather(input, dim, index, *, sparse_grad=False):
     return _gather(input, dim, index, negative=False)
 
 
-def _gather(input, dim, index, negative):
-    x, index = as_tensor(input), as_tensor(index)
+def _along(verb, x, d, index, negative):
+    """The flat position in x of each element of `index` (x's number of dims, no larger in the
+    others), which names a position along dim d, its own position in the others: gather's and
+    scatter's, in index's shape."""
     if index.ndim != x.ndim:
-        fail(f"gather: index {index.value.spec!r} needs as many dims as the input {x.value.spec!r}")
-    d = canon_dim(dim, x.ndim, "gather")
+        fail(f"{verb}: index {index.value.spec!r} needs as many dims as the input {x.value.spec!r}")
     if x.ndim == 0:
-        return reshape(_take(reshape(x, (1, 1)), reshape(_checked(index, 1, negative), (1,))), ())
+        return _checked(index, 1, negative)
     for e in range(x.ndim):
         if e != d and index.shape[e] > x.shape[e]:
-            fail(f"gather: index {index.value.spec!r} is larger than the input {x.value.spec!r} in dim {e}; "
+            fail(f"{verb}: index {index.value.spec!r} is larger than the input {x.value.spec!r} in dim {e}; "
                  "its sizes may not exceed the input's except along dim")
     coords = [_checked(index, x.shape[d], negative) if e == d else _iota(index.shape[e], x.ndim, e) for e in range(x.ndim)]
-    flat = expand(_positions(x.shape, tuple(range(x.ndim)), coords), index.shape)
-    got = _take(reshape(x, (-1, 1)), reshape(flat, (-1,)))
-    return reshape(got, index.shape)
+    return expand(_positions(x.shape, tuple(range(x.ndim)), coords), index.shape)
+
+
+def _gather(input, dim, index, negative):
+    x, index = as_tensor(input), as_tensor(index)
+    flat = _along("gather", x, canon_dim(dim, x.ndim, "gather"), index, negative)
+    return reshape(_take(reshape(x, (-1, 1)), reshape(flat, (-1,))), index.shape)
 
 
 def take_along_dim(input, indices, dim=None):
@@ -130,19 +143,25 @@ def _one_index(verb, index):
         fail(f"{verb}: a 0-d input has one element, so the index holds one position, got {index.value.spec!r}")
 
 
-def _select_dims(y, dims, indices, keep_place, negative=True):
-    """y indexed by the index tensors `indices` (broadcast together to a shape S) along `dims`
-    (in that order): S in place of those dims when `keep_place` (they were adjacent), else first."""
+def _rows(y, dims, indices, negative):
+    """y as a table of rows, the dims the index tensors name first and flattened ((n, R)), and the
+    row each element of the index tensors (broadcast to a shape S) names: (table, rows, S, the other
+    dims)."""
     from ..ops.elementwise import broadcast_shapes
 
     checked = [_checked(i, y.shape[d], negative) for d, i in zip(dims, indices)]
-    S = broadcast_shapes("index", *(i.shape for i in checked))
+    S = tuple(broadcast_shapes("index", *(i.shape for i in checked)))
     rest = [e for e in range(y.ndim) if e not in dims]
     moved = permute(y, *dims, *rest) if list(dims) + rest != list(range(y.ndim)) else y
-    n = math.prod(y.shape[d] for d in dims)
-    table = reshape(moved, (n, math.prod(y.shape[e] for e in rest)))
-    flat = expand(_positions(y.shape, tuple(dims), checked), S)
-    got = reshape(_take(table, reshape(flat, (-1,))), tuple(S) + tuple(y.shape[e] for e in rest))
+    table = reshape(moved, (math.prod(y.shape[d] for d in dims), math.prod(y.shape[e] for e in rest)))
+    return table, reshape(expand(_positions(y.shape, tuple(dims), checked), S), (-1,)), S, rest
+
+
+def _select_dims(y, dims, indices, keep_place, negative=True):
+    """y indexed by the index tensors `indices` (broadcast together to a shape S) along `dims`
+    (in that order): S in place of those dims when `keep_place` (they were adjacent), else first."""
+    table, flat, S, rest = _rows(y, dims, indices, negative)
+    got = reshape(_take(table, flat), S + tuple(y.shape[e] for e in rest))
     if not keep_place or dims[0] == 0:
         return got
     k, at = len(S), dims[0]
@@ -382,20 +401,8 @@ def one_hot(input, num_classes=-1):
 
 def _spread(rows, values, n):
     """A table of n rows, row r the sum of the rows of `values` whose index in `rows` is r (0 where
-    none), summed in position order: the embedding gradient's kernel (no atomics). Integer values
-    go through float64 (an int64 as two 32-bit halves, each sum exact)."""
-    if values.dtype in (dtypes.float32, dtypes.float64):
-        return emit("embedding_backward", [values, rows], num_embeddings=int(n))
-    if values.dtype.kind == "float":
-        return to(emit("embedding_backward", [to(values, dtypes.float32), rows], num_embeddings=int(n)), values.dtype)
-    if values.dtype is not dtypes.int64:
-        out = emit("embedding_backward", [to(values, dtypes.float64), rows], num_embeddings=int(n))
-        return to(out, values.dtype) if values.dtype is not dtypes.bool_ else ne(out, 0.0)
-    hi = floor_divide(values, _TWO32)
-    lo = sub(values, mul(hi, _TWO32))
-    hi, lo = (to(emit("embedding_backward", [to(h, dtypes.float64), rows], num_embeddings=int(n)), dtypes.int64)
-              for h in (hi, lo))
-    return add(mul(hi, _TWO32), lo)
+    none), summed in position order: the embedding gradient's kernel (no atomics)."""
+    return _in_any_type(values, lambda v: emit("embedding_backward", [v, rows], num_embeddings=int(n)))
 
 
 def _put_rows(table, flat, values, accumulate):
@@ -421,12 +428,9 @@ def _put_rows(table, flat, values, accumulate):
 def _put_dims(y, dims, indices, value, keep_place, accumulate, negative=True):
     """y with the elements the index tensors pick along `dims` (as _select_dims) given `value`
     (broadcast to what they pick)."""
-    from ..ops.elementwise import broadcast_shapes
     from .shape import _value_for
 
-    checked = [_checked(i, y.shape[d], negative) for d, i in zip(dims, indices)]
-    S = tuple(broadcast_shapes("index", *(i.shape for i in checked)))
-    rest = [e for e in range(y.ndim) if e not in dims]
+    table, flat, S, rest = _rows(y, dims, indices, negative)
     rest_shape = tuple(y.shape[e] for e in rest)
     k, at = len(S), (dims[0] if keep_place else 0)
     placed = rest_shape[:at] + S + rest_shape[at:]  # (the shape y[index] has)
@@ -443,10 +447,6 @@ def _put_dims(y, dims, indices, value, keep_place, accumulate, negative=True):
         rows = reshape(expand(v, (1,) * k + rest_shape), (1, n_rest))
     else:
         rows = reshape(expand(v, S + rest_shape), (math.prod(S), n_rest))
-    moved = permute(y, *dims, *rest) if list(dims) + rest != list(range(y.ndim)) else y
-    n = math.prod(y.shape[d] for d in dims)
-    table = reshape(moved, (n, n_rest))
-    flat = reshape(expand(_positions(y.shape, tuple(dims), checked), S), (-1,))
     new = reshape(_put_rows(table, flat, to(rows, y.dtype), accumulate), tuple(y.shape[d] for d in dims) + rest_shape)
     back = [0] * y.ndim
     for pos, d in enumerate(list(dims) + rest):
@@ -545,12 +545,7 @@ def index_fill(input, dim, index, value):
 def _scatter_plan(verb, x, dim, index, src):
     """(flat positions in x of index's elements, src's values at index's positions, as rows)."""
     index = as_tensor(index)
-    if index.ndim != x.ndim:
-        fail(f"{verb}: index {index.value.spec!r} needs as many dims as the input {x.value.spec!r}")
-    d = canon_dim(dim, x.ndim, verb) if x.ndim else 0
-    for e in range(x.ndim):
-        if e != d and index.shape[e] > x.shape[e]:
-            fail(f"{verb}: index {index.value.spec!r} is larger than the input {x.value.spec!r} in dim {e}")
+    flat = reshape(_along(verb, x, canon_dim(dim, x.ndim, verb) if x.ndim else 0, index, False), (-1,))
     if isinstance(src, Tensor):
         if src.ndim != x.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
             fail(f"{verb}: src {src.value.spec!r} must have index's number of dims and at least its sizes "
@@ -559,10 +554,6 @@ def _scatter_plan(verb, x, dim, index, src):
         rows = reshape(to(src, x.dtype), (-1, 1))
     else:
         rows = reshape(as_tensor(src, x.dtype), (1, 1))
-    if x.ndim == 0:
-        return reshape(_checked(index, 1, False), (-1,)), rows
-    coords = [_checked(index, x.shape[d], False) if e == d else _iota(index.shape[e], x.ndim, e) for e in range(x.ndim)]
-    flat = reshape(expand(_positions(x.shape, tuple(range(x.ndim)), coords), index.shape), (-1,))
     return flat, rows
 
 
