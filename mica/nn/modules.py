@@ -128,18 +128,11 @@ class Parameter:
         return self
 
     def __getitem__(self, index):
-        """Outside a trace, its initial values (a host tensor), indexed: nanoGPT's crop_block_size
-        makes a smaller Parameter of `wpe.weight[:block_size]` (trained values live in the params
-        dict: crop them there too)."""
-        live = self._live()
-        if live is not None:
-            return live[index]
-        if F.in_trace():
-            raise MicaError("a Parameter is read in a trace through the params it is bound to (functional_call, "
-                            "bind); index the bound tensor")
-        from ..host import host
-
-        return host(self.initial_value(min(self._names, default="")))[index]
+        """Its current value indexed, as its operators read it (_live): in a compiled step the
+        step's, outside a trace the values it holds: nanoGPT's crop_block_size makes a smaller
+        Parameter of `wpe.weight[:block_size]` (values held elsewhere, as a params dict, are cropped
+        there)."""
+        return self._live("indexing")[index]
 
     def initial_value(self, name):
         """Its initial values as Module.init(0) draws them under `name`, drawn once per
