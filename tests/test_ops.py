@@ -734,7 +734,8 @@ def test_an_index_tensor_out_of_range_stops_the_program_with_a_sentence(step, sp
 def _picking_corners():
     """What a differential fuzz of the new verbs met: infinities in isclose, NaN in median, an
     input broadcast in cosine_similarity, probabilities of exactly 0 and 1, elu at -inf, empty
-    dims (any/all, index writes, glu), a rounded quotient by 0, 0-d tensors."""
+    dims (any/all, index writes, glu), a rounded quotient by 0, 0-d tensors; from a second one, ties
+    in median() of all elements and index_fill's indices from the end."""
     inf, nan = np.inf, np.nan
     return [
         ("isclose_infinities", lambda m, a, b: m.isclose(a, b).double() + m.isclose(a, b, equal_nan=True).double(),
@@ -754,6 +755,10 @@ def _picking_corners():
                                              + m.nn.functional.glu(a[0, :0]).sum()), [np.zeros((4, 0))]),
         ("zero_d_index_verbs", lambda m, a: a.index_fill(0, m.tensor([0]), 2.5) + a.index_select(0, m.tensor(0))
          + a.unfold(0, 1, 1).sum(), [np.array(1.25)]),
+        ("median_of_all_with_ties", lambda m, a: m.median(a) * 3 + m.median(a[0]),  # (the gradient shared)
+         [np.array([[1.0, 2.0, 2.0], [2.0, 0.5, 3.0]])]),
+        ("index_fill_from_the_end", lambda m, a: a.index_fill(1, m.tensor([-1, 0]), 5.0) * a,
+         [np.array([[1.5, -2.0, 0.25, 4.0], [2.0, 0.5, -3.0, 1.0]])]),
     ]
 
 

@@ -539,7 +539,12 @@ def index_copy(input, dim, index, source):
 
 
 def index_fill(input, dim, index, value):
-    return _write_along("index_fill", input, dim, index, value)
+    """torch's: index may count from the end (-size to size - 1), unlike index_copy's and index_add's."""
+    x, index = as_tensor(input), as_tensor(index)
+    if x.ndim and index.dtype.kind == "int":
+        size = x.shape[canon_dim(dim, x.ndim, "index_fill")]
+        index = where(logical_and(lt(index, 0), gt(index, -size - 1)), add(index, size), index)
+    return _write_along("index_fill", x, dim, index, value)
 
 
 def _scatter_plan(verb, x, dim, index, src):
@@ -595,7 +600,18 @@ def median(input, dim=None, keepdim=False):
         flat = reshape(x, (-1,))
         if flat.shape[0] == 0:
             fail("median of an empty tensor has no value; torch gives NaN")
-        return reshape(median(flat, 0).values, ())
+        value = reshape(median(flat, 0).values, ())
+        if flat.dtype.kind != "float":
+            return value
+        # torch's gradient of the median of all elements: shared evenly by the elements equal to it
+        # (as max()'s); the value itself unchanged (v + 0 / count)
+        from .core import detach
+
+        v = detach(value)
+        ties = eq(flat, v)
+        count = _sum(to(ties, flat.dtype))
+        shared = add(v, div(_sum(where(ties, sub(flat, v), 0.0)), where(gt(count, 0), count, 1.0)))
+        return where(_isnan(v), value, shared)
     d = canon_dim(dim, x.ndim, "median")
     if x.ndim == 0:
         return MedianResult(x, full((), 0, dtype=dtypes.int64))
