@@ -63,6 +63,13 @@ __version__ = "0.1.0"
 def __getattr__(name):  # (a verb torch has and Mica does not: one sentence; submodules still import)
     if name.startswith("_"):
         raise AttributeError(name)
-    from .errors import missing_verb
+    from .errors import MissingVerbError, missing_verb
 
+    if name in ("save", "load"):
+        from .tensor import user_location
+
+        raise MissingVerbError(f"Mica has no mica.{name} (torch.{name}); model.state_dict() and optimizer.state_dict() "
+                               "hold numpy arrays: save and load them with pickle or np.savez (or torch.save and "
+                               "torch.load(..., weights_only=False)), and `mica train` writes its own checkpoints",
+                               user_location())
     raise missing_verb("mica.", name, "torch.")

@@ -285,10 +285,13 @@ def run(fn, args, kwargs, method=None):
     arrays = []
 
     def slot(a):
+        if type(a).__name__ == "Parameter":  # (outside a trace: the values it holds, as its operators read it)
+            a = a._live("a verb")
         if isinstance(a, np.ndarray):
             arrays.append(np.array(a, order="C"))  # (a copy that keeps a 0-d array 0-d)
             return _Slot(len(arrays) - 1)
-        if isinstance(a, (list, tuple)) and any(isinstance(x, np.ndarray) for x in a):
+        if isinstance(a, (list, tuple)) and any(isinstance(x, np.ndarray) or type(x).__name__ == "Parameter"
+                                                for x in a):
             return type(a)(slot(x) for x in a)
         return a
 
@@ -384,4 +387,6 @@ def _leaf_parameter(values):
 
 
 def _holds_array(values):
-    return any(isinstance(v, np.ndarray) or (isinstance(v, (list, tuple)) and _holds_array(v)) for v in values)
+    """Whether the arguments hold values (arrays, or Parameters: the values they hold)."""
+    return any(isinstance(v, np.ndarray) or type(v).__name__ == "Parameter"
+               or (isinstance(v, (list, tuple)) and _holds_array(v)) for v in values)

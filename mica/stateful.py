@@ -33,6 +33,9 @@ class StepTrace:
         self.states = {}      # id(optimizer) -> its state (a pytree of Tensors)
         self.lrs = {}         # id(optimizer) -> [each group's learning rate, a traced scalar]
         self.modules = []     # the modules whose parameters were read (their train/eval mode keys the step)
+        self.names = {}       # id(Parameter) -> its key in the compiled step's dicts (fixed when the step is made)
+        self.backwarded = []  # (loss Tensor, retain_graph) of each backward() call (a second call needs retain_graph=True)
+        self.set_lrs = {}     # id(param group) -> (the group, its lr before the step set it): set_lr()
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
@@ -87,10 +90,11 @@ def read(p, module=None):
 
 
 def keys(params):
-    """A name per Parameter: the one named_parameters() gave it, unique among them."""
+    """A name per Parameter: the fullest one named_parameters() gave it (model.state_dict()'s
+    "head.weight" over head.parameters()' "weight"), unique among them."""
     out, taken = {}, set()
     for i, p in enumerate(params):
-        name = min(getattr(p, "_names", ()) or {f"param{i}"})
+        name = min(getattr(p, "_names", ()) or {f"param{i}"}, key=lambda n: (-n.count("."), n))
         while name in taken:
             name = f"{name}.{i}"
         taken.add(name)
@@ -98,21 +102,49 @@ def keys(params):
     return out
 
 
-def backward(loss):
+def backward(loss, retain_graph=None):
     step = active()
     from . import verbs as F
     from .grad import grad
 
-    if step.mode == "find":
-        return None
-    params = [p for p in step.params if p.requires_grad and p.dtype.kind == "float"]
     if loss.numel() != 1:
         raise MicaError(f"backward() of a {loss.value.spec!r} tensor needs a gradient for it; call it on a scalar loss",
                         user_location())
+    params = [p for p in step.params if p.requires_grad and p.dtype.kind == "float"]
+    if step.mode == "trace" and not _reaches(loss, [step.bound[id(p)] for p in params]):
+        raise MicaError("backward() was called on a loss that no parameter requiring a gradient reaches (it was "
+                        "computed under no_grad, detached, or from frozen parameters only), so there is nothing to "
+                        "differentiate; call it on the loss the model computed", user_location())
+    retained = [kept for t, kept in step.backwarded if t is loss]
+    if retained and not retained[-1]:
+        raise MicaError("backward() was called twice on the same loss; as torch, the second call needs "
+                        "loss.backward(retain_graph=True) on the first (or compute the loss again)", user_location())
+    step.backwarded.append((loss, bool(retain_graph)))
+    if step.mode == "find":  # (its parameters' stand-ins are not inputs: the real trace checks the paths)
+        return None
+    from .optim.base import has_gradient
+
     grads = grad(F.reshape(loss, ()), [step.bound[id(p)] for p in params])
     for p, g in zip(params, grads):
-        step.grads[id(p)] = g if id(p) not in step.grads else step.grads[id(p)] + g
+        if has_gradient(g):  # (one the loss does not reach keeps no gradient: torch's p.grad None)
+            step.grads[id(p)] = g if id(p) not in step.grads else step.grads[id(p)] + g
     return None
+
+
+def _reaches(loss, tensors):
+    """Whether the loss is computed from any of `tensors` along a path gradients flow through (not
+    through a detach: what no_grad computes is detached): torch's loss.requires_grad."""
+    targets = {t.value.id for t in tensors}
+    todo, seen = [loss.value], set()
+    while todo:
+        v = todo.pop()
+        if v.id in targets:
+            return True
+        if v.id in seen or v.node.op == "detach":
+            continue
+        seen.add(v.id)
+        todo.extend(v.node.inputs)
+    return False
 
 
 def zero_grad(params, set_to_none=True):
@@ -128,6 +160,18 @@ def zero_grad(params, set_to_none=True):
             step.grads.pop(id(p), None)
         else:
             step.grads[id(p)] = emit("relu", [F.zeros(p.shape, dtype=p.dtype)])  # (zeros, not known zeros)
+
+
+def zero_held_grads(params, set_to_none=True):
+    """zero_grad() outside a step (and outside any trace): the gradients the parameters keep
+    between calls dropped, or made zeros (torch's set_to_none=False: ones an optimizer still takes)."""
+    from .tensor import in_trace
+
+    if in_trace():
+        return
+    for p in params:
+        held = getattr(p, "_held_grad", None)
+        p._held_grad = None if set_to_none or held is None else np.zeros_like(held)
 
 
 def _groups_of(opt, step):
@@ -169,9 +213,9 @@ def step(opt):
         return None
     from . import verbs as F
 
-    name = keys(s.params)
-    keyed = [{**settings, "params": [name[id(p)] for p in ps], "lr": lr}
-             for (settings, ps), lr in zip(groups, s.lrs[id(opt)])]
+    name = s.names
+    lrs = [_lr_in_step(s, g, lr) for g, lr in zip(opt.param_groups, s.lrs[id(opt)])]
+    keyed = [{**settings, "params": [name[id(p)] for p in ps], "lr": lr} for (settings, ps), lr in zip(groups, lrs)]
     members = [p for _, ps in groups for p in ps]
     params = {name[id(p)]: s.bound[id(p)] for p in members}
     grads = {name[id(p)]: s.grads[id(p)] if id(p) in s.grads else F.zeros_like(s.bound[id(p)]) for p in members}
@@ -186,27 +230,78 @@ def step(opt):
     return None
 
 
+def set_lr(group, value):
+    """param_group["lr"] = value in a step being traced: noted with the value it had, which the
+    group gets back after the trace when the new one is computed in the step (the program's output
+    sets it after each call)."""
+    s = active()
+    if s is not None and id(group) not in s.set_lrs:
+        s.set_lrs[id(group)] = (group, group.get("lr"))
+
+
+def _lr_in_step(s, group, given):
+    """A group's learning rate in the step: the one the call gives (an input), or the one the step
+    set: computed from its arguments (a Tensor: each call's), or a Python number (a constant)."""
+    from .tensor import Tensor
+
+    if id(group) not in s.set_lrs:
+        return given
+    value = group.get("lr")
+    return value if isinstance(value, Tensor) else float(value)
+
+
+def _restore_lrs(s):
+    """After a trace: the groups whose lr the step set to a Tensor hold their earlier value again
+    (the call's result sets it); Python numbers set there stay, as torch's. Returns [group] of both."""
+    from .tensor import Tensor
+
+    computed, constant = [], []
+    for group, before in s.set_lrs.values():
+        if isinstance(group.get("lr"), Tensor):
+            computed.append((group, group["lr"]))
+            dict.__setitem__(group, "lr", before)
+        else:
+            constant.append(group)
+    return computed, constant
+
+
 class StatefulStep:
     """The compiled step and the values it keeps between calls (mica.compile's, for a step that
     reads unbound parameters or steps an optimizer): the parameters' values and gradients (torch
     keeps p.grad between calls until zero_grad), the optimizers' states. One program per pattern of
-    what a call starts from: the modules' train/eval modes, which parameters hold a gradient, and
-    the groups' settings other than lr (lr is an input)."""
+    what a call starts from: the modules' train/eval modes, which parameters hold a gradient and
+    which require one, and the groups' settings other than lr (lr is an input). The parameters'
+    keys in the program's dicts are fixed when the step is made (names that model.named_parameters()
+    adds later change nothing); an optimizer's state is kept with the Parameters its entries belong
+    to, so a step made again (a group added) carries it over. Adam's and SGD's step counts are per
+    parameter, as torch's: one that had no gradient in a call is not counted (optim/base.py)."""
 
     def __init__(self, fn, found, args, compile_options):
         self.fn, self.args, self.options = fn, tuple(args), compile_options
+        self.found = found
         self.params, self.optimizers = list(found.params), list(found.optimizers)
         self.modules = [m for owner in found.modules for m in owner.modules()]  # (and what they hold: Dropout)
         self.name = keys(self.params)
         self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
+        self.membership = self._membership()
         self.programs = {}
+        self.warned = False
+
+    def _membership(self):
+        return [[tuple(id(p) for p in ps) for _, ps in _groups_of(o, self.found)] for o in self.optimizers]
+
+    def stale(self):
+        """True when an optimizer's groups hold other parameters than when the step was made
+        (add_param_group): the step is found and made again."""
+        return self._membership() != self.membership
 
     def _pattern(self):
         modes = tuple(bool(m.training) for m in self.modules)
         graded = tuple(getattr(p, "_held_grad", None) is not None for p in self.params)
+        frozen = tuple(not p.requires_grad for p in self.params)
         settings = repr([[{k: v for k, v in g.items() if k not in ("params", "lr")} for g in o.param_groups]
                          for o in self.optimizers])
-        return modes, graded, settings
+        return modes, graded, frozen, settings
 
     def _build(self, graded):
         from .dtypes import Spec, float32
@@ -214,12 +309,14 @@ class StatefulStep:
 
         param_specs = {self.name[id(p)]: p.spec for p in self.params}
         grad_specs = {self.name[id(p)]: p.spec for p, g in zip(self.params, graded) if g}
-        state_specs = [self._keyed(o, lambda o=o: o.state_specs(self._mine(o, param_specs))) for o in self.optimizers]
+        state_specs = [self._per_parameter(o, self._keyed(o, lambda o=o: o.state_specs(self._mine(o, param_specs))))
+                       for o in self.optimizers]
         lr_specs = [[Spec((), float32) for _ in o.param_groups] for o in self.optimizers]
+        computed = []  # [(group, its lr computed in the step)] of the last trace
 
         def body(user_args, params, grads, states, lrs):
             s = StepTrace("trace")
-            s.params = list(self.params)
+            s.params, s.names = list(self.params), self.name
             s.bound = {id(p): params[self.name[id(p)]] for p in self.params}
             s.grads = {id(p): grads[self.name[id(p)]] for p in self.params if self.name[id(p)] in grads}
             s.states = {id(o): st for o, st in zip(self.optimizers, states)}
@@ -229,12 +326,23 @@ class StatefulStep:
                 result = self.fn(*user_args)
             finally:
                 _ACTIVE.pop()
+                got, constant = _restore_lrs(s)
+            computed[:] = got
+            if constant and not self.warned:
+                import warnings
+
+                self.warned = True
+                warnings.warn("the compiled step sets a learning rate to a Python number: its Python runs when it is "
+                              "compiled, not at every call, so later calls with arguments of the same shapes keep "
+                              "that value; set param_groups[i]['lr'] before each call (as nanoGPT's loop does), or "
+                              "compute it in the step from an argument", stacklevel=3)
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
                     {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
-                    [s.states[id(o)] for o in self.optimizers])
+                    [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed])
 
         body.__name__ = getattr(self.fn, "__name__", "step")
-        return compile(body, self.args, param_specs, grad_specs, state_specs, lr_specs, **self.options)
+        program = compile(body, self.args, param_specs, grad_specs, state_specs, lr_specs, **self.options)
+        return program, [group for group, _ in computed]
 
     def _mine(self, opt, table):
         """The entries of {key: ...} for the optimizer's parameters."""
@@ -250,32 +358,66 @@ class StatefulStep:
         finally:
             opt.param_groups = saved
 
-    def __call__(self, args, run_options):
-        from .host import host
-        from .nn.modules import _held
+    def _per_parameter(self, opt, state):
+        """The state with its step count per parameter (torch's state[p]["step"])."""
+        if isinstance(state, dict) and "step" in state and not isinstance(state["step"], dict):
+            state = {**state, "step": {self.name[id(p)]: state["step"] for _, ps in self.groups[id(opt)] for p in ps}}
+        return state
 
+    def _state(self, opt, values):
+        """The optimizer's state for this call under this step's keys: the one it holds (entries
+        found by their Parameters), fresh entries for parameters it holds none of (a group added:
+        torch's empty state)."""
+        mine = {self.name[id(p)]: p for _, ps in self.groups[id(opt)] for p in ps}
+        fresh = lambda: self._per_parameter(opt, self._keyed(opt, lambda: opt.init(self._mine(opt, values))))  # noqa
+        held = getattr(opt, "_held_state", None)
+        if held is None:
+            return fresh()
+        held = self._per_parameter(opt, held) if getattr(opt, "_held_keys", None) is None else held
+        old = {id(p): n for n, p in (getattr(opt, "_held_keys", None) or mine).items()}
+        out, made = {}, None
+        for part, value in held.items():
+            if not isinstance(value, dict):
+                out[part] = value
+                continue
+            out[part] = {}
+            for n, p in mine.items():
+                if old.get(id(p)) in value:
+                    out[part][n] = value[old[id(p)]]
+                else:
+                    made = made or fresh()
+                    out[part][n] = made[part][n]
+        return out
+
+    def prepare(self):
+        """(the program for this call's pattern, [groups whose lr it computes]), built if new."""
         pattern = self._pattern()
         if pattern not in self.programs:
             for o in self.optimizers:  # (the settings the program is built with: each group's own)
                 self.groups[id(o)] = [({k: v for k, v in g.items() if k != "params"}, ps)
                                       for g, (_, ps) in zip(o.param_groups, self.groups[id(o)])]
             self.programs[pattern] = self._build(pattern[1])
+        return self.programs[pattern]
+
+    def __call__(self, args, run_options):
+        from .host import host
+        from .nn.modules import _held
+
+        program, computed = self.prepare()
         values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
         grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
-        states = []
-        for o in self.optimizers:
-            held = getattr(o, "_held_state", None)
-            if held is None:
-                held = self._keyed(o, lambda o=o: o.init(self._mine(o, values)))
-            states.append(held)
+        states = [self._state(o, values) for o in self.optimizers]
         lrs = [[np.float32(g.get("lr", o.hyper["lr"])) for g in o.param_groups] for o in self.optimizers]
-        result, new_params, new_grads, new_states = self.programs[pattern](tuple(args), values, grads, states, lrs,
-                                                                            **run_options)
+        result, new_params, new_grads, new_states, new_lrs = program(tuple(args), values, grads, states, lrs,
+                                                                      **run_options)
         for p in self.params:
             p._held = new_params[self.name[id(p)]]
             p._held_grad = new_grads.get(self.name[id(p)])
         for o, st in zip(self.optimizers, new_states):
             o._held_state = st
+            o._held_keys = {self.name[id(p)]: p for _, ps in self.groups[id(o)] for p in ps}
+        for group, lr in zip(computed, new_lrs):  # (an lr the step computed: the group holds it after the call)
+            dict.__setitem__(group, "lr", float(lr))
         return host(result)
 
 
@@ -289,4 +431,5 @@ def find(fn, args):
         trace(lambda *a: fn(*a), *args)
     finally:
         _ACTIVE.pop()
+        _restore_lrs(s)
     return s

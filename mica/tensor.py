@@ -337,7 +337,7 @@ class Tensor:
             raise TraceError(BACKWARD_SENTENCE, user_location())
         if gradient is not None or create_graph or inputs is not None:
             fail("backward() in a compiled step takes a scalar loss alone (no gradient=, create_graph=, inputs=)")
-        return stateful.backward(self)
+        return stateful.backward(self, retain_graph)
 
     def __getattr__(self, name):  # (only for names Tensor lacks: a method torch.Tensor has and Mica does not)
         if name.startswith("_"):

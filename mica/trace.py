@@ -154,6 +154,15 @@ def compile(fn=None, *specs, target="cpu", name=None, **options):
     return _Compiled(fn, target, name, options)
 
 
+def _random(built):
+    """Whether a compiled function draws random bits (dropout)."""
+    from . import stateful
+
+    program = built.prepare()[0] if isinstance(built, stateful.StatefulStep) else built
+    lowered = getattr(program, "lowered", None)
+    return lowered is not None and getattr(lowered.graph, "rng", None) is not None
+
+
 class _Compiled:
     """torch.compile's contract: compile on the first call, for the arguments' shapes and types."""
 
@@ -167,6 +176,8 @@ class _Compiled:
         key = (tree, tuple(to_spec(x) if _is_spec_leaf(x) else ("static", repr(x)) for x in leaves))
         from . import stateful
 
+        if isinstance(self.built.get(key), stateful.StatefulStep) and self.built[key].stale():
+            del self.built[key]  # (a group was added: the step is found and made again, its state carried over)
         if key not in self.built:
             found = stateful.find(self.fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
             if found.params or found.optimizers:
@@ -174,7 +185,11 @@ class _Compiled:
                                                                                    **self.options))
             else:
                 self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
-        run_options.setdefault("offset", self.calls)
-        self.calls += 1
         built = self.built[key]
+        run_options.setdefault("offset", self.calls)
+        if "seed" not in run_options and _random(built):  # (dropout: new bits each call from mica's host
+            from .random import default_generator          # generator, as torch's from its own: manual_seed)
+
+            run_options["seed"] = int(default_generator._rng.integers(0, 2 ** 63))
+        self.calls += 1
         return built(args, run_options) if isinstance(built, stateful.StatefulStep) else built(*args, **run_options)

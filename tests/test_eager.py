@@ -481,3 +481,154 @@ def test_makemores_bigram_network_trains_as_written_with_its_loop_body_compiled(
     with pytest.raises(mica.MicaError, match=r"^a host tensor cannot become a parameter in place"):
         mica.randn(3).requires_grad = True
     assert int(mica.tensor([5, -5, 0]).__mod__(0).sum()) == 0 and mica.remainder(mica.tensor([5, -5]), 0).tolist() == [0, 0]
+
+
+def test_a_torch_loop_laid_out_as_users_lay_it_out_trains_torchs_model():
+    """From an outside tester's ports, each against torch from the same weights: zero_grad() and
+    `p.grad = None` outside the step, a checkpoint's state_dict() taken between calls (names added
+    to the parameters), a parameter frozen after two calls, a group added (progressive unfreezing:
+    fresh state), a branch that gets no gradient in some calls (Adam's step count per parameter),
+    a group's params a generator, and an lr the step computes from its argument."""
+    x = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+
+    def nets(lib):
+        class Net(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body, self.head, self.side = lib.nn.Linear(3, 3), lib.nn.Linear(3, 1), lib.nn.Linear(3, 1)
+
+            def forward(self, x, use_side=True):
+                y = self.head(lib.tanh(self.body(x))).sum()
+                return y + self.side(x).pow(2).sum() if use_side else y
+        return Net()
+
+    def pair():
+        torch.manual_seed(1)
+        t, m = nets(torch), nets(mica)
+        m.load_state_dict(t.state_dict())
+        return m, t
+
+    def same(m, t, tol=2e-6):
+        return max(float(np.abs(m.state_dict()[k] - v.detach().numpy()).max()) for k, v in t.state_dict().items()) < tol
+
+    def body(model, opt):
+        def step(x, use_side=True):
+            loss = model(x, use_side)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    m, t = pair()
+    mo = mica.optim.Adam([{"params": m.head.parameters(), "lr": 0.05}], lr=0.1)  # (a generator, read once)
+    to = torch.optim.Adam([{"params": t.head.parameters(), "lr": 0.05}], lr=0.1)
+    mine, theirs = mica.compile(body(m, mo)), body(t, to)
+    for i in range(6):
+        mo.zero_grad(), to.zero_grad()  # (outside the step)
+        if i == 1:
+            m.state_dict(), t.state_dict()  # (a checkpoint: the head's parameters get their full names)
+        if i == 2:
+            mo.add_param_group({"params": list(m.body.parameters()) + list(m.side.parameters()), "lr": 0.02})
+            to.add_param_group({"params": list(t.body.parameters()) + list(t.side.parameters()), "lr": 0.02})
+        if i == 4:
+            m.body.weight.requires_grad_(False), t.body.weight.requires_grad_(False)
+        mine(x, i % 2 == 0), theirs(torch.tensor(x), i % 2 == 0)  # (the side branch: a gradient every other call)
+        assert same(m, t), i
+    assert mo.state_dict()["state"]["step"]["side.bias"] == to.state_dict()["state"][5]["step"] == 2
+    m.side.bias.grad, t.side.bias.grad = None, None
+    m.body.bias.grad = np.full(3, 0.5, np.float32)
+    t.body.bias.grad = torch.full((3,), 0.5)
+    mica.compile(lambda: (mo.step(), m.head.bias.sum())[-1])()
+    to.step()
+    assert same(m, t)
+
+    m, t = pair()
+    mo, to = mica.optim.SGD(m.parameters(), lr=0.0, momentum=0.9), torch.optim.SGD(t.parameters(), lr=0.0, momentum=0.9)
+
+    @mica.compile
+    def scheduled(x, it):  # (the lr computed in the step from an argument: each call's, and the group holds it)
+        for g in mo.param_groups:
+            g["lr"] = 0.1 / (1 + it)
+        mo.zero_grad()
+        m(x).backward()
+        mo.step()
+
+    for i in range(3):
+        scheduled(x, np.float32(i))
+        for g in to.param_groups:
+            g["lr"] = 0.1 / (1 + i)
+        to.zero_grad(), t(torch.tensor(x)).backward(), to.step()
+        assert same(m, t) and abs(mo.param_groups[0]["lr"] - 0.1 / (1 + i)) < 1e-8
+
+
+def test_parameters_outside_a_step_hold_values_torchs_in_place_edits_change():
+    """Outside a trace a Parameter is the values it holds: torch's in-place edits (fill_, zero_,
+    nn.init, p.data =, p[i] = v, an EMA's mul_/add_/lerp_ with another Parameter) change them
+    where it holds loaded or trained values, and verbs take Parameters as torch's take tensors."""
+    t, m = torch.nn.Linear(3, 2), mica.nn.Linear(3, 2)
+    m.load_state_dict(t.state_dict())
+    e, te = mica.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    e.load_state_dict(te.state_dict())
+    for lib, lin, ema in ((mica, m, e), (torch, t, te)):
+        with lib.no_grad():
+            lin.weight[0, 1] = 7.0
+            lin.weight[1] = 0.5
+            lin.bias.data.zero_()
+            ema.weight.mul_(0.9).add_(lin.weight, alpha=0.1)
+            ema.bias.lerp_(lin.bias + 1, 0.25)
+    got = {k: np.asarray(v) for k, v in e.state_dict().items()}
+    assert all(np.allclose(got[k], v.detach().numpy(), rtol=1e-6) for k, v in te.state_dict().items())
+    assert np.array_equal(m.state_dict()["bias"], [0, 0]) and m.state_dict()["weight"][0, 1] == 7.0
+    mica.nn.init.zeros_(m.weight)
+    assert not np.asarray(m(mica.ones(1, 3))).any()
+    assert np.asarray(mica.cat([m.bias, e.bias])).shape == (4,)
+    assert np.allclose(np.asarray(mica.nn.functional.linear(mica.ones(1, 3), e.weight, e.bias)),
+                       te(torch.ones(1, 3)).detach().numpy(), rtol=1e-6)
+    m.weight.data = np.ones((2, 3), np.float32)
+    assert np.asarray(m(mica.ones(1, 3))).tolist() == [[3.0, 3.0]]
+
+
+def test_a_compiled_steps_dropout_follows_manual_seed_and_backward_says_what_torch_refuses():
+    def masks(seed):
+        mica.manual_seed(seed)
+        net = mica.nn.Sequential(mica.nn.Linear(16, 16), mica.nn.Dropout(0.5))
+        opt = mica.optim.SGD(net.parameters(), lr=0.0)
+
+        @mica.compile
+        def step(x):
+            opt.zero_grad()
+            out = net(x)
+            out.sum().backward()
+            opt.step()
+            return out != 0
+
+        return [np.asarray(step(np.ones((1, 16), np.float32))) for _ in range(2)]
+
+    a, b, c = masks(1), masks(2), masks(1)
+    assert all(np.array_equal(p, q) for p, q in zip(a, c)) and not np.array_equal(a[0], b[0])
+    assert not np.array_equal(a[0], a[1])  # (new bits each call)
+
+    m = mica.nn.Linear(3, 1)
+    opt = mica.optim.SGD(m.parameters(), lr=0.1)
+    x = np.ones((2, 3), np.float32)
+    for bad, text in ((lambda loss: loss.detach().backward(), "no parameter requiring a gradient reaches"),
+                      (lambda loss: (loss.backward(), loss.backward()), "called twice on the same loss")):
+        step = mica.compile(lambda x, bad=bad: (opt.zero_grad(), bad(m(x).sum()), opt.step()) and None)
+        with pytest.raises(mica.MicaError, match=text):
+            step(x)
+
+    def twice(x):  # (allowed with retain_graph=True first, as torch's: the gradient counted twice)
+        opt.zero_grad()
+        loss = m(x).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        opt.step()
+
+    before = np.array(m.state_dict()["bias"])
+    mica.compile(twice)(x)
+    assert np.allclose(m.state_dict()["bias"], before - 0.1 * 4, rtol=1e-6)
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.nn.utils.clip_grad_value_"):
+        mica.nn.utils.clip_grad_value_(m.parameters(), 1.0)
+    with pytest.raises(mica.MicaError, match=r"^SGD: lr must be a finite number >= 0, got -1 \(.*test_eager.py:\d+\)$"):
+        mica.optim.SGD(m.parameters(), lr=-1)
+    assert mica.optim.SGD(m.parameters(), lr=torch.tensor(0.5)).param_groups[0]["lr"] == 0.5

@@ -2,7 +2,8 @@
 parameter's name, so adding a parameter never changes the others' initial values.
 
 The `*_` forms follow torch.nn.init's names: they set a parameter's initializer (nothing is drawn
-until `Module.init(seed)`), so nanoGPT's `_init_weights` ports line by line.
+until `Module.init(seed)`), so nanoGPT's `_init_weights` ports line by line; a parameter that
+already holds values (loaded or trained) also gets new ones drawn at once, as torch's.
 """
 import math
 import zlib
@@ -48,6 +49,19 @@ class Constant(Initializer):
         return f"constant({self.value if self.value.ndim == 0 else 'array'})"
 
 
+def _set(param, initializer):
+    """param's initializer; and, for a Parameter that holds values (loaded, or trained by a compiled
+    step: what eager calls and the next step read), those values drawn from it now, from mica's
+    host generator (mica.manual_seed), as torch's in-place init changes the tensor."""
+    param.init = initializer
+    if getattr(param, "_held", None) is not None:
+        from ..random import default_generator
+        from .modules import _drawn
+
+        param._held = _drawn(initializer, param, default_generator._rng)
+    return param
+
+
 def normal(mean=0.0, std=1.0):
     return Normal(mean, std)
 
@@ -69,28 +83,23 @@ def constant(value):
 
 
 def normal_(param, mean=0.0, std=1.0):
-    param.init = Normal(mean, std)
-    return param
+    return _set(param, Normal(mean, std))
 
 
 def uniform_(param, a=0.0, b=1.0):
-    param.init = Uniform(a, b)
-    return param
+    return _set(param, Uniform(a, b))
 
 
 def zeros_(param):
-    param.init = Constant(0.0)
-    return param
+    return _set(param, Constant(0.0))
 
 
 def ones_(param):
-    param.init = Constant(1.0)
-    return param
+    return _set(param, Constant(1.0))
 
 
 def constant_(param, value):
-    param.init = Constant(value)
-    return param
+    return _set(param, Constant(value))
 
 
 class TruncatedNormal(Initializer):
@@ -163,8 +172,7 @@ def kaiming_normal_(param, a=0, mode="fan_in", nonlinearity="leaky_relu"):
 
 
 def trunc_normal_(param, mean=0.0, std=1.0, a=-2.0, b=2.0):
-    param.init = TruncatedNormal(mean, std, a, b)
-    return param
+    return _set(param, TruncatedNormal(mean, std, a, b))
 
 
 def fan_in_uniform(fan_in):

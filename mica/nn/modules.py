@@ -46,14 +46,18 @@ class Parameter:
 
     @data.setter
     def data(self, value):
-        if value is not self:
-            live = self._live("p.data = value")
-            live._rebind(F.as_tensor(value, live.dtype))
+        if value is self:
+            return
+        if not F.in_trace():  # (outside a trace: the values it holds from now on)
+            self._held = _as_values("p.data = value", "the new data", value, self.shape, self.dtype)
+            return
+        live = self._live("p.data = value")
+        live._rebind(F.as_tensor(value, live.dtype))
 
-    def _live(self, what=None):
+    def _live(self, what=None, write=False):
         """Its current Tensor in a torch-style compiled step; for an operator (`what`) outside any
-        trace, the values it holds (a host tensor: loaded, trained by such a step, or initial); in
-        another trace, a sentence."""
+        trace, the values it holds (a host tensor: loaded, trained by such a step, or initial; to
+        `write` them, its own copy from then on); in another trace, a sentence."""
         from .. import stateful
 
         if stateful.active() is not None and F.in_trace():
@@ -63,6 +67,8 @@ class Parameter:
         if not F.in_trace():
             from ..host import host
 
+            if write and getattr(self, "_held", None) is None:
+                self._held = np.array(_held(self, min(self._names, default="")))
             return host(_held(self, min(self._names, default="")))
         raise MicaError(f"{what}: a Parameter is read in a traced function through the params bound to it "
                         "(functional_call, model.bind), or in a torch-style step under @mica.compile")
@@ -71,6 +77,8 @@ class Parameter:
         values = np.asarray(self._live("np.asarray"))
         return values if dtype is None else values.astype(dtype)
 
+    # Outside a trace these set its initializer, and the values it holds where it holds some (loaded
+    # or trained): drawn now from mica's host generator (mica.manual_seed), as torch draws them.
     def normal_(self, mean=0.0, std=1.0):
         if self._live() is not None:
             raise MicaError("normal_ in a compiled step would draw random numbers there; set initial values "
@@ -94,7 +102,12 @@ class Parameter:
     def __getattr__(self, name):  # (torch.Tensor's methods, on its current value: in a compiled step, or held)
         if name.startswith("_") or F.in_trace() and self._live() is None:
             raise AttributeError(f"'Parameter' object has no attribute {name!r}")
-        return getattr(self._live(name), name)
+        return getattr(self._live(name, write=name.endswith("_")), name)  # (add_, clamp_: on its own values)
+
+    def __setitem__(self, index, value):  # (p[0] = 1 under no_grad: its values, in a step or held)
+        if isinstance(value, Parameter):
+            value = value._live("p[...] = Parameter")
+        self._live("p[...] = value", write=True)[index] = value
 
     @property
     def grad(self):
@@ -113,7 +126,7 @@ class Parameter:
         return step.grads.get(id(self))
 
     @grad.setter
-    def grad(self, value):  # (p.grad = None: makemore's zeroing)
+    def grad(self, value):  # (p.grad = None: makemore's zeroing; outside a step, the gradient it keeps)
         from .. import stateful
 
         step = stateful.active()
@@ -122,6 +135,9 @@ class Parameter:
                 step.grads.pop(id(self), None)
             else:
                 step.grads[id(self)] = value
+        elif not F.in_trace():
+            self._held_grad = None if value is None else _as_values("p.grad = value", "the gradient", value,
+                                                                    self.shape, self.dtype)
 
     def requires_grad_(self, requires_grad=True):
         self.requires_grad = bool(requires_grad)
@@ -173,7 +189,9 @@ def _operator(name):
 
 def _in_place(dunder, method):
     def op(self, other):  # (p -= lr * p.grad: the value is rebound, the name stays the Parameter)
-        getattr(self._live(f"a Parameter's {dunder}"), method)(other)
+        if isinstance(other, Parameter):
+            other = other._live(f"a Parameter's {dunder}")
+        getattr(self._live(f"a Parameter's {dunder}", write=True), method)(other)
         return self
     op.__name__ = dunder
     return op
@@ -321,6 +339,8 @@ class Module:
 
         if stateful.active() is not None:
             stateful.zero_grad(self.parameters(), set_to_none)
+        else:
+            stateful.zero_held_grads(self.parameters(), set_to_none)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's: the values (arrays, host tensors, torch tensors) under state_dict()'s keys become
@@ -525,7 +545,9 @@ def _as_values(where, key, value, shape, dtype):
             value.detach().cpu().numpy()
     arr = np.asarray(value)
     if tuple(arr.shape) != tuple(shape):
-        raise MicaError(f"{where}: {key} has shape {list(arr.shape)}, the model's is {list(shape)}")
+        from ..tensor import user_location
+
+        raise MicaError(f"{where}: {key} has shape {list(arr.shape)}, the model's is {list(shape)}", user_location())
     return arr.astype(dtype.np_storage) if dtype is not None else arr
 
 

@@ -24,3 +24,11 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 
 
 clip_grad_norm = clip_grad_norm_
+
+
+def __getattr__(name):  # (torch.nn.utils's other functions: Mica's sentence, not an AttributeError)
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from ..errors import missing_verb
+
+    raise missing_verb("mica.nn.utils.", name, "torch.nn.utils.")

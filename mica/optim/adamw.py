@@ -52,17 +52,22 @@ class AdamW(Optimizer):
 
     def _update(self, params, grads, state, groups):
         before = dict(params)
-        step = state["step"] + 1
-        step_f = F.to(step, dtypes.float64)
+        each = isinstance(state["step"], dict)  # (a count per parameter, as torch's: mica/stateful.py's state)
+        step = {n: s + 1 for n, s in state["step"].items()} if each else state["step"] + 1
         exp_avg, exp_avg_sq = dict(state["exp_avg"]), dict(state["exp_avg_sq"])
         for hyper, names, lr in groups:
             beta1, beta2 = hyper["betas"]
             wd, eps = hyper["weight_decay"], hyper["eps"]
-            bias_correction1 = 1 - beta1 ** step_f
-            bias_correction2 = 1 - beta2 ** step_f
-            step_size = lr / bias_correction1
-            bias_correction2_sqrt = bias_correction2 ** 0.5
+
+            def corrections(count):
+                step_f = F.to(count, dtypes.float64)
+                return lr / (1 - beta1 ** step_f), (1 - beta2 ** step_f) ** 0.5
+
+            if not each:
+                step_size, bias_correction2_sqrt = corrections(step)
             for n in self._mine(names):
+                if each:
+                    step_size, bias_correction2_sqrt = corrections(step[n])
                 p, g, m, v = params[n], grads[n], exp_avg[n], exp_avg_sq[n]
                 if p.dtype is dtypes.bfloat16:
                     params[n], exp_avg[n], exp_avg_sq[n] = _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps,

@@ -1,4 +1,6 @@
 """What every optimizer shares: parameter groups over a {name: tensor} dict, state handling."""
+import math
+
 import numpy as np
 
 from ..dtypes import Spec
@@ -24,6 +26,28 @@ def _name_of(param, names, optimizer, group):
     return known[0]
 
 
+class _Group(dict):
+    """A parameter group (torch's dict): a learning rate set in a step being compiled is noted
+    (mica/stateful.py: computed there, it is the step's; the group gets each call's value)."""
+
+    def __setitem__(self, key, value):
+        if key == "lr":
+            from .. import stateful
+
+            stateful.set_lr(self, value)
+        dict.__setitem__(self, key, value)
+
+
+def _group(g):
+    """A group as given, its "params" a list (a generator, model.parameters(), is read once, as torch's)."""
+    params = g["params"]
+    if type(params).__name__ == "Parameter" or isinstance(params, str):
+        params = [params]
+    elif not callable(params) and not isinstance(params, list):
+        params = list(params)
+    return {**g, "params": params}
+
+
 class Optimizer:
     """A functional optimizer. `init(params)` gives its state (numpy, outside a trace);
     `update(params, grads, state, lr=..., lr_scale=...)` runs inside a trace and returns
@@ -47,6 +71,9 @@ class Optimizer:
             param_groups = list(param_groups)  # (model.parameters(): a generator)
         if param_groups and all(type(p).__name__ == "Parameter" for p in param_groups):
             param_groups = [{"params": list(param_groups)}]  # (torch's AdamW(model.parameters(), ...): one group)
+        if isinstance(param_groups, (list, tuple)) and all(isinstance(g, dict) and "params" in g for g in param_groups):
+            param_groups = [_group(g) for g in param_groups]
+        hyper = {k: _number_of(v) if k == "lr" else v for k, v in hyper.items()}  # (torch takes a tensor lr)
         from ..nn import Parameter
 
         for g in param_groups or ():
@@ -62,7 +89,7 @@ class Optimizer:
                             "grads, state) (Mica's optimizers are functional)", user_location())
         self.hyper = {**self.defaults, **hyper}
         # (each group holds every setting, as torch's: a loop may read and set g["lr"])
-        self.param_groups = None if param_groups is None else [{**self.hyper, **g} for g in param_groups]
+        self.param_groups = None if param_groups is None else [_Group({**self.hyper, **g}) for g in param_groups]
         self._check(self.hyper, "")
         for i, g in enumerate(param_groups or ()):
             self._check(self._hyper_of(g), f"group {i}: ")
@@ -84,7 +111,9 @@ class Optimizer:
                 self._refuse(where, name, value, text)
 
     def _refuse(self, where, name, value, rule):
-        raise MicaError(f"{type(self).__name__}: {where}{name} must be {rule}, got {value!r}")
+        from ..tensor import user_location
+
+        raise MicaError(f"{type(self).__name__}: {where}{name} must be {rule}, got {value!r}", user_location())
 
     def groups(self, names):
         """[(group hyperparameters, [names])], checking that no parameter is in two groups."""
@@ -125,8 +154,7 @@ class Optimizer:
         """torch's: another group, its settings defaulting to the optimizer's."""
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise MicaError(f"{type(self).__name__}.add_param_group takes a dict with 'params'")
-        group = {**self.hyper, **param_group}
-        group["params"] = list(group["params"]) if not callable(group["params"]) else group["params"]
+        group = _Group({**self.hyper, **_group(param_group)})
         self._check(self._hyper_of(group), f"group {len(self.param_groups or ())}: ")
         self.param_groups = (self.param_groups or []) + [group]
 
@@ -146,6 +174,7 @@ class Optimizer:
         for g, saved in zip(self.param_groups or (), state_dict.get("param_groups", ())):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._held_state = state_dict.get("state")
+        self._held_keys = None  # (its entries are under the names the saving step gave them)
 
     def __getattr__(self, name):  # (a torch.optim.Optimizer method Mica lacks: its sentence)
         if name.startswith("_"):
@@ -161,6 +190,9 @@ class Optimizer:
 
         if stateful.active() is not None:
             stateful.zero_grad([p for _, ps in stateful._groups_of(self, stateful.active()) for p in ps], set_to_none)
+        else:
+            stateful.zero_held_grads([p for g in self.param_groups or () if not callable(g["params"])
+                                      for p in g["params"] if type(p).__name__ == "Parameter"], set_to_none)
 
     def step(self, closure=None):
         from .. import stateful
@@ -278,6 +310,15 @@ def zeros_like_tree(params):
 RULES = {"rate": (lambda v: 0.0 <= v < float("inf"), "a finite number >= 0"),
          "fraction": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
          "nonnegative": (lambda v: 0.0 <= v, "a number >= 0")}
+
+
+def _number_of(x):
+    """A learning rate given as a tensor (torch takes one) as its number."""
+    from ..tensor import Tensor
+
+    if hasattr(x, "shape") and not isinstance(x, (int, float, np.generic, Tensor)) and math.prod(x.shape) == 1:
+        return float(np.asarray(x.detach() if hasattr(x, "detach") and hasattr(x, "cpu") else x).reshape(()))
+    return x
 
 
 def _number(x):

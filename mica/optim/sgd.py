@@ -21,11 +21,13 @@ class SGD(Optimizer):
         return {"step": np.zeros((), np.int64), "momentum_buffer": zeros_like_tree(params)}
 
     def _update(self, params, grads, state, groups):
-        first = state["step"] == 0
+        steps = state["step"]
+        each = isinstance(steps, dict)  # (a count per parameter, as torch's: mica/stateful.py's state)
         bufs = dict(state["momentum_buffer"])
         for hyper, names, lr in groups:
             mom, damp, wd = hyper["momentum"], hyper["dampening"], hyper["weight_decay"]
             for n in names:
+                first = (steps[n] if each else steps) == 0
                 p, d_p = params[n], grads[n]
                 if wd != 0:
                     d_p = F.add(d_p, p, alpha=wd)
@@ -35,7 +37,7 @@ class SGD(Optimizer):
                     bufs[n] = buf
                     d_p = F.add(d_p, buf, alpha=mom) if hyper["nesterov"] else buf
                 params[n] = F.add(p, d_p, alpha=-lr)
-        return {"step": state["step"] + 1, "momentum_buffer": bufs}
+        return {"step": {n: s + 1 for n, s in steps.items()} if each else steps + 1, "momentum_buffer": bufs}
 
 
 def sgd(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, param_groups=None):
