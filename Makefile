@@ -1,11 +1,12 @@
-# The two commands: `make train` (the main job, from nothing) and `make test` (every test).
+# The two commands: `make train` (the main job, from nothing) and `make test` (every test but the
+# slow variants, which `make test-slow` runs; `make test-all`: both).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TRAIN_FLAGS := --device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 \
 	--n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
 
-.PHONY: train test clean
+.PHONY: train test test-slow test-all clean
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,12 @@ train: $(VENV)/.core
 # most of a test's time is a single-threaded compiler, so two processes keep two cores busy
 TEST_JOBS ?= 2
 test: $(VENV)/.tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 -m "not slow" tests
+
+test-slow: $(VENV)/.tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 -m slow tests
+
+test-all: $(VENV)/.tests
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 tests
 
 clean:

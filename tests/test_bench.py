@@ -23,7 +23,8 @@ def data(tmp_path_factory):
 
 def test_bench_records_everything_the_protocol_asks(data):
     r = subprocess.run([sys.executable, "-m", "mica.cli", "bench", "--rounds", "1", "--warmup", "10", "--window",
-                        "10", "--modes", "eager", "--out", "b"], cwd=data, capture_output=True, text=True)
+                        "10", "--modes", "eager", "--batch_size", "2", "--out", "b"], cwd=data, capture_output=True,
+                       text=True)  # (the protocol's records: a small batch does)
     assert r.returncode == 0, r.stderr
     assert "| mica O2 |" in r.stdout and "| pytorch eager |" in r.stdout
     res = json.load(open(data / "b" / "bench-cpu.json"))
@@ -59,6 +60,7 @@ def test_a_shared_machine_and_the_bfloat16_kernel_are_said_under_the_title():
     assert f"Mica's bfloat16 products: the {m['bf16_gemm']} kernel (" in protocol._machine_line(m)
 
 
+@pytest.mark.slow  # (a variant: the default suite checks the protocol on nanoGPT's model; make test-slow runs it)
 def test_bench_runs_the_tutorial_model(tmp_path):
     """The tutorial's step through the same protocol: Mica's compiled step driven from Python, whose
     own clock (the times on its lines) is checked against the outside one."""

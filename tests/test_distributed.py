@@ -341,6 +341,7 @@ def test_nccl_lowering_sums_in_rank_order_bit_for_bit_in_the_simulator(tmp_path)
 
 @needs_mpi
 @needs_simulator
+@pytest.mark.slow  # (a variant: the default suite checks the NCCL lowering's bits and two ranks on the CPU; make test-slow runs it)
 def test_two_simulated_cards_train_bitwise_like_one(tmp_path, data):
     """mpirun -np 2 mica train --device=cuda: each rank its card (here the simulator's), its share of
     the micro-batches, the gradients summed over NCCL in rank order; the same losses, metrics and
@@ -428,6 +429,7 @@ def _speedrun_metrics(path):
 
 
 @needs_mpi
+@pytest.mark.slow  # (a variant: the default suite checks sharded Muon with ZeRO-1; make test-slow runs it)
 def test_speedrun_on_two_ranks_with_sharded_muon_is_bitwise_one_process(speedrun_one):
     """Each rank takes its half of every batch and orthogonalizes every other Muon matrix (the
     seed's sharding); the losses and the checkpoint's bytes are one process's."""
@@ -444,6 +446,7 @@ def test_speedrun_on_two_ranks_with_sharded_muon_is_bitwise_one_process(speedrun
 
 
 @needs_mpi
+@pytest.mark.slow  # (a variant: the default suite checks a two-rank resume with ZeRO-1; make test-slow runs it)
 def test_speedrun_on_two_ranks_unsharded_stops_and_resumes_as_one_process(speedrun_one):
     """shard_muon=False (every rank updates every matrix), stopped at step 3 and resumed by both
     ranks from the one checkpoint: every tensor and loss of one process's straight run."""

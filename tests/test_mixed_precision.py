@@ -281,6 +281,7 @@ def test_a_resume_on_another_bfloat16_product_kernel_says_it_is_not_bit_for_bit(
                    for n in notes) == said, notes
 
 
+@pytest.mark.slow  # (a variant: the default suite checks half-type resumes; make test-slow runs it)
 def test_a_resume_of_an_imported_half_runs_checkpoint_names_the_dtype_it_trains_in(work):
     """An imported checkpoint's config keeps nanoGPT's dtype setting, which Mica does not follow on
     its own (nanoGPT's default is a half type on a card): the resume says so, and how to follow it."""
@@ -367,6 +368,7 @@ def test_a_resume_in_another_dtype_starts_or_leaves_the_loss_scaler_as_nanogpt(w
     assert not np.array_equal(a.read("transformer.wte.weight"), b.read("transformer.wte.weight"))  # (it trained)
 
 
+@pytest.mark.slow  # (a variant: the default suite checks float16's loss scaling; make test-slow runs it)
 def test_float16_with_gradient_accumulation_trains(work):
     """The loss a float16 step reports is the unscaled micro-batch loss, not the scaled one divided
     back after the scale was updated in place (with accum > 1 that read came after the update)."""

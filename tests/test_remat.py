@@ -74,7 +74,7 @@ def test_the_pass_recomputes_and_saves_fewer_bytes(case):
     assert any(n.op in ("layer_norm", "rms_norm") for n in on.remat.recomputed), name
 
 
-@pytest.mark.parametrize("opt_level", [0, 2])
+@pytest.mark.parametrize("opt_level", [0, pytest.param(2, marks=pytest.mark.slow)])  # (bits across levels: test_cpu_gpt)
 def test_rematerialized_step_is_bitwise_the_step_without_it(case, opt_level):
     name, program, args = case
     runs = {}
@@ -307,6 +307,7 @@ def test_gradient_accumulation_each_micro_batch_is_cut_on_its_own():
         assert _bits(low.build()(*args, threads=2, seed=1, offset=0)) == want, low.remat.mode
 
 
+@pytest.mark.slow  # (a variant: the default suite checks the pass on the CPU target, which gives the simulator's bits; make test-slow runs it)
 def test_the_cuda_target_runs_the_rematerialized_step_bitwise():
     """The pass is the shared pipeline's: the CUDA program (on the simulator) with it, and with
     block checkpoints, gives the bits of the CUDA program without it."""

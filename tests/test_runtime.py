@@ -275,12 +275,13 @@ def test_fuzzed_manifests_give_a_sentence_or_a_correct_run(work):
     assert outcomes.get(2, 0) > 50 and outcomes.get(0, 0) > 10, outcomes  # both kinds were reached
 
 
-def test_fuzzed_checkpoints_give_a_sentence_or_a_correct_resume(work):
+@pytest.mark.parametrize("cases,seed", [(50, 99), pytest.param(150, 7, marks=pytest.mark.slow)])
+def test_fuzzed_checkpoints_give_a_sentence_or_a_correct_resume(work, cases, seed):
     train(TINY)
     good = open(CKPT, "rb").read()
-    rng = random.Random(99)
+    rng = random.Random(seed)
     outcomes = {}
-    for case in range(150):
+    for case in range(cases):
         open(CKPT, "wb").write(_mutate(good, rng))
         try:
             rc, message = resume_outcome(TINY)
@@ -288,7 +289,7 @@ def test_fuzzed_checkpoints_give_a_sentence_or_a_correct_resume(work):
             pytest.fail(f"case {case} hung")
         assert rc == 0 or (rc == 2 and ("mica: error:" not in message or one_sentence(message))), (case, message)
         outcomes[rc] = outcomes.get(rc, 0) + 1
-    assert outcomes.get(2, 0) > 100, outcomes
+    assert outcomes.get(2, 0) > cases * 2 // 3, outcomes
 
 
 def test_a_resume_from_a_damaged_checkpoint_changes_no_byte_of_the_runs_metrics(work):

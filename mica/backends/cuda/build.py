@@ -56,11 +56,11 @@ def cuda_libraries():
     return wheel_dirs("nvidia.cu13", "cuBLASLt is not installed: pip install nvidia-cublas nvidia-cuda-runtime")
 
 
-def gencode():
+def gencode(archs=ARCHS):
     flags = []
-    for a in ARCHS:
+    for a in archs:
         flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-    return flags + ["-gencode", f"arch=compute_{ARCHS[-1]},code=compute_{ARCHS[-1]}"]
+    return flags + ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
 
 
 def nvcc_command(src, out, shared=True, threads_per_block=None, archs=None):
@@ -100,13 +100,15 @@ def simulator_command(src, out, threads_per_block=None, sanitize=False, shared=T
     return cmd
 
 
-def build(source, name="program", simulate=False, threads_per_block=None):
-    """Compile to a shared library (cached); returns its path."""
+def build(source, name="program", simulate=False, threads_per_block=None, archs=ARCHS):
+    """Compile to a shared library (cached); returns its path. `archs`: the cards' architectures
+    nvcc builds for (every one Mica supports, unless a caller needs fewer)."""
     kind = "sim" if simulate else "nvcc"
     digest = hashlib.sha256()
     # (TF32: the source says, MICA_TF32; nvcc's link flags name the cuBLASLt found by rpath, which a
     # venv made elsewhere moves)
-    for part in (source, kind, str(threads_per_block), headers_digest(), *([] if simulate else link_flags())):
+    for part in (source, kind, str(threads_per_block), headers_digest(), *([] if simulate else link_flags()),
+                 *([] if tuple(archs) == tuple(ARCHS) else ["archs"] + [str(a) for a in archs])):
         digest.update(part.encode() + b"\0")
     ranks = []  # collectives across ranks: NCCL and Open MPI (the simulator's NCCL: Open MPI alone)
     if '#include "mica_nccl.h"' in source:
@@ -120,4 +122,5 @@ def build(source, name="program", simulate=False, threads_per_block=None):
         return compile_cached(source, out_dir, "program.cu", "g++ (the CUDA simulator)", name,
                               lambda src, out: simulator_command(src, out, threads_per_block) + ranks)
     return compile_cached(source, out_dir, "program.cu", "nvcc", name,
-                          lambda src, out: nvcc_command(src, out, threads_per_block=threads_per_block) + ranks)
+                          lambda src, out: nvcc_command(src, out, threads_per_block=threads_per_block,
+                                                        archs=gencode(archs)) + ranks)
