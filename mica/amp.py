@@ -180,7 +180,29 @@ class GradScaler:
             fail(f"GradScaler.{verb}: the state's values are constants here (scaler.init() called inside the "
                  f"step?), so the scale could never change; {self._FORM}")
 
+    # torch's stateful form, in a torch-style compiled step (mica/stateful.py): with enabled=False (nanoGPT's
+    # `GradScaler(enabled=(dtype == 'float16'))` in float32 and bfloat16) each call is torch's no-op
+    def _torch_form(self, verb):
+        from .tensor import user_location
+
+        raise MicaError(f"GradScaler.{verb} in torch's form (the scaler holding its scale) works with "
+                        "enabled=False only; float16 loss scaling is `mica train --dtype=float16`, or the functional "
+                        "scaler (state = scaler.init(), passed through the step: docs/api.md, Mixed precision)",
+                        user_location())
+
+    @staticmethod
+    def _in_torch_step():
+        from . import stateful
+
+        return stateful.active() is not None
+
+    def unscale_(self, optimizer):
+        if self.enabled:
+            self._torch_form("unscale_")
+
     def scale(self, loss, state=None):
+        if self.enabled and state is None and self._in_torch_step():
+            self._torch_form("scale")
         if self.enabled:
             self._check_state("scale", state)
         return loss * state["scale"] if self.enabled else loss
@@ -218,6 +240,10 @@ class GradScaler:
         from . import verbs as F
         from .tensor import Tensor, fail
 
+        if hasattr(found_inf, "param_groups") and old is None and self._in_torch_step():  # (torch's step(opt))
+            if self.enabled:
+                self._torch_form("step")
+            return found_inf.step()
         if not isinstance(found_inf, Tensor) or old is None or new is None:
             fail("GradScaler.step takes (found_inf, old, new), unscale's flag, the parameters and optimizer state "
                  "before the step and the optimizer's result, and returns the one to keep (Mica's optimizers are "
@@ -244,11 +270,13 @@ class GradScaler:
                 graph.updates.setdefault(y.value.id, x.value.id)
         return chosen
 
-    def update(self, state, found_inf):
+    def update(self, state=None, found_inf=None):
         from . import verbs as F
 
         if not self.enabled:
             return state
+        if (state is None or found_inf is None) and self._in_torch_step():
+            self._torch_form("update")
         self._check_state("update", state, ("scale", "growth_tracker"))
         if set(state) != {"scale", "growth_tracker"}:
             from .tensor import fail

@@ -375,6 +375,17 @@ def eager(verb):
     return call
 
 
+def from_numpy(ndarray):
+    """torch.from_numpy: a host tensor over the array's own memory (a write through either shows in
+    both)."""
+    if not isinstance(ndarray, np.ndarray):
+        from .tensor import user_location
+
+        raise MicaError(f"from_numpy takes a numpy array, got {type(ndarray).__name__}; mica.tensor(data) copies "
+                        "other data", user_location())
+    return host(ndarray)
+
+
 def _leaf_parameter(values):
     """torch's leaf tensor (requires_grad=True): a Parameter of these values, in their own type."""
     from .dtypes import as_dtype

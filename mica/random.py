@@ -50,12 +50,29 @@ class Generator:
 default_generator = Generator()
 
 
+_INIT = {"seed": None, "made": 0}  # (mica.manual_seed's seed, and how many Parameters were made since)
+
+
 def manual_seed(seed):
+    _INIT.update(seed=int(seed), made=0)
     return default_generator.manual_seed(seed)
 
 
 def seed():
-    return default_generator.seed()
+    s = default_generator.seed()
+    _INIT.update(seed=s, made=0)
+    return s
+
+
+def init_key():
+    """The key a Parameter made now draws its initial values with (where no model.init(seed) or
+    loaded values give them): 0, model.init(0)'s, until mica.manual_seed is called; then one of that
+    seed and how many Parameters were made since, so a model made after manual_seed(s) starts the
+    same on every run and another seed starts it elsewhere, as torch's initial weights."""
+    if _INIT["seed"] is None:
+        return 0
+    _INIT["made"] += 1
+    return ((_INIT["seed"] & (2 ** 64 - 1)) * 0x9E3779B97F4A7C15 + _INIT["made"]) & (2 ** 64 - 1) or 1
 
 
 def initial_seed():

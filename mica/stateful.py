@@ -18,6 +18,7 @@ from .errors import MicaError
 from .tensor import user_location
 
 _ACTIVE = []  # the step being traced (one at a time)
+_WARNED = set()  # the lines setting an lr to a Python number in a step, warned about
 
 
 class StepTrace:
@@ -236,7 +237,7 @@ def set_lr(group, value):
     sets it after each call)."""
     s = active()
     if s is not None and id(group) not in s.set_lrs:
-        s.set_lrs[id(group)] = (group, group.get("lr"))
+        s.set_lrs[id(group)] = (group, group.get("lr"), user_location())
 
 
 def _lr_in_step(s, group, given):
@@ -256,12 +257,12 @@ def _restore_lrs(s):
     from .tensor import Tensor
 
     computed, constant = [], []
-    for group, before in s.set_lrs.values():
+    for group, before, where in s.set_lrs.values():
         if isinstance(group.get("lr"), Tensor):
             computed.append((group, group["lr"]))
             dict.__setitem__(group, "lr", before)
         else:
-            constant.append(group)
+            constant.append(where)
     return computed, constant
 
 
@@ -285,7 +286,6 @@ class StatefulStep:
         self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
         self.membership = self._membership()
         self.programs = {}
-        self.warned = False
 
     def _membership(self):
         return [[tuple(id(p) for p in ps) for _, ps in _groups_of(o, self.found)] for o in self.optimizers]
@@ -328,14 +328,16 @@ class StatefulStep:
                 _ACTIVE.pop()
                 got, constant = _restore_lrs(s)
             computed[:] = got
-            if constant and not self.warned:
+            if constant and constant[0] not in _WARNED:
                 import warnings
 
-                self.warned = True
-                warnings.warn("the compiled step sets a learning rate to a Python number: its Python runs when it is "
-                              "compiled, not at every call, so later calls with arguments of the same shapes keep "
-                              "that value; set param_groups[i]['lr'] before each call (as nanoGPT's loop does), or "
-                              "compute it in the step from an argument", stacklevel=3)
+                _WARNED.add(constant[0])  # (once per line that sets it)
+                path, line = constant[0] or ("<mica>", 0)
+                warnings.warn_explicit("the compiled step sets a learning rate to a Python number: the step's Python "
+                                       "runs when it is compiled, not at every call, so calls that compile nothing "
+                                       "new keep that value; set param_groups[i]['lr'] before each call (as "
+                                       "nanoGPT's loop does), or compute it in the step from an np.float32 "
+                                       "argument", UserWarning, path, line)
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
                     {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
                     [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed])

@@ -168,8 +168,29 @@ class _Compiled:
 
     def __init__(self, fn, target, name, options):
         self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
-        self.calls = 0  # (the dropout key's offset: it moves with every call, whatever the shapes)
+        self.calls = 0  # (the dropout key's offset where the caller gives the seed: it moves with every call)
         self.__wrapped__ = fn
+
+    def _say_recompiles(self, key):
+        """Warn once when a Python number among the arguments has compiled the function a third time
+        (each value a constant of its own program: torch.compile's recompiles, which it stops by
+        making the number dynamic; here an np.float32 or np.int64 argument is an input)."""
+        tree, specs = key
+        static = lambda s: isinstance(s, tuple) and s[:1] == ("static",)  # noqa: E731
+        same = [k for k in self.built if k[0] == tree and all(static(a) or a == b for a, b in zip(k[1], specs))]
+        if len(same) < 2 or getattr(self, "_said_recompiles", False):
+            return
+        import warnings
+
+        from .tensor import user_location
+
+        self._said_recompiles = True
+        moved = [b[1] for a, b in zip(same[-1][1], specs) if static(a) and a != b]
+        path, line = user_location() or ("<mica>", 0)
+        warnings.warn_explicit(f"{getattr(self.fn, '__name__', 'the function')} is compiled a third time, for a new "
+                               f"value of a Python number among its arguments ({', '.join(moved[:2])}): each value "
+                               "is a constant of its own program; pass it as np.float32(...) or np.int64(...), an "
+                               "input, to compile once", UserWarning, path, line)
 
     def __call__(self, *args, **run_options):
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
@@ -179,6 +200,7 @@ class _Compiled:
         if isinstance(self.built.get(key), stateful.StatefulStep) and self.built[key].stale():
             del self.built[key]  # (a group was added: the step is found and made again, its state carried over)
         if key not in self.built:
+            self._say_recompiles(key)
             found = stateful.find(self.fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
             if found.params or found.optimizers:
                 self.built[key] = stateful.StatefulStep(self.fn, found, args, dict(target=self.target, name=self.name,
@@ -186,10 +208,11 @@ class _Compiled:
             else:
                 self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
         built = self.built[key]
-        run_options.setdefault("offset", self.calls)
-        if "seed" not in run_options and _random(built):  # (dropout: new bits each call from mica's host
-            from .random import default_generator          # generator, as torch's from its own: manual_seed)
+        drawn = "seed" not in run_options and _random(built)
+        if drawn:  # (dropout: a key drawn at each call from mica's host generator, as torch's from its own, so
+            from .random import default_generator  # manual_seed repeats it and get/set_rng_state resume it)
 
             run_options["seed"] = int(default_generator._rng.integers(0, 2 ** 63))
+        run_options.setdefault("offset", 0 if drawn else self.calls)  # (a seed given: the call count moves the key)
         self.calls += 1
         return built(args, run_options) if isinstance(built, stateful.StatefulStep) else built(*args, **run_options)

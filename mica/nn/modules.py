@@ -36,6 +36,9 @@ class Parameter:
         self.init = init or initializers.zeros()
         self.requires_grad = True  # (torch's flag, kept for code that reads it; freezing is param_groups')
         self._names = set()  # (every name named_parameters() gave it: Module.named_parameters)
+        from ..random import init_key
+
+        self._init_key = init_key()  # (its initial values' key where nothing else gives them: mica.manual_seed's)
 
     # torch's `p.data.normal_(...)` in an _init_weights: here it sets the initializer (nothing is drawn
     # until Module.init), as mica.nn.init's functions do. In a torch-style compiled step (mica/stateful.py)
@@ -151,11 +154,13 @@ class Parameter:
         return self._live("indexing")[index]
 
     def initial_value(self, name):
-        """Its initial values as Module.init(0) draws them under `name`, drawn once per
-        initializer: what an eager call reads where no value is bound or loaded."""
+        """Its initial values as Module.init(0) draws them under `name` (or, made after
+        mica.manual_seed, under that seed's key: random.init_key), drawn once per initializer:
+        what an eager call and a torch-style step read where no value is bound or loaded."""
         cached = getattr(self, "_initial", None)
         if cached is None or cached[0] is not self.init:
-            self._initial = (self.init, _drawn(self.init, self, initializers.stream(0, name)))
+            key = getattr(self, "_init_key", 0)
+            self._initial = (self.init, _drawn(self.init, self, initializers.stream(key, name)))
         return self._initial[1]
 
     @property
@@ -442,8 +447,11 @@ class Module:
         of their names), with values from `params`; without them, the values the model holds for
         eager calls (loaded by load_state_dict, else its initial ones)."""
         by_id = {id(p): n for n, p in self.named_parameters()}
-        if params is None:
-            params = {n: _held(p, n) for n, p in self.named_parameters()}
+        held = params is None
+        if held:  # (host tensors over the values it holds, as torch's state_dict shares its tensors' memory)
+            from ..host import host
+
+            params = {n: host(_held(p, n)) for n, p in self.named_parameters()}
         out = {}
         for mprefix, m in self.named_modules(memo=_NoMemo()):
             for name, p in m._parameters.items():
@@ -451,7 +459,7 @@ class Module:
                     out[f"{mprefix}.{name}" if mprefix else name] = params[by_id[id(p)]]
             for name, b in m._buffers.items():
                 if b is not None and name not in m._non_persistent:
-                    out[f"{mprefix}.{name}" if mprefix else name] = b
+                    out[f"{mprefix}.{name}" if mprefix else name] = host(b) if held else b
         return out
 
     @contextlib.contextmanager
@@ -505,11 +513,13 @@ def _eager_call(module, args, kwargs):
         from ..tensor import user_location
 
         module._said_initial = True  # (once per module: a sampling loop calls it for every token)
+        drawn = "model.init(0)'s" if all(getattr(p, "_init_key", 0) == 0 for p in module.parameters()) else \
+            "drawn under mica.manual_seed's seed"
         path, line = user_location() or ("<mica>", 0)
         warnings.warn_explicit(
             f"{type(module).__name__} is called outside a trace with no values for {initial[0]}"
             f"{f' and {len(initial) - 1} more' if len(initial) > 1 else ''}: it runs with their initial values "
-            "(model.init(0)'s); to run trained ones, call it inside `with model.bind(params):` or load them "
+            f"({drawn}); to run trained ones, call it inside `with model.bind(params):` or load them "
             "with model.load_state_dict(model.state_dict(params))", UserWarning, path, line)
 
     def call(*a, **k):

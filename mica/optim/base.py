@@ -63,6 +63,10 @@ class Optimizer:
                 hyper.pop(name)
             elif name in _FALSE_ONLY and not value:
                 hyper.pop(name)
+        unsupported = [name for name in _FALSE_ONLY if hyper.get(name)]
+        if unsupported:
+            raise MicaError(f"{type(self).__name__}: {unsupported[0]}=True is torch's option Mica does not have; leave "
+                            "it False (the default)", user_location())
         unknown = set(hyper) - set(self.defaults)
         if unknown:
             raise MicaError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "

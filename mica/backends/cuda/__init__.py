@@ -18,3 +18,11 @@
   cudasim_bench.cpp measures the simulator's speed, cudasim_switch_bench.cpp its fibers against
   ucontext; tests/test_cudasim.py is its test, tests/test_cuda.py the target's.
 """
+
+
+def __getattr__(name):  # (torch.backends.cuda.matmul.allow_tf32 = True reads this package's `matmul`)
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from .. import _switch
+
+    raise _switch(f"torch.backends.cuda.{name}")
