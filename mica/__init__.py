@@ -65,6 +65,10 @@ def __getattr__(name):  # (a verb torch has and Mica does not: one sentence; sub
         raise AttributeError(name)
     from .errors import MissingVerbError, missing_verb
 
+    if name in ("set_float32_matmul_precision", "get_float32_matmul_precision"):
+        from .backends import _switch
+
+        raise _switch(f"torch.{name}")
     if name in ("save", "load"):
         from .tensor import user_location
 

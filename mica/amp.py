@@ -190,6 +190,32 @@ class GradScaler:
                         "scaler (state = scaler.init(), passed through the step: docs/api.md, Mixed precision)",
                         user_location())
 
+    def is_enabled(self):
+        return self.enabled
+
+    def get_scale(self):
+        """torch's: 1.0 when disabled; enabled, the scale is the state's ("scale")."""
+        if self.enabled:
+            self._torch_form("get_scale")
+        return 1.0
+
+    def state_dict(self):
+        """torch's: {} when disabled (nanoGPT saves nothing then); enabled, the state is the step's."""
+        if self.enabled:
+            self._torch_form("state_dict")
+        return {}
+
+    def load_state_dict(self, state_dict):
+        if self.enabled:
+            self._torch_form("load_state_dict")
+
+    def __getattr__(self, name):  # (another torch.amp.GradScaler method: Mica's sentence)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from .errors import missing_verb
+
+        raise missing_verb("amp.GradScaler.", name, "torch.amp.GradScaler.")
+
     @staticmethod
     def _in_torch_step():
         from . import stateful

@@ -163,16 +163,25 @@ class set_grad_enabled:
         return with_mode
 
 
-class no_grad(set_grad_enabled):
+class _Bare:
+    """torch's bare decorator form, @no_grad without parentheses: the class called on the function."""
+
+    def __new__(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], bool):
+            return cls()(args[0])
+        return super().__new__(cls)
+
+
+class no_grad(_Bare, set_grad_enabled):
     def __init__(self):
         super().__init__(False)
 
 
-class enable_grad(set_grad_enabled):
+class enable_grad(_Bare, set_grad_enabled):
     def __init__(self):
         super().__init__(True)
 
 
-class inference_mode(set_grad_enabled):
+class inference_mode(_Bare, set_grad_enabled):
     def __init__(self, mode=True):
         super().__init__(not mode)

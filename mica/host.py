@@ -233,6 +233,7 @@ def _add_torch_methods():
     HostTensor.numel = lambda self: int(np.prod(self.shape, dtype=np.int64))
     HostTensor.clone = lambda self, *a, **k: self.copy()
     HostTensor.cpu = lambda self, *a, **k: self
+    HostTensor.cuda = lambda self, *a, **k: self  # (a device, as .to("cuda"): the program's target decides)
     HostTensor.numpy = lambda self: np.asarray(self)
     from . import random
 

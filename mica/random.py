@@ -50,7 +50,7 @@ class Generator:
 default_generator = Generator()
 
 
-_INIT = {"seed": None, "made": 0}  # (mica.manual_seed's seed, and how many Parameters were made since)
+_INIT = {"seed": _DEFAULT_SEED, "made": 0}  # (mica.manual_seed's seed, and how many Parameters were made since)
 
 
 def manual_seed(seed):
@@ -66,11 +66,10 @@ def seed():
 
 def init_key():
     """The key a Parameter made now draws its initial values with (where no model.init(seed) or
-    loaded values give them): 0, model.init(0)'s, until mica.manual_seed is called; then one of that
-    seed and how many Parameters were made since, so a model made after manual_seed(s) starts the
-    same on every run and another seed starts it elsewhere, as torch's initial weights."""
-    if _INIT["seed"] is None:
-        return 0
+    loaded values give them): one of mica.manual_seed's seed (torch's default one before any) and
+    how many Parameters were made since, so a model made after manual_seed(s) starts the same on
+    every run, another seed starts it elsewhere, as torch's initial weights, and nothing about the
+    names its parameters are later given changes them."""
     _INIT["made"] += 1
     return ((_INIT["seed"] & (2 ** 64 - 1)) * 0x9E3779B97F4A7C15 + _INIT["made"]) & (2 ** 64 - 1) or 1
 
@@ -95,6 +94,12 @@ def _rng(verb, generator):
                          "randomness is dropout's (draw these outside and pass them in as an input)",
                          user_location())
     return (generator or default_generator)._rng
+
+
+def _where():
+    from .tensor import user_location
+
+    return user_location()
 
 
 def _size(verb, size):
@@ -143,11 +148,13 @@ def randn(*size, generator=None, dtype=None, **_device):
 
 @_leaf
 def rand_like(input, dtype=None, **_device):
+    _rng("rand_like", None)
     return rand(*np.shape(input), dtype=dtype or _like_float(input))
 
 
 @_leaf
 def randn_like(input, dtype=None, **_device):
+    _rng("randn_like", None)
     return randn(*np.shape(input), dtype=dtype or _like_float(input))
 
 
@@ -192,6 +199,7 @@ def normal(mean=0.0, std=1.0, size=None, generator=None, **_device):
 
 
 def bernoulli(input, p=None, generator=None):
+    _rng("bernoulli", generator)
     probs = np.asarray(input if p is None else np.full(np.shape(input), p))
     return host((_rng("bernoulli", generator).random(probs.shape) < probs).astype(
         probs.dtype if probs.dtype.kind == "f" else np.float32))
@@ -203,25 +211,25 @@ def multinomial(input, num_samples, replacement=False, generator=None):
     rng = _rng("multinomial", generator)
     w = np.asarray(input, dtype=np.float64)
     if w.ndim not in (1, 2):
-        raise MicaError(f"mica.multinomial takes a 1-d or 2-d tensor of weights, got shape {list(w.shape)}")
+        raise MicaError(f"mica.multinomial takes a 1-d or 2-d tensor of weights, got shape {list(w.shape)}", _where())
     rows = w.reshape(-1, w.shape[-1])
     if not np.isfinite(rows).all() or (rows < 0).any():
         raise MicaError("mica.multinomial: weights must be finite and non-negative (a NaN or inf in the "
-                        "probabilities?)")
+                        "probabilities?)", _where())
     n = rows.shape[1]
     if not replacement and num_samples > n:
         raise MicaError(f"mica.multinomial: cannot draw {num_samples} samples without replacement from {n} "
-                        "categories; pass replacement=True")
+                        "categories; pass replacement=True", _where())
     out = np.empty((rows.shape[0], int(num_samples)), dtype=np.int64)
     for r, row in enumerate(rows):
         if row.sum() <= 0:
-            raise MicaError("mica.multinomial: a row of weights sums to zero; every row needs a positive weight")
+            raise MicaError("mica.multinomial: a row of weights sums to zero; every row needs a positive weight", _where())
         live = row.copy()
         for s in range(int(num_samples)):
             total = live.sum()
             if total <= 0:
                 raise MicaError("mica.multinomial: fewer categories with a positive weight than samples asked "
-                                "without replacement")
+                                "without replacement", _where())
             pick = int(np.searchsorted(np.cumsum(live), rng.random() * total, side="right"))
             pick = min(pick, n - 1)
             while live[pick] == 0:  # (a draw at an edge of a zero-weight category: the next with weight)

@@ -37,6 +37,7 @@ class StepTrace:
         self.names = {}       # id(Parameter) -> its key in the compiled step's dicts (fixed when the step is made)
         self.backwarded = []  # (loss Tensor, retain_graph) of each backward() call (a second call needs retain_graph=True)
         self.set_lrs = {}     # id(param group) -> (the group, its lr before the step set it): set_lr()
+        self.touched = []     # the modules whose attributes the first trace looked up (their contents key it)
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
@@ -70,6 +71,21 @@ def active():
     return _ACTIVE[-1] if _ACTIVE else None
 
 
+def touch(module):
+    """A module's attribute looked up in the finding trace."""
+    step = active()
+    if step is not None and step.mode == "find" and all(m is not module for m in step.touched):
+        step.touched.append(module)
+
+
+def _structure(modules):
+    """What the step found in the modules it looked into: a submodule or Parameter replaced or
+    added (a new head, an adapter) makes it another step."""
+    return [(tuple((k, id(v)) for k, v in m.__dict__.get("_modules", {}).items()),
+             tuple((k, id(v)) for k, v in m.__dict__.get("_parameters", {}).items()),
+             tuple(m.__dict__.get("_buffers", {}))) for m in modules]
+
+
 def read(p, module=None):
     """An unbound Parameter read in a stateful step (by `module`): its current Tensor."""
     step = active()
@@ -85,8 +101,9 @@ def read(p, module=None):
             step.bound[id(p)] = F.zeros(p.shape, dtype=p.dtype)  # (a stand-in: this trace is never run)
         return step.bound[id(p)]
     if id(p) not in step.bound:
-        raise MicaError("a Parameter the step's first trace did not read is read now; a step reads the same "
-                        "parameters every call", user_location())
+        raise MicaError("a Parameter the step's first trace did not read is read now (one reached some other way "
+                        "than through a module's attributes?); give it to the step as an argument, or make the "
+                        "compiled step again with mica.compile", user_location())
     return step.bound[id(p)]
 
 
@@ -159,7 +176,7 @@ def zero_grad(params, set_to_none=True):
     for p in params:
         if set_to_none or step.mode == "find":
             step.grads.pop(id(p), None)
-        else:
+        elif id(p) in step.grads:  # (as torch's: only a gradient there is made zeros; a None stays None)
             step.grads[id(p)] = emit("relu", [F.zeros(p.shape, dtype=p.dtype)])  # (zeros, not known zeros)
 
 
@@ -285,6 +302,7 @@ class StatefulStep:
         self.name = keys(self.params)
         self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
         self.membership = self._membership()
+        self.structure = _structure(found.touched)
         self.programs = {}
 
     def _membership(self):
@@ -292,8 +310,9 @@ class StatefulStep:
 
     def stale(self):
         """True when an optimizer's groups hold other parameters than when the step was made
-        (add_param_group): the step is found and made again."""
-        return self._membership() != self.membership
+        (add_param_group), or a module it looked into holds other submodules or Parameters (a head
+        replaced, an adapter added): the step is found and made again."""
+        return self._membership() != self.membership or _structure(self.found.touched) != self.structure
 
     def _pattern(self):
         modes = tuple(bool(m.training) for m in self.modules)
@@ -409,11 +428,19 @@ class StatefulStep:
         values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
         grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
         states = [self._state(o, values) for o in self.optimizers]
-        lrs = [[np.float32(g.get("lr", o.hyper["lr"])) for g in o.param_groups] for o in self.optimizers]
+        lrs = [[_lr(o, i, g) for i, g in enumerate(o.param_groups)] for o in self.optimizers]
         result, new_params, new_grads, new_states, new_lrs = program(tuple(args), values, grads, states, lrs,
                                                                       **run_options)
         for p in self.params:
-            p._held = new_params[self.name[id(p)]]
+            new, held = new_params[self.name[id(p)]], getattr(p, "_held", None)
+            if held is None and getattr(p, "_initial", (None,))[0] is p.init:
+                held = p._initial[1]  # (the initial values a state_dict() may have given out)
+            if isinstance(held, np.ndarray) and held.shape == new.shape and held.dtype == new.dtype and \
+                    held.flags.writeable:
+                np.copyto(held, new)  # (in place: a state_dict() taken earlier sees it, as torch's tensors)
+                p._held = held
+            else:
+                p._held = new
             p._held_grad = new_grads.get(self.name[id(p)])
         for o, st in zip(self.optimizers, new_states):
             o._held_state = st
@@ -421,6 +448,18 @@ class StatefulStep:
         for group, lr in zip(computed, new_lrs):  # (an lr the step computed: the group holds it after the call)
             dict.__setitem__(group, "lr", float(lr))
         return host(result)
+
+
+def _lr(opt, i, group):
+    """A group's learning rate for this call (a number, numpy scalar or one-element tensor), or a
+    sentence."""
+    from .optim.base import _number, _number_of
+
+    value = _number_of(group.get("lr", opt.hyper["lr"]))
+    if not _number(value) or not 0 <= value < float("inf"):
+        raise MicaError(f"{type(opt).__name__}: param_groups[{i}]['lr'] must be a finite number >= 0, got {value!r}",
+                        user_location())
+    return np.float32(value)
 
 
 def find(fn, args):

@@ -342,6 +342,10 @@ class Tensor:
     def __getattr__(self, name):  # (only for names Tensor lacks: a method torch.Tensor has and Mica does not)
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in ("normal_", "uniform_", "bernoulli", "bernoulli_", "random_", "exponential_", "multinomial"):
+            from .random import _rng
+
+            _rng(f"Tensor.{name}", None)  # (a random draw in a traced step: its sentence)
         from .errors import missing_verb
 
         raise missing_verb("Tensor.", name, "torch.Tensor.")
@@ -616,6 +620,8 @@ class Tensor:
     def chunk(self, chunks, dim=0): return F.chunk(self, chunks, dim)
     def unbind(self, dim=0): return F.unbind(self, dim)
     def to(self, *args, dtype=None, **kwargs): return F.to(self, *args, dtype=dtype, **kwargs)
+    def cuda(self, device=None, non_blocking=False): return self  # (a device, as .to("cuda"): the target decides)
+    def cpu(self): return self
     def type(self, dtype): return F.to(self, dtype)
     def type_as(self, other): return F.to(self, other.dtype)
     def float(self): return F.to(self, dtypes.float32)

@@ -98,8 +98,8 @@ def test_a_model_runs_eagerly_on_host_tensors_and_generates_torchs_tokens():
     with pytest.warns(UserWarning, match="called outside a trace with no values"):
         first, _ = model(mica.tensor(idx))
     again, _ = model(mica.tensor(idx))
-    with model.bind({k: mica.tensor(v) for k, v in model.init(0).items()}):
-        bound, _ = model(mica.tensor(idx))
+    with model.bind({k: mica.tensor(np.array(v)) for k, v in model.state_dict().items() if k in model.init(0)}):
+        bound, _ = model(mica.tensor(idx))  # (the initial values it holds, bound: the same)
     assert np.array_equal(first, again) and np.array_equal(first, bound)
 
     # sampled: every token drawn from the top 3 of its step, the same tokens under the same seed
@@ -225,17 +225,20 @@ def test_compile_without_specs_is_torch_compile():
     assert mica.compile(opt_level=1)(lambda a: a + 1)(np.zeros(2, np.float32)).tolist() == [1.0, 1.0]
 
 
-def test_a_model_holds_loaded_values_for_eager_calls_and_says_when_it_has_none(monkeypatch):
+def test_a_model_holds_loaded_values_for_eager_calls_and_says_when_it_has_none():
     """load_state_dict (numpy arrays, host or torch tensors, torch's keys) gives the values eager
     calls run with; without any, a call runs with the initial values and says so once, at the
     user's line; the torch habits a functional step replaces are sentences."""
-    monkeypatch.setitem(mica.random._INIT, "seed", None)  # (as in a process that never called manual_seed)
+    mica.manual_seed(4)
     model, tmodel = _tiny_gpt(mica), _tiny_gpt(torch)
     idx = np.array([[1, 2, 3]])
     with pytest.warns(UserWarning, match=r"^GPT is called outside a trace with no values for wte.weight and \d+ more: "
-                                         r"it runs with their initial values \(model.init\(0\)'s\)"):
+                                         r"it runs with their initial values \(drawn when it was made, from "
+                                         r"mica.manual_seed's seed\)"):
         first, _ = model(mica.tensor(idx))
-    assert np.array_equal(model.state_dict()["lm_head.weight"], model.init(0)["lm_head.weight"])
+    mica.manual_seed(4)  # (the same seed, the same initial values, whatever names were asked for meanwhile)
+    again = _tiny_gpt(mica)
+    assert all(np.array_equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
     result = model.load_state_dict(tmodel.state_dict())  # (torch tensors, torch's keys, the buffers among them)
     assert result.missing_keys == [] and result.unexpected_keys == []
     got, _ = model(mica.tensor(idx))
@@ -536,7 +539,7 @@ def test_a_torch_loop_laid_out_as_users_lay_it_out_trains_torchs_model():
             m.body.weight.requires_grad_(False), t.body.weight.requires_grad_(False)
         mine(x, i % 2 == 0), theirs(torch.tensor(x), i % 2 == 0)  # (the side branch: a gradient every other call)
         assert same(m, t), i
-    assert mo.state_dict()["state"]["step"]["side.bias"] == to.state_dict()["state"][5]["step"] == 2
+    assert mo.state_dict()["state"][5]["step"] == to.state_dict()["state"][5]["step"] == 2
     m.side.bias.grad, t.side.bias.grad = None, None
     m.body.bias.grad = np.full(3, 0.5, np.float32)
     t.body.bias.grad = torch.full((3,), 0.5)
@@ -717,3 +720,111 @@ def test_torch_lines_a_ported_train_py_holds_run_or_say_what_to_do(recwarn):
     assert len(said) == 1 and "np.float32(...) or np.int64(...)" in said[0]
     with pytest.raises(mica.MicaError, match=r"^GradScaler.scale in torch's form .* works with enabled=False only"):
         mica.compile(body(mica, m, opt, mica.amp.GradScaler(enabled=True)))(x, 0)
+
+
+def test_an_optimizers_state_dict_is_torchs_layout_and_resumes_from_either_side():
+    """optimizer.state_dict() keys each parameter's state by its place in the groups, as torch's,
+    so a resume in fresh objects finds it whatever names the parameters were given meanwhile, and
+    torch's own optimizer state loads: training goes on as torch's does."""
+    x = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
+    torch.manual_seed(2)
+    t = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    to = torch.optim.AdamW([{"params": t[0].parameters()}, {"params": t[2].parameters(), "lr": 0.02}], lr=0.05)
+
+    def step_of(model, opt):
+        def step(x):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+        return step
+
+    def fresh():
+        m = mica.nn.Sequential(mica.nn.Linear(3, 4), mica.nn.Tanh(), mica.nn.Linear(4, 1))
+        return m, mica.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 0.02}],
+                                   lr=0.05)
+
+    m, mo = fresh()
+    m.load_state_dict(t.state_dict())
+    mine, theirs = mica.compile(step_of(m, mo)), step_of(t, to)
+    for _ in range(2):
+        mine(x), theirs(torch.from_numpy(x))
+    saved, model_saved = mo.state_dict(), {k: np.array(v) for k, v in m.state_dict().items()}
+    assert sorted(saved["state"]) == [0, 1, 2, 3] and saved["param_groups"][1]["params"] == [2, 3]
+    assert int(saved["state"][3]["step"]) == 2 and saved["state"][3]["exp_avg"].shape == (1,)
+    for source in (saved, to.state_dict()):  # (Mica's own, and torch's: tensors, its float step counts)
+        m2, mo2 = fresh()
+        sum(p.numel() for p in m2.parameters())  # (names given before the first call: keys change, places do not)
+        m2.load_state_dict(model_saved if source is saved else t.state_dict())
+        mo2.load_state_dict(source)
+        mica.compile(step_of(m2, mo2))(x)
+        want = copy_of_torch_after_one_step(t, to, x, step_of) if source is saved else None
+        if want is None:
+            theirs(torch.from_numpy(x))
+            want = {k: v.detach().numpy() for k, v in t.state_dict().items()}
+        assert all(np.allclose(m2.state_dict()[k], v, rtol=1e-5, atol=1e-7) for k, v in want.items())
+    with pytest.raises(mica.MicaError, match=r"^SGD.load_state_dict: the state holds 'exp_avg', which SGD does not keep"):
+        mica.optim.SGD([{"params": m[0].parameters()}, {"params": m[2].parameters()}]).load_state_dict(saved)
+    with pytest.raises(mica.MicaError, match=r"groups of \[2, 2\] parameters, this optimizer groups of \[4\]"):
+        mica.optim.AdamW(m.parameters()).load_state_dict(saved)
+
+
+def copy_of_torch_after_one_step(t, to, x, step_of):
+    """torch's weights after one more step, from copies (the originals stay where they are)."""
+    import copy
+
+    t2 = copy.deepcopy(t)
+    to2 = type(to)([{"params": t2[0].parameters()}, {"params": t2[2].parameters()}])
+    to2.load_state_dict(copy.deepcopy(to.state_dict()))
+    step_of(t2, to2)(torch.from_numpy(x))
+    return {k: v.detach().numpy() for k, v in t2.state_dict().items()}
+
+
+def test_a_compiled_step_follows_a_model_changed_between_calls_and_its_optimizers_settings():
+    """A head replaced or an adapter added between calls makes the step again (torch recompiles;
+    the old step trained the old head), a state_dict() taken before a step shows its values after
+    it (torch's share memory), and the optimizer's checks are torch's: its defaults the settings
+    given, a parameter in two groups, an empty list and a bad learning rate set between calls are
+    sentences at the user's line."""
+    class Net(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = mica.nn.Linear(4, 8), mica.nn.Linear(8, 3)
+
+        def forward(self, x):
+            y = self.head(mica.relu(self.body(x)))
+            return y + self.lora(x) if hasattr(self, "lora") else y
+
+    net = Net()
+    opt = mica.optim.SGD(net.parameters(), lr=0.1)
+
+    @mica.compile
+    def step(x):
+        opt.zero_grad()
+        out = net(x)
+        out.pow(2).mean().backward()
+        opt.step()
+        return out
+
+    x = np.ones((2, 4), np.float32)
+    sd = net.state_dict()
+    step(x), step(x)
+    assert np.array_equal(sd["body.weight"], net.state_dict()["body.weight"])  # (the step's values, in place)
+    net.head = mica.nn.Linear(8, 5)
+    assert np.asarray(step(x)).shape == (2, 5)
+    net.lora = mica.nn.Linear(4, 5, bias=False)
+    mica.nn.init.zeros_(net.lora.weight)
+    before = np.asarray(step(x))
+    net.lora.weight.data = np.ones((5, 4), np.float32)
+    assert np.abs(np.asarray(step(x)) - before).max() > 1.0
+
+    w = net.body.weight
+    assert mica.optim.AdamW([w], lr=0.5, betas=(0.8, 0.9)).defaults["betas"] == (0.8, 0.9)
+    for make, says in ((lambda: mica.optim.SGD([{"params": [w]}, {"params": [w]}], lr=0.1),
+                        r"^SGD: some parameters appear in more than one parameter group \(groups 0 and 1\)"),
+                       (lambda: opt.add_param_group({"params": [w]}), r"more than one parameter group"),
+                       (lambda: mica.optim.Adam([], lr=0.1), r"^Adam got an empty parameter list")):
+        with pytest.raises(mica.MicaError, match=says + r".*test_eager.py:\d+\)$"):
+            make()
+    opt.param_groups[0]["lr"] = None
+    with pytest.raises(mica.MicaError, match=r"^SGD: param_groups\[0\]\['lr'\] must be a finite number >= 0, got None"):
+        step(x)

@@ -153,14 +153,15 @@ class Parameter:
         there)."""
         return self._live("indexing")[index]
 
-    def initial_value(self, name):
-        """Its initial values as Module.init(0) draws them under `name` (or, made after
-        mica.manual_seed, under that seed's key: random.init_key), drawn once per initializer:
-        what an eager call and a torch-style step read where no value is bound or loaded."""
+    def initial_value(self, name=None):
+        """Its initial values by its initializer, from its own key (random.init_key: mica.manual_seed's
+        seed and its place among the Parameters made since), drawn once per initializer: what an
+        eager call and a torch-style step read where no value is bound or loaded. (Module.init(seed)
+        draws a functional step's by seed and name instead.)"""
         cached = getattr(self, "_initial", None)
         if cached is None or cached[0] is not self.init:
             key = getattr(self, "_init_key", 0)
-            self._initial = (self.init, _drawn(self.init, self, initializers.stream(key, name)))
+            self._initial = (self.init, _drawn(self.init, self, initializers.stream(key, "")))
         return self._initial[1]
 
     @property
@@ -255,6 +256,10 @@ class Module:
 
     def __getattr__(self, name):
         d = self.__dict__
+        if F.in_trace():
+            from .. import stateful  # (a torch-style step notes the modules it looks into: their contents key it)
+
+            stateful.touch(self)
         if "_parameters" in d and name in d["_parameters"]:
             p = d["_parameters"][name]
             if p is None:
@@ -398,6 +403,12 @@ class Module:
     def eval(self):
         return self.train(False)
 
+    def cuda(self, device=None):  # (a device, as .to("cuda"): where a program runs is its target's)
+        return self
+
+    def cpu(self):
+        return self
+
     def to(self, dtype=None, *args, **kwargs):
         """torch's Module.to(dtype): floating parameters, and floating buffers as a trace reads them."""
         for a in (dtype, *args, kwargs.get("dtype")):
@@ -513,8 +524,7 @@ def _eager_call(module, args, kwargs):
         from ..tensor import user_location
 
         module._said_initial = True  # (once per module: a sampling loop calls it for every token)
-        drawn = "model.init(0)'s" if all(getattr(p, "_init_key", 0) == 0 for p in module.parameters()) else \
-            "drawn under mica.manual_seed's seed"
+        drawn = "drawn when it was made, from mica.manual_seed's seed"
         path, line = user_location() or ("<mica>", 0)
         warnings.warn_explicit(
             f"{type(module).__name__} is called outside a trace with no values for {initial[0]}"

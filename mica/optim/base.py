@@ -43,9 +43,9 @@ def _group(g):
     params = g["params"]
     if type(params).__name__ == "Parameter" or isinstance(params, str):
         params = [params]
-    elif not callable(params) and not isinstance(params, list):
-        params = list(params)
-    return {**g, "params": params}
+    elif not callable(params):
+        params = list(params)  # (a copy: the user's list stays as given)
+    return {**g, "params": params, **({"lr": _number_of(g["lr"])} if "lr" in g else {})}
 
 
 class Optimizer:
@@ -92,6 +92,12 @@ class Optimizer:
                             f"{type(self).__name__}(lr=...); the values come to init(params) and update(params, "
                             "grads, state) (Mica's optimizers are functional)", user_location())
         self.hyper = {**self.defaults, **hyper}
+        self.defaults = dict(self.hyper)  # (torch's: the settings it was made with)
+        if isinstance(param_groups, (list, tuple)) and not param_groups:
+            name = type(self).__name__
+            raise MicaError(f"{name} got an empty parameter list (torch refuses it too); give it the model's "
+                            f"parameters, or settings only, as {name}(lr=...)", user_location())
+        _one_group_each(type(self).__name__, [g["params"] for g in param_groups or ()])
         # (each group holds every setting, as torch's: a loop may read and set g["lr"])
         self.param_groups = None if param_groups is None else [_Group({**self.hyper, **g}) for g in param_groups]
         self._check(self.hyper, "")
@@ -156,29 +162,76 @@ class Optimizer:
 
     def add_param_group(self, param_group):
         """torch's: another group, its settings defaulting to the optimizer's."""
+        from ..tensor import user_location
+
         if not isinstance(param_group, dict) or "params" not in param_group:
-            raise MicaError(f"{type(self).__name__}.add_param_group takes a dict with 'params'")
+            raise MicaError(f"{type(self).__name__}.add_param_group takes a dict with 'params'", user_location())
         group = _Group({**self.hyper, **_group(param_group)})
+        _one_group_each(type(self).__name__, [g["params"] for g in (self.param_groups or []) + [group]])
         self._check(self._hyper_of(group), f"group {len(self.param_groups or ())}: ")
         self.param_groups = (self.param_groups or []) + [group]
 
+    def _members(self):
+        """[[Parameter]] per group, in torch's order (the indices its state_dict keys them by)."""
+        keys = getattr(self, "_held_keys", None) or {}
+        return [[keys.get(p) if isinstance(p, str) else p for p in g["params"]] if not callable(g["params"]) else []
+                for g in self.param_groups or ()]
+
     def state_dict(self):
-        """The state a torch-style compiled step keeps (mica/stateful.py) and the groups' settings,
-        as torch's dict; a functional step's state is the value its update returns."""
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups or ()]
-        return {"state": getattr(self, "_held_state", None), "param_groups": groups, "mica": type(self).__name__}
+        """torch's layout: {"state": {index: {"step": ..., "exp_avg": ..., ...}}, "param_groups":
+        [{settings, "params": [index, ...]}]}, each parameter its index in the groups' order, with
+        the state a torch-style compiled step keeps (mica/stateful.py; numpy arrays). A functional
+        step's state is the value its update returns."""
+        held, keys = getattr(self, "_held_state", None), getattr(self, "_held_keys", None) or {}
+        name_of = {id(p): n for n, p in keys.items()}
+        state, groups, index = {}, [], 0
+        for g, members in zip(self.param_groups or (), self._members()):
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(range(index, index + len(members)))})
+            for p in members:
+                n = name_of.get(id(p))
+                entry = {part: value[n] for part, value in (held or {}).items() if isinstance(value, dict) and n in value}
+                if entry:
+                    entry.update({part: value for part, value in held.items() if not isinstance(value, dict)})
+                    state[index] = entry
+                index += 1
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict):
+        """torch's: a state_dict() of this optimizer, or of torch's own (its tensors read as numpy),
+        matched to this one's parameters by their places in the groups."""
         from ..tensor import user_location
 
-        if not isinstance(state_dict, dict) or state_dict.get("mica") != type(self).__name__:
-            raise MicaError(f"{type(self).__name__}.load_state_dict takes what this optimizer's state_dict() gave "
-                            "(torch's optimizer state is laid out by parameter index, Mica's by name); start the "
-                            "state afresh, or save and load Mica's", user_location())
-        for g, saved in zip(self.param_groups or (), state_dict.get("param_groups", ())):
-            g.update({k: v for k, v in saved.items() if k != "params"})
-        self._held_state = state_dict.get("state")
-        self._held_keys = None  # (its entries are under the names the saving step gave them)
+        name = type(self).__name__
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict) or \
+                not isinstance(state_dict.get("param_groups"), (list, tuple)):
+            raise MicaError(f"{name}.load_state_dict takes an optimizer's state_dict() (a dict with 'state' and "
+                            "'param_groups'), as torch's", user_location())
+        saved, members = state_dict["param_groups"], self._members()
+        sizes = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in saved]
+        if sizes != [len(m) for m in members]:
+            raise MicaError(f"{name}.load_state_dict: the state has groups of {sizes} parameters, this optimizer "
+                            f"groups of {[len(m) for m in members]}; make it with the same groups as the one saved",
+                            user_location())
+        known = set(self._init({"p": np.zeros((2, 2), np.float32)}))
+        held, keys = {}, {}
+        for g, saved_group, ps in zip(self.param_groups or (), saved, members):
+            g.update({k: v for k, v in saved_group.items() if k != "params"})
+            for index, p in zip(saved_group["params"], ps):
+                entry = state_dict["state"].get(index, state_dict["state"].get(str(index)))
+                if not entry or p is None:
+                    continue
+                unknown = sorted(set(entry) - known)
+                if unknown:
+                    raise MicaError(f"{name}.load_state_dict: the state holds {unknown[0]!r}, which {name} does not "
+                                    "keep: it is another optimizer's", user_location())
+                key = f"#{len(keys)}"
+                keys[key] = p
+                for part, value in entry.items():
+                    held.setdefault(part, {})[key] = _state_array(part, value)
+                if "step" in known and "step" not in entry:  # (torch's SGD keeps no count: a state means it stepped)
+                    held.setdefault("step", {})[key] = np.asarray(1, np.int64)
+        self._held_state, self._held_keys = (held, keys) if held else (None, None)
 
     def __getattr__(self, name):  # (a torch.optim.Optimizer method Mica lacks: its sentence)
         if name.startswith("_"):
@@ -314,6 +367,37 @@ def zeros_like_tree(params):
 RULES = {"rate": (lambda v: 0.0 <= v < float("inf"), "a finite number >= 0"),
          "fraction": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
          "nonnegative": (lambda v: 0.0 <= v, "a number >= 0")}
+
+
+def _one_group_each(name, groups):
+    """A Parameter object named by two groups: torch's sentence, at the user's line (one named twice
+    in a group is kept once, as torch keeps it, with its warning left out)."""
+    from ..tensor import user_location
+
+    seen = {}
+    for i, params in enumerate(groups):
+        if callable(params):
+            continue
+        unique = []
+        for p in params:
+            if type(p).__name__ == "Parameter" and any(p is q for q in unique):
+                continue
+            unique.append(p)
+            if type(p).__name__ == "Parameter":
+                if id(p) in seen:
+                    raise MicaError(f"{name}: some parameters appear in more than one parameter group (groups "
+                                    f"{seen[id(p)]} and {i}); give each parameter one group", user_location())
+                seen[id(p)] = i
+        params[:] = unique
+
+
+def _state_array(part, value):
+    """A saved state entry (numpy, or a torch tensor) as the step holds it: the count an int64."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()
+        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+    arr = np.asarray(value)
+    return np.asarray(int(float(arr)), np.int64) if part == "step" else np.array(arr)
 
 
 def _number_of(x):

@@ -12,7 +12,9 @@ class SGD(Optimizer):
     def __init__(self, param_groups=None, **hyper):
         super().__init__(param_groups, **hyper)
         if self.hyper["nesterov"] and (self.hyper["momentum"] <= 0 or self.hyper["dampening"] != 0):
-            raise MicaError("SGD: Nesterov momentum needs momentum > 0 and zero dampening")
+            from ..tensor import user_location
+
+            raise MicaError("SGD: Nesterov momentum needs momentum > 0 and zero dampening", user_location())
 
     def _check(self, hyper, where):
         self._require(hyper, where, ("lr", "momentum", "weight_decay"), "rate")
