@@ -37,7 +37,7 @@ from .verbs import (  # noqa: E402
     squeeze, stack, std, sub, sum, take_along_dim, tanh, tensor, topk, to, transpose, tril, triu, trunc, unbind, unsqueeze, var, view,
     where, zeros, zeros_like,
 )
-from . import cuda, distributed, nn, optim, reference  # noqa: E402
+from . import autograd, cuda, distributed, nn, optim, reference  # noqa: E402
 from .host import HostTensor, eager as _eager, _add_torch_methods, from_numpy  # noqa: E402
 from .random import (  # noqa: E402  (host draws, outside a trace)
     Generator, bernoulli, default_generator, get_rng_state, initial_seed, manual_seed, multinomial, normal, rand,

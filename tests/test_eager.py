@@ -828,3 +828,54 @@ def test_a_compiled_step_follows_a_model_changed_between_calls_and_its_optimizer
     opt.param_groups[0]["lr"] = None
     with pytest.raises(mica.MicaError, match=r"^SGD: param_groups\[0\]\['lr'\] must be a finite number >= 0, got None"):
         step(x)
+
+
+@pytest.mark.parametrize("make", [
+    lambda s, o: s.LambdaLR(o, [lambda e: 0.9 ** e, lambda e: 1.0 / (1 + e)]),
+    lambda s, o: s.StepLR(o, 4, 0.5), lambda s, o: s.MultiStepLR(o, [3, 9], 0.3),
+    lambda s, o: s.ExponentialLR(o, 0.95), lambda s, o: s.CosineAnnealingLR(o, 10, 0.001),
+    lambda s, o: s.LinearLR(o, 0.2, 1.0, 7), lambda s, o: s.ConstantLR(o, 0.25, 6),
+    lambda s, o: s.MultiplicativeLR(o, lambda e: 0.97)],
+    ids=["lambda", "step", "multistep", "exponential", "cosine", "linear", "constant", "multiplicative"])
+def test_torchs_lr_schedulers_set_the_learning_rates_torchs_set(make):
+    m, t = mica.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    mo = mica.optim.SGD([{"params": [m.weight]}, {"params": [m.bias], "lr": 0.5}], lr=0.1)
+    to = torch.optim.SGD([{"params": [t.weight]}, {"params": [t.bias], "lr": 0.5}], lr=0.1)
+    mine, theirs = make(mica.optim.lr_scheduler, mo), make(torch.optim.lr_scheduler, to)
+    for _ in range(25):
+        np.testing.assert_allclose(mine.get_last_lr(), theirs.get_last_lr(), rtol=1e-13)
+        assert [g["lr"] for g in mo.param_groups] == mine.get_last_lr()
+        to.step()
+        mine.step(), theirs.step()
+    assert mine.state_dict()["last_epoch"] == theirs.state_dict()["last_epoch"] == 25
+
+
+def test_a_gradient_penalty_through_autograd_grad_trains_torchs_critic():
+    """WGAN-GP's line, torch.autograd.grad(out.sum(), x, create_graph=True), in a torch-style step."""
+    torch.manual_seed(0)
+    t = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    m = mica.nn.Sequential(mica.nn.Linear(3, 8), mica.nn.Tanh(), mica.nn.Linear(8, 1))
+    m.load_state_dict(t.state_dict())
+    mo, to = mica.optim.Adam(m.parameters(), lr=0.01), torch.optim.Adam(t.parameters(), lr=0.01)
+
+    def body(lib, model, opt):
+        def step(x):
+            opt.zero_grad()
+            x = x.clone().requires_grad_(True) if lib is torch else x
+            out = model(x)
+            g, = lib.autograd.grad(out.sum(), x, create_graph=True)
+            loss = out.mean() + ((g.norm(2, dim=1) - 1) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    x = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
+    mine, theirs = mica.compile(body(mica, m, mo)), body(torch, t, to)
+    for _ in range(3):
+        assert abs(float(mine(x)) - theirs(torch.from_numpy(x)).item()) < 1e-6
+    assert all(np.allclose(m.state_dict()[k], v.detach().numpy(), atol=1e-6) for k, v in t.state_dict().items())
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.autograd.functional"):
+        mica.autograd.functional
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.optim.lr_scheduler.OneCycleLR .* set param_groups"):
+        mica.optim.lr_scheduler.OneCycleLR

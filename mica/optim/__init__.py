@@ -6,6 +6,7 @@ from .muon import QUINTIC_COEFFICIENTS, SEED_COEFFICIENTS, Muon, muon, zeropower
 from .schedules import cosine, cosine_with_warmup, stable_then_decay  # noqa: F401
 from .sgd import SGD, sgd  # noqa: F401
 from .combined import Optimizers  # noqa: F401
+from . import lr_scheduler  # noqa: F401,E402  (torch's schedulers over param_groups, for a torch-style loop)
 
 
 def __getattr__(name):  # (an optimizer or helper torch.optim has and Mica does not: one sentence)
