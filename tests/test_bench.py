@@ -234,6 +234,7 @@ def test_gpt2_refuses_a_character_vocabulary(data):
     assert r.returncode == 2 and "data/openwebtext does not exist" in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # (a variant: the default suite runs the protocol on nanoGPT's CPU model; make test-slow runs it)
 def test_gpt2_protocol_in_miniature(tmp_path, monkeypatch):
     """The GPT-2 path end to end with the model shrunk (GPT-2's vocabulary, no meta file, the
     model's default window): both sides run, Mica's plan is recorded beside its peak RSS."""

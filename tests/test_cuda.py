@@ -745,6 +745,7 @@ def test_the_gpt_step_in_the_simulator_matches_the_oracle(gpt_step):
 
 
 @needs_simulator
+@pytest.mark.slow  # (a variant: the TF32 attention kernels have their own cases; the float32 GPT step runs by default; make test-slow runs it)
 def test_the_gpt_step_with_tf32_attention_in_the_simulator_matches_the_oracle(gpt_step):
     """The same step with tf32=True: its attention (head dim 16) on the tensor-core kernels, the
     loss and every gradient within TF32's rounding of the oracle's."""

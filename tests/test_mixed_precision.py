@@ -227,6 +227,7 @@ def test_training_in_bfloat16_resumes_bit_for_bit_and_is_not_float32(work):
     assert bf != f32 and all(abs(bf[i] - f32[i]) < 1e-2 * f32[i] for i in f32)
 
 
+@pytest.mark.slow  # (a variant: bfloat16 resumes are checked by default; make test-slow runs it)
 def test_a_resume_keeps_fp_half_intermediates_as_its_checkpoint_trained(work):
     """fp_half_intermediates changes the step's roundings: a resume that does not give it goes on
     with the checkpoint's, said, and is bit for bit the run straight through; one that gives

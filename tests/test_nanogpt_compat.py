@@ -453,6 +453,7 @@ def test_an_imported_checkpoint_of_other_data_is_named_as_such(nanogpt):
         "train afresh with --init_from=scratch"), r.stderr
 
 
+@pytest.mark.slow  # (a variant: ckpt.pt imports and resumes are checked by default; make test-slow runs it)
 def test_a_newer_ckpt_pt_beside_micas_checkpoint_is_noted(nanogpt):
     """nanoGPT's train.py resumed an export in the run's folder and wrote ckpt.pt since: Mica still
     reads its own checkpoint (sampling too), and says which file it skips and how to take it."""

@@ -284,6 +284,7 @@ def test_mica_train_under_a_budget_trains_the_same_bits_in_a_smaller_plan(tmp_pa
         native._lower_all(progs, need - 1, "cpu")
 
 
+@pytest.mark.slow  # (a variant: the rematerialized step's bits are checked by default; make test-slow runs it)
 def test_gradient_accumulation_each_micro_batch_is_cut_on_its_own():
     """Two micro-batches: two backwards, each recomputing from its own forward; the same bits."""
     from mica.train import config as config_mod, programs

@@ -188,6 +188,7 @@ def test_every_shard_is_read_in_sorted_order(work):
         train([*common, f"--data_dir={shards}", "--batch_order=order_bad.txt", "--out_dir=c"], check=False)
 
 
+@pytest.mark.slow  # (a variant: sampling from prompts is checked by default; make test-slow runs it)
 def test_a_prompt_longer_than_any_line_limit_is_passed_whole(work):
     train([*TINY, "--max_iters=2"])
     text = open(SHAKESPEARE).read()

@@ -231,6 +231,7 @@ def bf16_run(run_folder):
     return folder
 
 
+@pytest.mark.slow  # (a variant: the speedrun's bfloat16 steps are checked in test_speedrun_bf16 and float32 runs by default; make test-slow runs it)
 def test_a_bfloat16_run_stores_its_embedding_as_bf16_and_resumes_bit_for_bit(bf16_run):
     folder = bf16_run
     init = ckpt.SafeTensors(str(folder / "bf16" / "init.safetensors"))
@@ -250,6 +251,7 @@ def test_a_bfloat16_run_stores_its_embedding_as_bf16_and_resumes_bit_for_bit(bf1
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # (a variant: the speedrun's bfloat16 steps are checked in test_speedrun_bf16 and float32 runs by default; make test-slow runs it)
 def test_a_bfloat16_run_follows_the_seeds_loop_in_bfloat16(bf16_run):
     """The native trainer at the seed's precision against the seed's loop in PyTorch at the same
     precision (bf16 embedding, fused AdamW), from the same init.safetensors: every validation loss
