@@ -330,6 +330,7 @@ class StatefulStep:
         grad_specs = {self.name[id(p)]: p.spec for p, g in zip(self.params, graded) if g}
         state_specs = [self._per_parameter(o, self._keyed(o, lambda o=o: o.state_specs(self._mine(o, param_specs))))
                        for o in self.optimizers]
+        self.parts = {id(o): list(spec) for o, spec in zip(self.optimizers, state_specs)}
         lr_specs = [[Spec((), float32) for _ in o.param_groups] for o in self.optimizers]
         computed = []  # [(group, its lr computed in the step)] of the last trace
 
@@ -397,13 +398,14 @@ class StatefulStep:
         held = self._per_parameter(opt, held) if getattr(opt, "_held_keys", None) is None else held
         old = {id(p): n for n, p in (getattr(opt, "_held_keys", None) or mine).items()}
         out, made = {}, None
-        for part, value in held.items():
-            if not isinstance(value, dict):
+        for part in self.parts[id(opt)]:  # (the parts the program takes: one a loaded state lacks is fresh)
+            value = held.get(part)
+            if value is not None and not isinstance(value, dict):
                 out[part] = value
                 continue
             out[part] = {}
             for n, p in mine.items():
-                if old.get(id(p)) in value:
+                if isinstance(value, dict) and old.get(id(p)) in value:
                     out[part][n] = value[old[id(p)]]
                 else:
                     made = made or fresh()

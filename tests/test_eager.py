@@ -762,6 +762,16 @@ def test_an_optimizers_state_dict_is_torchs_layout_and_resumes_from_either_side(
             theirs(torch.from_numpy(x))
             want = {k: v.detach().numpy() for k, v in t.state_dict().items()}
         assert all(np.allclose(m2.state_dict()[k], v, rtol=1e-5, atol=1e-7) for k, v in want.items())
+    for momentum in (0.0, 0.9):  # (torch's SGD keeps no step count, and a momentum_buffer of None without momentum)
+        ts, ms = torch.nn.Linear(3, 1), mica.nn.Linear(3, 1)
+        tso, mso = torch.optim.SGD(ts.parameters(), lr=0.1, momentum=momentum), \
+            mica.optim.SGD(ms.parameters(), lr=0.1, momentum=momentum)
+        step_of(ts, tso)(torch.from_numpy(x))
+        ms.load_state_dict(ts.state_dict())
+        mso.load_state_dict(tso.state_dict())
+        mica.compile(step_of(ms, mso))(x)
+        step_of(ts, tso)(torch.from_numpy(x))
+        assert all(np.allclose(ms.state_dict()[k], v.detach().numpy(), rtol=1e-6) for k, v in ts.state_dict().items())
     with pytest.raises(mica.MicaError, match=r"^SGD.load_state_dict: the state holds 'exp_avg', which SGD does not keep"):
         mica.optim.SGD([{"params": m[0].parameters()}, {"params": m[2].parameters()}]).load_state_dict(saved)
     with pytest.raises(mica.MicaError, match=r"groups of \[2, 2\] parameters, this optimizer groups of \[4\]"):

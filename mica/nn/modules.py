@@ -70,8 +70,8 @@ class Parameter:
         if not F.in_trace():
             from ..host import host
 
-            if write and getattr(self, "_held", None) is None:
-                self._held = np.array(_held(self, min(self._names, default="")))
+            if write and getattr(self, "_held", None) is None:  # (the initial values, which views given out share)
+                self._held = self.initial_value()
             return host(_held(self, min(self._names, default="")))
         raise MicaError(f"{what}: a Parameter is read in a traced function through the params bound to it "
                         "(functional_call, model.bind), or in a torch-style step under @mica.compile")
@@ -524,12 +524,12 @@ def _eager_call(module, args, kwargs):
         from ..tensor import user_location
 
         module._said_initial = True  # (once per module: a sampling loop calls it for every token)
-        drawn = "drawn when it was made, from mica.manual_seed's seed"
         path, line = user_location() or ("<mica>", 0)
         warnings.warn_explicit(
             f"{type(module).__name__} is called outside a trace with no values for {initial[0]}"
             f"{f' and {len(initial) - 1} more' if len(initial) > 1 else ''}: it runs with their initial values "
-            f"({drawn}); to run trained ones, call it inside `with model.bind(params):` or load them "
+            "(drawn when it was made, from mica.manual_seed's seed); to run trained ones, call it inside "
+            "`with model.bind(params):` or load them "
             "with model.load_state_dict(model.state_dict(params))", UserWarning, path, line)
 
     def call(*a, **k):

@@ -213,7 +213,10 @@ class Optimizer:
             raise MicaError(f"{name}.load_state_dict: the state has groups of {sizes} parameters, this optimizer "
                             f"groups of {[len(m) for m in members]}; make it with the same groups as the one saved",
                             user_location())
-        known = set(self._init({"p": np.zeros((2, 2), np.float32)}))
+        try:  # (the parts this optimizer's state has, from a small one of its own)
+            known = set(self._init({"p": np.zeros((2, 2), np.float32)}))
+        except Exception:
+            known = None
         held, keys = {}, {}
         for g, saved_group, ps in zip(self.param_groups or (), saved, members):
             g.update({k: v for k, v in saved_group.items() if k != "params"})
@@ -221,15 +224,16 @@ class Optimizer:
                 entry = state_dict["state"].get(index, state_dict["state"].get(str(index)))
                 if not entry or p is None:
                     continue
-                unknown = sorted(set(entry) - known)
+                unknown = sorted(set(entry) - known) if known is not None else []
                 if unknown:
                     raise MicaError(f"{name}.load_state_dict: the state holds {unknown[0]!r}, which {name} does not "
                                     "keep: it is another optimizer's", user_location())
                 key = f"#{len(keys)}"
                 keys[key] = p
                 for part, value in entry.items():
-                    held.setdefault(part, {})[key] = _state_array(part, value)
-                if "step" in known and "step" not in entry:  # (torch's SGD keeps no count: a state means it stepped)
+                    if value is not None:  # (torch's SGD without momentum keeps momentum_buffer None)
+                        held.setdefault(part, {})[key] = _state_array(part, value)
+                if "step" in (known or ()) and "step" not in entry:  # (torch's SGD keeps no count: a state means it stepped)
                     held.setdefault("step", {})[key] = np.asarray(1, np.int64)
         self._held_state, self._held_keys = (held, keys) if held else (None, None)
 
