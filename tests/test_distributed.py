@@ -191,6 +191,7 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, data):
 
 
 @needs_mpi
+@pytest.mark.slow  # (a variant: ZeRO-1 on two ranks is checked by default in the speedrun's run; make test-slow runs it)
 def test_zero1_on_two_ranks_is_bitwise_one_process_and_resumes_so(tmp_path, data):
     """zero_stage=1: each rank reduce-scatters the gradients, keeps AdamW's moments of its own
     tensors and all-gathers the parameters; clipping and dropout on. The losses, metrics and
