@@ -559,11 +559,16 @@ def _held(p, name):
     return held if held is not None else p.initial_value(name)
 
 
+def _from_torch(value):
+    """A torch tensor as numpy (bfloat16 widened to float32, which numpy holds); anything else as given."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()
+        return (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+    return value
+
+
 def _as_values(where, key, value, shape, dtype):
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # (a torch tensor)
-        value = value.detach().cpu().float().numpy() if str(value.dtype) == "torch.bfloat16" else \
-            value.detach().cpu().numpy()
-    arr = np.asarray(value)
+    arr = np.asarray(_from_torch(value))
     if tuple(arr.shape) != tuple(shape):
         from ..tensor import user_location
 

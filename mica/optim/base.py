@@ -397,10 +397,9 @@ def _one_group_each(name, groups):
 
 def _state_array(part, value):
     """A saved state entry (numpy, or a torch tensor) as the step holds it: the count an int64."""
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu()
-        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
-    arr = np.asarray(value)
+    from ..nn.modules import _from_torch
+
+    arr = np.asarray(_from_torch(value))
     return np.asarray(int(float(arr)), np.int64) if part == "step" else np.array(arr)
 
 
