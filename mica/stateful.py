@@ -422,11 +422,11 @@ class StatefulStep:
             self.programs[pattern] = self._build(pattern[1])
         return self.programs[pattern]
 
-    def __call__(self, args, run_options):
+    def __call__(self, args, run_options, prepared=None):
         from .host import host
         from .nn.modules import _held
 
-        program, computed = self.prepare()
+        program, computed = prepared or self.prepare()
         values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
         grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
         states = [self._state(o, values) for o in self.optimizers]

@@ -154,11 +154,8 @@ def compile(fn=None, *specs, target="cpu", name=None, **options):
     return _Compiled(fn, target, name, options)
 
 
-def _random(built):
-    """Whether a compiled function draws random bits (dropout)."""
-    from . import stateful
-
-    program = built.prepare()[0] if isinstance(built, stateful.StatefulStep) else built
+def _random(program):
+    """Whether a compiled program draws random bits (dropout)."""
     lowered = getattr(program, "lowered", None)
     return lowered is not None and getattr(lowered.graph, "rng", None) is not None
 
@@ -208,11 +205,12 @@ class _Compiled:
             else:
                 self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
         built = self.built[key]
-        drawn = "seed" not in run_options and _random(built)
+        prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
+        drawn = "seed" not in run_options and _random(prepared[0] if prepared else built)
         if drawn:  # (dropout: a key drawn at each call from mica's host generator, as torch's from its own, so
             from .random import default_generator  # manual_seed repeats it and get/set_rng_state resume it)
 
             run_options["seed"] = int(default_generator._rng.integers(0, 2 ** 63))
         run_options.setdefault("offset", 0 if drawn else self.calls)  # (a seed given: the call count moves the key)
         self.calls += 1
-        return built(args, run_options) if isinstance(built, stateful.StatefulStep) else built(*args, **run_options)
+        return built(args, run_options, prepared) if prepared else built(*args, **run_options)

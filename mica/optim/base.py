@@ -407,8 +407,10 @@ def _number_of(x):
     """A learning rate given as a tensor (torch takes one) as its number."""
     from ..tensor import Tensor
 
+    from ..nn.modules import _from_torch
+
     if hasattr(x, "shape") and not isinstance(x, (int, float, np.generic, Tensor)) and math.prod(x.shape) == 1:
-        return float(np.asarray(x.detach() if hasattr(x, "detach") and hasattr(x, "cpu") else x).reshape(()))
+        return float(np.asarray(_from_torch(x)).reshape(()))
     return x
 
 
