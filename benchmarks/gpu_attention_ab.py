@@ -57,7 +57,7 @@ def executable(prog, path, simulate, workdir):
     with open(src, "w") as f:
         f.write(lowered.source)
     a = arch()
-    subprocess.run(build.nvcc_command(src, lib, archs=["-gencode", f"arch=compute_{a},code=sm_{a}"]),
+    subprocess.run(build.nvcc_command(src, lib, archs=[a]),
                    check=True)
     return AbiExecutable(lowered, lib)
 

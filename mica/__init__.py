@@ -22,6 +22,7 @@ from .amp import autocast  # noqa: E402
 from .dtypes import Spec  # noqa: E402
 from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
 from .errors import GradError, MicaError, ShapeError, TraceError  # noqa: E402
+from .errors import install_excepthook as _install_excepthook  # noqa: E402
 from .grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled, value_and_grad  # noqa: E402
 from .tensor import Tensor  # noqa: E402
 from .trace import Program, compile, trace  # noqa: A004, E402
@@ -77,3 +78,6 @@ def __getattr__(name):  # (a verb torch has and Mica does not: one sentence; sub
                                "torch.load(..., weights_only=False)), and `mica train` writes its own checkpoints",
                                user_location())
     raise missing_verb("mica.", name, "torch.")
+
+
+_install_excepthook()  # (an uncaught Mica error ends a script with its sentence: errors.py)

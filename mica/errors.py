@@ -58,3 +58,24 @@ def format_loc(loc):
     except ValueError:
         pass
     return f"{path}:{line}"
+
+
+def _uncaught(kind, value, tb, _python=None):
+    """sys.excepthook while Mica is imported: a Mica error nothing caught ends a script with its
+    sentence (and the user's file:line), as the mica command's do, not with Python's traceback
+    through Mica's own frames; MICA_TRACEBACK=1 shows that traceback. Other exceptions are Python's."""
+    import os
+    import sys
+
+    if isinstance(value, MicaError) and os.environ.get("MICA_TRACEBACK", "") in ("", "0"):
+        print(f"mica: error: {value}", file=sys.stderr)
+        return
+    (_python or sys.__excepthook__)(kind, value, tb)
+
+
+def install_excepthook():
+    """Take sys.excepthook for uncaught Mica errors, where no one else has taken it."""
+    import sys
+
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _uncaught

@@ -883,3 +883,26 @@ def test_sigterm_while_compiling_stops_the_compilers_with_a_sentence(data, tmp_p
             pass
     assert not left, f"compilers left running: {left}"
     assert not (root / "stopped").exists()
+
+
+def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp_path):
+    """An uncaught Mica error ends a user's script as the mica command's do: its one sentence with
+    the script's file:line, exit status 1; MICA_TRACEBACK=1 gives Python's traceback; an error that
+    is not Mica's keeps Python's traceback."""
+    script = tmp_path / "model.py"
+    script.write_text("import mica\n\ndef f(x, w):\n    return x @ w\n\n"
+                      "mica.compile(f, mica.f32[5, 6], mica.f32[4, 8])\n")
+    other = tmp_path / "other.py"
+    other.write_text("import mica\nraise ValueError('not mica')\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    env.pop("MICA_TRACEBACK", None)
+    run = lambda path, **extra: subprocess.run([sys.executable, str(path)], capture_output=True, text=True,  # noqa: E731
+                                               cwd=tmp_path, env={**env, **extra})
+    r = run(script)
+    assert_sentence(r, "matmul: cannot multiply f32[5, 6] by f32[4, 8]", code=1)
+    assert r.stderr.strip().endswith("(model.py:4)") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run(script, MICA_TRACEBACK="1")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "ShapeError: matmul" in r.stderr, r.stderr
+    r = run(other)
+    assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: not mica" in r.stderr, r.stderr

@@ -893,8 +893,7 @@ def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tm
     tf32 = attention_cases([TF32_CASES[3]])[0]  # (GPT-2's head dim, 64)
     # the GPT trainer's step for every architecture; the other kernels for the oldest and the newest
     # (the step holds most of them; a real build takes all five for every program: this keeps the test short)
-    ends = ["-gencode", f"arch=compute_{build.ARCHS[0]},code=sm_{build.ARCHS[0]}", "-gencode",
-            f"arch=compute_{build.ARCHS[-1]},code=sm_{build.ARCHS[-1]}"]
+    ends = [build.ARCHS[0], build.ARCHS[-1]]
     for name, program, options, archs in (
             ("gpt", gpt_step[0], {}, None), ("rows", row_kernels(), {}, ends),
             ("rows64", every_row_kernel(4, np.float64, widths=(24,), attention=F64_CASE), {}, ends),

@@ -63,10 +63,13 @@ def gencode(archs=ARCHS):
     return flags + ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
 
 
-def nvcc_command(src, out, shared=True, threads_per_block=None, archs=None):
+def nvcc_command(src, out, shared=True, threads_per_block=None, archs=ARCHS):
+    """nvcc's command line that builds generated CUDA source `src` as Mica does: a shared library
+    linked to cuBLASLt (`shared`) or an object, for the cards' architectures `archs` (numbers: 90 is
+    sm_90), float32 as float32 (`--fmad=false`), warnings as errors, the headers Mica's and the wheel's."""
     include, _ = cuda_libraries()
     cmd = [nvcc(), "-O3", "--threads", "0", "--fmad=false", "-std=c++17", "-Werror", "all-warnings", "-I", HERE,
-           "-I", SHARED_DIR, "-I", include, *(archs or gencode()), "-Xcompiler", "-fPIC"]
+           "-I", SHARED_DIR, "-I", include, *gencode(archs or ARCHS), "-Xcompiler", "-fPIC"]
     cmd += [f"-DMICA_THREADS={threads_per_block}"] if threads_per_block else []
     if shared:
         cmd += ["-shared", src, "-o", out, *link_flags()]
@@ -123,4 +126,4 @@ def build(source, name="program", simulate=False, threads_per_block=None, archs=
                               lambda src, out: simulator_command(src, out, threads_per_block) + ranks)
     return compile_cached(source, out_dir, "program.cu", "nvcc", name,
                           lambda src, out: nvcc_command(src, out, threads_per_block=threads_per_block,
-                                                        archs=gencode(archs)) + ranks)
+                                                        archs=archs) + ranks)
