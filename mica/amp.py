@@ -6,8 +6,10 @@ a verb on the float32 list casts half operands to float32; every other verb runs
 types (so a residual `x + y` of float32 and bfloat16 is float32, by promotion). The casts are
 ordinary `cast` nodes with the user's line, visible in `program.ir`; their gradients cast back, so
 float32 weights get float32 gradients. The lists are PyTorch's for the device type (CPU: the
-products and attention in the half type, the losses in float32; CUDA adds softmax, log-softmax,
-layer norm, sums, exp, log, rsqrt and powers to the float32 list), restricted to Mica's verbs.
+products and attention in the half type, the losses and prod in float32; CUDA adds softmax,
+log-softmax, layer and RMS norms, norms, cosine similarity, sums, products, running sums and
+products, logsumexp, exp, expm1, log, log1p, rsqrt, powers and softplus to the float32 list, and
+refuses binary_cross_entropy, as PyTorch does), restricted to Mica's verbs.
 
 What the half type means for the work itself (every target): a product reads half operands and
 accumulates in float32; a kernel (norms, softmax, attention, cross-entropy) computes in float32 and
@@ -22,10 +24,12 @@ from . import dtypes
 from .errors import MicaError
 
 LOWER = frozenset({"matmul", "linear", "scaled_dot_product_attention"})
-FLOAT32 = {
-    "cpu": frozenset({"cross_entropy", "nll_loss"}),
-    "cuda": frozenset({"cross_entropy", "nll_loss", "softmax", "log_softmax", "layer_norm", "norm", "sum", "exp",
-                       "log", "rsqrt", "pow"}),
+_LOSSES = frozenset({"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+                     "binary_cross_entropy_with_logits"})
+FLOAT32 = {  # (torch 2.13's lists, restricted to Mica's verbs; tests/test_mixed_precision.py checks both)
+    "cpu": _LOSSES | {"binary_cross_entropy", "prod"},
+    "cuda": _LOSSES | {"softmax", "log_softmax", "layer_norm", "rms_norm", "norm", "cosine_similarity", "sum", "prod",
+                       "cumsum", "cumprod", "logsumexp", "exp", "expm1", "log", "log1p", "rsqrt", "pow", "softplus"},
 }
 _DEFAULT_DTYPE = {"cpu": dtypes.bfloat16, "cuda": dtypes.float16}  # torch.get_autocast_dtype's defaults
 

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .. import dtypes
+from .. import amp, dtypes
 from ..tensor import fail
 from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, gt, le, log, logical_or, lt, maximum, mean, mul,
                    ne, neg, norm, sigmoid, sub, to, where)
@@ -16,9 +16,12 @@ from .shape import expand, narrow
 
 
 def _float(verb, x):
+    """x as a floating Tensor: an integer one as the default float; a half one in float32 where
+    `verb` is on autocast's float32 list (the losses; on CUDA also softplus, expm1, log1p, ...)."""
     x = as_tensor(x)
     if x.dtype.kind != "float":
         x = to(x, dtypes.DEFAULT_FLOAT)
+    (x,) = amp.float32(verb, x)
     return x
 
 
@@ -163,6 +166,9 @@ _BCE_EPS = float(np.float32(1e-12))  # (torch's EPSILON, a float even in a float
 
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """On probabilities, as torch's: each log clamped at -100 (so a 0 or 1 gives a finite loss)."""
+    if (amp.active() or ("",))[0] == "cuda":  # (torch's CUDA autocast refuses it too)
+        fail("binary_cross_entropy is unsafe under autocast('cuda') (its probabilities would be rounded to the half "
+             "type); give the logits to binary_cross_entropy_with_logits instead, or compute it outside the region")
     x, t = _pair("binary_cross_entropy", input, target)
     xd, td = detach(x), detach(t)
     lx = maximum(log(xd), as_tensor(-100.0, x.dtype))

@@ -692,6 +692,8 @@ def prod(input, dim=None, keepdim=False, dtype=None):
         x = to(x, dtype)
     elif x.dtype.kind != "float":
         x = to(x, dtypes.int64)
+    else:
+        (x,) = amp.float32("prod", x)
     from .select import cumprod
     from .shape import narrow, reshape
 

@@ -229,6 +229,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     """RMS norm; eps=None means the machine epsilon of the type it computes in, as in PyTorch
     (float32's for float32 and the half types, which compute in float32)."""
     x = _floating_input(input, "rms_norm")
+    x, weight = amp.float32("rms_norm", x, weight)
     k = _normalized(x, normalized_shape, "rms_norm")
     if eps is None:
         eps = _FINFO_EPS[x.dtype.name]

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .. import dtypes
+from .. import amp, dtypes
 from ..tensor import Tensor, emit, fail
 from .core import (add, amax, amin, argmax, as_tensor, canon_dim, div, eq, floor_divide, full, gt, logical_and,
                    logical_not, logical_or, lt, mul, ne, sub, tensor, to, where)
@@ -321,6 +321,8 @@ def _scan_operand(verb, input, dim, dtype):
         x = to(x, dtype)
     elif x.dtype.kind != "float":
         x = to(x, dtypes.int64)  # (torch's: integer and bool running sums are int64)
+    else:
+        (x,) = amp.float32(verb, x)
     if x.ndim == 0:
         return x, None
     return x, canon_dim(dim, x.ndim, verb)
