@@ -651,3 +651,9 @@ def test_a_value_beyond_a_narrower_inputs_range_is_a_sentence_not_inf():
     exe32 = mica.compile(lambda x: x.sum(), mica.f32[2])
     with pytest.raises(MicaError, match="got 1e\\+39, beyond float32's largest value"):
         exe32(np.array([1e39, 1.0]))
+
+
+def test_a_bad_grad_scaler_setting_names_the_users_line():
+    for bad in (dict(init_scale=-1.0), dict(growth_factor=1.0), dict(growth_interval=0), dict(device=3)):
+        with pytest.raises(MicaError, match=r"GradScaler: .*test_mixed_precision\.py:\d+\)$"):
+            mica.amp.GradScaler(**bad)

@@ -247,3 +247,38 @@ def test_a_modules_to_dtype_reads_its_float_buffers_in_that_type():
     m = Scaled().double()
     exe = mica.compile(lambda p, x: mica.nn.functional_call(m, p, x), m.param_specs(), mica.f64[1])
     assert exe(m.init(0), np.array([1.0])).tolist() == [0.1]
+
+
+def test_functional_call_takes_torch_funcs_form_too():
+    """torch.func.functional_call(model, params, (x, y), {"scale": s}) and params as a tuple of
+    dicts, beside Mica's functional_call(model, params, x, y): the same values as torch's."""
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x, y, scale=1.0):
+            return (self.lin(x) * y * scale).sum()
+
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal(2).astype(np.float32)
+    x, y, s = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32), 0.5
+    m = Two()
+    forms = (lambda p, x, y: nn.functional_call(m, p, x, y, scale=s),
+             lambda p, x, y: nn.functional_call(m, p, (x, y), {"scale": s}),
+             lambda p, x, y: nn.functional_call(m, ({"lin.weight": p["lin.weight"]}, {"lin.bias": p["lin.bias"]}),
+                                                (x, y), scale=s))
+    got = [float(mica.compile(f, m.param_specs(), mica.f32[4, 3], mica.f32[4, 2])(
+        {"lin.weight": w, "lin.bias": b}, x, y)) for f in forms]
+
+    class TorchTwo(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x, y, scale=1.0):
+            return (self.lin(x) * y * scale).sum()
+
+    want = torch.func.functional_call(TorchTwo(), {"lin.weight": torch.tensor(w), "lin.bias": torch.tensor(b)},
+                                      (torch.tensor(x), torch.tensor(y)), {"scale": s}).item()
+    assert got[0] == got[1] == got[2] and abs(got[0] - want) <= 1e-5 * abs(want), (got, want)

@@ -600,7 +600,14 @@ class _NoMemo(set):
 
 
 def functional_call(module, params, *args, **kwargs):
-    """Call `module` with its parameters read from `params` ({name: Tensor})."""
+    """Call `module` with its parameters read from `params` ({name: Tensor}, or a tuple of such
+    dicts as torch.func's): `functional_call(model, params, x, y)`, or torch.func's form with the
+    arguments as one tuple and an optional dict of keyword arguments,
+    `functional_call(model, params, (x, y), {"mask": m})`."""
+    if isinstance(params, (tuple, list)) and all(isinstance(d, dict) for d in params):
+        params = {k: v for d in params for k, v in d.items()}
+    if len(args) in (1, 2) and type(args[0]) is tuple and (len(args) == 1 or isinstance(args[1], dict)):
+        args, kwargs = args[0], {**(args[1] if len(args) == 2 else {}), **kwargs}  # (torch.func's form)
     with module.bind(params):
         return module(*args, **kwargs)
 
