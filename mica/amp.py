@@ -186,34 +186,75 @@ class GradScaler:
             fail(f"GradScaler.{verb}: the state's values are constants here (scaler.init() called inside the "
                  f"step?), so the scale could never change; {self._FORM}")
 
-    # torch's stateful form, in a torch-style compiled step (mica/stateful.py): with enabled=False (nanoGPT's
+    # torch's stateful form, in a torch-style compiled step (mica/stateful.py): the scaler holds its
+    # scale and growth tracker between calls (numpy values, `_held_state`), which go in and out of
+    # the compiled step as the functional form's state does; with enabled=False (nanoGPT's
     # `GradScaler(enabled=(dtype == 'float16'))` in float32 and bfloat16) each call is torch's no-op
     def _torch_form(self, verb):
         from .tensor import user_location
 
-        raise MicaError(f"GradScaler.{verb} in torch's form (the scaler holding its scale) works with "
-                        "enabled=False only; float16 loss scaling is `mica train --dtype=float16`, or the functional "
-                        "scaler (state = scaler.init(), passed through the step: docs/api.md, Mixed precision)",
+        raise MicaError(f"GradScaler.{verb} in torch's form (the scaler holding its scale) runs inside a compiled "
+                        "step: put the loop body that calls scale(loss).backward(), step(optimizer) and update() "
+                        "under @mica.compile (or use the functional scaler: docs/api.md, Mixed precision)",
                         user_location())
+
+    def _held(self):
+        """The scale and growth tracker a torch-form scaler holds between calls (numpy)."""
+        held = getattr(self, "_held_state", None)
+        return held if held is not None else self.init()
+
+    def _settings(self):
+        return (self.growth_factor, self.backoff_factor, self.growth_interval)
 
     def is_enabled(self):
         return self.enabled
 
     def get_scale(self):
-        """torch's: 1.0 when disabled; enabled, the scale is the state's ("scale")."""
-        if self.enabled:
-            self._torch_form("get_scale")
-        return 1.0
+        """torch's: 1.0 when disabled, else the scale the scaler holds (after the last step's update)."""
+        if not self.enabled:
+            return 1.0
+        from .tensor import in_trace
+
+        if in_trace():
+            self._torch_form_value("get_scale")
+        return float(self._held()["scale"])
+
+    def _torch_form_value(self, verb):
+        from .tensor import user_location
+
+        raise MicaError(f"GradScaler.{verb}() in a compiled step would read the scale when the step is compiled, "
+                        "not at each call; call it outside the step", user_location())
 
     def state_dict(self):
-        """torch's: {} when disabled (nanoGPT saves nothing then); enabled, the state is the step's."""
-        if self.enabled:
-            self._torch_form("state_dict")
-        return {}
+        """torch's: {} when disabled (nanoGPT saves nothing then), else its keys and values."""
+        if not self.enabled:
+            return {}
+        held = self._held()
+        return {"scale": float(held["scale"]), "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "_growth_tracker": int(held["growth_tracker"])}
 
     def load_state_dict(self, state_dict):
-        if self.enabled:
-            self._torch_form("load_state_dict")
+        """torch's: the scale, the growth tracker and the settings from state_dict() (Mica's or torch's)."""
+        import numpy as np
+
+        from .tensor import user_location
+
+        if not self.enabled:
+            return
+        if not state_dict:
+            raise MicaError("GradScaler.load_state_dict: the state dict is empty (saved from a scaler made with "
+                            "enabled=False?); give the one an enabled scaler's state_dict() saved", user_location())
+        try:
+            scale, tracker = float(state_dict["scale"]), int(state_dict["_growth_tracker"])
+            settings = (float(state_dict["growth_factor"]), float(state_dict["backoff_factor"]),
+                        int(state_dict["growth_interval"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MicaError(f"GradScaler.load_state_dict: the state dict lacks or mistypes {e}; give the one "
+                            "GradScaler.state_dict() saved (keys scale, growth_factor, backoff_factor, "
+                            "growth_interval, _growth_tracker)", user_location()) from None
+        self.growth_factor, self.backoff_factor, self.growth_interval = settings
+        self._held_state = {"scale": np.float32(scale), "growth_tracker": np.int32(tracker)}
 
     def __getattr__(self, name):  # (another torch.amp.GradScaler method: Mica's sentence)
         if name.startswith("_"):
@@ -230,11 +271,20 @@ class GradScaler:
 
     def unscale_(self, optimizer):
         if self.enabled:
-            self._torch_form("unscale_")
+            if not self._in_torch_step():
+                self._torch_form("unscale_")
+            from . import stateful
+
+            stateful.scaler_unscale(self, optimizer)
 
     def scale(self, loss, state=None):
-        if self.enabled and state is None and self._in_torch_step():
-            self._torch_form("scale")
+        if self.enabled and state is None:
+            if not self._in_torch_step():
+                self._torch_form("scale")
+            from . import stateful
+
+            state = stateful.note_scaler(self)
+            return loss if state is None else loss * state["scale"]  # (None: the finding trace, never run)
         if self.enabled:
             self._check_state("scale", state)
         return loss * state["scale"] if self.enabled else loss
@@ -272,9 +322,13 @@ class GradScaler:
         from . import verbs as F
         from .tensor import Tensor, fail
 
-        if hasattr(found_inf, "param_groups") and old is None and self._in_torch_step():  # (torch's step(opt))
-            if self.enabled:
+        if hasattr(found_inf, "param_groups") and old is None:  # (torch's step(optimizer))
+            if not self._in_torch_step():
                 self._torch_form("step")
+            if self.enabled:
+                from . import stateful
+
+                return stateful.scaler_step(self, found_inf)
             return found_inf.step()
         if not isinstance(found_inf, Tensor) or old is None or new is None:
             fail("GradScaler.step takes (found_inf, old, new), unscale's flag, the parameters and optimizer state "
@@ -307,8 +361,12 @@ class GradScaler:
 
         if not self.enabled:
             return state
-        if (state is None or found_inf is None) and self._in_torch_step():
-            self._torch_form("update")
+        if state is None and found_inf is None:  # (torch's update())
+            if not self._in_torch_step():
+                self._torch_form("update")
+            from . import stateful
+
+            return stateful.scaler_update(self)
         self._check_state("update", state, ("scale", "growth_tracker"))
         if set(state) != {"scale", "growth_tracker"}:
             from .tensor import fail

@@ -38,6 +38,9 @@ class StepTrace:
         self.backwarded = []  # (loss Tensor, retain_graph) of each backward() call (a second call needs retain_graph=True)
         self.set_lrs = {}     # id(param group) -> (the group, its lr before the step set it): set_lr()
         self.touched = []     # the modules whose attributes the first trace looked up (their contents key it)
+        self.scalers = []     # torch-form GradScalers (enabled) used, in first-use order
+        self.scaler_states = {}  # id(scaler) -> {"scale", "growth_tracker"} Tensors
+        self.unscaled = {}    # id(scaler) -> {id(optimizer): its found_inf flag} since the scaler's last update()
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
@@ -248,6 +251,73 @@ def step(opt):
     return None
 
 
+def note_scaler(sc):
+    """A torch-form GradScaler the step uses (its scale and growth tracker kept between calls); in
+    the compiled trace its state Tensors, else None."""
+    s = active()
+    if all(x is not sc for x in s.scalers):
+        s.scalers.append(sc)
+    return None if s.mode == "find" else s.scaler_states[id(sc)]
+
+
+def scaler_unscale(sc, opt):
+    """scaler.unscale_(optimizer): the gradients of the optimizer's parameters divided by the scale,
+    and whether any was inf or NaN (kept for step and update), once per optimizer between updates."""
+    from . import verbs as F
+
+    state, s = note_scaler(sc), active()
+    done = s.unscaled.setdefault(id(sc), {})
+    if id(opt) in done:
+        raise MicaError("GradScaler.unscale_() was called on this optimizer already since the last update(); as "
+                        "torch, unscale each optimizer's gradients once a step", user_location())
+    if state is None:
+        done[id(opt)] = None
+        return
+    members = [p for _, ps in _groups_of(opt, s) for p in ps if id(p) in s.grads]
+    if not members:  # (torch's: nothing to check, nothing found)
+        done[id(opt)] = F.as_tensor(False)
+        return
+    grads, done[id(opt)] = sc.unscale([s.grads[id(p)] for p in members], state)
+    for p, g in zip(members, grads):
+        s.grads[id(p)] = g
+
+
+def scaler_step(sc, opt):
+    """scaler.step(optimizer): unscale_ first where the step has not, then the optimizer's step,
+    kept only where no gradient was inf or NaN (else the parameters and its state keep their
+    values, as torch skips optimizer.step())."""
+    s = active()
+    if id(opt) not in s.unscaled.get(id(sc), {}):
+        scaler_unscale(sc, opt)
+    found = s.unscaled[id(sc)][id(opt)]
+    if s.mode == "find":
+        return step(opt)
+    members = [p for _, ps in _groups_of(opt, s) for p in ps]
+    old = ([s.bound[id(p)] for p in members], s.states[id(opt)])
+    step(opt)
+    new = ([s.bound[id(p)] for p in members], s.states[id(opt)])
+    values, s.states[id(opt)] = sc.step(found, old, new)
+    for p, v in zip(members, values):
+        s.bound[id(p)] = v
+    return None
+
+
+def scaler_update(sc):
+    """scaler.update(): the scale backed off where any optimizer's gradients held an inf or NaN,
+    grown after growth_interval clean steps (the functional update, on every flag since the last)."""
+    from . import verbs as F
+
+    state, s = note_scaler(sc), active()
+    found = s.unscaled.pop(id(sc), {})
+    if not found:
+        raise MicaError("GradScaler.update() found no step to judge: call scaler.step(optimizer) (or unscale_) "
+                        "before it, as torch requires", user_location())
+    if state is None:
+        return
+    flags = list(found.values())
+    s.scaler_states[id(sc)] = sc.update(state, flags[0] if len(flags) == 1 else F.any(F.stack(flags)))
+
+
 def set_lr(group, value):
     """param_group["lr"] = value in a step being traced: noted with the value it had, which the
     group gets back after the trace when the new one is computed in the step (the program's output
@@ -298,6 +368,7 @@ class StatefulStep:
         self.fn, self.args, self.options = fn, tuple(args), compile_options
         self.found = found
         self.params, self.optimizers = list(found.params), list(found.optimizers)
+        self.scalers = list(found.scalers)
         self.modules = [m for owner in found.modules for m in owner.modules()]  # (and what they hold: Dropout)
         self.name = keys(self.params)
         self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
@@ -319,7 +390,7 @@ class StatefulStep:
         graded = tuple(getattr(p, "_held_grad", None) is not None for p in self.params)
         frozen = tuple(not p.requires_grad for p in self.params)
         settings = repr([[{k: v for k, v in g.items() if k not in ("params", "lr")} for g in o.param_groups]
-                         for o in self.optimizers])
+                         for o in self.optimizers] + [sc._settings() for sc in self.scalers])
         return modes, graded, frozen, settings
 
     def _build(self, graded):
@@ -332,15 +403,18 @@ class StatefulStep:
                        for o in self.optimizers]
         self.parts = {id(o): list(spec) for o, spec in zip(self.optimizers, state_specs)}
         lr_specs = [[Spec((), float32) for _ in o.param_groups] for o in self.optimizers]
+        scaler_specs = [sc.state_specs() for sc in self.scalers]
         computed = []  # [(group, its lr computed in the step)] of the last trace
 
-        def body(user_args, params, grads, states, lrs):
+        def body(user_args, params, grads, states, lrs, scalers):
             s = StepTrace("trace")
             s.params, s.names = list(self.params), self.name
             s.bound = {id(p): params[self.name[id(p)]] for p in self.params}
             s.grads = {id(p): grads[self.name[id(p)]] for p in self.params if self.name[id(p)] in grads}
             s.states = {id(o): st for o, st in zip(self.optimizers, states)}
             s.lrs = {id(o): lr for o, lr in zip(self.optimizers, lrs)}
+            s.scalers = list(self.scalers)
+            s.scaler_states = {id(sc): st for sc, st in zip(self.scalers, scalers)}
             _ACTIVE.append(s)
             try:
                 result = self.fn(*user_args)
@@ -360,10 +434,12 @@ class StatefulStep:
                                        "argument", UserWarning, path, line)
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
                     {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
-                    [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed])
+                    [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed],
+                    [s.scaler_states[id(sc)] for sc in self.scalers])
 
         body.__name__ = getattr(self.fn, "__name__", "step")
-        program = compile(body, self.args, param_specs, grad_specs, state_specs, lr_specs, **self.options)
+        program = compile(body, self.args, param_specs, grad_specs, state_specs, lr_specs, scaler_specs,
+                          **self.options)
         return program, [group for group, _ in computed]
 
     def _mine(self, opt, table):
@@ -431,8 +507,9 @@ class StatefulStep:
         grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
         states = [self._state(o, values) for o in self.optimizers]
         lrs = [[_lr(o, i, g) for i, g in enumerate(o.param_groups)] for o in self.optimizers]
-        result, new_params, new_grads, new_states, new_lrs = program(tuple(args), values, grads, states, lrs,
-                                                                      **run_options)
+        scalers = [sc._held() for sc in self.scalers]
+        result, new_params, new_grads, new_states, new_lrs, new_scalers = program(
+            tuple(args), values, grads, states, lrs, scalers, **run_options)
         for p in self.params:
             new, held = new_params[self.name[id(p)]], getattr(p, "_held", None)
             if held is None and getattr(p, "_initial", (None,))[0] is p.init:
@@ -447,6 +524,8 @@ class StatefulStep:
         for o, st in zip(self.optimizers, new_states):
             o._held_state = st
             o._held_keys = {self.name[id(p)]: p for _, ps in self.groups[id(o)] for p in ps}
+        for sc, st in zip(self.scalers, new_scalers):
+            sc._held_state = st
         for group, lr in zip(computed, new_lrs):  # (an lr the step computed: the group holds it after the call)
             dict.__setitem__(group, "lr", float(lr))
         return host(result)

@@ -718,8 +718,72 @@ def test_torch_lines_a_ported_train_py_holds_run_or_say_what_to_do(recwarn):
     assert np.allclose(m.state_dict()["weight"], tm.weight.detach().numpy(), rtol=1e-5, atol=1e-7)
     said = [str(w.message) for w in recwarn if "compiled a third time" in str(w.message)]
     assert len(said) == 1 and "np.float32(...) or np.int64(...)" in said[0]
-    with pytest.raises(mica.MicaError, match=r"^GradScaler.scale in torch's form .* works with enabled=False only"):
-        mica.compile(body(mica, m, opt, mica.amp.GradScaler(enabled=True)))(x, 0)
+
+
+def test_an_enabled_grad_scaler_in_torchs_form_makes_torchs_decisions():
+    """GradScaler(enabled=True) held by a torch-style step (nanoGPT's float16 loop: scale(loss).
+    backward(), unscale_, clip, step(opt), update()): from a scale that overflows the gradients,
+    the same skipped steps, backoffs and growths as torch's GradScaler on the same numbers, the
+    optimizer's step count not advanced by a skipped step, torch's weights; its state_dict is
+    torch's and loads torch's; what torch refuses (update() with no step, unscale_ twice) and calls
+    outside a compiled step are sentences."""
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    m = mica.nn.Sequential(mica.nn.Linear(8, 16), mica.nn.GELU(), mica.nn.Linear(16, 1))
+    m.load_state_dict(tm.state_dict())
+    opt, topt = mica.optim.AdamW(m.parameters(), lr=0.01), torch.optim.AdamW(tm.parameters(), lr=0.01)
+    settings = dict(init_scale=2.0 ** 118, growth_interval=3)  # (overflows the float32 gradients at first)
+    scaler, tscaler = mica.amp.GradScaler("cpu", **settings), torch.amp.GradScaler("cpu", **settings)
+
+    def body(lib, model, opt, scaler):
+        def step(x):
+            loss = model(x).pow(2).mean() * 1e4
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            return loss
+        return step
+
+    mine, theirs = mica.compile(body(mica, m, opt, scaler)), body(torch, tm, topt, tscaler)
+    rng = np.random.default_rng(0)
+    scales = []
+    for _ in range(12):
+        x = rng.standard_normal((4, 8)).astype(np.float32)
+        mine(x), theirs(torch.from_numpy(x))
+        assert scaler.state_dict() == tscaler.state_dict()
+        scales.append(scaler.get_scale())
+    assert len(set(scales)) > 1 and scales[0] < 2.0 ** 118  # (backed off, then grown: both paths taken)
+    assert opt.state_dict()["state"][0]["step"] == topt.state_dict()["state"][0]["step"].item() < 12
+    for (k, v), tv in zip(m.state_dict().items(), tm.state_dict().values()):
+        assert rel_err(np.asarray(v), tv.numpy()) < 1e-5, k
+
+    other = mica.amp.GradScaler("cpu")
+    other.load_state_dict(tscaler.state_dict())
+    assert other.state_dict() == tscaler.state_dict()
+    with pytest.raises(mica.MicaError, match="state dict is empty"):
+        other.load_state_dict({})
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    with pytest.raises(mica.MicaError, match=r"^GradScaler.scale in torch's form .* runs inside a compiled step"):
+        scaler.scale(m(x).sum())
+
+    def no_step(x):
+        scaler.scale(m(x).sum()).backward()
+        scaler.update()
+
+    def twice(x):
+        scaler.scale(m(x).sum()).backward()
+        scaler.unscale_(opt)
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+
+    with pytest.raises(mica.MicaError, match=r"^GradScaler.update\(\) found no step to judge"):
+        mica.compile(no_step)(x)
+    with pytest.raises(mica.MicaError, match=r"^GradScaler.unscale_\(\) was called on this optimizer already"):
+        mica.compile(twice)(x)
 
 
 def test_an_optimizers_state_dict_is_torchs_layout_and_resumes_from_either_side():
