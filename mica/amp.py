@@ -277,10 +277,20 @@ class GradScaler:
 
             stateful.scaler_unscale(self, optimizer)
 
+    def _torch_form_here(self, verb):
+        """A call in torch's form (no state given): True in a torch-style step, which holds the
+        scaler's state; outside any trace a sentence; in a functional trace False (the functional
+        form's own sentence follows)."""
+        from .tensor import in_trace
+
+        if self._in_torch_step():
+            return True
+        if not in_trace():
+            self._torch_form(verb)
+        return False
+
     def scale(self, loss, state=None):
-        if self.enabled and state is None:
-            if not self._in_torch_step():
-                self._torch_form("scale")
+        if self.enabled and state is None and self._torch_form_here("scale"):
             from . import stateful
 
             state = stateful.note_scaler(self)
@@ -322,9 +332,7 @@ class GradScaler:
         from . import verbs as F
         from .tensor import Tensor, fail
 
-        if hasattr(found_inf, "param_groups") and old is None:  # (torch's step(optimizer))
-            if not self._in_torch_step():
-                self._torch_form("step")
+        if hasattr(found_inf, "param_groups") and old is None and self._torch_form_here("step"):  # (step(opt))
             if self.enabled:
                 from . import stateful
 
@@ -361,9 +369,7 @@ class GradScaler:
 
         if not self.enabled:
             return state
-        if state is None and found_inf is None:  # (torch's update())
-            if not self._in_torch_step():
-                self._torch_form("update")
+        if state is None and found_inf is None and self._torch_form_here("update"):  # (torch's update())
             from . import stateful
 
             return stateful.scaler_update(self)
