@@ -529,6 +529,26 @@ def _terminated(signum, frame):
     raise Terminated(signum)
 
 
+def _os_error_sentence(e):
+    """One sentence for a file or system error no check foresaw: the file named where Python knows
+    it, and what to do for the errors whose cause is not a path (open files, memory, space)."""
+    import errno
+
+    where = f"{e.filename}: " if e.filename else ""
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"{where}{e.strerror} (this shell allows a program {soft} open files, ulimit -n); raise the limit "
+                "(ulimit -n 4096) and run again")
+    if e.errno == errno.ENOSPC:
+        return (f"{where}{e.strerror}; free space on the disk of the output folder or of Mica's build cache "
+                "(MICA_CACHE, else ~/.cache/mica), or point that at another disk")
+    if e.errno == errno.ENOMEM:
+        return f"{where}{e.strerror}; close other programs, raise ulimit -v, or use a smaller model or batch"
+    return f"{where}{e.strerror or e}; check the path, its permissions and the free space"
+
+
 def main(argv=None):
     from . import errors
 
@@ -588,15 +608,21 @@ def _main(argv):
             pass
         return 141
     except OSError as e:  # the last resort: a file problem no check above foresaw is still one sentence
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"mica: error: {where}{e.strerror or e}; check the path, its permissions and the free space",
-              file=sys.stderr)
+        print(f"mica: error: {_os_error_sentence(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mica: interrupted", file=sys.stderr)
         return 130
     except MemoryError:  # (numpy's "Unable to allocate 40 GiB": a model far too large for this machine)
         gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY and limit < gib * 2**30:  # (ulimit -v: the cause is likelier the limit)
+            print(f"mica: error: {args.command} ran out of memory before it could start: this shell limits a "
+                  f"program's address space to {limit / 2**20:.0f} MiB (ulimit -v); raise the limit (ulimit -v "
+                  "unlimited), or use a smaller model (n_layer, n_embd) or batch", file=sys.stderr)
+            return 2
         print(f"mica: error: {args.command} ran out of memory before it could start (this machine has {gib:.0f} GiB); "
               "use a smaller model (n_layer, n_embd) or batch", file=sys.stderr)
         return 2

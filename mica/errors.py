@@ -55,7 +55,7 @@ def format_loc(loc):
         rel = os.path.relpath(path)
         if not rel.startswith(".."):
             path = rel
-    except ValueError:
+    except (ValueError, OSError):  # (OSError: the working folder was deleted; the full path then)
         pass
     return f"{path}:{line}"
 

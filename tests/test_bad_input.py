@@ -906,3 +906,77 @@ def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp
     assert r.returncode == 1 and "Traceback" in r.stderr and "ShapeError: matmul" in r.stderr, r.stderr
     r = run(other)
     assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: not mica" in r.stderr, r.stderr
+
+
+def _cli_env(data_root, **extra):
+    """`python -m mica.cli` in data_root with environment additions (a build cache of its own)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "MICA_CACHE": str(data_root / "cache"), **extra}
+    return lambda *args, **kw: subprocess.run([sys.executable, "-m", "mica.cli", *args], cwd=data_root, env=env,
+                                              capture_output=True, text=True, **kw)
+
+
+def test_a_compiler_that_writes_nothing_is_a_failed_build_never_a_cache_entry(data):
+    """CC=true exits 0 and writes no object: one sentence, twice (nothing was kept to run)."""
+    root, _ = data
+    run = _cli_env(root, CC="true")
+    for _ in range(2):
+        assert_sentence(run("train", *TINY), "reported success but wrote nothing")
+    kept = [os.path.join(d, f) for d, _, fs in os.walk(root / "cache") for f in fs if f.endswith((".o", "trainer"))]
+    assert kept == [], kept
+
+
+def test_a_cache_write_that_fails_leaves_nothing_and_names_the_file(tmp_path, monkeypatch):
+    """A full disk under the cache: the temporary file is removed and the sentence names the file;
+    the mfu's ceiling, which only a log line needs, is skipped instead of stopping the run."""
+    import errno
+
+    from mica.backends.c import build
+    from mica.errors import MicaError
+    from mica.train import programs
+
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, fd, *a, **k):
+            self.f = real(fd, *a, **k)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", Full)
+    with pytest.raises(MicaError, match=r"cannot write .*program\.c \(No space left on device\); free space there"):
+        build.write_whole(str(tmp_path / "program.c"), "int x;")
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setenv("MICA_CACHE", str(tmp_path))
+    assert programs.peak_flops() > 0 and os.listdir(tmp_path) == []
+
+
+def test_system_errors_without_a_path_say_what_to_do(tmp_path):
+    """Errors whose cause is not a file: too many open files names the limit, a full disk the
+    folders to free, a trainer that cannot start on a noexec cache says so; a deleted working
+    folder does not break naming a user's line."""
+    import errno
+
+    from mica.cli import _os_error_sentence
+    from mica.errors import format_loc
+    from mica.train.run import cannot_run
+
+    assert "ulimit -n" in _os_error_sentence(OSError(errno.EMFILE, "Too many open files"))
+    assert "MICA_CACHE" in _os_error_sentence(OSError(errno.ENOSPC, "No space left on device"))
+    assert "noexec" in str(cannot_run("/c/mica-trainer", PermissionError(errno.EACCES, "Permission denied")))
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    here = os.getcwd()
+    try:
+        os.chdir(gone)
+        gone.rmdir()
+        assert format_loc(("/x/model.py", 3)) == "/x/model.py:3"
+    finally:
+        os.chdir(here)

@@ -203,18 +203,22 @@ def test_a_prompt_longer_than_any_line_limit_is_passed_whole(work):
     assert r.stdout.startswith(prompt) and len(r.stdout) == len(prompt) + 3 + len("\n---------------\n")
 
 
-def test_ctrl_c_names_the_last_good_checkpoint(work):
+@pytest.mark.parametrize("sig, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM"),
+                                       (signal.SIGHUP, "stopped by SIGHUP")])
+def test_ctrl_c_names_the_last_good_checkpoint(work, sig, said):
+    """Ctrl-C, SIGTERM or SIGHUP (a closed terminal) in the native trainer: it stops at the next safe
+    point with its sentence, the status a shell gives that signal, and its row in metrics.jsonl."""
     exe, manifest, _ = run.prepare_run(TINY[0], [*TINY[1:], "--max_iters=100000000", "--eval_interval=5"], **QUIET)
     p = subprocess.Popen([exe, manifest], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if line.startswith("saving checkpoint"):
             break
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 130, err
+    assert p.returncode == 128 + sig, err
     import re
 
-    m = re.fullmatch(r"mica: interrupted (?:after|while evaluating at) iter (\d+); the last good checkpoint is "
+    m = re.fullmatch(f"mica: {said} " r"(?:after|while evaluating at) iter (\d+); the last good checkpoint is "
                      r"out-shakespeare-char/ckpt\.safetensors \(iter (\d+)\): resume with --init_from=resume\n", err)
     assert m, err
     saved = checkpoint.SafeTensors(CKPT).metadata["iter_num"]

@@ -131,14 +131,16 @@ void log_stop_text(const char *unit, int64_t saved) {
 /* Ctrl-C's sentence, `during` ("after", "while evaluating at") `unit` `at`, and its row in metrics.jsonl
  * (which a resume drops with the other rows after its checkpoint); the file closed */
 int log_interrupted(const char *during, const char *unit, int64_t at, int64_t saved) {
+    int sig = interrupted ? (int)interrupted : SIGINT;
+    const char *how = sig == SIGTERM ? "stopped by SIGTERM" : sig == SIGHUP ? "stopped by SIGHUP" : "interrupted";
     log_clear_progress();
     fflush(stdout);
     if (saved >= 0)
-        fprintf(stderr, "mica: interrupted %s %s %lld; the last good checkpoint is %s/ckpt.safetensors (%s %lld): "
-                "resume with --init_from=resume\n", during, unit, (long long)at, S.out_dir, unit, (long long)saved);
+        fprintf(stderr, "mica: %s %s %s %lld; the last good checkpoint is %s/ckpt.safetensors (%s %lld): "
+                "resume with --init_from=resume\n", how, during, unit, (long long)at, S.out_dir, unit, (long long)saved);
     else
-        fprintf(stderr, "mica: interrupted %s %s %lld; %s\n", during, unit, (long long)at, log_last_good(unit, saved));
+        fprintf(stderr, "mica: %s %s %s %lld; %s\n", how, during, unit, (long long)at, log_last_good(unit, saved));
     log_metrics("{\"iter\": %lld, \"stopped\": \"interrupted\"}", (long long)at); /* (a training row's key) */
     log_close_metrics();
-    return 130;
+    return 128 + sig; /* (the status a shell gives a program that signal ended: 130 for Ctrl-C) */
 }

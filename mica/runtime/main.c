@@ -31,8 +31,7 @@ double now(void) {
 }
 
 static void on_signal(int sig) {
-    (void)sig;
-    interrupted = 1; /* the loop stops at its next safe point; a second signal ends it at once */
+    interrupted = sig; /* the loop stops at its next safe point; a second signal ends it at once */
 }
 
 int main(int argc, char **argv) {
@@ -44,6 +43,7 @@ int main(int argc, char **argv) {
     sa.sa_flags = SA_RESETHAND | SA_RESTART; /* a write in progress finishes; the loop stops after it */
     sigaction(SIGINT, &sa, 0);
     sigaction(SIGTERM, &sa, 0);
+    sigaction(SIGHUP, &sa, 0); /* (a closed terminal: the same safe stop and sentence as SIGTERM's) */
     dist_init();
     if (!strcmp(S.mode, "train")) {
         int code = !strcmp(S.loop, "speedrun") ? speedrun_loop() : train_loop();

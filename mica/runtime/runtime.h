@@ -54,7 +54,7 @@ enum { ARENA_TRAIN = 0, ARENA_EVAL = 1, ARENA_LOGITS = 2 };
 /* ---- main.c ---------------------------------------------------------------------------------- */
 void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 double now(void);
-extern volatile sig_atomic_t interrupted; /* Ctrl-C (SIGINT) or SIGTERM arrived */
+extern volatile sig_atomic_t interrupted; /* the signal that arrived (SIGINT, SIGTERM, SIGHUP), else 0 */
 
 /* ---- manifest.c: the settings ---------------------------------------------------------------- */
 typedef struct {
@@ -168,7 +168,7 @@ void log_progress(int64_t iter, double tok_per_s, double eta);
 void log_clear_progress(void);
 const char *log_last_good(const char *unit, int64_t saved); /* a stopped run's last good checkpoint, in words */
 void log_stop_text(const char *unit, int64_t saved);       /* what a rank says when a signal ends it (world > 1) */
-int log_interrupted(const char *during, const char *unit, int64_t at, int64_t saved); /* Ctrl-C's sentence; 130 */
+int log_interrupted(const char *during, const char *unit, int64_t at, int64_t saved); /* its sentence; 128 + signal */
 
 /* ---- loop.c / sampler.c ---------------------------------------------------------------------- */
 int train_loop(void);

@@ -63,8 +63,10 @@ int sample(void) {
         fflush(stdout);
     }
     if (interrupted) {
-        fprintf(stderr, "mica: interrupted while sampling\n");
-        return 130;
+        int sig = (int)interrupted;
+        fprintf(stderr, "mica: %s while sampling\n", sig == SIGTERM ? "stopped by SIGTERM" : sig == SIGHUP ?
+                "stopped by SIGHUP" : "interrupted");
+        return 128 + sig;
     }
     return 0;
 }

@@ -64,7 +64,7 @@ def _compile_and_link(out_dir, exe, sources, ext, compile_cmd, runtime, cc, runt
         _run_all(jobs + runtime_jobs)  # (the programs' compiles take most of the time: run together)
         for tmp, obj in runtime_objects:
             if tmp is not None:
-                cbuild.install(tmp, obj)
+                cbuild.install(tmp, obj, "the C compiler")
         _link(out_dir, exe, lambda tmp: link_cmd([*objects, *(obj for _, obj in runtime_objects)], tmp), tool)
     finally:
         for path in [*objects, *(tmp for tmp, _ in runtime_objects if tmp is not None)]:
@@ -129,7 +129,7 @@ def _link(out_dir, exe, command, tool):
     os.close(fd)
     _run(command(tmp), "trainer", tool)
     os.chmod(tmp, 0o755)
-    cbuild.install(tmp, exe)
+    cbuild.install(tmp, exe, tool)
 
 
 def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=None, fp_half_intermediates=False):

@@ -1037,8 +1037,26 @@ def train(config_path=None, overrides=(), log=print, execute=True):
         # default back, it stops as any command in a pipe does (its checkpoints are written to a
         # temporary file and renamed, so one cut short loses nothing)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.execv(exe, [exe, manifest])
-    return subprocess.run([exe, manifest]).returncode
+        try:
+            os.execv(exe, [exe, manifest])
+        except OSError as e:
+            raise cannot_run(exe, e) from None
+    try:
+        return subprocess.run([exe, manifest]).returncode
+    except OSError as e:
+        raise cannot_run(exe, e) from None
+
+
+def cannot_run(exe, e):
+    """The sentence for a built trainer the system refuses to start: a cache on a file system
+    mounted noexec (common for /tmp), or a damaged file."""
+    import errno
+
+    if e.errno == errno.EACCES:
+        return MicaError(f"the built trainer {exe} cannot be started ({e.strerror}): the cache's file system does "
+                         "not let programs run from it (mounted noexec?); set MICA_CACHE to a folder on another one")
+    return MicaError(f"the built trainer {exe} cannot be started ({e.strerror}); delete its folder from Mica's cache "
+                     "to build it again")
 
 
 def _quiet(message):
@@ -1219,7 +1237,10 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     with tempfile.TemporaryDirectory(prefix="mica-sample-") as tmp:
         manifest = os.path.join(tmp, "sample.manifest")
         native.write_manifest(manifest, settings, slots, lowered, loads)
-        r = subprocess.run([exe, manifest], capture_output=True, text=True)
+        try:
+            r = subprocess.run([exe, manifest], capture_output=True, text=True)
+        except OSError as e:
+            raise cannot_run(exe, e) from None
     if r.returncode != 0:
         raise MicaError(r.stderr.strip().removeprefix("mica: error: ") or "sampling failed")
     texts = []

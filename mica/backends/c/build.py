@@ -40,23 +40,59 @@ def cached(path):
         return False
 
 
-def install(tmp, path):
-    """Move a freshly built file into the cache under `path`, its digest beside it."""
+def install(tmp, path, tool="the compiler"):
+    """Move a freshly built file into the cache under `path`, its digest beside it. An empty file
+    (a compiler that said it succeeded and wrote nothing: CC=true) is a failed build, never a
+    cache entry."""
+    if not os.path.exists(tmp) or os.path.getsize(tmp) == 0:
+        _remove_quietly(tmp)
+        raise MicaError(f"{tool} reported success but wrote nothing to {path} (is CC a compiler?); set CC to gcc "
+                        "and run again")
     with open(tmp, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    with open(tmp + ".sha256", "w") as f:
-        f.write(digest + "\n")
-    os.replace(tmp, path)
-    os.replace(tmp + ".sha256", path + ".sha256")
+    try:
+        _write_file(tmp + ".sha256", digest + "\n")
+        os.replace(tmp, path)
+        os.replace(tmp + ".sha256", path + ".sha256")
+    except OSError as e:
+        for p in (tmp, tmp + ".sha256"):
+            _remove_quietly(p)
+        raise _cache_write_error(path, e) from None
+
+
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_file(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _cache_write_error(path, e):
+    """One sentence for a file Mica could not write (a full disk, a read-only folder), naming it."""
+    return MicaError(f"cannot write {path} ({e.strerror or e}); free space there, or set MICA_CACHE to a folder with "
+                     "room that you can write")
 
 
 def write_whole(path, text):
     """Write `text` to `path` through a temporary file and a rename, so a compiler another process
-    has started on the same cache entry never reads half a file."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".part")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    has started on the same cache entry never reads half a file; a write that fails leaves nothing
+    behind and is one sentence naming the file."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".part")
+    except OSError as e:
+        raise _cache_write_error(path, e) from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise _cache_write_error(path, e) from None
 
 
 def compiler():
@@ -164,5 +200,5 @@ def compile_cached(source, out_dir, src_name, compiler_name, name, command):
             if "boost" in stderr else ""
         raise MicaError(f"{compiler_name} failed on the generated program for {name} ({first_error(stderr, status)}); "
                         f"the source is at {src}{hint}")
-    install(tmp_path, lib)
+    install(tmp_path, lib, compiler_name)
     return lib

@@ -73,8 +73,13 @@ def load_library(path):
     try:
         return ctypes.CDLL(path)
     except OSError as e:
+        if "failed to map segment" in str(e) or "Permission denied" in str(e):
+            raise MicaError(f"the compiled program {path} cannot be loaded ({e}): the cache's file system does not "
+                            "let programs run from it (mounted noexec?); set MICA_CACHE to a folder on another one") \
+                from None
         raise MicaError(f"the compiled program {path} cannot be loaded ({e}); delete its folder from Mica's cache "
                         "(MICA_CACHE, else ~/.cache/mica) to build it again") from None
+
 
 class Executable:
     """A compiled program loaded in this process: call it with numpy arrays."""
