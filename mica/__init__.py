@@ -67,9 +67,9 @@ def __getattr__(name):  # (a verb torch has and Mica does not: one sentence; sub
     from .errors import MissingVerbError, missing_verb
 
     if name in ("set_float32_matmul_precision", "get_float32_matmul_precision"):
-        from .backends import _switch
+        from . import backends
 
-        raise _switch(f"torch.{name}")
+        return getattr(backends, name)
     if name in ("save", "load"):
         from .tensor import user_location
 

@@ -145,19 +145,22 @@ class GradScaler:
     def __init__(self, device="cuda", init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True):
         # (torch.amp.GradScaler's signature; `device` changes nothing here: the target decides where it runs)
+        import numpy as np
+
         from .tensor import user_location
 
         if not isinstance(device, str):
             raise MicaError(f"GradScaler: device is a name such as 'cuda' or 'cpu' (torch.amp.GradScaler's first "
                             f"argument), got {device!r}; pass init_scale by name", user_location())
         try:
-            ok = init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and int(growth_interval) >= 1 \
-                and int(growth_interval) == growth_interval
+            ok = 0 < init_scale <= float(np.finfo(np.float32).max) and growth_factor > 1 and \
+                0 < backoff_factor < 1 and int(growth_interval) >= 1 and int(growth_interval) == growth_interval
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise MicaError("GradScaler: init_scale must be > 0, growth_factor > 1, backoff_factor in (0, 1) and "
-                            "growth_interval a positive count", user_location())
+            raise MicaError("GradScaler: init_scale must be > 0 and at most float32's largest value (3.4e38), "
+                            "growth_factor > 1, backoff_factor in (0, 1) and growth_interval a positive count",
+                            user_location())
         self.device = device
         self.init_scale, self.growth_factor = float(init_scale), float(growth_factor)
         self.backoff_factor, self.growth_interval = float(backoff_factor), int(growth_interval)

@@ -685,10 +685,28 @@ def test_torch_lines_a_ported_train_py_holds_run_or_say_what_to_do(recwarn):
     a[0, 0] = 9.0
     assert t[0, 0] == 9.0 and t.numel() == 6
     assert mica.cuda.is_available() in (True, False) and mica.cuda.device_count() in (0, 1)
-    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.backends.cuda.matmul .*drop the line \(.*test_eager"):
+    # nanoGPT's TF32 lines: torch's switches, the CUDA target's default tf32 (cuDNN's change nothing)
+    from mica.targets import get_target
+
+    assert (mica.backends.cuda.matmul.allow_tf32, mica.get_float32_matmul_precision()) == (False, "highest")
+    try:
         mica.backends.cuda.matmul.allow_tf32 = True
-    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.backends.cudnn"):
         mica.backends.cudnn.allow_tf32 = True
+        assert get_target("cuda").tf32 and not get_target("cuda", tf32=False).tf32
+        assert mica.get_float32_matmul_precision() == "high"
+        mica.set_float32_matmul_precision("highest")
+        assert not get_target("cuda").tf32
+        mica.set_float32_matmul_precision("medium")
+        assert get_target("cuda").tf32
+    finally:
+        mica.backends.cuda.matmul.allow_tf32 = False
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.backends.cuda.matmul.allow_fp16_reduced_precision_"
+                                             r"reduction .*drop the line \(.*test_eager"):
+        mica.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
+    with pytest.raises(mica.MicaError, match=r"allow_tf32 is True or False, not 1 \(.*test_eager"):
+        mica.backends.cuda.matmul.allow_tf32 = 1
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.backends.mps"):
+        mica.backends.mps.is_available()
 
     torch.manual_seed(0)
     tm = torch.nn.Linear(8, 1)

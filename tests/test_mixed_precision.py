@@ -654,6 +654,7 @@ def test_a_value_beyond_a_narrower_inputs_range_is_a_sentence_not_inf():
 
 
 def test_a_bad_grad_scaler_setting_names_the_users_line():
-    for bad in (dict(init_scale=-1.0), dict(growth_factor=1.0), dict(growth_interval=0), dict(device=3)):
+    for bad in (dict(init_scale=-1.0), dict(init_scale=1e60), dict(growth_factor=1.0), dict(growth_interval=0),
+                dict(device=3)):  # (1e60: beyond float32, an infinite scale that would skip every step)
         with pytest.raises(MicaError, match=r"GradScaler: .*test_mixed_precision\.py:\d+\)$"):
             mica.amp.GradScaler(**bad)

@@ -20,7 +20,15 @@
 """
 
 
-def __getattr__(name):  # (torch.backends.cuda.matmul.allow_tf32 = True reads this package's `matmul`)
+from .. import Switches
+
+# torch.backends.cuda.matmul.allow_tf32 (torch's default False): the CUDA target's tf32 where a
+# program does not choose it (target.py)
+matmul = Switches("torch.backends.cuda.matmul", "TF32 products on a card where a program does not choose",
+                  allow_tf32=False)
+
+
+def __getattr__(name):  # (another torch.backends.cuda switch: a sentence)
     if name.startswith("_"):
         raise AttributeError(name)
     from .. import _switch

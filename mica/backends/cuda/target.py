@@ -22,13 +22,17 @@ class CudaTarget(Target):
     unit_name = "stream"
     workspace_units = 1
 
-    def __init__(self, opt_level=2, simulate=False, tf32=False, threads_per_block=None, attention="auto",
+    def __init__(self, opt_level=2, simulate=False, tf32=None, threads_per_block=None, attention="auto",
                  group_launches=True):
         super().__init__(opt_level)
         if attention not in lowerings.ATTENTION_PATHS:
             raise MicaError(f"attention must be one of {', '.join(map(repr, lowerings.ATTENTION_PATHS))} (cuBLASLt's "
                             f"products, the fused kernels, or the TF32 tensor-core kernels), not {attention!r}")
         self.attention = attention
+        if tf32 is None:  # (torch.backends.cuda.matmul.allow_tf32's, False unless the user set it)
+            from .. import tf32_allowed
+
+            tf32 = tf32_allowed()
         for key, value in (("simulate", simulate), ("tf32", tf32), ("group_launches", group_launches)):
             if not isinstance(value, bool):
                 raise MicaError(f"{key} must be True or False, not {value!r}")
