@@ -255,9 +255,14 @@ def note_scaler(sc):
     """A torch-form GradScaler the step uses (its scale and growth tracker kept between calls); in
     the compiled trace its state Tensors, else None."""
     s = active()
-    if all(x is not sc for x in s.scalers):
-        s.scalers.append(sc)
-    return None if s.mode == "find" else s.scaler_states[id(sc)]
+    if s.mode == "find":
+        if all(x is not sc for x in s.scalers):
+            s.scalers.append(sc)
+        return None
+    if id(sc) not in s.scaler_states:  # (one made in the body: a new object each time the body runs)
+        raise MicaError("this GradScaler was made inside the compiled step, so it would start afresh at every call; "
+                        "make it once before the loop, as nanoGPT does", user_location())
+    return s.scaler_states[id(sc)]
 
 
 def scaler_unscale(sc, opt):
