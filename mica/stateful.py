@@ -234,6 +234,10 @@ def step(opt):
         return None
     from . import verbs as F
 
+    if id(opt) not in s.lrs:  # (one made in the body: a new object each time the body runs)
+        raise MicaError(f"this {type(opt).__name__} was made inside the compiled step, so its state would start "
+                        "afresh at every call; make it once before the loop (torch's training scripts do)",
+                        user_location())
     name = s.names
     lrs = [_lr_in_step(s, g, lr) for g, lr in zip(opt.param_groups, s.lrs[id(opt)])]
     keyed = [{**settings, "params": [name[id(p)] for p in ps], "lr": lr} for (settings, ps), lr in zip(groups, lrs)]

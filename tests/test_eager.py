@@ -812,6 +812,14 @@ def test_an_enabled_grad_scaler_in_torchs_form_makes_torchs_decisions():
     with pytest.raises(mica.MicaError, match=r"^this GradScaler was made inside the compiled step"):
         mica.compile(made_inside)(x)
 
+    def optimizer_inside(x):
+        fresh = mica.optim.AdamW(m.parameters(), lr=0.1)
+        m(x).sum().backward()
+        fresh.step()
+
+    with pytest.raises(mica.MicaError, match=r"^this AdamW was made inside the compiled step"):
+        mica.compile(optimizer_inside)(x)
+
 
 def test_an_optimizers_state_dict_is_torchs_layout_and_resumes_from_either_side():
     """optimizer.state_dict() keys each parameter's state by its place in the groups, as torch's,
