@@ -104,9 +104,10 @@ def read(p, module=None):
             step.bound[id(p)] = F.zeros(p.shape, dtype=p.dtype)  # (a stand-in: this trace is never run)
         return step.bound[id(p)]
     if id(p) not in step.bound:
-        raise MicaError("a Parameter the step's first trace did not read is read now (one reached some other way "
-                        "than through a module's attributes?); give it to the step as an argument, or make the "
-                        "compiled step again with mica.compile", user_location())
+        raise MicaError("a Parameter the step's first trace did not read is read now: a module or Parameter made "
+                        "inside the compiled step is a new one each time the step runs, so make it once before the "
+                        "loop (or one reached some other way than through a module's attributes: give it to the "
+                        "step as an argument)", user_location())
     return step.bound[id(p)]
 
 

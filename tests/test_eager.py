@@ -820,6 +820,12 @@ def test_an_enabled_grad_scaler_in_torchs_form_makes_torchs_decisions():
     with pytest.raises(mica.MicaError, match=r"^this AdamW was made inside the compiled step"):
         mica.compile(optimizer_inside)(x)
 
+    def module_inside(x):
+        return mica.nn.Linear(8, 1)(x).sum()
+
+    with pytest.raises(mica.MicaError, match=r"module or Parameter made inside the compiled step is a new one"):
+        mica.compile(module_inside)(x)
+
 
 def test_an_optimizers_state_dict_is_torchs_layout_and_resumes_from_either_side():
     """optimizer.state_dict() keys each parameter's state by its place in the groups, as torch's,
