@@ -980,3 +980,24 @@ def test_system_errors_without_a_path_say_what_to_do(tmp_path):
         assert format_loc(("/x/model.py", 3)) == "/x/model.py:3"
     finally:
         os.chdir(here)
+
+
+def test_a_build_sweeps_what_a_killed_build_left_in_its_cache_entry(tmp_path, monkeypatch):
+    """A build killed outright leaves its temporaries (tmpXXXXXXXX.part, name.XXXXXXXX.o); the next
+    build of the entry removes those older than an hour and keeps anything else."""
+    import time
+
+    import mica as m
+
+    monkeypatch.setenv("MICA_CACHE", str(tmp_path))
+    step = lambda x: (x * 2).sum()  # noqa: E731
+    entry = os.path.dirname(m.compile(step, m.f32[3]).library)
+    old = [os.path.join(entry, n) for n in ("tmpab12cd34.part", "tmpzz99yy88.so", "train.k3j4h5g6.o")]
+    young, other = os.path.join(entry, "tmpqq11ww22.part"), os.path.join(entry, "notes.txt")
+    for path in [*old, young, other]:
+        open(path, "w").close()
+    for path in old + [other]:
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    os.unlink(os.path.join(entry, "libmica_program.so"))  # (so the entry is built again)
+    assert m.compile(step, m.f32[3])(np.ones(3, np.float32)) == 6
+    assert [os.path.exists(p) for p in old] == [False] * 3 and os.path.exists(young) and os.path.exists(other)

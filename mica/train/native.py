@@ -65,6 +65,8 @@ def _compile_and_link(out_dir, exe, sources, ext, compile_cmd, runtime, cc, runt
         for tmp, obj in runtime_objects:
             if tmp is not None:
                 cbuild.install(tmp, obj, "the C compiler")
+        for folder in {os.path.dirname(obj) for _, obj in runtime_objects}:
+            cbuild.sweep_temporaries(folder)
         _link(out_dir, exe, lambda tmp: link_cmd([*objects, *(obj for _, obj in runtime_objects)], tmp), tool)
     finally:
         for path in [*objects, *(tmp for tmp, _ in runtime_objects if tmp is not None)]:
@@ -130,6 +132,7 @@ def _link(out_dir, exe, command, tool):
     _run(command(tmp), "trainer", tool)
     os.chmod(tmp, 0o755)
     cbuild.install(tmp, exe, tool)
+    cbuild.sweep_temporaries(out_dir)
 
 
 def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=None, fp_half_intermediates=False):

@@ -60,6 +60,33 @@ def install(tmp, path, tool="the compiler"):
         raise _cache_write_error(path, e) from None
 
 
+_TEMPORARY = None
+
+
+def sweep_temporaries(folder, age=3600.0):
+    """Remove the temporary files a build killed outright (SIGKILL, a power cut) left in a cache
+    entry: its own temporaries' names (tempfile's tmpXXXXXXXX, name.XXXXXXXX.o), only when older
+    than `age` seconds (a build of the same entry running now in another process keeps its own)."""
+    import re
+    import time
+
+    global _TEMPORARY
+    _TEMPORARY = _TEMPORARY or re.compile(r"tmp[a-z0-9_]{8}(\.part|\.so|\.sha256|\.so\.sha256)?|"
+                                          r"[a-z_0-9]+\.[a-z0-9_]{8}\.o(\.sha256)?")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if _TEMPORARY.fullmatch(name) and now - os.path.getmtime(path) > age:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def _remove_quietly(path):
     try:
         os.unlink(path)
@@ -201,4 +228,5 @@ def compile_cached(source, out_dir, src_name, compiler_name, name, command):
         raise MicaError(f"{compiler_name} failed on the generated program for {name} ({first_error(stderr, status)}); "
                         f"the source is at {src}{hint}")
     install(tmp_path, lib, compiler_name)
+    sweep_temporaries(out_dir)
     return lib
