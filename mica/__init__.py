@@ -20,7 +20,7 @@ if _sys.argv and _os.path.basename(_sys.argv[0]) == "mica" and \
 
 from .amp import autocast  # noqa: E402
 from .dtypes import Spec  # noqa: E402
-from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
+from .dtypes import bfloat16, bool_, finfo, float16, float32, float64, iinfo, int32, int64  # noqa: E402
 from .errors import GradError, MicaError, ShapeError, TraceError  # noqa: E402
 from .errors import install_excepthook as _install_excepthook  # noqa: E402
 from .grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled, value_and_grad  # noqa: E402
@@ -29,7 +29,7 @@ from .trace import Program, compile, trace  # noqa: A004, E402
 from .verbs import (  # noqa: E402
     abs, add, addcdiv, all, allclose, any, addcmul, amax, amin, arange, argmax, argmin, argsort, as_tensor, bitwise_and, bitwise_not,
     bitwise_or, bitwise_xor, bmm, cat, chunk, clamp, clamp_max, clamp_min, clip,
-    ceil, concat, cos, cosine_similarity, cross_entropy, cumprod, cumsum, detach, div, dropout, einsum, embedding, eq, equal, erf, exp, expm1, eye, expand, fix, flatten, flip, fliplr, flipud, floor, floor_divide, fmod, frac, full,
+    ceil, concat, cos, cosine_similarity, cross_entropy, cumprod, cumsum, detach, diag, diagonal, div, dropout, einsum, embedding, eq, equal, erf, exp, expm1, eye, expand, fix, flatten, flip, fliplr, flipud, floor, floor_divide, fmod, frac, full,
     full_like, gather, ge, gelu, gt, index_add, index_copy, index_fill, index_put, index_select, is_floating_point, is_tensor, isclose, isfinite, isinf, isnan, layer_norm, le, lerp, linear, linspace, log, log1p, log_softmax, logical_and,
     logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul, max, maximum, mean, median, min, minimum, mm, msort,
     mul, narrow, ne,

@@ -82,6 +82,57 @@ def as_dtype(x):
     raise TypeError(f"numpy dtype {npd} has no Mica element type")
 
 
+class finfo:  # noqa: N801  (torch's name)
+    """torch.finfo: a floating type's limits (bits, eps, max, min, tiny = smallest_normal,
+    resolution), for a Mica, numpy or torch dtype; the default float without one."""
+
+    _BITS = {"float16": (10, 15), "bfloat16": (7, 127), "float32": (23, 127), "float64": (52, 1023)}
+
+    def __init__(self, type=None):  # noqa: A002
+        from .tensor import user_location
+        from .errors import MicaError
+
+        try:
+            d = DEFAULT_FLOAT if type is None else as_dtype(type)
+        except (TypeError, KeyError):
+            d = None
+        if d is None or d.kind != "float":
+            raise MicaError(f"finfo takes a floating type (mica.float32, mica.bfloat16, ...), got {type!r}; "
+                            "iinfo gives an integer type's limits", user_location())
+        mantissa, bias = self._BITS[d.name]
+        self.dtype, self.bits = d.name, 8 * d.itemsize
+        self.eps = 2.0 ** -mantissa
+        self.max = (2.0 - 2.0 ** -mantissa) * 2.0 ** bias
+        self.min = -self.max
+        self.tiny = self.smallest_normal = 2.0 ** (1 - bias)
+        self.resolution = 10.0 ** -int(mantissa * np.log10(2))
+
+    def __repr__(self):
+        return (f"finfo(resolution={self.resolution:g}, min={self.min:g}, max={self.max:g}, eps={self.eps:g}, "
+                f"smallest_normal={self.tiny:g}, tiny={self.tiny:g}, dtype={self.dtype})")
+
+
+class iinfo:  # noqa: N801  (torch's name)
+    """torch.iinfo: an integer type's limits (bits, min, max)."""
+
+    def __init__(self, type):  # noqa: A002
+        from .tensor import user_location
+        from .errors import MicaError
+
+        try:
+            d = as_dtype(type)
+        except (TypeError, KeyError):
+            d = None
+        if d is None or d.kind != "int":
+            raise MicaError(f"iinfo takes an integer type (mica.int32, mica.int64), got {type!r}; finfo gives a "
+                            "floating type's limits", user_location())
+        info = np.iinfo(d.np_storage)
+        self.dtype, self.bits, self.min, self.max = d.name, info.bits, int(info.min), int(info.max)
+
+    def __repr__(self):
+        return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype})"
+
+
 class Spec:
     """The static type of one program input or output: a shape and an element type."""
 

@@ -635,6 +635,8 @@ class Tensor:
     def new_ones(self, *size, dtype=None): return F.ones(*size, dtype=dtype or self.dtype)
     def new_full(self, size, value, dtype=None): return F.full(size, value, dtype=dtype or self.dtype)
     def tril(self, diagonal=0): return F.tril(self, diagonal)
+    def diagonal(self, offset=0, dim1=0, dim2=1): return F.diagonal(self, offset, dim1, dim2)
+    def diag(self, diagonal=0): return F.diag(self, diagonal)
     def triu(self, diagonal=0): return F.triu(self, diagonal)
 
 

@@ -608,13 +608,16 @@ def _einsum_pad_repeat(m, a, b, c):
             m.einsum("bij,bij->b", a, a), m.einsum("bij->jb", a), m.einsum("ij,kl->ijkl", a[0], c),
             F.pad(a, (1, 2)), F.pad(a, (-1, 2, 1, -1), "constant", 2.5), F.pad(a, (0, 0, 0, 0, 1, 1), value=-1.0),
             a.repeat_interleave(2, 1), m.repeat_interleave(a, 3),
-            a.repeat_interleave(m.tensor([1, 0, 2]) if m is torch else [1, 0, 2], dim=1))  # (counts: torch's a tensor)
+            a.repeat_interleave(m.tensor([1, 0, 2]) if m is torch else [1, 0, 2], dim=1),  # (counts: torch's a tensor)
+            m.einsum("bii->bi", b[:, :, :4]), m.einsum("ii", c[:3]), m.einsum("...ii,ij->...j", b[:, :, :4], b[0]),
+            m.diagonal(a, 1, 1, 2), a.diagonal(-1, 0, 2), m.diag(c[:, 0]), m.diag(c, -2), m.diag(c[0], 1))
 
 
 def test_einsum_pad_and_repeat_interleave_compute_as_torchs():
     """Values and gradients against torch float64: einsum's pairwise products (broadcast batch,
-    summed letters, `...`, implicit output), pad's counts from the last dim (negative ones cut),
-    repeat_interleave by a count and by counts."""
+    summed letters, `...`, implicit output, a letter twice in an operand: its diagonal), pad's counts
+    from the last dim (negative ones cut), repeat_interleave by a count and by counts, diagonal and
+    diag (offsets either side)."""
     rng = np.random.default_rng(12)
     inputs = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 4), (2, 4, 5), (5, 3))]
     weights = [rng.standard_normal(o.shape) for o in _einsum_pad_repeat(torch, *[torch.tensor(a) for a in inputs])]
@@ -623,12 +626,32 @@ def test_einsum_pad_and_repeat_interleave_compute_as_torchs():
         assert rel_err(g, w) <= 1e-6
     for g, w in zip(grads, want_grads):
         assert rel_err(g, w) <= 1e-6
-    for bad, says in ((lambda a: mica.einsum("ii->i", a[0]), r"^einsum: a letter twice in one operand"),
+    for bad, says in ((lambda a: mica.einsum("ii->i", a[0, :, :2]), r"^einsum: letter 'i' stands for sizes 3 and 2 in "
+                                                                     r"one operand"),
                       (lambda a: mica.einsum("ij,jk->ik", a, a), r"^einsum: operand 'ij' names 2 dims"),
                       (lambda a: mica.nn.functional.pad(a, (1, 1), mode="reflect"), r"^pad: mode 'reflect'"),
                       (lambda a: a.repeat_interleave([1, 2], dim=0), r"^repeat_interleave: 2 counts for dim 0")):
         with pytest.raises(mica.MicaError, match=says + r".*\(.*test_ops.py:\d+\)$"):
             mica.trace(bad, mica.f32[3, 3, 3])
+
+
+def test_finfo_and_iinfo_are_torchs():
+    """HF-style masks write (1.0 - mask) * torch.finfo(dtype).min: every field torch gives, for each
+    type, from a Mica, numpy or torch dtype (a traced Tensor's .dtype too)."""
+    for name in ("float16", "bfloat16", "float32", "float64"):
+        want = torch.finfo(getattr(torch, name))
+        for given in (getattr(mica, name), getattr(torch, name)):
+            got = mica.finfo(given)
+            assert [getattr(got, k) for k in ("bits", "eps", "max", "min", "tiny", "smallest_normal", "resolution")] \
+                == [getattr(want, k) for k in ("bits", "eps", "max", "min", "tiny", "smallest_normal", "resolution")]
+    assert mica.finfo().max == mica.finfo(np.float32).max == torch.finfo().max
+    for name in ("int32", "int64"):
+        want, got = torch.iinfo(getattr(torch, name)), mica.iinfo(getattr(mica, name))
+        assert (got.bits, got.min, got.max) == (want.bits, want.min, want.max)
+    exe = mica.compile(lambda x, m: x + (1.0 - m) * mica.finfo(x.dtype).min, mica.f32[3], mica.f32[3])
+    assert exe(np.zeros(3, np.float32), np.array([1, 0, 1], np.float32)).tolist() == [0, np.finfo(np.float32).min, 0]
+    with pytest.raises(mica.MicaError, match=r"^finfo takes a floating type .*got mica.int32.*\(.*test_ops.py:\d+\)$"):
+        mica.finfo(mica.int32)
 
 
 def _history(m, x):

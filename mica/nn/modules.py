@@ -242,10 +242,10 @@ class Module:
             self._buffers[name] = None if value is None else _buffer_array(value)  # (still a buffer, as torch's)
             return
         if isinstance(value, Parameter):
-            self._modules.pop(name, None)
+            self._forget(name)
             self._parameters[name] = value
         elif isinstance(value, Module):
-            self._parameters.pop(name, None)
+            self._forget(name)
             self._modules[name] = value
         elif value is None and name in self._parameters:
             self._parameters[name] = None
@@ -280,9 +280,16 @@ class Module:
             return F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
+    def _forget(self, name):
+        """The name's other meanings gone before it is given one (a Parameter, a module, a buffer), as
+        torch's: a plain attribute first set to None (Linear's bias=False) must not shadow it."""
+        for table in (self.__dict__, self._parameters, self._modules, self._buffers):
+            table.pop(name, None)
+
     def register_buffer(self, name, array, persistent=True):
         """A constant the module reads (numpy values, which a trace reads as mica.tensor does: floats
         as the default float32); a non-persistent one stays out of state_dict(), as torch's."""
+        self._forget(name)
         self._buffers[name] = None if array is None else _buffer_array(array)
         if persistent:
             self._non_persistent.discard(name)
@@ -290,9 +297,14 @@ class Module:
             self._non_persistent.add(name)
 
     def register_parameter(self, name, param):
-        setattr(self, name, param)
+        if param is None:  # (torch's: a parameter slot that holds None, as Linear's bias=False)
+            self._forget(name)
+            self._parameters[name] = None
+        else:
+            setattr(self, name, param)
 
     def add_module(self, name, module):
+        self._forget(name)
         self._modules[name] = module
 
     # ---- traversal -------------------------------------------------------------------------------

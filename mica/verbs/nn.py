@@ -48,7 +48,7 @@ def einsum(equation, *operands):
     """torch.einsum: each operand's dims named by letters (`...` for the leading rest); the output's
     letters given after `->`, else every letter named once, in alphabetical order. Operands are taken
     left to right, two at a time, as one batched matmul each (a letter in one operand only, and
-    not kept, is summed first). A letter repeated within an operand (a diagonal) is refused."""
+    not kept, is summed first). A letter repeated within an operand takes its diagonal first."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not isinstance(equation, str) or not operands:
@@ -61,7 +61,7 @@ def einsum(equation, *operands):
         fail(f"einsum: {equation!r} names {len(terms)} operands, {len(ts)} were given")
     ell = max((t.ndim - (len(term) - 3) for term, t in zip(terms, ts) if "..." in term), default=0)
     spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq][:ell]
-    named = []
+    named, written = [], ""  # (the operands' letters after any diagonal; every letter as written)
     for term, t in zip(terms, ts):
         if term.count("...") > 1 or not all(c.isalpha() for c in term.replace("...", "")):
             fail(f"einsum: cannot read the operand {term!r} of {equation!r}: letters and one '...'")
@@ -70,15 +70,25 @@ def einsum(equation, *operands):
             term = term.replace("...", "".join(spare[ell - k:]) if k > 0 else "")
         if len(term) != t.ndim:
             fail(f"einsum: operand {term!r} names {len(term)} dims, the tensor {t.value.spec!r} has {t.ndim}")
-        if len(set(term)) != len(term):
-            fail(f"einsum: a letter twice in one operand ({term!r}, a diagonal) is not supported")
+        written += term
+        while len(set(term)) != len(term):  # (a letter twice in one operand: its diagonal, as torch's)
+            c = next(c for c in term if term.count(c) > 1)
+            p, q = term.index(c), term.index(c, term.index(c) + 1)
+            if t.shape[p] != t.shape[q]:
+                fail(f"einsum: letter {c!r} stands for sizes {t.shape[p]} and {t.shape[q]} in one operand of "
+                     f"{equation!r}; a diagonal needs them equal")
+            from .select import diagonal
+
+            t = diagonal(t, 0, p, q)
+            term = "".join(x for k, x in enumerate(term) if k not in (p, q)) + c
+        ts[len(named)] = t
         named.append(term)
     if arrow:
         out = out.replace("...", "".join(spare))
         if not all(c.isalpha() for c in out) or len(set(out)) != len(out) or any(c not in "".join(named) for c in out):
             fail(f"einsum: cannot read the output {out!r} of {equation!r}: letters of the operands, each once")
     else:
-        counts = {c: "".join(named).count(c) for c in set("".join(named))}
+        counts = {c: written.count(c) for c in set(written)}  # (torch's: the letters written once, "ii" a trace)
         out = "".join(spare) + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in spare))
     sizes = {}
     for term, t in zip(named, ts):

@@ -649,3 +649,39 @@ def unfold(input, dimension, size, step):
     shape = picked.shape[:d] + (windows, size) + picked.shape[d + 1:]
     out = reshape(picked, shape)
     return permute(out, *range(d + 1), *range(d + 2, out.ndim), d + 1)
+
+
+
+def diagonal(input, offset=0, dim1=0, dim2=1):
+    """torch.diagonal: the elements (i, i + offset) of the dims dim1 and dim2, as the last dim (the
+    others kept in order); a view in torch, a copy here."""
+    return _diagonal(as_tensor(input), offset, dim1, dim2)
+
+
+def _diagonal(x, offset, dim1, dim2):
+    if x.ndim < 2:
+        fail(f"diagonal: needs at least 2 dims, got {x.value.spec!r}")
+    d1, d2 = canon_dim(dim1, x.ndim, "diagonal"), canon_dim(dim2, x.ndim, "diagonal")
+    if d1 == d2:
+        fail(f"diagonal: dim1 and dim2 name the same dim ({dim1} and {dim2}); give two different dims")
+    offset = int(offset)
+    a, b = x.shape[d1], x.shape[d2]
+    n = builtins.max(0, builtins.min(a, b - offset) if offset >= 0 else builtins.min(a + offset, b))
+    rest = [k for k in range(x.ndim) if k not in (d1, d2)]
+    flat = reshape(permute(x, [*rest, d1, d2]), tuple(x.shape[k] for k in rest) + (a * b,))
+    start = offset if offset >= 0 else -offset * b  # (element (i, i + offset) of an a x b block is i (b + 1) + offset)
+    return index_select(flat, -1, as_tensor(np.arange(n, dtype=np.int64) * (b + 1) + start))
+
+
+def diag(input, diagonal=0):
+    """torch.diag: a 1-d input as the square matrix with it on diagonal `diagonal` (0 the main one,
+    above it positive); a 2-d input's diagonal `diagonal` as 1-d."""
+    from .shape import eye
+
+    x, k = as_tensor(input), int(diagonal)
+    if x.ndim == 2:
+        return _diagonal(x, k, 0, 1)
+    if x.ndim != 1:
+        fail(f"diag: takes a 1-d or 2-d input, got {x.value.spec!r}")
+    square = eye(x.shape[0], dtype=x.dtype) * unsqueeze(x, 0)
+    return square if k == 0 else pad(square, (k, 0, 0, k) if k > 0 else (0, -k, -k, 0))
