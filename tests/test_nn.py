@@ -282,3 +282,42 @@ def test_functional_call_takes_torch_funcs_form_too():
     want = torch.func.functional_call(TorchTwo(), {"lin.weight": torch.tensor(w), "lin.bias": torch.tensor(b)},
                                       (torch.tensor(x), torch.tensor(y)), {"scale": s}).item()
     assert got[0] == got[1] == got[2] and abs(got[0] - want) <= 1e-5 * abs(want), (got, want)
+
+
+def test_an_attribute_set_to_none_then_to_a_parameter_or_module_is_torchs():
+    """HF's masked-LM head: decoder = Linear(D, V, bias=False); decoder.bias = self.bias (a Parameter
+    where the Linear had set None), and `self.proj = None` then a module: the forward reads what was
+    assigned last and the tied bias gets torch's gradient (it was read as None, and trained nothing)."""
+    import torch
+
+    def head(lib):
+        class Head(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = None
+                self.proj = lib.nn.Linear(3, 3)
+                self.decoder = lib.nn.Linear(3, 4, bias=False)
+                self.bias = lib.nn.Parameter(lib.zeros(4))
+                self.decoder.bias = self.bias
+                self.register_parameter("unused", None)
+
+            def forward(self, x):
+                return self.decoder(self.proj(x).relu())
+        return Head()
+
+    tm, m = head(torch), head(mica)
+    assert m.unused is None and type(m.proj).__name__ == "Linear"
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in tm.named_parameters()]
+    rng = np.random.default_rng(3)
+    with torch.no_grad():
+        tm.bias.copy_(torch.tensor(rng.standard_normal(4)))
+    m.load_state_dict(tm.state_dict())
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    (tm(torch.tensor(x)) * torch.tensor(w)).sum().backward()
+    names = [n for n, _ in m.named_parameters()]
+    params = {n: np.asarray(v) for n, v in m.state_dict().items() if n in names}
+    grads = mica.compile(lambda p, x, w: mica.grad((nn.functional_call(m, p, x) * w).sum(), p),
+                         m.param_specs(), mica.f32[5, 3], mica.f32[5, 4])(params, x, w)
+    for n, p in tm.named_parameters():
+        assert rel_err(grads[n], p.grad.numpy()) < 1e-5, n
