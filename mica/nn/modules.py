@@ -280,6 +280,14 @@ class Module:
             return F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
+    def __delattr__(self, name):  # (torch's: `del m.fc` removes a submodule, Parameter or buffer)
+        for table in (self._parameters, self._modules, self._buffers):
+            if name in table:
+                del table[name]
+                self._non_persistent.discard(name)
+                return
+        object.__delattr__(self, name)
+
     def _forget(self, name):
         """The name's other meanings gone before it is given one (a Parameter, a module, a buffer), as
         torch's: a plain attribute first set to None (Linear's bias=False) must not shadow it."""
