@@ -321,3 +321,79 @@ def test_an_attribute_set_to_none_then_to_a_parameter_or_module_is_torchs():
                          m.param_specs(), mica.f32[5, 3], mica.f32[5, 4])(params, x, w)
     for n, p in tm.named_parameters():
         assert rel_err(grads[n], p.grad.numpy()) < 1e-5, n
+
+
+def test_module_registry_and_containers_follow_torchs_semantics():
+    """What an outside tester found differing from torch.nn, each against torch on the same calls:
+    a replaced attribute keeps its place in the registry (state_dict's order: optimizer state loads
+    by place), a Sequential's slice and item assignment keep the names, train() asks each child's
+    own train(), a float loaded into an integer buffer keeps the type, half()/bfloat16()/double()
+    round the values held, shared children and buffers listed once; and the methods torch code
+    calls (recurse=False, prefix/keep_vars, named_children, get_submodule, pop, +, *, clear, del)."""
+    import collections
+
+    import torch
+
+    def build(lib):
+        class Frozen(lib.nn.Module):  # (a sub-network that stays in eval whatever its parent asks)
+            def __init__(self):
+                super().__init__()
+                self.drop = lib.nn.Dropout(0.5)
+
+            def train(self, mode=True):
+                return super().train(False)
+
+        class M(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = lib.nn.Linear(2, 3), lib.nn.Linear(3, 2)
+                self.a = self.a
+                self.b.weight = lib.nn.Parameter(lib.ones(2, 3))
+                self.register_buffer("x", lib.arange(3))
+                self.register_buffer("y", lib.ones(2))
+                self.register_buffer("x", lib.arange(3))
+                self.frozen = Frozen()
+                self.shared = self.a
+                self.seq = lib.nn.Sequential(collections.OrderedDict(fc1=lib.nn.Linear(2, 2), act=lib.nn.ReLU(),
+                                                                     fc2=lib.nn.Linear(2, 2)))
+                self.seq[0] = lib.nn.Linear(2, 2)
+        return M()
+
+    tm, m = build(torch), build(mica)
+    assert list(m.state_dict()) == list(tm.state_dict())
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in tm.named_parameters()]
+    assert [n for n, _ in m.named_buffers()] == [n for n, _ in tm.named_buffers()]
+    assert [n for n, _ in m.named_children()] == [n for n, _ in tm.named_children()]
+    assert len(list(m.children())) == len(list(tm.children())) and len(list(m.seq[1:].state_dict())) == 2
+    assert list(m.seq[1:].state_dict()) == list(tm.seq[1:].state_dict())
+    m.train(), tm.train()
+    assert [x.training for x in m.modules()] == [x.training for x in tm.modules()]
+    sd = {k: v.numpy() for k, v in tm.state_dict().items()}
+    sd["x"] = np.array([1.7, 2.2, 3.9], np.float32)
+    m.load_state_dict(sd), tm.load_state_dict({k: torch.tensor(v) for k, v in sd.items()})
+    assert m.state_dict()["x"].tolist() == tm.state_dict()["x"].tolist() == [1, 2, 3]
+    for cast in ("half", "bfloat16", "double"):
+        getattr(m, cast)(), getattr(tm, cast)()
+        for (k, v), tv in zip(m.state_dict().items(), tm.state_dict().values()):
+            assert np.array_equal(np.asarray(v, np.float64), tv.double().numpy()), (cast, k)
+    assert [n for n, _ in m.named_parameters(recurse=False)] == [] and \
+        list(m.a.parameters(recurse=False))[0] is m.a.weight
+    assert list(m.state_dict(prefix="model.")) == list(tm.state_dict(prefix="model."))
+    assert m.state_dict(keep_vars=True)["a.weight"] is m.a.weight
+    assert not mica.nn.Parameter(np.ones(2), requires_grad=False).requires_grad
+    assert m.get_submodule("seq.fc2") is m.seq.fc2
+    lst = mica.nn.ModuleList([mica.nn.Linear(1, 1) for _ in range(3)])
+    popped = lst.pop(1)
+    assert len(lst) == 2 and popped not in list(lst) and len(lst + lst) == 4 and len(m.seq * 2) == 6
+    d = mica.nn.ModuleDict({"p": mica.nn.Linear(1, 1)})
+    d.clear()
+    assert len(d) == 0
+    del m.b
+    assert "b.weight" not in m.state_dict() and not hasattr(m, "b")
+    for bad, says in ((lambda: m.add_module("a.b", mica.nn.Linear(1, 1)), r"without '\.'"),
+                      (lambda: m.add_module("z", 5), r"must be a mica.nn.Module or None"),
+                      (lambda: m.register_buffer("shared", np.ones(1)), r"already has a submodule named 'shared'"),
+                      (lambda: setattr(m, "y", 3), r"cannot assign a int as buffer 'y'"),
+                      (lambda: m.register_forward_hook(print), r"^Mica has no nn.Module.register_forward_hook")):
+        with pytest.raises(mica.MicaError, match=says):
+            bad()

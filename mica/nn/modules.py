@@ -23,7 +23,7 @@ _BOUND = [{}]  # id(Parameter) -> Tensor, for the innermost bind()
 class Parameter:
     """A trainable tensor's declaration: shape, element type and initializer (values live outside)."""
 
-    def __init__(self, data=None, *, shape=None, dtype=None, init=None):
+    def __init__(self, data=None, requires_grad=True, *, shape=None, dtype=None, init=None):
         if data is not None:
             arr = np.asarray(data)
             shape = arr.shape
@@ -34,7 +34,7 @@ class Parameter:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = as_dtype(dtype or dtypes.float32)
         self.init = init or initializers.zeros()
-        self.requires_grad = True  # (torch's flag, kept for code that reads it; freezing is param_groups')
+        self.requires_grad = bool(requires_grad)  # (torch's flag: a torch-style step keeps a frozen one as it is)
         self._names = set()  # (every name named_parameters() gave it: Module.named_parameters)
         from ..random import init_key
 
@@ -218,6 +218,26 @@ def _default_float(arr):
     return dtypes.float32
 
 
+_HOOKS = ("a hook would run once, when the step is traced, not at each call; call the code in forward, or "
+          "return the activation from the compiled step")
+_TORCH_MODULE_METHODS = {  # torch.nn.Module's methods Mica's lacks, with what to do instead
+    **{h: _HOOKS for h in ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                           "register_full_backward_pre_hook", "register_backward_hook")},
+    **{h: "Mica's state_dict and load_state_dict take no hooks; convert the dict before or after the call"
+       for h in ("register_state_dict_pre_hook", "register_state_dict_post_hook",
+                 "register_load_state_dict_pre_hook", "register_load_state_dict_post_hook")},
+    "share_memory": "a model's values are numpy arrays a compiled program copies in; nothing is shared",
+    "to_empty": "parameters hold no storage until drawn or loaded; drop the line",
+    "type": "use .to(dtype), .float(), .half(), .bfloat16() or .double()",
+    "compile": "compile the training step with @mica.compile (mica.compile(model) returns the model)",
+    "xpu": "Mica's targets are the CPU and NVIDIA cards (mica.compile(..., target='cuda'))",
+    "ipu": "Mica's targets are the CPU and NVIDIA cards (mica.compile(..., target='cuda'))",
+    "mtia": "Mica's targets are the CPU and NVIDIA cards (mica.compile(..., target='cuda'))",
+    "get_extra_state": "Mica's state_dict holds parameters and buffers only",
+    "set_extra_state": "Mica's state_dict holds parameters and buffers only",
+}
+
+
 class Module:
     def __init__(self):
         object.__setattr__(self, "_parameters", {})
@@ -235,17 +255,20 @@ class Module:
             raise MicaError(f"cannot assign a {type(value).__name__} as parameter {name!r} of {type(self).__name__} "
                             "(a mica.nn.Parameter or None expected, as torch's); its values come from init() or "
                             "your params dict")
-        if name in self._modules and not isinstance(value, Module) and value is not None:
+        if name in self._modules and not isinstance(value, (Module, Parameter)) and value is not None:
             raise MicaError(f"cannot assign a {type(value).__name__} as child module {name!r} of "
-                            f"{type(self).__name__} (a mica.nn.Module or None expected, as torch's)")
+                            f"{type(self).__name__} (a mica.nn.Module, a Parameter or None expected, as torch's)")
         if name in self._buffers and not isinstance(value, (Parameter, Module)):
+            if value is not None and not hasattr(value, "shape"):
+                raise MicaError(f"cannot assign a {type(value).__name__} as buffer {name!r} of {type(self).__name__} "
+                                "(an array or tensor, or None, expected, as torch's)")
             self._buffers[name] = None if value is None else _buffer_array(value)  # (still a buffer, as torch's)
             return
         if isinstance(value, Parameter):
-            self._forget(name)
-            self._parameters[name] = value
+            self._forget(name, self._parameters)
+            self._parameters[name] = value  # (in its place where it was one: torch's order)
         elif isinstance(value, Module):
-            self._forget(name)
+            self._forget(name, self._modules)
             self._modules[name] = value
         elif value is None and name in self._parameters:
             self._parameters[name] = None
@@ -266,6 +289,8 @@ class Module:
                 return None
             bound = _BOUND[-1].get(id(p))
             if bound is not None:
+                if isinstance(bound, np.ndarray) and F.in_trace():  # (held values: a constant of its own type)
+                    return F.tensor(bound, dtype=p.dtype)
                 return bound
             from .. import stateful  # (a torch-style step under mica.compile: the step's current value)
 
@@ -278,6 +303,12 @@ class Module:
                 return buf
             float_type = d.get("_buffer_float") if np.asarray(buf).dtype.kind == "f" else None
             return F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
+        if name in _TORCH_MODULE_METHODS:  # (torch.nn.Module has it, Mica's does not: a sentence)
+            from ..errors import MissingVerbError
+            from ..tensor import user_location
+
+            raise MissingVerbError(f"Mica has no nn.Module.{name} (torch.nn.Module.{name}): "
+                                   f"{_TORCH_MODULE_METHODS[name]}", user_location())
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def __delattr__(self, name):  # (torch's: `del m.fc` removes a submodule, Parameter or buffer)
@@ -288,16 +319,39 @@ class Module:
                 return
         object.__delattr__(self, name)
 
-    def _forget(self, name):
-        """The name's other meanings gone before it is given one (a Parameter, a module, a buffer), as
-        torch's: a plain attribute first set to None (Linear's bias=False) must not shadow it."""
+    def _forget(self, name, keep):
+        """The name's other meanings gone before it is given one in table `keep` (a Parameter, a
+        module, a buffer: where it was one already it keeps its place, as torch's), as torch's: a plain
+        attribute first set to None (Linear's bias=False) must not shadow it."""
         for table in (self.__dict__, self._parameters, self._modules, self._buffers):
-            table.pop(name, None)
+            if table is not keep:
+                table.pop(name, None)
+        if keep is not self._buffers:
+            self._non_persistent.discard(name)
+
+    def _new_name(self, verb, name, table):
+        """torch's checks of a name given to register_buffer/register_parameter/add_module."""
+        from ..tensor import user_location
+
+        if not isinstance(name, str) or not name or "." in name:
+            raise MicaError(f"{verb}: the name must be a non-empty string without '.', got {name!r} (torch's rule: "
+                            "a dotted name could not be told from a submodule's)", user_location())
+        for other, kind in ((self._parameters, "a parameter"), (self._modules, "a submodule"),
+                            (self._buffers, "a buffer")):
+            if other is not table and name in other:
+                raise MicaError(f"{verb}: {type(self).__name__} already has {kind} named {name!r}; delete it first "
+                                f"(del module.{name}), as torch requires", user_location())
 
     def register_buffer(self, name, array, persistent=True):
         """A constant the module reads (numpy values, which a trace reads as mica.tensor does: floats
         as the default float32); a non-persistent one stays out of state_dict(), as torch's."""
-        self._forget(name)
+        self._new_name("register_buffer", name, self._buffers)
+        if array is not None and not hasattr(array, "shape"):
+            from ..tensor import user_location
+
+            raise MicaError(f"register_buffer: buffer {name!r} must be an array or tensor (or None), got a "
+                            f"{type(array).__name__}", user_location())
+        self._forget(name, self._buffers)
         self._buffers[name] = None if array is None else _buffer_array(array)
         if persistent:
             self._non_persistent.discard(name)
@@ -305,15 +359,62 @@ class Module:
             self._non_persistent.add(name)
 
     def register_parameter(self, name, param):
+        self._new_name("register_parameter", name, self._parameters)
         if param is None:  # (torch's: a parameter slot that holds None, as Linear's bias=False)
-            self._forget(name)
+            self._forget(name, self._parameters)
             self._parameters[name] = None
+        elif not isinstance(param, Parameter):
+            from ..tensor import user_location
+
+            raise MicaError(f"register_parameter: {name!r} must be a mica.nn.Parameter or None, got a "
+                            f"{type(param).__name__}", user_location())
         else:
             setattr(self, name, param)
 
     def add_module(self, name, module):
-        self._forget(name)
+        self._new_name("add_module", name, self._modules)
+        if module is not None and not isinstance(module, Module):
+            from ..tensor import user_location
+
+            raise MicaError(f"add_module: {name!r} must be a mica.nn.Module or None, got a {type(module).__name__}",
+                            user_location())
+        self._forget(name, self._modules)
         self._modules[name] = module
+
+    register_module = add_module
+
+    def get_submodule(self, target):
+        """torch's: the submodule at a dotted path ("" is this module), or a sentence."""
+        from ..tensor import user_location
+
+        m = self
+        for part in target.split(".") if target else []:
+            nxt = m._modules.get(part) if isinstance(m, Module) else None
+            if nxt is None:
+                raise MicaError(f"get_submodule: {type(m).__name__} has no submodule {part!r} (of {target!r})",
+                                user_location())
+            m = nxt
+        return m
+
+    def get_parameter(self, target):
+        module, _, name = target.rpartition(".")
+        owner = self.get_submodule(module)
+        if owner._parameters.get(name) is None:
+            from ..tensor import user_location
+
+            raise MicaError(f"get_parameter: {type(owner).__name__} has no parameter {name!r} (of {target!r})",
+                            user_location())
+        return owner._parameters[name]
+
+    def get_buffer(self, target):
+        module, _, name = target.rpartition(".")
+        owner = self.get_submodule(module)
+        if name not in owner._buffers:
+            from ..tensor import user_location
+
+            raise MicaError(f"get_buffer: {type(owner).__name__} has no buffer {name!r} (of {target!r})",
+                            user_location())
+        return getattr(owner, name)
 
     # ---- traversal -------------------------------------------------------------------------------
     def named_modules(self, prefix="", memo=None):
@@ -329,14 +430,24 @@ class Module:
     def modules(self):
         return (m for _, m in self.named_modules())
 
-    def children(self):
-        return (m for m in self._modules.values() if m is not None)
-
-    def named_parameters(self, prefix="", remove_duplicate=True):
-        """(name, Parameter) in PyTorch's order; a shared (tied) parameter appears once, under its
-        first name, unless remove_duplicate=False."""
+    def named_children(self):
+        """(name, module) of the direct submodules, each once (a module under two names: the first)."""
         seen = set()
-        for mprefix, m in self.named_modules(prefix, memo=None if remove_duplicate else _NoMemo()):
+        for name, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield name, m
+
+    def children(self):
+        return (m for _, m in self.named_children())
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        """(name, Parameter) in PyTorch's order; a shared (tied) parameter appears once, under its
+        first name, unless remove_duplicate=False; recurse=False: this module's own."""
+        seen = set()
+        owners = self.named_modules(prefix, memo=None if remove_duplicate else _NoMemo()) if recurse else \
+            [(prefix, self)]
+        for mprefix, m in owners:
             for name, p in m._parameters.items():
                 if p is None or (remove_duplicate and id(p) in seen):
                     continue
@@ -345,17 +456,19 @@ class Module:
                 p._names.add(full)  # (an optimizer group of Parameter objects finds each by these)
                 yield full, p
 
-    def parameters(self):
-        return (p for _, p in self.named_parameters())
+    def parameters(self, recurse=True):
+        return (p for _, p in self.named_parameters(recurse=recurse))
 
-    def named_buffers(self, prefix=""):
-        for mprefix, m in self.named_modules(prefix):
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        seen = set()
+        for mprefix, m in self.named_modules(prefix) if recurse else [(prefix, self)]:
             for name, b in m._buffers.items():
-                if b is not None:
+                if b is not None and not (remove_duplicate and id(b) in seen):
+                    seen.add(id(b))
                     yield (f"{mprefix}.{name}" if mprefix else name), b
 
-    def buffers(self):
-        return (b for _, b in self.named_buffers())
+    def buffers(self, recurse=True):
+        return (b for _, b in self.named_buffers(recurse=recurse))
 
     def requires_grad_(self, requires_grad=True):
         for p in self.parameters():
@@ -396,7 +509,8 @@ class Module:
                     continue
                 expected.append(key)
                 if key in given:
-                    m._buffers[name] = _as_values(where, key, given[key], np.shape(b), None)
+                    m._buffers[name] = _as_values(where, key, given[key], np.shape(b), None).astype(
+                        np.asarray(b).dtype)  # (torch's copy_: the buffer keeps its type, floats into ints cut)
                     used.add(key)
         missing = [k for k in dict.fromkeys(expected) if k not in used]  # (torch's order, a tie once)
         unexpected = [k for k in given if k not in set(expected)]
@@ -416,8 +530,15 @@ class Module:
         return self
 
     def train(self, mode=True):
-        for m in self.modules():
-            object.__setattr__(m, "training", bool(mode))
+        """torch's: this module's flag, then each child's own train(mode) (a child that overrides
+        train(), as a frozen sub-network's that stays in eval, is asked, not set)."""
+        if not isinstance(mode, bool):
+            from ..tensor import user_location
+
+            raise MicaError(f"train(mode): mode is True or False, got {mode!r}", user_location())
+        object.__setattr__(self, "training", mode)
+        for m in self.children():
+            m.train(mode)
         return self
 
     def eval(self):
@@ -430,14 +551,28 @@ class Module:
         return self
 
     def to(self, dtype=None, *args, **kwargs):
-        """torch's Module.to(dtype): floating parameters, and floating buffers as a trace reads them."""
+        """torch's Module.to(dtype): floating parameters and buffers take the type, the values they
+        hold (loaded, trained or initial) rounded to it; a device (a string) changes nothing."""
         for a in (dtype, *args, kwargs.get("dtype")):
-            if a is not None and not isinstance(a, str):
-                for p in self.parameters():
-                    if p.dtype.kind == "float":
-                        p.dtype = as_dtype(a)
-                for m in self.modules():
-                    object.__setattr__(m, "_buffer_float", as_dtype(a))
+            if a is None or isinstance(a, str) or type(a).__name__ == "device":
+                continue
+            d = as_dtype(a)
+            if d.kind != "float":
+                from ..tensor import user_location
+
+                raise MicaError(f"Module.to takes a floating type, as torch's, got {d.name}", user_location())
+            for p in self.parameters():
+                if p.dtype.kind == "float":
+                    p.dtype = d
+                    if getattr(p, "_held", None) is not None:
+                        p._held = _in_dtype(p._held, d)
+                    if getattr(p, "_initial", None) is not None and p._initial[0] is p.init:
+                        p._initial = (p.init, _in_dtype(p._initial[1], d))
+            for m in self.modules():
+                object.__setattr__(m, "_buffer_float", d)
+                for name, b in m._buffers.items():
+                    if b is not None and np.asarray(b).dtype.kind == "f":
+                        m._buffers[name] = _in_dtype(b, d)
         return self
 
     def float(self):
@@ -473,10 +608,19 @@ class Module:
             out[name] = _drawn(init, p, initializers.stream(seed, name))
         return out
 
-    def state_dict(self, params=None):
+    def state_dict(self, params=None, *, prefix="", keep_vars=False, destination=None):
         """Every state_dict() key PyTorch would give this module tree (tied parameters under each
         of their names), with values from `params`; without them, the values the model holds for
-        eager calls (loaded by load_state_dict, else its initial ones)."""
+        eager calls (loaded by load_state_dict, else its initial ones); torch's `prefix` before
+        every key, `keep_vars`: the Parameter objects, `destination`: the dict it fills."""
+        out = self._state_dict(params, keep_vars)
+        out = {prefix + k: v for k, v in out.items()} if prefix else out
+        if destination is not None:
+            destination.update(out)
+            return destination
+        return out
+
+    def _state_dict(self, params, keep_vars):
         by_id = {id(p): n for n, p in self.named_parameters()}
         held = params is None
         if held:  # (host tensors over the values it holds, as torch's state_dict shares its tensors' memory)
@@ -487,7 +631,7 @@ class Module:
         for mprefix, m in self.named_modules(memo=_NoMemo()):
             for name, p in m._parameters.items():
                 if p is not None:
-                    out[f"{mprefix}.{name}" if mprefix else name] = params[by_id[id(p)]]
+                    out[f"{mprefix}.{name}" if mprefix else name] = p if keep_vars else params[by_id[id(p)]]
             for name, b in m._buffers.items():
                 if b is not None and name not in m._non_persistent:
                     out[f"{mprefix}.{name}" if mprefix else name] = host(b) if held else b
@@ -573,6 +717,16 @@ def _drawn(init, p, stream):
     return values
 
 
+def _in_dtype(values, dtype):
+    """Values in a floating type's storage, bfloat16's rounded (held in float32), as torch's cast."""
+    values = np.asarray(values).astype(dtype.np_storage)
+    if dtype is dtypes.bfloat16:
+        from ..backends.reference import round_bf16
+
+        values = round_bf16(values)
+    return values
+
+
 def _held(p, name):
     """The values p holds for eager calls: loaded (load_state_dict), else its initial ones."""
     held = getattr(p, "_held", None)
@@ -593,7 +747,9 @@ def _as_values(where, key, value, shape, dtype):
         from ..tensor import user_location
 
         raise MicaError(f"{where}: {key} has shape {list(arr.shape)}, the model's is {list(shape)}", user_location())
-    return arr.astype(dtype.np_storage) if dtype is not None else arr
+    if dtype is None:
+        return arr
+    return _in_dtype(arr, dtype) if dtype.kind == "float" else arr.astype(dtype.np_storage)
 
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -754,23 +910,41 @@ class ModuleList(Module):
         self._renumber(modules)
 
     def __getitem__(self, i):
+        """An index's module; a slice, as torch's: a ModuleList (or its subclass) of those modules
+        numbered afresh, a Sequential of them under their own names."""
         if isinstance(i, slice):
-            return type(self)(list(self._modules.values())[i]) if type(self) is ModuleList else \
-                Sequential(*list(self._modules.values())[i])
+            if isinstance(self, Sequential):
+                return type(self)(collections.OrderedDict(list(self._modules.items())[i]))
+            return type(self)(list(self._modules.values())[i])
         return list(self._modules.values())[i]
 
-    def __setitem__(self, i, module):
-        modules = list(self._modules.values())
-        modules[i] = module
-        self._renumber(modules)
+    def __setitem__(self, i, module):  # (torch's: the module under the name the place had)
+        self._modules[list(self._modules)[i]] = _module(module, type(self).__name__)
 
     def __delitem__(self, i):
         modules = list(self._modules.values())
         del modules[i]
         self._renumber(modules)
 
+    def pop(self, i=-1):
+        module = self[i]
+        del self[i]
+        return module
+
     def __iadd__(self, modules):
         return self.extend(modules)
+
+    def __add__(self, other):  # (torch's: a new container of both, numbered afresh)
+        both = ModuleList() if not isinstance(self, Sequential) else Sequential()
+        return both.extend(list(self) + list(other))
+
+    def __mul__(self, times):  # (Sequential * n: the same modules n times, as torch's)
+        if not isinstance(self, Sequential) or not isinstance(times, int) or times < 1:
+            from ..tensor import user_location
+
+            raise MicaError(f"{type(self).__name__} * {times!r}: a Sequential repeats by a positive int, as torch's",
+                            user_location())
+        return Sequential().extend(list(self) * times)
 
     def __len__(self):
         return len(self._modules)
@@ -809,6 +983,9 @@ class ModuleDict(Module):
 
     def pop(self, key):
         return self._modules.pop(key)
+
+    def clear(self):
+        self._modules.clear()
 
     def keys(self):
         return self._modules.keys()
