@@ -390,6 +390,12 @@ def test_module_registry_and_containers_follow_torchs_semantics():
     assert len(d) == 0
     del m.b
     assert "b.weight" not in m.state_dict() and not hasattr(m, "b")
+    def blocks(lib):
+        nn_ = lib.nn
+        return nn_.ModuleList([nn_.Sequential(nn_.LayerNorm(4), nn_.Linear(4, 4), nn_.GELU(), nn_.Dropout(0.1))
+                               for _ in range(3)] + [nn_.LayerNorm(4, bias=False), nn_.Embedding(5, 4)])
+
+    assert repr(blocks(mica)) == repr(blocks(torch)) and "weight" in dir(mica.nn.Linear(1, 1))
     for bad, says in ((lambda: m.add_module("a.b", mica.nn.Linear(1, 1)), r"without '\.'"),
                       (lambda: m.add_module("z", 5), r"must be a mica.nn.Module or None"),
                       (lambda: m.register_buffer("shared", np.ones(1)), r"already has a submodule named 'shared'"),

@@ -669,6 +669,9 @@ class Module:
             lines.append(f"  ({name}): " + repr(m).replace("\n", "\n  "))
         return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
 
+    def __dir__(self):  # (torch's: the registered parameters, submodules and buffers too)
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._modules) | set(self._buffers))
+
 
 def _eager_call(module, args, kwargs):
     """module(*args) outside a trace: the forward traced once and run on the oracle at float32
@@ -838,6 +841,11 @@ class LayerNorm(Module):
     def forward(self, x):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
+    def extra_repr(self):
+        affine = self.weight is not None
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={affine}" + \
+            (f", bias={self.bias is not None}" if affine else "")
+
 
 class RMSNorm(Module):
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
@@ -850,6 +858,9 @@ class RMSNorm(Module):
     def forward(self, x):
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
 
 class Dropout(Module):
     def __init__(self, p=0.5, inplace=False):
@@ -859,6 +870,9 @@ class Dropout(Module):
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
 
+    def extra_repr(self):
+        return f"p={self.p}, inplace=False"
+
 
 class GELU(Module):
     def __init__(self, approximate="none"):
@@ -867,6 +881,9 @@ class GELU(Module):
 
     def forward(self, x):
         return F.gelu(x, approximate=self.approximate)
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
 
 
 class ReLU(Module):
@@ -951,6 +968,20 @@ class ModuleList(Module):
 
     def __iter__(self):
         return iter(self._modules.values())
+
+    def __repr__(self):
+        """torch's: runs of modules that print alike collapse to `(0-2): 3 x Block(...)`."""
+        if isinstance(self, Sequential):
+            return super().__repr__()
+        texts = [repr(m).replace("\n", "\n  ") for m in self._modules.values()]
+        lines, k = [], 0
+        while k < len(texts):
+            j = k
+            while j + 1 < len(texts) and texts[j + 1] == texts[k]:
+                j += 1
+            lines.append(f"  ({k}): {texts[k]}" if j == k else f"  ({k}-{j}): {j - k + 1} x {texts[k]}")
+            k = j + 1
+        return f"{type(self).__name__}(" + ("\n" + "\n".join(lines) + "\n)" if lines else ")")
 
 
 class ModuleDict(Module):
