@@ -376,6 +376,8 @@ def test_module_registry_and_containers_follow_torchs_semantics():
         getattr(m, cast)(), getattr(tm, cast)()
         for (k, v), tv in zip(m.state_dict().items(), tm.state_dict().values()):
             assert np.array_equal(np.asarray(v, np.float64), tv.double().numpy()), (cast, k)
+    x64 = np.random.default_rng(4).standard_normal((3, 2))
+    assert np.allclose(np.asarray(m.a(x64)), tm.a(torch.tensor(x64)).detach().numpy(), rtol=1e-12)  # (eager, float64)
     assert [n for n, _ in m.named_parameters(recurse=False)] == [] and \
         list(m.a.parameters(recurse=False))[0] is m.a.weight
     assert list(m.state_dict(prefix="model.")) == list(tm.state_dict(prefix="model."))
