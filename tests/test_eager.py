@@ -675,6 +675,20 @@ def test_manual_seed_keys_a_models_initial_weights_and_rng_state_resumes_dropout
     assert np.array_equal(np.asarray(resumed(x)), want)
 
 
+def _scaled_loop(lib, model, opt, scaler, factor=1.0):
+    """nanoGPT's loop body with its GradScaler calls (an unused extra argument: an iteration count)."""
+    def step(x, *iteration):
+        loss = model(x).pow(2).mean() * factor
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
 def test_torch_lines_a_ported_train_py_holds_run_or_say_what_to_do(recwarn):
     """Lines nanoGPT's train.py and similar scripts hold: torch.cuda's questions, from_numpy,
     torch.backends' TF32 switches (a sentence: Mica's is per program), GradScaler(enabled=False)
@@ -717,20 +731,8 @@ def test_torch_lines_a_ported_train_py_holds_run_or_say_what_to_do(recwarn):
     opt, topt = mica.optim.AdamW(m.parameters(), lr=0.1), torch.optim.AdamW(tm.parameters(), lr=0.1)
     scaler, tscaler = mica.cuda.amp.GradScaler(enabled=False), torch.amp.GradScaler("cpu", enabled=False)
 
-    def body(lib, model, opt, scaler):
-        def step(x, it):
-            loss = model(x).pow(2).mean()
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            return loss
-        return step
-
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
-    mine, theirs = mica.compile(body(mica, m, opt, scaler)), body(torch, tm, topt, tscaler)
+    mine, theirs = mica.compile(_scaled_loop(mica, m, opt, scaler)), _scaled_loop(torch, tm, topt, tscaler)
     for it in range(3):
         mine(x, it), theirs(torch.from_numpy(x), it)
     assert np.allclose(m.state_dict()["weight"], tm.weight.detach().numpy(), rtol=1e-5, atol=1e-7)
@@ -753,19 +755,7 @@ def test_an_enabled_grad_scaler_in_torchs_form_makes_torchs_decisions():
     settings = dict(init_scale=2.0 ** 118, growth_interval=3)  # (overflows the float32 gradients at first)
     scaler, tscaler = mica.amp.GradScaler("cpu", **settings), torch.amp.GradScaler("cpu", **settings)
 
-    def body(lib, model, opt, scaler):
-        def step(x):
-            loss = model(x).pow(2).mean() * 1e4
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            return loss
-        return step
-
-    mine, theirs = mica.compile(body(mica, m, opt, scaler)), body(torch, tm, topt, tscaler)
+    mine, theirs = mica.compile(_scaled_loop(mica, m, opt, scaler, 1e4)), _scaled_loop(torch, tm, topt, tscaler, 1e4)
     rng = np.random.default_rng(0)
     scales = []
     for _ in range(12):
