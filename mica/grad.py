@@ -121,10 +121,26 @@ def mark_role(graph, tensor, role):
 
 def value_and_grad(fn, argnums=0, has_aux=False):
     """fn -> a function returning (fn(*args), gradients of it with respect to args[argnums])."""
+    from .errors import MicaError
+    from .tensor import user_location
+
+    many = isinstance(argnums, (tuple, list))
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in (argnums if many else [argnums])):
+        raise MicaError(f"value_and_grad: argnums is an argument's index or a tuple of them, got {argnums!r}",
+                        user_location())
+
     def wrapped(*args, **kwargs):
+        for i in argnums if many else [argnums]:
+            if not -len(args) <= i < len(args):
+                raise MicaError(f"value_and_grad: argnums names argument {i}, and the function was given "
+                                f"{len(args)} positional argument{'s' if len(args) != 1 else ''}", user_location())
         result = fn(*args, **kwargs)
+        if has_aux and not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise MicaError("value_and_grad(has_aux=True): the function must return a pair (loss, aux); it returned "
+                            + (f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else
+                               f"a {type(result).__name__}"), user_location())
         loss = result[0] if has_aux else result
-        wrt = args[argnums] if isinstance(argnums, int) else tuple(args[i] for i in argnums)
+        wrt = tuple(args[i] for i in argnums) if many else args[argnums]
         return result, grad(loss, wrt)
     return wrapped
 

@@ -21,9 +21,11 @@ def check_input(array, value, index, name, label=None):
     numpy's assignments do."""
     spec = f"{value.dtype.short}[{', '.join(map(str, value.shape))}]"
     what = f"{name}: input {index}" + (f" ({label})" if label else "")
+    from .nn.modules import _from_torch
+
     try:
-        a = np.asarray(array)
-    except (TypeError, ValueError) as e:
+        a = np.asarray(_from_torch(array))  # (a torch tensor that requires grad: its values, detached)
+    except (TypeError, ValueError, RuntimeError) as e:
         raise MicaError(f"{what} ({spec}) got a value numpy cannot read as an array ({e})", user_location()) from None
     want = np.dtype(np.float32) if value.dtype in (bfloat16, float16) else np.dtype(value.dtype.np_storage)
     fits = np.can_cast(a.dtype, want, casting="same_kind") or (want.kind == "b" and a.dtype.kind in "iu")

@@ -300,6 +300,9 @@ class Tensor:
         return self.shape[0]
 
     def __iter__(self):
+        if self.ndim == 0:
+            raise TraceError("iteration over a 0-d tensor, as torch refuses it; index a 1-d view (x.reshape(1))",
+                             user_location())
         return iter(F.unbind(self, 0))
 
     def __bool__(self):

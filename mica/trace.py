@@ -3,7 +3,7 @@ import numpy as np
 
 from . import pytree
 from .dtypes import Spec
-from .errors import TraceError
+from .errors import MicaError, TraceError
 from .ir import Graph
 from .tensor import _STACK, Tensor, TraceContext, user_location
 
@@ -13,7 +13,16 @@ def _is_spec_leaf(x):
 
 
 def to_spec(x):
-    return x if isinstance(x, Spec) else Spec.of(np.asarray(x) if not hasattr(x, "shape") else x)
+    """The Spec of an argument (a Spec as it is), or the sentence for one Mica cannot take."""
+    if isinstance(x, Spec):
+        return x
+    try:
+        return Spec.of(np.asarray(x) if not hasattr(x, "shape") else x)
+    except (TypeError, KeyError) as e:
+        from .tensor import user_location
+
+        raise MicaError(f"an argument of {x.dtype if hasattr(x, 'dtype') else type(x).__name__} values cannot be an "
+                        f"input ({e}); pass floats, integers or booleans", user_location()) from None
 
 
 class Program:
@@ -65,7 +74,12 @@ class Program:
     def checked_input(self, index, array):
         """`array` as input `index` (numpy), or the sentence of inputs.check_input naming it."""
         from .inputs import check_input
+        from .tensor import user_location
 
+        count = len(self.graph.inputs)
+        if not isinstance(index, int) or not 0 <= index < count:
+            raise MicaError(f"{self.name}: set_input's index is an input's place, 0 to {count - 1}, got {index!r}",
+                            user_location())
         return check_input(array, self.graph.inputs[index], index, self.name, self.graph.input_names[index])
 
     def lower(self, target="cpu", **options):
@@ -101,6 +115,7 @@ def trace(fn, *specs, name=None):
     Leaves that are neither Specs nor arrays (ints, strings, ...) are passed to `fn` unchanged as
     static values. Returns a Program.
     """
+    _check_arity(fn, len(specs))
     graph = Graph()
     ctx = TraceContext(graph)
     leaves, in_tree = pytree.flatten(tuple(specs), is_leaf=_is_spec_leaf)
@@ -154,6 +169,34 @@ def compile(fn=None, *specs, target="cpu", name=None, **options):
     return _Compiled(fn, target, name, options)
 
 
+def _check_arity(fn, count):
+    """A sentence where `count` positional specs cannot be fn's arguments (too few or too many)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*range(count))
+    except TypeError as e:
+        from .tensor import user_location
+
+        takes = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        raise MicaError(f"{getattr(fn, '__name__', 'the function')} was given {count} spec{'s' if count != 1 else ''} "
+                        f"for its arguments ({', '.join(takes) or 'none'}): {e}; give one spec (or pytree of specs) "
+                        "per argument", user_location()) from None
+
+
+def _with_keywords(fn):
+    """fn called as fn(*args, **kwargs) from the pair (args, kwargs): a compiled call's keyword
+    arguments traced as one more pytree."""
+    def called(args, kwargs):
+        return fn(*args, **kwargs)
+    called.__name__ = getattr(fn, "__name__", "function")
+    return called
+
+
 def _random(program):
     """Whether a compiled program draws random bits (dropout)."""
     lowered = getattr(program, "lowered", None)
@@ -163,10 +206,58 @@ def _random(program):
 class _Compiled:
     """torch.compile's contract: compile on the first call, for the arguments' shapes and types."""
 
+    _RUN_OPTIONS = ("threads", "seed", "offset")
+
     def __init__(self, fn, target, name, options):
+        import inspect
+        import threading
+
         self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
         self.calls = 0  # (the dropout key's offset where the caller gives the seed: it moves with every call)
         self.__wrapped__ = fn
+        self._lock = threading.RLock()  # (calls from several threads take turns: one arena, one held state)
+        self._last = None  # (the program the last call ran: .source, .memory_report, .ir)
+        try:
+            self._signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self._signature = None
+
+    def _takes(self, keyword):
+        """Whether the function itself takes `keyword` (then it is the function's, not a run option)."""
+        sig = self._signature
+        return sig is not None and (keyword in sig.parameters or any(
+            p.kind is p.VAR_KEYWORD for p in sig.parameters.values()))
+
+    def _checked_call(self, args, kwargs):
+        """The arguments bound as Python binds them, or the TypeError's text as a sentence at the user's line."""
+        if self._signature is None:
+            return
+        try:
+            self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            from .tensor import user_location
+
+            raise MicaError(f"{getattr(self.fn, '__name__', 'the function')}(): {e}", user_location()) from None
+
+    def _program(self):
+        if self._last is None:
+            from .tensor import user_location
+
+            raise MicaError(f"{getattr(self.fn, '__name__', 'the function')} is compiled at its first call, for "
+                            "its arguments' shapes; call it first", user_location())
+        return self._last
+
+    @property
+    def source(self):
+        return self._program().source
+
+    @property
+    def memory_report(self):
+        return self._program().memory_report
+
+    @property
+    def ir(self):
+        return self._program().lowered.program.ir
 
     def _say_recompiles(self, key):
         """Warn once when a Python number among the arguments has compiled the function a third time
@@ -189,7 +280,17 @@ class _Compiled:
                                "is a constant of its own program; pass it as np.float32(...) or np.int64(...), an "
                                "input, to compile once", UserWarning, path, line)
 
-    def __call__(self, *args, **run_options):
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
+        """One call: keyword arguments the function takes are its own (as torch.compile's), the rest
+        of threads/seed/offset are the run's options."""
+        run_options = {k: kwargs.pop(k) for k in self._RUN_OPTIONS if k in kwargs and not self._takes(k)}
+        fn, given = self.fn, (tuple(args), dict(kwargs))
+        if kwargs:  # (traced as one more pytree: its arrays inputs, its Python numbers constants)
+            args, fn = given, _with_keywords(self.fn)
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         key = (tree, tuple(to_spec(x) if _is_spec_leaf(x) else ("static", repr(x)) for x in leaves))
         from . import stateful
@@ -197,15 +298,17 @@ class _Compiled:
         if isinstance(self.built.get(key), stateful.StatefulStep) and self.built[key].stale():
             del self.built[key]  # (a group was added: the step is found and made again, its state carried over)
         if key not in self.built:
+            self._checked_call(*given)
             self._say_recompiles(key)
-            found = stateful.find(self.fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
+            found = stateful.find(fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
             if found.params or found.optimizers:
-                self.built[key] = stateful.StatefulStep(self.fn, found, args, dict(target=self.target, name=self.name,
-                                                                                   **self.options))
+                self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,
+                                                                              **self.options))
             else:
-                self.built[key] = compile(self.fn, *args, target=self.target, name=self.name, **self.options)
+                self.built[key] = compile(fn, *args, target=self.target, name=self.name, **self.options)
         built = self.built[key]
         prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
+        self._last = prepared[0] if prepared else built
         drawn = "seed" not in run_options and _random(prepared[0] if prepared else built)
         if drawn:  # (dropout: a key drawn at each call from mica's host generator, as torch's from its own, so
             from .random import default_generator  # manual_seed repeats it and get/set_rng_state resume it)

@@ -265,3 +265,68 @@ def test_views_have_torchs_strides_so_reshape_views_or_copies_as_torchs():
     with pytest.raises(mica.MicaError, match=r"^view: this tensor's elements .* cannot be read as shape \[12\] without "
                                              r"a copy, as in torch; use .reshape"):
         mica.trace(lambda x: x.T.view(-1), mica.f32[3, 4])
+
+
+def test_calls_from_two_threads_take_turns():
+    """One compiled program (one arena) called from two Python threads: every result is the one a
+    single thread gets (an outside tester found up to half of them mixed), in both forms."""
+    import threading
+
+    exe = mica.compile(lambda x, w: mica.tanh(x @ w).sum(0), mica.f32[16, 32], mica.f32[32, 8])
+    lazy = mica.compile(lambda x, w: mica.tanh(x @ w).sum(0))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((32, 8)).astype(np.float32)
+    xs = [rng.standard_normal((16, 32)).astype(np.float32) for _ in range(8)]
+    want = [exe(x, w) for x in xs]
+    wrong = []
+
+    def hammer(f, k):
+        for i in range(60):
+            j = (i + k) % len(xs)
+            if not np.array_equal(f(xs[j], w), want[j]):
+                wrong.append(j)
+
+    threads = [threading.Thread(target=hammer, args=(f, k)) for f in (exe, lazy) for k in (0, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_the_torch_compile_form_takes_keyword_arguments_and_says_what_it_cannot():
+    """mica.compile(fn) as torch.compile: keyword arguments the function takes are its own (an
+    `offset` parameter was taken as dropout's offset, silently), the rest of threads/seed/offset are
+    run options; a bad call is Python's complaint as a sentence at the user's line; the program of
+    the last call is inspectable; and the API's corners an outside fuzz found crash no more."""
+    @mica.compile
+    def shift(x, offset=np.float32(0), *, scale=1.0):
+        return (x + offset) * scale
+
+    x = np.arange(3, dtype=np.float32)
+    with pytest.raises(mica.MicaError, match=r"shift is compiled at its first call"):
+        shift.memory_report
+    assert shift(x).tolist() == [0, 1, 2] and shift(x=x, offset=np.float32(10)).tolist() == [10, 11, 12]
+    assert shift(x, np.float32(1), scale=2.0, threads=1).tolist() == [2, 4, 6]
+    assert "memory plan for shift" in shift.memory_report and "input" in shift.ir and shift.source
+    with pytest.raises(mica.MicaError, match=r"^shift\(\): got an unexpected keyword argument 'bogus' \(.*test_trace"):
+        shift(x, bogus=1)
+    with pytest.raises(mica.MicaError, match=r"^<lambda> was given 1 spec for its arguments \(x, y\)"):
+        mica.trace(lambda x, y: x + y, mica.f32[3])
+    two = lambda x, y: (x * y).sum()  # noqa: E731
+    for bad, says in ((dict(argnums=2), r"argnums names argument 2, and the function was given 2 positional"),
+                      (dict(argnums=1.0), r"argnums is an argument's index or a tuple of them, got 1.0"),
+                      (dict(has_aux=True), r"has_aux=True\): the function must return a pair \(loss, aux\)")):
+        with pytest.raises(mica.MicaError, match=says):
+            mica.trace(lambda x, y: mica.value_and_grad(two, **bad)(x, y), mica.f32[3], mica.f32[3])
+    with pytest.raises(mica.MicaError, match=r"^iteration over a 0-d tensor"):
+        mica.trace(lambda x: [r for r in x], mica.f32[()])
+    with pytest.raises(mica.MicaError, match=r"complex64 values cannot be an input"):
+        mica.compile(lambda x: x * 2)(np.ones(3, np.complex64))
+    exe = mica.compile(lambda x: x * 2, mica.f32[3])
+    with pytest.raises(mica.MicaError, match=r"set_input's index is an input's place, 0 to 0, got 5"):
+        exe.set_input(5, np.ones(3))
+    assert exe(torch.ones(3, requires_grad=True)).tolist() == [2, 2, 2]  # (its values, as torch's .detach())
+    gelu0 = mica.trace(lambda x: mica.nn.functional.gelu(x.amax()), mica.f32[2])  # (the oracle on a 0-d erf)
+    assert abs(float(mica.reference.run(gelu0, np.array([0.5, 1.0], np.float32))) - 0.8413447460685429) < 1e-12
+    assert abs(float(mica.erf(mica.tensor(0.3))) - 0.32862676) < 1e-6

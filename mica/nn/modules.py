@@ -738,7 +738,7 @@ def _held(p, name):
 
 def _from_torch(value):
     """A torch tensor as numpy (bfloat16 widened to float32, which numpy holds); anything else as given."""
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
+    if type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "cpu"):
         value = value.detach().cpu()
         return (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
     return value

@@ -122,7 +122,8 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def _np_erf(x):
-    return _erf(x.astype(np.float64)).astype(np.float64).astype(x.dtype)
+    x = np.asarray(x)  # (frompyfunc gives a Python float for a 0-d array)
+    return np.asarray(_erf(x.astype(np.float64)), dtype=np.float64).astype(x.dtype)
 
 
 def _sigmoid(x):

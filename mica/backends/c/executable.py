@@ -1,6 +1,7 @@
 """A compiled CPU program loaded in this process (ctypes): call it with numpy arrays."""
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -102,6 +103,7 @@ class Executable:
         if not self._arena:
             raise MicaError(f"could not allocate the program's arena of {self.arena_bytes:,} bytes")
         self._mem = np.ctypeslib.as_array((ctypes.c_uint8 * self.arena_bytes).from_address(self._arena))
+        self._calls = threading.Lock()  # (one arena: calls from several threads take turns)
 
     def __del__(self):
         lib, arena = getattr(self, "_lib", None), getattr(self, "_arena", None)
@@ -125,9 +127,10 @@ class Executable:
         """Copy the arguments in, run once, return the results (numpy, in the program's structure).
         `seed` and `offset` key dropout's stream: the same pair, the same masks (a loop passes its step)."""
         refuse_keywords(unknown, ("threads", "seed", "offset"))
-        self.load(*args)
-        self.run(threads=threads, seed=seed, offset=offset)
-        return self.results()
+        with self._calls:  # (the arguments, the run and the results of one call, never mixed with another's)
+            self.load(*args)
+            self.run(threads=threads, seed=seed, offset=offset)
+            return self.results()
 
     def load(self, *args):
         """Copy every argument into the arena."""

@@ -1,6 +1,7 @@
 """A compiled program driven in this process through its ABI alone (inputs and outputs by index):
 the way to run a program whose arena is not host memory (CUDA, or its simulator)."""
 import ctypes
+import threading
 
 import numpy as np
 
@@ -16,6 +17,7 @@ class AbiExecutable:
         self.source = lowered.source
         self.memory_report = lowered.memory_report
         self._lib = lib = load_library(library)
+        self._calls = threading.Lock()
         f = lambda name, res, *args: self._fn(api + name, res, args)  # noqa: E731
         self._arena_bytes = f("arena_bytes", ctypes.c_int64)
         self._arena_new = f("arena_new", ctypes.c_void_p)
@@ -42,9 +44,10 @@ class AbiExecutable:
 
     def __call__(self, *args, threads=1, seed=0, offset=0, **unknown):
         refuse_keywords(unknown, ("threads", "seed", "offset"))
-        self.load(*args)
-        self.run(threads=threads, seed=seed, offset=offset)
-        return self.results()
+        with self._calls:  # (one arena: calls from several threads take turns)
+            self.load(*args)
+            self.run(threads=threads, seed=seed, offset=offset)
+            return self.results()
 
     def load(self, *args):
         for i, a in enumerate(self.lowered.program.flatten_args(args)):  # (checked there)
