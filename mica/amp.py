@@ -273,12 +273,12 @@ class GradScaler:
         return stateful.active() is not None
 
     def unscale_(self, optimizer):
-        if self.enabled:
-            if not self._in_torch_step():
-                self._torch_form("unscale_")
+        if self.enabled and self._torch_form_here("unscale_"):
             from . import stateful
 
             stateful.scaler_unscale(self, optimizer)
+        elif self.enabled:
+            self._torch_form("unscale_")  # (no functional unscale_: the functional form is unscale(grads, state))
 
     def _torch_form_here(self, verb):
         """A call in torch's form (no state given): True in a torch-style step, which holds the

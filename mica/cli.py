@@ -540,7 +540,7 @@ def _os_error_sentence(e):
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return (f"{where}{e.strerror} (this shell allows a program {soft} open files, ulimit -n); raise the limit "
-                "(ulimit -n 4096) and run again")
+                f"(ulimit -n {max(4096, 2 * soft)}) and run again")
     if e.errno == errno.ENOSPC:
         return (f"{where}{e.strerror}; free space on the disk of the output folder or of Mica's build cache "
                 "(MICA_CACHE, else ~/.cache/mica), or point that at another disk")
@@ -589,7 +589,8 @@ def _main(argv):
     before = {}
     if threading.current_thread() is threading.main_thread():  # (only there can Python take a signal)
         before = {sig: signal.signal(sig, _terminated)  # (until the trainer's exec: it has its own handlers)
-                  for sig in (signal.SIGTERM, signal.SIGHUP)}
+                  for sig in (signal.SIGTERM, signal.SIGHUP)
+                  if signal.getsignal(sig) is not signal.SIG_IGN}  # (nohup's ignored SIGHUP stays ignored)
     try:
         return handlers[args.command](args, extra)
     except Terminated as e:

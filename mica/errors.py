@@ -62,12 +62,13 @@ def format_loc(loc):
 
 def _uncaught(kind, value, tb, _python=None):
     """sys.excepthook while Mica is imported: a Mica error nothing caught ends a script with its
-    sentence (and the user's file:line), as the mica command's do, not with Python's traceback
-    through Mica's own frames; MICA_TRACEBACK=1 shows that traceback. Other exceptions are Python's."""
+    sentence and the user's file:line, as the mica command's do, not with Python's traceback
+    through Mica's own frames; MICA_TRACEBACK=1 shows that traceback. One without a line (raised
+    by the user's own code, say), and other exceptions, get Python's."""
     import os
     import sys
 
-    if isinstance(value, MicaError) and os.environ.get("MICA_TRACEBACK", "") in ("", "0"):
+    if isinstance(value, MicaError) and value.loc and os.environ.get("MICA_TRACEBACK", "") in ("", "0"):
         print(f"mica: error: {value}", file=sys.stderr)
         return
     (_python or sys.__excepthook__)(kind, value, tb)

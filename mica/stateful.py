@@ -41,6 +41,7 @@ class StepTrace:
         self.scalers = []     # torch-form GradScalers (enabled) used, in first-use order
         self.scaler_states = {}  # id(scaler) -> {"scale", "growth_tracker"} Tensors
         self.unscaled = {}    # id(scaler) -> {id(optimizer): its found_inf flag} since the scaler's last update()
+        self.scaler_stepped = {}  # id(scaler) -> {id(optimizer)} stepped since its last update()
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
@@ -297,6 +298,11 @@ def scaler_step(sc, opt):
     kept only where no gradient was inf or NaN (else the parameters and its state keep their
     values, as torch skips optimizer.step())."""
     s = active()
+    stepped = s.scaler_stepped.setdefault(id(sc), set())
+    if id(opt) in stepped:
+        raise MicaError("GradScaler.step(optimizer) was called twice on this optimizer since the last update(); as "
+                        "torch requires, call scaler.update() after each step", user_location())
+    stepped.add(id(opt))
     if id(opt) not in s.unscaled.get(id(sc), {}):
         scaler_unscale(sc, opt)
     found = s.unscaled[id(sc)][id(opt)]
@@ -319,6 +325,7 @@ def scaler_update(sc):
 
     state, s = note_scaler(sc), active()
     found = s.unscaled.pop(id(sc), {})
+    s.scaler_stepped.pop(id(sc), None)
     if not found:
         raise MicaError("GradScaler.update() found no step to judge: call scaler.step(optimizer) (or unscale_) "
                         "before it, as torch requires", user_location())
@@ -564,4 +571,8 @@ def find(fn, args):
     finally:
         _ACTIVE.pop()
         _restore_lrs(s)
+    if any(s.scaler_stepped.values()):  # (torch refuses the next step until update(): say it now)
+        raise MicaError("the compiled step calls GradScaler.step(optimizer) and not scaler.update() after it, so the "
+                        "scale would never move (torch refuses the next step); call scaler.update() in the step",
+                        user_location())
     return s

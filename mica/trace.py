@@ -1,4 +1,6 @@
 """mica.trace: run a Python function once on symbolic Tensors and keep the graph it built."""
+import threading
+
 import numpy as np
 
 from . import pytree
@@ -10,6 +12,12 @@ from .tensor import _STACK, Tensor, TraceContext, user_location
 
 def _is_spec_leaf(x):
     return isinstance(x, Spec) or (hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, Tensor))
+
+
+# One trace at a time in the process: a trace's state (the verbs' context, a torch-style step's, the
+# autocast regions, a model's bound values) is the process's, so threads take turns to trace, and
+# torch.compile-form calls, which may trace and share the values a model holds, take turns too
+_TRACE_LOCK = threading.RLock()
 
 
 def to_spec(x):
@@ -76,9 +84,15 @@ class Program:
         from .inputs import check_input
         from .tensor import user_location
 
-        count = len(self.graph.inputs)
-        if not isinstance(index, int) or not 0 <= index < count:
-            raise MicaError(f"{self.name}: set_input's index is an input's place, 0 to {count - 1}, got {index!r}",
+        import operator
+
+        count, given = len(self.graph.inputs), index
+        try:
+            index = operator.index(index) if not isinstance(index, bool) else None
+        except TypeError:
+            index = None
+        if index is None or not 0 <= index < count:
+            raise MicaError(f"{self.name}: set_input's index is an input's place, 0 to {count - 1}, got {given!r}",
                             user_location())
         return check_input(array, self.graph.inputs[index], index, self.name, self.graph.input_names[index])
 
@@ -116,6 +130,11 @@ def trace(fn, *specs, name=None):
     static values. Returns a Program.
     """
     _check_arity(fn, len(specs))
+    with _TRACE_LOCK:
+        return _trace(fn, specs, name)
+
+
+def _trace(fn, specs, name):
     graph = Graph()
     ctx = TraceContext(graph)
     leaves, in_tree = pytree.flatten(tuple(specs), is_leaf=_is_spec_leaf)
@@ -210,12 +229,10 @@ class _Compiled:
 
     def __init__(self, fn, target, name, options):
         import inspect
-        import threading
 
         self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
         self.calls = 0  # (the dropout key's offset where the caller gives the seed: it moves with every call)
         self.__wrapped__ = fn
-        self._lock = threading.RLock()  # (calls from several threads take turns: one arena, one held state)
         self._last = None  # (the program the last call ran: .source, .memory_report, .ir)
         try:
             self._signature = inspect.signature(fn)
@@ -281,7 +298,7 @@ class _Compiled:
                                "input, to compile once", UserWarning, path, line)
 
     def __call__(self, *args, **kwargs):
-        with self._lock:
+        with _TRACE_LOCK:  # (a call may trace, and reads and writes what the model's Parameters hold)
             return self._call(args, kwargs)
 
     def _call(self, args, kwargs):

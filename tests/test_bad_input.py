@@ -894,6 +894,8 @@ def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp
                       "mica.compile(f, mica.f32[5, 6], mica.f32[4, 8])\n")
     other = tmp_path / "other.py"
     other.write_text("import mica\nraise ValueError('not mica')\n")
+    own = tmp_path / "own.py"  # (a Mica error the user raises, without a line: Python's traceback shows where)
+    own.write_text("import mica\nraise mica.MicaError('wrapped')\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root}
     env.pop("MICA_TRACEBACK", None)
@@ -906,6 +908,8 @@ def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp
     assert r.returncode == 1 and "Traceback" in r.stderr and "ShapeError: matmul" in r.stderr, r.stderr
     r = run(other)
     assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: not mica" in r.stderr, r.stderr
+    r = run(own)
+    assert r.returncode == 1 and "own.py" in r.stderr and "MicaError: wrapped" in r.stderr, r.stderr
 
 
 def _cli_env(data_root, **extra):

@@ -802,6 +802,21 @@ def test_an_enabled_grad_scaler_in_torchs_form_makes_torchs_decisions():
     with pytest.raises(mica.MicaError, match=r"^this GradScaler was made inside the compiled step"):
         mica.compile(made_inside)(x)
 
+    def stepped_twice(x):
+        scaler.scale(m(x).sum()).backward()
+        scaler.step(opt)
+        scaler.step(opt)
+        scaler.update()
+
+    def never_updated(x):
+        scaler.scale(m(x).sum()).backward()
+        scaler.step(opt)
+
+    with pytest.raises(mica.MicaError, match=r"^GradScaler.step\(optimizer\) was called twice on this optimizer"):
+        mica.compile(stepped_twice)(x)
+    with pytest.raises(mica.MicaError, match=r"calls GradScaler.step\(optimizer\) and not scaler.update\(\) after"):
+        mica.compile(never_updated)(x)
+
     def optimizer_inside(x):
         fresh = mica.optim.AdamW(m.parameters(), lr=0.1)
         m(x).sum().backward()

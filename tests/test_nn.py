@@ -386,7 +386,7 @@ def test_module_registry_and_containers_follow_torchs_semantics():
     assert m.get_submodule("seq.fc2") is m.seq.fc2
     lst = mica.nn.ModuleList([mica.nn.Linear(1, 1) for _ in range(3)])
     popped = lst.pop(1)
-    assert len(lst) == 2 and popped not in list(lst) and len(lst + lst) == 4 and len(m.seq * 2) == 6
+    assert len(lst) == 2 and popped not in list(lst) and len(lst + lst) == 4 and len(m.seq * 2) == len(2 * m.seq) == 6
     d = mica.nn.ModuleDict({"p": mica.nn.Linear(1, 1)})
     d.clear()
     assert len(d) == 0
@@ -402,6 +402,7 @@ def test_module_registry_and_containers_follow_torchs_semantics():
                       (lambda: m.add_module("z", 5), r"must be a mica.nn.Module or None"),
                       (lambda: m.register_buffer("shared", np.ones(1)), r"already has a submodule named 'shared'"),
                       (lambda: setattr(m, "y", 3), r"cannot assign a int as buffer 'y'"),
-                      (lambda: m.register_forward_hook(print), r"^Mica has no nn.Module.register_forward_hook")):
+                      (lambda: m.register_forward_hook(print), r"^Mica has no nn.Module.register_forward_hook"),
+                      (lambda: m.register_buffer("training", np.zeros(1)), r"already has an attribute 'training'")):
         with pytest.raises(mica.MicaError, match=says):
             bad()

@@ -626,6 +626,8 @@ def test_einsum_pad_and_repeat_interleave_compute_as_torchs():
         assert rel_err(g, w) <= 1e-6
     for g, w in zip(grads, want_grads):
         assert rel_err(g, w) <= 1e-6
+    spiky = np.array([np.inf, 1.0, np.nan], np.float32)  # (diag chooses, never multiplies: inf and NaN stay put)
+    np.testing.assert_array_equal(np.asarray(mica.diag(mica.tensor(spiky))), torch.diag(torch.tensor(spiky)).numpy())
     for bad, says in ((lambda a: mica.einsum("ii->i", a[0, :, :2]), r"^einsum: letter 'i' stands for sizes 3 and 2 in "
                                                                      r"one operand"),
                       (lambda a: mica.einsum("ij,jk->ik", a, a), r"^einsum: operand 'ij' names 2 dims"),

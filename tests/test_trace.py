@@ -292,6 +292,16 @@ def test_calls_from_two_threads_take_turns():
     for t in threads:
         t.join()
     assert wrong == []
+    # different functions traced for the first time at once: the traces take turns (a trace's state
+    # is the process's)
+    fresh = [mica.compile(lambda x, k=k: (x * k).sum()) for k in range(4)]
+    got = [None] * 4
+    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, float(fresh[k](xs[0])))) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(abs(g - float((xs[0].astype(np.float64) * k).sum())) < 1e-3 for g, k in zip(got, range(4))), got
 
 
 def test_the_torch_compile_form_takes_keyword_arguments_and_says_what_it_cannot():
@@ -326,6 +336,7 @@ def test_the_torch_compile_form_takes_keyword_arguments_and_says_what_it_cannot(
     exe = mica.compile(lambda x: x * 2, mica.f32[3])
     with pytest.raises(mica.MicaError, match=r"set_input's index is an input's place, 0 to 0, got 5"):
         exe.set_input(5, np.ones(3))
+    exe.set_input(np.int64(0), np.ones(3))  # (a numpy integer is an index, as Python's)
     assert exe(torch.ones(3, requires_grad=True)).tolist() == [2, 2, 2]  # (its values, as torch's .detach())
     gelu0 = mica.trace(lambda x: mica.nn.functional.gelu(x.amax()), mica.f32[2])  # (the oracle on a 0-d erf)
     assert abs(float(mica.reference.run(gelu0, np.array([0.5, 1.0], np.float32))) - 0.8413447460685429) < 1e-12

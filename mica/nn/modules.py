@@ -341,6 +341,10 @@ class Module:
             if other is not table and name in other:
                 raise MicaError(f"{verb}: {type(self).__name__} already has {kind} named {name!r}; delete it first "
                                 f"(del module.{name}), as torch requires", user_location())
+        taken = self.__dict__.get(name, None) is not None or (name not in self.__dict__ and hasattr(type(self), name))
+        if name not in table and taken:  # (an attribute set to None first is the one torch idiom it may replace)
+            raise MicaError(f"{verb}: {type(self).__name__} already has an attribute {name!r} (training, forward, a "
+                            "value set in __init__); choose another name, as torch requires", user_location())
 
     def register_buffer(self, name, array, persistent=True):
         """A constant the module reads (numpy values, which a trace reads as mica.tensor does: floats
@@ -509,8 +513,10 @@ class Module:
                     continue
                 expected.append(key)
                 if key in given:
-                    m._buffers[name] = _as_values(where, key, given[key], np.shape(b), None).astype(
-                        np.asarray(b).dtype)  # (torch's copy_: the buffer keeps its type, floats into ints cut)
+                    value = _as_values(where, key, given[key], np.shape(b), None)
+                    floating = m.__dict__.get("_buffer_float") if np.asarray(b).dtype.kind == "f" else None
+                    m._buffers[name] = _in_dtype(value, floating) if floating is not None else \
+                        value.astype(np.asarray(b).dtype)  # (torch's copy_: the buffer keeps its type, floats cut)
                     used.add(key)
         missing = [k for k in dict.fromkeys(expected) if k not in used]  # (torch's order, a tie once)
         unexpected = [k for k in given if k not in set(expected)]
@@ -842,9 +848,8 @@ class LayerNorm(Module):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
-        affine = self.weight is not None
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={affine}" + \
-            (f", bias={self.bias is not None}" if affine else "")
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}, " \
+            f"bias={self.bias is not None}"
 
 
 class RMSNorm(Module):
@@ -865,13 +870,13 @@ class RMSNorm(Module):
 class Dropout(Module):
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
-        self.p = p
+        self.p, self.inplace = p, inplace  # (in place or not, the same values: a traced step saves no memory)
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
 
     def extra_repr(self):
-        return f"p={self.p}, inplace=False"
+        return f"p={self.p}, inplace={self.inplace}"
 
 
 class GELU(Module):
@@ -954,6 +959,9 @@ class ModuleList(Module):
     def __add__(self, other):  # (torch's: a new container of both, numbered afresh)
         both = ModuleList() if not isinstance(self, Sequential) else Sequential()
         return both.extend(list(self) + list(other))
+
+    def __rmul__(self, times):
+        return self.__mul__(times)
 
     def __mul__(self, times):  # (Sequential * n: the same modules n times, as torch's)
         if not isinstance(self, Sequential) or not isinstance(times, int) or times < 1:

@@ -43,7 +43,9 @@ int main(int argc, char **argv) {
     sa.sa_flags = SA_RESETHAND | SA_RESTART; /* a write in progress finishes; the loop stops after it */
     sigaction(SIGINT, &sa, 0);
     sigaction(SIGTERM, &sa, 0);
-    sigaction(SIGHUP, &sa, 0); /* (a closed terminal: the same safe stop and sentence as SIGTERM's) */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, 0, &hup) == 0 && hup.sa_handler != SIG_IGN) /* (nohup's: ignored, it stays so) */
+        sigaction(SIGHUP, &sa, 0); /* (a closed terminal: the same safe stop and sentence as SIGTERM's) */
     dist_init();
     if (!strcmp(S.mode, "train")) {
         int code = !strcmp(S.loop, "speedrun") ? speedrun_loop() : train_loop();

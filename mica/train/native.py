@@ -43,6 +43,7 @@ def build_trainer(programs, opt_level=2, log=print, device="cpu", simulate=False
     cc = cbuild.compiler()
     out_dir, exe = _place("trainer-", [*sources.values(), runtime, cc, *flags, *ldflags, cbuild._headers_digest()])
     if cbuild.cached(exe):
+        cbuild.sweep_temporaries(out_dir)
         return exe, lowered
     log(f"compiling the trainer ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} kernels) ...")
     _compile_and_link(out_dir, exe, sources, ".c", lambda src, obj: [cc, *flags, "-c", *cbuild.INCLUDES, src, "-o", obj],
@@ -164,6 +165,7 @@ def _build_cuda_trainer(programs, opt_level, log, simulate, tf32, memory_budget=
         *sources.values(), runtime, cc, what, str(tf32), *compile_cmd("x", "y"), *link, *runtime_flags,
         cuda_build.headers_digest()])
     if cbuild.cached(exe):
+        cbuild.sweep_temporaries(out_dir)
         return exe, lowered
     log(f"compiling the CUDA trainer with {what} ({sum(len(lowered[n].schedule.kernels) for n in PROGRAMS)} "
         "kernels) ...")

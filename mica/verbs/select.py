@@ -683,5 +683,8 @@ def diag(input, diagonal=0):
         return _diagonal(x, k, 0, 1)
     if x.ndim != 1:
         fail(f"diag: takes a 1-d or 2-d input, got {x.value.spec!r}")
-    square = eye(x.shape[0], dtype=x.dtype) * unsqueeze(x, 0)
+    from .core import where, zeros_like
+
+    row = expand(unsqueeze(x, 0), (x.shape[0], x.shape[0]))  # (chosen, not multiplied: an inf stays off the rest)
+    square = where(eye(x.shape[0], dtype=dtypes.bool_), row, zeros_like(row))
     return square if k == 0 else pad(square, (k, 0, 0, k) if k > 0 else (0, -k, -k, 0))

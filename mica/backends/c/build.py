@@ -46,8 +46,8 @@ def install(tmp, path, tool="the compiler"):
     cache entry."""
     if not os.path.exists(tmp) or os.path.getsize(tmp) == 0:
         _remove_quietly(tmp)
-        raise MicaError(f"{tool} reported success but wrote nothing to {path} (is CC a compiler?); set CC to gcc "
-                        "and run again")
+        advice = "is CC a compiler? set CC to gcc" if "C compiler" in tool else f"check {tool}'s installation"
+        raise MicaError(f"{tool} reported success but wrote nothing to {path}; {advice} and run again")
     with open(tmp, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     try:
@@ -208,6 +208,7 @@ def compile_cached(source, out_dir, src_name, compiler_name, name, command):
     else `command(source path, output path)` runs and a failure is one sentence naming the source."""
     lib = os.path.join(out_dir, "libmica_program.so")
     if cached(lib):
+        sweep_temporaries(out_dir)  # (what a killed build of this entry left: an entry built since is only read)
         return lib
     os.makedirs(out_dir, exist_ok=True)
     src = os.path.join(out_dir, src_name)
