@@ -903,7 +903,7 @@ def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tm
         src.write_text(program.lower("cuda", **options).source)
         assert ("#define MICA_TF32 1" in src.read_text()) == bool(options)  # (the source says: nvcc needs no flag)
         obj = tmp_path / f"{name}.o"
-        r = subprocess.run(build.nvcc_command(str(src), str(obj), shared=False, archs=archs) +
+        r = subprocess.run(build.nvcc_command(str(src), str(obj), shared=False, archs=archs, ptx=archs is None) +
                            ["-Xptxas", "-v", "-Xcompiler", "-Wall,-Wextra,-Werror"],  # (the host side too)
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr

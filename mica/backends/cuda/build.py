@@ -56,20 +56,22 @@ def cuda_libraries():
     return wheel_dirs("nvidia.cu13", "cuBLASLt is not installed: pip install nvidia-cublas nvidia-cuda-runtime")
 
 
-def gencode(archs=ARCHS):
+def gencode(archs=ARCHS, ptx=True):
+    """nvcc's -gencode flags: machine code for each architecture, and (`ptx`) the newest one's PTX,
+    which later cards compile when they load it."""
     flags = []
     for a in archs:
         flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-    return flags + ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+    return flags + (["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"] if ptx else [])
 
 
-def nvcc_command(src, out, shared=True, threads_per_block=None, archs=ARCHS):
+def nvcc_command(src, out, shared=True, threads_per_block=None, archs=ARCHS, ptx=True):
     """nvcc's command line that builds generated CUDA source `src` as Mica does: a shared library
     linked to cuBLASLt (`shared`) or an object, for the cards' architectures `archs` (numbers: 90 is
     sm_90), float32 as float32 (`--fmad=false`), warnings as errors, the headers Mica's and the wheel's."""
     include, _ = cuda_libraries()
     cmd = [nvcc(), "-O3", "--threads", "0", "--fmad=false", "-std=c++17", "-Werror", "all-warnings", "-I", HERE,
-           "-I", SHARED_DIR, "-I", include, *gencode(archs or ARCHS), "-Xcompiler", "-fPIC"]
+           "-I", SHARED_DIR, "-I", include, *gencode(archs or ARCHS, ptx), "-Xcompiler", "-fPIC"]
     cmd += [f"-DMICA_THREADS={threads_per_block}"] if threads_per_block else []
     if shared:
         cmd += ["-shared", src, "-o", out, *link_flags()]
