@@ -15,6 +15,7 @@ import numpy as np
 from .. import dtypes, verbs as F
 from ..dtypes import Spec, as_dtype
 from ..errors import MicaError
+from ..tensor import user_location
 from . import init as initializers
 
 _BOUND = [{}]  # id(Parameter) -> Tensor, for the innermost bind()
@@ -305,7 +306,6 @@ class Module:
             return F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
         if name in _TORCH_MODULE_METHODS:  # (torch.nn.Module has it, Mica's does not: a sentence)
             from ..errors import MissingVerbError
-            from ..tensor import user_location
 
             raise MissingVerbError(f"Mica has no nn.Module.{name} (torch.nn.Module.{name}): "
                                    f"{_TORCH_MODULE_METHODS[name]}", user_location())
@@ -331,8 +331,6 @@ class Module:
 
     def _new_name(self, verb, name, table):
         """torch's checks of a name given to register_buffer/register_parameter/add_module."""
-        from ..tensor import user_location
-
         if not isinstance(name, str) or not name or "." in name:
             raise MicaError(f"{verb}: the name must be a non-empty string without '.', got {name!r} (torch's rule: "
                             "a dotted name could not be told from a submodule's)", user_location())
@@ -351,8 +349,6 @@ class Module:
         as the default float32); a non-persistent one stays out of state_dict(), as torch's."""
         self._new_name("register_buffer", name, self._buffers)
         if array is not None and not hasattr(array, "shape"):
-            from ..tensor import user_location
-
             raise MicaError(f"register_buffer: buffer {name!r} must be an array or tensor (or None), got a "
                             f"{type(array).__name__}", user_location())
         self._forget(name, self._buffers)
@@ -368,8 +364,6 @@ class Module:
             self._forget(name, self._parameters)
             self._parameters[name] = None
         elif not isinstance(param, Parameter):
-            from ..tensor import user_location
-
             raise MicaError(f"register_parameter: {name!r} must be a mica.nn.Parameter or None, got a "
                             f"{type(param).__name__}", user_location())
         else:
@@ -378,8 +372,6 @@ class Module:
     def add_module(self, name, module):
         self._new_name("add_module", name, self._modules)
         if module is not None and not isinstance(module, Module):
-            from ..tensor import user_location
-
             raise MicaError(f"add_module: {name!r} must be a mica.nn.Module or None, got a {type(module).__name__}",
                             user_location())
         self._forget(name, self._modules)
@@ -389,8 +381,6 @@ class Module:
 
     def get_submodule(self, target):
         """torch's: the submodule at a dotted path ("" is this module), or a sentence."""
-        from ..tensor import user_location
-
         m = self
         for part in target.split(".") if target else []:
             nxt = m._modules.get(part) if isinstance(m, Module) else None
@@ -404,8 +394,6 @@ class Module:
         module, _, name = target.rpartition(".")
         owner = self.get_submodule(module)
         if owner._parameters.get(name) is None:
-            from ..tensor import user_location
-
             raise MicaError(f"get_parameter: {type(owner).__name__} has no parameter {name!r} (of {target!r})",
                             user_location())
         return owner._parameters[name]
@@ -414,8 +402,6 @@ class Module:
         module, _, name = target.rpartition(".")
         owner = self.get_submodule(module)
         if name not in owner._buffers:
-            from ..tensor import user_location
-
             raise MicaError(f"get_buffer: {type(owner).__name__} has no buffer {name!r} (of {target!r})",
                             user_location())
         return getattr(owner, name)
@@ -493,8 +479,6 @@ class Module:
         """torch's: the values (arrays, host tensors, torch tensors) under state_dict()'s keys become
         what the model holds for eager calls outside a trace (a compiled step takes its params as
         arguments: model.state_dict(params)'s values are those)."""
-        from ..tensor import user_location
-
         where = type(self).__name__ + ".load_state_dict"
         given = dict(state_dict)
         expected, used = [], set()
@@ -539,8 +523,6 @@ class Module:
         """torch's: this module's flag, then each child's own train(mode) (a child that overrides
         train(), as a frozen sub-network's that stays in eval, is asked, not set)."""
         if not isinstance(mode, bool):
-            from ..tensor import user_location
-
             raise MicaError(f"train(mode): mode is True or False, got {mode!r}", user_location())
         object.__setattr__(self, "training", mode)
         for m in self.children():
@@ -564,8 +546,6 @@ class Module:
                 continue
             d = as_dtype(a)
             if d.kind != "float":
-                from ..tensor import user_location
-
                 raise MicaError(f"Module.to takes a floating type, as torch's, got {d.name}", user_location())
             for p in self.parameters():
                 if p.dtype.kind == "float":
@@ -694,8 +674,6 @@ def _eager_call(module, args, kwargs):
     if initial and not getattr(module, "_said_initial", False):
         import warnings
 
-        from ..tensor import user_location
-
         module._said_initial = True  # (once per module: a sampling loop calls it for every token)
         path, line = user_location() or ("<mica>", 0)
         warnings.warn_explicit(
@@ -753,8 +731,6 @@ def _from_torch(value):
 def _as_values(where, key, value, shape, dtype):
     arr = np.asarray(_from_torch(value))
     if tuple(arr.shape) != tuple(shape):
-        from ..tensor import user_location
-
         raise MicaError(f"{where}: {key} has shape {list(arr.shape)}, the model's is {list(shape)}", user_location())
     if dtype is None:
         return arr
@@ -965,8 +941,6 @@ class ModuleList(Module):
 
     def __mul__(self, times):  # (Sequential * n: the same modules n times, as torch's)
         if not isinstance(self, Sequential) or not isinstance(times, int) or times < 1:
-            from ..tensor import user_location
-
             raise MicaError(f"{type(self).__name__} * {times!r}: a Sequential repeats by a positive int, as torch's",
                             user_location())
         return Sequential().extend(list(self) * times)
