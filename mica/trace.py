@@ -326,7 +326,7 @@ class _Compiled:
         built = self.built[key]
         prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
         self._last = prepared[0] if prepared else built
-        drawn = "seed" not in run_options and _random(prepared[0] if prepared else built)
+        drawn = "seed" not in run_options and _random(self._last)
         if drawn:  # (dropout: a key drawn at each call from mica's host generator, as torch's from its own, so
             from .random import default_generator  # manual_seed repeats it and get/set_rng_state resume it)
 

@@ -696,12 +696,7 @@ def _eager_call(module, args, kwargs):
 def _drawn(init, p, stream):
     """An initializer's values for p, in p's element type (bfloat16 ones held in float32, rounded:
     the values the program holds)."""
-    values = np.asarray(init.sample(p.shape, stream), dtype=np.float64).astype(p.dtype.np_storage)
-    if p.dtype is dtypes.bfloat16:
-        from ..backends.reference import round_bf16
-
-        values = round_bf16(values)
-    return values
+    return _in_dtype(np.asarray(init.sample(p.shape, stream), dtype=np.float64), p.dtype)
 
 
 def _in_dtype(values, dtype):

@@ -71,7 +71,7 @@ def _compile_and_link(out_dir, exe, sources, ext, compile_cmd, runtime, cc, runt
         _link(out_dir, exe, lambda tmp: link_cmd([*objects, *(obj for _, obj in runtime_objects)], tmp), tool)
     finally:
         for path in [*objects, *(tmp for tmp, _ in runtime_objects if tmp is not None)]:
-            _remove(path)
+            cbuild.remove_quietly(path)
 
 
 def _temporary(folder, name):
@@ -291,13 +291,7 @@ def write_manifest(path, settings, slots, lowered, loads=(), files=()):
             f.write("\n".join(lines) + "\n")
         os.replace(tmp, path)
     except OSError as e:
-        _remove(tmp)
+        cbuild.remove_quietly(tmp)
         raise MicaError(f"cannot write the trainer's manifest {path} ({e.strerror}); check that its folder is "
                         "writable and the disk has room") from None
 
-
-def _remove(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

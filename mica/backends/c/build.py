@@ -1,6 +1,7 @@
 """Build generated C into a shared library, cached by the source's hash and the flags."""
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -45,7 +46,7 @@ def install(tmp, path, tool="the compiler"):
     (a compiler that said it succeeded and wrote nothing: CC=true) is a failed build, never a
     cache entry."""
     if not os.path.exists(tmp) or os.path.getsize(tmp) == 0:
-        _remove_quietly(tmp)
+        remove_quietly(tmp)
         advice = "is CC a compiler? set CC to gcc" if "C compiler" in tool else f"check {tool}'s installation"
         raise MicaError(f"{tool} reported success but wrote nothing to {path}; {advice} and run again")
     with open(tmp, "rb") as f:
@@ -56,23 +57,21 @@ def install(tmp, path, tool="the compiler"):
         os.replace(tmp + ".sha256", path + ".sha256")
     except OSError as e:
         for p in (tmp, tmp + ".sha256"):
-            _remove_quietly(p)
+            remove_quietly(p)
         raise _cache_write_error(path, e) from None
 
 
-_TEMPORARY = None
+# the names of a build's own temporaries: tempfile's tmpXXXXXXXX (and .part/.so/.sha256), and the
+# objects native.py's _temporary names name.XXXXXXXX.o
+_TEMPORARY = re.compile(r"tmp[a-z0-9_]{8}(\.part|\.so|\.sha256|\.so\.sha256)?|[a-z_0-9]+\.[a-z0-9_]{8}\.o(\.sha256)?")
 
 
 def sweep_temporaries(folder, age=3600.0):
     """Remove the temporary files a build killed outright (SIGKILL, a power cut) left in a cache
     entry: its own temporaries' names (tempfile's tmpXXXXXXXX, name.XXXXXXXX.o), only when older
     than `age` seconds (a build of the same entry running now in another process keeps its own)."""
-    import re
     import time
 
-    global _TEMPORARY
-    _TEMPORARY = _TEMPORARY or re.compile(r"tmp[a-z0-9_]{8}(\.part|\.so|\.sha256|\.so\.sha256)?|"
-                                          r"[a-z_0-9]+\.[a-z0-9_]{8}\.o(\.sha256)?")
     try:
         names = os.listdir(folder)
     except OSError:
@@ -87,7 +86,7 @@ def sweep_temporaries(folder, age=3600.0):
             pass
 
 
-def _remove_quietly(path):
+def remove_quietly(path):
     try:
         os.unlink(path)
     except OSError:
@@ -118,7 +117,7 @@ def write_whole(path, text):
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
-        _remove_quietly(tmp)
+        remove_quietly(tmp)
         raise _cache_write_error(path, e) from None
 
 
