@@ -82,7 +82,34 @@ def load_library(path):
                         "(MICA_CACHE, else ~/.cache/mica) to build it again") from None
 
 
-class Executable:
+class Calls:
+    """What both ways of running a program in this process share: a call copies its arguments in, runs once
+    and returns the results, and calls from several threads take turns (one arena). A subclass says how
+    one input goes in (`_put`), how a run goes (`run`) and how results come out (`results`)."""
+
+    def _start_calls(self):
+        self._calls = threading.Lock()
+
+    def __call__(self, *args, threads=None, seed=0, offset=0, **unknown):
+        """Copy the arguments in, run once, return the results (numpy, in the program's structure).
+        `seed` and `offset` key dropout's stream: the same pair, the same masks (a loop passes its step)."""
+        refuse_keywords(unknown, ("threads", "seed", "offset"))
+        with self._calls:  # (the arguments, the run and the results of one call, never mixed with another's)
+            self.load(*args)
+            self.run(threads=threads, seed=seed, offset=offset)
+            return self.results()
+
+    def load(self, *args):
+        """Copy every argument into the arena."""
+        for i, a in enumerate(self.lowered.program.flatten_args(args)):  # (checked there)
+            self._put(i, a)
+
+    def set_input(self, index, array):
+        """Overwrite one input (by its flat index) — e.g. the next batch between steps."""
+        self._put(index, self.lowered.program.checked_input(index, array))
+
+
+class Executable(Calls):
     """A compiled program loaded in this process: call it with numpy arrays."""
 
     def __init__(self, lowered, library):
@@ -103,7 +130,7 @@ class Executable:
         if not self._arena:
             raise MicaError(f"could not allocate the program's arena of {self.arena_bytes:,} bytes")
         self._mem = np.ctypeslib.as_array((ctypes.c_uint8 * self.arena_bytes).from_address(self._arena))
-        self._calls = threading.Lock()  # (one arena: calls from several threads take turns)
+        self._start_calls()
 
     def __del__(self):
         lib, arena = getattr(self, "_lib", None), getattr(self, "_arena", None)
@@ -122,24 +149,6 @@ class Executable:
         arr = np.lib.stride_tricks.as_strided(flat[view.offset:], shape=view.shape,
                                               strides=[s * size for s in view.strides])
         return _from_storage(np.array(arr), view.dtype)
-
-    def __call__(self, *args, threads=None, seed=0, offset=0, **unknown):
-        """Copy the arguments in, run once, return the results (numpy, in the program's structure).
-        `seed` and `offset` key dropout's stream: the same pair, the same masks (a loop passes its step)."""
-        refuse_keywords(unknown, ("threads", "seed", "offset"))
-        with self._calls:  # (the arguments, the run and the results of one call, never mixed with another's)
-            self.load(*args)
-            self.run(threads=threads, seed=seed, offset=offset)
-            return self.results()
-
-    def load(self, *args):
-        """Copy every argument into the arena."""
-        for i, a in enumerate(self.lowered.program.flatten_args(args)):  # (checked there)
-            self._put(i, a)
-
-    def set_input(self, index, array):
-        """Overwrite one input (by its flat index) — e.g. the next batch between steps."""
-        self._put(index, self.lowered.program.checked_input(index, array))
 
     def _put(self, index, a):
         view = self.lowered.schedule.inputs[index]

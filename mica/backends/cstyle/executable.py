@@ -1,23 +1,22 @@
 """A compiled program driven in this process through its ABI alone (inputs and outputs by index):
 the way to run a program whose arena is not host memory (CUDA, or its simulator)."""
 import ctypes
-import threading
 
 import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import _from_storage, _to_storage, check_key, check_threads, load_library, refuse_keywords, run_error
+from ..c.executable import Calls, _from_storage, _to_storage, check_key, check_threads, load_library, run_error
 
 
-class AbiExecutable:
+class AbiExecutable(Calls):
     def __init__(self, lowered, library, api="mica_"):
         self.lowered = lowered
         self.library = library
         self.source = lowered.source
         self.memory_report = lowered.memory_report
         self._lib = lib = load_library(library)
-        self._calls = threading.Lock()
+        self._start_calls()
         f = lambda name, res, *args: self._fn(api + name, res, args)  # noqa: E731
         self._arena_bytes = f("arena_bytes", ctypes.c_int64)
         self._arena_new = f("arena_new", ctypes.c_void_p)
@@ -42,27 +41,13 @@ class AbiExecutable:
             self._arena_free(arena)
             self._arena = None
 
-    def __call__(self, *args, threads=1, seed=0, offset=0, **unknown):
-        refuse_keywords(unknown, ("threads", "seed", "offset"))
-        with self._calls:  # (one arena: calls from several threads take turns)
-            self.load(*args)
-            self.run(threads=threads, seed=seed, offset=offset)
-            return self.results()
-
-    def load(self, *args):
-        for i, a in enumerate(self.lowered.program.flatten_args(args)):  # (checked there)
-            self._put(i, a)
-
-    def set_input(self, index, array):
-        self._put(index, self.lowered.program.checked_input(index, array))
-
     def _put(self, index, a):
         view = self.lowered.schedule.inputs[index]
         data = np.ascontiguousarray(_to_storage(a, view.dtype).reshape(view.shape))
         self._set(self._arena, index, data.ctypes.data)
 
-    def run(self, threads=1, seed=0, offset=0):
-        threads, (seed, offset) = check_threads(threads), check_key(seed, offset)
+    def run(self, threads=None, seed=0, offset=0):
+        threads, (seed, offset) = (1 if threads is None else check_threads(threads)), check_key(seed, offset)
         rc = self._run(self._arena, threads, seed, offset)
         if rc != 0:
             raise run_error(self._error().decode(), self.lowered.program)
