@@ -188,23 +188,36 @@ def compile(fn=None, *specs, target="cpu", name=None, **options):
     return _Compiled(fn, target, name, options)
 
 
-def _check_arity(fn, count):
-    """A sentence where `count` positional specs cannot be fn's arguments (too few or too many)."""
+def _signature(fn):
+    """fn's signature, or None where Python cannot read one (a builtin)."""
     import inspect
 
     try:
-        sig = inspect.signature(fn)
+        return inspect.signature(fn)
     except (TypeError, ValueError):
+        return None
+
+
+def _bind(fn, sig, args, kwargs, sentence):
+    """Bind the arguments as Python would; where it cannot, `sentence(TypeError's text)` at the user's line."""
+    if sig is None:
         return
     try:
-        sig.bind(*range(count))
+        sig.bind(*args, **kwargs)
     except TypeError as e:
         from .tensor import user_location
 
-        takes = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        raise MicaError(f"{getattr(fn, '__name__', 'the function')} was given {count} spec{'s' if count != 1 else ''} "
-                        f"for its arguments ({', '.join(takes) or 'none'}): {e}; give one spec (or pytree of specs) "
-                        "per argument", user_location()) from None
+        raise MicaError(sentence(e), user_location()) from None
+
+
+def _check_arity(fn, count):
+    """A sentence where `count` positional specs cannot be fn's arguments (too few or too many)."""
+    sig = _signature(fn)
+    takes = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] \
+        if sig else []
+    _bind(fn, sig, range(count), {}, lambda e: (
+        f"{getattr(fn, '__name__', 'the function')} was given {count} spec{'s' if count != 1 else ''} for its "
+        f"arguments ({', '.join(takes) or 'none'}): {e}; give one spec (or pytree of specs) per argument"))
 
 
 def _with_keywords(fn):
@@ -228,16 +241,11 @@ class _Compiled:
     _RUN_OPTIONS = ("threads", "seed", "offset")
 
     def __init__(self, fn, target, name, options):
-        import inspect
-
         self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
         self.calls = 0  # (the dropout key's offset where the caller gives the seed: it moves with every call)
         self.__wrapped__ = fn
         self._last = None  # (the program the last call ran: .source, .memory_report, .ir)
-        try:
-            self._signature = inspect.signature(fn)
-        except (TypeError, ValueError):
-            self._signature = None
+        self._signature = _signature(fn)
 
     def _takes(self, keyword):
         """Whether the function itself takes `keyword` (then it is the function's, not a run option)."""
@@ -247,14 +255,7 @@ class _Compiled:
 
     def _checked_call(self, args, kwargs):
         """The arguments bound as Python binds them, or the TypeError's text as a sentence at the user's line."""
-        if self._signature is None:
-            return
-        try:
-            self._signature.bind(*args, **kwargs)
-        except TypeError as e:
-            from .tensor import user_location
-
-            raise MicaError(f"{getattr(self.fn, '__name__', 'the function')}(): {e}", user_location()) from None
+        _bind(self.fn, self._signature, args, kwargs, lambda e: f"{getattr(self.fn, '__name__', 'the function')}(): {e}")
 
     def _program(self):
         if self._last is None:
