@@ -306,3 +306,97 @@ def test_clip_grad_norm_takes_torchs_norm_types(norm_type):
         assert rel_err(a, p.grad.numpy()) < 1e-14
     with pytest.raises(mica.MicaError, match="^clip_grad_norm: error_if_nonfinite=True would stop a step"):
         mica.trace(lambda g: mica.optim.clip_grad_norm(g, 1.0, error_if_nonfinite=True), _tree_specs(grads))
+
+
+_MORE = [
+    ("rmsprop", lambda: mica.optim.RMSprop(lr=0.01), lambda ps: torch.optim.RMSprop(ps, lr=0.01)),
+    ("rmsprop_centered_momentum", lambda: mica.optim.RMSprop(lr=0.02, alpha=0.9, eps=1e-6, weight_decay=0.1,
+                                                             momentum=0.8, centered=True),
+     lambda ps: torch.optim.RMSprop(ps, lr=0.02, alpha=0.9, eps=1e-6, weight_decay=0.1, momentum=0.8, centered=True)),
+    ("adagrad", lambda: mica.optim.Adagrad(lr=0.1), lambda ps: torch.optim.Adagrad(ps, lr=0.1)),
+    ("adagrad_decay", lambda: mica.optim.Adagrad(lr=0.1, lr_decay=0.3, weight_decay=0.2,
+                                                 initial_accumulator_value=0.5, eps=1e-6),
+     lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.3, weight_decay=0.2, initial_accumulator_value=0.5,
+                                    eps=1e-6)),
+]
+
+
+@pytest.mark.parametrize("make, tmake", [m[1:] for m in _MORE], ids=[m[0] for m in _MORE])
+def test_rmsprop_and_adagrad_match_torch_in_float64(make, tmake):
+    """RMSprop (plain; centered with momentum and decay) and Adagrad (plain; lr decay, a starting
+    accumulator, decay) against torch's, five steps in float64 on random data."""
+    rng = np.random.default_rng(11)
+    params = {"w": rng.standard_normal((5, 3)), "b": rng.standard_normal(3)}
+    opt = make()
+
+    def step(p, s, x):
+        loss, g = mica.value_and_grad(lambda p, x: ((x @ p["w"] + p["b"]).tanh() ** 2).mean())(p, x)
+        return (*opt.update(p, g, s), loss)
+
+    state = opt.init(params)
+    prog = mica.trace(step, _tree_specs(params), _tree_specs(state), mica.f64[4, 5])
+    tp = {n: to_torch(a, requires_grad=True) for n, a in params.items()}
+    topt = tmake([tp["w"], tp["b"]])
+    for _ in range(5):
+        x = rng.standard_normal((4, 5))
+        params, state, loss = mica.reference.run(prog, params, state, x)
+        tloss = ((to_torch(x) @ tp["w"] + tp["b"]).tanh() ** 2).mean()
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert rel_err(loss, tloss.item()) < 1e-12
+    for n in params:
+        assert rel_err(params[n], tp[n].detach().numpy()) < 1e-11, n
+
+
+@pytest.mark.parametrize("make, tmake", [m[1:] for m in _MORE[1::2]], ids=[m[0] for m in _MORE[1::2]])
+def test_rmsprop_and_adagrad_in_a_torch_style_compiled_loop_give_torchs_float32_values(make, tmake):
+    """optimizer.step() in a compiled torch-style step (the C target, float32), against torch's own
+    loop from the same weights: the weights after four steps agree to float32 rounding, and the
+    optimizer's state_dict loads into torch's optimizer, which then takes torch's next step."""
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    m = mica.nn.Sequential(mica.nn.Linear(6, 8), mica.nn.Tanh(), mica.nn.Linear(8, 1))
+    m.load_state_dict(tm.state_dict())
+    opt = type(make())(m.parameters(), **make().defaults)
+    topt = tmake(tm.parameters())
+
+    @mica.compile
+    def train_step(x, y):
+        loss = ((m(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        x, y = rng.standard_normal((7, 6)).astype(np.float32), rng.standard_normal((7, 1)).astype(np.float32)
+        loss = train_step(x, y)
+        tloss = ((tm(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2).mean()
+        topt.zero_grad(set_to_none=True)
+        tloss.backward()
+        topt.step()
+        assert rel_err(np.asarray(loss), tloss.item()) < 1e-5
+    for (n, v), tv in zip(m.state_dict().items(), tm.state_dict().values()):
+        assert rel_err(np.asarray(v), tv.numpy()) < 1e-5, n
+    saved = opt.state_dict()
+    again = tmake(tm.parameters())
+    again.load_state_dict({"state": {i: {k: torch.as_tensor(np.asarray(v)) for k, v in s.items()}
+                                     for i, s in saved["state"].items()},
+                           "param_groups": saved["param_groups"]})
+    theirs = topt.state_dict()["state"]
+    for i, s in again.state_dict()["state"].items():
+        for k, v in s.items():
+            assert rel_err(v.numpy(), theirs[i][k].numpy()) < 1e-5, (i, k)
+
+
+def test_rmsprop_and_adagrad_refuse_what_torch_refuses():
+    for make, fragment in [(lambda: mica.optim.RMSprop(alpha=-0.1), "RMSprop: alpha must be a finite number >= 0"),
+                           (lambda: mica.optim.RMSprop(eps=-1.0), "RMSprop: eps must be a number >= 0"),
+                           (lambda: mica.optim.Adagrad(lr_decay=-1), "Adagrad: lr_decay must be a finite number"),
+                           (lambda: mica.optim.Adagrad(initial_accumulator_value=-1),
+                            "Adagrad: initial_accumulator_value must be a number >= 0")]:
+        with pytest.raises(mica.MicaError) as e:
+            make()
+        assert fragment in str(e.value)

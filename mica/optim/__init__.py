@@ -5,6 +5,8 @@ from .clip import clip_grad_norm  # noqa: F401
 from .muon import QUINTIC_COEFFICIENTS, SEED_COEFFICIENTS, Muon, muon, zeropower_via_newtonschulz  # noqa: F401
 from .schedules import cosine, cosine_with_warmup, stable_then_decay  # noqa: F401
 from .sgd import SGD, sgd  # noqa: F401
+from .rmsprop import RMSprop  # noqa: F401
+from .adagrad import Adagrad  # noqa: F401
 from .combined import Optimizers  # noqa: F401
 from . import lr_scheduler  # noqa: F401,E402  (torch's schedulers over param_groups, for a torch-style loop)
 

@@ -1,0 +1,39 @@
+"""Adagrad as torch.optim.Adagrad's single-tensor path computes it (dense gradients): a running sum
+of squared gradients, a learning rate decayed by the step count, L2 weight decay added to the gradient."""
+import numpy as np
+
+from .. import dtypes, verbs as F
+from .base import Optimizer
+
+
+class Adagrad(Optimizer):
+    defaults = dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10)
+
+    def _check(self, hyper, where):
+        self._require(hyper, where, ("lr", "lr_decay", "weight_decay"), "rate")
+        self._require(hyper, where, ("initial_accumulator_value", "eps"), "nonnegative")
+
+    def _init(self, params):
+        start = {}
+        for hyper, names in self.groups(list(params)):
+            for n in names:
+                start[n] = np.full(np.shape(params[n]), hyper["initial_accumulator_value"],
+                                   np.asarray(params[n]).dtype)
+        return {"step": np.zeros((), np.int64), "sum": start}
+
+    def _update(self, params, grads, state, groups):
+        steps = state["step"]
+        each = isinstance(steps, dict)  # (a count per parameter, as torch's: mica/stateful.py's state)
+        step = {n: s + 1 for n, s in steps.items()} if each else steps + 1
+        sums = dict(state["sum"])
+        for hyper, names, lr in groups:
+            wd, eps, decay = hyper["weight_decay"], hyper["eps"], hyper["lr_decay"]
+            for n in names:
+                p, g = params[n], grads[n]
+                if wd != 0:
+                    g = F.add(g, p, alpha=wd)
+                count = F.to(step[n] if each else step, dtypes.float64)  # (torch's step.item(): a Python float)
+                clr = lr / (1 + (count - 1) * decay)
+                sums[n] = F.addcmul(sums[n], g, g, value=1)
+                params[n] = F.addcdiv(p, g, F.sqrt(sums[n]) + eps, value=-clr)
+        return {"step": step, "sum": sums}
