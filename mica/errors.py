@@ -68,10 +68,31 @@ def _uncaught(kind, value, tb, _python=None):
     import os
     import sys
 
-    if isinstance(value, MicaError) and value.loc and os.environ.get("MICA_TRACEBACK", "") in ("", "0"):
-        print(f"mica: error: {value}", file=sys.stderr)
-        return
+    if os.environ.get("MICA_TRACEBACK", "") in ("", "0"):
+        if isinstance(value, MicaError) and value.loc:
+            print(f"mica: error: {value}", file=sys.stderr)
+            return
+        missing = _missing_import(value, tb)
+        if missing:
+            print(f"mica: error: {missing}", file=sys.stderr)
+            return
     (_python or sys.__excepthook__)(kind, value, tb)
+
+
+def _missing_import(value, tb):
+    """`from mica.optim import NAdam` (a name torch's module has and Mica's does not) as Mica's
+    sentence for a missing verb, at the import's line; None for any other exception."""
+    import re
+    import traceback
+
+    found = re.match(r"cannot import name '(\w+)' from '(mica(?:\.\w+)*)'", str(value)) \
+        if isinstance(value, ImportError) else None
+    if not found or not tb:
+        return None
+    name, module = found.groups()
+    where = traceback.extract_tb(tb)[-1]
+    return (f"Mica has no {module}.{name} ({'torch' + module[4:]}.{name}); write it from what {module} has "
+            f"(dir({module}) lists that) ({format_loc((where.filename, where.lineno))})")
 
 
 def install_excepthook():

@@ -888,7 +888,7 @@ def test_sigterm_while_compiling_stops_the_compilers_with_a_sentence(data, tmp_p
 def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp_path):
     """An uncaught Mica error ends a user's script as the mica command's do: its one sentence with
     the script's file:line, exit status 1; MICA_TRACEBACK=1 gives Python's traceback; an error that
-    is not Mica's keeps Python's traceback."""
+    is not Mica's keeps Python's traceback; `from mica.optim import NAdam` is the missing verb's sentence."""
     script = tmp_path / "model.py"
     script.write_text("import mica\n\ndef f(x, w):\n    return x @ w\n\n"
                       "mica.compile(f, mica.f32[5, 6], mica.f32[4, 8])\n")
@@ -910,6 +910,14 @@ def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp
     assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: not mica" in r.stderr, r.stderr
     r = run(own)
     assert r.returncode == 1 and "own.py" in r.stderr and "MicaError: wrapped" in r.stderr, r.stderr
+    ported = tmp_path / "port.py"  # (a name torch's module has and Mica's lacks, imported by name)
+    ported.write_text("import mica\nimport numpy\nfrom mica.optim import NAdam\n")
+    r = run(ported)
+    assert_sentence(r, "Mica has no mica.optim.NAdam (torch.optim.NAdam); write it from what mica.optim has", code=1)
+    assert r.stderr.strip().endswith("(port.py:3)") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" in run(ported, MICA_TRACEBACK="1").stderr
+    (tmp_path / "theirs.py").write_text("import mica\nfrom numpy import NAdam\n")  # (not Mica's: Python's)
+    assert "Traceback" in run(tmp_path / "theirs.py").stderr
 
 
 def _cli_env(data_root, **extra):
