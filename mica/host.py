@@ -99,13 +99,18 @@ class HostTensor(np.ndarray):
 
     # torch's views share their tensor's memory, as numpy's views do: an in-place step reaches both
     def squeeze(self, dim=None, **kwargs):
+        from .verbs.core import canon_dim
+
         dim = kwargs.pop("axis", dim)
-        dims = [d for d in range(self.ndim) if self.shape[d] == 1] if dim is None else \
-            [d % self.ndim for d in (dim if isinstance(dim, (tuple, list)) else (dim,)) if self.shape[d] == 1]
-        return np.squeeze(self, axis=tuple(dims)) if dims else self[...]
+        given = range(self.ndim) if dim is None else \
+            [canon_dim(d, self.ndim, "squeeze") for d in (dim if isinstance(dim, (tuple, list)) else (dim,))]
+        dims = tuple(d for d in given if self.ndim and self.shape[d] == 1)  # (a 0-d tensor's dim 0: nothing)
+        return np.ndarray.squeeze(self, axis=dims) if dims else self[...]
 
     def unsqueeze(self, dim):
-        return np.expand_dims(self, dim if dim >= 0 else dim + self.ndim + 1)
+        from .verbs.core import canon_dim
+
+        return np.expand_dims(self, canon_dim(dim, self.ndim + 1, "unsqueeze"))
 
     def permute(self, *dims):
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims

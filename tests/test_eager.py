@@ -999,3 +999,29 @@ def test_a_gradient_penalty_through_autograd_grad_trains_torchs_critic():
         mica.autograd.functional
     with pytest.raises(mica.MicaError, match=r"^Mica has no mica.optim.lr_scheduler.OneCycleLR .* set param_groups"):
         mica.optim.lr_scheduler.OneCycleLR
+
+
+def test_squeeze_unsqueeze_and_dim_reductions_of_0d_tensors_are_torchs_eagerly_and_traced():
+    """squeeze(dim) on an eager tensor recursed without end (numpy's squeeze calls the method back);
+    a 0-d tensor's dim 0 / -1 is taken by squeeze, max/min/argmax/argmin as torch takes it; a dim
+    out of range is a sentence naming the range."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((2, 1, 3, 1)).astype(np.float32)
+    s = np.float32(rng.standard_normal())
+    cases = [(a, lambda t: t.squeeze(1)), (a, lambda t: t.squeeze(-1)), (a, lambda t: t.squeeze((1, 3))),
+             (a, lambda t: t.squeeze(0)), (a, lambda t: t.squeeze()), (a, lambda t: t.unsqueeze(-1)),
+             (a, lambda t: t.unsqueeze(4)), (a, lambda t: t.unsqueeze(-5)),
+             (s, lambda t: t.squeeze(0)), (s, lambda t: t.squeeze(-1)), (s, lambda t: t.unsqueeze(-1)),
+             (s, lambda t: t.max(0)[0]), (s, lambda t: t.max(-1)[1]), (s, lambda t: t.min(0)[0]),
+             (s, lambda t: t.min(0)[1]), (s, lambda t: t.argmax(0)), (s, lambda t: t.argmin(-1))]
+    for i, (x, f) in enumerate(cases):
+        want = f(torch.tensor(x)).numpy()
+        eager = np.asarray(f(mica.tensor(x)))
+        traced = mica.reference.run(mica.trace(f, mica.Spec(np.shape(x), mica.float32)), x)
+        for got in (eager, np.asarray(traced)):
+            assert got.shape == want.shape and np.array_equal(got, want), (i, got, want)
+    for f in (lambda t: t.squeeze(4), lambda t: t.unsqueeze(5), lambda t: t.max(4)):
+        with pytest.raises(mica.MicaError, match=r"dim -?\d is out of range; give one in \[-\d, \d\]"):
+            f(mica.tensor(a))
+    g = mica.reference.run(mica.trace(lambda t: mica.grad(t.max(0)[0] * 3, t), mica.f32[()]), s)
+    assert float(g) == 3.0

@@ -95,7 +95,7 @@ def canon_dim(dim, ndim, verb):
         raise TraceError(f"{verb}: dim must be an int, got {dim!r}", user_location())
     n = builtins.max(ndim, 1)
     if not -n <= dim < n:
-        fail(f"{verb}: dim {dim} is out of range for a tensor of {ndim} dims")
+        fail(f"{verb}: dim {dim} is out of range; give one in [{-n}, {n - 1}]")
     return int(dim) % n
 
 
@@ -721,6 +721,8 @@ def max(input, dim=None, keepdim=False):
     if dim is None:
         return amax(x)
     d = canon_dim(dim, x.ndim, "max")
+    if x.ndim == 0:  # (torch's: dim 0 or -1 of a 0-d tensor is the tensor, at index 0)
+        return MaxResult(x + 0, argmax(x, d))
     index = argmax(x, d, keepdim=True)  # (the value is the element it names, which alone gets the gradient)
     return MaxResult(_taken_along(x, index, d, keepdim), index if keepdim else index.squeeze(d))
 
@@ -732,6 +734,8 @@ def min(input, dim=None, keepdim=False):
     if dim is None:
         return amin(x)
     d = canon_dim(dim, x.ndim, "min")
+    if x.ndim == 0:
+        return MinResult(x + 0, argmax(x, d))
     index = argmax(neg(x), d, keepdim=True)
     return MinResult(_taken_along(x, index, d, keepdim), index if keepdim else index.squeeze(d))
 
@@ -751,7 +755,10 @@ def argmax(input, dim=None, keepdim=False):
     if dim is None:  # (the flat index; keepdim keeps every dim, each of size 1, as torch's)
         flat = emit("argmax", [x.reshape(-1)], axis=0, keepdim=False)
         return flat.reshape((1,) * x.ndim) if keepdim else flat
-    return emit("argmax", [x], axis=canon_dim(dim, x.ndim, "argmax"), keepdim=bool(keepdim))
+    d = canon_dim(dim, x.ndim, "argmax")
+    if x.ndim == 0:  # (torch's: dim 0 or -1 of a 0-d tensor, index 0)
+        return emit("argmax", [x.reshape(1)], axis=0, keepdim=False)
+    return emit("argmax", [x], axis=d, keepdim=bool(keepdim))
 
 
 def argmin(input, dim=None, keepdim=False):

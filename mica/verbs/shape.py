@@ -282,7 +282,7 @@ def squeeze(input, dim=None):
         dims = {i for i, s in enumerate(x.shape) if s == 1}
     else:
         dims = {canon_dim(d, x.ndim, "squeeze") for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
-        dims = {d for d in dims if x.shape[d] == 1}
+        dims = {d for d in dims if x.ndim and x.shape[d] == 1}  # (a 0-d tensor's dim 0 or -1: nothing to drop)
     return reshape(x, tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
 
