@@ -32,9 +32,9 @@ from .verbs import (  # noqa: E402
     ceil, concat, cos, cosine_similarity, cross_entropy, cumprod, cumsum, detach, diag, diagonal, div, dropout, einsum, embedding, eq, equal, erf, exp, expm1, eye, expand, fix, flatten, flip, fliplr, flipud, floor, floor_divide, fmod, frac, full,
     full_like, gather, ge, gelu, gt, index_add, index_copy, index_fill, index_put, index_select, is_floating_point, is_tensor, isclose, isfinite, isinf, isnan, layer_norm, le, lerp, linear, linspace, log, log1p, log_softmax, logical_and,
     logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul, max, maximum, mean, median, min, minimum, mm, msort,
-    mul, narrow, ne,
+    moveaxis, movedim, mul, narrow, ne,
     neg, nll_loss, norm, one_hot, ones, ones_like, outer, permute, pow, prod, relu, remainder, repeat, repeat_interleave, reshape, result_type,
-    rms_norm, roll, round, rsqrt, scaled_dot_product_attention, scatter, scatter_add, sgn, sigmoid, sign, silu, sin, softmax, sort, split, sqrt, square,
+    rms_norm, roll, round, rsqrt, scaled_dot_product_attention, scatter, scatter_add, select, sgn, sigmoid, sign, silu, sin, softmax, sort, split, sqrt, square,
     squeeze, stack, std, sub, sum, take_along_dim, tanh, tensor, topk, to, transpose, tril, triu, trunc, unbind, unsqueeze, var, view,
     where, zeros, zeros_like,
 )

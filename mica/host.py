@@ -85,7 +85,10 @@ class HostTensor(np.ndarray):
         if _called_by_numpy():
             return np.ndarray.transpose(self, *dims)
         if len(dims) == 2 and all(isinstance(d, (int, np.integer)) for d in dims):
-            return np.swapaxes(self, *dims) if self.ndim >= 2 else self[...]
+            from .verbs.core import canon_dim
+
+            a, b = (canon_dim(d, self.ndim, "transpose") for d in dims)
+            return np.swapaxes(self, a, b) if self.ndim >= 2 else self[...]
         return np.ndarray.transpose(np.asarray(self), *dims).view(HostTensor)  # (numpy's np.transpose)
 
     def flatten(self, *args, **kwargs):
@@ -118,16 +121,25 @@ class HostTensor(np.ndarray):
 
     @property
     def mT(self):
+        if self.ndim < 2:
+            from .tensor import fail
+
+            fail(f"mT: a tensor of {self.ndim} dims has no last two to swap; give one of at least 2 dims")
         return np.swapaxes(self, -2, -1)
 
     def narrow(self, dim, start, length):
+        from .verbs.shape import narrowed
+
+        d, start = narrowed(self, dim, start, length)
         index = [slice(None)] * self.ndim
-        start = start + self.shape[dim] if start < 0 else start
-        index[dim] = slice(start, start + length)
+        index[d] = slice(start, start + length)
         return self[tuple(index)]
 
     def unflatten(self, dim, sizes):
-        d = dim % self.ndim
+        from .verbs.core import canon_dim, needs_a_dim
+
+        needs_a_dim(self, "unflatten")
+        d = canon_dim(dim, self.ndim, "unflatten")
         return self.view(*self.shape[:d], *sizes, *self.shape[d + 1:])
 
     def detach(self):

@@ -1025,3 +1025,56 @@ def test_squeeze_unsqueeze_and_dim_reductions_of_0d_tensors_are_torchs_eagerly_a
             f(mica.tensor(a))
     g = mica.reference.run(mica.trace(lambda t: mica.grad(t.max(0)[0] * 3, t), mica.f32[()]), s)
     assert float(g) == 3.0
+
+
+def _either(t, mine, theirs):
+    return theirs if isinstance(t, torch.Tensor) else mine
+
+
+_DIM_VERBS = {
+    "squeeze": lambda t, d: t.squeeze(d), "unsqueeze": lambda t, d: t.unsqueeze(d), "sum": lambda t, d: t.sum(d),
+    "sum_keepdim": lambda t, d: t.sum(d, keepdim=True), "mean": lambda t, d: t.mean(d), "amax": lambda t, d: t.amax(d),
+    "max": lambda t, d: t.max(d)[0], "argmax": lambda t, d: t.argmax(d),
+    "argmin_keepdim": lambda t, d: t.argmin(d, keepdim=True), "softmax": lambda t, d: t.softmax(d),
+    "log_softmax": lambda t, d: t.log_softmax(d), "cumsum": lambda t, d: t.cumsum(d),
+    "cumprod": lambda t, d: t.cumprod(d), "flip": lambda t, d: t.flip(d), "transpose": lambda t, d: t.transpose(d, 0),
+    "narrow": lambda t, d: t.narrow(d, 0, 1), "select": lambda t, d: t.select(d, 0),
+    "unbind": lambda t, d: t.unbind(d)[0], "chunk": lambda t, d: t.chunk(2, d)[0], "split": lambda t, d: t.split(1, d)[0],
+    "std": lambda t, d: t.std(d, correction=0), "logsumexp": lambda t, d: t.logsumexp(d),
+    "norm": lambda t, d: t.norm(dim=d), "prod": lambda t, d: t.prod(d), "all": lambda t, d: (t > 0).all(d),
+    "any": lambda t, d: (t > 0).any(d), "roll": lambda t, d: t.roll(1, d),
+    "repeat_interleave": lambda t, d: t.repeat_interleave(2, d), "movedim": lambda t, d: t.movedim(d, 0),
+    "unflatten": lambda t, d: t.unflatten(d, (1, -1)), "flatten": lambda t, d: t.flatten(d),
+    "cat": lambda t, d: _either(t, mica, torch).cat([t, t], d), "stack": lambda t, d: _either(t, mica, torch).stack([t, t], d),
+    "sort": lambda t, d: t.sort(d)[0], "topk": lambda t, d: t.topk(1, d)[0], "median": lambda t, d: t.median(d)[0],
+    "moveaxis_tuple": lambda t, d: t.moveaxis((d, -1), (0, 1)) if t.ndim > 1 else t.moveaxis(d, 0),
+    "gather": lambda t, d: t.gather(d, _either(t, mica, torch).zeros_like(t, dtype=_either(t, mica, torch).int64)),
+    "index_select": lambda t, d: t.index_select(d, _either(t, mica, torch).tensor([0])),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(_DIM_VERBS))
+def test_every_dim_of_every_rank_is_taken_or_refused_as_torch_does(verb):
+    """Each verb that takes a dim, on 0-d to 4-d tensors with every dim from two below the range
+    to two above it, eagerly and traced (the oracle): torch's shape and values where torch takes
+    it, a Mica sentence where torch refuses it (a 0-d tensor's dim 0 and -1 are taken by the
+    reductions and refused by the verbs that cut a dim), never another Python exception."""
+    f = _DIM_VERBS[verb]
+    rng = np.random.default_rng(sorted(_DIM_VERBS).index(verb))
+    for shape in [(), (3,), (2, 1, 3), (1, 4, 1, 2)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        for d in range(-len(shape) - 2, len(shape) + 2):
+            try:
+                want = np.asarray(f(torch.tensor(x), d))
+            except (IndexError, RuntimeError, ValueError):
+                want = None
+            for mode in ("eager", "traced"):
+                try:
+                    got = np.asarray(f(mica.tensor(x), d)) if mode == "eager" else np.asarray(
+                        mica.reference.run(mica.trace(lambda t: f(t, d), mica.Spec(shape, mica.float32)), x))
+                except mica.MicaError as e:
+                    assert want is None, f"{verb}{shape} dim {d} {mode}: torch takes it, Mica said {e}"
+                    continue
+                assert want is not None, f"{verb}{shape} dim {d} {mode}: torch refuses it, Mica gave {got.shape}"
+                assert got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64),
+                                                               rtol=1e-5, atol=1e-6), (verb, shape, d, mode)

@@ -172,7 +172,7 @@ CASES = [
     case("masked_fill_fn", lambda m, a, c: m.masked_fill(a, c, 0.0), [Fl(2, 3, 4), Bool(2, 3, 4)]),
     case("compare_ops", lambda m, a, b: ((a < b) | (a >= 0.5)).float() + (a != b).double(), [Fl(3, 4), Fl(4)],
          grad=False),
-    # picking by index tensors and by order (verbs/select.py)
+    # picking by index tensors and by order (verbs/positions.py)
     case("gather", lambda m, a, i: m.gather(a, 1, i), [Fl(3, 5), Int(3, 4, high=5)]),
     case("gather_dim0_smaller", lambda m, a, i: a.gather(0, i), [Fl(4, 3), Int(2, 2, high=4)]),
     case("take_along_dim_negative", lambda m, a, i: m.take_along_dim(a, i - 2, 1), [Fl(3, 5), Int(3, 4, high=5)]),

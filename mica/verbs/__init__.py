@@ -3,7 +3,7 @@ from .core import *  # noqa: F401,F403
 from .core import abs, max, min, pow, sum  # noqa: F401  (shadow builtins on purpose)
 from .nn import *  # noqa: F401,F403
 from .shape import *  # noqa: F401,F403
-from .select import *  # noqa: F401,F403
+from .positions import *  # noqa: F401,F403
 from .activations import *  # noqa: F401,F403
 from .shape import slice_, pad_into, sum_to, getitem, setitem  # noqa: F401
 from .core import canon_dim, as_tensor, const, is_scalar, result_type  # noqa: F401

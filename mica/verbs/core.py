@@ -99,6 +99,19 @@ def canon_dim(dim, ndim, verb):
     return int(dim) % n
 
 
+def check_dims(dim, ndim, verb):
+    """Each dim of `dim` (None, an int, or a tuple of ints) in range, or canon_dim's sentence: for
+    the verbs that return a 0-d tensor as it is, which torch still asks for a dim in [-1, 0]."""
+    for d in () if dim is None else dim if isinstance(dim, (tuple, list)) else (dim,):
+        canon_dim(d, ndim, verb)
+
+
+def needs_a_dim(x, verb):
+    """torch's refusal of a 0-d tensor where a verb cuts one of its dims (narrow, split, chunk, unbind)."""
+    if x.ndim == 0:
+        fail(f"{verb}: a 0-d tensor has no dim to cut; give a tensor of at least one dim (x.reshape(1), say)")
+
+
 def result_type(*operands):
     """PyTorch's promotion: dimensioned tensors outrank 0-d tensors, which outrank Python numbers,
     except that a higher category (bool < int < float) always wins."""
@@ -674,6 +687,7 @@ def any(input, dim=None, keepdim=False):  # noqa: A001
     x = as_tensor(input)
     b = x if x.dtype is dtypes.bool_ else ne(x, 0)
     if not b.ndim:
+        check_dims(dim, 0, "any")
         return b
     return gt(sum(to(b, dtypes.int64), dim, keepdim), 0)  # (a count: an empty one is 0, False, as torch's)
 
@@ -694,7 +708,7 @@ def prod(input, dim=None, keepdim=False, dtype=None):
         x = to(x, dtypes.int64)
     else:
         (x,) = amp.float32("prod", x)
-    from .select import cumprod
+    from .positions import cumprod
     from .shape import narrow, reshape
 
     if dim is None:

@@ -77,7 +77,7 @@ def einsum(equation, *operands):
             if t.shape[p] != t.shape[q]:
                 fail(f"einsum: letter {c!r} stands for sizes {t.shape[p]} and {t.shape[q]} in one operand of "
                      f"{equation!r}; a diagonal needs them equal")
-            from .select import diagonal
+            from .positions import diagonal
 
             t = diagonal(t, 0, p, q)
             term = "".join(x for k, x in enumerate(term) if k not in (p, q)) + c
@@ -178,9 +178,11 @@ def _rowwise(op, input, dim, dtype):
     if dim is None:
         raise TraceError(f"{op}: give the dim to normalize over (PyTorch's implicit dim is deprecated)",
                          user_location())
-    if x.ndim == 0:
-        return emit(op, [reshape(x, (1,))]).reshape(())
     from .core import canon_dim
+
+    if x.ndim == 0:
+        canon_dim(dim, 0, op)
+        return emit(op, [reshape(x, (1,))]).reshape(())
 
     d = canon_dim(dim, x.ndim, op)
     if d == x.ndim - 1:

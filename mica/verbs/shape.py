@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tensor import Tensor, emit, fail, link_view, strides_of, takes_axis, view_strides
-from .core import as_tensor, canon_dim, result_type, to, where
+from .core import as_tensor, canon_dim, needs_a_dim, result_type, to, where
 
 
 def _a_view(inverse, strides=None):
@@ -193,10 +193,46 @@ def permute(input, *dims):
     return emit("permute", [x], perm=perm)
 
 
+def movedim(input, source, destination):
+    """torch's: the dims `source` (an int or a sequence) moved to the places `destination`, the
+    others keeping their order (a permute)."""
+    x = as_tensor(input)
+    src = list(source) if isinstance(source, (tuple, list)) else [source]
+    dst = list(destination) if isinstance(destination, (tuple, list)) else [destination]
+    if len(src) != len(dst):
+        fail(f"movedim: source {src} and destination {dst} must name as many dims")
+    src = [canon_dim(d, x.ndim, "movedim") for d in src]
+    dst = [canon_dim(d, x.ndim, "movedim") for d in dst]
+    for what, ds in (("source", src), ("destination", dst)):
+        if len(set(ds)) != len(ds):
+            fail(f"movedim: the {what} dims {ds} name a dim twice; name each once")
+    if x.ndim == 0:
+        return reshape(x, ())
+    rest = iter(d for d in range(x.ndim) if d not in src)
+    placed = dict(zip(dst, src))
+    return permute(x, *[placed[i] if i in placed else next(rest) for i in range(x.ndim)])
+
+
+moveaxis = movedim
+
+
+def select(input, dim, index):
+    """torch's: the slice at `index` along `dim`, that dim removed (x.select(1, 0) is x[:, 0])."""
+    x = as_tensor(input)
+    if x.ndim == 0:
+        fail("select: a 0-d tensor has no dim to select from; give a tensor of at least one dim")
+    d = canon_dim(dim, x.ndim, "select")
+    n = x.shape[d]
+    if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or not -n <= index < n:
+        fail(f"select: index {index!r} is out of range for dim {dim} of size {n}; give one in [{-n}, {n - 1}]")
+    return squeeze(narrow(x, d, int(index) % n, 1), d)
+
+
 @_a_view(_transposed_back, _transposed_strides)
 def transpose(input, dim0, dim1):
     x = as_tensor(input)
-    if x.ndim < 2:
+    if x.ndim < 2:  # (torch's: a 0-d or 1-d tensor is itself, its dims still in range)
+        canon_dim(dim0, x.ndim, "transpose"), canon_dim(dim1, x.ndim, "transpose")
         return x
     perm = list(range(x.ndim))
     a, b = canon_dim(dim0, x.ndim, "transpose"), canon_dim(dim1, x.ndim, "transpose")
@@ -253,14 +289,21 @@ def pad_into(x, shape, starts, steps):
     return emit("pad", [x], shape=tuple(shape), starts=tuple(starts), steps=tuple(steps))
 
 
-@_a_view(_narrowed_back)
-def narrow(input, dim, start, length):
-    x = as_tensor(input)
+def narrowed(x, dim, start, length):
+    """narrow's (dim, start) for x (a Tensor or an eager array), checked as torch checks them."""
+    needs_a_dim(x, "narrow")
     d = canon_dim(dim, x.ndim, "narrow")
     if start < 0:
         start += x.shape[d]
     if not 0 <= start <= start + length <= x.shape[d]:
         fail(f"narrow: {start}+{length} does not fit dim {dim} of size {x.shape[d]}")
+    return d, start
+
+
+@_a_view(_narrowed_back)
+def narrow(input, dim, start, length):
+    x = as_tensor(input)
+    d, start = narrowed(x, dim, start, length)
     starts, stops = [0] * x.ndim, list(x.shape)
     starts[d], stops[d] = start, start + length
     return slice_(x, starts, stops, [1] * x.ndim)
@@ -290,6 +333,7 @@ def squeeze(input, dim=None):
 def flatten(input, start_dim=0, end_dim=-1):
     x = as_tensor(input)
     if x.ndim == 0:
+        canon_dim(start_dim, 0, "flatten"), canon_dim(end_dim, 0, "flatten")
         return reshape(x, (1,))
     a, b = canon_dim(start_dim, x.ndim, "flatten"), canon_dim(end_dim, x.ndim, "flatten")
     if a > b:
@@ -300,6 +344,7 @@ def flatten(input, start_dim=0, end_dim=-1):
 @_a_view(_reshaped_back, _reshaped_strides)
 def unflatten(input, dim, sizes):
     x = as_tensor(input)
+    needs_a_dim(x, "unflatten")
     d = canon_dim(dim, x.ndim, "unflatten")
     return reshape(x, x.shape[:d] + _shape_args(tuple(sizes), "unflatten") + x.shape[d + 1:]) if -1 not in sizes \
         else reshape(x, x.shape[:d] + tuple(sizes) + x.shape[d + 1:])
@@ -308,6 +353,7 @@ def unflatten(input, dim, sizes):
 @_a_view(_split_back)
 def split(tensor, split_size_or_sections, dim=0):
     x = as_tensor(tensor)
+    needs_a_dim(x, "split")
     d = canon_dim(dim, x.ndim, "split")
     n = x.shape[d]
     if isinstance(split_size_or_sections, (int, np.integer)):
@@ -329,6 +375,7 @@ def split(tensor, split_size_or_sections, dim=0):
 @_a_view(_chunk_back)
 def chunk(input, chunks, dim=0):
     x = as_tensor(input)
+    needs_a_dim(x, "chunk")
     d = canon_dim(dim, x.ndim, "chunk")
     if chunks <= 0:
         fail(f"chunk: chunks must be positive, got {chunks}")
@@ -340,6 +387,7 @@ def chunk(input, chunks, dim=0):
 @_a_view(_unbound_back, _unbound_strides)
 def unbind(input, dim=0):
     x = as_tensor(input)
+    needs_a_dim(x, "unbind")
     d = canon_dim(dim, x.ndim, "unbind")
     return tuple(squeeze(t, d) for t in split(x, 1, d))
 
@@ -486,9 +534,9 @@ ger = outer
 def getitem(x, index):
     """Basic indexing (ints, slices with positive steps, None, True/False, ...), which views x as
     torch's does, and one list of ints or of bools (a mask along one dim), or integer Tensors
-    (verbs/select.py), which copy."""
+    (verbs/positions.py), which copy."""
     if any(isinstance(it, Tensor) for it in (index if isinstance(index, tuple) else (index,))):
-        from .select import tensor_index
+        from .positions import tensor_index
 
         return tensor_index(x, index)
     plan = _index_plan(x, index)
@@ -506,7 +554,7 @@ def setitem(x, index, value):
     the index is masked_fill's mask."""
     if isinstance(index, Tensor) and index.dtype.kind == "int" or isinstance(index, tuple) and any(
             isinstance(it, Tensor) for it in index):
-        from .select import tensor_index_put
+        from .positions import tensor_index_put
 
         return tensor_index_put(x, index, value)
     if isinstance(index, Tensor):

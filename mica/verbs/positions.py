@@ -132,9 +132,9 @@ def index_select(input, dim, index):
     if index.ndim > 1:
         fail(f"index_select: the index must be 1-d, got {index.value.spec!r}")
     d = canon_dim(dim, x.ndim, "index_select")
-    if x.ndim == 0:  # (torch's: a 0-d input takes one index, the result its shape)
+    if x.ndim == 0:  # (torch's: a 0-d input takes one index, the result 0-d)
         _one_index("index_select", index)
-        return reshape(_select_dims(reshape(x, (1,)), (0,), [reshape(index, (-1,))], True, False), index.shape)
+        return reshape(_select_dims(reshape(x, (1,)), (0,), [reshape(index, (-1,))], True, False), ())
     return _select_dims(x, (d,), [reshape(index, (-1,))], keep_place=True, negative=False)
 
 
@@ -261,6 +261,7 @@ def argsort(input, dim=-1, descending=False, stable=False):
     its row, so the dim is limited to 2048 elements."""
     x = as_tensor(input)
     if x.ndim == 0:
+        canon_dim(dim, 0, "argsort")
         return full((), 0, dtype=dtypes.int64)
     if x.dtype is dtypes.bool_:
         x = to(x, dtypes.int64)
@@ -292,6 +293,7 @@ def sort(input, dim=-1, descending=False, stable=False):
     x = as_tensor(input)
     order = argsort(x, dim, descending)
     if x.ndim == 0:
+        canon_dim(dim, 0, "sort")
         return SortResult(x, order)
     d = canon_dim(dim, x.ndim, "sort")
     return SortResult(gather(x, d, order), order)
@@ -324,6 +326,7 @@ def _scan_operand(verb, input, dim, dtype):
     else:
         (x,) = amp.float32(verb, x)
     if x.ndim == 0:
+        canon_dim(dim, 0, verb)
         return x, None
     return x, canon_dim(dim, x.ndim, verb)
 
@@ -378,6 +381,9 @@ def roll(input, shifts, dims=None):
     dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
     if len(shifts) != len(dims):
         fail(f"roll: shifts {list(shifts)} and dims {list(dims)} must be as many")
+    from .core import needs_a_dim
+
+    needs_a_dim(x, "roll")
     for s, dim in zip(shifts, dims):
         d = canon_dim(dim, x.ndim, "roll")
         n = x.shape[d]
