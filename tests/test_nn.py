@@ -406,3 +406,32 @@ def test_module_registry_and_containers_follow_torchs_semantics():
                       (lambda: m.register_buffer("training", np.zeros(1)), r"already has an attribute 'training'")):
         with pytest.raises(mica.MicaError, match=says):
             bad()
+
+
+def test_layer_sizes_must_be_whole_and_a_numpy_copy_of_a_parameter_stays_put():
+    """nn.Linear(d, 4 * d * 2 / 3) (LLaMA's MLP width as a float) is refused as torch refuses it:
+    int() truncated it into another model; np.array(p) and np.copy(p) are copies, which a
+    compiled training step does not change (they followed it), np.asarray(p) the live values."""
+    for make in (lambda: nn.Linear(8, 16 / 3), lambda: nn.Linear(8, 5.0), lambda: nn.Embedding(10.0, 4),
+                 lambda: nn.Linear(-3, 4), lambda: nn.LayerNorm(4.5), lambda: nn.LayerNorm([4, True])):
+        with pytest.raises(mica.MicaError, match=r"^a parameter's sizes must be whole numbers >= 0, got .*test_nn"):
+            make()
+    assert nn.Linear(np.int64(3), 2).weight.shape == (2, 3) and nn.LayerNorm(np.int32(4)).weight.shape == (4,)
+
+    m = nn.Linear(4, 2)
+    opt = mica.optim.SGD(m.parameters(), lr=0.5)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    before, copied = np.array(m.weight), np.copy(m.weight)
+    kept = before.copy()
+
+    @mica.compile
+    def step(x):
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    step(x)
+    assert np.array_equal(before, kept) and np.array_equal(copied, kept)
+    assert not np.array_equal(np.asarray(m.weight), kept)

@@ -21,6 +21,18 @@ from . import init as initializers
 _BOUND = [{}]  # id(Parameter) -> Tensor, for the innermost bind()
 
 
+def _sizes(shape):
+    """A parameter's shape as whole, nonnegative numbers, or torch's refusal as one sentence at the
+    user's line (nn.Linear(d, 4 * d * 2 / 3) is a float: torch refuses it, int() would truncate it)."""
+    for s in shape:
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) or s < 0:
+            from ..tensor import user_location
+
+            raise MicaError(f"a parameter's sizes must be whole numbers >= 0, got {s!r} in {tuple(shape)!r} "
+                            "(torch refuses it too); compute the size with // or int(...)", user_location())
+    return tuple(int(s) for s in shape)
+
+
 class Parameter:
     """A trainable tensor's declaration: shape, element type and initializer (values live outside)."""
 
@@ -32,7 +44,7 @@ class Parameter:
             init = init or initializers.Constant(arr)
         if shape is None:
             raise MicaError("a Parameter needs initial data or a shape")
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = _sizes(shape)
         self.dtype = as_dtype(dtype or dtypes.float32)
         self.init = init or initializers.zeros()
         self.requires_grad = bool(requires_grad)  # (torch's flag: a torch-style step keeps a frozen one as it is)
@@ -77,9 +89,11 @@ class Parameter:
         raise MicaError(f"{what}: a Parameter is read in a traced function through the params bound to it "
                         "(functional_call, model.bind), or in a torch-style step under @mica.compile")
 
-    def __array__(self, dtype=None, copy=None):  # (np.asarray(W) outside a trace: the values it holds)
-        values = np.asarray(self._live("np.asarray"))
-        return values if dtype is None else values.astype(dtype)
+    def __array__(self, dtype=None, copy=None):  # (np.asarray(W) outside a trace: the values it holds;
+        values = np.asarray(self._live("np.asarray"))  # np.array(W) and np.copy(W) a copy, which training
+        if dtype is not None:                         # does not change)
+            return values.astype(dtype, copy=bool(copy))
+        return values.copy() if copy else values
 
     # Outside a trace these set its initializer, and the values it holds where it holds some (loaded
     # or trained): drawn now from mica's host generator (mica.manual_seed), as torch draws them.
@@ -802,7 +816,7 @@ class Embedding(Module):
 
 
 def _shape(normalized_shape):
-    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    return _sizes(tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,))
 
 
 class LayerNorm(Module):

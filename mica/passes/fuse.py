@@ -565,6 +565,11 @@ class _Builder:
                 self.loc[v.id] = view = buf
             view.src.persistent = True
             s.outputs.append(view)
+        for vid, role in self.graph.roles.items():  # (a gradient that is a view of its buffer, a bias's
+            view = self.loc.get(vid)                   # reshaped sum: the buffer holds the gradient)
+            if role == "gradient" and view is not None and isinstance(view.src, Buffer) and view.is_whole() \
+                    and view.src.cls == "activations":
+                view.src.cls = "gradients"
         s.updates = []
         for new_id, old_id in self.graph.updates.items():
             new, old = self.loc.get(new_id), self.loc.get(old_id)
