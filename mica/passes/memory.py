@@ -248,8 +248,17 @@ def plan(schedule, target):
             last[r.id] = max(last[r.id], last[b.id])
     roots = [b for b in schedule.buffers if b.id not in aliases]
     class_bytes, local, region = {}, {}, {}
+    inputs = {v.src.id for v in schedule.inputs}
     for c in CLASSES[:-1]:
         members = [b for b in roots if b.cls == c]
+        if c in ("parameters", "optimizer state"):
+            # a new value not written over its old one (no fusion, opt_level=0) is an output the
+            # caller copies back: placed among the activations, so that the state the program
+            # reads lies in one run at the arena's front (a trainer's eval arena follows it)
+            for b in members:
+                if b.id not in inputs:
+                    region[b.id] = "activations"
+            members = [b for b in members if b.id in inputs]
         if c == "gradients":
             # a gradient lives from its product in the backward to the update: placed by lifetime
             # among the activations (whose bytes the backward frees as it goes); only the
