@@ -215,3 +215,17 @@ def test_a_value_of_another_type_is_never_written_over_a_dying_one():
     for level in (0, 1, 2):
         out, (grad,) = program.lower("cpu", opt_level=level).build()(x, t, u)
         assert out == want_out and np.array_equal(grad, want_grad), level
+
+
+def test_a_gradient_that_is_a_view_of_its_buffer_is_counted_as_a_gradient():
+    """A bias's gradient is a reshape of a sum: its buffer holds the gradient, and the report
+    counts it among the gradients (it was counted among the activations), so the gradients'
+    bytes are the parameters' bytes."""
+    def step(w, b, x):
+        loss = (x @ w + b).square().mean()
+        return loss, mica.grad(loss, [w, b])
+
+    low = mica.trace(step, mica.f32[64, 32], mica.f32[32], mica.f32[16, 64]).lower("cpu")
+    plan = low.plan
+    assert plan.class_bytes["gradients"] == plan.class_bytes["parameters"] == 64 * 32 * 4 + 32 * 4
+    assert re.search(r"gradients +8,320 +2 buffers", low.memory_report), low.memory_report
