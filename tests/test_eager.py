@@ -1078,3 +1078,20 @@ def test_every_dim_of_every_rank_is_taken_or_refused_as_torch_does(verb):
                 assert want is not None, f"{verb}{shape} dim {d} {mode}: torch refuses it, Mica gave {got.shape}"
                 assert got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64),
                                                                rtol=1e-5, atol=1e-6), (verb, shape, d, mode)
+
+
+def test_a_parameter_made_from_loaded_values_is_not_said_to_run_its_initial_ones(recwarn):
+    """nanoGPT's crop_block_size: wpe.weight = nn.Parameter(wpe.weight[:n]) after loading a
+    checkpoint. An eager call ran the cropped, loaded values (right) but warned that it ran initial
+    random ones; a parameter made from data holds that data, so nothing is said."""
+    torch.manual_seed(0)
+    t = torch.nn.Embedding(8, 3)
+    m = mica.nn.Embedding(8, 3)
+    m.load_state_dict(t.state_dict())
+    m.weight = mica.nn.Parameter(m.weight[:5])
+    t.weight = torch.nn.Parameter(t.weight[:5].detach())
+    idx = np.array([0, 4, 2])
+    assert np.allclose(np.asarray(m(mica.tensor(idx))), t(torch.tensor(idx)).detach().numpy(), atol=0)
+    assert not [w for w in recwarn if "initial values" in str(w.message)]
+    mica.nn.Embedding(8, 3)(mica.tensor(idx))  # (one never given values: still said)
+    assert [w for w in recwarn if "initial values" in str(w.message)]

@@ -682,8 +682,8 @@ def _eager_call(module, args, kwargs):
     table, initial = dict(_BOUND[-1]), []
     for name, p in module.named_parameters():
         if id(p) not in table:
-            if getattr(p, "_held", None) is None:
-                initial.append(name)
+            if getattr(p, "_held", None) is None and not isinstance(p.init, initializers.Constant):
+                initial.append(name)  # (not one made from data, as crop_block_size's wpe[:n]: it holds those)
             table[id(p)] = _held(p, name)
     if initial and not getattr(module, "_said_initial", False):
         import warnings
