@@ -142,7 +142,9 @@ class Spec:
         shape = tuple(shape)
         for s in shape:
             if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
-                raise ShapeError(f"a shape holds non-negative integers; got {shape!r}")
+                from .tensor import user_location
+
+                raise ShapeError(f"a shape holds whole numbers >= 0; got {shape!r}", user_location())
         self.shape = tuple(int(s) for s in shape)
         self.dtype = as_dtype(dtype)
 

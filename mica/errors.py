@@ -27,6 +27,10 @@ class TraceError(MicaError):
     """A verb was used where no trace is active, or with a value it cannot take."""
 
 
+class IndexOutOfRange(MicaError, IndexError):
+    """An index outside a tensor's dim (an IndexError too, as torch's, so `except IndexError` holds)."""
+
+
 class MissingVerbError(TraceError, AttributeError):
     """A name torch has and Mica does not (an AttributeError too, so hasattr() still answers)."""
 

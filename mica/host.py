@@ -46,8 +46,13 @@ class HostTensor(np.ndarray):
         plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
         if "out" in kwargs:
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, HostTensor) else o for o in kwargs["out"])
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
-            out = getattr(ufunc, method)(*plain, **kwargs)
+        try:
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
+                out = getattr(ufunc, method)(*plain, **kwargs)
+        except ValueError:  # (shapes that do not broadcast or multiply: the verb's sentence, as in a trace)
+            if method == "__call__" and ufunc in _OPERATORS and len(inputs) == 2 and not kwargs:
+                run(_OPERATORS[ufunc], inputs, {})
+            raise
         wide = any(isinstance(x, np.ndarray) and x.dtype == np.float64 for x in plain)
 
         def wrap(r):
@@ -70,11 +75,24 @@ class HostTensor(np.ndarray):
         if len(shape) == 1 and (isinstance(shape[0], (np.dtype, type, str)) or shape[0] is None):
             return np.ndarray.view(self, shape[0])  # (numpy's view as another dtype)
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        try:
+            np.broadcast_to(np.empty((), np.bool_), self.shape).reshape(shape)  # (the sizes alone, no data)
+        except (ValueError, TypeError):
+            return _method("view", np.ascontiguousarray(self).view(HostTensor), *shape)  # (its sentence)
         if not self.flags.c_contiguous:
+            from .tensor import user_location
+
             raise MicaError(f"view: a tensor laid out as this one (a transpose, a strided slice) cannot be viewed as "
-                            f"{list(shape)}, as in torch; use .reshape(...)")
-        out = np.ndarray.view(self, np.ndarray).reshape(shape).view(HostTensor)
-        return out
+                            f"{list(shape)}, as in torch; use .reshape(...)", user_location())
+        return np.ndarray.view(self, np.ndarray).reshape(shape).view(HostTensor)
+
+    def reshape(self, *shape, **kwargs):
+        if kwargs or _called_by_numpy():
+            return np.ndarray.reshape(self, *shape, **kwargs)
+        try:
+            return np.ndarray.reshape(self, *shape)
+        except (ValueError, TypeError):
+            return _method("reshape", self, *shape)  # (the verb's sentence for sizes that do not fit)
 
     def repeat(self, *sizes, **kwargs):
         if "axis" in kwargs or _called_by_numpy():  # (np.repeat(h, 2): numpy's)
@@ -97,7 +115,17 @@ class HostTensor(np.ndarray):
         return _method("flatten", self, *args, **kwargs)
 
     def __getitem__(self, index):
-        out = np.ndarray.__getitem__(self, index)
+        try:
+            out = np.ndarray.__getitem__(self, index)
+        except IndexError as e:  # (torch's IndexError too, as Mica's sentence at the user's line)
+            from .errors import IndexOutOfRange
+            from .tensor import user_location
+
+            raise IndexOutOfRange(f"indexing: {e}", user_location()) from None
+        except TypeError:
+            import operator
+
+            return run(operator.getitem, (self, index), {})  # (the traced index's sentence: x[:, :2.5])
         return np.asarray(out).view(HostTensor) if isinstance(out, np.generic) else out  # (h[1, 2]: 0-d, as torch's)
 
     # torch's views share their tensor's memory, as numpy's views do: an in-place step reaches both
@@ -117,7 +145,10 @@ class HostTensor(np.ndarray):
 
     def permute(self, *dims):
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
-        return np.transpose(self, dims)
+        try:
+            return np.transpose(self, dims)
+        except (ValueError, TypeError):
+            return _method("permute", self, *dims)  # (the verb's sentence for dims that do not fit)
 
     @property
     def mT(self):
@@ -296,9 +327,8 @@ def _method(name, self, *args, **kwargs):
 def run(fn, args, kwargs, method=None):
     """`fn(*args, **kwargs)` (a verb; or with `method`, that method of the first argument) with its
     arrays as inputs of a one-verb program, run on the oracle at float32 precision."""
-    from . import reference
     from .dtypes import Spec, as_dtype
-    from .trace import trace
+    from .tensor import user_location
 
     arrays = []
 
@@ -332,10 +362,19 @@ def run(fn, args, kwargs, method=None):
         specs = [Spec(a.shape, as_dtype(a.dtype)) for a in arrays]
     except Exception:
         raise MicaError(f"{method or getattr(fn, '__name__', 'a verb')} cannot take an array of "
-                        f"{next(a.dtype for a in arrays)}; give numbers, bools or floats") from None
-    program = trace(body, *specs, name=method or getattr(fn, "__name__", "verb"))
-    from . import pytree
+                        f"{next(a.dtype for a in arrays)}; give numbers, bools or floats", user_location()) from None
+    try:
+        return _run_eagerly(body, arrays, specs, method or getattr(fn, "__name__", "verb"))
+    except MicaError as e:  # (one raised where the oracle runs, an index out of range: at the user's line)
+        e.locate(user_location())
+        raise
 
+
+def _run_eagerly(body, arrays, specs, name):
+    from . import pytree, reference
+    from .trace import trace
+
+    program = trace(body, *specs, name=name)
     seed = 0
     if any(n.op == "rng_key" for n in program.graph.nodes):  # (dropout, as torch's eager: new bits each call)
         from .random import default_generator
@@ -347,6 +386,20 @@ def run(fn, args, kwargs, method=None):
     typed = [np.asarray(a).astype(s.dtype.np_storage, copy=False) if isinstance(a, np.ndarray) and hasattr(s, "dtype")
              else a for a, s in zip(leaves, specs)]  # (each result in its own type: float16 too, as torch's)
     return host(pytree.unflatten(tree, typed))
+
+
+def _operators():
+    import operator
+
+    return {np.add: operator.add, np.subtract: operator.sub, np.multiply: operator.mul,
+            np.true_divide: operator.truediv, np.floor_divide: operator.floordiv, np.remainder: operator.mod,
+            np.power: operator.pow, np.matmul: operator.matmul, np.equal: operator.eq, np.not_equal: operator.ne,
+            np.less: operator.lt, np.less_equal: operator.le, np.greater: operator.gt,
+            np.greater_equal: operator.ge, np.bitwise_and: operator.and_, np.bitwise_or: operator.or_,
+            np.bitwise_xor: operator.xor}
+
+
+_OPERATORS = _operators()  # (numpy's ufunc -> Python's operator, whose traced form says why shapes do not fit)
 
 
 class _Slot:
@@ -372,7 +425,7 @@ def eager(verb):
                 return verb(data, dtype=dtype, **kwargs)
             if isinstance(data, HostTensor) and dtype is None:
                 return data if verb.__name__ == "as_tensor" else data.copy()
-            return host(tensor(np.asarray(data), dtype=dtype))
+            return host(tensor(data, dtype=dtype))  # (its sentence for ragged lists)
         return make
 
     @functools.wraps(verb)

@@ -238,3 +238,45 @@ def test_a_compiled_programs_call_and_options_are_sentences_at_the_users_line():
     assert e.value.sentence == "embedding: index 12 is out of range for 10 embeddings; give indices below the " \
                                "table's row count (a data id beyond the vocabulary?)"
     assert e.value.loc == (HERE, lookup.__code__.co_firstlineno + 1)  # (the line that traced the embedding)
+
+
+_EAGER_MISTAKES = [
+    (lambda t: t.ones(4, 8) @ t.ones(4, 8), r"matmul: cannot multiply f32\[4, 8\] by f32\[4, 8\]"),
+    (lambda t: t.ones(4, 8) + t.ones(3, 8), r"add: shapes \[4, 8\] and \[3, 8\] do not broadcast"),
+    (lambda t: t.ones(4, 8) < t.ones(3, 8), r"lt: shapes \[4, 8\] and \[3, 8\] do not broadcast"),
+    (lambda t: t.ones(4, 8).view(5, 7), r"cannot view f32\[4, 8\] \(32 elements\) as shape \[5, 7\]"),
+    (lambda t: t.ones(4, 8)[:, :4].view(5, 7), r"cannot view f32\[4, 4\] \(16 elements\) as shape \[5, 7\]"),
+    (lambda t: t.ones(4, 8).reshape(-1, 5), r"cannot view f32\[4, 8\] as shape \[-1, 5\]"),
+    (lambda t: t.ones(4, 8)[5], r"indexing: index 5 is out of bounds for axis 0 with size 4"),
+    (lambda t: t.ones(4, 8)[:, :2.5], r"slice indices must be whole numbers or None, got None:2.5"),
+    (lambda t: t.ones(4, 8).permute(0, 2, 1), r"permute: \[0, 2, 1\] names 3 dims but the tensor has 2"),
+    (lambda t: t.tensor([[1, 2], [3]]), r"tensor: the nested lists are of different lengths"),
+    (lambda t: t.nn.functional.cross_entropy(t.ones(2, 10), t.tensor([1, 10])), r"cross_entropy: target 10 is out"),
+    (lambda t: t.ones(2, 3).gather(1, t.tensor([[0], [3]])), r"an index tensor holds 3, out of range"),
+    (lambda t: t.ones(4, 8).split(2.5, 1), r"split: split_size_or_sections is a whole number or a list"),
+    (lambda t: t.ones(4, 8).repeat(-1, 2), r"repeat: the counts \[-1, 2\] must be 0 or more"),
+    (lambda t: t.ones(4, 8).masked_fill(t.ones(4, 7) > 0, 0.0), r"masked_fill: the mask's shape \[4, 7\] does not"),
+    (lambda t: t.nn.functional.scaled_dot_product_attention(t.ones(2, 8, 4), t.ones(2, 8, 4), t.ones(2, 8, 4),
+                                                            attn_mask=t.ones(8, 7)),
+     r"scaled_dot_product_attention: attn_mask f32\[8, 7\] does not broadcast to the scores' shape \[2, 8, 8\]"),
+    (lambda t: t.nn.Sequential(t.nn.Linear(4, 4), "relu"), r"Sequential holds mica.nn.Module objects, got a str"),
+    (lambda t: t.f32[4, -1], r"a shape holds whole numbers >= 0; got \(4, -1\)"),
+]
+
+
+@pytest.mark.parametrize("mistake, sentence", _EAGER_MISTAKES, ids=[str(i) for i in range(len(_EAGER_MISTAKES))])
+def test_a_mistake_outside_a_trace_is_one_sentence_at_the_users_line(mistake, sentence):
+    """Outside a trace (a model's __init__, a sampling loop, a notebook) the mistakes a trace names
+    in one sentence were numpy's messages, Python's TypeError or a Mica error without a line, each
+    a traceback through Mica's frames: now each is Mica's sentence at this file's line; torch
+    refuses every one of them too. An index out of range is an IndexError too, as torch's."""
+    with pytest.raises(mica.MicaError, match=sentence) as e:
+        mistake(mica)
+    assert e.value.loc and e.value.loc[0] == __file__, e.value
+    import torch
+
+    if "shape holds" not in sentence:  # (torch refuses the same, where torch has the verb: not mica.f32)
+        with pytest.raises((RuntimeError, ValueError, IndexError, TypeError)):
+            mistake(torch)
+    with pytest.raises(IndexError):
+        mica.ones(4, 8)[:, 10]

@@ -1038,5 +1038,6 @@ class Sequential(ModuleList):
 
 def _module(m, container):
     if not isinstance(m, Module):
-        raise MicaError(f"{container} holds mica.nn.Module objects, got a {type(m).__name__}")
+        raise MicaError(f"{container} holds mica.nn.Module objects, got a {type(m).__name__} {m!r:.40}; give it "
+                        "modules (nn.ReLU(), not 'relu')", user_location())
     return m

@@ -573,6 +573,11 @@ def masked_fill(input, mask, value):
     m = as_tensor(mask)
     if m.dtype is not dtypes.bool_:
         fail(f"masked_fill: the mask must be a bool tensor, got {m.dtype.name} (make one with != 0 or .bool())")
+    x = as_tensor(input)
+    try:
+        np.broadcast_shapes(m.shape, x.shape)
+    except ValueError:
+        fail(f"masked_fill: the mask's shape {list(m.shape)} does not broadcast to the tensor's {list(x.shape)}")
     return where(mask, as_tensor(value, input.dtype) if is_scalar(value) else to(value, input.dtype), input)
 
 
@@ -919,7 +924,10 @@ def linspace(start, end, steps, dtype=None, **_device):
 
 def tensor(data, dtype=None, **_device):
     """A literal constant from numpy data, stored in the program."""
-    arr = np.asarray(data)
+    try:
+        arr = np.asarray(data)
+    except ValueError:  # (ragged nested lists: numpy's inhomogeneous shape)
+        fail("tensor: the nested lists are of different lengths; give rows of one length (torch refuses them too)")
     dt = as_dtype(dtype) if dtype is not None else (
         dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
     if not in_trace():

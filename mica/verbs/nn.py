@@ -2,6 +2,8 @@
 import math
 import numbers
 
+import numpy as np
+
 from .. import amp, dtypes
 from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
@@ -390,6 +392,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
              f"(added to the scores), got {attn_mask.dtype.name}; for a mask of 0s and 1s write mask.bool()")
     if attn_mask is not None and is_causal:
         fail("scaled_dot_product_attention: give attn_mask or is_causal=True, not both")
+    if attn_mask is not None:
+        scores = broadcast_shapes("scaled_dot_product_attention", q.shape[:-2], k.shape[:-2]) + \
+            (q.shape[-2], k.shape[-2])
+        try:
+            fits = np.broadcast_shapes(attn_mask.shape, scores) == scores
+        except ValueError:
+            fits = False
+        if not fits:
+            fail(f"scaled_dot_product_attention: attn_mask {attn_mask.value.spec!r} does not broadcast to the scores' "
+                 f"shape {list(scores)} ([..., L, S]: L queries, S keys)")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     batch = broadcast_shapes("scaled_dot_product_attention", q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q, k, v = (expand(t, batch + t.shape[-2:]) for t in (q, k, v))

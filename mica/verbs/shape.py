@@ -361,10 +361,13 @@ def split(tensor, split_size_or_sections, dim=0):
         if size <= 0:
             fail(f"split: split_size must be positive, got {size}")
         sizes = [size] * (n // size) + ([n % size] if n % size else [])
-    else:
+    elif isinstance(split_size_or_sections, (list, tuple)) and all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in split_size_or_sections):
         sizes = [int(s) for s in split_size_or_sections]
         if sum(sizes) != n:
             fail(f"split: sections {sizes} add up to {sum(sizes)}, not the {n} of dim {dim}")
+    else:
+        fail(f"split: split_size_or_sections is a whole number or a list of them, got {split_size_or_sections!r}")
     out, start = [], 0
     for s in sizes:
         out.append(narrow(x, d, start, s))
@@ -479,6 +482,8 @@ def stack(tensors, dim=0):
 def repeat(input, *sizes):
     x = as_tensor(input)
     sizes = _shape_args(sizes, "repeat")
+    if any(s < 0 for s in sizes):
+        fail(f"repeat: the counts {list(sizes)} must be 0 or more")
     if len(sizes) < x.ndim:
         fail(f"repeat: {list(sizes)} has fewer dims than the tensor's {x.ndim}")
     x = reshape(x, (1,) * (len(sizes) - x.ndim) + x.shape)
@@ -638,6 +643,10 @@ def _index_plan(x, index):
             continue
         size = x.shape[d]
         if isinstance(it, slice):
+            if not all(v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool))
+                       for v in (it.start, it.stop, it.step)):
+                fail(f"slice indices must be whole numbers or None, got {it.start!r}:{it.stop!r}"
+                     f"{'' if it.step is None else ':' + repr(it.step)}; compute them with // or int(...)")
             b, e, s = it.indices(size)
             if s <= 0:
                 fail(f"slices need a positive step, got {s}")

@@ -32,6 +32,9 @@ def run_error(text, program):
     at the line that traced that verb where the program has one such node, else at the call's line."""
     verb = text.split(":", 1)[0]
     places = {n.loc for n in program.graph.nodes if n.op == verb and n.loc}
+    if not places and text.startswith("an index tensor holds"):  # (a gather's, index_select's, x[t]'s check)
+        places = {n.loc for n in program.graph.nodes if n.op == "check_range" and n.loc
+                  and n.attrs.get("mode") in ("index", "positions")}
     return MicaError(text, places.pop() if len(places) == 1 else user_location())
 
 
