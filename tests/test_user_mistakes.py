@@ -280,3 +280,16 @@ def test_a_mistake_outside_a_trace_is_one_sentence_at_the_users_line(mistake, se
             mistake(torch)
     with pytest.raises(IndexError):
         mica.ones(4, 8)[:, 10]
+
+
+def test_an_index_out_of_range_at_run_time_names_the_line_that_indexed():
+    """A compiled x[idx] (or gather) whose index is out of range when it runs stops with the
+    sentence at the line that indexed, not the call's (the check's sentence names no verb)."""
+    def pick(table, idx):
+        return table[idx].sum()  # the line the error names
+
+    exe = mica.compile(pick, mica.f32[10, 3], mica.i64[3])
+    line = inspect.getsourcelines(pick)[1] + 1
+    with pytest.raises(mica.MicaError, match=r"an index tensor holds 13, out of range") as e:
+        exe(np.ones((10, 3), np.float32), np.array([1, 2, 13]))
+    assert e.value.loc == (__file__, line), e.value
