@@ -46,6 +46,8 @@ class HostTensor(np.ndarray):
         plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
         if "out" in kwargs:
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, HostTensor) else o for o in kwargs["out"])
+        if ufunc is np.matmul and method == "__call__" and len({np.result_type(x) for x in plain}) > 1:
+            run(_OPERATORS[ufunc], inputs, {})  # (int @ float, half @ float: torch refuses, so does the verb)
         try:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
                 out = getattr(ufunc, method)(*plain, **kwargs)

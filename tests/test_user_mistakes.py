@@ -242,6 +242,7 @@ def test_a_compiled_programs_call_and_options_are_sentences_at_the_users_line():
 
 _EAGER_MISTAKES = [
     (lambda t: t.ones(4, 8) @ t.ones(4, 8), r"matmul: cannot multiply f32\[4, 8\] by f32\[4, 8\]"),
+    (lambda t: t.arange(12).view(3, 4) @ t.ones(4, 2), r"matmul: operands must have one element type, got i64"),
     (lambda t: t.ones(4, 8) + t.ones(3, 8), r"add: shapes \[4, 8\] and \[3, 8\] do not broadcast"),
     (lambda t: t.ones(4, 8) < t.ones(3, 8), r"lt: shapes \[4, 8\] and \[3, 8\] do not broadcast"),
     (lambda t: t.ones(4, 8).view(5, 7), r"cannot view f32\[4, 8\] \(32 elements\) as shape \[5, 7\]"),
