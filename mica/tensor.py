@@ -337,7 +337,7 @@ class Tensor:
         from . import stateful
 
         if stateful.active() is None:
-            raise TraceError(BACKWARD_SENTENCE, user_location())
+            raise TraceError(NOTHING_TO_DIFFERENTIATE if self._ctx is not None else BACKWARD_SENTENCE, user_location())
         if gradient is not None or create_graph or inputs is not None:
             fail("backward() in a compiled step takes a scalar loss alone (no gradient=, create_graph=, inputs=)")
         return stateful.backward(self, retain_graph)
@@ -656,6 +656,12 @@ BACKWARD_SENTENCE = ("Mica computes gradients in a compiled step: put the step (
                      "optimizer.step()) in a function under @mica.compile, or write loss, grads = "
                      "mica.value_and_grad(loss_fn)(params, ...) and optimizer.update(params, grads, state) "
                      "(docs/api.md, Optimizers)")
+
+
+NOTHING_TO_DIFFERENTIATE = (
+    "backward(): no tensor this loss is computed from requires a gradient (torch: 'element 0 of tensors does not "
+    "require grad'), so the compiled step found nothing to train; make what you train an nn.Parameter or a tensor "
+    "made outside the step with requires_grad=True, or take gradients with mica.grad(loss, x)")
 
 
 def _numpy_refused(name):

@@ -294,3 +294,19 @@ def test_an_index_out_of_range_at_run_time_names_the_line_that_indexed():
     with pytest.raises(mica.MicaError, match=r"an index tensor holds 13, out of range") as e:
         exe(np.ones((10, 3), np.float32), np.array([1, 2, 13]))
     assert e.value.loc == (__file__, line), e.value
+
+
+def test_backward_on_a_loss_nothing_trainable_reaches_says_what_to_make_a_parameter():
+    """W = torch.randn(8, 4) without requires_grad in a compiled step: backward() said to put the
+    step under @mica.compile, where it already was; it says what torch says and what to make."""
+    W = mica.randn(8, 4)
+
+    @mica.compile
+    def step(x):
+        loss = (x @ W).square().mean()
+        loss.backward()
+        return loss
+
+    with pytest.raises(mica.MicaError, match=r"^backward\(\): no tensor this loss is computed from requires a gradient"
+                                             r".*requires_grad=True.*test_user_mistakes"):
+        step(np.ones((2, 8), np.float32))
