@@ -60,6 +60,12 @@ class Lowered:
             self.memory_report += f"\n  memory budget {self.memory_budget:,} bytes: the plan fits"
         self.source = target.render(self)
 
+    @property
+    def ir(self):
+        """The graph the source was made from, as text (program.ir after widen, simplify, remat and
+        order: renumbered, so the source's %N are this text's, not program.ir's)."""
+        return self.graph.text()
+
     def _fit(self, remat):
         """Of the plans that recompute more (the min-cut; the min-cut repeating the fewest of the
         cheapest products that fits; block checkpoints, one every k bottlenecks of the forward),

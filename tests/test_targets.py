@@ -181,3 +181,27 @@ def test_a_targets_options_are_checked_by_name_and_type():
             program.lower("cuda", simulate=bad)
     with pytest.raises(MicaError, match="tf32 must be True or False, not 'yes'"):
         program.lower("cuda", tf32="yes")
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_every_value_the_source_names_is_one_of_lowered_ir(target):
+    """The source's %N are the lowered graph's (the passes renumber program.ir): a reader chasing
+    a buffer from the C or CUDA back to the graph finds it in lowered.ir, and the header says so."""
+    import re
+
+    def step(w, x):
+        h = x * w
+        m = h.mean(dim=1, keepdim=True)
+        loss = (m * m).sum() + h.amax(dim=1).sum() + h.var(dim=0).sum()
+        return loss, mica.grad(loss, w)
+
+    lowered = mica.trace(step, mica.f32[6, 5], mica.f32[6, 5]).lower(target)
+    named = set(re.findall(r"%(\d+)", lowered.source))
+    defined = set(re.findall(r"^%(\d+)", lowered.ir, re.M))
+    assert named and named <= defined, sorted(named - defined)
+    assert "%N below names a value of lowered.ir" in lowered.source
+    # a fused loop's comment names every line fused into it (the gradients of lines 2 to 4 join in one)
+    first = step.__code__.co_firstlineno
+    places = re.findall(r"^/\* k\d+: .*\(test_targets\.py:([\d, -]+)\)", lowered.source, re.M)
+    assert any("," in p or "-" in p for p in places), places
+    assert all(first < int(n) <= first + 5 for p in places for n in re.findall(r"\d+", p)), places

@@ -447,7 +447,9 @@ class _Builder:
             if outside:
                 kernel_stores.append((self.new_buffer_for(v), local[v.id]))
         name = ", ".join(dict.fromkeys(n.op for n in nodes))
-        self.s.kernels.append(Loop(name, nodes[-1].loc, shape, exprs, kernel_stores))
+        loop = Loop(name, nodes[-1].loc, shape, exprs, kernel_stores)
+        loop.locs = [n.loc for n in nodes if n.loc]  # (every line fused into it, for its comment)
+        self.s.kernels.append(loop)
 
     def _exprs(self, nodes, shape):
         """Expressions for elementwise `nodes` over iteration `shape`; returns (exprs, result index

@@ -162,6 +162,7 @@ class Kernel:
     def __init__(self, name, loc):
         self.name = name
         self.loc = loc
+        self.locs = [loc] if loc else []  # (a fused loop's: every node's line)
 
     def reads(self):
         """Views this kernel reads."""

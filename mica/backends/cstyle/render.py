@@ -19,6 +19,25 @@ def _c_string(text):
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+
+
+def place(kern):
+    """' (model.py:33-36)': the user's lines a kernel computes (a fused loop's, every one), for its
+    comment; '' where it has none."""
+    lines = {}
+    for path, line in getattr(kern, "locs", None) or ([kern.loc] if kern.loc else []):
+        lines.setdefault(os.path.basename(path), set()).add(line)
+    parts = []
+    for name, found in lines.items():
+        runs, ordered = [], sorted(found)
+        for n in ordered:
+            if runs and n == runs[-1][1] + 1:
+                runs[-1][1] = n
+            else:
+                runs.append([n, n])
+        parts.append(f"{name}:" + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs))
+    return f" ({'; '.join(parts)})" if parts else ""
+
 class CStyleRenderer:
     kernel_qualifier = "static void"       # CUDA: static __global__ void
     constant_qualifier = "static const"    # CUDA: static __device__ const
@@ -75,7 +94,7 @@ class CStyleRenderer:
 
     # ---- kernels ---------------------------------------------------------------------------------
     def kernel(self, k, kern):
-        where = f" ({os.path.basename(kern.loc[0])}:{kern.loc[1]})" if kern.loc else ""
+        where = place(kern)
         title = f"/* k{k}: {kern.name}{where} */"
         self._declared = {}
         helpers = []
