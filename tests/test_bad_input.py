@@ -172,6 +172,8 @@ def test_sample_without_a_checkpoint(tmp_path):
 
 def test_prepare_with_a_missing_input(tmp_path):
     assert_sentence(mica("prepare", "shakespeare-char", "--input", "nope.txt", cwd=tmp_path), "does not exist")
+    # (nanoGPT's folder name, shakespeare_char, is the same preparation)
+    assert_sentence(mica("prepare", "shakespeare_char", "--input", "nope.txt", cwd=tmp_path), "does not exist")
 
 
 # ---- paths that used to end in a traceback: each row a setup, the command, the sentence ---------------
