@@ -412,7 +412,9 @@ class StatefulStep:
 
     def _build(self, graded):
         from .dtypes import Spec, float32
-        from .trace import compile
+        import re
+
+        from .trace import _argument_names, trace
 
         param_specs = {self.name[id(p)]: p.spec for p in self.params}
         grad_specs = {self.name[id(p)]: p.spec for p, g in zip(self.params, graded) if g}
@@ -455,9 +457,13 @@ class StatefulStep:
                     [s.scaler_states[id(sc)] for sc in self.scalers])
 
         body.__name__ = getattr(self.fn, "__name__", "step")
-        program = compile(body, self.args, param_specs, grad_specs, state_specs, lr_specs, scaler_specs,
-                          **self.options)
-        return program, [group for group, _ in computed]
+        options = dict(self.options)
+        target, name = options.pop("target", "cpu"), options.pop("name", None)
+        traced = trace(body, self.args, param_specs, grad_specs, state_specs, lr_specs, scaler_specs, name=name)
+        names = _argument_names(self.fn, len(self.args))  # (the step's own argument names, not body's user_args)
+        traced.graph.input_names = [re.sub(r"^user_args\[(\d+)\]", lambda m: names[int(m.group(1))], n)
+                                    for n in traced.graph.input_names]
+        return traced.lower(target, **options).build(), [group for group, _ in computed]
 
     def _mine(self, opt, table):
         """The entries of {key: ...} for the optimizer's parameters."""

@@ -337,7 +337,9 @@ class Tensor:
         from . import stateful
 
         if stateful.active() is None:
-            raise TraceError(NOTHING_TO_DIFFERENTIATE if self._ctx is not None else BACKWARD_SENTENCE, user_location())
+            from .trace import _TORCH_FORM
+
+            raise TraceError(NOTHING_TO_DIFFERENTIATE if _TORCH_FORM else BACKWARD_SENTENCE, user_location())
         if gradient is not None or create_graph or inputs is not None:
             fail("backward() in a compiled step takes a scalar loss alone (no gradient=, create_graph=, inputs=)")
         return stateful.backward(self, retain_graph)

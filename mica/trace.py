@@ -220,6 +220,9 @@ def _check_arity(fn, count):
         f"arguments ({', '.join(takes) or 'none'}): {e}; give one spec (or pytree of specs) per argument"))
 
 
+_TORCH_FORM = []  # the torch.compile-form calls compiling now (a step with no Parameter or optimizer)
+
+
 def _with_keywords(fn):
     """fn called as fn(*args, **kwargs) from the pair (args, kwargs): a compiled call's keyword
     arguments traced as one more pytree."""
@@ -323,7 +326,11 @@ class _Compiled:
                 self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,
                                                                               **self.options))
             else:
-                self.built[key] = compile(fn, *args, target=self.target, name=self.name, **self.options)
+                _TORCH_FORM.append(self)  # (a loss.backward() there found nothing to train: backward's sentence)
+                try:
+                    self.built[key] = compile(fn, *args, target=self.target, name=self.name, **self.options)
+                finally:
+                    _TORCH_FORM.pop()
         built = self.built[key]
         prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
         self._last = prepared[0] if prepared else built

@@ -1095,3 +1095,22 @@ def test_a_parameter_made_from_loaded_values_is_not_said_to_run_its_initial_ones
     assert not [w for w in recwarn if "initial values" in str(w.message)]
     mica.nn.Embedding(8, 3)(mica.tensor(idx))  # (one never given values: still said)
     assert [w for w in recwarn if "initial values" in str(w.message)]
+
+
+def test_a_torch_style_steps_inputs_carry_its_argument_names():
+    """The IR and the errors of a torch-style compiled step name its arguments (xb, yb), as a plain
+    trace does, not the wrapper's user_args[0]."""
+    m = mica.nn.Linear(4, 2)
+    opt = mica.optim.SGD(m.parameters(), lr=0.1)
+
+    @mica.compile
+    def train_step(xb, yb):
+        loss = ((m(xb) - yb) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    train_step(np.ones((3, 4), np.float32), np.ones((3, 2), np.float32))
+    inputs = [line.split("= input ")[1].split()[0] for line in train_step.ir.splitlines() if "= input " in line]
+    assert inputs[:3] == ["xb", "yb", "params['weight']"], inputs
