@@ -37,33 +37,37 @@ class HostTensor(np.ndarray):
     __array_priority__ = 10  # (below a traced Tensor's: x * host inside a trace is the Tensor's)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        """numpy's arithmetic, then torch's type rule: float64 only from a float64 operand (int / int
-        and int * 0.5 are float32, as torch's default float)."""
+        """numpy's arithmetic, with torch's result types (a dimensioned tensor's type outranks a 0-d
+        tensor's and a number's within a category; int / int is the default float) and, where numpy
+        refuses, the verb's sentence (shapes that do not fit, a type torch refuses too)."""
         from .tensor import Tensor
 
         if any(isinstance(x, Tensor) for x in inputs):
             return NotImplemented  # (the traced Tensor's operator: this array is its constant)
         plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
-        if "out" in kwargs:
-            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, HostTensor) else o for o in kwargs["out"])
+        out_to = kwargs.get("out")
+        if out_to is not None:  # (x += y: numpy writes into x; torch's rules for what may be written there)
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, HostTensor) else o for o in out_to)
+        verb = _OPERATORS.get(ufunc) if method == "__call__" and len(inputs) == 2 else \
+            _UNARY.get(ufunc) if method == "__call__" and len(inputs) == 1 else None
         if ufunc is np.matmul and method == "__call__" and len({np.result_type(x) for x in plain}) > 1:
-            run(_OPERATORS[ufunc], inputs, {})  # (int @ float, half @ float: torch refuses, so does the verb)
+            run(verb, inputs, {})  # (int @ float, half @ float: torch refuses, so does the verb)
         try:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
+                if out_to is not None and verb is not None:
+                    result = getattr(ufunc, method)(*plain, **{k: v for k, v in kwargs.items() if k != "out"})
+                    _write(out_to[0], _torch_typed(result, inputs, ufunc), ufunc.__name__)
+                    return out_to[0]
                 out = getattr(ufunc, method)(*plain, **kwargs)
-        except ValueError:  # (shapes that do not broadcast or multiply: the verb's sentence, as in a trace)
-            if method == "__call__" and ufunc in _OPERATORS and len(inputs) == 2 and not kwargs:
-                run(_OPERATORS[ufunc], inputs, {})
+        except (ValueError, TypeError):  # (numpy's refusal: the verb's sentence, as in a trace)
+            if verb is not None and not any(k != "out" for k in kwargs):
+                run(verb, inputs, {})
             raise
-        wide = any(isinstance(x, np.ndarray) and x.dtype == np.float64 for x in plain)
 
         def wrap(r):
             if not isinstance(r, np.ndarray) and not isinstance(r, np.generic):
                 return r
-            r = np.asarray(r)
-            if r.dtype == np.float64 and not wide:
-                r = r.astype(np.float32)
-            return r.view(HostTensor)
+            return np.asarray(_torch_typed(r, inputs, ufunc)).view(HostTensor)
         return tuple(wrap(r) for r in out) if isinstance(out, tuple) else wrap(out)
 
     # ---- names numpy gives another meaning ------------------------------------------------------
@@ -114,7 +118,115 @@ class HostTensor(np.ndarray):
     def flatten(self, *args, **kwargs):
         if args and isinstance(args[0], str) or "order" in kwargs or _called_by_numpy():
             return np.ndarray.flatten(np.asarray(self), *args, **kwargs).view(HostTensor)
-        return _method("flatten", self, *args, **kwargs)
+        return _viewed(self, "flatten", lambda start_dim=0, end_dim=-1: self._flat_shape(start_dim, end_dim),
+                       args, kwargs, lambda shape: np.ndarray.reshape(self, shape))
+
+    def _flat_shape(self, start_dim, end_dim):
+        from .verbs.core import canon_dim
+
+        a, b = canon_dim(start_dim, self.ndim, "flatten"), canon_dim(end_dim, self.ndim, "flatten")
+        if a > b:
+            raise ValueError("flatten")  # (the verb's sentence)
+        return (1,) if self.ndim == 0 else self.shape[:a] + (int(np.prod(self.shape[a:b + 1])),) + self.shape[b + 1:]
+
+    # ---- torch's views: the result shares this tensor's memory (numpy's view where numpy makes one) ----
+    def t(self):
+        return _viewed(self, "t", lambda: None if self.ndim <= 2 else _raise(ValueError), (), {},
+                       lambda _: np.swapaxes(self, 0, 1) if self.ndim == 2 else self[...])
+
+    def expand(self, *sizes):
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        return _viewed(self, "expand", lambda *s: self._expanded(s), sizes, {},
+                       lambda shape: np.broadcast_to(self, shape, subok=True))
+
+    def _expanded(self, sizes):
+        lead = len(sizes) - self.ndim
+        if lead < 0 or any(not isinstance(n, (int, np.integer)) or isinstance(n, bool) for n in sizes) or \
+                any(n == -1 for n in sizes[:lead]):
+            raise ValueError("expand")
+        shape = tuple(self.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(sizes))
+        np.broadcast_shapes(self.shape, shape) == shape or _raise(ValueError)
+        return shape
+
+    def expand_as(self, other):
+        return self.expand(*np.shape(other))
+
+    def select(self, dim, index):
+        from .verbs.shape import selected
+
+        d, i = selected(self, dim, index)
+        return self[(slice(None),) * d + (i, Ellipsis)]  # (... keeps a 0-d result a view, as torch's)
+
+    def split(self, split_size_or_sections, dim=0):
+        from .verbs.shape import split_sizes
+
+        d, sizes = split_sizes(self, split_size_or_sections, dim)
+        starts = np.cumsum([0] + list(sizes))
+        return tuple(self[(slice(None),) * d + (slice(int(a), int(a) + n),)] for a, n in zip(starts, sizes))
+
+    def chunk(self, chunks, dim=0):
+        from .verbs.shape import chunk_size
+
+        d, size = chunk_size(self, chunks, dim)
+        return self.split(size, d) if size else (self[(slice(None),) * d + (slice(0, 0),)],)
+
+    def unbind(self, dim=0):
+        from .verbs.shape import selected
+
+        d, _ = selected(self, dim, 0) if self.ndim and self.shape[dim if dim >= 0 else dim + self.ndim] else \
+            (dim, 0)
+        return tuple(self.select(d, i) for i in range(self.shape[d]))
+
+    def movedim(self, source, destination):
+        from .verbs.shape import movedim_order
+
+        return np.transpose(self, movedim_order(self, source, destination)) if self.ndim else self[...]
+
+    moveaxis = movedim
+
+    def swapdims(self, dim0, dim1):
+        return self.transpose(dim0, dim1)
+
+    def diagonal(self, offset=0, dim1=0, dim2=1, **numpy_names):
+        from .verbs.core import canon_dim
+
+        if numpy_names or _called_by_numpy():  # (np.diagonal(h, axis1=...), np.trace: numpy's)
+            return np.ndarray.diagonal(self, offset, numpy_names.get("axis1", dim1), numpy_names.get("axis2", dim2))
+
+        if self.ndim < 2 or canon_dim(dim1, self.ndim, "diagonal") == canon_dim(dim2, self.ndim, "diagonal"):
+            return _method("diagonal", self, offset, dim1, dim2)  # (its sentence)
+        view = np.ndarray.diagonal(self, offset, dim1, dim2)
+        view.flags.writeable = self.flags.writeable  # (numpy's is read-only; torch's writes through)
+        return view
+
+    # ---- a conversion to the type a tensor has is the tensor itself, as torch's ----
+    def float(self):
+        return self if self.dtype == np.float32 else _method("float", self)
+
+    def double(self):
+        return self if self.dtype == np.float64 else _method("double", self)
+
+    def half(self):
+        return self if self.dtype == np.float16 else _method("half", self)
+
+    def long(self):
+        return self if self.dtype == np.int64 else _method("long", self)
+
+    def int(self):
+        return self if self.dtype == np.int32 else _method("int", self)
+
+    def bool(self):
+        return self if self.dtype == np.bool_ else _method("bool", self)
+
+    def to(self, *args, **kwargs):
+        from .dtypes import DType, as_dtype
+
+        target = next((a for a in list(args) + [kwargs.get("dtype")] if isinstance(a, DType) or
+                       str(a).startswith("torch.")), None)
+        same = target is None or (as_dtype(target).name != "bfloat16" and as_dtype(target).np_storage == self.dtype)
+        if same and not kwargs.get("copy") and not any(isinstance(a, np.ndarray) for a in args):
+            return self  # (a device, or this tensor's own type: torch's to() is the tensor itself)
+        return _method("to", self, *args, **kwargs)
 
     def __getitem__(self, index):
         try:
@@ -204,6 +316,47 @@ class HostTensor(np.ndarray):
     def data(self):  # (torch's: the tensor itself, without history; numpy's memoryview is np.asarray(h).data)
         return self
 
+    @property
+    def device(self):
+        return _Device("cpu")
+
+    def is_floating_point(self):
+        return self.dtype.kind == "f"
+
+    # a one-element tensor is a Python number, whatever its dims (numpy takes 0-d arrays alone)
+    def __int__(self):
+        return int(self._one("int()"))
+
+    def __float__(self):
+        return float(self._one("float()"))
+
+    def __bool__(self):
+        return bool(self._one("bool()"))
+
+    def item(self, *args):
+        return np.ndarray.item(self, *args) if args else self._one(".item()").item()
+
+    def _one(self, what):
+        if self.size != 1:
+            from .tensor import user_location
+
+            raise MicaError(f"{what} takes a tensor of one element, this one has {self.numel():,} ({list(self.shape)}); "
+                            "reduce it first (.sum(), .any(), .all()) or pick one element", user_location())
+        return np.asarray(self).reshape(())[()]
+
+    def __setitem__(self, index, value):
+        from .tensor import user_location
+
+        try:
+            np.ndarray.__setitem__(self, index, np.asarray(value) if isinstance(value, HostTensor) else value)
+        except IndexError as e:
+            from .errors import IndexOutOfRange
+
+            raise IndexOutOfRange(f"indexing: {e}", user_location()) from None
+        except ValueError as e:
+            raise MicaError(f"x[index] = value: {e} (the value must broadcast to the indexed elements' shape)",
+                            user_location()) from None
+
     def nonzero(self, *, as_tuple=False):
         """torch's: the [count, ndim] positions of the nonzero elements (numpy's tuple with
         as_tuple=True, and for numpy's own functions, which call this method: np.nonzero,
@@ -277,8 +430,6 @@ def _add_torch_methods():
             continue
         if callable(getattr(Tensor, name, None)):
             setattr(HostTensor, name, _in_place(name) if name.endswith("_") else _torch_method(name))
-    for name in ("mT",):
-        setattr(HostTensor, name, property(lambda self, n=name: _method(n, self)))
     HostTensor.dim = lambda self: self.ndim
     HostTensor.numel = lambda self: int(np.prod(self.shape, dtype=np.int64))
     HostTensor.clone = lambda self, *a, **k: self.copy()
@@ -295,6 +446,31 @@ def _add_torch_methods():
         self, a + (b - a) * random.rand(*self.shape, generator=generator, dtype="float64"))
 
 
+class _Device(str):
+    """torch.device's face on the device name a tensor reports: `x.device.type`, `str(x.device)`."""
+
+    @property
+    def type(self):
+        return str(self).split(":")[0]
+
+    @property
+    def index(self):
+        return None
+
+
+def _raise(kind):
+    raise kind()
+
+
+def _viewed(self, name, shape_of, args, kwargs, make):
+    """torch's view `name` of a host tensor: numpy's view `make(shape_of(*args, **kwargs))`, or,
+    where the arguments do not fit, the verb's own sentence (run traced, which raises it)."""
+    try:
+        return make(shape_of(*args, **kwargs))
+    except (ValueError, TypeError, IndexError):
+        return _method(name, self, *args, **kwargs)
+
+
 def _drawn(self, values):
     np.copyto(self, np.asarray(values), casting="unsafe")
     return self
@@ -304,10 +480,53 @@ def _in_place(name):
     """torch's in-place method: the result written into this array's memory (and so into every
     numpy view of it, as torch's views see it)."""
     def method(self, *args, **kwargs):
-        np.copyto(self, np.asarray(_method(name, self, *args, **kwargs)), casting="unsafe")
+        _write(self, np.asarray(_method(name, self, *args, **kwargs)), name)
         return self
     method.__name__ = name
     return method
+
+
+_KINDS = {"b": 0, "i": 1, "u": 1, "f": 2}
+
+
+def _write(self, result, name):
+    """An in-place result written into `self` as torch writes one: of self's shape (a broadcast may not
+    grow it), of a type self can hold (no float into an integer tensor, no number into a bool one),
+    into memory that is not an expanded view; else torch's refusal as one sentence."""
+    from .tensor import user_location
+
+    result = np.asarray(result)
+    if np.broadcast_shapes(result.shape, self.shape) != self.shape:
+        raise MicaError(f"{name}: the result's shape {list(result.shape)} does not fit the tensor's {list(self.shape)} "
+                        "it is written into (torch's rule for in-place operations); compute it out of place",
+                        user_location())
+    if _KINDS.get(result.dtype.kind, 2) > _KINDS.get(self.dtype.kind, 2):
+        raise MicaError(f"{name}: the result is {result.dtype} and cannot be written into this {self.dtype} tensor "
+                        f"(torch's rule); compute it out of place, or convert the tensor first (.float())",
+                        user_location())
+    if not self.flags.writeable:
+        raise MicaError(f"{name}: this tensor is an expanded view, whose elements share memory; write into a "
+                        ".clone() of it", user_location())
+    np.copyto(self, result, casting="unsafe")
+
+
+def _torch_typed(result, inputs, ufunc):
+    """numpy's result in torch's type for these operands (a comparison's bool as it is)."""
+    r = np.asarray(result)
+    if r.dtype.kind not in "iuf" or ufunc in _LOGICAL:
+        return result
+    from .dtypes import as_dtype
+    from .verbs.core import is_scalar, promotion, scalar_dtype
+
+    try:
+        parts = [(None, scalar_dtype(x)) if is_scalar(x) and not isinstance(x, np.ndarray) else
+                 (np.ndim(x), as_dtype(np.asarray(x).dtype)) for x in inputs]
+        want = promotion(parts).np_storage
+    except (TypeError, KeyError):
+        return result
+    if r.dtype.kind == "f" and want.kind != "f":
+        want = np.dtype(np.float32)  # (int / int, int ** -1.0: the default float)
+    return r if r.dtype == want else r.astype(want)
 
 
 def host(a):
@@ -402,6 +621,9 @@ def _operators():
 
 
 _OPERATORS = _operators()  # (numpy's ufunc -> Python's operator, whose traced form says why shapes do not fit)
+_UNARY = {np.negative: lambda x: -x, np.positive: lambda x: +x, np.invert: lambda x: ~x, np.absolute: abs}
+_LOGICAL = {np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal, np.logical_and,
+            np.logical_or, np.logical_xor, np.logical_not, np.isnan, np.isinf, np.isfinite, np.signbit}
 
 
 class _Slot:

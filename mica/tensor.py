@@ -204,6 +204,16 @@ class Tensor:
                              user_location())
         return self._value
 
+    def _into(self, result):
+        """An in-place arithmetic result written into this tensor: torch refuses one of a higher
+        category (a float into an integer tensor, a number into a bool one) where a copy casts."""
+        order = {"bool": 0, "int": 1, "float": 2}
+        if order[result.dtype.kind] > order[self.dtype.kind]:
+            fail(f"an in-place operation's result is {result.dtype.name} and cannot be written into this "
+                 f"{self.dtype.name} tensor (torch: result type can't be cast to the desired output type); compute "
+                 "it out of place, or convert the tensor first (.float())")
+        return self._rebind(result)
+
     def _rebind(self, other):
         """In-place update: this handle now names `other`'s value (same shape; cast to this type).
         As in torch, the write reaches every handle on the same memory: the tensors this one views
@@ -390,8 +400,8 @@ class Tensor:
     def __rmod__(self, o): return F.remainder(o, self)
     def __divmod__(self, o): return F.floor_divide(self, o), F.remainder(self, o)
     def __rdivmod__(self, o): return F.floor_divide(o, self), F.remainder(o, self)
-    def __ifloordiv__(self, o): return self._rebind(F.floor_divide(self, o))
-    def __imod__(self, o): return self._rebind(F.remainder(self, o))
+    def __ifloordiv__(self, o): return self._into(F.floor_divide(self, o))
+    def __imod__(self, o): return self._into(F.remainder(self, o))
 
     # ---- arithmetic ---------------------------------------------------------------------------
     def __add__(self, o): return F.add(self, o)
@@ -425,40 +435,40 @@ class Tensor:
     def __getitem__(self, index): return F.getitem(self, index)
 
     # ---- in-place forms, as PyTorch's optimizers write them ------------------------------------
-    def add_(self, other, alpha=1): return self._rebind(F.add(self, other, alpha=alpha))
-    def sub_(self, other, alpha=1): return self._rebind(F.sub(self, other, alpha=alpha))
-    def mul_(self, other): return self._rebind(F.mul(self, other))
-    def div_(self, other, rounding_mode=None): return self._rebind(F.div(self, other, rounding_mode=rounding_mode))
-    def lerp_(self, end, weight): return self._rebind(F.lerp(self, end, weight))
-    def addcmul_(self, t1, t2, value=1): return self._rebind(F.addcmul(self, t1, t2, value=value))
-    def addcdiv_(self, t1, t2, value=1): return self._rebind(F.addcdiv(self, t1, t2, value=value))
-    def clamp_(self, min=None, max=None): return self._rebind(F.clamp(self, min, max))
+    def add_(self, other, alpha=1): return self._into(F.add(self, other, alpha=alpha))
+    def sub_(self, other, alpha=1): return self._into(F.sub(self, other, alpha=alpha))
+    def mul_(self, other): return self._into(F.mul(self, other))
+    def div_(self, other, rounding_mode=None): return self._into(F.div(self, other, rounding_mode=rounding_mode))
+    def lerp_(self, end, weight): return self._into(F.lerp(self, end, weight))
+    def addcmul_(self, t1, t2, value=1): return self._into(F.addcmul(self, t1, t2, value=value))
+    def addcdiv_(self, t1, t2, value=1): return self._into(F.addcdiv(self, t1, t2, value=value))
+    def clamp_(self, min=None, max=None): return self._into(F.clamp(self, min, max))
     def zero_(self): return self._rebind(F.zeros_like(self))
     def fill_(self, v):  # (v a number, or a 0-d Tensor as torch takes)
         return self._rebind(F.expand(F.reshape(v, ()), self.shape) if isinstance(v, Tensor) else F.full_like(self, v))
     def copy_(self, src): return self._rebind(F.expand(F.as_tensor(src), self.shape))
     def masked_fill_(self, mask, value): return self._rebind(F.masked_fill(self, mask, value))
-    def pow_(self, e): return self._rebind(F.pow(self, e))
-    def clamp_min_(self, min): return self._rebind(F.clamp(self, min=min))
-    def clamp_max_(self, max): return self._rebind(F.clamp(self, max=max))
-    def neg_(self): return self._rebind(F.neg(self))
-    def abs_(self): return self._rebind(F.abs(self))
-    def exp_(self): return self._rebind(F.exp(self))
-    def log_(self): return self._rebind(F.log(self))
-    def sqrt_(self): return self._rebind(F.sqrt(self))
-    def rsqrt_(self): return self._rebind(F.rsqrt(self))
-    def tanh_(self): return self._rebind(F.tanh(self))
-    def sigmoid_(self): return self._rebind(F.sigmoid(self))
-    def relu_(self): return self._rebind(F.relu(self))
-    def square_(self): return self._rebind(F.square(self))
-    def floor_(self): return self._rebind(F.floor(self))
-    def ceil_(self): return self._rebind(F.ceil(self))
-    def trunc_(self): return self._rebind(F.trunc(self))
-    def round_(self, decimals=0): return self._rebind(F.round(self, decimals=decimals))
-    def frac_(self): return self._rebind(F.frac(self))
-    def fmod_(self, o): return self._rebind(F.fmod(self, o))
-    def remainder_(self, o): return self._rebind(F.remainder(self, o))
-    def floor_divide_(self, o): return self._rebind(F.floor_divide(self, o))
+    def pow_(self, e): return self._into(F.pow(self, e))
+    def clamp_min_(self, min): return self._into(F.clamp(self, min=min))
+    def clamp_max_(self, max): return self._into(F.clamp(self, max=max))
+    def neg_(self): return self._into(F.neg(self))
+    def abs_(self): return self._into(F.abs(self))
+    def exp_(self): return self._into(F.exp(self))
+    def log_(self): return self._into(F.log(self))
+    def sqrt_(self): return self._into(F.sqrt(self))
+    def rsqrt_(self): return self._into(F.rsqrt(self))
+    def tanh_(self): return self._into(F.tanh(self))
+    def sigmoid_(self): return self._into(F.sigmoid(self))
+    def relu_(self): return self._into(F.relu(self))
+    def square_(self): return self._into(F.square(self))
+    def floor_(self): return self._into(F.floor(self))
+    def ceil_(self): return self._into(F.ceil(self))
+    def trunc_(self): return self._into(F.trunc(self))
+    def round_(self, decimals=0): return self._into(F.round(self, decimals=decimals))
+    def frac_(self): return self._into(F.frac(self))
+    def fmod_(self, o): return self._into(F.fmod(self, o))
+    def remainder_(self, o): return self._into(F.remainder(self, o))
+    def floor_divide_(self, o): return self._into(F.floor_divide(self, o))
 
     # ---- methods named as torch.Tensor's ------------------------------------------------------
     def add(self, other, alpha=1): return F.add(self, other, alpha=alpha)
@@ -561,8 +571,8 @@ class Tensor:
     def prod(self, dim=None, keepdim=False, dtype=None): return F.prod(self, dim, keepdim, dtype=dtype)
     def log1p(self): return F.log1p(self)
     def expm1(self): return F.expm1(self)
-    def sign_(self): return self._rebind(F.sign(self))
-    def log1p_(self): return self._rebind(F.log1p(self))
+    def sign_(self): return self._into(F.sign(self))
+    def log1p_(self): return self._into(F.log1p(self))
     def clamp(self, min=None, max=None): return F.clamp(self, min, max)
     clip = clamp
     def clamp_min(self, min): return F.clamp(self, min=min)
@@ -609,7 +619,10 @@ class Tensor:
     def unflatten(self, dim, sizes): return F.unflatten(self, dim, sizes)
     def transpose(self, dim0, dim1): return F.transpose(self, dim0, dim1)
     def permute(self, *dims): return F.permute(self, *dims)
-    def t(self): return F.transpose(self, 0, 1) if self.ndim == 2 else self
+    def t(self):
+        if self.ndim > 2:
+            fail(f"t() takes a tensor of at most 2 dims, got {self.value.spec!r}; use .transpose(dim0, dim1) or .mT")
+        return F.transpose(self, 0, 1) if self.ndim == 2 else self
     @property
     def T(self): return F.permute(self, *reversed(range(self.ndim)))
     @property

@@ -115,19 +115,24 @@ def needs_a_dim(x, verb):
 def result_type(*operands):
     """PyTorch's promotion: dimensioned tensors outrank 0-d tensors, which outrank Python numbers,
     except that a higher category (bool < int < float) always wins."""
+    return promotion([(x.ndim, x.dtype) if isinstance(x, Tensor) else (None, scalar_dtype(x))
+                      for x in operands if isinstance(x, Tensor) or is_scalar(x)])
+
+
+def promotion(operands):
+    """result_type over [(ndim, dtype)], ndim None for a Python number (an eager array's too)."""
     dim_t = zero_t = wrapped_t = None
 
     def merge(cur, dt):
         return dt if cur is None else promote(cur, dt)
 
-    for x in operands:
-        if isinstance(x, Tensor):
-            if x.ndim:
-                dim_t = merge(dim_t, x.dtype)
-            else:
-                zero_t = merge(zero_t, x.dtype)
-        elif is_scalar(x):
-            wrapped_t = merge(wrapped_t, scalar_dtype(x))
+    for ndim, dtype in operands:
+        if ndim is None:
+            wrapped_t = merge(wrapped_t, dtype)
+        elif ndim:
+            dim_t = merge(dim_t, dtype)
+        else:
+            zero_t = merge(zero_t, dtype)
 
     def combine(higher, lower):
         if higher is None:

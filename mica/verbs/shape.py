@@ -197,6 +197,12 @@ def movedim(input, source, destination):
     """torch's: the dims `source` (an int or a sequence) moved to the places `destination`, the
     others keeping their order (a permute)."""
     x = as_tensor(input)
+    perm = movedim_order(x, source, destination)
+    return reshape(x, ()) if x.ndim == 0 else permute(x, *perm)
+
+
+def movedim_order(x, source, destination):
+    """movedim's permutation of x's dims (x a Tensor or an eager array), checked as torch checks it."""
     src = list(source) if isinstance(source, (tuple, list)) else [source]
     dst = list(destination) if isinstance(destination, (tuple, list)) else [destination]
     if len(src) != len(dst):
@@ -206,11 +212,9 @@ def movedim(input, source, destination):
     for what, ds in (("source", src), ("destination", dst)):
         if len(set(ds)) != len(ds):
             fail(f"movedim: the {what} dims {ds} name a dim twice; name each once")
-    if x.ndim == 0:
-        return reshape(x, ())
     rest = iter(d for d in range(x.ndim) if d not in src)
     placed = dict(zip(dst, src))
-    return permute(x, *[placed[i] if i in placed else next(rest) for i in range(x.ndim)])
+    return [placed[i] if i in placed else next(rest) for i in range(x.ndim)]
 
 
 moveaxis = movedim
@@ -219,13 +223,19 @@ moveaxis = movedim
 def select(input, dim, index):
     """torch's: the slice at `index` along `dim`, that dim removed (x.select(1, 0) is x[:, 0])."""
     x = as_tensor(input)
+    d, i = selected(x, dim, index)
+    return squeeze(narrow(x, d, i, 1), d)
+
+
+def selected(x, dim, index):
+    """select's (dim, index) for x (a Tensor or an eager array), checked as torch checks them."""
     if x.ndim == 0:
         fail("select: a 0-d tensor has no dim to select from; give a tensor of at least one dim")
     d = canon_dim(dim, x.ndim, "select")
     n = x.shape[d]
     if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or not -n <= index < n:
         fail(f"select: index {index!r} is out of range for dim {dim} of size {n}; give one in [{-n}, {n - 1}]")
-    return squeeze(narrow(x, d, int(index) % n, 1), d)
+    return d, int(index) % n
 
 
 @_a_view(_transposed_back, _transposed_strides)
@@ -353,6 +363,16 @@ def unflatten(input, dim, sizes):
 @_a_view(_split_back)
 def split(tensor, split_size_or_sections, dim=0):
     x = as_tensor(tensor)
+    d, sizes = split_sizes(x, split_size_or_sections, dim)
+    out, start = [], 0
+    for s in sizes:
+        out.append(narrow(x, d, start, s))
+        start += s
+    return tuple(out)
+
+
+def split_sizes(x, split_size_or_sections, dim):
+    """split's (dim, [size of each piece]) for x (a Tensor or an eager array), checked as torch's."""
     needs_a_dim(x, "split")
     d = canon_dim(dim, x.ndim, "split")
     n = x.shape[d]
@@ -368,23 +388,25 @@ def split(tensor, split_size_or_sections, dim=0):
             fail(f"split: sections {sizes} add up to {sum(sizes)}, not the {n} of dim {dim}")
     else:
         fail(f"split: split_size_or_sections is a whole number or a list of them, got {split_size_or_sections!r}")
-    out, start = [], 0
-    for s in sizes:
-        out.append(narrow(x, d, start, s))
-        start += s
-    return tuple(out)
+    return d, sizes
 
 
 @_a_view(_chunk_back)
 def chunk(input, chunks, dim=0):
     x = as_tensor(input)
+    d, size = chunk_size(x, chunks, dim)
+    if size == 0:  # (torch's: one empty chunk)
+        return (narrow(x, d, 0, 0),)
+    return split(x, size, d)
+
+
+def chunk_size(x, chunks, dim):
+    """chunk's (dim, size of each chunk but the last; 0 for an empty dim) for x, checked as torch's."""
     needs_a_dim(x, "chunk")
     d = canon_dim(dim, x.ndim, "chunk")
-    if chunks <= 0:
-        fail(f"chunk: chunks must be positive, got {chunks}")
-    if x.shape[d] == 0:  # (torch's: one empty chunk)
-        return (narrow(x, d, 0, 0),)
-    return split(x, max(1, -(-x.shape[d] // chunks)), d)
+    if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool) or chunks <= 0:
+        fail(f"chunk: chunks must be a positive whole number, got {chunks!r}")
+    return d, (max(1, -(-x.shape[d] // chunks)) if x.shape[d] else 0)
 
 
 @_a_view(_unbound_back, _unbound_strides)
