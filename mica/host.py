@@ -171,16 +171,17 @@ class HostTensor(np.ndarray):
         return self.split(size, d) if size else (self[(slice(None),) * d + (slice(0, 0),)],)
 
     def unbind(self, dim=0):
-        from .verbs.shape import selected
+        from .verbs.core import canon_dim, needs_a_dim
 
-        d, _ = selected(self, dim, 0) if self.ndim and self.shape[dim if dim >= 0 else dim + self.ndim] else \
-            (dim, 0)
+        needs_a_dim(self, "unbind")
+        d = canon_dim(dim, self.ndim, "unbind")
         return tuple(self.select(d, i) for i in range(self.shape[d]))
 
     def movedim(self, source, destination):
         from .verbs.shape import movedim_order
 
-        return np.transpose(self, movedim_order(self, source, destination)) if self.ndim else self[...]
+        order = movedim_order(self, source, destination)
+        return np.transpose(self, order) if self.ndim else self[...]
 
     moveaxis = movedim
 

@@ -1114,3 +1114,88 @@ def test_a_torch_style_steps_inputs_carry_its_argument_names():
     train_step(np.ones((3, 4), np.float32), np.ones((3, 2), np.float32))
     inputs = [line.split("= input ")[1].split()[0] for line in train_step.ir.splitlines() if "= input " in line]
     assert inputs[:3] == ["xb", "yb", "params['weight']"], inputs
+
+
+_VIEW_WRITES = {
+    "t": lambda x: x.t().__setitem__((0, 1), 100.0),
+    "mT": lambda x: x.mT.__setitem__((2, 1), 100.0),
+    "flatten": lambda x: x.flatten().__setitem__(4, 100.0),
+    "split": lambda x: x.split([1, 2], dim=1)[1].zero_(),
+    "chunk": lambda x: x.chunk(2, dim=1)[1].mul_(3),
+    "unbind": lambda x: x.unbind(1)[2].add_(10),
+    "select": lambda x: x.select(1, 2).add_(10),
+    "movedim": lambda x: x.movedim(0, 1).__setitem__((2, 1), 7.0),
+    "diagonal": lambda x: x.diagonal().fill_(0),
+    "float": lambda x: x.float().add_(1),
+    "to": lambda x: x.to(torch.float32 if isinstance(x, torch.Tensor) else mica.float32).add_(1),
+    "view": lambda x: x.view(6).__setitem__(5, -1.0),
+    "narrow": lambda x: x.narrow(1, 1, 2).zero_(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_VIEW_WRITES))
+def test_an_eager_view_shares_its_tensors_memory_as_torchs_does(name):
+    """A write through an eager view reaches the tensor it views, as in torch (t, flatten, split,
+    chunk, unbind, select, mT, movedim and diagonal were copies, so the write was lost silently)."""
+    rng = np.random.default_rng(sorted(_VIEW_WRITES).index(name))
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    t, m = torch.tensor(a), mica.tensor(a)
+    _VIEW_WRITES[name](t)
+    _VIEW_WRITES[name](m)
+    assert np.array_equal(np.asarray(m), t.numpy()), (np.asarray(m), t.numpy())
+    x = mica.arange(3.0)
+    e = x.expand(2, 3)
+    x.add_(1)
+    assert np.asarray(e).tolist() == [[1.0, 2.0, 3.0]] * 2
+
+
+_PROMOTIONS = [
+    lambda l: l.ones(2, 3).half() + l.tensor(2.0),
+    lambda l: l.ones(2, 3).half() + np.float64(1.5),
+    lambda l: l.ones(2, 3).half() + l.ones(2, 3, dtype=l.long),
+    lambda l: l.ones(2, 3) * l.tensor(0.5, dtype=l.float64),
+    lambda l: l.ones(3, dtype=l.int32) + l.tensor(5),
+    lambda l: l.arange(3) / 2,
+    lambda l: l.arange(3) * 0.5,
+    lambda l: l.arange(3) // 2,
+    lambda l: l.ones(3, dtype=l.int32) * 2.5,
+    lambda l: l.ones(3) < 2,
+]
+
+
+def test_eager_arithmetic_takes_torchs_result_types():
+    """A 0-d tensor or a number does not widen a dimensioned tensor of its category (half + 0-d float
+    is half, int32 + 0-d int64 is int32), int / int is the default float, as torch's."""
+    for i, f in enumerate(_PROMOTIONS):
+        want, got = f(torch), f(mica)
+        assert str(want.dtype).replace("torch.", "") == str(np.asarray(got).dtype), i
+        assert np.allclose(np.asarray(got, np.float64), want.double().numpy()), i
+
+
+def test_in_place_results_torch_refuses_are_sentences():
+    """x.add_(1.5) on an integer tensor truncated silently, x += y with a y that grows x and x /= 2
+    on integers were numpy's errors: each is torch's refusal as one sentence at the user's line."""
+    def grow():
+        x = mica.ones(3)
+        x *= mica.ones(2, 3)
+
+    def divide():
+        x = mica.arange(3)
+        x /= 2
+
+    for mistake, sentence in [(lambda: mica.arange(6).view(2, 3).add_(1.5), r"result is float32 and cannot be written"),
+                              (lambda: mica.arange(6).clamp_(-2, 2.5), r"result is float32 and cannot be written"),
+                              (grow, r"the result's shape \[2, 3\] does not fit the tensor's \[3\]"),
+                              (divide, r"the result is float32 and cannot be written into this int64 tensor"),
+                              (lambda: mica.arange(3.0).expand(2, 3).add_(1), r"an expanded view"),
+                              (lambda: mica.ones(3).item(), r"takes a tensor of one element, this one has 3"),
+                              (lambda: -mica.ones(3, dtype=mica.bool_), r"neg takes float or int tensors")]:
+        with pytest.raises(mica.MicaError, match=sentence) as e:
+            mistake()
+        assert e.value.loc and e.value.loc[0] == __file__, e.value
+    x = mica.ones(2, 3)
+    x += 1
+    x *= mica.tensor(2.0)
+    assert np.asarray(x).tolist() == [[4.0] * 3] * 2 and np.asarray(x).dtype == np.float32
+    assert int(mica.tensor([[7]])) == 7 and float(mica.tensor([2.5])) == 2.5 and mica.ones(2).device.type == "cpu"
+    assert mica.ones(2).is_floating_point() is True
