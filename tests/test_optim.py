@@ -400,3 +400,60 @@ def test_rmsprop_and_adagrad_refuse_what_torch_refuses():
         with pytest.raises(mica.MicaError) as e:
             make()
         assert fragment in str(e.value)
+
+
+_LAYOUTS = [
+    ("adamw", lambda ps: dict(lr=0.01, weight_decay=0.1), "AdamW"),
+    ("sgd", lambda ps: dict(lr=0.1), "SGD"),
+    ("sgd_momentum", lambda ps: dict(lr=0.1, momentum=0.9), "SGD"),
+    ("rmsprop_groups", lambda ps: dict(lr=0.01), "RMSprop"),
+    ("adagrad_groups", lambda ps: dict(lr=0.1, initial_accumulator_value=0.2), "Adagrad"),
+]
+
+
+@pytest.mark.parametrize("name, settings, kind", _LAYOUTS, ids=[x[0] for x in _LAYOUTS])
+def test_optimizer_state_dicts_have_torchs_entries_keys_and_types(name, settings, kind):
+    """state_dict() as torch's, entry for entry: none for a frozen parameter or one the loss never
+    reaches (they had zeros and a step of 0), no count and no momentum buffer without momentum for
+    SGD, RMSprop's buffers only for the groups whose settings keep them, every Adagrad entry from
+    the start with the optimizer's (not a group's) initial accumulator, as torch 2.13 does; the
+    count a float32; the values torch's after three steps."""
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1), torch.nn.Linear(2, 2))
+    m = mica.nn.Sequential(mica.nn.Linear(4, 6), mica.nn.Tanh(), mica.nn.Linear(6, 1), mica.nn.Linear(2, 2))
+    m.load_state_dict(tm.state_dict())
+    tm[0].bias.requires_grad_(False)
+    m[0].bias.requires_grad_(False)
+
+    def groups(model):
+        ps = list(model.parameters())
+        extra = {"RMSprop": {"momentum": 0.9, "centered": True}, "Adagrad": {"initial_accumulator_value": 0.7}}
+        return [{"params": ps[:2], **extra.get(kind, {})}, {"params": ps[2:]}]
+
+    opt = getattr(mica.optim, kind)(groups(m), **settings(None))
+    topt = getattr(torch.optim, kind)(groups(tm), **settings(None))
+
+    @mica.compile
+    def step(x, y):
+        loss = ((m[2](m[1](m[0](x))) - y) ** 2).mean()  # (m[3]: never reached)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        x, y = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 1)).astype(np.float32)
+        loss = step(x, y)
+        tloss = ((tm[2](tm[1](tm[0](torch.from_numpy(x)))) - torch.from_numpy(y)) ** 2).mean()
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert rel_err(np.asarray(loss), tloss.item()) < 1e-5
+    mine, theirs = opt.state_dict()["state"], topt.state_dict()["state"]
+    assert sorted(mine) == sorted(theirs), (sorted(mine), sorted(theirs))
+    for i in theirs:
+        assert sorted(mine[i]) == sorted(theirs[i]), (i, sorted(mine[i]), sorted(theirs[i]))
+        for k, v in theirs[i].items():
+            assert np.asarray(mine[i][k]).dtype == v.numpy().dtype, (i, k)
+            assert np.allclose(np.asarray(mine[i][k]), v.numpy(), rtol=1e-5, atol=1e-6), (i, k)

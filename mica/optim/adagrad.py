@@ -13,13 +13,14 @@ class Adagrad(Optimizer):
         self._require(hyper, where, ("lr", "lr_decay", "weight_decay"), "rate")
         self._require(hyper, where, ("initial_accumulator_value", "eps"), "nonnegative")
 
+    eager_state = True  # (torch's Adagrad makes its state when it is made: its state_dict has every parameter's)
+
     def _init(self, params):
-        start = {}
-        for hyper, names in self.groups(list(params)):
-            for n in names:
-                start[n] = np.full(np.shape(params[n]), hyper["initial_accumulator_value"],
-                                   np.asarray(params[n]).dtype)
-        return {"step": np.zeros((), np.int64), "sum": start}
+        # (the optimizer's initial_accumulator_value for every group, as torch's: a group's own is kept
+        # in its settings but starts nothing, there and in add_param_group)
+        start = self.hyper["initial_accumulator_value"]
+        return {"step": np.zeros((), np.int64),
+                "sum": {n: np.full(np.shape(p), start, np.asarray(p).dtype) for n, p in params.items()}}
 
     def _update(self, params, grads, state, groups):
         steps = state["step"]

@@ -193,9 +193,24 @@ class Optimizer:
                 entry = {part: value[n] for part, value in (held or {}).items() if isinstance(value, dict) and n in value}
                 if entry:
                     entry.update({part: value for part, value in held.items() if not isinstance(value, dict)})
+                    entry = self._torch_entry(entry, g)
+                if entry:
                     state[index] = entry
                 index += 1
         return {"state": state, "param_groups": groups}
+
+    eager_state = False  # (True: torch's optimizer makes every parameter's state when it is made, Adagrad's)
+
+    def _torch_entry(self, entry, group):
+        """A parameter's state as torch's optimizer keeps it: none for one never stepped (frozen, or
+        one the loss never reached), the count a float32 as torch's; a subclass drops what torch's
+        keeps only under some settings."""
+        if "step" in entry:
+            count = float(np.asarray(entry["step"]))
+            if count == 0 and not self.eager_state:
+                return {}
+            entry["step"] = np.asarray(count, np.float32)
+        return entry
 
     def load_state_dict(self, state_dict):
         """torch's: a state_dict() of this optimizer, or of torch's own (its tensors read as numpy),

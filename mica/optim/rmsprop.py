@@ -18,6 +18,15 @@ class RMSprop(Optimizer):
         """Whether any group sets `setting` (torch keeps the state it needs only where it is set)."""
         return any(hyper[setting] for hyper in [self.hyper] + [self._hyper_of(g) for g in self.param_groups or ()])
 
+    def _torch_entry(self, entry, group):
+        """torch's RMSprop keeps a momentum buffer only with momentum, an average gradient only centered."""
+        entry = super()._torch_entry(entry, group)
+        if not group.get("momentum", self.hyper["momentum"]):
+            entry.pop("momentum_buffer", None)
+        if not group.get("centered", self.hyper["centered"]):
+            entry.pop("grad_avg", None)
+        return entry
+
     def _init(self, params):
         state = {"step": np.zeros((), np.int64), "square_avg": zeros_like_tree(params)}
         if self._uses("momentum"):

@@ -42,6 +42,15 @@ class SGD(Optimizer):
         return {"step": {n: s + 1 for n, s in steps.items()} if each else steps + 1, "momentum_buffer": bufs}
 
 
+    def _torch_entry(self, entry, group):
+        """torch's SGD keeps no count, and a momentum buffer only with momentum."""
+        entry = super()._torch_entry(entry, group)
+        entry.pop("step", None)
+        if not group.get("momentum", self.hyper["momentum"]):
+            entry.pop("momentum_buffer", None)
+        return entry
+
+
 def sgd(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, param_groups=None):
     return SGD(param_groups, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                nesterov=nesterov)
