@@ -650,7 +650,10 @@ def eager(verb):
                 return verb(data, dtype=dtype, **kwargs)
             if isinstance(data, HostTensor) and dtype is None:
                 return data if verb.__name__ == "as_tensor" else data.copy()
-            return host(tensor(data, dtype=dtype))  # (its sentence for ragged lists)
+            made = host(tensor(data, dtype=dtype))  # (its sentence for ragged lists)
+            if verb.__name__ == "as_tensor" and isinstance(data, np.ndarray) and made.dtype == data.dtype:
+                return data.view(HostTensor)  # (torch's as_tensor of an array of its type shares its memory)
+            return made
         return make
 
     @functools.wraps(verb)

@@ -1199,3 +1199,19 @@ def test_in_place_results_torch_refuses_are_sentences():
     assert np.asarray(x).tolist() == [[4.0] * 3] * 2 and np.asarray(x).dtype == np.float32
     assert int(mica.tensor([[7]])) == 7 and float(mica.tensor([2.5])) == 2.5 and mica.ones(2).device.type == "cpu"
     assert mica.ones(2).is_floating_point() is True
+
+
+def test_as_tensor_shares_an_arrays_memory_and_bool_max_min_are_bools():
+    """torch.as_tensor(an array of its own type) shares the array's memory (Mica's copied); max/min
+    along a dim of a bool tensor give bools and the first index, as torch's (min was refused, max
+    gave integers)."""
+    a = np.zeros(3, np.float32)
+    h = mica.as_tensor(a)
+    a[0] = 5
+    assert np.asarray(h).tolist() == [5.0, 0.0, 0.0]
+    b = np.array([[True, False, True], [False, False, False]])
+    for f in (lambda t: t.max(1), lambda t: t.min(1), lambda t: t.min(0), lambda t: t.max(0, keepdim=True)):
+        want, got = f(torch.tensor(b)), f(mica.tensor(b))
+        assert np.asarray(got.values).dtype == np.bool_
+        assert np.array_equal(np.asarray(got.values), want.values.numpy())
+        assert np.array_equal(np.asarray(got.indices), want.indices.numpy())

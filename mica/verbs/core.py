@@ -745,6 +745,9 @@ def max(input, dim=None, keepdim=False):
     if dim is None:
         return amax(x)
     d = canon_dim(dim, x.ndim, "max")
+    if x.dtype is dtypes.bool_:  # (torch's: bool values, the first True's index)
+        r = max(to(x, dtypes.int64), d, keepdim)
+        return MaxResult(to(r.values, dtypes.bool_), r.indices)
     if x.ndim == 0:  # (torch's: dim 0 or -1 of a 0-d tensor is the tensor, at index 0)
         return MaxResult(x + 0, argmax(x, d))
     index = argmax(x, d, keepdim=True)  # (the value is the element it names, which alone gets the gradient)
@@ -758,6 +761,9 @@ def min(input, dim=None, keepdim=False):
     if dim is None:
         return amin(x)
     d = canon_dim(dim, x.ndim, "min")
+    if x.dtype is dtypes.bool_:
+        r = min(to(x, dtypes.int64), d, keepdim)
+        return MinResult(to(r.values, dtypes.bool_), r.indices)
     if x.ndim == 0:
         return MinResult(x + 0, argmax(x, d))
     index = argmax(neg(x), d, keepdim=True)
