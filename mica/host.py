@@ -516,6 +516,10 @@ def _torch_typed(result, inputs, ufunc):
     r = np.asarray(result)
     if r.dtype.kind not in "iuf" or ufunc in _LOGICAL:
         return result
+    arrays = [x for x in inputs if isinstance(x, np.ndarray)]
+    if all(a.dtype == r.dtype for a in arrays) and (r.dtype.kind != "f" or r.dtype == np.float32 or
+                                                    all(a.ndim for a in arrays)):
+        return result  # (the common case, every tensor of the result's type: torch's type too)
     from .dtypes import as_dtype
     from .verbs.core import is_scalar, promotion, scalar_dtype
 
