@@ -5,9 +5,11 @@ Outside a trace Mica's verbs give a HostTensor: a numpy array (so numpy and ever
 take it as one) whose torch.Tensor methods mean what torch's do, where numpy has the same name with
 another meaning (`repeat`, `view`, `size`, `sum(dim, keepdim)`, `transpose`, `flatten`) and where
 numpy has none (`float`, `unsqueeze`, `masked_fill`, ...). A verb or method on host tensors runs
-as a one-verb program on the oracle at float32 precision (the compiled program's roundings), so
-it computes what it computes in a trace. Inside a trace a HostTensor is a constant, as a torch
-tensor made in __init__ is to torch's forward.
+as a one-verb program on the oracle at float32 precision (its result rounded to float32 as a
+compiled program's is; inside the verb in float64), so it computes what it computes in a trace, to
+rounding. torch's views (view, t, split, select, diagonal, ...) are numpy views, sharing memory;
+arithmetic takes torch's result types, and what numpy refuses is the verb's sentence. Inside a
+trace a HostTensor is a constant, as a torch tensor made in __init__ is to torch's forward.
 """
 import functools
 import sys
@@ -54,20 +56,21 @@ class HostTensor(np.ndarray):
             run(verb, inputs, {})  # (int @ float, half @ float: torch refuses, so does the verb)
         try:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
-                if out_to is not None and verb is not None:
-                    result = getattr(ufunc, method)(*plain, **{k: v for k, v in kwargs.items() if k != "out"})
-                    _write(out_to[0], _torch_typed(result, inputs, ufunc), ufunc.__name__)
-                    return out_to[0]
                 out = getattr(ufunc, method)(*plain, **kwargs)
         except (ValueError, TypeError):  # (numpy's refusal: the verb's sentence, as in a trace)
             if verb is not None and not any(k != "out" for k in kwargs):
-                run(verb, inputs, {})
+                result = run(verb, inputs, {})  # (operands that do not fit: the verb's sentence)
+                if out_to is not None:  # (x += y where x cannot take the result: torch's in-place refusal)
+                    _write(out_to[0], result, ufunc.__name__)
+                    return out_to[0]
             raise
+
+        typed = method == "__call__" and ufunc.nout == 1 and "dtype" not in kwargs  # (np.add.reduce, dtype=: numpy's)
 
         def wrap(r):
             if not isinstance(r, np.ndarray) and not isinstance(r, np.generic):
                 return r
-            return np.asarray(_torch_typed(r, inputs, ufunc)).view(HostTensor)
+            return np.asarray(_torch_typed(r, inputs, ufunc) if typed else r).view(HostTensor)
         return tuple(wrap(r) for r in out) if isinstance(out, tuple) else wrap(out)
 
     # ---- names numpy gives another meaning ------------------------------------------------------
@@ -136,8 +139,15 @@ class HostTensor(np.ndarray):
 
     def expand(self, *sizes):
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
-        return _viewed(self, "expand", lambda *s: self._expanded(s), sizes, {},
-                       lambda shape: np.broadcast_to(self, shape, subok=True))
+        return _viewed(self, "expand", lambda *s: self._expanded(s), sizes, {}, self._broadcast)
+
+    def _broadcast(self, shape):
+        """A view of `shape` over this tensor's memory, a stride of 0 where it repeats (writable, as
+        torch's expand: a fill writes each element once per place it appears)."""
+        lead = len(shape) - self.ndim
+        strides = [0] * lead + [0 if n == 1 and m != 1 else st for n, m, st in
+                                zip(self.shape, shape[lead:], self.strides)]
+        return np.lib.stride_tricks.as_strided(self, shape, strides, subok=True, writeable=self.flags.writeable)
 
     def _expanded(self, sizes):
         lead = len(sizes) - self.ndim
@@ -168,7 +178,7 @@ class HostTensor(np.ndarray):
         from .verbs.shape import chunk_size
 
         d, size = chunk_size(self, chunks, dim)
-        return self.split(size, d) if size else (self[(slice(None),) * d + (slice(0, 0),)],)
+        return self.split(size, d) if size else (self[(slice(None),) * d + (slice(0, 0),)],) * int(chunks)
 
     def unbind(self, dim=0):
         from .verbs.core import canon_dim, needs_a_dim
@@ -222,10 +232,12 @@ class HostTensor(np.ndarray):
     def to(self, *args, **kwargs):
         from .dtypes import DType, as_dtype
 
-        target = next((a for a in list(args) + [kwargs.get("dtype")] if isinstance(a, DType) or
-                       str(a).startswith("torch.")), None)
-        same = target is None or (as_dtype(target).name != "bfloat16" and as_dtype(target).np_storage == self.dtype)
-        if same and not kwargs.get("copy") and not any(isinstance(a, np.ndarray) for a in args):
+        given = list(args) + ([kwargs["dtype"]] if "dtype" in kwargs else [])
+        devices = all(a is None or isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps") for a in given)
+        own = [a for a in given if isinstance(a, DType) or str(a).startswith("torch.")]
+        same = len(own) == len(given) == 1 and as_dtype(own[0]).name != "bfloat16" and \
+            as_dtype(own[0]).np_storage == self.dtype
+        if (devices or same) and not kwargs.get("copy") and set(kwargs) <= {"dtype", "device", "non_blocking"}:
             return self  # (a device, or this tensor's own type: torch's to() is the tensor itself)
         return _method("to", self, *args, **kwargs)
 
@@ -335,15 +347,15 @@ class HostTensor(np.ndarray):
         return bool(self._one("bool()"))
 
     def item(self, *args):
-        return np.ndarray.item(self, *args) if args else self._one(".item()").item()
+        return np.ndarray.item(self, *args) if args else self._one(".item()")
 
     def _one(self, what):
-        if self.size != 1:
+        if self.ndim and np.ndarray.size.__get__(self) != 1:
             from .tensor import user_location
 
             raise MicaError(f"{what} takes a tensor of one element, this one has {self.numel():,} ({list(self.shape)}); "
                             "reduce it first (.sum(), .any(), .all()) or pick one element", user_location())
-        return np.asarray(self).reshape(())[()]
+        return np.ndarray.item(self)
 
     def __setitem__(self, index, value):
         from .tensor import user_location
@@ -355,6 +367,8 @@ class HostTensor(np.ndarray):
 
             raise IndexOutOfRange(f"indexing: {e}", user_location()) from None
         except ValueError as e:
+            if "broadcast" not in str(e):
+                raise
             raise MicaError(f"x[index] = value: {e} (the value must broadcast to the indexed elements' shape)",
                             user_location()) from None
 
@@ -487,7 +501,8 @@ def _in_place(name):
     return method
 
 
-_KINDS = {"b": 0, "i": 1, "u": 1, "f": 2}
+_KINDS = {"b": 0, "i": 1, "u": 1, "f": 2}  # (dtypes.category's order, for numpy's kinds)
+_FILLS = ("fill_", "zero_", "copy_")  # (in-place writes that read nothing of the tensor: an expanded view takes them)
 
 
 def _write(self, result, name):
@@ -505,9 +520,9 @@ def _write(self, result, name):
         raise MicaError(f"{name}: the result is {result.dtype} and cannot be written into this {self.dtype} tensor "
                         f"(torch's rule); compute it out of place, or convert the tensor first (.float())",
                         user_location())
-    if not self.flags.writeable:
-        raise MicaError(f"{name}: this tensor is an expanded view, whose elements share memory; write into a "
-                        ".clone() of it", user_location())
+    if name not in _FILLS and any(st == 0 and n > 1 for st, n in zip(self.strides, self.shape)):
+        raise MicaError(f"{name}: more than one element of this tensor (an expanded view) is one place in memory "
+                        "(torch refuses it too); write into a .clone() of it", user_location())
     np.copyto(self, result, casting="unsafe")
 
 

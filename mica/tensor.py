@@ -207,8 +207,9 @@ class Tensor:
     def _into(self, result):
         """An in-place arithmetic result written into this tensor: torch refuses one of a higher
         category (a float into an integer tensor, a number into a bool one) where a copy casts."""
-        order = {"bool": 0, "int": 1, "float": 2}
-        if order[result.dtype.kind] > order[self.dtype.kind]:
+        from .dtypes import category
+
+        if category(result.dtype) > category(self.dtype):
             fail(f"an in-place operation's result is {result.dtype.name} and cannot be written into this "
                  f"{self.dtype.name} tensor (torch: result type can't be cast to the desired output type); compute "
                  "it out of place, or convert the tensor first (.float())")

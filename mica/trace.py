@@ -112,13 +112,9 @@ class Program:
 
 def _argument_names(fn, count):
     """The parameter names of fn for `count` positional arguments (args[i] where unknown)."""
-    import inspect
-
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        params = []
+    sig = _signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] \
+        if sig else []
     names = [p.name for p in params[:count]]
     return names + [f"args[{i}]" for i in range(len(names), count)]
 

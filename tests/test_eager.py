@@ -1215,3 +1215,27 @@ def test_as_tensor_shares_an_arrays_memory_and_bool_max_min_are_bools():
         assert np.asarray(got.values).dtype == np.bool_
         assert np.array_equal(np.asarray(got.values), want.values.numpy())
         assert np.array_equal(np.asarray(got.indices), want.indices.numpy())
+
+
+def test_numpys_own_calls_on_host_tensors_keep_numpys_meaning_and_expanded_views_take_fills():
+    """A reviewer's findings on the eager changes: numpy's reductions and dtype= keep numpy's result
+    types (np.add.reduce of int32 is int64, not an overflowed int32), x.to(np.float16) converts,
+    fill_/zero_/x[i] = v write through an expanded view as torch's do (add_ is refused, as torch
+    refuses it), a NaN into an int tensor stays numpy's ValueError, an empty dim chunks into as
+    many empty pieces as asked, as torch's."""
+    i32 = mica.tensor([2 ** 30] * 3, dtype=mica.int32)
+    assert int(np.add.reduce(i32)) == 3 * 2 ** 30
+    assert float(np.add.reduce(mica.ones(70000).half(), dtype=np.float32)) == 70000.0
+    assert np.frexp(mica.tensor([1.5, 2.5]))[1].dtype == np.int32
+    assert mica.arange(3).to(dtype=np.float16).dtype == np.float16
+    x = mica.arange(3)
+    assert x.to("cpu") is x and x.to(mica.int64) is x
+    b, t = mica.ones(3), torch.ones(3)
+    for f in (lambda v: v.expand(2, 3).fill_(2), lambda v: v.expand(2, 3)[0].__setitem__(1, 7)):
+        f(b), f(t)
+        assert np.asarray(b).tolist() == t.tolist()
+    with pytest.raises(mica.MicaError, match=r"an expanded view\) is one place in memory"):
+        b.expand(2, 3).add_(1)
+    with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
+        x[0] = float("nan")
+    assert [t.shape for t in mica.zeros(2, 0, 4).chunk(3, 1)] == [tuple(t.shape) for t in torch.zeros(2, 0, 4).chunk(3, 1)]

@@ -136,7 +136,7 @@ def _split_back(v, b, k, split_size_or_sections, dim=0):
 
 def _chunk_back(v, b, k, chunks, dim=0):
     d = canon_dim(dim, b.ndim, "chunk")
-    return _splice(b, v, *_along(b, d, k * max(1, -(-b.shape[d] // chunks))))
+    return _splice(b, v, *_along(b, d, min(k * max(1, -(-b.shape[d] // chunks)), b.shape[d])))
 
 
 def _unbound_back(v, b, k, dim=0):
@@ -395,13 +395,14 @@ def split_sizes(x, split_size_or_sections, dim):
 def chunk(input, chunks, dim=0):
     x = as_tensor(input)
     d, size = chunk_size(x, chunks, dim)
-    if size == 0:  # (torch's: one empty chunk)
-        return (narrow(x, d, 0, 0),)
+    if size == 0:  # (torch's: as many empty chunks as asked for)
+        return tuple(narrow(x, d, 0, 0) for _ in range(chunks))
     return split(x, size, d)
 
 
 def chunk_size(x, chunks, dim):
-    """chunk's (dim, size of each chunk but the last; 0 for an empty dim) for x, checked as torch's."""
+    """chunk's (dim, size of each chunk but the last; 0 for an empty dim, which torch cuts into
+    `chunks` empty chunks) for x, checked as torch's."""
     needs_a_dim(x, "chunk")
     d = canon_dim(dim, x.ndim, "chunk")
     if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool) or chunks <= 0:
