@@ -161,6 +161,12 @@ class HostTensor(np.ndarray):
     def expand_as(self, other):
         return self.expand(*np.shape(other))
 
+    def view_as(self, other):
+        return self.view(*np.shape(other))
+
+    def type_as(self, other):
+        return self if np.asarray(other).dtype == self.dtype else _method("type_as", self, other)
+
     def select(self, dim, index):
         from .verbs.shape import selected
 

@@ -1130,6 +1130,8 @@ _VIEW_WRITES = {
     "to": lambda x: x.to(torch.float32 if isinstance(x, torch.Tensor) else mica.float32).add_(1),
     "view": lambda x: x.view(6).__setitem__(5, -1.0),
     "narrow": lambda x: x.narrow(1, 1, 2).zero_(),
+    "view_as": lambda x: x.view_as(x.new_zeros(3, 2)).__setitem__((2, 1), 5.0),
+    "type_as": lambda x: x.type_as(x).add_(1),
 }
 
 
