@@ -411,7 +411,9 @@ def _dim(kwargs):
 
 
 def _numpy_style(kwargs):
-    return any(k in kwargs for k in ("axis", "keepdims", "out", "ddof", "kind", "order"))
+    """Keywords only numpy's methods take (torch's take axis= and keepdims= too, with torch's meaning:
+    x.std(axis=0) is unbiased, as torch's)."""
+    return any(k in kwargs for k in ("out", "ddof", "kind", "order"))
 
 
 def _called_by_numpy(depth=2):

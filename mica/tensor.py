@@ -188,13 +188,14 @@ class Tensor:
 
     # _base: the Tensor this one views in torch (a slice, view, transpose, ...), else None, with
     # _forward and _inverse (link_view); _views: weak references to the views taken of this one
-    __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "_strides", "__weakref__")
+    __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "_strides", "_buffer", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
 
     def __init__(self, value, ctx):
         self._value = value
         self._ctx = ctx
         self._base = self._forward = self._inverse = self._views = self._strides = None
+        self._buffer = None  # (a module buffer's name, read in a trace: a constant, which an in-place op cannot keep)
 
     @property
     def value(self):
@@ -219,6 +220,13 @@ class Tensor:
         """In-place update: this handle now names `other`'s value (same shape; cast to this type).
         As in torch, the write reaches every handle on the same memory: the tensors this one views
         (each with the view's elements replaced) and every view of them (taken again)."""
+        root = self
+        while root._base is not None:
+            root = root._base
+        if root._buffer is not None:
+            fail(f"the buffer {root._buffer} is changed in place in a traced step, where a buffer is a constant "
+                 "and the change would be lost; hold running values in an nn.Parameter(..., requires_grad=False), "
+                 "which a compiled step keeps, or change the buffer outside the step")
         if other.shape != self.shape:
             fail(f"in-place update of a {self._value.spec!r} tensor with a result of shape "
                  f"{list(other.shape)}; in-place results must keep the shape")

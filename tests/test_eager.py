@@ -1241,3 +1241,45 @@ def test_numpys_own_calls_on_host_tensors_keep_numpys_meaning_and_expanded_views
     with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
         x[0] = float("nan")
     assert [t.shape for t in mica.zeros(2, 0, 4).chunk(3, 1)] == [tuple(t.shape) for t in torch.zeros(2, 0, 4).chunk(3, 1)]
+
+
+def test_numpys_keyword_names_keep_torchs_meaning_and_a_buffer_changed_in_a_step_is_a_sentence():
+    """x.std(axis=0, keepdims=True) (torch takes numpy's names) took numpy's biased formula,
+    silently; np.std(h) stays numpy's. A buffer is a host tensor (buffer.add_ under no_grad works,
+    as torch's), and one changed in place inside a compiled step, where a buffer is a constant and
+    the change was lost silently, is a sentence that names the way that keeps it."""
+    a = np.array([[3.0, -1.0, 2.0], [0.0, 5.0, -4.0]], np.float32)
+    for f in (lambda t: t.std(0, keepdims=True), lambda t: t.std(axis=0), lambda t: t.var(axis=(0, 1)),
+              lambda t: t.var(axis=0, unbiased=False), lambda t: t.mean(axis=0, keepdims=True)):
+        want, got = f(torch.tensor(a)), np.asarray(f(mica.tensor(a)))
+        assert got.shape == tuple(want.shape) and np.allclose(got, want.numpy())
+    assert np.isclose(np.std(mica.tensor(a)), np.std(a))
+
+    class Running(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = mica.nn.Linear(3, 3)
+            self.register_buffer("run", mica.zeros(1, 3))
+
+        def forward(self, x):
+            h = self.lin(x)
+            with mica.no_grad():
+                self.run.mul_(0.5).add_(0.5 * h.mean(0, keepdim=True))
+            return h.square().mean()
+
+    m = Running()
+    with mica.no_grad():
+        m.run.add_(1)
+    assert np.asarray(m.run).tolist() == [[1.0, 1.0, 1.0]] and m.state_dict()["run"].tolist() == [[1.0] * 3]
+    opt = mica.optim.SGD(m.parameters(), lr=0.1)
+
+    @mica.compile
+    def step(x):
+        loss = m(x)
+        loss.backward()
+        opt.step()
+        return loss
+
+    with pytest.raises(mica.MicaError, match=r"^the buffer Running.run is changed in place in a traced step.*"
+                                             r"requires_grad=False.*test_eager"):
+        step(np.ones((4, 3), np.float32))

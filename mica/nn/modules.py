@@ -317,7 +317,9 @@ class Module:
             if not F.in_trace() or buf is None:
                 return buf
             float_type = d.get("_buffer_float") if np.asarray(buf).dtype.kind == "f" else None
-            return F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
+            constant = F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
+            constant._buffer = f"{type(self).__name__}.{name}"
+            return constant
         if name in _TORCH_MODULE_METHODS:  # (torch.nn.Module has it, Mica's does not: a sentence)
             from ..errors import MissingVerbError
 
@@ -750,7 +752,9 @@ _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", 
 
 
 def _buffer_array(value):
-    return np.asarray(value)  # (as given: a trace reads a float buffer as the default float, F.tensor)
+    from ..host import host
+
+    return host(np.asarray(value))  # (as given: a trace reads a float buffer as the default float, F.tensor)
 
 
 def _device(device):
