@@ -454,7 +454,7 @@ def _add_torch_methods():
         if callable(getattr(Tensor, name, None)):
             setattr(HostTensor, name, _in_place(name) if name.endswith("_") else _torch_method(name))
     HostTensor.dim = lambda self: self.ndim
-    HostTensor.numel = lambda self: int(np.prod(self.shape, dtype=np.int64))
+    HostTensor.numel = HostTensor.nelement = lambda self: int(np.prod(self.shape, dtype=np.int64))
     HostTensor.clone = lambda self, *a, **k: self.copy()
     HostTensor.cpu = lambda self, *a, **k: self
     HostTensor.cuda = lambda self, *a, **k: self  # (a device, as .to("cuda"): the program's target decides)

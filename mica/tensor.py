@@ -300,6 +300,9 @@ class Tensor:
     def numel(self):
         return self._value.numel
 
+    def nelement(self):
+        return self._value.numel
+
     def is_floating_point(self):
         return self.dtype.kind == "float"
 
@@ -579,6 +582,8 @@ class Tensor:
     def all(self, dim=None, keepdim=False): return F.all(self, dim, keepdim)
     def prod(self, dim=None, keepdim=False, dtype=None): return F.prod(self, dim, keepdim, dtype=dtype)
     def log1p(self): return F.log1p(self)
+    def log2(self): return F.log2(self)
+    def log10(self): return F.log10(self)
     def expm1(self): return F.expm1(self)
     def sign_(self): return self._into(F.sign(self))
     def log1p_(self): return self._into(F.log1p(self))

@@ -1283,3 +1283,18 @@ def test_numpys_keyword_names_keep_torchs_meaning_and_a_buffer_changed_in_a_step
     with pytest.raises(mica.MicaError, match=r"^the buffer Running.run is changed in place in a traced step.*"
                                              r"requires_grad=False.*test_eager"):
         step(np.ones((4, 3), np.float32))
+
+
+def test_log2_log10_and_nelement_are_torchs():
+    """makemore's loss.log10() and p.nelement(): log2/log10 to within an ulp or two of torch's
+    float32 (their division rounds once more), compiled and eager, with their gradients."""
+    x = (np.abs(np.random.default_rng(0).standard_normal(500)) * 100 + 1e-3).astype(np.float32)
+    for name in ("log2", "log10"):
+        want = getattr(torch.tensor(x, dtype=torch.float64), name)().numpy()
+        eager = np.asarray(getattr(mica.tensor(x), name)())
+        compiled = mica.compile(lambda t: getattr(t, name)(), mica.f32[500])(x)
+        for got in (eager, compiled):
+            assert np.abs((got - want) / want).max() < 3e-7, name
+        g = mica.reference.run(mica.trace(lambda t: mica.grad(getattr(t, name)().sum(), t), mica.f32[500]), x)
+        assert np.allclose(g, 1 / (x.astype(np.float64) * np.log(2.0 if name == "log2" else 10.0)), rtol=1e-12)
+    assert mica.ones(2, 3).nelement() == 6

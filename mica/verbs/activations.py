@@ -34,6 +34,16 @@ def log1p(input):
     return where(exact, x, mul(log(u), div(x, where(exact, 1.0, d))))
 
 
+def log2(input):
+    """log(x) / log(2): torch's log2 to within an ulp (the division rounds once more)."""
+    return div(log(_float("log2", input)), math.log(2.0))
+
+
+def log10(input):
+    """log(x) / log(10): torch's log10 to within an ulp (the division rounds once more)."""
+    return div(log(_float("log10", input)), math.log(10.0))
+
+
 def expm1(input):
     """exp(x) - 1, accurate for small x: (u - 1) * x / log(u) with u = exp(x) (Kahan's)."""
     x = _float("expm1", input)
