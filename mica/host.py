@@ -339,6 +339,14 @@ class HostTensor(np.ndarray):
     def device(self):
         return _Device("cpu")
 
+    __hash__ = object.__hash__  # (torch's tensors are hashable by identity: dict keys, sets)
+
+    def __eq__(self, other):
+        return False if other is None else np.ndarray.__eq__(self, other)  # (x == None: torch's False)
+
+    def __ne__(self, other):
+        return True if other is None else np.ndarray.__ne__(self, other)
+
     def is_floating_point(self):
         return self.dtype.kind == "f"
 
@@ -503,6 +511,13 @@ def _in_place(name):
     """torch's in-place method: the result written into this array's memory (and so into every
     numpy view of it, as torch's views see it)."""
     def method(self, *args, **kwargs):
+        from .tensor import Tensor, user_location
+
+        if any(isinstance(a, Tensor) for a in list(args) + list(kwargs.values())):
+            raise MicaError(f"{name}: a host tensor (made outside the step) cannot take a traced value in place "
+                            "inside a compiled step, which would not keep it; hold running values in an "
+                            "nn.Parameter(..., requires_grad=False) (a compiled step keeps it), or return the new "
+                            "value from the step", user_location())
         _write(self, np.asarray(_method(name, self, *args, **kwargs)), name)
         return self
     method.__name__ = name

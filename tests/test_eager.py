@@ -1298,3 +1298,22 @@ def test_log2_log10_and_nelement_are_torchs():
         g = mica.reference.run(mica.trace(lambda t: mica.grad(getattr(t, name)().sum(), t), mica.f32[500]), x)
         assert np.allclose(g, 1 / (x.astype(np.float64) * np.log(2.0 if name == "log2" else 10.0)), rtol=1e-12)
     assert mica.ones(2, 3).nelement() == 6
+
+
+def test_host_tensors_hash_by_identity_compare_to_none_as_torchs_and_refuse_a_traced_in_place_value():
+    """{x: 1} and `x == None` as torch's (an unhashable array; an elementwise comparison), and a
+    global host tensor given a traced value in place inside a compiled step (makemore's running
+    batchnorm statistics) is a sentence saying what keeps it, not 'a Tensor of a finished trace'."""
+    x = mica.ones(2, 3)
+    assert {x: 1}[x] == 1 and (x == None) is False and (x != None) is True  # noqa: E711
+    assert np.asarray(x == 1).all()
+    running = mica.zeros(3)
+
+    @mica.compile
+    def step(a):
+        running.add_(0.1 * a.mean(0))
+        return a.sum()
+
+    with pytest.raises(mica.MicaError, match=r"^add_: a host tensor \(made outside the step\) cannot take a traced "
+                                             r"value in place.*requires_grad=False.*test_eager"):
+        step(np.ones((2, 3), np.float32))
