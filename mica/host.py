@@ -134,8 +134,9 @@ class HostTensor(np.ndarray):
 
     # ---- torch's views: the result shares this tensor's memory (numpy's view where numpy makes one) ----
     def t(self):
-        return _viewed(self, "t", lambda: None if self.ndim <= 2 else _raise(ValueError), (), {},
-                       lambda _: np.swapaxes(self, 0, 1) if self.ndim == 2 else self[...])
+        if self.ndim > 2:
+            return _method("t", self)  # (its sentence: torch's t() takes at most 2 dims)
+        return np.swapaxes(self, 0, 1) if self.ndim == 2 else self[...]
 
     def expand(self, *sizes):
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
@@ -155,7 +156,8 @@ class HostTensor(np.ndarray):
                 any(n == -1 for n in sizes[:lead]):
             raise ValueError("expand")
         shape = tuple(self.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(sizes))
-        np.broadcast_shapes(self.shape, shape) == shape or _raise(ValueError)
+        if np.broadcast_shapes(self.shape, shape) != shape:  # (a dim of more than 1 that would change)
+            raise ValueError("expand")
         return shape
 
     def expand_as(self, other):
@@ -487,10 +489,6 @@ class _Device(str):
     @property
     def index(self):
         return None
-
-
-def _raise(kind):
-    raise kind()
 
 
 def _viewed(self, name, shape_of, args, kwargs, make):
