@@ -12,6 +12,7 @@ arithmetic takes torch's result types, and what numpy refuses is the verb's sent
 trace a HostTensor is a constant, as a torch tensor made in __init__ is to torch's forward.
 """
 import functools
+import operator
 import sys
 
 import numpy as np
@@ -218,25 +219,6 @@ class HostTensor(np.ndarray):
         view.flags.writeable = self.flags.writeable  # (numpy's is read-only; torch's writes through)
         return view
 
-    # ---- a conversion to the type a tensor has is the tensor itself, as torch's ----
-    def float(self):
-        return self if self.dtype == np.float32 else _method("float", self)
-
-    def double(self):
-        return self if self.dtype == np.float64 else _method("double", self)
-
-    def half(self):
-        return self if self.dtype == np.float16 else _method("half", self)
-
-    def long(self):
-        return self if self.dtype == np.int64 else _method("long", self)
-
-    def int(self):
-        return self if self.dtype == np.int32 else _method("int", self)
-
-    def bool(self):
-        return self if self.dtype == np.bool_ else _method("bool", self)
-
     def to(self, *args, **kwargs):
         from .dtypes import DType, as_dtype
 
@@ -252,14 +234,9 @@ class HostTensor(np.ndarray):
     def __getitem__(self, index):
         try:
             out = np.ndarray.__getitem__(self, index)
-        except IndexError as e:  # (torch's IndexError too, as Mica's sentence at the user's line)
-            from .errors import IndexOutOfRange
-            from .tensor import user_location
-
-            raise IndexOutOfRange(f"indexing: {e}", user_location()) from None
+        except IndexError as e:
+            raise _out_of_range(e) from None
         except TypeError:
-            import operator
-
             return run(operator.getitem, (self, index), {})  # (the traced index's sentence: x[:, :2.5])
         return np.asarray(out).view(HostTensor) if isinstance(out, np.generic) else out  # (h[1, 2]: 0-d, as torch's)
 
@@ -379,9 +356,7 @@ class HostTensor(np.ndarray):
         try:
             np.ndarray.__setitem__(self, index, np.asarray(value) if isinstance(value, HostTensor) else value)
         except IndexError as e:
-            from .errors import IndexOutOfRange
-
-            raise IndexOutOfRange(f"indexing: {e}", user_location()) from None
+            raise _out_of_range(e) from None
         except ValueError as e:
             if "broadcast" not in str(e):
                 raise
@@ -479,6 +454,27 @@ def _add_torch_methods():
         self, a + (b - a) * random.rand(*self.shape, generator=generator, dtype="float64"))
 
 
+def _out_of_range(error):
+    """numpy's IndexError as Mica's sentence at the user's line (an IndexError too, as torch's)."""
+    from .errors import IndexOutOfRange
+    from .tensor import user_location
+
+    return IndexOutOfRange(f"indexing: {error}", user_location())
+
+
+def _same_type_or(name, np_type):
+    """torch's conversion `name` (x.float(), ...): the tensor itself where it has that type already."""
+    def convert(self):
+        return self if self.dtype == np_type else _method(name, self)
+    convert.__name__ = name
+    return convert
+
+
+for _name, _np_type in (("float", np.float32), ("double", np.float64), ("half", np.float16), ("long", np.int64),
+                        ("int", np.int32), ("bool", np.bool_)):
+    setattr(HostTensor, _name, _same_type_or(_name, _np_type))
+
+
 class _Device(str):
     """torch.device's face on the device name a tensor reports: `x.device.type`, `str(x.device)`."""
 
@@ -522,7 +518,6 @@ def _in_place(name):
     return method
 
 
-_KINDS = {"b": 0, "i": 1, "u": 1, "f": 2}  # (dtypes.category's order, for numpy's kinds)
 _FILLS = ("fill_", "zero_", "copy_")  # (in-place writes that read nothing of the tensor: an expanded view takes them)
 
 
@@ -530,6 +525,7 @@ def _write(self, result, name):
     """An in-place result written into `self` as torch writes one: of self's shape (a broadcast may not
     grow it), of a type self can hold (no float into an integer tensor, no number into a bool one),
     into memory that is not an expanded view; else torch's refusal as one sentence."""
+    from .dtypes import as_dtype, category
     from .tensor import user_location
 
     result = np.asarray(result)
@@ -537,7 +533,7 @@ def _write(self, result, name):
         raise MicaError(f"{name}: the result's shape {list(result.shape)} does not fit the tensor's {list(self.shape)} "
                         "it is written into (torch's rule for in-place operations); compute it out of place",
                         user_location())
-    if _KINDS.get(result.dtype.kind, 2) > _KINDS.get(self.dtype.kind, 2):
+    if category(as_dtype(result.dtype)) > category(as_dtype(self.dtype)):
         raise MicaError(f"{name}: the result is {result.dtype} and cannot be written into this {self.dtype} tensor "
                         f"(torch's rule); compute it out of place, or convert the tensor first (.float())",
                         user_location())
@@ -553,8 +549,7 @@ def _torch_typed(result, inputs, ufunc):
     if r.dtype.kind not in "iuf" or ufunc in _LOGICAL:
         return result
     arrays = [x for x in inputs if isinstance(x, np.ndarray)]
-    if all(a.dtype == r.dtype for a in arrays) and (r.dtype.kind != "f" or r.dtype == np.float32 or
-                                                    all(a.ndim for a in arrays)):
+    if all(a.dtype == r.dtype for a in arrays):
         return result  # (the common case, every tensor of the result's type: torch's type too)
     from .dtypes import as_dtype
     from .verbs.core import is_scalar, promotion, scalar_dtype
@@ -650,19 +645,14 @@ def _run_eagerly(body, arrays, specs, name):
     return host(pytree.unflatten(tree, typed))
 
 
-def _operators():
-    import operator
-
-    return {np.add: operator.add, np.subtract: operator.sub, np.multiply: operator.mul,
-            np.true_divide: operator.truediv, np.floor_divide: operator.floordiv, np.remainder: operator.mod,
-            np.power: operator.pow, np.matmul: operator.matmul, np.equal: operator.eq, np.not_equal: operator.ne,
-            np.less: operator.lt, np.less_equal: operator.le, np.greater: operator.gt,
-            np.greater_equal: operator.ge, np.bitwise_and: operator.and_, np.bitwise_or: operator.or_,
-            np.bitwise_xor: operator.xor}
-
-
-_OPERATORS = _operators()  # (numpy's ufunc -> Python's operator, whose traced form says why shapes do not fit)
-_UNARY = {np.negative: lambda x: -x, np.positive: lambda x: +x, np.invert: lambda x: ~x, np.absolute: abs}
+# numpy's ufunc -> Python's operator, whose traced form says why operands do not fit
+_OPERATORS = {np.add: operator.add, np.subtract: operator.sub, np.multiply: operator.mul,
+              np.true_divide: operator.truediv, np.floor_divide: operator.floordiv, np.remainder: operator.mod,
+              np.power: operator.pow, np.matmul: operator.matmul, np.equal: operator.eq, np.not_equal: operator.ne,
+              np.less: operator.lt, np.less_equal: operator.le, np.greater: operator.gt,
+              np.greater_equal: operator.ge, np.bitwise_and: operator.and_, np.bitwise_or: operator.or_,
+              np.bitwise_xor: operator.xor}
+_UNARY = {np.negative: operator.neg, np.positive: operator.pos, np.invert: operator.invert, np.absolute: abs}
 _LOGICAL = {np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal, np.logical_and,
             np.logical_or, np.logical_xor, np.logical_not, np.isnan, np.isinf, np.isfinite, np.signbit}
 
@@ -690,10 +680,8 @@ def eager(verb):
                 return verb(data, dtype=dtype, **kwargs)
             if isinstance(data, HostTensor) and dtype is None:
                 return data if verb.__name__ == "as_tensor" else data.copy()
-            made = host(tensor(data, dtype=dtype))  # (its sentence for ragged lists)
-            if verb.__name__ == "as_tensor" and isinstance(data, np.ndarray) and made.dtype == data.dtype:
-                return data.view(HostTensor)  # (torch's as_tensor of an array of its type shares its memory)
-            return made
+            # (torch's as_tensor of an array of its type shares its memory; tensor() copies)
+            return host(tensor(data, dtype=dtype, _copy=verb.__name__ != "as_tensor"))
         return make
 
     @functools.wraps(verb)

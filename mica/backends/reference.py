@@ -70,7 +70,7 @@ def run(program, *args, precision="float64", seed=0, offset=0, fp_half_intermedi
     output structure. `seed` and `offset` key the random streams (dropout); `fp_half_intermediates`
     rounds half-type attention as the lowering option of that name does."""
     from ..passes.widen import HALF, half_round_attrs
-    from .c.executable import check_key
+    from ..ops.philox import check_key
 
     r = Run(precision, *check_key(seed, offset))
     graph = program.graph

@@ -26,8 +26,6 @@ def _sizes(shape):
     user's line (nn.Linear(d, 4 * d * 2 / 3) is a float: torch refuses it, int() would truncate it)."""
     for s in shape:
         if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) or s < 0:
-            from ..tensor import user_location
-
             raise MicaError(f"a parameter's sizes must be whole numbers >= 0, got {s!r} in {tuple(shape)!r} "
                             "(torch refuses it too); compute the size with // or int(...)", user_location())
     return tuple(int(s) for s in shape)

@@ -933,8 +933,9 @@ def linspace(start, end, steps, dtype=None, **_device):
     return tensor(vals, dtype=dtype)
 
 
-def tensor(data, dtype=None, **_device):
-    """A literal constant from numpy data, stored in the program."""
+def tensor(data, dtype=None, *, _copy=True, **_device):
+    """A literal constant from numpy data, stored in the program (outside a trace, with `_copy` False,
+    the data itself where it has the type already: as_tensor's)."""
     try:
         arr = np.asarray(data)
     except ValueError:  # (ragged nested lists: numpy's inhomogeneous shape)
@@ -942,7 +943,7 @@ def tensor(data, dtype=None, **_device):
     dt = as_dtype(dtype) if dtype is not None else (
         dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
     if not in_trace():
-        return arr.astype(dt.np_storage)
+        return arr.astype(dt.np_storage, copy=_copy)
     shape = tuple(arr.shape)  # (before ascontiguousarray, which makes a 0-d array 1-d)
     arr = np.ascontiguousarray(arr.astype(dt.np_storage))
     return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)

@@ -9,6 +9,7 @@ from ... import pytree
 from ...backends.reference import round_bf16
 from ...dtypes import bfloat16, float16
 from ...errors import MicaError
+from ...ops.philox import check_key
 from ...tensor import user_location
 
 
@@ -36,22 +37,6 @@ def run_error(text, program):
         places = {n.loc for n in program.graph.nodes if n.op == "check_range" and n.loc
                   and n.attrs.get("mode") in ("index", "positions")}
     return MicaError(text, places.pop() if len(places) == 1 else user_location())
-
-
-def check_key(seed, offset):
-    """(seed, offset) of a run as the two integers that key dropout's stream, or one sentence: the
-    seed is 64 bits (Philox's key), the offset 32 (one word of its counter; the step of a run,
-    where a larger one would repeat a smaller one's masks)."""
-    out = []
-    for what, v, low, high, words in (("seed", seed, -2**63, 2**64, "a whole number of 64 bits"),
-                                      ("offset", offset, 0, 2**32, "a whole number from 0 to 2**32 - 1")):
-        if isinstance(v, (float, np.floating)) and float(v).is_integer():
-            v = int(v)
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not low <= int(v) < high:
-            raise MicaError(f"{what} must be {words} (it keys dropout's stream with the other of seed and offset; "
-                            f"the offset counts steps, the seed tells runs apart), got {v!r}", user_location())
-        out.append(int(v) - 2**64 if int(v) >= 2**63 else int(v))
-    return out
 
 
 def _to_storage(array, dtype):

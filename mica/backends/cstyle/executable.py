@@ -6,7 +6,8 @@ import numpy as np
 
 from ... import pytree
 from ...errors import MicaError
-from ..c.executable import Calls, _from_storage, _to_storage, check_key, check_threads, load_library, run_error
+from ...ops.philox import check_key
+from ..c.executable import Calls, _from_storage, _to_storage, check_threads, load_library, run_error
 
 
 class AbiExecutable(Calls):
