@@ -310,3 +310,60 @@ def test_backward_on_a_loss_nothing_trainable_reaches_says_what_to_make_a_parame
     with pytest.raises(mica.MicaError, match=r"^backward\(\): no tensor this loss is computed from requires a gradient"
                                              r".*requires_grad=True.*test_user_mistakes"):
         step(np.ones((2, 8), np.float32))
+
+
+@pytest.mark.parametrize("write", [lambda w: w.mul_(0.5), lambda w: w.__setitem__(0, 1.0), lambda w: w[0].zero_(),
+                                   lambda w: w.view(-1).add_(1.0)])
+def test_an_in_place_change_of_a_trained_parameter_where_gradients_are_recorded_is_refused_as_torch(write):
+    """torch refuses an in-place step on a leaf that requires grad (or a view of one) outside
+    no_grad; the step ran it as no_grad would, silently training another model."""
+    import torch
+
+    w = torch.nn.Linear(4, 3).weight
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        write(w)
+    m = mica.nn.Linear(4, 3)
+    opt = mica.optim.SGD(m.parameters(), lr=0.1)
+
+    @mica.compile
+    def step(x):
+        write(m.weight)  # (the line named is the lambda's, in this file)
+        loss = m(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with pytest.raises(mica.MicaError, match=r"^the parameter weight requires a gradient and is changed in place where "
+                                             r"gradients are recorded .*torch.no_grad\(\).*test_user_mistakes.py:3"):
+        step(np.ones((2, 4), np.float32))
+
+
+def test_a_parameters_data_and_no_grad_writes_are_torchs_in_a_compiled_step():
+    """p.data is torch's detached alias (a write through it is not recorded, so allowed), as is a
+    write under no_grad: the same losses and weights as torch's on the same numbers."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    W0, x = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+
+    def run(lib, compile):
+        W = mica.nn.Parameter(W0.copy()) if lib is mica else torch.tensor(W0.copy(), requires_grad=True)
+        xs = x if lib is mica else torch.tensor(x)
+
+        def step(xb):
+            loss = (xb @ W.t()).tanh().square().mean()
+            loss.backward()
+            W.data.mul_(0.9)           # (decay through .data)
+            W.data += -0.5 * W.grad    # (makemore's form)
+            with lib.no_grad():
+                W[0] -= 0.1 * W.grad[0]
+            W.grad = None
+            return loss
+
+        step = compile(step)
+        losses = [float(step(xs)) for _ in range(3)]
+        return losses, np.asarray(W.detach() if lib is torch else W)
+
+    got, want = run(mica, mica.compile), run(torch, lambda f: f)
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=2e-6, atol=1e-7)

@@ -15,6 +15,7 @@ import numpy as np
 from .. import dtypes, verbs as F
 from ..dtypes import Spec, as_dtype
 from ..errors import MicaError
+from ..grad import set_grad_enabled
 from ..tensor import user_location
 from . import init as initializers
 
@@ -55,8 +56,9 @@ class Parameter:
     # until Module.init), as mica.nn.init's functions do. In a torch-style compiled step (mica/stateful.py)
     # a Parameter is its current value: `p.data -= lr * p.grad`, `p.zero_()`, `p * 2` compute on it.
     @property
-    def data(self):
-        return self
+    def data(self):  # (in a compiled step torch's detached alias of its value, which a write goes through)
+        live = self._live()
+        return self if live is None else live.detach()
 
     @data.setter
     def data(self, value):
@@ -66,7 +68,10 @@ class Parameter:
             self._held = _as_values("p.data = value", "the new data", value, self.shape, self.dtype)
             return
         live = self._live("p.data = value")
-        live._rebind(F.as_tensor(value, live.dtype))
+        if value is live or getattr(value, "_base", None) is live:  # (p.data += x: written through already)
+            return
+        with set_grad_enabled(False):  # (torch: new data, the history kept)
+            live._rebind(F.as_tensor(value, live.dtype))
 
     def _live(self, what=None, write=False):
         """Its current Tensor in a torch-style compiled step; for an operator (`what`) outside any
@@ -194,8 +199,12 @@ class Parameter:
     def spec(self):
         return Spec(self.shape, self.dtype)
 
-    def __repr__(self):
-        return f"Parameter({self.spec!r}, init={self.init!r})"
+    def __repr__(self):  # (outside a trace torch's text of the values it holds; in one, what it is)
+        if F.in_trace():
+            return f"Parameter({self.spec!r}, init={self.init!r})"
+        from ..host import torch_text
+
+        return "Parameter containing:\n" + torch_text(np.asarray(self), ", requires_grad=True" * self.requires_grad)
 
 
 def _operator(name):
