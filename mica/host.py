@@ -74,6 +74,11 @@ class HostTensor(np.ndarray):
             return np.asarray(_torch_typed(r, inputs, ufunc) if typed else r).view(HostTensor)
         return tuple(wrap(r) for r in out) if isinstance(out, tuple) else wrap(out)
 
+    def __repr__(self):  # (print(x): torch's text, not numpy's)
+        return torch_text(np.asarray(self))
+
+    __str__ = __repr__
+
     # ---- names numpy gives another meaning ------------------------------------------------------
     @property
     def size(self):
@@ -563,6 +568,20 @@ def _torch_typed(result, inputs, ufunc):
     if r.dtype.kind == "f" and want.kind != "f":
         want = np.dtype(np.float32)  # (int / int, int ** -1.0: the default float)
     return r if r.dtype == want else r.astype(want)
+
+
+def torch_text(values, extra=""):
+    """How torch prints a tensor: `tensor([[ 0.1257, -0.1321]])`, four decimals (none for whole
+    numbers), the element type named where it is not float32, int64 or bool."""
+    from .dtypes import as_dtype
+
+    name = as_dtype(values.dtype).name
+    shown = values.astype(np.float32) if name in ("bfloat16", "float16") else values
+    whole = shown.dtype.kind != "f" or bool(np.all(np.mod(shown[np.isfinite(shown)], 1) == 0))
+    body = np.array2string(shown, precision=4, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3,
+                           floatmode="maxprec" if whole else "fixed")
+    kind = "" if name in ("float32", "int64", "bool") else f", dtype=torch.{name}"
+    return f"tensor({body}{kind}{extra})"
 
 
 def host(a):

@@ -1317,3 +1317,34 @@ def test_host_tensors_hash_by_identity_compare_to_none_as_torchs_and_refuse_a_tr
     with pytest.raises(mica.MicaError, match=r"^add_: a host tensor \(made outside the step\) cannot take a traced "
                                              r"value in place.*requires_grad=False.*test_eager"):
         step(np.ones((2, 3), np.float32))
+
+
+def test_host_tensors_and_parameters_print_as_torchs():
+    """print(x) of a host tensor read as numpy's (bfloat16 values with eight decimals); torch's text."""
+    import torch
+
+    for values, dtype in (([[0.12573022, -0.13210486, 0.64042264], [0.1, -2.5, 3.0]], "float32"), ([1.0, 2.0], "float32"),
+                          (3.5, "float32"), ([True, False], "bool"), ([0, 1, 5], "int64"), ([[1, 2]], "int32"),
+                          ([1.0, 0.5], "float16"), ([1.00390625, 2.5], "bfloat16")):
+        got = mica.tensor(values, dtype=getattr(mica, dtype))
+        want = torch.tensor(values, dtype=getattr(torch, dtype))
+        if dtype == "bfloat16":  # (held as float32, docs/api.md: bfloat16's values, float32's text)
+            want = want.float()
+        assert repr(got) == repr(want) == str(got), (repr(got), repr(want))
+    w = mica.nn.Parameter(np.array([[0.5, -1.25]], np.float32))
+    assert repr(w) == repr(torch.nn.Parameter(torch.tensor([[0.5, -1.25]])))
+
+
+def test_eager_bfloat16_values_are_rounded_as_torchs():
+    """numpy has no bfloat16: an eager one is held as float32, but its values are bfloat16's
+    (tensor, full, as_tensor and .to round them as torch does; they were kept unrounded)."""
+    import torch
+
+    v = [1.00390625, 65504.0, 3.4e38, -1.5e-40, 0.1]
+    want = torch.tensor(v, dtype=torch.bfloat16).float().tolist()
+    for got in (mica.tensor(v, dtype=mica.bfloat16), mica.as_tensor(np.array(v, np.float32), dtype=mica.bfloat16),
+                mica.tensor(v).to(mica.bfloat16), mica.tensor(v).bfloat16()):
+        assert np.asarray(got).tolist() == want
+    assert np.asarray(mica.full((2,), 1.00390625, dtype=mica.bfloat16)).tolist() == [1.0, 1.0]
+    assert np.asarray(mica.arange(250, 262, dtype=mica.bfloat16)).tolist() == \
+        torch.arange(250, 262, dtype=torch.bfloat16).float().tolist()

@@ -869,7 +869,7 @@ def full(size, fill_value, dtype=None, **_device):
     size = _size((size,) if isinstance(size, (int, np.integer)) else tuple(size))
     dtype = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
     if not in_trace():
-        return np.full(size, fill_value, dtype=dtype.np_storage)
+        return _held(np.full(size, fill_value, dtype=dtype.np_storage), dtype)
     out = expand(const(fill_value, dtype), size)
     return Tensor(out.value, out._ctx)  # (a tensor of its own, not a view of the one value: in-place on it)
 
@@ -904,8 +904,8 @@ def arange(start, end=None, step=1, dtype=None, **_device):
     floats = builtins.any(isinstance(v, float) for v in (start, end, step))
     dtype = as_dtype(dtype) if dtype is not None else (dtypes.DEFAULT_FLOAT if floats else dtypes.int64)
     if not in_trace():
-        return (start + np.arange(n, dtype=np.float64 if dtype.kind == "float" else np.int64) * step
-                ).astype(dtype.np_storage)
+        return _held((start + np.arange(n, dtype=np.float64 if dtype.kind == "float" else np.int64) * step
+                      ).astype(dtype.np_storage), dtype)
     if dtype.kind == "float":
         # Like PyTorch on the CPU, values are formed in double and rounded once.
         i = emit("iota", [], n=n, dtype=dtypes.float64)
@@ -933,6 +933,16 @@ def linspace(start, end, steps, dtype=None, **_device):
     return tensor(vals, dtype=dtype)
 
 
+def _held(values, dtype):
+    """Values of `dtype` outside a trace: bfloat16's, which numpy lacks, rounded to it and held as
+    float32 (docs/api.md)."""
+    if dtype is not dtypes.bfloat16:
+        return values
+    from ..backends.reference import round_bf16
+
+    return round_bf16(values)
+
+
 def tensor(data, dtype=None, *, _copy=True, **_device):
     """A literal constant from numpy data, stored in the program (outside a trace, with `_copy` False,
     the data itself where it has the type already: as_tensor's)."""
@@ -943,7 +953,7 @@ def tensor(data, dtype=None, *, _copy=True, **_device):
     dt = as_dtype(dtype) if dtype is not None else (
         dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
     if not in_trace():
-        return arr.astype(dt.np_storage, copy=_copy)
+        return _held(arr.astype(dt.np_storage, copy=_copy), dt)
     shape = tuple(arr.shape)  # (before ascontiguousarray, which makes a 0-d array 1-d)
     arr = np.ascontiguousarray(arr.astype(dt.np_storage))
     return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)
