@@ -336,14 +336,15 @@ def cmd_check(args, extra):
         raise MicaError(f"unexpected arguments: {' '.join(extra)}")
     from .bench.protocol import check_device
 
-    for name, default in (("eval_every", 50), ("eval_batches", 20)):  # (method A's alone)
+    for name, default in (("eval_every", 50), ("eval_batches", 20), ("seeds", 5)):  # (method A's alone)
         if args.method == "b" and getattr(args, name) is not None:
             raise MicaError(f"--{name} is method A's (its evaluations); method B compares the two sides' losses "
                             "step by step, so drop it, or pass --method a")
         setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
-    for name, least in (("iters", 1), ("eval_every", 1), ("eval_batches", 1), ("threads", 0)):
+    for name, least in (("iters", 1), ("eval_every", 1), ("eval_batches", 1), ("threads", 0), ("seeds", 2)):
         if getattr(args, name) < least:
-            raise MicaError(f"--{name} must be {least} or more, got {getattr(args, name)}")
+            why = " (a family's range is what the medians are judged by)" if name == "seeds" else ""
+            raise MicaError(f"--{name} must be {least} or more{why}, got {getattr(args, name)}")
     device = check_device(args.device, simulate=args.simulate, what=f"mica check --method {args.method} --device=cuda")
     if args.model.startswith("speedrun") and (args.method != "b" or args.dtype != "float32"):
         raise MicaError(f"--model {args.model} is checked by method B alone (one shared start, in float32); pass "
@@ -371,6 +372,7 @@ def cmd_check(args, extra):
               f"{max(v['relative_difference'][1:] or [0]):.2e} (needs < 1e-2): {'PASS' if v['passed'] else 'FAIL'}")
     else:
         v = check.method_a(args.model, iters=args.iters, eval_every=args.eval_every, eval_batches=args.eval_batches,
+                           seeds=range(1337, 1337 + args.seeds),
                            data_dir=args.data_dir or "data/shakespeare_char", out_dir=args.out, threads=args.threads,
                            device=device,
                            simulate=args.simulate, dtype=args.dtype)
@@ -508,6 +510,8 @@ def parser():
     ch.add_argument("--eval_every", type=int, default=None, help="method A: iterations between evaluations "
                     "(default 50)")
     ch.add_argument("--eval_batches", type=int, default=None, help="method A: batches per evaluation (default 20)")
+    ch.add_argument("--seeds", type=int, default=None, help="method A: runs a side, seeds 1337 on (default 5; 2 or "
+                    "more)")
     ch.add_argument("--threads", type=int, default=0, help="threads of both sides; 0: one per core")
     ch.add_argument("--out", default=None, help="folder for the verdict JSON and the curves (default check-a or "
                     "check-b)")

@@ -375,6 +375,9 @@ TRACEBACK_PATHS = [
     ("bench --opt_levels 3", NO_SETUP, ["bench", "--opt_levels", "2", "3"], "--opt_levels takes Mica's levels 0, 1 and 2"),
     ("bench a mode twice", NO_SETUP, ["bench", "--modes", "eager", "eager"], "--modes names one twice"),
     ("check --iters 0", NO_SETUP, ["check", "--method", "a", "--iters", "0"], "--iters must be 1 or more, got 0"),
+    ("check --seeds 1", NO_SETUP, ["check", "--method", "a", "--seeds", "1"],
+     "--seeds must be 2 or more (a family's range is what the medians are judged by), got 1"),
+    ("check b with --seeds", NO_SETUP, ["check", "--method", "b", "--seeds", "3"], "--seeds is method A's"),
     ("check, an evaluation interval past the run", NO_SETUP, ["check", "--method", "a", "--iters", "20",
      "--eval_every", "50"], "--eval_every (50) must be at most --iters (20): method A judges the evaluations after"),
     # dtypes: inspect reads them as train does; speedrun_tiny's check is float32 method B alone
