@@ -63,6 +63,13 @@ def test_resume_continues_bitwise_exactly(workdir):
                 for line in open(d / run / "metrics.jsonl")]
     assert rows("resumed") == rows("straight")  # (no row twice: those past the checkpoint were dropped)
 
+    # resumed with another eval_interval, the loop does not evaluate at the checkpoint's step again: its
+    # row, logged before the save, is kept (it was dropped, and never written again)
+    mica("train", *common, "--max_iters=10", "--out_dir=interval", cwd=d)
+    mica("train", *common, "--max_iters=12", "--eval_interval=3", "--out_dir=interval", "--init_from=resume", cwd=d)
+    steps = [json.loads(line).get("step") for line in open(d / "interval" / "metrics.jsonl")]
+    assert [s for s in steps if s is not None] == [0, 4, 8, 9, 12]
+
     # a run from scratch into a folder holding another run's checkpoint says it will replace it
     import shutil
 

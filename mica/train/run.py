@@ -242,8 +242,9 @@ def _prepare_nanogpt(cfg, log, held):
     saved = {**_with_vocab_digest(cfg, data_meta), **({"bf16_gemm": kernel} if kernel else {})}
     settings["config_json"] = json.dumps(saved, separators=(",", ":"))
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
-    if rank == 0 and settings.get("resume"):  # (nanoGPT's loop evaluates again at the iteration it resumes at)
-        _metrics_up_to(out_dir, settings["resume_iter"], evaluated_again=True, log=log)
+    if rank == 0 and settings.get("resume"):  # (nanoGPT's loop evaluates again at the iteration it resumes at,
+        at = settings["resume_iter"]          # where that is a multiple of this run's eval_interval)
+        _metrics_up_to(out_dir, at, evaluated_again=at % int(cfg["eval_interval"]) == 0, log=log)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
 
