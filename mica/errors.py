@@ -1,6 +1,8 @@
 """The exceptions a user can meet. Each carries one sentence and, where known, the user's file:line."""
 
 
+import os
+
 IN_CLI = False  # set by the mica command: a call into Mica from it is not a user's line to name
 
 
@@ -67,12 +69,14 @@ def format_loc(loc):
 def _uncaught(kind, value, tb, _python=None):
     """sys.excepthook while Mica is imported: a Mica error nothing caught ends a script with its
     sentence and the user's file:line, as the mica command's do, not with Python's traceback
-    through Mica's own frames; MICA_TRACEBACK=1 shows that traceback. One without a line (raised
-    by the user's own code, say), and other exceptions, get Python's."""
-    import os
+    through Mica's own frames; MICA_TRACEBACK=1 shows that traceback. One Mica raised without a
+    line is placed at the user's call into Mica; one the user's own code raised, and other
+    exceptions, get Python's."""
     import sys
 
     if os.environ.get("MICA_TRACEBACK", "") in ("", "0"):
+        if isinstance(value, MicaError) and not value.loc:
+            value.locate(_raised_by_mica(tb))  # (one Mica raised without a line: the user's call into it)
         if isinstance(value, MicaError) and value.loc:
             print(f"mica: error: {value}", file=sys.stderr)
             return
@@ -81,6 +85,20 @@ def _uncaught(kind, value, tb, _python=None):
             print(f"mica: error: {missing}", file=sys.stderr)
             return
     (_python or sys.__excepthook__)(kind, value, tb)
+
+
+def _raised_by_mica(tb):
+    """(path, line) of the user's last call on the way to an exception raised in Mica's own code;
+    None where the user's code raised it, or no frame is the user's."""
+    import traceback
+
+    from .tensor import _is_internal
+
+    frames = traceback.extract_tb(tb) if tb else []
+    if not frames or not _is_internal(os.path.abspath(frames[-1].filename)):
+        return None
+    users = [f for f in frames if not f.filename.startswith("<") and not _is_internal(os.path.abspath(f.filename))]
+    return (users[-1].filename, users[-1].lineno) if users else None
 
 
 def _missing_import(value, tb):

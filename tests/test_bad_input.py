@@ -915,6 +915,11 @@ def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp
     assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: not mica" in r.stderr, r.stderr
     r = run(own)
     assert r.returncode == 1 and "own.py" in r.stderr and "MicaError: wrapped" in r.stderr, r.stderr
+    unplaced = tmp_path / "unplaced.py"  # (one Mica raises without a line: the user's call into Mica names it)
+    unplaced.write_text("import mica\n\nmica.nn.Parameter()\n")
+    r = run(unplaced)
+    assert_sentence(r, "a Parameter needs initial data or a shape", code=1)
+    assert r.stderr.strip().endswith("(unplaced.py:3)") and len(r.stderr.strip().splitlines()) == 1, r.stderr
     ported = tmp_path / "port.py"  # (a name torch's module has and Mica's lacks, imported by name)
     ported.write_text("import mica\nimport numpy\nfrom mica.optim import NAdam\n")
     r = run(ported)
