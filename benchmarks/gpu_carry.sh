@@ -7,6 +7,12 @@ set -eu
 cd "$(dirname "$0")/.."
 mkdir -p .gpu-carry/debs .gpu-carry/site
 grep -qx "/.gpu-carry/" .git/info/exclude 2>/dev/null || echo "/.gpu-carry/" >> .git/info/exclude
-(cd .gpu-carry/debs && apt-get download libboost-context1.74.0 libboost-context1.74-dev libboost1.74-dev)
+if ! .venv/bin/python -c 'import scipy_openblas32' 2>/dev/null; then
+    echo "gpu_carry.sh: this checkout has no .venv with scipy_openblas32 (the CPU trainer's BLAS); run" \
+         "'make .venv/.core' first, then this again" >&2
+    exit 1
+fi
+debs="libboost-context1.74.0 libboost-context1.74-dev libboost1.74-dev"
+(cd .gpu-carry/debs && { apt-get download $debs || { apt-get update -qq && apt-get download $debs; }; })
 cp -r "$(.venv/bin/python -c 'import scipy_openblas32, os; print(os.path.dirname(scipy_openblas32.__file__))')" .gpu-carry/site/
 du -sh .gpu-carry

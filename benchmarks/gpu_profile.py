@@ -112,4 +112,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    try:
+        main(sys.argv)
+    except OSError as e:  # (a trainer that failed or timed out wrote no profile, or no source was kept)
+        raise SystemExit(f"no summary: {e.filename} could not be read ({e.strerror}); see the trainer's log")
