@@ -193,6 +193,8 @@ def test_nanogpts_own_run_folder_resumes_where_pytorch_would_have_gone(nanogpt):
            "first (as mica import theirs/ckpt.pt --out_dir theirs does; the ckpt.pt stays as it is)" in r.stdout
     assert (d / "theirs" / "ckpt.pt").read_bytes() == (d / "ckpt.pt").read_bytes()
     assert "defaulting to vocab_size" not in r.stdout
+    # (nanoGPT's checkpoint holds no data position; the batches are the file's, not the seed's)
+    assert "holds no data position (an imported one?): batches come from --batch_order" in r.stdout, r.stdout
     losses = _mica_losses(str(d / "theirs"))
     assert len(losses) == MORE and f"iter {SAVED_AT}: loss" in r.stdout and f"iter {SAVED_AT - 1}:" not in r.stdout
     want, control = nanogpt["continued"], nanogpt["reset"]

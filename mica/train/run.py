@@ -821,16 +821,17 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         _say_scaler(st, by_name, cfg, log)
         has_state = _check_resume_names(st, by_name, log)
         rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
+        afresh = "batches come from --batch_order" if cfg.get("batch_order") else "batches start afresh from the seed"
         if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] != (rows,):
             log(f"note: the checkpoint was trained with another batch_size x gradient_accumulation_steps "
-                f"({st.info('data.next_offsets')[1][0]} rows, now {rows}): batches start afresh from the seed")
+                f"({st.info('data.next_offsets')[1][0]} rows, now {rows}): {afresh}")
         elif "data.next_offsets" in st.tensors and "rng" in md:
             if not re.fullmatch(r"[0-9a-f]{16}( [0-9a-f]{16}){3}", md["rng"]):
                 raise MicaError(f"checkpoint {path} is damaged: its batch generator state is unreadable")
             settings["resume_rng"] = md["rng"]
             settings["resume_next"] = " ".join(str(int(x)) for x in st.read("data.next_offsets").reshape(-1))
         else:
-            log("note: the checkpoint holds no data position (an imported one?): batches start afresh from the seed")
+            log(f"note: the checkpoint holds no data position (an imported one?): {afresh}")
         return _loads(path, by_name, settings, st=st, params_only=not has_state)
     if init.endswith(".safetensors"):
         log(f"initializing from weights in {init}")
