@@ -40,6 +40,7 @@ from .verbs import (  # noqa: E402
 )
 from . import autograd, cuda, distributed, nn, optim, reference  # noqa: E402
 from .host import HostTensor, eager as _eager, _add_torch_methods, from_numpy  # noqa: E402
+from .host import _Device as device  # noqa: E402  (torch.device: kept, and ignored)
 from .random import (  # noqa: E402  (host draws, outside a trace)
     Generator, bernoulli, default_generator, get_rng_state, initial_seed, manual_seed, multinomial, normal, rand,
     rand_like, randint, randn, randn_like, randperm, seed, set_rng_state,

@@ -356,8 +356,10 @@ class HostTensor(np.ndarray):
         return np.ndarray.item(self)
 
     def __setitem__(self, index, value):
-        from .tensor import user_location
+        from .tensor import Tensor, user_location
 
+        if isinstance(value, Tensor):
+            raise MicaError(IN_PLACE_FROM_A_TRACE.format(what="x[index] = value"), user_location())
         try:
             np.ndarray.__setitem__(self, index, np.asarray(value) if isinstance(value, HostTensor) else value)
         except IndexError as e:
@@ -448,6 +450,8 @@ def _add_torch_methods():
     HostTensor.clone = lambda self, *a, **k: self.copy()
     HostTensor.cpu = lambda self, *a, **k: self
     HostTensor.cuda = lambda self, *a, **k: self  # (a device, as .to("cuda"): the program's target decides)
+    HostTensor.pin_memory = lambda self, *a, **k: self  # (nanoGPT's get_batch: nothing to pin here)
+    HostTensor.is_cuda = property(lambda self: False)  # (as its device says)
     HostTensor.numpy = lambda self: np.asarray(self)
     from . import random
 
@@ -481,7 +485,19 @@ for _name, _np_type in (("float", np.float32), ("double", np.float64), ("half", 
 
 
 class _Device(str):
-    """torch.device's face on the device name a tensor reports: `x.device.type`, `str(x.device)`."""
+    """torch.device (mica.device): a device's name, `x.device.type`, `.index`, `str(x.device)`. Mica
+    keeps it and ignores it (a program's target is lower()'s), as Tensor.to's device."""
+
+    def __new__(cls, type, index=None):  # noqa: A002  (torch's names)
+        text = str(type) if index is None else f"{type}:{index}"
+        from .tensor import user_location
+        from .verbs.core import _DEVICE
+
+        if isinstance(index, bool) or index is not None and (not isinstance(index, int) or index < 0) or \
+                not _DEVICE.fullmatch(text):
+            raise MicaError(f"device: {text!r} is not a device torch knows; give one such as 'cpu', 'cuda' or "
+                            "'cuda:0' (Mica keeps it and ignores it: the target picks the machine)", user_location())
+        return super().__new__(cls, text)
 
     @property
     def type(self):
@@ -489,7 +505,11 @@ class _Device(str):
 
     @property
     def index(self):
-        return None
+        _, _, i = str(self).partition(":")
+        return int(i) if i else None
+
+    def __repr__(self):
+        return f"device(type='{self.type}'" + (f", index={self.index})" if self.index is not None else ")")
 
 
 def _viewed(self, name, shape_of, args, kwargs, make):
@@ -506,6 +526,13 @@ def _drawn(self, values):
     return self
 
 
+IN_PLACE_FROM_A_TRACE = (
+    "{what}: a tensor made outside the traced code (a module's attribute, a global) cannot take a traced value "
+    "in place, which would not be kept; pass it to the function or forward as an argument (a write into an "
+    "argument reaches the caller's tensor), hold running values in an nn.Parameter(..., requires_grad=False) "
+    "(a compiled step keeps it), or return the new value")
+
+
 def _in_place(name):
     """torch's in-place method: the result written into this array's memory (and so into every
     numpy view of it, as torch's views see it)."""
@@ -513,10 +540,7 @@ def _in_place(name):
         from .tensor import Tensor, user_location
 
         if any(isinstance(a, Tensor) for a in list(args) + list(kwargs.values())):
-            raise MicaError(f"{name}: a host tensor (made outside the step) cannot take a traced value in place "
-                            "inside a compiled step, which would not keep it; hold running values in an "
-                            "nn.Parameter(..., requires_grad=False) (a compiled step keeps it), or return the new "
-                            "value from the step", user_location())
+            raise MicaError(IN_PLACE_FROM_A_TRACE.format(what=name), user_location())
         _write(self, np.asarray(_method(name, self, *args, **kwargs)), name)
         return self
     method.__name__ = name
@@ -590,9 +614,7 @@ def host(a):
         return a.view(HostTensor) if not isinstance(a, HostTensor) else a
     if isinstance(a, np.generic):
         return np.asarray(a).view(HostTensor)
-    if isinstance(a, (list, tuple)):
-        return type(a)(host(x) for x in a) if not hasattr(a, "_fields") else type(a)(*(host(x) for x in a))
-    return a
+    return _rebuilt(a, host)
 
 
 def _method(name, self, *args, **kwargs):
@@ -606,31 +628,27 @@ def run(fn, args, kwargs, method=None):
     from .dtypes import Spec, as_dtype
     from .tensor import user_location
 
-    arrays = []
+    arrays, given = [], []
 
     def slot(a):
         if type(a).__name__ == "Parameter":  # (outside a trace: the values it holds, as its operators read it)
             a = a._live("a verb")
         if isinstance(a, np.ndarray):
+            given.append(a)  # (where a write into it inside goes: torch's in-place write into an argument)
             arrays.append(np.array(a, order="C"))  # (a copy that keeps a 0-d array 0-d)
             return _Slot(len(arrays) - 1)
-        if isinstance(a, (list, tuple)) and any(isinstance(x, np.ndarray) or type(x).__name__ == "Parameter"
-                                                for x in a):
-            return type(a)(slot(x) for x in a)
-        return a
+        return _rebuilt(a, slot)  # (arrays in lists, tuples and dicts too: a KV cache's list of (k, v))
 
     args, kwargs = [slot(a) for a in args], {k: slot(v) for k, v in kwargs.items()}
 
     def body(*ts):
         def put(a):
-            if isinstance(a, _Slot):
-                return ts[a.i]
-            if isinstance(a, (list, tuple)) and any(isinstance(x, _Slot) for x in a):
-                return type(a)(put(x) for x in a)
-            return a
+            return ts[a.i] if isinstance(a, _Slot) else _rebuilt(a, put)
         a, k = [put(x) for x in args], {n: put(v) for n, v in kwargs.items()}
         if method is None:
-            return fn(*a, **k)
+            from .trace import with_writes
+
+            return with_writes(lambda *ts: fn(*a, **k))(*ts)
         attr = getattr(a[0], method)  # (a method, or a property such as mT)
         return attr(*a[1:], **k) if callable(attr) else attr
 
@@ -640,10 +658,26 @@ def run(fn, args, kwargs, method=None):
         raise MicaError(f"{method or getattr(fn, '__name__', 'a verb')} cannot take an array of "
                         f"{next(a.dtype for a in arrays)}; give numbers, bools or floats", user_location()) from None
     try:
-        return _run_eagerly(body, arrays, specs, method or getattr(fn, "__name__", "verb"))
+        out = _run_eagerly(body, arrays, specs, method or getattr(fn, "__name__", "verb"))
     except MicaError as e:  # (one raised where the oracle runs, an index out of range: at the user's line)
         e.locate(user_location())
         raise
+    if method is not None:
+        return out
+    from .trace import written_back
+
+    return written_back(out, given)
+
+
+def _rebuilt(a, each):
+    """A list, tuple (named too) or dict with `each` applied to its items; anything else as it is."""
+    if isinstance(a, dict):
+        return {k: each(v) for k, v in a.items()}
+    if isinstance(a, tuple) and hasattr(a, "_fields"):
+        return type(a)(*(each(x) for x in a))
+    if isinstance(a, (list, tuple)):
+        return type(a)(each(x) for x in a)
+    return a
 
 
 def _run_eagerly(body, arrays, specs, name):

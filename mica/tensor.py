@@ -322,8 +322,10 @@ class Tensor:
         return self.dtype.kind == "float"
 
     @property
-    def device(self):
-        return "mica"
+    def device(self):  # (torch.device's face, as a host tensor's: the target, not the trace, picks the card)
+        from .host import _Device
+
+        return _Device("cpu")
 
     def __repr__(self):
         return f"Tensor({self._value.spec!r}, %{self._value.id})"
@@ -672,6 +674,8 @@ class Tensor:
     def to(self, *args, dtype=None, **kwargs): return F.to(self, *args, dtype=dtype, **kwargs)
     def cuda(self, device=None, non_blocking=False): return self  # (a device, as .to("cuda"): the target decides)
     def cpu(self): return self
+    def pin_memory(self): return self  # (nanoGPT's get_batch: nothing to pin)
+    is_cuda = property(lambda self: False)  # (as its device says: the target, not the trace, picks the card)
     def type(self, dtype): return F.to(self, dtype)
     def type_as(self, other): return F.to(self, other.dtype)
     def float(self): return F.to(self, dtypes.float32)

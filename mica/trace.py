@@ -1,4 +1,5 @@
 """mica.trace: run a Python function once on symbolic Tensors and keep the graph it built."""
+import functools
 import threading
 
 import numpy as np
@@ -216,6 +217,35 @@ def _check_arity(fn, count):
         f"arguments ({', '.join(takes) or 'none'}): {e}; give one spec (or pytree of specs) per argument"))
 
 
+def with_writes(fn):
+    """fn, traced, returning {"result": what fn returns, "writes": {i: the final value of its i-th
+    argument leaf}} for the arguments it changed in place: torch writes those into the caller's
+    tensors, which written_back does after the run."""
+    @functools.wraps(fn)  # (its signature: the inputs keep the argument names)
+    def called(*args):
+        leaves = pytree.flatten(args, is_leaf=_is_argument_leaf)[0]
+        before = [x._value if isinstance(x, Tensor) else None for x in leaves]
+        result = fn(*args)
+        writes = {str(i): x for i, (x, v) in enumerate(zip(leaves, before))
+                  if isinstance(x, Tensor) and x._value is not v}
+        return {"result": result, "writes": writes}
+    return called
+
+
+def _is_argument_leaf(x):
+    return isinstance(x, Tensor) or _is_spec_leaf(x)
+
+
+def written_back(out, given):
+    """The result of a with_writes call, each changed argument's final values written into the
+    caller's array (`given`: the argument leaves in the same order) as torch's in-place writes are."""
+    for i, values in out["writes"].items():
+        target = given[int(i)]
+        if isinstance(target, np.ndarray) and target.flags.writeable and target.shape == np.shape(values):
+            np.copyto(target, np.asarray(values), casting="unsafe")
+    return out["result"]
+
+
 _TORCH_FORM = []  # the torch.compile-form calls compiling now (a step with no Parameter or optimizer)
 
 
@@ -308,6 +338,7 @@ class _Compiled:
         fn, given = self.fn, (tuple(args), dict(kwargs))
         if kwargs:  # (traced as one more pytree: its arrays inputs, its Python numbers constants)
             args, fn = given, _with_keywords(self.fn)
+        fn = with_writes(fn)  # (an argument changed in place is written back into the caller's array, as torch's)
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         key = (tree, tuple(to_spec(x) if _is_spec_leaf(x) else ("static", repr(x)) for x in leaves))
         from . import stateful
@@ -337,4 +368,7 @@ class _Compiled:
             run_options["seed"] = int(default_generator._rng.integers(0, 2 ** 63))
         run_options.setdefault("offset", 0 if drawn else self.calls)  # (a seed given: the call count moves the key)
         self.calls += 1
-        return built(args, run_options, prepared) if prepared else built(*args, **run_options)
+        out = built(args, run_options, prepared) if prepared else built(*args, **run_options)
+        from .host import host
+
+        return host(written_back(out, leaves))  # (torch's tensors: host tensors, as a torch-style step's)

@@ -1314,9 +1314,79 @@ def test_host_tensors_hash_by_identity_compare_to_none_as_torchs_and_refuse_a_tr
         running.add_(0.1 * a.mean(0))
         return a.sum()
 
-    with pytest.raises(mica.MicaError, match=r"^add_: a host tensor \(made outside the step\) cannot take a traced "
-                                             r"value in place.*requires_grad=False.*test_eager"):
+    with pytest.raises(mica.MicaError, match=r"^add_: a tensor made outside the traced code \(a module's attribute, "
+                                             r"a global\) cannot take a traced value in place.*as an argument.*"
+                                             r"requires_grad=False.*test_eager"):
         step(np.ones((2, 3), np.float32))
+
+
+def test_a_write_into_an_argument_reaches_the_callers_tensor_as_torchs():
+    """A KV cache written in place inside a module's forward or a torch.compile-form function: torch
+    writes the caller's tensor; Mica's call worked on a copy, and the write was lost (cached
+    generation went wrong without a word). Flat, in a list of (k, v) tuples, by keyword; the same
+    values as torch's."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((4, 4)).astype(np.float32)
+
+    def make(lib):
+        class Layer(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = lib.nn.Linear(4, 4, bias=False)
+
+            def forward(self, x, caches, pos):
+                k, v = caches[0]
+                k[:, pos] = self.lin(x)
+                v[:, pos] += 2 * x
+                return (k[:, :pos + 1] * v[:, :pos + 1]).sum(1)
+        m = Layer()
+        m.load_state_dict({"lin.weight": W if lib is mica else torch.tensor(W)})
+        return m
+
+    outs = {}
+    for lib in (mica, torch):
+        m, caches = make(lib), [(lib.zeros(2, 5, 4), lib.ones(2, 5, 4))]
+        with lib.no_grad():
+            got = [np.asarray(m(lib.tensor(rng_x), caches=caches, pos=p)) for p, rng_x in
+                   enumerate(np.random.default_rng(1).standard_normal((3, 2, 4)).astype(np.float32))]
+        outs[lib.__name__] = got + [np.asarray(t) for t in caches[0]]
+    for a, b in zip(outs["mica"], outs["torch"]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert np.abs(outs["mica"][-2][:, :3]).min() > 0  # (the writes are there)
+
+    @mica.compile
+    def write(cache, k, pos):
+        cache[:, pos] = k
+        return cache.sum()
+
+    cache, host_cache = np.zeros((2, 4), np.float32), mica.zeros(2, 4)
+    assert float(write(cache, np.ones(2, np.float32), 1)) == 2.0 and cache[:, 1].tolist() == [1.0, 1.0]
+    write(host_cache, np.full(2, 3.0, np.float32), 2)
+    assert np.asarray(host_cache).tolist() == [[0, 0, 3, 0], [0, 0, 3, 0]]
+    assert cache.sum() == 2.0  # (another argument's write does not reach it)
+
+
+def test_devices_are_torchs_names_kept_and_ignored():
+    """torch.device and a traced tensor's .device (the string 'mica', which .to refused and whose
+    .type raised AttributeError), is_cuda, pin_memory: torch's faces, changing nothing."""
+    import torch
+
+    for args in (("cpu",), ("cuda",), ("cuda", 1), ("cuda:0",)):
+        assert repr(mica.device(*args)) == repr(torch.device(*args)) and str(mica.device(*args)) == str(torch.device(*args))
+        assert mica.device(*args).index == torch.device(*args).index and mica.device(*args).type == torch.device(*args).type
+    with pytest.raises(mica.MicaError, match="'gpu' is not a device torch knows"):
+        mica.device("gpu")
+
+    @mica.compile
+    def f(a):
+        with mica.autocast(device_type=a.device.type, enabled=False):
+            return a.to(a.device).pin_memory() * (1 + a.is_cuda)
+
+    assert np.asarray(f(np.ones(2, np.float32))).tolist() == [1.0, 1.0]
+    x = mica.ones(2)
+    assert isinstance(x.device, mica.device) and x.device.type == "cpu" and not x.is_cuda and x.pin_memory() is x
 
 
 def test_host_tensors_and_parameters_print_as_torchs():
