@@ -181,10 +181,11 @@ def test_compiled_step_is_bitwise_the_same_on_any_thread_count(compiled_step):
 
 def test_the_seeds_bfloat16_newton_schulz_compiled_is_the_oracles_bfloat16_rounding():
     """The step with Newton–Schulz in bf16, as the seed runs it: compiled, the Muon updates are the
-    oracle's bf16-rounding mode (precision="float32"), not float64's answer. Most are bit for bit;
-    where the gradient's float32 sums (in other orders) put one element across a bf16 rounding
-    boundary, twelve iterations of the seed's cubic amplify it, but it stays far nearer the
-    bf16 mode than float64 is."""
+    oracle's bf16-rounding mode (precision="float32"), not float64's answer. Half of them are bit
+    for bit or nearly (1e-3; on an AVX512-BF16 processor the products' kernel sums in its own
+    order, and one more update moves by 2e-4); where the gradient's float32 sums (in other
+    orders) put one element across a bf16 rounding boundary, twelve iterations of the seed's
+    cubic amplify it, but it stays far nearer the bf16 mode than float64 is."""
     model = S.build(V, L, D, HD)
     params = _weights(model, np.float32)
     prog, state = _step_program(model, params, ns_dtype=mica.bfloat16)
@@ -198,5 +199,5 @@ def test_the_seeds_bfloat16_newton_schulz_compiled_is_the_oracles_bfloat16_round
         step = lambda p: p[name].astype(np.float64) - params[name]  # noqa: E731
         to_bf16_mode, to_float64 = rel_err(step(got), step(want)), rel_err(step(got), step(exact))
         assert to_float64 > 0.1 and to_bf16_mode < 0.25 * to_float64, name
-        same += to_bf16_mode == 0
+        same += to_bf16_mode < 1e-3
     assert same >= len(muon) // 2
