@@ -145,6 +145,13 @@ def value_and_grad(fn, argnums=0, has_aux=False):
     return wrapped
 
 
+def _context():
+    """The trace being built, or None."""
+    from .tensor import _STACK
+
+    return _STACK[-1] if _STACK else None
+
+
 class set_grad_enabled:
     """torch.set_grad_enabled, and below it no_grad, enable_grad and inference_mode: a context
     manager or a decorator. Inside a trace, what is computed while gradients are off is detached
@@ -153,11 +160,19 @@ class set_grad_enabled:
     def __init__(self, mode=True):
         self.mode = bool(mode)
         self._saved = []
+        self._applied = None  # (torch's set_grad_enabled(False) called alone sets the mode at once;
+        if type(self) is set_grad_enabled:  # a `with` around it restores the one before, a decorator undoes it)
+            ctx = _context()
+            if ctx is not None:
+                self._applied = (ctx, ctx.grad_enabled)
+                ctx.grad_enabled = self.mode
 
     def __enter__(self):
-        from .tensor import _STACK
-
-        ctx = _STACK[-1] if _STACK else None
+        if self._applied is not None:  # (the call set it already: the exit restores what was before)
+            self._saved.append(self._applied)
+            self._applied = None
+            return self
+        ctx = _context()
         self._saved.append((ctx, ctx.grad_enabled if ctx is not None else None))
         if ctx is not None:
             ctx.grad_enabled = self.mode
@@ -171,6 +186,10 @@ class set_grad_enabled:
 
     def __call__(self, fn):
         import functools
+
+        if self._applied is not None:  # (as a decorator: the mode is the decorated function's alone)
+            ctx, was = self._applied
+            ctx.grad_enabled, self._applied = was, None
 
         @functools.wraps(fn)
         def with_mode(*args, **kwargs):

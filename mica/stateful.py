@@ -429,9 +429,6 @@ class StatefulStep:
             s = StepTrace("trace")
             s.params, s.names = list(self.params), self.name
             s.bound = {id(p): params[self.name[id(p)]] for p in self.params}
-            for p in self.params:  # (torch refuses an in-place change of these where gradients are recorded)
-                if p.requires_grad and p.dtype.kind == "float":
-                    s.bound[id(p)]._leaf = self.name[id(p)]
             s.grads = {id(p): grads[self.name[id(p)]] for p in self.params if self.name[id(p)] in grads}
             s.states = {id(o): st for o, st in zip(self.optimizers, states)}
             s.lrs = {id(o): lr for o, lr in zip(self.optimizers, lrs)}

@@ -177,6 +177,20 @@ def link_view(base, out, forward, inverse, strides=None):
     return out
 
 
+def _trained_parameter(t):
+    """The name of the Parameter whose value `t` is in a torch-style compiled step, where that
+    Parameter requires a gradient now (torch's leaf that requires grad); else None."""
+    from . import stateful
+
+    step = stateful.active()
+    if step is None or step.mode != "trace":
+        return None
+    for p in step.params:
+        if step.bound.get(id(p)) is t and p.requires_grad and p.dtype.kind == "float":
+            return step.names[id(p)]
+    return None
+
+
 def _through_detach(t):
     """Whether `t` reaches the memory it views through a detach() (torch's .data): a write there
     is not one the gradients record."""
@@ -198,7 +212,7 @@ class Tensor:
 
     # _base: the Tensor this one views in torch (a slice, view, transpose, ...), else None, with
     # _forward and _inverse (link_view); _views: weak references to the views taken of this one
-    __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "_strides", "_buffer", "_leaf", "__weakref__")
+    __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "_strides", "_buffer", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
 
     def __init__(self, value, ctx):
@@ -206,7 +220,6 @@ class Tensor:
         self._ctx = ctx
         self._base = self._forward = self._inverse = self._views = self._strides = None
         self._buffer = None  # (a module buffer's name, read in a trace: a constant, which an in-place op cannot keep)
-        self._leaf = None  # (a trained Parameter's name in a compiled step: torch's leaf that requires grad)
 
     @property
     def value(self):
@@ -238,8 +251,9 @@ class Tensor:
             fail(f"the buffer {root._buffer} is changed in place in a traced step, where a buffer is a constant "
                  "and the change would be lost; hold running values in an nn.Parameter(..., requires_grad=False), "
                  "which a compiled step keeps, or change the buffer outside the step")
-        if root._leaf is not None and self._ctx.grad_enabled and not _through_detach(self):
-            fail(f"the parameter {root._leaf} requires a gradient and is changed in place where gradients are recorded "
+        leaf = _trained_parameter(root) if self._ctx.grad_enabled and not _through_detach(self) else None
+        if leaf is not None:
+            fail(f"the parameter {leaf} requires a gradient and is changed in place where gradients are recorded "
                  "(torch: a leaf Variable that requires grad is being used in an in-place operation); change it under "
                  "torch.no_grad(), or compute a new tensor out of place")
         if other.shape != self.shape:

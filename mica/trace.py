@@ -238,12 +238,36 @@ def _is_argument_leaf(x):
 
 def written_back(out, given):
     """The result of a with_writes call, each changed argument's final values written into the
-    caller's array (`given`: the argument leaves in the same order) as torch's in-place writes are."""
-    for i, values in out["writes"].items():
-        target = given[int(i)]
-        if isinstance(target, np.ndarray) and target.flags.writeable and target.shape == np.shape(values):
-            np.copyto(target, np.asarray(values), casting="unsafe")
+    caller's array (`given`: the argument leaves in the same order) as torch's in-place writes are;
+    a sentence where that cannot be torch's (one array given twice, or read-only)."""
+    writes = {int(i): v for i, v in out["writes"].items()}
+    arrays = [(i, _writable(x)) for i, x in enumerate(given) if hasattr(x, "shape") and hasattr(x, "dtype")]
+    for i in writes:
+        target = _writable(given[i])
+        if target is None or not target.flags.writeable:
+            raise MicaError(f"the function changes its input #{i + 1} (counting the arrays among its arguments) in "
+                            "place, and the array given there cannot be written (read-only, or not an array), so the change would be lost; pass a writable "
+                            "copy (np.array(x)), or return the new value", user_location())
+        if any(j != i and a is not None and np.shares_memory(a, target) for j, a in arrays):
+            raise MicaError(f"the function changes its input #{i + 1} (counting the arrays among its arguments) in "
+                            "place, and the same memory is given as another argument: each argument is its own input in the compiled program, so the "
+                            "writes would not see each other as torch's do; pass it once, or pass a copy",
+                            user_location())
+    for i, values in writes.items():
+        np.copyto(_writable(given[i]), np.asarray(values), casting="unsafe")
     return out["result"]
+
+
+def _writable(x):
+    """The numpy array an argument's in-place change goes into: the array itself, a CPU torch
+    tensor's memory, or None."""
+    if isinstance(x, np.ndarray):
+        return x
+    try:  # (a torch tensor given as an argument: its memory, as torch would write it)
+        a = x.detach().numpy()
+        return a if isinstance(a, np.ndarray) else None
+    except Exception:
+        return None
 
 
 _TORCH_FORM = []  # the torch.compile-form calls compiling now (a step with no Parameter or optimizer)

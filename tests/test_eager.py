@@ -1366,6 +1366,24 @@ def test_a_write_into_an_argument_reaches_the_callers_tensor_as_torchs():
     write(host_cache, np.full(2, 3.0, np.float32), 2)
     assert np.asarray(host_cache).tolist() == [[0, 0, 3, 0], [0, 0, 3, 0]]
     assert cache.sum() == 2.0  # (another argument's write does not reach it)
+    t = torch.zeros(2, 4)  # (a torch tensor given: its memory, as torch writes it)
+    write(t, np.full(2, 5.0, np.float32), 0)
+    assert t[:, 0].tolist() == [5.0, 5.0]
+
+    @mica.compile
+    def two(x, y):
+        x.add_(1)
+        y.add_(1)
+        return x.sum()
+
+    a, frozen = np.zeros(3, np.float32), np.zeros((2, 4), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(mica.MicaError, match=r"^the function changes its input #1 .* the same memory is given as "
+                                             r"another argument.*test_eager"):
+        two(a, a)
+    with pytest.raises(mica.MicaError, match=r"^the function changes its input #1 .* cannot be written"):
+        write(frozen, np.ones(2, np.float32), 1)
+    assert a.tolist() == [0, 0, 0] and frozen.sum() == 0  # (nothing half-written)
 
 
 def test_devices_are_torchs_names_kept_and_ignored():
@@ -1401,6 +1419,9 @@ def test_host_tensors_and_parameters_print_as_torchs():
         if dtype == "bfloat16":  # (held as float32, docs/api.md: bfloat16's values, float32's text)
             want = want.float()
         assert repr(got) == repr(want) == str(got), (repr(got), repr(want))
+    for values in (np.array([1, 2], np.uint8), np.zeros((2, 0), np.float32), np.array([3], np.int16)):
+        assert repr(mica.from_numpy(values)) == repr(torch.from_numpy(values))
+    assert repr(mica.from_numpy(np.array([1 + 2j])))  # (a type Mica lacks: numpy's text, no error)
     w = mica.nn.Parameter(np.array([[0.5, -1.25]], np.float32))
     assert repr(w) == repr(torch.nn.Parameter(torch.tensor([[0.5, -1.25]])))
 

@@ -367,3 +367,48 @@ def test_a_parameters_data_and_no_grad_writes_are_torchs_in_a_compiled_step():
     got, want = run(mica, mica.compile), run(torch, lambda f: f)
     np.testing.assert_allclose(got[0], want[0], rtol=2e-6)
     np.testing.assert_allclose(got[1], want[1], rtol=2e-6, atol=1e-7)
+
+
+def test_a_parameter_changed_with_gradients_off_by_any_of_torchs_forms_is_not_refused():
+    """torch's set_grad_enabled(False) called alone (not as a `with`) turns gradients off at once, and
+    a Parameter with requires_grad_(False) is no trained leaf: both writes are torch's and compile;
+    after opt.step() the parameter is a leaf still, so a write with gradients on is refused there too."""
+    import torch
+
+    def run(lib):
+        m = lib.nn.Linear(4, 3)
+        m.load_state_dict({"weight": np.arange(12, dtype=np.float32).reshape(3, 4) / 10, "bias": np.zeros(3, np.float32)}
+                          if lib is mica else {"weight": torch.arange(12.).reshape(3, 4) / 10, "bias": torch.zeros(3)})
+        opt = lib.optim.SGD(m.parameters(), lr=0.1)
+        w = list(m.parameters())[0]
+
+        def step(x):
+            lib.set_grad_enabled(False)
+            w.mul_(0.9)
+            lib.set_grad_enabled(True)
+            w.requires_grad_(False)
+            w.add_(0.5)
+            w.requires_grad_(True)
+            loss = m(x).square().sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        step = mica.compile(step) if lib is mica else step
+        x = np.ones((2, 4), np.float32)
+        return [float(step(x if lib is mica else torch.tensor(x))) for _ in range(2)]
+
+    np.testing.assert_allclose(run(mica), run(torch), rtol=1e-6)
+
+    m = mica.nn.Linear(4, 3)
+    opt = mica.optim.SGD(m.parameters(), lr=0.1)
+
+    @mica.compile
+    def after(x):
+        m(x).sum().backward()
+        opt.step()
+        m.weight.mul_(0.5)
+        return x.sum()
+
+    with pytest.raises(mica.MicaError, match="^the parameter weight requires a gradient"):
+        after(np.ones((2, 4), np.float32))
