@@ -489,6 +489,8 @@ class _Device(str):
     keeps it and ignores it (a program's target is lower()'s), as Tensor.to's device."""
 
     def __new__(cls, type, index=None):  # noqa: A002  (torch's names)
+        if isinstance(type, int) and not isinstance(type, bool) and index is None:  # (torch.device(0): cuda:0)
+            type, index = "cuda", type
         text = str(type) if index is None else f"{type}:{index}"
         from .tensor import user_location
         from .verbs.core import _DEVICE
@@ -510,6 +512,12 @@ class _Device(str):
 
     def __repr__(self):
         return f"device(type='{self.type}'" + (f", index={self.index})" if self.index is not None else ")")
+
+    def __enter__(self):  # (torch's `with torch.device("cuda"):` default device: the target decides here)
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def _viewed(self, name, shape_of, args, kwargs, make):

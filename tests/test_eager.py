@@ -1391,6 +1391,7 @@ def test_devices_are_torchs_names_kept_and_ignored():
     .type raised AttributeError), is_cuda, pin_memory: torch's faces, changing nothing."""
     import torch
 
+    assert str(mica.device(0)) == "cuda:0"  # (torch's: the first accelerator, which a CPU torch refuses to name)
     for args in (("cpu",), ("cuda",), ("cuda", 1), ("cuda:0",)):
         assert repr(mica.device(*args)) == repr(torch.device(*args)) and str(mica.device(*args)) == str(torch.device(*args))
         assert mica.device(*args).index == torch.device(*args).index and mica.device(*args).type == torch.device(*args).type
@@ -1403,7 +1404,8 @@ def test_devices_are_torchs_names_kept_and_ignored():
             return a.to(a.device).pin_memory() * (1 + a.is_cuda)
 
     assert np.asarray(f(np.ones(2, np.float32))).tolist() == [1.0, 1.0]
-    x = mica.ones(2)
+    with mica.device("cuda"):
+        x = mica.ones(2)
     assert isinstance(x.device, mica.device) and x.device.type == "cpu" and not x.is_cuda and x.pin_memory() is x
 
 
