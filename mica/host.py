@@ -642,10 +642,10 @@ def run(fn, args, kwargs, method=None):
     def slot(a):
         if type(a).__name__ == "Parameter":  # (outside a trace: the values it holds, as its operators read it)
             a = a._live("a verb")
-        if isinstance(a, np.ndarray):
+        if isinstance(a, np.ndarray) or _is_torch_tensor(a):
             given.append(a)  # (where a write into it inside goes: torch's in-place write into an argument)
-            arrays.append(np.array(a, order="C"))  # (a copy that keeps a 0-d array 0-d)
-            return _Slot(len(arrays) - 1)
+            arrays.append(_values_of_torch(a) if _is_torch_tensor(a) else np.array(a, order="C"))  # (a copy that
+            return _Slot(len(arrays) - 1)                                                          # keeps 0-d 0-d)
         return _rebuilt(a, slot)  # (arrays in lists, tuples and dicts too: a KV cache's list of (k, v))
 
     args, kwargs = [slot(a) for a in args], {k: slot(v) for k, v in kwargs.items()}
@@ -787,6 +787,19 @@ def _leaf_parameter(values):
 
 
 def _holds_array(values):
-    """Whether the arguments hold values (arrays, or Parameters: the values they hold)."""
-    return any(isinstance(v, np.ndarray) or type(v).__name__ == "Parameter"
-               or (isinstance(v, (list, tuple)) and _holds_array(v)) for v in values)
+    """Whether the arguments hold values (arrays, torch tensors, or Parameters: the values they hold)."""
+    return any(isinstance(v, np.ndarray) or type(v).__name__ == "Parameter" or _is_torch_tensor(v)
+               or (isinstance(v, (list, tuple)) and _holds_array(v)) or (isinstance(v, dict) and _holds_array(v.values()))
+               for v in values)
+
+
+def _is_torch_tensor(x):
+    from .trace import _torch_tensor
+
+    return _torch_tensor(x)
+
+
+def _values_of_torch(t):
+    """A torch tensor's values as a numpy array of its own (bfloat16's held as float32, as Mica's)."""
+    t = t.detach().cpu()
+    return np.array((t.float() if str(t.dtype) == "torch.bfloat16" else t).numpy(), order="C")

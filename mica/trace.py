@@ -238,36 +238,74 @@ def _is_argument_leaf(x):
 
 def written_back(out, given):
     """The result of a with_writes call, each changed argument's final values written into the
-    caller's array (`given`: the argument leaves in the same order) as torch's in-place writes are;
-    a sentence where that cannot be torch's (one array given twice, or read-only)."""
+    caller's array or torch tensor (`given`: the argument leaves in the same order) as torch's
+    in-place writes are; where torch would refuse the write, or could not make it the same, a
+    sentence before anything is written."""
     writes = {int(i): v for i, v in out["writes"].items()}
-    arrays = [(i, _writable(x)) for i, x in enumerate(given) if hasattr(x, "shape") and hasattr(x, "dtype")]
+    arrays = [i for i, x in enumerate(given) if hasattr(x, "shape") and hasattr(x, "dtype")]
     for i in writes:
-        target = _writable(given[i])
-        if target is None or not target.flags.writeable:
-            raise MicaError(f"the function changes its input #{i + 1} (counting the arrays among its arguments) in "
-                            "place, and the array given there cannot be written (read-only, or not an array), so the change would be lost; pass a writable "
-                            "copy (np.array(x)), or return the new value", user_location())
-        if any(j != i and a is not None and np.shares_memory(a, target) for j, a in arrays):
-            raise MicaError(f"the function changes its input #{i + 1} (counting the arrays among its arguments) in "
-                            "place, and the same memory is given as another argument: each argument is its own input in the compiled program, so the "
-                            "writes would not see each other as torch's do; pass it once, or pass a copy",
-                            user_location())
+        what = f"the function changes its input #{arrays.index(i) + 1} (counting the arrays among its arguments) in place"
+        why = _unwritable(given[i]) or next((
+            "and the same memory is given as another argument: each argument is its own input in the compiled "
+            "program, so the writes would not see each other as torch's do; pass it once, or pass a copy"
+            for j in arrays if j != i and _overlap(given[i], given[j])), None)
+        if why:
+            raise MicaError(f"{what}, {why}", user_location())
     for i, values in writes.items():
-        np.copyto(_writable(given[i]), np.asarray(values), casting="unsafe")
+        _write_into(given[i], np.asarray(values))
     return out["result"]
 
 
-def _writable(x):
-    """The numpy array an argument's in-place change goes into: the array itself, a CPU torch
-    tensor's memory, or None."""
+def _torch_tensor(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "untyped_storage")
+
+
+def _unwritable(x):
+    """Why a write into argument `x` cannot be torch's (its own reason where torch refuses it), or None."""
+    if _torch_tensor(x):
+        if x.requires_grad and x.is_leaf:
+            return ("and the torch tensor given there is a leaf that requires grad, which torch refuses to change in "
+                    "place; pass it under torch.no_grad() as x.detach(), or return the new value")
+        strides, shape = x.stride(), x.shape
+    elif isinstance(x, np.ndarray):
+        if not x.flags.writeable:
+            return ("and the array given there is read-only, so the change would be lost; pass a writable copy "
+                    "(np.array(x)), or return the new value")
+        strides, shape = x.strides, x.shape
+    else:
+        return "and what is given there is not an array it could be written into; return the new value instead"
+    if any(st == 0 and n > 1 for st, n in zip(strides, shape)):
+        return ("and the array given there is expanded (several of its elements are one place in memory), which a "
+                "compiled program cannot write as torch would; pass a .clone() of it")
+    return None
+
+
+def _overlap(a, b):
+    """Whether two arguments may share memory: numpy's exact answer where both are CPU arrays, else
+    whether their torch storages are one."""
+    def numpy_view(x):
+        if isinstance(x, np.ndarray):
+            return x
+        try:
+            return x.detach().numpy() if _torch_tensor(x) else None
+        except Exception:  # (bfloat16, or on a card: no numpy view)
+            return None
+    va, vb = numpy_view(a), numpy_view(b)
+    if va is not None and vb is not None:
+        return np.shares_memory(va, vb)
+    if _torch_tensor(a) and _torch_tensor(b):
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return False
+
+
+def _write_into(x, values):
     if isinstance(x, np.ndarray):
-        return x
-    try:  # (a torch tensor given as an argument: its memory, as torch would write it)
-        a = x.detach().numpy()
-        return a if isinstance(a, np.ndarray) else None
-    except Exception:
-        return None
+        np.copyto(x, values, casting="unsafe")
+        return
+    import torch  # (a torch tensor: written as torch writes it, so its version counter moves as torch's would)
+
+    with torch.no_grad():
+        x.copy_(torch.from_numpy(np.ascontiguousarray(values)))
 
 
 _TORCH_FORM = []  # the torch.compile-form calls compiling now (a step with no Parameter or optimizer)

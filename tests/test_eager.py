@@ -1381,9 +1381,28 @@ def test_a_write_into_an_argument_reaches_the_callers_tensor_as_torchs():
     with pytest.raises(mica.MicaError, match=r"^the function changes its input #1 .* the same memory is given as "
                                              r"another argument.*test_eager"):
         two(a, a)
-    with pytest.raises(mica.MicaError, match=r"^the function changes its input #1 .* cannot be written"):
+    with pytest.raises(mica.MicaError, match=r"^the function changes its input #1 .* is read-only"):
         write(frozen, np.ones(2, np.float32), 1)
     assert a.tolist() == [0, 0, 0] and frozen.sum() == 0  # (nothing half-written)
+    # torch tensors: written as torch writes them (bfloat16 too; the version counter moves, so autograd
+    # sees the change), a leaf that requires grad refused as torch refuses it, an expanded one refused
+    half = torch.zeros(2, 4, dtype=torch.bfloat16)
+    write(half, np.full(2, 0.1, np.float32), 3)
+    assert half[:, 3].tolist() == [torch.tensor(0.1, dtype=torch.bfloat16).item()] * 2 and half._version == 1
+    with pytest.raises(mica.MicaError, match="leaf that requires grad"):
+        write(torch.zeros(2, 4, requires_grad=True), np.ones(2, np.float32), 0)
+
+    @mica.compile
+    def put(n, c, k):
+        c[:, 0] = k * n
+        return c.sum()
+
+    with pytest.raises(mica.MicaError, match=r"^the function changes its input #1 .* expanded"):  # (#1: the
+        put(3, torch.zeros(4, 1).expand(4, 2), np.ones(4, np.float32))                            # number is none)
+    # eager calls take torch tensors as compiled ones do (nanoGPT's sample.py: torch.tensor(ids)[None])
+    lin = mica.nn.Linear(3, 2)
+    np.testing.assert_allclose(np.asarray(lin(torch.ones(1, 3))), np.asarray(lin(np.ones((1, 3), np.float32))))
+    assert np.allclose(mica.tanh(torch.ones(2)), np.tanh(1.0)) and mica.zeros(2).copy_(torch.ones(2)).tolist() == [1, 1]
 
 
 def test_devices_are_torchs_names_kept_and_ignored():
