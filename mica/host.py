@@ -681,7 +681,11 @@ def run(fn, args, kwargs, method=None):
 def _rebuilt(a, each):
     """A list, tuple (named too) or dict with `each` applied to its items; anything else as it is."""
     if isinstance(a, dict):
-        return {k: each(v) for k, v in a.items()}
+        items = {k: each(v) for k, v in a.items()}
+        try:  # (an OrderedDict stays one; a dict type that cannot be made from its items, a plain dict)
+            return items if type(a) is dict else type(a)(items)
+        except TypeError:
+            return items
     if isinstance(a, tuple) and hasattr(a, "_fields"):
         return type(a)(*(each(x) for x in a))
     if isinstance(a, (list, tuple)):
