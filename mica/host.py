@@ -438,7 +438,7 @@ def _torch_method(name):
 
 def _add_torch_methods():
     """Every torch.Tensor method a traced Tensor has and numpy lacks, as a HostTensor method."""
-    from .tensor import Tensor
+    from .tensor import Tensor, legacy_type_name
 
     for name in dir(Tensor):
         if name.startswith("_") or hasattr(np.ndarray, name) or name in vars(HostTensor):
@@ -451,6 +451,8 @@ def _add_torch_methods():
     HostTensor.cpu = lambda self, *a, **k: self
     HostTensor.cuda = lambda self, *a, **k: self  # (a device, as .to("cuda"): the program's target decides)
     HostTensor.pin_memory = lambda self, *a, **k: self  # (nanoGPT's get_batch: nothing to pin here)
+    HostTensor.type = lambda self, dtype=None, **k: (  # (torch's legacy name without a type)
+        legacy_type_name(np.asarray(self).dtype.name) if dtype is None else _method("type", self, dtype, **k))
     HostTensor.is_cuda = property(lambda self: False)  # (as its device says)
     HostTensor.numpy = lambda self: np.asarray(self)
     from . import random

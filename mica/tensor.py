@@ -177,6 +177,12 @@ def link_view(base, out, forward, inverse, strides=None):
     return out
 
 
+def legacy_type_name(name):
+    """torch's x.type() for an element type's name: 'torch.FloatTensor', 'torch.LongTensor', ..."""
+    return "torch." + {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+                       "int64": "Long", "int32": "Int", "bool": "Bool"}.get(name, name.capitalize()) + "Tensor"
+
+
 def _trained_parameter(t):
     """The name of the Parameter whose value `t` is in a torch-style compiled step, where that
     Parameter requires a gradient now (torch's leaf that requires grad); else None."""
@@ -690,7 +696,8 @@ class Tensor:
     def cpu(self): return self
     def pin_memory(self): return self  # (nanoGPT's get_batch: nothing to pin)
     is_cuda = property(lambda self: False)  # (as its device says: the target, not the trace, picks the card)
-    def type(self, dtype): return F.to(self, dtype)
+    def type(self, dtype=None):  # (torch's: without a type, its legacy name, as 'torch.FloatTensor')
+        return legacy_type_name(self.dtype.name) if dtype is None else F.to(self, dtype)
     def type_as(self, other): return F.to(self, other.dtype)
     def float(self): return F.to(self, dtypes.float32)
     def double(self): return F.to(self, dtypes.float64)

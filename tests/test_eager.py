@@ -1423,6 +1423,9 @@ def test_devices_are_torchs_names_kept_and_ignored():
             return a.to(a.device).pin_memory() * (1 + a.is_cuda)
 
     assert np.asarray(f(np.ones(2, np.float32))).tolist() == [1.0, 1.0]
+    for dtype in ("float32", "int64", "float16", "bool", "int32", "float64"):  # (x.type(): torch's legacy names)
+        assert mica.ones(2, dtype=getattr(mica, dtype)).type() == torch.ones(2, dtype=getattr(torch, dtype)).type()
+    assert mica.ones(2).type(mica.int64).dtype == np.int64
     with mica.device("cuda"):
         x = mica.ones(2)
     assert isinstance(x.device, mica.device) and x.device.type == "cpu" and not x.is_cuda and x.pin_memory() is x
