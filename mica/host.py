@@ -644,9 +644,9 @@ def run(fn, args, kwargs, method=None):
     def slot(a):
         if type(a).__name__ == "Parameter":  # (outside a trace: the values it holds, as its operators read it)
             a = a._live("a verb")
-        if isinstance(a, np.ndarray) or _is_torch_tensor(a):
+        if isinstance(a, np.ndarray) or is_torch_tensor(a):
             given.append(a)  # (where a write into it inside goes: torch's in-place write into an argument)
-            arrays.append(_values_of_torch(a) if _is_torch_tensor(a) else np.array(a, order="C"))  # (a copy that
+            arrays.append(_values_of_torch(a) if is_torch_tensor(a) else np.array(a, order="C"))  # (a copy that
             return _Slot(len(arrays) - 1)                                                          # keeps 0-d 0-d)
         return _rebuilt(a, slot)  # (arrays in lists, tuples and dicts too: a KV cache's list of (k, v))
 
@@ -794,15 +794,14 @@ def _leaf_parameter(values):
 
 def _holds_array(values):
     """Whether the arguments hold values (arrays, torch tensors, or Parameters: the values they hold)."""
-    return any(isinstance(v, np.ndarray) or type(v).__name__ == "Parameter" or _is_torch_tensor(v)
+    return any(isinstance(v, np.ndarray) or type(v).__name__ == "Parameter" or is_torch_tensor(v)
                or (isinstance(v, (list, tuple)) and _holds_array(v)) or (isinstance(v, dict) and _holds_array(v.values()))
                for v in values)
 
 
-def _is_torch_tensor(x):
-    from .trace import _torch_tensor
-
-    return _torch_tensor(x)
+def is_torch_tensor(x):
+    """Whether x is a torch tensor (a caller's argument; torch itself is not imported for it)."""
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "untyped_storage")
 
 
 def _values_of_torch(t):

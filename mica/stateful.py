@@ -45,26 +45,29 @@ class StepTrace:
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
-        for pid, bound in self.bound.items():
-            if bound is t:
-                if value is None:
-                    self.grads.pop(pid, None)
-                else:
-                    self.grads[pid] = value
-                return
-        raise MicaError("only a parameter's gradient can be set in a compiled step", user_location())
+        p = self.parameter_of(t)
+        if p is None:
+            raise MicaError("only a parameter's gradient can be set in a compiled step", user_location())
+        if value is None:
+            self.grads.pop(id(p), None)
+        else:
+            self.grads[id(p)] = value
+
+    def parameter_of(self, t):
+        """The Parameter whose current Tensor t is, or None."""
+        return next((p for p in self.params if self.bound.get(id(p)) is t), None)
 
     def grad_of(self, t):
         """The gradient of the parameter whose current Tensor t is (None: not a parameter's, or
         none yet)."""
-        for pid, bound in self.bound.items():
-            if bound is t:
-                if self.mode == "find":  # (a stand-in of the gradient's shape: this trace is never run)
-                    from . import verbs as F
+        p = self.parameter_of(t)
+        if p is None:
+            return None
+        if self.mode == "find":  # (a stand-in of the gradient's shape: this trace is never run)
+            from . import verbs as F
 
-                    return F.zeros_like(t)
-                return self.grads.get(pid)
-        return None
+            return F.zeros_like(t)
+        return self.grads.get(id(p))
 
     def note(self, p):
         if all(q is not p for q in self.params):

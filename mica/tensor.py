@@ -189,12 +189,8 @@ def _trained_parameter(t):
     from . import stateful
 
     step = stateful.active()
-    if step is None or step.mode != "trace":
-        return None
-    for p in step.params:
-        if step.bound.get(id(p)) is t and p.requires_grad and p.dtype.kind == "float":
-            return step.names[id(p)]
-    return None
+    p = step.parameter_of(t) if step is not None and step.mode == "trace" else None
+    return step.names[id(p)] if p is not None and p.requires_grad and p.dtype.kind == "float" else None
 
 
 def _through_detach(t):

@@ -8,6 +8,7 @@ from . import pytree
 from .dtypes import Spec
 from .errors import MicaError, TraceError
 from .ir import Graph
+from .host import is_torch_tensor
 from .tensor import _STACK, Tensor, TraceContext, user_location
 
 
@@ -256,13 +257,9 @@ def written_back(out, given):
     return out["result"]
 
 
-def _torch_tensor(x):
-    return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "untyped_storage")
-
-
 def _unwritable(x):
     """Why a write into argument `x` cannot be torch's (its own reason where torch refuses it), or None."""
-    if _torch_tensor(x):
+    if is_torch_tensor(x):
         if x.requires_grad and x.is_leaf:
             return ("and the torch tensor given there is a leaf that requires grad, which torch refuses to change in "
                     "place; pass it under torch.no_grad() as x.detach(), or return the new value")
@@ -287,13 +284,13 @@ def _overlap(a, b):
         if isinstance(x, np.ndarray):
             return x
         try:
-            return x.detach().numpy() if _torch_tensor(x) else None
+            return x.detach().numpy() if is_torch_tensor(x) else None
         except Exception:  # (bfloat16, or on a card: no numpy view)
             return None
     va, vb = numpy_view(a), numpy_view(b)
     if va is not None and vb is not None:
         return np.shares_memory(va, vb)
-    if _torch_tensor(a) and _torch_tensor(b):
+    if is_torch_tensor(a) and is_torch_tensor(b):
         return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     return False
 

@@ -17,6 +17,7 @@ from ..dtypes import Spec, as_dtype
 from ..errors import MicaError
 from ..grad import set_grad_enabled
 from ..tensor import user_location
+from ..verbs.core import in_dtype
 from . import init as initializers
 
 _BOUND = [{}]  # id(Parameter) -> Tensor, for the innermost bind()
@@ -522,7 +523,7 @@ class Module:
                 if key in given:
                     value = _as_values(where, key, given[key], np.shape(b), None)
                     floating = m.__dict__.get("_buffer_float") if np.asarray(b).dtype.kind == "f" else None
-                    m._buffers[name] = _in_dtype(value, floating) if floating is not None else \
+                    m._buffers[name] = in_dtype(value, floating) if floating is not None else \
                         value.astype(np.asarray(b).dtype)  # (torch's copy_: the buffer keeps its type, floats cut)
                     used.add(key)
         missing = [k for k in dict.fromkeys(expected) if k not in used]  # (torch's order, a tie once)
@@ -574,14 +575,14 @@ class Module:
                 if p.dtype.kind == "float":
                     p.dtype = d
                     if getattr(p, "_held", None) is not None:
-                        p._held = _in_dtype(p._held, d)
+                        p._held = in_dtype(p._held, d)
                     if getattr(p, "_initial", None) is not None and p._initial[0] is p.init:
-                        p._initial = (p.init, _in_dtype(p._initial[1], d))
+                        p._initial = (p.init, in_dtype(p._initial[1], d))
             for m in self.modules():
                 object.__setattr__(m, "_buffer_float", d)
                 for name, b in m._buffers.items():
                     if b is not None and np.asarray(b).dtype.kind == "f":
-                        m._buffers[name] = _in_dtype(b, d)
+                        m._buffers[name] = in_dtype(b, d)
         return self
 
     def float(self):
@@ -719,17 +720,7 @@ def _eager_call(module, args, kwargs):
 def _drawn(init, p, stream):
     """An initializer's values for p, in p's element type (bfloat16 ones held in float32, rounded:
     the values the program holds)."""
-    return _in_dtype(np.asarray(init.sample(p.shape, stream), dtype=np.float64), p.dtype)
-
-
-def _in_dtype(values, dtype):
-    """Values in a floating type's storage, bfloat16's rounded (held in float32), as torch's cast."""
-    values = np.asarray(values).astype(dtype.np_storage)
-    if dtype is dtypes.bfloat16:
-        from ..backends.reference import round_bf16
-
-        values = round_bf16(values)
-    return values
+    return in_dtype(np.asarray(init.sample(p.shape, stream), dtype=np.float64), p.dtype)
 
 
 def _held(p, name):
@@ -752,7 +743,7 @@ def _as_values(where, key, value, shape, dtype):
         raise MicaError(f"{where}: {key} has shape {list(arr.shape)}, the model's is {list(shape)}", user_location())
     if dtype is None:
         return arr
-    return _in_dtype(arr, dtype) if dtype.kind == "float" else arr.astype(dtype.np_storage)
+    return in_dtype(arr, dtype) if dtype.kind == "float" else arr.astype(dtype.np_storage)
 
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])

@@ -869,7 +869,7 @@ def full(size, fill_value, dtype=None, **_device):
     size = _size((size,) if isinstance(size, (int, np.integer)) else tuple(size))
     dtype = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
     if not in_trace():
-        return _held(np.full(size, fill_value, dtype=dtype.np_storage), dtype)
+        return in_dtype(np.full(size, fill_value, dtype=dtype.np_storage), dtype, copy=False)
     out = expand(const(fill_value, dtype), size)
     return Tensor(out.value, out._ctx)  # (a tensor of its own, not a view of the one value: in-place on it)
 
@@ -904,8 +904,7 @@ def arange(start, end=None, step=1, dtype=None, **_device):
     floats = builtins.any(isinstance(v, float) for v in (start, end, step))
     dtype = as_dtype(dtype) if dtype is not None else (dtypes.DEFAULT_FLOAT if floats else dtypes.int64)
     if not in_trace():
-        return _held((start + np.arange(n, dtype=np.float64 if dtype.kind == "float" else np.int64) * step
-                      ).astype(dtype.np_storage), dtype)
+        return in_dtype(start + np.arange(n, dtype=np.float64 if dtype.kind == "float" else np.int64) * step, dtype)
     if dtype.kind == "float":
         # Like PyTorch on the CPU, values are formed in double and rounded once.
         i = emit("iota", [], n=n, dtype=dtypes.float64)
@@ -933,9 +932,10 @@ def linspace(start, end, steps, dtype=None, **_device):
     return tensor(vals, dtype=dtype)
 
 
-def _held(values, dtype):
-    """Values of `dtype` outside a trace: bfloat16's, which numpy lacks, rounded to it and held as
-    float32 (docs/api.md)."""
+def in_dtype(values, dtype, copy=True):
+    """Values in `dtype`'s storage outside a trace, as torch's cast makes them: bfloat16's, which
+    numpy lacks, rounded to it and held as float32 (docs/api.md)."""
+    values = np.asarray(values).astype(dtype.np_storage, copy=copy)
     if dtype is not dtypes.bfloat16:
         return values
     from ..backends.reference import round_bf16
@@ -953,7 +953,7 @@ def tensor(data, dtype=None, *, _copy=True, **_device):
     dt = as_dtype(dtype) if dtype is not None else (
         dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
     if not in_trace():
-        return _held(arr.astype(dt.np_storage, copy=_copy), dt)
+        return in_dtype(arr, dt, copy=_copy)
     shape = tuple(arr.shape)  # (before ascontiguousarray, which makes a 0-d array 1-d)
     arr = np.ascontiguousarray(arr.astype(dt.np_storage))
     return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)
