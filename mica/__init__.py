@@ -28,7 +28,7 @@ from .tensor import Tensor  # noqa: E402
 from .trace import Program, compile, trace  # noqa: A004, E402
 from .verbs import (  # noqa: E402
     abs, add, addcdiv, all, allclose, any, addcmul, amax, amin, arange, argmax, argmin, argsort, as_tensor, bitwise_and, bitwise_not,
-    bitwise_or, bitwise_xor, bmm, cat, chunk, clamp, clamp_max, clamp_min, clip,
+    bitwise_or, bitwise_xor, bitwise_left_shift, bitwise_right_shift, bmm, cat, chunk, clamp, clamp_max, clamp_min, clip,
     ceil, concat, cos, cosine_similarity, cross_entropy, cumprod, cumsum, detach, diag, diagonal, div, dropout, einsum, embedding, eq, equal, erf, exp, expm1, eye, expand, fix, flatten, flip, fliplr, flipud, floor, floor_divide, fmod, frac, full,
     full_like, gather, ge, gelu, gt, index_add, index_copy, index_fill, index_put, index_select, is_floating_point, is_tensor, isclose, isfinite, isinf, isnan, layer_norm, le, lerp, linear, linspace, log, log10, log1p, log2, log_softmax, logical_and,
     logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul, max, maximum, mean, median, min, minimum, mm, msort,

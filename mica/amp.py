@@ -128,6 +128,18 @@ def _castable(t):
     return isinstance(t, Tensor) and t.dtype.kind == "float"
 
 
+def _times(outputs, scale):
+    """outputs * scale for a Tensor, or each Tensor of a list or tuple (nested), as torch's scale."""
+    from .tensor import Tensor, fail
+
+    if isinstance(outputs, (list, tuple)):
+        return type(outputs)(_times(o, scale) for o in outputs)
+    if not isinstance(outputs, Tensor):
+        fail(f"GradScaler.scale: outputs must be a Tensor or a list or tuple of Tensors (as torch's), got "
+             f"{type(outputs).__name__}")
+    return outputs * scale
+
+
 class GradScaler:
     """torch.amp.GradScaler's arithmetic, functional like Mica's optimizers: its state (the scale,
     float32, and the growth tracker, int32) goes in and out of the traced step.
@@ -294,14 +306,15 @@ class GradScaler:
         return False
 
     def scale(self, loss, state=None):
+        """The loss (a Tensor, or lists and tuples of them, as torch's `outputs`) times the scale."""
         if self.enabled and state is None and self._torch_form_here("scale"):
             from . import stateful
 
             state = stateful.note_scaler(self)
-            return loss if state is None else loss * state["scale"]  # (None: the finding trace, never run)
+            return loss if state is None else _times(loss, state["scale"])  # (None: the finding trace, never run)
         if self.enabled:
             self._check_state("scale", state)
-        return loss * state["scale"] if self.enabled else loss
+        return _times(loss, state["scale"]) if self.enabled else loss
 
     def unscale(self, grads, state=None):
         """(the gradients times 1/scale, a 0-d bool: did any hold an inf or NaN)."""

@@ -477,6 +477,16 @@ class Tensor:
     def __ror__(self, o): return F.bitwise_or(o, self)
     def __xor__(self, o): return F.bitwise_xor(self, o)
     def __rxor__(self, o): return F.bitwise_xor(o, self)
+    def __lshift__(self, o): return F.bitwise_left_shift(self, o)
+    def __rlshift__(self, o): return F.bitwise_left_shift(o, self)
+    def __rshift__(self, o): return F.bitwise_right_shift(self, o)
+    def __rrshift__(self, o): return F.bitwise_right_shift(o, self)
+    def bitwise_not(self): return F.bitwise_not(self)
+    def bitwise_and(self, o): return F.bitwise_and(self, o)
+    def bitwise_or(self, o): return F.bitwise_or(self, o)
+    def bitwise_xor(self, o): return F.bitwise_xor(self, o)
+    def bitwise_left_shift(self, o): return F.bitwise_left_shift(self, o)
+    def bitwise_right_shift(self, o): return F.bitwise_right_shift(self, o)
     def __getitem__(self, index): return F.getitem(self, index)
 
     # ---- in-place forms, as PyTorch's optimizers write them ------------------------------------

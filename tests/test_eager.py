@@ -836,6 +836,59 @@ def test_an_enabled_grad_scaler_in_torchs_form_makes_torchs_decisions():
         mica.compile(module_inside)(x)
 
 
+def test_torch_cuda_amps_names_keep_its_signatures_and_scale_takes_torchs_lists(recwarn):
+    """mica.cuda.amp is torch.cuda.amp: autocast() is float16 on the card's op lists (it was the CPU's
+    bfloat16 ones), autocast(False) is off, GradScaler(1024.0) takes init_scale first (it was refused)
+    and `from mica.cuda.amp import ...` imports; scale() takes a list or tuple of outputs, as torch's,
+    and scales each (a list was a sentence about mul); two scaled losses train torch's weights."""
+    from mica.cuda.amp import GradScaler, autocast
+
+    def kinds(ctx):
+        def f(a, b):
+            with ctx:
+                return a @ b, (a @ b).softmax(-1)
+        return [t.dtype for t in mica.trace(f, mica.f32[2, 2], mica.f32[2, 2]).outputs]
+
+    assert kinds(autocast()) == [mica.float16, mica.float32]  # (softmax on the card's float32 list)
+    assert kinds(autocast(dtype=mica.bfloat16)) == [mica.bfloat16, mica.float32]
+    assert kinds(autocast(False)) == [mica.float32, mica.float32]
+    assert kinds(mica.autocast("cpu", dtype=mica.float16)) == [mica.float16, mica.float16]
+    assert GradScaler(1024.0, 3.0, 0.25, 7).state_dict() == torch.amp.GradScaler(
+        "cpu", 1024.0, 3.0, 0.25, 7).state_dict()
+
+    torch.manual_seed(1)
+    tm = torch.nn.Linear(6, 3)
+    m = mica.nn.Linear(6, 3)
+    m.load_state_dict(tm.state_dict())
+    opt, topt = mica.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(tm.parameters(), lr=0.1)
+    scaler, tscaler = GradScaler(init_scale=256.0), torch.amp.GradScaler("cpu", init_scale=256.0)
+
+    def step(lib, model, o, sc, x):
+        y = model(x)
+        first, (second,) = sc.scale([y.square().mean(), (y.sum(),)])
+        (first + second).backward()
+        sc.step(o)
+        sc.update()
+        o.zero_grad()
+        return first
+
+    mine = mica.compile(lambda x: step(mica, m, opt, scaler, x))
+    x = np.random.default_rng(2).standard_normal((5, 6)).astype(np.float32)
+    for _ in range(3):
+        got, want = mine(x), step(torch, tm, topt, tscaler, torch.from_numpy(x))
+        assert rel_err(np.asarray(got), want.detach().numpy()) < 1e-5
+    for v, tv in zip(m.state_dict().values(), tm.state_dict().values()):
+        assert rel_err(np.asarray(v), tv.numpy()) < 1e-5
+
+    def number(x):
+        scaler.scale(m(x).sum() + scaler.scale(3.0)).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    with pytest.raises(mica.MicaError, match=r"^GradScaler.scale: outputs must be a Tensor or a list or tuple"):
+        mica.compile(number)(x)
+
+
 def test_an_optimizers_state_dict_is_torchs_layout_and_resumes_from_either_side():
     """optimizer.state_dict() keys each parameter's state by its place in the groups, as torch's,
     so a resume in fresh objects finds it whatever names the parameters were given meanwhile, and

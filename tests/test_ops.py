@@ -430,6 +430,53 @@ def test_masks_keep_bool_and_bitwise_verbs_are_logical_on_bools_only():
             mica.trace(bad, mica.f32[n, n])
 
 
+def test_shifts_and_integer_powers_take_torchs_values_and_types():
+    """<< and >> (bitwise_left_shift/right_shift) are torch's on int64 and int32, by a number or a
+    tensor of counts, counts out of range included (0 to the left, the sign to the right; a traced
+    shift was a Python TypeError); an integer tensor ** 2.0 is a float, as torch's (it was int64)."""
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.integers(-2**62, 2**62, 12), [5, -5, -1, 0, 2**63 - 1, -2**63]]).astype(np.int64)
+    counts = np.array([0, 1, 2, 31, 32, 33, 62, 63, 64, 65, -1, -64, 7, 13, 40, 3, 1, 63], dtype=np.int64)
+    x32, counts32 = (x >> 20).astype(np.int32), np.clip(counts, -40, 40).astype(np.int32)
+
+    def shifts(m, v, s, v32, s32):
+        out = [v << s, v >> s, 3 << s, -3 >> s, v32 << s32, v32 >> s32, m.bitwise_left_shift(v, 5),
+               v.bitwise_right_shift(9), (v < 0) << 2]
+        for n in (0, 1, 31, 62, 63, 64, -1):
+            out += [v << n, v >> n, v32 << n, v32 >> n]
+        return tuple(out)
+
+    want = shifts(torch, *(torch.tensor(a) for a in (x, counts, x32, counts32)))
+    got = mica.compile(lambda *a: shifts(mica, *a))(x, counts, x32, counts32)
+    for g, w in zip(got, want):
+        assert np.asarray(g).dtype == w.numpy().dtype and np.array_equal(np.asarray(g), w.numpy())
+    with pytest.raises(mica.MicaError, match=r"^bitwise_left_shift \(<<\) works on integer tensors, got float32.*"
+                                             r"\(.*test_ops.py:\d+\)$"):
+        mica.trace(lambda q: q << 1, mica.f32[3])
+
+    ints = rng.integers(-6, 7, 9)
+    for e in (2.0, 2, 3, 3.0, 0.5, 1.0):
+        w = torch.tensor(ints) ** e
+        g = np.asarray(mica.compile(lambda v: v ** e)(ints))
+        assert g.dtype == w.numpy().dtype, (e, g.dtype, w.dtype)
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, equal_nan=True)
+    assert abs(float(mica.compile(lambda v: (v ** 2.0).mean())(ints)) - float((torch.tensor(ints) ** 2.0).mean())) < 1e-5
+
+
+def test_integer_division_is_exact_for_every_int64():
+    """// % fmod and trunc division of int64 beyond 2**53, where float64 rounds the dividend: the
+    quotient through float64 was off by up to |a| / 2**52 (a // 1 gave a - 39), silently."""
+    rng = np.random.default_rng(12)
+    a = np.concatenate([rng.integers(-2**63, 2**63 - 1, 600, dtype=np.int64), [2**63 - 1, -2**63 + 1, 2**53 + 1]])
+    b = np.concatenate([rng.integers(-2**63, 2**63 - 1, 150, dtype=np.int64), rng.integers(-40, 40, 150),
+                        rng.integers(-2**40, 2**40, 150), rng.integers(-2**60, 2**60, 150), [1, -1, 3]])
+    b[b == 0] = 7
+    got = mica.compile(lambda x, y: (x // y, x % y, mica.div(x, y, rounding_mode="trunc"), mica.fmod(x, y)))(a, b)
+    ta, tb = torch.tensor(a), torch.tensor(b)
+    for g, w in zip(got, (ta // tb, ta % tb, torch.div(ta, tb, rounding_mode="trunc"), torch.fmod(ta, tb))):
+        assert np.array_equal(np.asarray(g), w.numpy())
+
+
 def test_nll_loss_takes_torchs_arguments_and_refuses_what_torch_refuses():
     """Targets of the wrong shape are a sentence at the user's line (torch raises too), as are class
     weights; a target out of range stops the program with a sentence, as torch raises (it was a NaN

@@ -209,9 +209,9 @@ subtract = sub
 
 def pow(input, exponent):
     input, exponent = amp.float32("pow", input, exponent)
-    if isinstance(input, Tensor) and is_scalar(exponent) and exponent == 2:
-        return mul(input, input)
     dt = result_type(input, exponent)
+    if isinstance(input, Tensor) and is_scalar(exponent) and exponent == 2 and dt is input.dtype:
+        return mul(input, input)  # (not an integer tensor ** 2.0: torch's result is a float)
     if dt.kind == "int":  # (torch's: an integer result, by products; the pow primitive is float's)
         if not (isinstance(input, Tensor) and is_scalar(exponent)):
             fail("pow: integers raised to a tensor of integer exponents are not supported; cast one side with .float()")
@@ -303,6 +303,59 @@ def bitwise_or(input, other):
 
 def bitwise_xor(input, other):
     return _bitwise("bitwise_xor (^)", "bitwise_xor", logical_xor, input, other)
+
+
+def _shift_operands(verb, input, other):
+    """A shift's operands in their promoted integer type, as torch's: a bool beside a Python int is an
+    int64; floats (and two bools) have no shifts."""
+    if not builtins.any(isinstance(x, Tensor) for x in (input, other)):
+        current(verb)
+        raise TraceError(f"{verb} needs at least one Tensor operand", user_location())
+    dt = result_type(input, other)
+    if dt.kind != "int":
+        fail(f"{verb} works on integer tensors, got {dt.name}; cast with .long() first (torch refuses it too)")
+    if is_scalar(other):  # (a Python int wraps into the type first, as torch casts it)
+        other = int(np.array(int(other)).astype(np.int64).astype(dt.np_storage))
+    return as_tensor(input, dt), other, dt, 8 * dt.itemsize
+
+
+def _wrapped_power(n, dt):
+    """2 ** n as dt holds it (2 ** 63 wraps to int64's least value, as x * 2 ** 63 wraps)."""
+    return int(np.array(1 << n, dtype=np.uint64).astype(dt.np_storage))
+
+
+def _power_of_two(s, dt, bits):
+    """2 ** s for shift counts s (a tensor, each in [0, bits - 1]) in dt's wrapping arithmetic: the
+    product of 2 ** (2 ** b) over s's set bits b."""
+    p = full_like(s, 1)
+    for b in range(bits.bit_length() - 1):
+        p = where(ne(bitwise_and(s, 1 << b), 0), mul(p, const(_wrapped_power(1 << b, dt), dt)), p)
+    return p
+
+
+def bitwise_left_shift(input, other):
+    """torch's <<: x * 2 ** n wrapping in the integer type; a count below 0 or at least the type's
+    bits gives 0, as torch's does."""
+    x, n, dt, bits = _shift_operands("bitwise_left_shift (<<)", input, other)
+    if is_scalar(n):
+        return zeros_like(x) if n < 0 or n >= bits else mul(x, const(_wrapped_power(n, dt), dt))
+    n = as_tensor(n, dt)
+    shifted = mul(x, _power_of_two(clamp(n, 0, bits - 1), dt, bits))
+    return where(logical_or(lt(n, 0), ge(n, bits)), const(0, dt), shifted)
+
+
+def bitwise_right_shift(input, other):
+    """torch's >>: arithmetic (x // 2 ** n, rounding down); a count below 0 or at least the type's
+    bits less one fills with the sign, as torch's does."""
+    x, n, dt, bits = _shift_operands("bitwise_right_shift (>>)", input, other)
+    if is_scalar(n) and 0 <= n < bits - 1:
+        return x if n == 0 else _int_quotient(x, const(1 << n, dt), "floor")
+    sign = where(lt(x, 0), const(-1, dt), const(0, dt))
+    if is_scalar(n):
+        return sign
+    n = as_tensor(n, dt)
+    quotient = _int_quotient(x, _power_of_two(clamp(n, 0, bits - 2), dt, bits), "floor")
+    return where(logical_or(lt(n, 0), ge(n, bits - 1)), sign, quotient)
 
 
 def _unary(op, floating=True):
@@ -428,12 +481,16 @@ def is_floating_point(input):
 # ---- division with rounding, and remainders (torch's formulas, element by element) ----------------
 
 def _int_quotient(a, b, mode):
-    """a / b rounded toward zero or down, for integers: through float64 (exact while |a| < 2**53),
-    then corrected by one where the remainder says so, so the result is exact for every int64. A
-    zero divisor gives 0 (torch raises)."""
+    """a / b rounded toward zero or down, for integers: through float64, which is exact while
+    |a| < 2**53; beyond, the quotient is off by up to |a| / 2**52, so the remainder it leaves (small
+    beside a) is divided again, in float64, to correct it; then corrected by one where the remainder
+    says so, so the result is exact for every int64. A zero divisor gives 0 (torch raises)."""
     dt = a.dtype
     safe_b = where(eq(b, 0), const(1, dt), b)
-    q = to(trunc(div(to(a, dtypes.float64), to(safe_b, dtypes.float64))), dt)
+    wide_b = to(safe_b, dtypes.float64)
+    q = to(trunc(div(to(a, dtypes.float64), wide_b)), dt)
+    if dt.itemsize * 8 > 53:  # (int32 is exact in float64 already)
+        q = add(q, to(trunc(div(to(sub(a, mul(q, safe_b)), dtypes.float64), wide_b)), dt))
     r = sub(a, mul(q, safe_b))
     # truncation: the remainder has a's sign and |r| < |b|
     too_far = logical_and(ne(r, 0), ne(lt(r, 0), lt(a, 0)))  # (q one too large in magnitude)

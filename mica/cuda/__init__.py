@@ -2,12 +2,12 @@
 (nanoGPT: `torch.cuda.is_available() and torch.cuda.is_bf16_supported()`). Mica's programs run
 where they are compiled for (`mica.compile(..., target="cuda")`, `mica train --device=cuda`); these
 say whether this machine has an NVIDIA card its CUDA programs can run on."""
-from . import amp  # noqa: F401  (torch.cuda.amp: GradScaler, autocast)
+from . import amp  # noqa: F401  (torch.cuda.amp: autocast and GradScaler with its signatures)
 
 
 def is_available():
     """Whether an NVIDIA GPU and its driver are usable here."""
-    from .backends.cuda.build import unusable
+    from ..backends.cuda.build import unusable
 
     return unusable() is None
 
@@ -25,7 +25,7 @@ def synchronize(device=None):
 
 
 def manual_seed(seed):
-    from .random import manual_seed as seed_all
+    from ..random import manual_seed as seed_all
 
     seed_all(seed)
 
@@ -36,6 +36,6 @@ manual_seed_all = manual_seed
 def __getattr__(name):  # (another torch.cuda function: Mica's sentence)
     if name.startswith("_"):
         raise AttributeError(name)
-    from .errors import missing_verb
+    from ..errors import missing_verb
 
     raise missing_verb("mica.cuda.", name, "torch.cuda.")
