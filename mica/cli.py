@@ -150,6 +150,8 @@ def cmd_plot(args, extra):
 def cmd_export(args, extra):
     from .train import convert
 
+    if extra:  # (a misspelt --dtype would otherwise write float32 and say nothing)
+        raise MicaError(f"unexpected arguments: {' '.join(extra)}; mica export --help lists what it takes")
     convert.export_nanogpt(args.out_dir, args.to, dtype=args.dtype, force=args.force)
     print(f"wrote {args.to}")
     return 0
@@ -159,6 +161,9 @@ def cmd_import(args, extra):
     from .files import lock_run_folder, no_empty_folders_left, writable_folder
     from .train import convert
 
+    if extra:
+        raise MicaError(f"unexpected arguments: {' '.join(extra)}; mica import --help lists what it takes (one "
+                        "checkpoint at a time)")
     if not args.out_dir:
         raise MicaError("--out_dir is empty; give the folder to write ckpt.safetensors into")
     target = os.path.join(args.out_dir, "ckpt.safetensors")
@@ -208,9 +213,14 @@ def _inspect_gpt(args, s, batch, dtype="float32"):
     if batch <= 0:
         raise MicaError(f"batch_size must be positive, got {batch}")
     cfg = GPTConfig(**s)
-    model = GPT(cfg)
     print(f"GPT {cfg}")
-    print(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
+    if args.ir:
+        model = GPT(cfg)
+        count = model.get_num_params()
+    else:  # (blocks are alike: counted from models of one and two, so any n_layer is counted at once)
+        one, two = (GPT(GPTConfig(**{**s, "n_layer": n})).get_num_params() for n in (1, 2))
+        count = one + (cfg.n_layer - 1) * (two - one)
+    print(f"number of parameters: {count / 1e6:.2f}M")
     if args.ir:
         params = model.param_specs()
         opt = mica.optim.adamw(param_groups=mica.optim.nanogpt_param_groups(params, 0.1))

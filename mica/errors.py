@@ -80,9 +80,9 @@ def _uncaught(kind, value, tb, _python=None):
         if isinstance(value, MicaError) and value.loc:
             print(f"mica: error: {value}", file=sys.stderr)
             return
-        missing = _missing_import(value, tb)
-        if missing:
-            print(f"mica: error: {missing}", file=sys.stderr)
+        said = _missing_import(value, tb) or _misused_signature(value, tb)
+        if said:
+            print(f"mica: error: {said}", file=sys.stderr)
             return
     (_python or sys.__excepthook__)(kind, value, tb)
 
@@ -99,6 +99,31 @@ def _raised_by_mica(tb):
         return None
     users = [f for f in frames if not f.filename.startswith("<") and not _is_internal(os.path.abspath(f.filename))]
     return (users[-1].filename, users[-1].lineno) if users else None
+
+
+_SIGNATURE = (r"([\w.]+\(\)) (got an unexpected keyword argument '\w+'|missing \d+ required (?:positional|keyword-only) "
+              r"arguments?: .*|takes (?:from \d+ to )?\d+ positional arguments? but \d+ (?:were|was) given|"
+              r"got multiple values for argument '\w+'|takes no arguments)$")
+
+
+def _misused_signature(value, tb):
+    """A verb, Tensor method or module called with arguments its signature (torch's) has no place
+    for, as Python's TypeError says it where Mica's code made the call: that sentence at the user's
+    line, not a traceback through Mica's frames; None for any other exception."""
+    import re
+
+    found = re.match(_SIGNATURE, str(value)) if type(value) is TypeError else None
+    where = _raised_by_mica(tb) if found else None
+    if found and not where and found.group(1).startswith("Tensor.") and tb:  # (a traced Tensor's method,
+        import traceback                                                      # bound at the user's line)
+
+        last = traceback.extract_tb(tb)[-1]
+        where = (last.filename, last.lineno)
+    if not where:
+        return None
+    name, what = found.groups()
+    return (f"{name} {what}; call it with the arguments its signature takes (torch's, for Mica's verbs and "
+            f"methods: help() on one lists them) ({format_loc(where)})")
 
 
 def _missing_import(value, tb):

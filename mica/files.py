@@ -13,6 +13,8 @@ def writable_folder(path, what="output folder"):
     if not path:
         raise MicaError(f"the {what} is empty; give the path of a folder")
     if os.path.exists(path) and not os.path.isdir(path):
+        if not os.path.isfile(path):  # (a device such as /dev/null, a pipe or a socket: never to be removed)
+            raise MicaError(f"{what} {path} is not a folder (a device or other special file); choose a folder's path")
         raise MicaError(f"{what} {path} exists and is a file, not a folder; remove it or choose another path")
     try:
         os.makedirs(path, exist_ok=True)

@@ -6,6 +6,7 @@ in PyTorch's in-place style stays functional underneath. A view remembers the te
 (link_view), so an in-place step on either points the other, and every other view, at its new
 Value as well: torch's shared memory, as values.
 """
+import contextlib
 import functools
 import math
 import os
@@ -22,8 +23,11 @@ _PKG = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _USER_DIRS = (os.path.join(_PKG, "models") + os.sep,)
 
 
+_PASSED_THROUGH = (os.path.abspath(contextlib.__file__),)  # (`with model.bind(p):` enters Mica through these)
+
+
 def _is_internal(path):
-    return path.startswith(_PKG) and not path.startswith(_USER_DIRS)
+    return path.startswith(_PKG) and not path.startswith(_USER_DIRS) or path in _PASSED_THROUGH
 
 
 def user_location():
@@ -366,10 +370,10 @@ class Tensor:
                          user_location())
 
     def __float__(self):
-        raise TraceError("a traced Tensor has no value while tracing, so float()/int()/.item() cannot "
-                         "read it; return it from the traced function to see its value", user_location())
+        raise TraceError("a traced Tensor has no value while tracing, so float()/int()/.item()/.tolist()/.numpy() "
+                         "cannot read it; return it from the traced function to see its value", user_location())
 
-    __int__ = __index__ = item = tolist = __float__
+    __int__ = __index__ = item = tolist = numpy = __float__
 
     @property
     def grad(self):

@@ -14,6 +14,16 @@ def test_inspect_counts_parameters_like_nanogpt():
               "--bias=False")
     assert r.returncode == 0, r.stderr
     assert "number of parameters: 10.65M" in r.stdout
+    # any n_layer is counted at once (a model of 100000 blocks was built, and the kernel killed it), and
+    # the count is the built model's: GPT-2 small's 123.69M, and 1000 of its blocks
+    r = _mica("inspect", "--n_layer=100000", "--n_embd=100000", "--n_head=1")
+    assert r.returncode == 0 and "number of parameters: 12000135030.60M" in r.stdout, r.stderr
+    assert "number of parameters: 123.69M" in _mica("inspect", "--n_layer=12", "--n_head=12", "--n_embd=768").stdout
+    from mica.models.gpt import GPT, GPTConfig
+
+    built = GPT(GPTConfig(n_layer=7, n_head=2, n_embd=40, block_size=9, vocab_size=11, bias=True)).get_num_params()
+    r = _mica("inspect", "--n_layer=7", "--n_head=2", "--n_embd=40", "--block_size=9", "--vocab_size=11")
+    assert f"number of parameters: {built / 1e6:.2f}M" in r.stdout
 
 
 def test_inspect_prints_the_step_ir():

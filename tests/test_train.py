@@ -63,6 +63,25 @@ def test_resume_continues_bitwise_exactly(workdir):
                 for line in open(d / run / "metrics.jsonl")]
     assert rows("resumed") == rows("straight")  # (no row twice: those past the checkpoint were dropped)
 
+    # a resume that fails before its first save (a loss that turns non-finite, a batch order file that
+    # runs out) leaves metrics.jsonl whole: the rows past the checkpoint were deleted before it trained
+    mica("train", *common, "--max_iters=10", "--out_dir=failed", cwd=d)
+    before = {n: (d / "failed" / n).read_bytes() for n in ("ckpt.safetensors", "metrics.jsonl", "init.safetensors")}
+    r = mica_cli("train", *common, "--max_iters=12", "--out_dir=failed", "--init_from=resume",
+                 "--always_save_checkpoint=False", "--learning_rate=1e30", "--decay_lr=False", "--grad_clip=0.0", cwd=d)
+    assert r.returncode == 3 and "and so is metrics.jsonl (this resume's log is metrics.jsonl.new)" in r.stderr, r.stderr
+    assert {n: (d / "failed" / n).read_bytes() for n in before} == before
+    new = [json.loads(line) for line in open(d / "failed" / "metrics.jsonl.new")]
+    assert new[-1]["stopped"] == "non-finite loss" and all(row.get("iter", 0) <= 9 for row in new[:-1])
+    (d / "order.txt").write_text("0\n1\n2\n")
+    r = mica_cli("train", *common, "--max_iters=12", "--out_dir=failed", "--init_from=resume",
+                 "--always_save_checkpoint=False", "--batch_order=" + str(d / "order.txt"), cwd=d)
+    assert r.returncode == 2 and "ran out of offsets" in r.stderr, r.stderr
+    assert {n: (d / "failed" / n).read_bytes() for n in before} == before
+    # then a resume that finishes makes its log the run's, as the straight run's
+    mica("train", *common, "--max_iters=12", "--out_dir=failed", "--init_from=resume", cwd=d)
+    assert rows("failed") == rows("straight") and not (d / "failed" / "metrics.jsonl.new").exists()
+
     # resumed with another eval_interval, the loop does not evaluate at the checkpoint's step again: its
     # row, logged before the save, is kept (it was dropped, and never written again)
     mica("train", *common, "--max_iters=10", "--out_dir=interval", cwd=d)

@@ -412,3 +412,89 @@ def test_a_parameter_changed_with_gradients_off_by_any_of_torchs_forms_is_not_re
 
     with pytest.raises(mica.MicaError, match="^the parameter weight requires a gradient"):
         after(np.ones((2, 4), np.float32))
+
+
+def test_an_outside_sweep_of_mistakes_gets_sentences_at_the_users_line():
+    """From an outside sweep of user mistakes: values torch refuses (a dropout_p outside [0, 1],
+    which gave zeros or crashed the oracle; a float ignore_index, which halved the loss; a str
+    correction or fill value, which raised Python's errors), a float index tensor, .numpy() in a
+    trace, cat(a, b), a module without forward(), and bind()'s params missing or not a dict (both
+    said at contextlib.py's line) are sentences at the user's line."""
+    q = mica.f32[1, 2, 4, 8]
+    for p in (2.0, -0.5, "x"):
+        line = _line(1)
+        said = _refused(lambda a: F.scaled_dot_product_attention(a, a, a, dropout_p=p), q, error=mica.MicaError)
+        assert said.startswith(f"scaled_dot_product_attention: dropout_p must be a number in [0, 1], got {p!r}")
+        assert line in said
+    assert "dropout: probability must be a number in [0, 1], got 1.5" in _refused(
+        lambda a: F.dropout(a, 1.5), q, error=mica.MicaError)
+    for verb in (F.cross_entropy, F.nll_loss):
+        said = _refused(lambda x, t: verb(x, t, ignore_index=1.5), mica.f32[4, 5], mica.i64[4], error=mica.MicaError)
+        assert said.startswith(f"{verb.__name__}: ignore_index must be an int"), said
+    line = _line(1)
+    said = _refused(lambda x: x.var(dim=1, correction="x"), mica.f32[4, 5], error=mica.MicaError)
+    assert said.startswith("var/std: correction must be a number") and line in said
+    assert _refused(lambda x: x + mica.full((4, 5), "x"), mica.f32[4, 5], error=mica.MicaError).startswith(
+        "full: fill_value must be a number or a bool, got 'x'")
+    assert _refused(lambda x: x[x], mica.f32[4], error=mica.MicaError).startswith(
+        "tensors used as indices must be integer or bool tensors, got float32")
+    line = _line(1)
+    said = _refused(lambda x: x.numpy(), mica.f32[4])
+    assert "cannot read it; return it from the traced function" in said and line in said
+    for verb in (mica.cat, mica.stack):
+        assert _refused(lambda x: verb(x, x), mica.f32[4], error=mica.MicaError).startswith(
+            f"{verb.__name__} takes its tensors as one list or tuple")
+
+    class NoForward(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = mica.nn.Linear(2, 2)
+
+    m = NoForward()
+    line = _line(1)
+    said = _refused(lambda p, x: mica.nn.functional_call(m, p, x).sum(), m.param_specs(), mica.f32[2, 2],
+                    error=mica.MicaError)
+    assert said.startswith("NoForward defines no forward()") and line in said
+    lin = mica.nn.Linear(3, 2)
+    some = {k: v for k, v in lin.param_specs().items() if k != "bias"}
+    line = _line(1)
+    said = _refused(lambda p, x: mica.nn.functional_call(lin, p, x).sum(), some, mica.f32[2, 3], error=mica.MicaError)
+    assert said.startswith("bind: no value given for parameter 'bias'") and line in said, said
+
+    def swapped(x, p):
+        with lin.bind(p):  # (the specs given in the other order)
+            return lin(x).sum()
+
+    line = _line(-3)
+    said = _refused(swapped, lin.param_specs(), mica.f32[2, 3], error=mica.MicaError)
+    assert said.startswith("bind: params must be a dict of the model's parameters") and line in said, said
+
+
+@pytest.mark.parametrize("call, says", [
+    ("F.cross_entropy(a, t, reduce_mode='mean')",
+     "cross_entropy() got an unexpected keyword argument 'reduce_mode'"),
+    ("a.sum(dimm=1)", "Tensor.sum() got an unexpected keyword argument 'dimm'"),
+    ("a.view(shape=(20,))", "Tensor.view() got an unexpected keyword argument 'shape'"),
+    ("mica.cumsum(a)", "cumsum() missing 1 required positional argument: 'dim'"),
+    ("mica.nn.functional_call(lin, p, (a, a))", "Linear.forward() takes 2 positional arguments but 3 were given"),
+])
+def test_a_call_its_signature_has_no_place_for_ends_a_script_with_a_sentence(tmp_path, call, says):
+    """A verb, Tensor method or module called with arguments its signature lacks (torch refuses them
+    too) ends a script with Python's reason as one sentence at the user's line, not a traceback
+    through Mica's frames; the user's own TypeErrors keep Python's traceback."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "mine.py"
+    script.write_text("import mica\nimport mica.nn.functional as F\nlin = mica.nn.Linear(5, 2)\n\n"
+                      f"def step(p, a, t):\n    return {call}\n\n"
+                      "mica.trace(step, lin.param_specs(), mica.f32[4, 5], mica.i64[4])\n")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env.pop("MICA_TRACEBACK", None)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and r.stderr.startswith(f"mica: error: {says}; call it with the arguments"), r.stderr
+    assert r.stderr.strip().endswith("(mine.py:6)") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    (tmp_path / "theirs.py").write_text("import mica\n\ndef f(x):\n    pass\n\nf(1, 2)\n")
+    r = subprocess.run([sys.executable, str(tmp_path / "theirs.py")], capture_output=True, text=True, env=env)
+    assert "Traceback" in r.stderr and "f() takes 1 positional argument but 2 were given" in r.stderr

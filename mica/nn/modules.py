@@ -6,6 +6,7 @@ trace `mica.nn.functional_call(model, params, *args)` (or `with model.bind(param
 `self.weight` read the traced Tensor for that parameter. Names follow PyTorch's `state_dict()`.
 """
 import collections
+import collections.abc
 import contextlib
 import fnmatch
 import math
@@ -651,10 +652,15 @@ class Module:
     def bind(self, params):
         """Make each parameter attribute read params[name]: inside a trace a Tensor; outside one
         (an eager call) the values it runs with."""
+        if not isinstance(params, collections.abc.Mapping):
+            raise MicaError(f"bind: params must be a dict of the model's parameters by name (as model.param_specs() "
+                            f"names them), got {type(params).__name__}; are the trace's specs in the function's "
+                            f"argument order?", user_location())
         table = dict(_BOUND[-1])
         for name, p in self.named_parameters():
             if name not in params:
-                raise MicaError(f"bind: no value given for parameter {name!r}")
+                raise MicaError(f"bind: no value given for parameter {name!r}; give every name model.param_specs() "
+                                f"has", user_location())
             table[id(p)] = params[name]
         _BOUND.append(table)
         try:
@@ -668,7 +674,8 @@ class Module:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+        raise MicaError(f"{type(self).__name__} defines no forward(); define forward(self, ...) as a torch module "
+                        "does", user_location())
 
     def extra_repr(self):
         return ""

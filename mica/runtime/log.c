@@ -11,14 +11,16 @@ static FILE *metrics;
 static int tty = -1;
 
 /* A scratch run starts a fresh file; a resumed one appends to the run it continues. A run that
- * starts in a folder holding an earlier run's checkpoint (S.pending: mica train's note says its
+ * starts in a folder holding an earlier run's checkpoint (S.pending 1: mica train's note says its
  * first save replaces that run) keeps that run's metrics.jsonl and init.safetensors until its own
  * first checkpoint: it logs to metrics.jsonl.new, starts from init.new.safetensors, and log_keep_run
  * renames both into place. A run that saves none (stopped by Ctrl-C, a non-finite loss or a failure,
- * or finished without a save) leaves the earlier run's files as they were. */
+ * or finished without a save) leaves the earlier run's files as they were. A resume whose log leaves
+ * out rows the stopped run wrote after its checkpoint (S.pending 2: mica train wrote the rows it
+ * keeps to metrics.jsonl.new) appends to that file, renamed into place the same way. */
 void log_open_metrics(int append) {
     char path[8192];
-    snprintf(path, sizeof path, "%s/metrics.jsonl%s", S.out_dir, S.pending && !append ? ".new" : "");
+    snprintf(path, sizeof path, "%s/metrics.jsonl%s", S.out_dir, S.pending ? ".new" : "");
     metrics = fopen(path, append ? "a+" : "w");
     if (!metrics) die(2, "cannot write %s: %s; check that the folder is writable", path, strerror(errno));
     if (append && fseek(metrics, -1, SEEK_END) == 0 && fgetc(metrics) != '\n') /* a run killed mid-line */
@@ -67,11 +69,16 @@ void log_keep_run(void) {
 }
 
 /* the end of a run that finished, then the log closes. One that saved no checkpoint in a folder holding
- * an earlier run's (S.pending still: --max_iters=0, --eval_only, or no eval after iter 0) leaves that
- * run whole, as nanoGPT writes nothing then: its start goes, its log stays as metrics.jsonl.new */
+ * an earlier run's (S.pending 1 still: --max_iters=0, --eval_only, or no eval after iter 0) leaves that
+ * run whole, as nanoGPT writes nothing then: its start goes, its log stays as metrics.jsonl.new. A
+ * resume that finished (S.pending 2) makes its log the run's, as its first save would have. */
 void log_finish_metrics(void) {
     log_close_metrics();
     if (!S.pending || S.rank != 0) return;
+    if (S.pending == 2) { /* a resume that finished: its log is the run's, saved or not */
+        log_keep_run();
+        return;
+    }
     char path[8192];
     snprintf(path, sizeof path, "%s/init.new.safetensors", S.out_dir);
     unlink(path);
@@ -106,7 +113,10 @@ void log_progress(int64_t iter, double tok_per_s, double eta) {
 
 const char *log_last_good(const char *unit, int64_t saved) {
     static char text[8400];
-    if (saved >= 0)
+    if (saved >= 0 && S.pending == 2)
+        snprintf(text, sizeof text, "the last good checkpoint, %s/ckpt.safetensors (%s %lld), is untouched, and so is "
+                 "metrics.jsonl (this resume's log is metrics.jsonl.new)", S.out_dir, unit, (long long)saved);
+    else if (saved >= 0)
         snprintf(text, sizeof text, "the last good checkpoint, %s/ckpt.safetensors (%s %lld), is untouched", S.out_dir,
                  unit, (long long)saved);
     else if (S.pending)

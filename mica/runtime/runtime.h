@@ -81,7 +81,8 @@ typedef struct {
     int n_train_files, n_val_files;
     int64_t vocab, block, batch, accum, max_iters, eval_interval, eval_iters, log_interval;
     int64_t eval_only, always_save, seed, threads, time_every_iter, stop_at; /* stop_at: 0, or a step to stop after */
-    int64_t pending; /* 1: an earlier run's metrics.jsonl and init.safetensors stay until this run's first save (log.c) */
+    int64_t pending; /* 1: an earlier run's metrics.jsonl and init.safetensors stay until this run's first save;
+                        2: a resume's trimmed log is metrics.jsonl.new until its first save (log.c) */
     double flops_per_iter, peak_flops;
     /* the programs' inputs (tr_x, ...) and outputs (tr_loss, ...) the loop uses, by index */
     int64_t tr_x, tr_y, tr_iter, tr_loss, tr_lr, ev_x, ev_y, ev_loss, lg_idx, lg_logits;

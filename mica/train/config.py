@@ -361,6 +361,8 @@ def _without_value(item, after, defaults=None):
     """The sentence for a setting given without '=' (`after`: the item that follows it, which the
     example takes for its value when it looks like one; else True for a yes/no setting, or the
     setting's default as an example of its type)."""
+    if defaults is not None and re.fullmatch(r"--\w+", item) and item[2:] not in defaults:  # (no value to add)
+        return MicaError(f"unknown setting {item[2:]!r}{_nearest(item[2:], defaults) or '; --help lists every setting'}")
     default = (defaults or {}).get(item[2:], True)
     value = after if after and not after.startswith("-") and not os.path.isfile(after) and \
         after not in BUILTIN_CONFIGS and not after.endswith(".py") else \

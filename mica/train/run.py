@@ -244,7 +244,7 @@ def _prepare_nanogpt(cfg, log, held):
     loads = _initial_state(cfg, model, expected, out_dir, settings, log)
     if rank == 0 and settings.get("resume"):  # (nanoGPT's loop evaluates again at the iteration it resumes at,
         at = settings["resume_iter"]          # where that is a multiple of this run's eval_interval)
-        _metrics_up_to(out_dir, at, evaluated_again=at % int(cfg["eval_interval"]) == 0, log=log)
+        _metrics_up_to(out_dir, at, evaluated_again=at % int(cfg["eval_interval"]) == 0, log=log, settings=settings)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
 
@@ -432,25 +432,27 @@ def prepare_speedrun(cfg, log):
     elif cfg["init_from"] == "resume":
         loads = _speedrun_resume(out_dir, resume_step, expected, settings, log)
         if rank == 0:  # (the seed's loop goes on after the validation it saved at, without redoing it)
-            _metrics_up_to(out_dir, resume_step, evaluated_again=False, log=log)
+            _metrics_up_to(out_dir, resume_step, evaluated_again=False, log=log, settings=settings)
     else:
         log(f"initializing from weights in {cfg['init_from']}")
         loads = _loads(cfg["init_from"], expected, settings, params_only=True)
     return exe, _write_manifest(cfg, out_dir, world, rank, settings, slots, lowered, loads, files), cfg
 
 
-def _metrics_up_to(out_dir, step, evaluated_again, log):
+def _metrics_up_to(out_dir, step, evaluated_again, log, settings):
     ckpt.SafeTensors(os.path.join(out_dir, "ckpt.safetensors")).verify()  # (a damaged one stops the resume first)
-    _trim_metrics(out_dir, step, evaluated_again, log)
+    _trim_metrics(out_dir, step, evaluated_again, log, settings)
 
 
-def _trim_metrics(out_dir, step, evaluated_again, log):
-    """metrics.jsonl without the rows a run wrote after the checkpoint it now resumes from (a run
-    stopped by Ctrl-C or a crash trained on past its last checkpoint, and the resume trains those
-    iterations again): training rows of iterations from `step` on, and validation rows after
-    `step` (at `step` too where the loop evaluates again there); and lines that are not a JSON row
-    (a write a crash cut short, which the trainer would append to and `mica plot` refuses).
-    Rewritten to a temporary file and renamed."""
+def _trim_metrics(out_dir, step, evaluated_again, log, settings):
+    """The resume's log: metrics.jsonl without the rows a run wrote after the checkpoint it now
+    resumes from (a run stopped by Ctrl-C or a crash trained on past its last checkpoint, and the
+    resume trains those iterations again): training rows of iterations from `step` on, and
+    validation rows after `step` (at `step` too where the loop evaluates again there); and lines
+    that are not a JSON row (a write a crash cut short, which the trainer would append to and
+    `mica plot` refuses). Where rows go, they go into metrics.jsonl.new, which the resume appends to
+    and renames over metrics.jsonl at its first save (settings' `pending` 2, runtime/log.c): a resume
+    that stops before one leaves metrics.jsonl whole."""
     path = os.path.join(out_dir, "metrics.jsonl")
     try:
         with open(path, "rb") as f:
@@ -479,16 +481,19 @@ def _trim_metrics(out_dir, step, evaluated_again, log):
     kept = [line for n, line in enumerate(lines, 1) if not stale(line) and n not in broken and line.strip()]
     if len(kept) == len(lines):
         return
-    atomic_write(path, b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept))
+    atomic_write(path + ".new", b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept))
+    settings["pending"] = 2
     dropped = len(lines) - len(kept) - len(broken) - sum(1 for line in lines if not line.strip())
     if dropped:
         log(f"note: {dropped} rows of metrics.jsonl came after the checkpoint (the steps a run takes after its last "
-            "save, which this resume takes again) and are dropped; the resume writes them again")
+            "save, which this resume takes again) and are left out of this resume's log")
     if broken:
         log(f"note: metrics.jsonl's line{'s' if len(broken) > 1 else ''} {', '.join(map(str, broken[:5]))}"
             f"{' ...' if len(broken) > 5 else ''} {'were' if len(broken) > 1 else 'was'} not a JSON row (a write cut "
-            f"short by a crash, or an edit) and {'are' if len(broken) > 1 else 'is'} dropped, so the resume's rows "
-            "follow whole ones")
+            f"short by a crash, or an edit) and {'are' if len(broken) > 1 else 'is'} left out of this resume's log, "
+            "so its rows follow whole ones")
+    log("note: this resume logs to metrics.jsonl.new, which replaces metrics.jsonl at its first save or its end (a "
+        "resume that fails or is stopped before then leaves metrics.jsonl as it is)")
 
 
 def _train_time_at(metrics, step, log):

@@ -856,6 +856,8 @@ def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
     x = as_tensor(input)
     if correction is None:
         correction = 1 if unbiased else 0
+    elif isinstance(correction, bool) or not isinstance(correction, (numbers.Real, np.integer, np.floating)):
+        fail(f"var/std: correction must be a number (1 for Bessel's, 0 for none), got {correction!r}")
     axes = _axes(x, dim, "var")
     n = math.prod(x.shape[a] for a in axes)
     d = x - mean(x, axes, keepdim=True)
@@ -924,6 +926,8 @@ def _size(size):
 def full(size, fill_value, dtype=None, **_device):
     """A constant tensor. Outside a trace it returns a numpy array (for initial values)."""
     size = _size((size,) if isinstance(size, (int, np.integer)) else tuple(size))
+    if not isinstance(fill_value, (numbers.Number, np.number, np.bool_)) or isinstance(fill_value, complex):
+        fail(f"full: fill_value must be a number or a bool, got {fill_value!r}")
     dtype = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
     if not in_trace():
         return in_dtype(np.full(size, fill_value, dtype=dtype.np_storage), dtype, copy=False)

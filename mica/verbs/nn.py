@@ -8,7 +8,7 @@ from .. import amp, dtypes
 from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
-from ..tensor import current, emit, fail, takes_axis, user_location
+from ..tensor import Tensor, current, emit, fail, takes_axis, user_location
 from .core import _taken_along, add, as_tensor, gelu, relu, sigmoid, silu, tanh, to, where  # noqa: F401
 from .core import sum as _sum
 from .shape import expand, reshape, transpose, unsqueeze, squeeze
@@ -289,6 +289,13 @@ def _class_rows(verb, x, t, reduction):
     return x, reshape(t, (-1,)), t_shape
 
 
+def _class_index(verb, ignore_index):
+    """ignore_index as an int; a float or anything else is refused, as torch's argument must be an int."""
+    if not isinstance(ignore_index, (numbers.Integral, np.integer)):
+        fail(f"{verb}: ignore_index must be an int (a class index, or -100 for none), got {ignore_index!r}")
+    return int(ignore_index)
+
+
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     """Cross-entropy from logits and class indices: input (N, C), (C,) or (N, C, d1, ...);
@@ -298,14 +305,14 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if weight is not None or size_average is not None or reduce is not None:
         raise TraceError("cross_entropy: class weights and the legacy size_average/reduce flags are not supported",
                          user_location())
-    if not 0.0 <= label_smoothing <= 1.0:
-        fail(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    label_smoothing = _probability("cross_entropy", "label_smoothing", label_smoothing)
     if t.dtype.kind == "float":
         if ignore_index != -100:
             fail("cross_entropy: ignore_index applies to class indices, not to a float target of class probabilities")
         return _cross_entropy_with_probabilities(x, t, reduction, label_smoothing)
     x, t, t_shape = _class_rows("cross_entropy", x, t, reduction)
-    losses, _lse = emit("cross_entropy", [x, to(t, dtypes.int64)], ignore_index=int(ignore_index))
+    losses, _lse = emit("cross_entropy", [x, to(t, dtypes.int64)], ignore_index=_class_index("cross_entropy",
+                                                                                           ignore_index))
     kept = t != ignore_index
     valid = to(kept, x.dtype)
     if label_smoothing:  # torch's: (1 - e) * nll + e / C * (-sum over classes of log p), ignored rows 0
@@ -352,19 +359,26 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
         raise TraceError("nll_loss: class weights and the legacy size_average/reduce flags are not supported",
                          user_location())
     x, t, t_shape = _class_rows("nll_loss", x, t, reduction)
-    t = emit("check_range", [to(t, dtypes.int64)], bound=x.shape[1], ignore_index=int(ignore_index))
+    t = emit("check_range", [to(t, dtypes.int64)], bound=x.shape[1], ignore_index=_class_index("nll_loss",
+                                                                                               ignore_index))
     picked = -_taken_along(x, unsqueeze(t, 1), 1)  # (a where: -inf log-probabilities of other classes stay out)
     valid = t != ignore_index
     losses = where(valid, picked, 0.0)
     return _reduce_rows(losses, to(valid, x.dtype), t_shape, reduction)
 
 
+def _probability(verb, name, p):
+    """A dropout probability as a float, or the sentence torch's refusal says."""
+    if isinstance(p, Tensor) or not isinstance(p, (numbers.Real, np.floating, np.integer)) or not 0.0 <= p <= 1.0:
+        fail(f"{verb}: {name} must be a number in [0, 1], got {p!r}")
+    return float(p)
+
+
 def dropout(input, p=0.5, training=True, inplace=False):
     """Inverted dropout with a counter-based mask: keyed by the program's seed and offset, this
     call site's stream, and the element index (the same on every thread count and backend)."""
     x = _floating_input(input, "dropout")
-    if not 0.0 <= p <= 1.0:
-        fail(f"dropout: probability must be in [0, 1], got {p}")
+    p = _probability("dropout", "probability", p)
     if not training or p == 0.0:
         return x
     if p == 1.0:
@@ -377,6 +391,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  scale=None, enable_gqa=False):
     """softmax(q @ k^T * scale [+ mask]) @ v, with PyTorch's signature and its top-left causal mask."""
     q, k, v = (_floating_input(t, "scaled_dot_product_attention") for t in (query, key, value))
+    dropout_p = _probability("scaled_dot_product_attention", "dropout_p", dropout_p)
     q, k, v = amp.lower("scaled_dot_product_attention", q, k, v)
     if attn_mask is not None:
         (attn_mask,) = amp.lower("scaled_dot_product_attention", as_tensor(attn_mask))

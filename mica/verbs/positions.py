@@ -468,6 +468,9 @@ def _tensor_index_parts(x, index):
     if not isinstance(index, tuple):
         index = (index,)
     for it in index:
+        if isinstance(it, Tensor) and it.dtype.kind == "float":
+            fail(f"tensors used as indices must be integer or bool tensors, got {it.dtype.name} (as torch says); "
+                 "cast the index with .long()")
         if isinstance(it, Tensor) and it.dtype.kind != "int":
             what = "a bool Tensor (a mask)" if it.dtype is dtypes.bool_ else f"a {it.dtype.name} Tensor"
             fail(f"indexing with {what} picks a number of elements known only when the program runs, which a "

@@ -420,6 +420,8 @@ def unbind(input, dim=0):
 
 @takes_axis
 def cat(tensors, dim=0):
+    if isinstance(tensors, Tensor) or isinstance(dim, Tensor):
+        fail(f"cat takes its tensors as one list or tuple: cat([a, b], dim), as torch's")
     ts = [as_tensor(t) for t in tensors]
     if not ts:
         fail("cat: needs at least one tensor")
@@ -493,6 +495,8 @@ def repeat_interleave(input, repeats, dim=None):
 
 @takes_axis
 def stack(tensors, dim=0):
+    if isinstance(tensors, Tensor) or isinstance(dim, Tensor):
+        fail(f"stack takes its tensors as one list or tuple: stack([a, b], dim), as torch's")
     ts = [as_tensor(t) for t in tensors]
     if not ts:
         fail("stack: needs at least one tensor")
