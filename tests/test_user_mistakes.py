@@ -444,6 +444,13 @@ def test_an_outside_sweep_of_mistakes_gets_sentences_at_the_users_line():
     for verb in (mica.cat, mica.stack):
         assert _refused(lambda x: verb(x, x), mica.f32[4], error=mica.MicaError).startswith(
             f"{verb.__name__} takes its tensors as one list or tuple")
+    for bad, says in ((lambda a: mica.eye(-2), "eye: n and m are sizes, 0 or more, got -2"),
+                      (lambda a: a.unflatten(1, (4, 2)), "unflatten: sizes [4, 2] must multiply to dim 1's size 4"),
+                      (lambda a: a.index_add(0, mica.tensor([0, 1]), mica.ones(3, 4)),
+                       "index_add: source must be [2, 4] (the input's shape, dim 0 the index's length), got [3, 4]"),
+                      (lambda a: a.reshape(7, -1), "view: cannot view f32[3, 4] as shape [7, -1]: its 12 elements "
+                                                   "are not a whole number of 7s")):
+        assert _refused(bad, mica.f32[3, 4], error=mica.MicaError).startswith(says)
 
     class NoForward(mica.nn.Module):
         def __init__(self):

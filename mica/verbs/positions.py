@@ -527,6 +527,10 @@ def index_add(input, dim, index, source, *, alpha=1):
         _one_index("index_add", index)
     x1 = x if x.ndim else reshape(x, (1,))
     src = src if src.ndim else reshape(src, (1,))
+    want = x1.shape[:d] + (index.numel(),) + x1.shape[d + 1:]
+    if src.shape != want:  # (torch's rule: source is input's shape with dim's size the index's length)
+        fail(f"index_add: source must be {list(want)} (the input's shape, dim {dim} the index's length), got "
+             f"{list(src.shape)}")
     if alpha != 1:
         src = mul(src, alpha)
     out = _put_dims(x1, (d,), [reshape(index, (-1,))], src, True, True, negative=False)

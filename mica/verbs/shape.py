@@ -173,7 +173,8 @@ def _resolved_shape(x, shape):
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if known == 0 or x.numel() % known:
-            fail(f"view: cannot view {x.value.spec!r} as shape {list(shape)}")
+            fail(f"view: cannot view {x.value.spec!r} as shape {list(shape)}: its {x.numel()} elements are not a "
+                 f"whole number of {known}s, so no size fills the -1")
         shape = tuple(x.numel() // known if s == -1 else s for s in shape)
     return shape
 
@@ -356,6 +357,9 @@ def unflatten(input, dim, sizes):
     x = as_tensor(input)
     needs_a_dim(x, "unflatten")
     d = canon_dim(dim, x.ndim, "unflatten")
+    sizes = tuple(sizes)
+    if -1 not in sizes and math.prod(sizes) != x.shape[d]:
+        fail(f"unflatten: sizes {list(sizes)} must multiply to dim {dim}'s size {x.shape[d]}, got {math.prod(sizes)}")
     return reshape(x, x.shape[:d] + _shape_args(tuple(sizes), "unflatten") + x.shape[d + 1:]) if -1 not in sizes \
         else reshape(x, x.shape[:d] + tuple(sizes) + x.shape[d + 1:])
 
@@ -543,6 +547,8 @@ def eye(n, m=None, dtype=None, **_device):
     from .core import in_trace
 
     m = n if m is None else m
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in (n, m)):
+        fail(f"eye: n and m are sizes, 0 or more, got {n!r} and {m!r}")
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.DEFAULT_FLOAT
     if not in_trace():
         return np.eye(n, m, dtype=dt.np_storage)
