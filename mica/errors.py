@@ -80,7 +80,10 @@ def _uncaught(kind, value, tb, _python=None):
         if isinstance(value, MicaError) and value.loc:
             print(f"mica: error: {value}", file=sys.stderr)
             return
-        said = _missing_import(value, tb) or _misused_signature(value, tb)
+        try:
+            said = _missing_import(value, tb) or _misused_signature(value, tb)
+        except Exception:  # (reading the traceback failed: Python's own report, never none)
+            said = None
         if said:
             print(f"mica: error: {said}", file=sys.stderr)
             return
@@ -111,14 +114,19 @@ def _misused_signature(value, tb):
     for, as Python's TypeError says it where Mica's code made the call: that sentence at the user's
     line, not a traceback through Mica's frames; None for any other exception."""
     import re
+    import traceback
 
-    found = re.match(_SIGNATURE, str(value)) if type(value) is TypeError else None
-    where = _raised_by_mica(tb) if found else None
-    if found and not where and found.group(1).startswith("Tensor.") and tb:  # (a traced Tensor's method,
-        import traceback                                                      # bound at the user's line)
+    from .tensor import Tensor, _is_own
 
-        last = traceback.extract_tb(tb)[-1]
-        where = (last.filename, last.lineno)
+    found = re.match(_SIGNATURE, str(value)) if type(value) is TypeError and tb else None
+    if not found:
+        return None
+    frames = traceback.extract_tb(tb)
+    own = [_is_own(os.path.abspath(f.filename)) for f in frames]  # (Mica's package, not contextlib's)
+    where = _raised_by_mica(tb) if own[-1] else None
+    method = found.group(1)[len("Tensor."):-2] if found.group(1).startswith("Tensor.") else None
+    if not where and method and hasattr(Tensor, method) and any(own):  # (a traced Tensor's method,
+        where = (frames[-1].filename, frames[-1].lineno)                       # bound at the user's line)
     if not where:
         return None
     name, what = found.groups()

@@ -106,7 +106,9 @@ def grad(loss, wrt=_NO_WRT, grad_output=None):
     out = []
     for x in leaves:
         g = cts.get(x.value.id)
-        g = g if g is not None else F.zeros_like(x)
+        if g is None:  # (torch's None: the optimizers skip it, optim/base.py)
+            g = F.zeros_like(x)
+            graph.unreached.add(g.value.id)
         out.append(g)
         mark_role(graph, g, "gradient")
         if x.value.node.op == "input":

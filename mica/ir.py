@@ -81,6 +81,7 @@ class Graph:
         self.roles = {}           # value id -> "parameter" | "gradient" | "optimizer state"
         self.updates = {}         # value id of a new state value -> value id of the one it replaces
         self.backward = []        # per mica.grad call, the ids of the values its VJPs defined
+        self.unreached = set()    # ids of mica.grad's zeros for tensors the loss does not reach (torch's None)
         self._cons = {}
         self._next_id = 0
 

@@ -26,8 +26,15 @@ _USER_DIRS = (os.path.join(_PKG, "models") + os.sep,)
 _PASSED_THROUGH = (os.path.abspath(contextlib.__file__),)  # (`with model.bind(p):` enters Mica through these)
 
 
+def _is_own(path):
+    """Whether path is Mica's own code (not the user's model files under mica/models)."""
+    return path.startswith(_PKG) and not path.startswith(_USER_DIRS)
+
+
 def _is_internal(path):
-    return path.startswith(_PKG) and not path.startswith(_USER_DIRS) or path in _PASSED_THROUGH
+    """Whether a frame at path is passed over when the user's line is looked for: Mica's own, or
+    the standard library's contextlib that `with model.bind(p):` enters Mica through."""
+    return _is_own(path) or path in _PASSED_THROUGH
 
 
 def user_location():

@@ -365,26 +365,37 @@ class _Compiled:
     def ir(self):
         return self._program().lowered.program.ir
 
-    def _say_recompiles(self, key):
-        """Warn once when a Python number among the arguments has compiled the function a third time
-        (each value a constant of its own program: torch.compile's recompiles, which it stops by
-        making the number dynamic; here an np.float32 or np.int64 argument is an input)."""
-        tree, specs = key
+    KEPT = 16  # (programs a compiled function keeps, the oldest dropped first)
+
+    def _say_recompiles(self, key, leaves):
+        """Warn once when a Python value among the arguments, or one the function reads besides them
+        (a global, a closure's variable, a module's attribute: guards.py), has compiled the function
+        a third time (each value a constant of its own program: torch.compile's recompiles, which it
+        stops by making a number dynamic; here an np.float32 or np.int64 argument is an input)."""
+        tree, specs, read = key
         static = lambda s: isinstance(s, tuple) and s[:1] == ("static",)  # noqa: E731
         same = [k for k in self.built if k[0] == tree and all(static(a) or a == b for a, b in zip(k[1], specs))]
         if len(same) < 2 or getattr(self, "_said_recompiles", False):
             return
         import warnings
 
+        from . import guards
         from .tensor import user_location
 
         self._said_recompiles = True
-        moved = [b[1] for a, b in zip(same[-1][1], specs) if static(a) and a != b]
+        moved = [repr(x)[:40] for x, a, b in zip(leaves, same[-1][1], specs) if static(a) and a != b]
         path, line = user_location() or ("<mica>", 0)
-        warnings.warn_explicit(f"{getattr(self.fn, '__name__', 'the function')} is compiled a third time, for a new "
-                               f"value of a Python number among its arguments ({', '.join(moved[:2])}): each value "
-                               "is a constant of its own program; pass it as np.float32(...) or np.int64(...), an "
-                               "input, to compile once", UserWarning, path, line)
+        name = getattr(self.fn, '__name__', 'the function')
+        if moved:
+            said = (f"{name} is compiled a third time, for a new value of a Python number among its arguments "
+                    f"({', '.join(moved[:2])}): each value is a constant of its own program; pass it as "
+                    "np.float32(...) or np.int64(...), an input, to compile once")
+        else:
+            said = (f"{name} is compiled a third time, for new values of what it reads besides its arguments "
+                    f"({', '.join(guards.changed(same[-1][2], read)[:3]) or 'a global or an attribute'}): each value "
+                    "is a constant of its own program; pass a value that changes as an argument (a number as "
+                    "np.float32(...)) to compile once")
+        warnings.warn_explicit(said, UserWarning, path, line)
 
     def __call__(self, *args, **kwargs):
         with _TRACE_LOCK:  # (a call may trace, and reads and writes what the model's Parameters hold)
@@ -399,14 +410,25 @@ class _Compiled:
             args, fn = given, _with_keywords(self.fn)
         fn = with_writes(fn)  # (an argument changed in place is written back into the caller's array, as torch's)
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
-        key = (tree, tuple(to_spec(x) if _is_spec_leaf(x) else ("static", repr(x)) for x in leaves))
-        from . import stateful
+        from . import guards, stateful
+
+        specs, read = [], list(guards.world(self.fn))  # (torch.compile's guards: what the trace read besides
+        for x in leaves:                                # the arrays, whose change makes another program)
+            if _is_spec_leaf(x):
+                specs.append(to_spec(x))
+            else:
+                fp, reached = guards.value(x)
+                specs.append(("static", fp))
+                read += reached
+        key = (tree, tuple(specs), tuple(read))
 
         if isinstance(self.built.get(key), stateful.StatefulStep) and self.built[key].stale():
             del self.built[key]  # (a group was added: the step is found and made again, its state carried over)
         if key not in self.built:
             self._checked_call(*given)
-            self._say_recompiles(key)
+            self._say_recompiles(key, leaves)
+            while len(self.built) >= self.KEPT:  # (the oldest program goes: its values live in the model's
+                del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)
             found = stateful.find(fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
             if found.params or found.optimizers:
                 self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,

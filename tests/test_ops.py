@@ -476,6 +476,38 @@ def test_integer_division_is_exact_for_every_int64():
     for g, w in zip(got, (ta // tb, ta % tb, torch.div(ta, tb, rounding_mode="trunc"), torch.fmod(ta, tb))):
         assert np.array_equal(np.asarray(g), w.numpy())
 
+    # the type's least value as a divisor (its magnitude wrapped: 0 // -2**63 was -1), in the oracle too
+    least = np.array([0, -2**63, -2**63, 2**63 - 1, -5, -2**63 + 1, 7], dtype=np.int64)
+    divisor = np.array([-2**63, -2**63, 7, -2**63, -2**63, -2**63, -2], dtype=np.int64)
+    f = lambda x, y: (x // y, x % y, mica.div(x, y, rounding_mode="trunc"), mica.fmod(x, y))  # noqa: E731
+    ta, tb = torch.tensor(least), torch.tensor(divisor)
+    want = (ta // tb, ta % tb, torch.div(ta, tb, rounding_mode="trunc"), torch.fmod(ta, tb))
+    program = mica.trace(f, mica.i64[7], mica.i64[7])
+    for got in (mica.compile(f)(least, divisor), mica.reference.run(program, least, divisor)):
+        for g, w in zip(got, want):
+            assert np.array_equal(np.asarray(g), w.numpy()), (g, w)
+
+
+def test_integer_arithmetic_wraps_as_torchs_where_the_compiler_sees_constants():
+    """int64 and int32 +, -, *, negation, abs and sums wrap on overflow as torch's: the C the
+    target emits did them in the signed type, whose overflow is undefined, so gcc folded a constant
+    operand on that premise (INT64_MAX << 1 was INT64_MAX, INT64_MAX // 2 one too large)."""
+    big, small = 2**63 - 1, -2**63
+    y = np.array([0, 1, 2, 31, 62, 63], dtype=np.int64)
+
+    def cases(lib, v):
+        return (big << v, lib.full_like(v, big) << v, big >> v, big // (v + 1), small >> v, (v - big) * 3,
+                -(v + small), (v + small).abs(), (v + big).sum(), (v * big).cumsum(0), (v + big).prod())
+
+    got, want = mica.compile(lambda v: cases(mica, v))(y), cases(torch, torch.tensor(y))
+    for g, w in zip(got, want):
+        assert np.array_equal(np.asarray(g), w.numpy()), (g, w)
+    y32 = y[:5].astype(np.int32)
+    got = mica.compile(lambda v: (2147483647 << v, (v - 2147483647) * 5, -(v - 2147483647 - 1)))(y32)
+    t = torch.tensor(y32)
+    for g, w in zip(got, (2147483647 << t, (t - 2147483647) * 5, -(t - 2147483647 - 1))):
+        assert np.array_equal(np.asarray(g), w.numpy()), (g, w)
+
 
 def test_nll_loss_takes_torchs_arguments_and_refuses_what_torch_refuses():
     """Targets of the wrong shape are a sentence at the user's line (torch raises too), as are class

@@ -443,3 +443,101 @@ def test_optimizer_state_dicts_have_torchs_entries_keys_and_types(name, settings
         for k, v in theirs[i].items():
             assert np.asarray(mine[i][k]).dtype == v.numpy().dtype, (i, k)
             assert np.allclose(np.asarray(mine[i][k]), v.numpy(), rtol=1e-5, atol=1e-6), (i, k)
+
+
+def test_an_outside_optimizer_sweeps_corners_take_torchs_values():
+    """A parameter the loss reaches through a product with 0 has a zero gradient, not none (it was
+    skipped: no weight decay, no state); two schedulers on one optimizer compose, a rate set by hand
+    under a scheduler is carried on, MultiplicativeLR resumed with last_epoch leaves the rate it
+    finds, LinearLR resumed through load_state_dict takes torch's rates (each was the closed form
+    from base_lrs); a 0-d tensor max_norm clips; a state saved with maximize=True and a parameter
+    twice in a group are sentences (one was ignored, the other stepped once where torch steps twice)."""
+    torch.manual_seed(3)
+    tl = torch.nn.Linear(3, 3)
+    ml = mica.nn.Linear(3, 3)
+    ml.load_state_dict(tl.state_dict())
+    topt = torch.optim.AdamW(tl.parameters(), lr=0.01, weight_decay=0.5)
+    mopt = mica.optim.AdamW(ml.parameters(), lr=0.01, weight_decay=0.5)
+
+    def loss_of(lib, layer):
+        return layer.bias.square().sum() + 0.0 * layer.weight.sum()
+
+    @mica.compile
+    def step():
+        loss = loss_of(mica, ml)
+        mopt.zero_grad()
+        loss.backward()
+        mopt.step()
+        return loss
+
+    for _ in range(3):
+        step()
+        topt.zero_grad()
+        loss_of(torch, tl).backward()
+        topt.step()
+    assert rel_err(np.asarray(ml.weight), tl.weight.detach().numpy()) < 1e-6
+    assert sorted(mopt.state_dict()["state"]) == sorted(topt.state_dict()["state"]) == [0, 1]
+
+    def rates(lib, make, steps=8, by_hand=None):
+        opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(2))], lr=0.1)
+        schedulers = make(lib, opt)
+        out = []
+        for i in range(steps):
+            if by_hand is not None and i == by_hand:
+                opt.param_groups[0]["lr"] = 0.3
+            for s in schedulers:
+                s.step()
+            out.append(opt.param_groups[0]["lr"])
+        return out
+
+    cases = [
+        (lambda lib, o: [lib.optim.lr_scheduler.StepLR(o, 3, 0.5),
+                         lib.optim.lr_scheduler.ExponentialLR(o, 0.9)], None),
+        (lambda lib, o: [lib.optim.lr_scheduler.LinearLR(o, 0.2, 1.0, 4),
+                         lib.optim.lr_scheduler.CosineAnnealingLR(o, 10)], None),
+        (lambda lib, o: [lib.optim.lr_scheduler.MultiStepLR(o, [2, 2, 5], 0.5),
+                         lib.optim.lr_scheduler.ConstantLR(o, 0.5, 3)], None),
+        (lambda lib, o: [lib.optim.lr_scheduler.StepLR(o, 3, 0.5)], 4),
+        (lambda lib, o: [lib.optim.lr_scheduler.CosineAnnealingLR(o, 5, 0.01)], 6),
+        (lambda lib, o: [lib.optim.lr_scheduler.ExponentialLR(o, 0.8)], 2),
+    ]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's: scheduler.step() before optimizer.step())
+        for make, by_hand in cases:
+            np.testing.assert_allclose(rates(mica, make, 14, by_hand), rates(torch, make, 14, by_hand), rtol=1e-12)
+        for lib in (mica, torch):  # (resumed schedules)
+            opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(2))], lr=0.059049)
+            opt.param_groups[0]["initial_lr"] = 0.1
+            s = lib.optim.lr_scheduler.MultiplicativeLR(opt, lambda e: 0.9, last_epoch=4)
+            s.step()
+            got = opt.param_groups[0]["lr"]
+            opt2 = lib.optim.SGD([lib.nn.Parameter(lib.zeros(2))], lr=0.1)
+            s2 = lib.optim.lr_scheduler.LinearLR(opt2, 0.2, 1.0, 6)
+            for _ in range(5):
+                s2.step()
+            fresh = lib.optim.lr_scheduler.LinearLR(opt2, 0.2, 1.0, 6)
+            fresh.load_state_dict(s2.state_dict())
+            fresh.step()
+            if lib is mica:
+                mine = (got, opt2.param_groups[0]["lr"])
+        assert mine == pytest.approx((got, opt2.param_groups[0]["lr"]), rel=1e-12)
+
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 2.0)
+    mp = mica.nn.Parameter(np.ones(3, np.float32))
+
+    @mica.compile
+    def clipped():
+        (mp * 2.0).sum().backward()
+        return mica.nn.utils.clip_grad_norm_([mp], torch.tensor(0.3))
+
+    assert abs(float(clipped()) - float(torch.nn.utils.clip_grad_norm_([p], torch.tensor(0.3)))) < 1e-6
+
+    saved = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], maximize=True).state_dict()
+    with pytest.raises(mica.MicaError, match=r"^AdamW.load_state_dict: the state was saved with maximize=True"):
+        mica.optim.AdamW([mica.nn.Parameter(np.zeros(2, np.float32))]).load_state_dict(saved)
+    w = mica.nn.Parameter(np.zeros(2, np.float32))
+    with pytest.raises(mica.MicaError, match=r"^SGD: a parameter appears twice in parameter group 0"):
+        mica.optim.SGD([w, w], lr=0.1)

@@ -502,6 +502,11 @@ def test_a_call_its_signature_has_no_place_for_ends_a_script_with_a_sentence(tmp
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1 and r.stderr.startswith(f"mica: error: {says}; call it with the arguments"), r.stderr
     assert r.stderr.strip().endswith("(mine.py:6)") and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    (tmp_path / "theirs.py").write_text("import mica\n\ndef f(x):\n    pass\n\nf(1, 2)\n")
-    r = subprocess.run([sys.executable, str(tmp_path / "theirs.py")], capture_output=True, text=True, env=env)
-    assert "Traceback" in r.stderr and "f() takes 1 positional argument but 2 were given" in r.stderr
+    for text, says in (("def f(x):\n    pass\n\nf(1, 2)\n", "f() takes 1 positional argument but 2 were given"),
+                       ("import contextlib\n\n@contextlib.contextmanager\ndef opened(p):\n    yield p\n\n"
+                        "with opened(1, 2):\n    pass\n", "opened() takes 1 positional argument but 2 were given"),
+                       ("class Tensor:\n    def sum(self, a):\n        return a\n\nTensor().sum(1, 2)\n",
+                        "Tensor.sum() takes 2 positional arguments but 3 were given")):
+        (tmp_path / "theirs.py").write_text("import mica\n" + text)  # (the user's own: Python's traceback)
+        r = subprocess.run([sys.executable, str(tmp_path / "theirs.py")], capture_output=True, text=True, env=env)
+        assert "Traceback" in r.stderr and says in r.stderr, r.stderr

@@ -807,7 +807,7 @@ class Linear(Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self._parameters['bias'] is not None}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class Embedding(Module):

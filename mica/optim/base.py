@@ -232,6 +232,11 @@ class Optimizer:
             known = set(self._init({"p": np.zeros((2, 2), np.float32)}))
         except Exception:
             known = None
+        for saved_group in saved:  # (an option this optimizer refuses when made is refused when loaded)
+            taken = [k for k in _FALSE_ONLY if isinstance(saved_group, dict) and saved_group.get(k)]
+            if taken:
+                raise MicaError(f"{name}.load_state_dict: the state was saved with {taken[0]}=True, torch's option "
+                                f"Mica does not have, so it cannot go on as that run did", user_location())
         held, keys = {}, {}
         for g, saved_group, ps in zip(self.param_groups or (), saved, members):
             g.update({k: v for k, v in saved_group.items() if k != "params"})
@@ -327,26 +332,26 @@ _ZERO_IF = {"expand": "all", "reshape": "all", "permute": "all", "slice": "all",
 
 
 def has_gradient(g):
-    """False where a gradient is zero by construction: mica.grad's zeros for a tensor the loss does
-    not reach, however it was since summed, scaled (clipping) or reshaped."""
+    """False where a gradient is mica.grad's zeros for a tensor the loss does not reach (torch's
+    None), however it was since summed, scaled (clipping) or reshaped; a gradient the loss reaches
+    through a product with 0 (torch's zeros: `0.0 * p.sum()`) is one, decayed and counted."""
     from ..tensor import Tensor
 
-    return not isinstance(g, Tensor) or not _zero_by_construction(g._value)
+    return not isinstance(g, Tensor) or not _zero_by_construction(g._value, g._ctx.graph.unreached)
 
 
-def _zero_by_construction(value):
+def _zero_by_construction(value, unreached):
     todo, seen = [value], set()
     while todo:
         v = todo.pop()
-        if v.id in seen:
+        if v.id in seen or v.id in unreached:
             continue
         seen.add(v.id)
         node, rule = v.node, _ZERO_IF.get(v.node.op)
         if node.op == "const":
-            if node.attrs["value"] != 0:
-                return False
+            return False
         elif rule == "any":
-            if not any(_zero_by_construction(i) for i in node.inputs):
+            if not any(_zero_by_construction(i, unreached) for i in node.inputs):
                 return False
         elif rule == "first":
             todo.append(node.inputs[0])
@@ -389,8 +394,9 @@ RULES = {"rate": (lambda v: 0.0 <= v < float("inf"), "a finite number >= 0"),
 
 
 def _one_group_each(name, groups):
-    """A Parameter object named by two groups: torch's sentence, at the user's line (one named twice
-    in a group is kept once, as torch keeps it, with its warning left out)."""
+    """A Parameter object named by two groups: torch's sentence, at the user's line. One named twice
+    in a group is refused too: torch keeps both entries and steps it twice, warning that this will
+    be an error; here it would be stepped once, so it is a sentence rather than another model."""
     from ..tensor import user_location
 
     seen = {}
@@ -400,7 +406,8 @@ def _one_group_each(name, groups):
         unique = []
         for p in params:
             if type(p).__name__ == "Parameter" and any(p is q for q in unique):
-                continue
+                raise MicaError(f"{name}: a parameter appears twice in parameter group {i} (torch steps it twice "
+                                "and warns that this will be an error); list each parameter once", user_location())
             unique.append(p)
             if type(p).__name__ == "Parameter":
                 if id(p) in seen:

@@ -1,7 +1,7 @@
 """Global-norm gradient clipping, as torch.nn.utils.clip_grad_norm_ computes it."""
 from .. import pytree, verbs as F
 from ..errors import MicaError
-from ..tensor import Tensor
+from ..tensor import Tensor, user_location
 
 
 def clip_grad_norm(grads, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None, gather=None):
@@ -12,17 +12,19 @@ def clip_grad_norm(grads, max_norm, norm_type=2.0, error_if_nonfinite=False, for
     leaves = [g for g in pytree.flatten(grads, is_leaf=lambda x: isinstance(x, Tensor))[0]]
     p = norm_type
     if isinstance(p, str) and p != "inf":
-        raise MicaError(f"clip_grad_norm: norm_type must be a number or inf, got {p!r}")
+        raise MicaError(f"clip_grad_norm: norm_type must be a number or inf, got {p!r}", user_location())
     if p == "inf":
         p = float("inf")
     if error_if_nonfinite:
         raise MicaError("clip_grad_norm: error_if_nonfinite=True would stop a step by its values, which a compiled "
-                        "step does not do; leave it False (torch's default) and read the returned norm")
+                        "step does not do; leave it False (torch's default) and read the returned norm", user_location())
     if gather is not None:
         norms = F.stack(list(gather({n: F.norm(g, p) for n, g in grads.items()}).values()))
     else:
         norms = F.stack([F.norm(g, p) for g in leaves])
     total = F.norm(norms, p)  # (torch's: the norm of the tensors' norms; inf: the largest)
+    if isinstance(max_norm, Tensor) or type(max_norm).__module__.startswith("torch"):  # (torch takes a 0-d tensor)
+        max_norm = F.reshape(F.as_tensor(max_norm), ()) if isinstance(max_norm, Tensor) else float(max_norm)
     coef = F.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in leaves:
         g.mul_(coef)

@@ -2,11 +2,13 @@
 param_groups[i]["lr"] between calls (scheduler.step() after optimizer.step()), which a compiled step
 reads as an input at its next call, so a schedule compiles nothing.
 
-The learning rate after n calls of step() is torch's closed form for the schedule: the same numbers
-as torch's to float64 rounding (the step takes it in float32). In a functional step, a schedule is
-a function of the step count instead: mica.optim.cosine_with_warmup and the others (docs/api.md).
+Each step() computes torch's way, from the groups' current rates (torch's get_lr): so two schedulers
+on one optimizer compose, and a rate set by hand in param_groups is carried on, as torch's are;
+step(epoch), which torch deprecates, takes the schedule's closed form where torch has one. In a
+functional step, a schedule is a function of the step count instead: mica.optim.cosine_with_warmup
+and the others (docs/api.md).
 """
-import bisect
+import collections
 import math
 
 from ..errors import MicaError
@@ -14,7 +16,8 @@ from ..errors import MicaError
 
 class LRScheduler:
     """torch's base: base_lrs from each group's initial_lr (set from its lr when missing), last_epoch
-    counting step() calls, the first lr set at construction."""
+    counting step() calls, the first step taken at construction (`_is_initial` while it runs, as
+    torch's, where a resumed schedule leaves the rates it finds)."""
 
     def __init__(self, optimizer, last_epoch=-1):
         from ..tensor import user_location
@@ -31,27 +34,48 @@ class LRScheduler:
                             "group's 'initial_lr' (load the optimizer's state_dict first)", user_location())
         self.base_lrs = [float(g["initial_lr"]) for g in optimizer.param_groups]
         self.last_epoch = last_epoch
-        self.step()
+        self._step_count, self._is_initial = 0, True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
 
-    def lr_at(self, base_lr, epoch, group_index):
+    def get_lr(self):
+        """The groups' rates after this step, from their current ones (torch's chainable form)."""
         raise NotImplementedError
 
+    def closed_form(self):
+        """The rates at last_epoch from base_lrs alone (step(epoch)); None where torch has no such form."""
+        return None
+
+    def _lrs(self):
+        return [g["lr"] for g in self.optimizer.param_groups]
+
     def step(self, epoch=None):
-        self.last_epoch = self.last_epoch + 1 if epoch is None else int(epoch)
-        for i, group in enumerate(self.optimizer.param_groups):
-            group["lr"] = self.lr_at(self.base_lrs[i], self.last_epoch, i)
-        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self._step_count += 1
+        if epoch is None:
+            self.last_epoch += 1
+            values = self.get_lr()
+        else:
+            self.last_epoch = int(epoch)
+            values = self.closed_form()
+            values = self.get_lr() if values is None else values
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = self._lrs()
 
     def get_last_lr(self):
         return list(self._last_lr)
 
     def state_dict(self):
-        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "_last_lr": list(self._last_lr)}
+        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "_last_lr": list(self._last_lr),
+                "_step_count": self._step_count}
 
     def load_state_dict(self, state_dict):
         self.last_epoch = int(state_dict["last_epoch"])
         self.base_lrs = [float(b) for b in state_dict["base_lrs"]]
         self._last_lr = list(state_dict.get("_last_lr", self.base_lrs))
+        self._step_count = int(state_dict.get("_step_count", self._step_count))
 
 
 def _per_group(value, optimizer, what):
@@ -69,8 +93,8 @@ class LambdaLR(LRScheduler):
         self.lr_lambdas = _per_group(lr_lambda, optimizer, "LambdaLR's lr_lambda")
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        return base_lr * self.lr_lambdas[i](epoch)
+    def get_lr(self):
+        return [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
 
 
 class MultiplicativeLR(LRScheduler):
@@ -78,9 +102,10 @@ class MultiplicativeLR(LRScheduler):
         self.lr_lambdas = _per_group(lr_lambda, optimizer, "MultiplicativeLR's lr_lambda")
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        group = self.optimizer.param_groups[i]
-        return group["lr"] * self.lr_lambdas[i](epoch) if epoch > 0 else group["lr"]
+    def get_lr(self):
+        if self._is_initial:
+            return self._lrs()
+        return [lr * f(self.last_epoch) for lr, f in zip(self._lrs(), self.lr_lambdas)]
 
 
 class StepLR(LRScheduler):
@@ -88,17 +113,28 @@ class StepLR(LRScheduler):
         self.step_size, self.gamma = int(step_size), float(gamma)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        return base_lr * self.gamma ** (epoch // self.step_size)
+    def get_lr(self):
+        if self.last_epoch == 0 or self.last_epoch % self.step_size:
+            return self._lrs()
+        return [lr * self.gamma for lr in self._lrs()]
+
+    def closed_form(self):
+        return [base * self.gamma ** (self.last_epoch // self.step_size) for base in self.base_lrs]
 
 
 class MultiStepLR(LRScheduler):
     def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1):
-        self.milestones, self.gamma = sorted(int(m) for m in milestones), float(gamma)
+        self.milestones, self.gamma = collections.Counter(int(m) for m in milestones), float(gamma)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        return base_lr * self.gamma ** bisect.bisect_right(self.milestones, epoch)
+    def get_lr(self):
+        if self.last_epoch not in self.milestones:
+            return self._lrs()
+        return [lr * self.gamma ** self.milestones[self.last_epoch] for lr in self._lrs()]
+
+    def closed_form(self):
+        passed = sum(n for m, n in self.milestones.items() if m <= self.last_epoch)
+        return [base * self.gamma ** passed for base in self.base_lrs]
 
 
 class ExponentialLR(LRScheduler):
@@ -106,8 +142,13 @@ class ExponentialLR(LRScheduler):
         self.gamma = float(gamma)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        return base_lr * self.gamma ** epoch
+    def get_lr(self):
+        if self._is_initial:  # (a resumed schedule does not move the rate it finds)
+            return self._lrs()
+        return [lr * self.gamma for lr in self._lrs()]
+
+    def closed_form(self):
+        return [base * self.gamma ** self.last_epoch for base in self.base_lrs]
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -115,8 +156,20 @@ class CosineAnnealingLR(LRScheduler):
         self.T_max, self.eta_min = int(T_max), float(eta_min)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * epoch / self.T_max)) / 2
+    def get_lr(self):
+        e, t, low = self.last_epoch, self.T_max, self.eta_min
+        if self._is_initial:
+            return self._lrs()
+        if self._step_count == 1 and e > 0:
+            return [low + (base - low) * (1 + math.cos(e * math.pi / t)) / 2 for base in self.base_lrs]
+        if (e - 1 - t) % (2 * t) == 0:
+            return [lr + (base - low) * (1 - math.cos(math.pi / t)) / 2 for lr, base in zip(self._lrs(), self.base_lrs)]
+        return [(1 + math.cos(math.pi * e / t)) / (1 + math.cos(math.pi * (e - 1) / t)) * (lr - low) + low
+                for lr in self._lrs()]
+
+    def closed_form(self):
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base in self.base_lrs]
 
 
 class LinearLR(LRScheduler):
@@ -129,9 +182,17 @@ class LinearLR(LRScheduler):
         self.start_factor, self.end_factor, self.total_iters = float(start_factor), float(end_factor), int(total_iters)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        done = min(self.total_iters, epoch) / self.total_iters if self.total_iters else 1.0
-        return base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done)
+    def get_lr(self):
+        a, b, n, e = self.start_factor, self.end_factor, self.total_iters, self.last_epoch
+        if e == 0:
+            return [lr * a for lr in self._lrs()]
+        if self._is_initial or e > n:
+            return self._lrs()
+        return [lr * (1.0 + (b - a) / (n * a + (e - 1) * (b - a))) for lr in self._lrs()]
+
+    def closed_form(self):
+        done = min(self.total_iters, self.last_epoch) / self.total_iters if self.total_iters else 1.0
+        return [base * (self.start_factor + (self.end_factor - self.start_factor) * done) for base in self.base_lrs]
 
 
 class ConstantLR(LRScheduler):
@@ -139,8 +200,15 @@ class ConstantLR(LRScheduler):
         self.factor, self.total_iters = float(factor), int(total_iters)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr, epoch, i):
-        return base_lr * (self.factor if epoch < self.total_iters else 1.0)
+    def get_lr(self):
+        if self.last_epoch == 0:
+            return [lr * self.factor for lr in self._lrs()]
+        if self.last_epoch != self.total_iters:
+            return self._lrs()
+        return [lr * (1.0 / self.factor) for lr in self._lrs()]
+
+    def closed_form(self):
+        return [base * (self.factor if self.last_epoch < self.total_iters else 1.0) for base in self.base_lrs]
 
 
 def __getattr__(name):  # (another torch scheduler: Mica's sentence, with what to do instead)

@@ -496,7 +496,8 @@ def _int_quotient(a, b, mode):
     too_far = logical_and(ne(r, 0), ne(lt(r, 0), lt(a, 0)))  # (q one too large in magnitude)
     q = where(too_far, where(eq(lt(a, 0), lt(safe_b, 0)), sub(q, 1), add(q, 1)), q)
     r = sub(a, mul(q, safe_b))
-    short = ge(abs(r), abs(safe_b))  # (q one too small in magnitude)
+    # (q one too small in magnitude: |r| >= |b|, as -|r| <= -|b|, which holds the type's least value)
+    short = le(where(lt(r, 0), r, neg(r)), where(lt(safe_b, 0), safe_b, neg(safe_b)))
     q = where(short, where(eq(lt(a, 0), lt(safe_b, 0)), add(q, 1), sub(q, 1)), q)
     if mode == "floor":
         r = sub(a, mul(q, safe_b))

@@ -110,6 +110,10 @@ class ExprWriter:
             keep = f"mica_keep(rng, {x.attrs['stream']}u, (uint64_t)({self.flat_index}), {x.attrs['threshold']}u)"
             scale = ct.const(1.0 / (1.0 - x.attrs["p"]), x.dtype)
             return rnd(x.dtype, f"({keep} ? {args[0]} * {scale} : ({ct.ctype(x.dtype)})0)")
+        if x.dtype.kind == "int":
+            wrapped = ct.integer_arithmetic(x.op, x.dtype, args)
+            if wrapped is not None:
+                return wrapped
         tmpl = OPS[x.op].c
         if callable(tmpl):
             tmpl = tmpl(x.attrs)
@@ -133,7 +137,7 @@ def combine(op, dtype, a, b):
     (its compute type) and is rounded once, when stored: every digit is kept, as the oracle's
     float32 mode sums."""
     if op == "sum":
-        return f"({a} + {b})"
+        return ct.integer_arithmetic("add", dtype, (a, b)) if dtype.kind == "int" else f"({a} + {b})"
     if dtype.kind == "float":
         return f"mica_max_{ct.suffix(dtype)}({a}, {b})"
     return f"({a} > {b} ? {a} : {b})"

@@ -87,8 +87,11 @@ def const(value, dtype):
     """An exact C literal for `value` as an element of `dtype`."""
     if dtype.kind == "bool":
         return "1" if value else "0"
-    if dtype.kind == "int":
-        return f"((int64_t){int(value)}LL)" if dtype is dtypes.int64 else f"((int32_t){int(value)})"
+    if dtype.kind == "int":  # (the least value as least + 1 - 1: its literal's digits do not fit the type)
+        bits, v = 8 * dtype.itemsize, int(value)
+        digits = f"({v + 1}{'LL' if bits == 64 else ''} - 1)" if v == -(1 << (bits - 1)) else \
+            f"{v}{'LL' if bits == 64 else ''}"
+        return f"(({ctype(dtype)}){digits})"
     if dtype is dtypes.float64:
         return _float_literal(float(value), False)
     v = np.float32(value)
@@ -97,3 +100,21 @@ def const(value, dtype):
     elif dtype is dtypes.float16:
         v = np.float32(np.float16(v))
     return _float_literal(float(v), True)
+
+
+_SIGN = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def integer_arithmetic(op, dtype, args):
+    """add, sub, mul, neg or abs of integers as torch's wrap on overflow: in the unsigned type of the
+    same width, whose arithmetic is modular in C and CUDA (the signed type's overflow is undefined,
+    and a compiler folds constants on that premise: INT64_MAX << 1 was INT64_MAX); None for other
+    ops."""
+    t, u = ctype(dtype), "uint64_t" if dtype.itemsize == 8 else "uint32_t"
+    if op in _SIGN:
+        return f"(({t})(({u})({args[0]}) {_SIGN[op]} ({u})({args[1]})))"
+    if op == "neg":
+        return f"(({t})(({u})0 - ({u})({args[0]})))"
+    if op == "abs":
+        return f"(({args[0]}) < 0 ? ({t})(({u})0 - ({u})({args[0]})) : ({args[0]}))"
+    return None

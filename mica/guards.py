@@ -1,0 +1,203 @@
+"""What a function compiled in torch.compile's form reads besides its arrays, fingerprinted at every
+call (torch.compile's guards). A traced program holds as constants the Python values the trace
+read, so a call whose fingerprint differs from every program's is traced again: a changed global or
+closure variable, a module's mode, plain attribute, buffer or Dropout p, another model of the same
+shape, or an object argument whose attributes changed never runs a program made for the old ones.
+
+The fingerprint covers, to any depth:
+- the globals and closure variables the function's code names, and the same for every function of
+  the user's it reaches that way (a module's methods among them);
+- each Module reached: its class, train/eval mode, which Parameters it holds (their identity and
+  requires_grad: their values are the program's inputs), its buffers' contents, its submodules, and
+  every other attribute;
+- numbers, strings and containers by value; arrays and torch tensors by their bytes (above 64 MiB by
+  identity, shape and address: reading them whole at every call would cost more than the step);
+  other objects by their attributes; Mica's optimizers, schedulers and scalers by identity (the
+  compiled step reads their settings itself: stateful.py).
+"""
+import functools
+import os
+import sysconfig
+import types
+import zlib
+
+import numpy as np
+
+LARGE = 64 << 20  # (bytes: an array larger is known by identity, shape and address only)
+ITEMS = 4096  # (a container longer is known by identity and length)
+DEPTH = 12
+
+_LIBRARIES = tuple({os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()["stdlib"],
+                                                           sysconfig.get_paths()["purelib"],
+                                                           sysconfig.get_paths()["platlib"]) if p})
+
+
+def world(fn):
+    """((where, fingerprint), ...) of what fn reads outside its arguments."""
+    walk = _Walk()
+    walk.function(fn, "", 0)
+    return tuple(walk.found)
+
+
+def value(v):
+    """The fingerprint of one argument that is not an array (a number, a module, an object)."""
+    walk = _Walk()
+    return walk.value(v, 0), tuple(walk.found)
+
+
+def changed(before, after):
+    """The names of what differs between two worlds (for the recompiles warning)."""
+    old = dict(before)
+    return [where for where, fp in after if where in old and old[where] != fp] + \
+        [where for where, _ in after if where not in old]
+
+
+_USERS = {}
+
+
+def _users(code):
+    """Whether code is the user's (not Mica's own, not the standard library's or an installed
+    package's, whose globals are modules and functions the trace cannot depend on by value)."""
+    path = code.co_filename
+    known = _USERS.get(path)
+    if known is None:
+        from .tensor import _is_internal
+
+        real = os.path.realpath(path)  # (python -c, an interactive session, exec'd text: "<...>", the user's)
+        known = _USERS[path] = path.startswith("<") or not _is_internal(real) and not real.startswith(_LIBRARIES)
+    return known
+
+
+def _names(code, out):
+    out.update(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _names(c, out)
+    return out
+
+
+class _Walk:
+    def __init__(self):
+        self.found = []  # (where, fingerprint) of each global and closure variable read
+        self.functions = set()  # (ids of functions walked: each once)
+        self.open = set()  # (ids of the containers and modules on the path: cycles)
+        self.classes = set()  # (module classes whose methods were walked)
+
+    def function(self, fn, where, depth):
+        while True:  # (decorators' wrappers, bound methods, partials: to the functions beneath)
+            if isinstance(fn, types.MethodType):
+                self.found.append((f"{where}.__self__", self.value(fn.__self__, depth + 1)))
+                fn = fn.__func__
+            elif isinstance(fn, functools.partial):
+                self.found.append((f"{where}(partial)", self.value((fn.args, fn.keywords), depth + 1)))
+                fn = fn.func
+            elif hasattr(fn, "__wrapped__") and isinstance(fn, types.FunctionType):
+                self._read(fn, where, depth)
+                fn = fn.__wrapped__
+            else:
+                break
+        if isinstance(fn, types.FunctionType):
+            self._read(fn, where, depth)
+
+    def _read(self, fn, where, depth):
+        if id(fn) in self.functions or depth > DEPTH or not _users(fn.__code__):
+            return
+        self.functions.add(id(fn))
+        name = getattr(fn, "__qualname__", "?")
+        g = fn.__globals__
+        for n in sorted(_names(fn.__code__, set())):
+            if n in g:
+                self.found.append((n, self.value(g[n], depth + 1)))
+        for n, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                v = cell.cell_contents
+            except ValueError:  # (a cell not filled yet)
+                continue
+            self.found.append((n, self.value(v, depth + 1)))
+        if fn.__defaults__ or fn.__kwdefaults__:
+            self.found.append((f"{name}: defaults", self.value((fn.__defaults__, fn.__kwdefaults__), depth + 1)))
+
+    def value(self, v, depth):
+        t = type(v)
+        if v is None or t in (bool, int, str, bytes):
+            return v if t is not bool else ("bool", v)
+        if t in (float, complex):
+            return (t.__name__, repr(v))  # (repr: a NaN equals itself)
+        if isinstance(v, np.generic):
+            return ("np", v.dtype.str, v.tobytes())
+        if isinstance(v, np.ndarray):
+            return _array(v)
+        if t.__module__.startswith("torch") and hasattr(v, "detach") and hasattr(v, "untyped_storage"):
+            d = v.detach()
+            return ("torch", str(d.dtype), str(d.device)) + (
+                _array(d.float().numpy() if str(d.dtype) == "torch.bfloat16" else d.numpy())
+                if d.device.type == "cpu" else (id(v),))
+        if isinstance(v, (types.ModuleType, type, types.BuiltinFunctionType)):
+            return ("id", id(v))
+        if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
+            self.function(v, getattr(v, "__qualname__", "fn"), depth + 1)
+            return ("function", id(v))
+        if depth > DEPTH or id(v) in self.open:
+            return ("id", id(v))
+        from .nn.modules import Module, Parameter
+
+        if isinstance(v, Parameter):
+            return ("parameter", id(v), bool(v.requires_grad))
+        self.open.add(id(v))
+        try:
+            if isinstance(v, Module):
+                return self._module(v, depth)
+            if t.__module__.split(".")[0] == "mica":  # (optimizers, schedulers, scalers, autocast, dtypes)
+                return ("mica", id(v))
+            if isinstance(v, (list, tuple)):
+                if len(v) > ITEMS:
+                    return ("sequence", id(v), len(v))
+                return (t.__name__,) + tuple(self.value(x, depth + 1) for x in v)
+            if isinstance(v, dict):
+                if len(v) > ITEMS:
+                    return ("dict", id(v), len(v))
+                return ("dict",) + tuple((self.value(k, depth + 1), self.value(x, depth + 1)) for k, x in v.items())
+            if isinstance(v, (set, frozenset)):
+                return ("set", id(v), len(v)) if len(v) > ITEMS else \
+                    ("set", frozenset(self.value(x, depth + 1) for x in v))
+            if isinstance(v, (range, slice)):
+                return (t.__name__, repr(v))
+            fields = getattr(v, "__dict__", None)
+            if isinstance(fields, dict):
+                if callable(v) and hasattr(t, "__call__"):
+                    self.function(getattr(t, "__call__"), f"{t.__qualname__}.__call__", depth + 1)
+                return ("object", id(t), self.value(fields, depth + 1))
+            return ("id", id(v))
+        finally:
+            self.open.discard(id(v))
+
+    def _module(self, m, depth):
+        parts = [("module", id(type(m)), bool(m.training))]
+        for k, p in m._parameters.items():
+            parts.append((k, None if p is None else ("parameter", id(p), bool(p.requires_grad))))
+        for k, b in m._buffers.items():
+            parts.append((k, None if b is None else _array(np.asarray(b))))
+        for k, sub in m._modules.items():
+            parts.append((k, None if sub is None else self.value(sub, depth + 1)))
+        for k, x in vars(m).items():
+            if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training") and \
+                    not k.startswith("_said"):
+                parts.append((k, self.value(x, depth + 1)))
+        if type(m) not in self.classes:  # (the class's own methods: forward and what it calls)
+            self.classes.add(type(m))
+            for k, f in vars(type(m)).items():
+                if isinstance(f, types.FunctionType):
+                    self.function(f, f"{type(m).__qualname__}.{k}", depth + 1)
+        return tuple(parts)
+
+
+def _array(a):
+    a = np.asarray(a)
+    head = ("array", a.dtype.str, a.shape)
+    if a.dtype.hasobject:
+        return head + ("objects", id(a))
+    if a.nbytes > LARGE:
+        return head + ("large", id(a), a.__array_interface__["data"][0])
+    b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return head + (zlib.crc32(b), zlib.adler32(b))
+

@@ -1,0 +1,180 @@
+"""mica.compile in torch.compile's form never runs a program made for Python values that have since
+changed (guards.py): globals and closure variables the function reads, a module's mode, attributes,
+buffers and Dropout p, another model of the same shape, an object argument's attributes. Each case
+is an outside tester's, compared with the same code run eagerly (Mica's, and torch's)."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import mica
+import mica.nn as mnn
+
+SCALE = 2.0
+ARRAY = np.ones(4, np.float32)
+MODEL = None
+
+
+def _quiet(fn, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(fn(*args))
+
+
+def test_globals_and_closure_variables_read_again_at_every_call():
+    global SCALE, ARRAY
+
+    @mica.compile
+    def f(x):
+        return x * SCALE + mica.as_tensor(ARRAY)
+
+    x = np.arange(4, dtype=np.float32)
+    seen = []
+    for scale, array in ((2.0, np.ones(4, np.float32)), (3.0, None), (3.0, np.full(4, 10.0, np.float32)),
+                         (3.0, "in place")):
+        SCALE = scale
+        if isinstance(array, np.ndarray):
+            ARRAY = array
+        elif array == "in place":
+            ARRAY[:] = 7.0
+        seen.append(_quiet(f, x))
+        np.testing.assert_array_equal(seen[-1], (torch.from_numpy(x) * SCALE + torch.from_numpy(ARRAY)).numpy())
+
+    def factory(s, items):
+        def g(x):
+            return x * s + len(items) * items[-1]
+        return g
+
+    items = [1.0]
+    g = mica.compile(factory(2.0, items))
+    np.testing.assert_array_equal(_quiet(g, x), x * 2 + 1)
+    items.append(5.0)  # (a captured list grown between calls)
+    np.testing.assert_array_equal(_quiet(g, x), x * 2 + 10)
+
+
+def test_two_models_of_one_shape_and_a_rebound_global_model_are_each_their_own():
+    global MODEL
+    mica.manual_seed(0)
+    a, b = mnn.Linear(4, 2), mnn.Linear(4, 2)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    forward = mica.compile(lambda model, v: model(v))
+    np.testing.assert_allclose(_quiet(forward, a, x), np.asarray(a(x)), rtol=1e-6)
+    np.testing.assert_allclose(_quiet(forward, b, x), np.asarray(b(x)), rtol=1e-6)
+
+    opt = mica.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1)
+
+    @mica.compile
+    def step(model, v):
+        loss = model(v).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    before_a, before_b = np.asarray(a(x)).sum(), np.asarray(b(x)).sum()
+    assert abs(float(_quiet(step, a, x)) - before_a) < 1e-5
+    assert abs(float(_quiet(step, b, x)) - before_b) < 1e-5  # (it trained a instead: the same repr)
+    assert abs(np.asarray(b(x)).sum() - before_b) > 1e-3 and abs(np.asarray(a(x)).sum() - before_a) > 1e-3
+
+    MODEL = a
+    g = mica.compile(lambda v: MODEL(v))
+    np.testing.assert_allclose(_quiet(g, x), np.asarray(a(x)), rtol=1e-6)
+    MODEL = b
+    np.testing.assert_allclose(_quiet(g, x), np.asarray(b(x)), rtol=1e-6)
+
+
+class _Shifted(mnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = mnn.Linear(2, 1)
+        self.register_buffer("shift", mica.zeros(2))
+        self.scale = 1.0
+
+    def forward(self, x):
+        return self.fc(x + self.shift) * self.scale
+
+
+@pytest.mark.parametrize("change", ["scale", "buffer assigned", "buffer filled"])
+def test_a_modules_attribute_and_buffers_reach_a_compiled_step_as_torchs(change):
+    """A torch-style step (backward, SGD): after the change, the loss is the eager module's; the
+    parameters trained as torch's twin trains its own."""
+    torch.manual_seed(0)
+    m = _Shifted()
+    tm = torch.nn.Linear(2, 1)
+    m.fc.load_state_dict(tm.state_dict())
+    opt, topt = mica.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(tm.parameters(), lr=0.1)
+
+    @mica.compile
+    def step(x):
+        loss = m(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = np.ones((1, 2), np.float32)
+    scale, shift = 1.0, np.zeros(2, np.float32)
+    for i in range(5):
+        if i == 3:
+            if change == "scale":
+                m.scale = scale = 3.0
+            elif change == "buffer assigned":
+                m.shift = mica.full((2,), 10.0)
+                shift = np.full(2, 10.0, np.float32)
+            else:
+                m.shift.fill_(-10.0)
+                shift = np.full(2, -10.0, np.float32)
+        want = float(np.asarray(m(x)).sum())
+        got = float(_quiet(step, x))
+        tloss = (tm(torch.from_numpy(x + shift)) * scale).sum()
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert abs(got - want) < 1e-5 and abs(got - tloss.item()) < 1e-5, (i, got, want, tloss.item())
+    np.testing.assert_allclose(np.asarray(m.fc.weight), tm.weight.detach().numpy(), rtol=1e-5)
+
+
+def test_dropouts_mode_and_p_and_an_object_arguments_attributes_make_another_program():
+    d = mnn.Dropout(0.5)
+    f = mica.compile(lambda v: d(v))
+    x = np.ones(4000, np.float32)
+    zeros = lambda y: float(np.mean(np.asarray(y) == 0))  # noqa: E731
+    assert 0.45 < zeros(_quiet(f, x)) < 0.55
+    d.eval()
+    np.testing.assert_array_equal(_quiet(f, x), x)
+    d.train()
+    d.p = 0.9
+    out = _quiet(f, x)
+    assert 0.87 < zeros(out) < 0.93 and abs(out.max() - 10.0) < 1e-5
+
+    class Settings:
+        def __init__(self, s):
+            self.scale = s
+
+    g = mica.compile(lambda v, cfg: v * cfg.scale)
+    cfg = Settings(2.0)
+    np.testing.assert_array_equal(_quiet(g, x[:3], cfg), x[:3] * 2)
+    cfg.scale = 5.0
+    np.testing.assert_array_equal(_quiet(g, x[:3], cfg), x[:3] * 5)
+
+
+def test_recompiles_for_what_changes_outside_the_arguments_are_said_once_naming_it():
+    global SCALE
+    f = mica.compile(lambda v: v * SCALE)
+    x = np.ones(2, np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in (1.0, 2.0, 3.0, 4.0):
+            SCALE = s
+            np.testing.assert_array_equal(np.asarray(f(x)), x * s)
+    said = [str(w.message) for w in caught if "compiled a third time" in str(w.message)]
+    assert len(said) == 1 and "(SCALE)" in said[0] and "besides its arguments" in said[0], said
+    SCALE = 2.0
+
+
+def test_a_linear_without_bias_prints_and_keys_a_call():
+    m = mnn.Linear(4, 1, bias=False)
+    assert repr(m) == "Linear(in_features=4, out_features=1, bias=False)"
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(_quiet(mica.compile(lambda model, v: model(v)), m, x), np.asarray(m(x)), rtol=1e-6)
