@@ -78,9 +78,12 @@ def test_resume_continues_bitwise_exactly(workdir):
                  "--always_save_checkpoint=False", "--batch_order=" + str(d / "order.txt"), cwd=d)
     assert r.returncode == 2 and "ran out of offsets" in r.stderr, r.stderr
     assert {n: (d / "failed" / n).read_bytes() for n in before} == before
-    # then a resume that finishes makes its log the run's, as the straight run's
+    # then a resume that finishes makes its log the run's, as the straight run's, and leaves the run's
+    # start as it was (an init.new.safetensors beside it is a stopped scratch run's)
+    (d / "failed" / "init.new.safetensors").write_bytes(b"a stopped scratch run's start")
     mica("train", *common, "--max_iters=12", "--out_dir=failed", "--init_from=resume", cwd=d)
     assert rows("failed") == rows("straight") and not (d / "failed" / "metrics.jsonl.new").exists()
+    assert (d / "failed" / "init.safetensors").read_bytes() == before["init.safetensors"]
 
     # resumed with another eval_interval, the loop does not evaluate at the checkpoint's step again: its
     # row, logged before the save, is kept (it was dropped, and never written again)

@@ -55,10 +55,12 @@ void log_close_metrics(void) {
  * files renamed into place, the earlier run's replaced (the open log goes on in the renamed file) */
 void log_keep_run(void) {
     if (!S.pending) return;
+    int files = S.pending == 2 ? 1 : 2; /* (a resume has no start of its own: an init.new.safetensors there is a
+                                           stopped scratch run's, never the resumed run's) */
     S.pending = 0;
     if (S.rank != 0) return;
     const char *names[2][2] = {{"metrics.jsonl.new", "metrics.jsonl"}, {"init.new.safetensors", "init.safetensors"}};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < files; i++) {
         char from[8192], to[8192];
         snprintf(from, sizeof from, "%s/%s", S.out_dir, names[i][0]);
         snprintf(to, sizeof to, "%s/%s", S.out_dir, names[i][1]);
