@@ -123,6 +123,12 @@ def _misused_signature(value, tb):
         return None
     frames = traceback.extract_tb(tb)
     own = [_is_own(os.path.abspath(f.filename)) for f in frames]  # (Mica's package, not contextlib's)
+    last = tb
+    while last.tb_next is not None:
+        last = last.tb_next
+    entered = last.tb_frame.f_locals.get("func")  # (contextlib calling a generator function: Mica's, as bind?)
+    if not own[-1] and isinstance(getattr(entered, "__code__", None), type(_misused_signature.__code__)):
+        own[-1] = _is_own(os.path.abspath(entered.__code__.co_filename))
     where = _raised_by_mica(tb) if own[-1] else None
     method = found.group(1)[len("Tensor."):-2] if found.group(1).startswith("Tensor.") else None
     if not where and method and hasattr(Tensor, method) and any(own):  # (a traced Tensor's method,

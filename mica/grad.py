@@ -109,7 +109,8 @@ def grad(loss, wrt=_NO_WRT, grad_output=None):
         if g is None:  # (torch's None: the optimizers skip it, optim/base.py)
             g = F.zeros_like(x)
             graph.unreached.add(g.value.id)
-        out.append(g)
+        g = Tensor(g.value, ctx)  # (a tensor of its own, as torch's .grad, never a view of the backward's: an
+        out.append(g)             # in-place step on it, as clipping's, writes it alone)
         mark_role(graph, g, "gradient")
         if x.value.node.op == "input":
             mark_role(graph, x, "parameter")

@@ -15,6 +15,7 @@ The fingerprint covers, to any depth:
   other objects by their attributes; Mica's optimizers, schedulers and scalers by identity (the
   compiled step reads their settings itself: stateful.py).
 """
+import dis
 import functools
 import os
 import sysconfig
@@ -68,12 +69,31 @@ def _users(code):
     return known
 
 
-def _names(code, out):
-    out.update(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            _names(c, out)
-    return out
+_LOADS = {}
+
+
+def _loads(code):
+    """The global names code (and the code nested in it) loads, each with the attribute names read
+    from it in a row (`cfg.SCALE`, `np.exp`): ((name, (attr, ...)), ...). Read from the bytecode,
+    not co_names, which holds every attribute name too (a loop's global `step` is not read by
+    `opt.step()`)."""
+    known = _LOADS.get(code)
+    if known is None:
+        found, chain = [], None
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                chain = [ins.argval]
+                found.append(chain)
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
+                chain.append(ins.argval)
+            elif ins.opname not in ("CACHE", "EXTENDED_ARG", "PRECALL", "NOP"):
+                chain = None
+        known = {(c[0], tuple(c[1:])) for c in found}
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                known |= set(_loads(c))
+        known = _LOADS[code] = tuple(sorted(known))
+    return known
 
 
 class _Walk:
@@ -105,9 +125,19 @@ class _Walk:
         self.functions.add(id(fn))
         name = getattr(fn, "__qualname__", "?")
         g = fn.__globals__
-        for n in sorted(_names(fn.__code__, set())):
-            if n in g:
-                self.found.append((n, self.value(g[n], depth + 1)))
+        for n, attrs in _loads(fn.__code__):
+            if n not in g:
+                continue
+            v = g[n]
+            self.found.append((n, self.value(v, depth + 1)))
+            for i, a in enumerate(attrs):  # (`cfg.SCALE`, `Settings.k`: a module's or class's attribute,
+                if not isinstance(v, (types.ModuleType, type)):  # which their identity does not cover)
+                    break
+                try:
+                    v = getattr(v, a)
+                except Exception:  # (a missing attribute, or one whose reading raises: the trace says)
+                    break
+                self.found.append((".".join((n,) + attrs[:i + 1]), self.value(v, depth + 1)))
         for n, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:
                 v = cell.cell_contents
@@ -183,11 +213,13 @@ class _Walk:
             if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training") and \
                     not k.startswith("_said"):
                 parts.append((k, self.value(x, depth + 1)))
-        if type(m) not in self.classes:  # (the class's own methods: forward and what it calls)
-            self.classes.add(type(m))
+        if type(m) not in self.classes:  # (the class's own methods: forward and what it calls; its
+            self.classes.add(type(m))    # plain attributes, which self.k reads where the instance has none)
             for k, f in vars(type(m)).items():
                 if isinstance(f, types.FunctionType):
                     self.function(f, f"{type(m).__qualname__}.{k}", depth + 1)
+                elif not k.startswith("__") and not isinstance(f, (staticmethod, classmethod, property)):
+                    self.found.append((f"{type(m).__qualname__}.{k}", self.value(f, depth + 1)))
         return tuple(parts)
 
 

@@ -178,3 +178,59 @@ def test_a_linear_without_bias_prints_and_keys_a_call():
     assert repr(m) == "Linear(in_features=4, out_features=1, bias=False)"
     x = np.ones((2, 4), np.float32)
     np.testing.assert_allclose(_quiet(mica.compile(lambda model, v: model(v)), m, x), np.asarray(m(x)), rtol=1e-6)
+
+
+class _Config:
+    k = 2.0
+
+
+def test_a_module_or_class_attribute_is_read_again_and_a_loops_name_is_not_read():
+    """`Config.k` and `settings.SCALE` (a class's or module's attribute: their identity covers
+    neither) trace again when changed; a global loop variable that shares its name with an attribute
+    the step uses (`for step in ...` beside `opt.step()`) is not read by the step, so a loop compiles
+    once (it compiled at every call); a module's class-level attribute read as self.k counts too."""
+    import types
+
+    settings = types.ModuleType("settings")
+    settings.SCALE = 2.0
+    globals()["settings"] = settings
+    f = mica.compile(lambda v: v * settings.SCALE + _Config.k)
+    x = np.ones(2, np.float32)
+    np.testing.assert_array_equal(_quiet(f, x), x * 4)
+    settings.SCALE, _Config.k = 5.0, 3.0
+    np.testing.assert_array_equal(_quiet(f, x), x * 8)
+    _Config.k = 2.0
+
+    m = mnn.Linear(2, 1)
+    opt = mica.optim.SGD(m.parameters(), lr=0.01)
+
+    def train_step(v):
+        loss = m(v).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = mica.compile(train_step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):  # noqa: B007  (the name the step's `opt.step()` shares)
+            globals()["step"] = step
+            compiled(np.ones((1, 2), np.float32))
+    assert len(compiled.built) == 1 and not [w for w in caught if "compiled a third time" in str(w.message)]
+
+    class Scaled(mnn.Module):
+        k = 2.0
+
+        def __init__(self):
+            super().__init__()
+            self.fc = mnn.Linear(2, 1)
+
+        def forward(self, v):
+            return self.fc(v) * self.k
+
+    s = Scaled()
+    g = mica.compile(lambda v: s(v))
+    first = _quiet(g, x[None])
+    Scaled.k = 4.0
+    np.testing.assert_allclose(_quiet(g, x[None]), first * 2, rtol=1e-6)

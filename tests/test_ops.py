@@ -503,6 +503,9 @@ def test_integer_arithmetic_wraps_as_torchs_where_the_compiler_sees_constants():
     for g, w in zip(got, want):
         assert np.array_equal(np.asarray(g), w.numpy()), (g, w)
     y32 = y[:5].astype(np.int32)
+    for g, w in zip(mica.compile(lambda v: (v.min(0).values, v.max(0)[0]))(y32),
+                    (torch.tensor(y32).min(0).values, torch.tensor(y32).max(0)[0])):  # (int32 values stay int32)
+        assert np.asarray(g).dtype == np.int32 and int(g) == int(w)
     got = mica.compile(lambda v: (2147483647 << v, (v - 2147483647) * 5, -(v - 2147483647 - 1)))(y32)
     t = torch.tensor(y32)
     for g, w in zip(got, (2147483647 << t, (t - 2147483647) * 5, -(t - 2147483647 - 1))):

@@ -535,6 +535,37 @@ def test_an_outside_optimizer_sweeps_corners_take_torchs_values():
 
     assert abs(float(clipped()) - float(torch.nn.utils.clip_grad_norm_([p], torch.tensor(0.3)))) < 1e-6
 
+    # a gradient that is a broadcast of one number (the loss holds p.sum()) clips, as torch's (it was an
+    # in-place step on an expanded tensor, refused); torch loads LambdaLR's state_dict (it had no lr_lambdas)
+    tz = torch.nn.Parameter(torch.ones(4))
+    (3.0 * tz.sum()).backward()
+    mz = mica.nn.Parameter(np.ones(4, np.float32))
+
+    @mica.compile
+    def broadcast():
+        (3.0 * mz.sum()).backward()
+        return mica.nn.utils.clip_grad_norm_([mz], 1.0)
+
+    assert abs(float(broadcast()) - float(torch.nn.utils.clip_grad_norm_([tz], 1.0))) < 1e-6
+    np.testing.assert_allclose(np.asarray(mz.grad), tz.grad.numpy(), rtol=1e-6)
+
+    def functional(p):
+        g = mica.grad((p["w"] ** 2).sum() + 3.0 * p["z"].sum(), p)
+        return mica.optim.clip_grad_norm(g, 1.0), g
+
+    w = np.array([1.0, 2.0, 3.0], np.float32)
+    norm, g = mica.compile(functional, {"w": mica.f32[3], "z": mica.f32[2]})({"w": w, "z": np.ones(2, np.float32)})
+    want = np.sqrt((2 * w * 2 * w).sum() + 2 * 9.0)
+    assert abs(float(norm) - want) < 1e-4 and abs(float(np.asarray(g["z"])[0]) - 3.0 / (want + 1e-6)) < 1e-6
+    for cls in ("LambdaLR", "MultiplicativeLR"):
+        mine = getattr(mica.optim.lr_scheduler, cls)(mica.optim.SGD([mica.nn.Parameter(mica.zeros(2))], lr=0.1),
+                                                     lambda e: 0.5)
+        mine.step()
+        theirs = getattr(torch.optim.lr_scheduler, cls)(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))],
+                                                                        lr=0.1), lambda e: 0.5)
+        theirs.load_state_dict(mine.state_dict())
+        assert theirs.last_epoch == 1
+
     saved = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], maximize=True).state_dict()
     with pytest.raises(mica.MicaError, match=r"^AdamW.load_state_dict: the state was saved with maximize=True"):
         mica.optim.AdamW([mica.nn.Parameter(np.zeros(2, np.float32))]).load_state_dict(saved)

@@ -484,6 +484,7 @@ def test_an_outside_sweep_of_mistakes_gets_sentences_at_the_users_line():
     ("a.view(shape=(20,))", "Tensor.view() got an unexpected keyword argument 'shape'"),
     ("mica.cumsum(a)", "cumsum() missing 1 required positional argument: 'dim'"),
     ("mica.nn.functional_call(lin, p, (a, a))", "Linear.forward() takes 2 positional arguments but 3 were given"),
+    ("lin.bind(p, 1).__enter__()", "Module.bind() takes 2 positional arguments but 3 were given"),
 ])
 def test_a_call_its_signature_has_no_place_for_ends_a_script_with_a_sentence(tmp_path, call, says):
     """A verb, Tensor method or module called with arguments its signature lacks (torch refuses them

@@ -88,7 +88,15 @@ def _per_group(value, optimizer, what):
     return values
 
 
-class LambdaLR(LRScheduler):
+class _Lambdas:
+    """torch's state_dict of a scheduler with lr_lambdas: one entry per group, None for a function
+    (a function is not saved), so torch's load_state_dict reads Mica's and the other way round."""
+
+    def state_dict(self):
+        return {**super().state_dict(), "lr_lambdas": [None] * len(self.lr_lambdas)}
+
+
+class LambdaLR(_Lambdas, LRScheduler):
     def __init__(self, optimizer, lr_lambda, last_epoch=-1):
         self.lr_lambdas = _per_group(lr_lambda, optimizer, "LambdaLR's lr_lambda")
         super().__init__(optimizer, last_epoch)
@@ -97,7 +105,7 @@ class LambdaLR(LRScheduler):
         return [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
 
 
-class MultiplicativeLR(LRScheduler):
+class MultiplicativeLR(_Lambdas, LRScheduler):
     def __init__(self, optimizer, lr_lambda, last_epoch=-1):
         self.lr_lambdas = _per_group(lr_lambda, optimizer, "MultiplicativeLR's lr_lambda")
         super().__init__(optimizer, last_epoch)

@@ -835,7 +835,8 @@ def _taken_along(x, index, d, keepdim=False):
     An index outside the dim takes 0."""
     positions = emit("iota", [], n=x.shape[d], dtype=dtypes.int64).reshape(*(-1 if a == d else 1
                                                                              for a in range(x.ndim)))
-    return sum(where(index == positions, x, 0), d, keepdim)
+    picked = where(index == positions, x, 0)  # (an integer line's element keeps its type: not sum's int64)
+    return sum(picked, d, keepdim, dtype=x.dtype) if x.dtype.kind == "int" else sum(picked, d, keepdim)
 
 
 def argmax(input, dim=None, keepdim=False):
