@@ -10,10 +10,15 @@ The fingerprint covers, to any depth:
 - each Module reached: its class, train/eval mode, which Parameters it holds (their identity and
   requires_grad: their values are the program's inputs), its buffers' contents, its submodules, and
   every other attribute;
-- numbers, strings and containers by value; arrays and torch tensors by their bytes (above 64 MiB by
-  identity, shape and address: reading them whole at every call would cost more than the step);
-  other objects by their attributes; Mica's optimizers, schedulers and scalers by identity (the
-  compiled step reads their settings itself: stateful.py).
+- numbers, strings and containers by value (traced tensors kept from earlier traces left out);
+  Mica's host tensors (buffers among them) by a count of the writes made through them, as torch's
+  version counter, so they are not read whole at every call; numpy arrays and torch tensors by their
+  bytes (above 16 MiB by identity, shape and address: reading them at every call would cost more
+  than the step); other objects by their attributes and their classes' plain attributes and methods;
+  a module's or class's attribute read by name (`cfg.SCALE`); Mica's optimizers, schedulers and
+  scalers by identity (the compiled step reads their settings itself: stateful.py).
+A value that cannot be read (a property that raises, a tensor numpy cannot hold) is known by
+identity: the fingerprint never stops a call.
 """
 import dis
 import functools
@@ -24,7 +29,7 @@ import zlib
 
 import numpy as np
 
-LARGE = 64 << 20  # (bytes: an array larger is known by identity, shape and address only)
+LARGE = 16 << 20  # (bytes: a numpy array larger is known by identity, shape and address only)
 ITEMS = 4096  # (a container longer is known by identity and length)
 DEPTH = 12
 
@@ -48,9 +53,8 @@ def value(v):
 
 def changed(before, after):
     """The names of what differs between two worlds (for the recompiles warning)."""
-    old = dict(before)
-    return [where for where, fp in after if where in old and old[where] != fp] + \
-        [where for where, _ in after if where not in old]
+    old = set(before)
+    return list(dict.fromkeys(where for where, fp in after if (where, fp) not in old))  # (each name once)
 
 
 _USERS = {}
@@ -118,9 +122,11 @@ class _Walk:
                 break
         if isinstance(fn, types.FunctionType):
             self._read(fn, where, depth)
+        elif callable(fn) and not isinstance(fn, (type, types.BuiltinFunctionType)):  # (an object with __call__)
+            self.found.append((where or "the callable", self.value(fn, 0)))
 
     def _read(self, fn, where, depth):
-        if id(fn) in self.functions or depth > DEPTH or not _users(fn.__code__):
+        if id(fn) in self.functions or not _users(fn.__code__):  # (each function once: its own cycles end)
             return
         self.functions.add(id(fn))
         name = getattr(fn, "__qualname__", "?")
@@ -129,7 +135,7 @@ class _Walk:
             if n not in g:
                 continue
             v = g[n]
-            self.found.append((n, self.value(v, depth + 1)))
+            self.found.append((n, self.value(v, 0)))
             for i, a in enumerate(attrs):  # (`cfg.SCALE`, `Settings.k`: a module's or class's attribute,
                 if not isinstance(v, (types.ModuleType, type)):  # which their identity does not cover)
                     break
@@ -137,17 +143,25 @@ class _Walk:
                     v = getattr(v, a)
                 except Exception:  # (a missing attribute, or one whose reading raises: the trace says)
                     break
-                self.found.append((".".join((n,) + attrs[:i + 1]), self.value(v, depth + 1)))
+                self.found.append((".".join((n,) + attrs[:i + 1]), self.value(v, 0)))
         for n, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            if n == "__class__":  # (super()'s cell: the class, whose methods are walked with its modules)
+                continue
             try:
                 v = cell.cell_contents
             except ValueError:  # (a cell not filled yet)
                 continue
-            self.found.append((n, self.value(v, depth + 1)))
+            self.found.append((n, self.value(v, 0)))
         if fn.__defaults__ or fn.__kwdefaults__:
-            self.found.append((f"{name}: defaults", self.value((fn.__defaults__, fn.__kwdefaults__), depth + 1)))
+            self.found.append((f"{name}: defaults", self.value((fn.__defaults__, fn.__kwdefaults__), 0)))
 
     def value(self, v, depth):
+        try:
+            return self._value(v, depth)
+        except Exception:  # (an object reading which raises, a tensor numpy cannot hold: known by identity)
+            return ("id", id(v))
+
+    def _value(self, v, depth):
         t = type(v)
         if v is None or t in (bool, int, str, bytes):
             return v if t is not bool else ("bool", v)
@@ -157,6 +171,10 @@ class _Walk:
             return ("np", v.dtype.str, v.tobytes())
         if isinstance(v, np.ndarray):
             return _array(v)
+        from .tensor import Tensor
+
+        if isinstance(v, Tensor):  # (a traced tensor kept from an earlier trace: no value a new one reads)
+            return ("traced",)
         if t.__module__.startswith("torch") and hasattr(v, "detach") and hasattr(v, "untyped_storage"):
             d = v.detach()
             return ("torch", str(d.dtype), str(d.device)) + (
@@ -177,12 +195,12 @@ class _Walk:
         try:
             if isinstance(v, Module):
                 return self._module(v, depth)
-            if t.__module__.split(".")[0] == "mica":  # (optimizers, schedulers, scalers, autocast, dtypes)
-                return ("mica", id(v))
+            if str(getattr(t, "__module__", "")).split(".")[0] == "mica":  # (optimizers, schedulers, scalers,
+                return ("mica", id(v))                                       # autocast, dtypes)
             if isinstance(v, (list, tuple)):
                 if len(v) > ITEMS:
                     return ("sequence", id(v), len(v))
-                return (t.__name__,) + tuple(self.value(x, depth + 1) for x in v)
+                return (t.__name__,) + tuple(self.value(x, depth + 1) for x in v if not isinstance(x, Tensor))
             if isinstance(v, dict):
                 if len(v) > ITEMS:
                     return ("dict", id(v), len(v))
@@ -192,11 +210,12 @@ class _Walk:
                     ("set", frozenset(self.value(x, depth + 1) for x in v))
             if isinstance(v, (range, slice)):
                 return (t.__name__, repr(v))
+            self._methods(t)
             fields = getattr(v, "__dict__", None)
-            if isinstance(fields, dict):
-                if callable(v) and hasattr(t, "__call__"):
-                    self.function(getattr(t, "__call__"), f"{t.__qualname__}.__call__", depth + 1)
-                return ("object", id(t), self.value(fields, depth + 1))
+            slots = [n for c in t.__mro__ for n in getattr(c, "__slots__", ()) if isinstance(n, str)]
+            if isinstance(fields, dict) or slots:  # (its attributes, and its class's plain ones, read again)
+                held = tuple((n, self.value(getattr(v, n), depth + 1)) for n in slots if hasattr(v, n))
+                return ("object", id(t), self.value(fields, depth + 1) if isinstance(fields, dict) else None, held)
             return ("id", id(v))
         finally:
             self.open.discard(id(v))
@@ -213,17 +232,37 @@ class _Walk:
             if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training") and \
                     not k.startswith("_said"):
                 parts.append((k, self.value(x, depth + 1)))
-        if type(m) not in self.classes:  # (the class's own methods: forward and what it calls; its
-            self.classes.add(type(m))    # plain attributes, which self.k reads where the instance has none)
-            for k, f in vars(type(m)).items():
-                if isinstance(f, types.FunctionType):
-                    self.function(f, f"{type(m).__qualname__}.{k}", depth + 1)
-                elif not k.startswith("__") and not isinstance(f, (staticmethod, classmethod, property)):
-                    self.found.append((f"{type(m).__qualname__}.{k}", self.value(f, depth + 1)))
+        self._methods(type(m))
         return tuple(parts)
+
+    def _methods(self, cls):
+        """A class's methods (forward and what it calls, static and class methods, properties), its
+        bases' down to Mica's and Python's own, and its plain attributes (self.k where the instance
+        has none)."""
+        if cls in self.classes:
+            return
+        self.classes.add(cls)
+        for c in cls.__mro__:
+            if c is object or str(getattr(c, "__module__", "")).split(".")[0] in ("mica", "builtins"):
+                continue
+            for k, f in vars(c).items():
+                if isinstance(f, (staticmethod, classmethod)):
+                    f = f.__func__
+                elif isinstance(f, property):
+                    f = f.fget
+                if isinstance(f, types.FunctionType):
+                    self.function(f, f"{c.__qualname__}.{k}", 0)
+                elif not k.startswith("__") and not callable(f) and not isinstance(f, property):
+                    self.found.append((f"{c.__qualname__}.{k}", self.value(f, 0)))
 
 
 def _array(a):
+    from .host import HostTensor, _WRITES, memory_owner
+
+    if isinstance(a, HostTensor):  # (its writes are counted, as torch's version counter: not read whole)
+        owner = memory_owner(a)
+        return ("host", a.dtype.str, a.shape, a.strides, id(owner), _WRITES.get(id(owner), 0),
+                a.__array_interface__["data"][0])
     a = np.asarray(a)
     head = ("array", a.dtype.str, a.shape)
     if a.dtype.hasobject:

@@ -34,6 +34,24 @@ class _Size(int):
         return self.shape[dim]
 
 
+_WRITES = {}  # id of an array that owns its memory -> writes through host tensors into it (guards.py)
+
+
+def memory_owner(a):
+    """The array that owns a's memory (a itself, or its views' base)."""
+    while isinstance(getattr(a, "base", None), np.ndarray):
+        a = a.base
+    return a
+
+
+def written(a):
+    """Count a write into host tensor a's memory: torch's version counter, which lets a compiled
+    function's guards know a buffer changed in place without reading it (guards.py)."""
+    if isinstance(a, np.ndarray):
+        owner = id(memory_owner(a))
+        _WRITES[owner] = _WRITES.get(owner, 0) + 1
+
+
 class HostTensor(np.ndarray):
     """A numpy array with torch.Tensor's methods (module docstring)."""
 
@@ -50,6 +68,8 @@ class HostTensor(np.ndarray):
         plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
         out_to = kwargs.get("out")
         if out_to is not None:  # (x += y: numpy writes into x; torch's rules for what may be written there)
+            for o in out_to:
+                written(o)
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, HostTensor) else o for o in out_to)
         verb = _OPERATORS.get(ufunc) if method == "__call__" and len(inputs) == 2 else \
             _UNARY.get(ufunc) if method == "__call__" and len(inputs) == 1 else None
@@ -360,6 +380,7 @@ class HostTensor(np.ndarray):
 
         if isinstance(value, Tensor):
             raise MicaError(IN_PLACE_FROM_A_TRACE.format(what="x[index] = value"), user_location())
+        written(self)
         try:
             np.ndarray.__setitem__(self, index, np.asarray(value) if isinstance(value, HostTensor) else value)
         except IndexError as e:
@@ -579,6 +600,7 @@ def _write(self, result, name):
     if name not in _FILLS and any(st == 0 and n > 1 for st, n in zip(self.strides, self.shape)):
         raise MicaError(f"{name}: more than one element of this tensor (an expanded view) is one place in memory "
                         "(torch refuses it too); write into a .clone() of it", user_location())
+    written(self)
     np.copyto(self, result, casting="unsafe")
 
 

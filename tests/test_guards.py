@@ -234,3 +234,124 @@ def test_a_module_or_class_attribute_is_read_again_and_a_loops_name_is_not_read(
     first = _quiet(g, x[None])
     Scaled.k = 4.0
     np.testing.assert_allclose(_quiet(g, x[None]), first * 2, rtol=1e-6)
+
+
+class _Base(mnn.Module):
+    @staticmethod
+    def twice(v):
+        return v * SCALE
+
+
+def test_a_second_attack_on_the_guards_finds_no_stale_value_no_endless_retrace_and_no_crash():
+    """From an outside attack: a global read in a base class's static method, a slots object's
+    attribute, a callable object compiled, a global read seven functions deep and a maximize set in a
+    group are each seen; a traced tensor the forward keeps (`self.last = y`) traces once more, not at
+    every call; a buffer written in place is seen by its write count, not read whole; torch tensors
+    numpy cannot hold (sparse, float8, conjugate views) never stop a call; the warning names the
+    global that changed, not super()'s __class__."""
+    global SCALE
+    SCALE = 2.0
+    x = np.ones(2, np.float32)
+
+    class Net(_Base):
+        def forward(self, v):
+            return self.twice(v)
+
+    net = Net()
+    f = mica.compile(lambda v: net(v))
+    np.testing.assert_array_equal(_quiet(f, x), x * 2)
+    SCALE = 3.0
+    np.testing.assert_array_equal(_quiet(f, x), x * 3)
+
+    class Slotted:
+        __slots__ = ("k",)
+
+        def __init__(self):
+            self.k = 2.0
+
+    cfg = Slotted()
+    g = mica.compile(lambda v: v * cfg.k)
+    _quiet(g, x)
+    cfg.k = 5.0
+    np.testing.assert_array_equal(_quiet(g, x), x * 5)
+
+    class Times:
+        def __init__(self):
+            self.k = 2.0
+
+        def __call__(self, v):
+            return v * self.k
+
+    times = Times()
+    h = mica.compile(times)
+    _quiet(h, x)
+    times.k = 4.0
+    np.testing.assert_array_equal(_quiet(h, x), x * 4)
+
+    table = [1.0]
+
+    def d1(v): return v * table[0]  # noqa: E704
+    def d2(v): return d1(v)  # noqa: E704
+    def d3(v): return d2(v)  # noqa: E704
+    def d4(v): return d3(v)  # noqa: E704
+    def d5(v): return d4(v)  # noqa: E704
+    def d6(v): return d5(v)  # noqa: E704
+    def d7(v): return d6(v)  # noqa: E704
+
+    deep = mica.compile(d7)
+    _quiet(deep, x)
+    table[0] = 3.0
+    np.testing.assert_array_equal(_quiet(deep, x), x * 3)
+
+    class Keep(mnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = mnn.Linear(2, 2)
+            self.register_buffer("mask", mica.ones(2))
+
+        def forward(self, v):
+            y = self.lin(v) * self.mask
+            self.last = y
+            return y
+
+    keep = Keep()
+    k = mica.compile(lambda v: keep(v))
+    for _ in range(5):
+        _quiet(k, x[None])
+    assert len(k.built) <= 2
+    keep.mask[0] = 0.0  # (through the host tensor's own write: counted)
+    out = _quiet(k, x[None])
+    assert out[0, 0] == 0.0 and out[0, 1] != 0.0
+
+    for weird in (torch.eye(3).to_sparse(), torch.zeros(3, dtype=torch.float8_e4m3fn),
+                  torch.polar(torch.ones(3), torch.arange(3.0)).conj()):
+        holder = [weird]
+        w = mica.compile(lambda v: v * 2 if holder[0] is not None else v)
+        np.testing.assert_array_equal(_quiet(w, x), x * 2)
+
+    model = Net()
+    s = mica.compile(lambda v: model(v) * SCALE)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for value in (1.0, 2.0, 3.0):
+            SCALE = value
+            s(x)
+    said = [str(c.message) for c in caught if "compiled a third time" in str(c.message)]
+    assert said and "(SCALE)" in said[0], said
+    SCALE = 2.0
+
+    lin = mnn.Linear(2, 1)
+    opt = mica.optim.AdamW(lin.parameters(), lr=0.1)
+
+    @mica.compile
+    def step(v):
+        loss = lin(v).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(x[None])
+    opt.param_groups[0]["maximize"] = True
+    with pytest.raises(mica.MicaError, match=r"^AdamW: a param group sets maximize=True"):
+        step(x[None])
