@@ -106,15 +106,25 @@ def grad(loss, wrt=_NO_WRT, grad_output=None):
     out = []
     for x in leaves:
         g = cts.get(x.value.id)
-        if g is None:  # (torch's None: the optimizers skip it, optim/base.py)
-            g = F.zeros_like(x)
-            graph.unreached.add(g.value.id)
-        g = Tensor(g.value, ctx)  # (a tensor of its own, as torch's .grad, never a view of the backward's: an
-        out.append(g)             # in-place step on it, as clipping's, writes it alone)
+        # (a tensor of its own, as torch's .grad, never a view of the backward's: an in-place step on it,
+        # as clipping's, writes it alone)
+        g = Tensor((g if g is not None else no_gradient(x)).value, ctx)
+        out.append(g)
         mark_role(graph, g, "gradient")
         if x.value.node.op == "input":
             mark_role(graph, x, "parameter")
     return pytree.unflatten(treedef, out)
+
+
+def no_gradient(like):
+    """Zeros for a tensor that has no gradient (one the loss does not reach, a frozen parameter:
+    torch's None), marked in the graph so the optimizers skip it (optim/base.py, has_gradient),
+    where a gradient of zeros the loss reaches is one they decay and count."""
+    from . import verbs as F
+
+    g = F.zeros_like(like)
+    like._ctx.graph.unreached.add(g.value.id)
+    return g
 
 
 def mark_role(graph, tensor, role):

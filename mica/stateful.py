@@ -237,7 +237,7 @@ def step(opt):
         if all(o is not opt for o in s.optimizers):
             s.optimizers.append(opt)
         return None
-    from . import verbs as F
+    from .grad import no_gradient
 
     if id(opt) not in s.lrs:  # (one made in the body: a new object each time the body runs)
         raise MicaError(f"this {type(opt).__name__} was made inside the compiled step, so its state would start "
@@ -248,7 +248,7 @@ def step(opt):
     keyed = [{**settings, "params": [name[id(p)] for p in ps], "lr": lr} for (settings, ps), lr in zip(groups, lrs)]
     members = [p for _, ps in groups for p in ps]
     params = {name[id(p)]: s.bound[id(p)] for p in members}
-    grads = {name[id(p)]: s.grads[id(p)] if id(p) in s.grads else F.zeros_like(s.bound[id(p)]) for p in members}
+    grads = {name[id(p)]: s.grads[id(p)] if id(p) in s.grads else no_gradient(s.bound[id(p)]) for p in members}
     saved = opt.param_groups
     opt.param_groups = keyed
     try:
