@@ -14,7 +14,8 @@ The fingerprint covers, to any depth:
   Mica's host tensors (buffers among them) by a count of the writes made through them, as torch's
   version counter, so they are not read whole at every call; numpy arrays and torch tensors by their
   bytes (above 16 MiB by identity, shape and address: reading them at every call would cost more
-  than the step); other objects by their attributes and their classes' plain attributes and methods;
+  than the step); lists, dicts and sets of more than 4096 items by identity and length; other
+  objects by their attributes and their classes' plain attributes and methods;
   a module's or class's attribute read by name (`cfg.SCALE`); Mica's optimizers, schedulers and
   scalers by identity (the compiled step reads their settings itself: stateful.py).
 A value that cannot be read (a property that raises, a tensor numpy cannot hold) is known by
@@ -177,9 +178,10 @@ class _Walk:
             return ("traced",)
         if t.__module__.startswith("torch") and hasattr(v, "detach") and hasattr(v, "untyped_storage"):
             d = v.detach()
-            return ("torch", str(d.dtype), str(d.device)) + (
-                _array(d.float().numpy() if str(d.dtype) == "torch.bfloat16" else d.numpy())
-                if d.device.type == "cpu" else (id(v),))
+            head = ("torch", str(d.dtype), str(d.device), tuple(d.shape), id(v))
+            if d.device.type != "cpu" or d.numel() * d.element_size() > LARGE:  # (its own identity and address:
+                return head + (d.data_ptr(),)                                  # never a temporary's)
+            return head + _array(d.float().numpy() if str(d.dtype) == "torch.bfloat16" else d.numpy())
         if isinstance(v, (types.ModuleType, type, types.BuiltinFunctionType)):
             return ("id", id(v))
         if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
@@ -225,7 +227,7 @@ class _Walk:
         for k, p in m._parameters.items():
             parts.append((k, None if p is None else ("parameter", id(p), bool(p.requires_grad))))
         for k, b in m._buffers.items():
-            parts.append((k, None if b is None else _array(np.asarray(b))))
+            parts.append((k, None if b is None else _array(b)))
         for k, sub in m._modules.items():
             parts.append((k, None if sub is None else self.value(sub, depth + 1)))
         for k, x in vars(m).items():
@@ -263,7 +265,7 @@ def _array(a):
         owner = memory_owner(a)
         return ("host", a.dtype.str, a.shape, a.strides, id(owner), _WRITES.get(id(owner), 0),
                 a.__array_interface__["data"][0])
-    a = np.asarray(a)
+    a = a if isinstance(a, np.ndarray) else np.asarray(a)
     head = ("array", a.dtype.str, a.shape)
     if a.dtype.hasobject:
         return head + ("objects", id(a))
