@@ -355,3 +355,27 @@ def test_a_second_attack_on_the_guards_finds_no_stale_value_no_endless_retrace_a
     opt.param_groups[0]["maximize"] = True
     with pytest.raises(mica.MicaError, match=r"^AdamW: a param group sets maximize=True"):
         step(x[None])
+
+
+def test_a_large_buffer_and_a_large_torch_tensor_compile_once_and_a_write_is_seen():
+    """A 36 MB buffer is known by its writes (it was read whole, and past 16 MiB by a temporary
+    view's identity, a new program at every call); a 20 MB torch tensor by its own identity."""
+    big = torch.zeros(5_000_000)
+
+    class Masked(mnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = mnn.Linear(2, 2)
+            self.register_buffer("mask", mica.ones(3000, 3000))
+
+        def forward(self, v):
+            return self.lin(v) * self.mask[0, 0]
+
+    m = Masked()
+    f = mica.compile(lambda v: m(v) + float(big.shape[0] > 0))
+    x = np.ones((1, 2), np.float32)
+    for _ in range(4):
+        _quiet(f, x)
+    assert len(f.built) == 1
+    m.mask[0, 0] = 3.0
+    np.testing.assert_allclose(_quiet(f, x), np.asarray(m(x)) + 1, rtol=1e-6)
