@@ -359,17 +359,19 @@ def test_a_second_attack_on_the_guards_finds_no_stale_value_no_endless_retrace_a
 
 def test_a_large_buffer_and_a_large_torch_tensor_compile_once_and_a_write_is_seen():
     """A 36 MB buffer is known by its writes (it was read whole, and past 16 MiB by a temporary
-    view's identity, a new program at every call); a 20 MB torch tensor by its own identity."""
+    view's identity, a new program at every call); a 20 MB torch tensor by its own identity. (The
+    forward reads a small buffer: a large one read would be a 36 MB constant of the program.)"""
     big = torch.zeros(5_000_000)
 
     class Masked(mnn.Module):
         def __init__(self):
             super().__init__()
             self.lin = mnn.Linear(2, 2)
-            self.register_buffer("mask", mica.ones(3000, 3000))
+            self.register_buffer("table", mica.ones(3000, 3000))
+            self.register_buffer("gain", mica.ones(2))
 
         def forward(self, v):
-            return self.lin(v) * self.mask[0, 0]
+            return self.lin(v) * self.gain
 
     m = Masked()
     f = mica.compile(lambda v: m(v) + float(big.shape[0] > 0))
@@ -377,5 +379,7 @@ def test_a_large_buffer_and_a_large_torch_tensor_compile_once_and_a_write_is_see
     for _ in range(4):
         _quiet(f, x)
     assert len(f.built) == 1
-    m.mask[0, 0] = 3.0
+    m.table[0, 0] = 3.0  # (a write into the large one: counted, so traced again)
+    m.gain[0] = 3.0
     np.testing.assert_allclose(_quiet(f, x), np.asarray(m(x)) + 1, rtol=1e-6)
+    assert len(f.built) == 2
