@@ -24,44 +24,31 @@ static double seconds(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* GFLOP/s of one round over all threads; `sink` keeps the sums alive */
-static double dot_round(float *sink) {
-    double t0 = seconds();
-    float total = 0.0f;
-#pragma omp parallel reduction(+ : total)
-    {
-        __m512 acc[CHAINS];
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_setzero_ps();
-        __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3000);
-        for (long i = 0; i < ITERS; i++) {
-#pragma GCC unroll 16
-            for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-            __asm__ volatile("" : "+v"(a)); /* (the loop is not folded away) */
-        }
-        for (int c = 0; c < CHAINS; c++) total += _mm512_reduce_add_ps(acc[c]);
+/* GFLOP/s of one round over all threads of CHAINS independent accumulators, each taking `step` (an
+ * instruction of `flop` FLOP) ITERS times; `sink` keeps the sums alive */
+#define MICA_PEAK_ROUND(name, A, B, a0, b0, step, flop)                                            \
+    static double name(float *sink) {                                                              \
+        double t0 = seconds();                                                                     \
+        float total = 0.0f;                                                                        \
+        _Pragma("omp parallel reduction(+ : total)") {                                             \
+            __m512 acc[CHAINS];                                                                    \
+            for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_setzero_ps();                         \
+            A a = a0;                                                                              \
+            B b = b0;                                                                              \
+            for (long i = 0; i < ITERS; i++) {                                                     \
+                _Pragma("GCC unroll 16") for (int c = 0; c < CHAINS; c++) acc[c] = step;           \
+                __asm__ volatile("" : "+v"(a)); /* (the loop is not folded away) */                \
+            }                                                                                      \
+            for (int c = 0; c < CHAINS; c++) total += _mm512_reduce_add_ps(acc[c]);               \
+        }                                                                                          \
+        *sink += total;                                                                            \
+        return (double)ITERS * CHAINS * (flop) * omp_get_max_threads() / (seconds() - t0) / 1e9;  \
     }
-    *sink += total;
-    return (double)ITERS * CHAINS * 64 * omp_get_max_threads() / (seconds() - t0) / 1e9;
-}
 
-static double fma_round(float *sink) {
-    double t0 = seconds();
-    float total = 0.0f;
-#pragma omp parallel reduction(+ : total)
-    {
-        __m512 acc[CHAINS];
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_setzero_ps();
-        __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-7f);
-        for (long i = 0; i < ITERS; i++) {
-#pragma GCC unroll 16
-            for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(a, b, acc[c]);
-            __asm__ volatile("" : "+v"(a));
-        }
-        for (int c = 0; c < CHAINS; c++) total += _mm512_reduce_add_ps(acc[c]);
-    }
-    *sink += total;
-    return (double)ITERS * CHAINS * 32 * omp_get_max_threads() / (seconds() - t0) / 1e9;
-}
+MICA_PEAK_ROUND(dot_round, __m512bh, __m512bh, (__m512bh)_mm512_set1_epi16(0x3f80),
+                (__m512bh)_mm512_set1_epi16(0x3000), _mm512_dpbf16_ps(acc[c], a, b), 64)
+MICA_PEAK_ROUND(fma_round, __m512, __m512, _mm512_set1_ps(1.0f), _mm512_set1_ps(1e-7f),
+                _mm512_fmadd_ps(a, b, acc[c]), 32)
 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 7;
