@@ -375,8 +375,8 @@ class _Compiled:
         tree, specs, read = key
         static = lambda s: isinstance(s, tuple) and s[:1] == ("static",)  # noqa: E731
         same = [k for k in self.built if k[0] == tree and all(static(a) or a == b for a, b in zip(k[1], specs))]
-        if len(same) < 2 or getattr(self, "_said_recompiles", False):
-            return
+        if len({id(self.built[k]) for k in same}) < 2 or getattr(self, "_said_recompiles", False):
+            return  # (programs, not keys: a program is also kept under the key its own trace left)
         import warnings
 
         from . import guards
@@ -412,19 +412,22 @@ class _Compiled:
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         from . import guards, stateful
 
-        specs, read = [], list(guards.world(self.fn))  # (torch.compile's guards: what the trace read besides
-        for x in leaves:                                # the arrays, whose change makes another program)
-            if _is_spec_leaf(x):
-                specs.append(to_spec(x))
-            else:
-                fp, reached = guards.value(x)
-                specs.append(("static", fp))
-                read += reached
-        key = (tree, tuple(specs), tuple(read))
+        def key_now():  # (torch.compile's guards: what the function reads besides the arrays, whose change
+            specs, read = [], list(guards.world(self.fn))  # makes another program)
+            for x in leaves:
+                if _is_spec_leaf(x):
+                    specs.append(to_spec(x))
+                else:
+                    fp, reached = guards.value(x)
+                    specs.append(("static", fp))
+                    read += reached
+            return tree, tuple(specs), tuple(read)
 
+        key = key_now()
         if isinstance(self.built.get(key), stateful.StatefulStep) and self.built[key].stale():
             del self.built[key]  # (a group was added: the step is found and made again, its state carried over)
-        if key not in self.built:
+        made = key not in self.built
+        if made:
             self._checked_call(*given)
             self._say_recompiles(key, leaves)
             while len(self.built) >= self.KEPT:  # (the oldest program goes: its values live in the model's
@@ -441,6 +444,8 @@ class _Compiled:
                     _TORCH_FORM.pop()
         built = self.built[key]
         prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
+        if made:  # (what tracing itself left, as a forward's `self.last = y`: the same program, not another)
+            self.built.setdefault(key_now(), built)
         self._last = prepared[0] if prepared else built
         drawn = "seed" not in run_options and _random(self._last)
         if drawn:  # (dropout: a key drawn at each call from mica's host generator, as torch's from its own, so
