@@ -117,16 +117,16 @@ class _Walk:
                 self.found.append((f"{where}(partial)", self.value((fn.args, fn.keywords), depth + 1)))
                 fn = fn.func
             elif hasattr(fn, "__wrapped__") and isinstance(fn, types.FunctionType):
-                self._read(fn, where, depth)
+                self._read(fn)
                 fn = fn.__wrapped__
             else:
                 break
         if isinstance(fn, types.FunctionType):
-            self._read(fn, where, depth)
+            self._read(fn)
         elif callable(fn) and not isinstance(fn, (type, types.BuiltinFunctionType)):  # (an object with __call__)
             self.found.append((where or "the callable", self.value(fn, 0)))
 
-    def _read(self, fn, where, depth):
+    def _read(self, fn):
         if id(fn) in self.functions or not _users(fn.__code__):  # (each function once: its own cycles end)
             return
         self.functions.add(id(fn))
@@ -172,11 +172,12 @@ class _Walk:
             return ("np", v.dtype.str, v.tobytes())
         if isinstance(v, np.ndarray):
             return _array(v)
+        from .host import is_torch_tensor
         from .tensor import Tensor
 
         if isinstance(v, Tensor):  # (a traced tensor kept from an earlier trace: no value a new one reads)
             return ("traced",)
-        if t.__module__.startswith("torch") and hasattr(v, "detach") and hasattr(v, "untyped_storage"):
+        if is_torch_tensor(v):
             d = v.detach()
             head = ("torch", str(d.dtype), str(d.device), tuple(d.shape), id(v))
             if d.device.type != "cpu" or d.numel() * d.element_size() > LARGE:  # (its own identity and address:

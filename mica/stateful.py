@@ -406,12 +406,12 @@ class StatefulStep:
         return self._membership() != self.membership or _structure(self.found.touched) != self.structure
 
     def _pattern(self):
-        from .optim.base import _FALSE_ONLY
+        from .optim.base import switched_on
 
         for o in self.optimizers:  # (set in a group between calls: refused as the optimizer's maker refuses it)
-            taken = [k for g in o.param_groups for k in _FALSE_ONLY if g.get(k)]
+            taken = switched_on(o.param_groups)
             if taken:
-                raise MicaError(f"{type(o).__name__}: a param group sets {taken[0]}=True, torch's option Mica does "
+                raise MicaError(f"{type(o).__name__}: a param group sets {taken}=True, torch's option Mica does "
                                 "not have; set it back to False", user_location())
         modes = tuple(bool(m.training) for m in self.modules)
         graded = tuple(getattr(p, "_held_grad", None) is not None for p in self.params)

@@ -13,6 +13,12 @@ _SAME_STEP = ("fused", "foreach", "capturable", "differentiable")
 _FALSE_ONLY = ("maximize", "amsgrad")
 
 
+def switched_on(groups):
+    """The first of torch's options Mica does not have (maximize, amsgrad) that a param group sets
+    True, or None."""
+    return next((k for g in groups if isinstance(g, dict) for k in _FALSE_ONLY if g.get(k)), None)
+
+
 def _name_of(param, names, optimizer, group):
     """A Parameter object in a group (torch's way, from model.parameters()) as the name the step's
     parameters have it under: one of the names model.named_parameters() gave it."""
@@ -232,11 +238,10 @@ class Optimizer:
             known = set(self._init({"p": np.zeros((2, 2), np.float32)}))
         except Exception:
             known = None
-        for saved_group in saved:  # (an option this optimizer refuses when made is refused when loaded)
-            taken = [k for k in _FALSE_ONLY if isinstance(saved_group, dict) and saved_group.get(k)]
-            if taken:
-                raise MicaError(f"{name}.load_state_dict: the state was saved with {taken[0]}=True, torch's option "
-                                f"Mica does not have, so it cannot go on as that run did", user_location())
+        taken = switched_on(saved)  # (an option this optimizer refuses when made is refused when loaded)
+        if taken:
+            raise MicaError(f"{name}.load_state_dict: the state was saved with {taken}=True, torch's option "
+                            f"Mica does not have, so it cannot go on as that run did", user_location())
         held, keys = {}, {}
         for g, saved_group, ps in zip(self.param_groups or (), saved, members):
             g.update({k: v for k, v in saved_group.items() if k != "params"})

@@ -1,6 +1,7 @@
 """Global-norm gradient clipping, as torch.nn.utils.clip_grad_norm_ computes it."""
 from .. import pytree, verbs as F
 from ..errors import MicaError
+from ..host import is_torch_tensor
 from ..tensor import Tensor, user_location
 
 
@@ -23,8 +24,10 @@ def clip_grad_norm(grads, max_norm, norm_type=2.0, error_if_nonfinite=False, for
     else:
         norms = F.stack([F.norm(g, p) for g in leaves])
     total = F.norm(norms, p)  # (torch's: the norm of the tensors' norms; inf: the largest)
-    if isinstance(max_norm, Tensor) or type(max_norm).__module__.startswith("torch"):  # (torch takes a 0-d tensor)
-        max_norm = F.reshape(F.as_tensor(max_norm), ()) if isinstance(max_norm, Tensor) else float(max_norm)
+    if isinstance(max_norm, Tensor):  # (torch takes a 0-d tensor)
+        max_norm = F.reshape(max_norm, ())
+    elif is_torch_tensor(max_norm):
+        max_norm = float(max_norm)
     coef = F.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in leaves:
         g.mul_(coef)
