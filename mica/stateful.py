@@ -42,6 +42,14 @@ class StepTrace:
         self.scaler_states = {}  # id(scaler) -> {"scale", "growth_tracker"} Tensors
         self.unscaled = {}    # id(scaler) -> {id(optimizer): its found_inf flag} since the scaler's last update()
         self.scaler_stepped = {}  # id(scaler) -> {id(optimizer)} stepped since its last update()
+        self.stood_in = False  # (find: a parameter's gradient was given as a stand-in of zeros)
+        self.program = None   # (find: the Program its trace made, which is the step's own when it keeps nothing)
+
+    def keeps_nothing(self):
+        """(find) Whether the function read no Parameter, stepped no optimizer or scaler and called no
+        backward(): then the find trace is the function's program as it is, traced once."""
+        return not (self.params or self.optimizers or self.scalers or self.backwarded or self.set_lrs
+                    or self.stood_in)
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
@@ -66,6 +74,7 @@ class StepTrace:
         if self.mode == "find":  # (a stand-in of the gradient's shape: this trace is never run)
             from . import verbs as F
 
+            self.stood_in = True
             return F.zeros_like(t)
         return self.grads.get(id(p))
 
@@ -576,14 +585,15 @@ def _lr(opt, i, group):
     return np.float32(value)
 
 
-def find(fn, args):
-    """Trace fn once to find the parameters it reads unbound and the optimizers it steps."""
+def find(fn, args, name=None):
+    """Trace fn once to find the parameters it reads unbound and the optimizers it steps (its
+    Program kept: where the function keeps nothing, it is the one to lower)."""
     from .trace import trace
 
     s = StepTrace("find")
     _ACTIVE.append(s)
     try:
-        trace(lambda *a: fn(*a), *args)
+        s.program = trace(fn, *args, name=name)
     finally:
         _ACTIVE.pop()
         _restore_lrs(s)

@@ -432,10 +432,12 @@ class _Compiled:
             self._say_recompiles(key, leaves)
             while len(self.built) >= self.KEPT:  # (the oldest program goes: its values live in the model's
                 del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)
-            found = stateful.find(fn, args)  # (torch's stateful step: the model's and optimizer's values kept)
+            found = stateful.find(fn, args, self.name)  # (torch's stateful step: the model's and optimizer's values)
             if found.params or found.optimizers:
                 self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,
                                                                               **self.options))
+            elif found.keeps_nothing():  # (its find trace is its program: the function's Python runs once a trace)
+                self.built[key] = found.program.lower(self.target, **self.options).build()
             else:
                 _TORCH_FORM.append(self)  # (a loss.backward() there found nothing to train: backward's sentence)
                 try:

@@ -383,3 +383,48 @@ def test_a_large_buffer_and_a_large_torch_tensor_compile_once_and_a_write_is_see
     m.gain[0] = 3.0
     np.testing.assert_allclose(_quiet(f, x), np.asarray(m(x)) + 1, rtol=1e-6)
     assert len(f.built) == 2
+
+
+def test_a_function_that_trains_nothing_runs_its_python_once_a_trace_and_a_step_twice():
+    """A function reading no Parameter is lowered from the trace that looked for them: its
+    Python's side effects happen once per program (a training step: once to find, once as the step)."""
+    runs = []
+
+    @mica.compile
+    def f(x, y=None):
+        runs.append(1)  # (a container the function appends to: read by the guards, and known by its length)
+        return x * 2 + (0 if y is None else y)
+
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(_quiet(f, x), x * 2)
+    assert len(runs) == 1
+    assert "= input x " in f.ir  # (the program's inputs keep the function's names)
+    np.testing.assert_array_equal(_quiet(lambda a: f(a, y=a), x), x * 3)
+    assert len(runs) == 2
+
+    model = mnn.Linear(4, 2)
+    opt = mica.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+
+    @mica.compile
+    def step(x):
+        steps.append(1)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for _ in range(3):
+        _quiet(step, x)
+    assert len(steps) == 2
+
+    @mica.compile
+    def nothing(x):
+        loss = (x * 2).sum()
+        loss.backward()
+        return loss
+
+    with pytest.raises(mica.MicaError, match="nothing"):
+        nothing(x)
