@@ -52,6 +52,36 @@ def value(v):
     return walk.value(v, 0), tuple(walk.found)
 
 
+def random_states(fn, leaves):
+    """[(name, generator, its state now)] of the random generators a call of fn could draw from
+    while it is traced: numpy's global one, Python's `random`, and the numpy Generators and
+    RandomStates fn reads or is given."""
+    import random
+
+    walk = _Walk()
+    walk.function(fn, "", 0)
+    for x in leaves:
+        walk.value(x, 0)
+    found = [("numpy's global generator (np.random)", np.random.mtrand._rand), ("Python's random module", random)]
+    found += [(f"a numpy {type(g).__name__}", g) for g in walk.generators]
+    return [(name, g, _state(g)) for name, g in found]
+
+
+def drawn(states):
+    """The names of the generators among random_states()'s whose state has moved since."""
+    return list(dict.fromkeys(name for name, g, state in states if _state(g) != state))
+
+
+def _state(g):
+    import pickle
+
+    try:
+        return pickle.dumps(g.getstate() if g.__class__ is types.ModuleType else
+                            g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state())
+    except Exception:  # (a state that cannot be read: never a reason to stop a call)
+        return None
+
+
 def changed(before, after):
     """The names of what differs between two worlds (for the recompiles warning)."""
     old = set(before)
@@ -107,6 +137,7 @@ class _Walk:
         self.functions = set()  # (ids of functions walked: each once)
         self.open = set()  # (ids of the containers and modules on the path: cycles)
         self.classes = set()  # (module classes whose methods were walked)
+        self.generators = []  # (numpy Generators and RandomStates reached: random_states)
 
     def function(self, fn, where, depth):
         while True:  # (decorators' wrappers, bound methods, partials: to the functions beneath)
@@ -184,6 +215,9 @@ class _Walk:
                 return head + (d.data_ptr(),)                                  # never a temporary's)
             return head + _array(d.float().numpy() if str(d.dtype) == "torch.bfloat16" else d.numpy())
         if isinstance(v, (types.ModuleType, type, types.BuiltinFunctionType)):
+            return ("id", id(v))
+        if isinstance(v, (np.random.Generator, np.random.RandomState)):  # (its draws: random_states)
+            self.generators.append(v)
             return ("id", id(v))
         if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
             self.function(v, getattr(v, "__qualname__", "fn"), depth + 1)

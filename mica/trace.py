@@ -397,6 +397,22 @@ class _Compiled:
                     "np.float32(...)) to compile once")
         warnings.warn_explicit(said, UserWarning, path, line)
 
+    def _say_drawn(self, names):
+        """Warn once when the function drew from a random generator of numpy's or Python's while it
+        was traced: what it drew is a constant of the program, the same numbers at every call."""
+        if not names or getattr(self, "_said_drawn", False):
+            return
+        import warnings
+
+        from .tensor import user_location
+
+        self._said_drawn = True
+        path, line = user_location() or ("<mica>", 0)
+        warnings.warn_explicit(f"{getattr(self.fn, '__name__', 'the function')} drew from {names[0]} while it was "
+                               "traced, so the numbers drawn are constants of its program, the same at every call; "
+                               "draw them outside and pass them in as an argument (dropout is the randomness a "
+                               "compiled call draws anew)", UserWarning, path, line)
+
     def __call__(self, *args, **kwargs):
         with _TRACE_LOCK:  # (a call may trace, and reads and writes what the model's Parameters hold)
             return self._call(args, kwargs)
@@ -430,6 +446,7 @@ class _Compiled:
         if made:
             self._checked_call(*given)
             self._say_recompiles(key, leaves)
+            randoms = guards.random_states(self.fn, leaves)
             while len(self.built) >= self.KEPT:  # (the oldest program goes: its values live in the model's
                 del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)
             found = stateful.find(fn, args, self.name)  # (torch's stateful step: the model's and optimizer's values)
@@ -444,6 +461,7 @@ class _Compiled:
                     self.built[key] = compile(fn, *args, target=self.target, name=self.name, **self.options)
                 finally:
                     _TORCH_FORM.pop()
+            self._say_drawn(guards.drawn(randoms))
         built = self.built[key]
         prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
         if made:  # (what tracing itself left, as a forward's `self.last = y`: the same program, not another)

@@ -428,3 +428,41 @@ def test_a_function_that_trains_nothing_runs_its_python_once_a_trace_and_a_step_
 
     with pytest.raises(mica.MicaError, match="nothing"):
         nothing(x)
+
+
+@pytest.mark.parametrize("source", ["generator", "global", "python", "argument"])
+def test_numbers_drawn_from_numpys_or_pythons_random_while_traced_are_said_to_be_constants(source):
+    import random
+
+    g = np.random.default_rng(5)
+
+    def draw(gen):
+        if source == "generator":
+            return g.standard_normal(3)
+        if source == "global":
+            return np.random.rand(3)
+        if source == "python":
+            return np.full(3, random.random())
+        return gen.random(3)
+
+    @mica.compile
+    def f(x, gen):
+        return x + mica.tensor(draw(gen).astype(np.float32))
+
+    x = np.arange(3, dtype=np.float32)
+    gen = np.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first, second = np.asarray(f(x, gen)), np.asarray(f(x, gen))
+    said = [str(w.message) for w in seen if "drew from" in str(w.message)]
+    assert len(said) == 1 and "constants of its program" in said[0], said
+    np.testing.assert_array_equal(first, second)  # (what the warning says: the same numbers at every call)
+    assert not np.array_equal(first, x)
+
+    @mica.compile
+    def plain(x):
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(np.asarray(plain(x)), x * 2)
