@@ -84,6 +84,7 @@ class HostTensor(np.ndarray):
                 if out_to is not None:  # (x += y where x cannot take the result: torch's in-place refusal)
                     _write(out_to[0], result, ufunc.__name__)
                     return out_to[0]
+                return result  # (what numpy refuses and torch computes: an integer to negative powers)
             raise
 
         typed = method == "__call__" and ufunc.nout == 1 and "dtype" not in kwargs  # (np.add.reduce, dtype=: numpy's)
@@ -93,6 +94,9 @@ class HostTensor(np.ndarray):
                 return r
             return np.asarray(_torch_typed(r, inputs, ufunc) if typed else r).view(HostTensor)
         return tuple(wrap(r) for r in out) if isinstance(out, tuple) else wrap(out)
+
+    def __pow__(self, other):  # (numpy's x ** 2 is its square, whose type for a bool is bool: torch's is int64)
+        return np.power(self, other)
 
     def __repr__(self):  # (print(x): torch's text, not numpy's)
         return torch_text(np.asarray(self))
@@ -607,7 +611,7 @@ def _write(self, result, name):
 def _torch_typed(result, inputs, ufunc):
     """numpy's result in torch's type for these operands (a comparison's bool as it is)."""
     r = np.asarray(result)
-    if r.dtype.kind not in "iuf" or ufunc in _LOGICAL:
+    if r.dtype.kind not in "biuf" or ufunc in _LOGICAL:
         return result
     arrays = [x for x in inputs if isinstance(x, np.ndarray)]
     if all(a.dtype == r.dtype for a in arrays):

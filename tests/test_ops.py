@@ -542,7 +542,8 @@ def test_nll_loss_takes_torchs_arguments_and_refuses_what_torch_refuses():
 
 @pytest.mark.parametrize("fn,says", [
     (lambda x: x ** -1, "pow: integers cannot be raised to a negative integer power (-1), as in torch"),
-    (lambda x: 2 ** x, "pow: integers raised to a tensor of integer exponents are not supported"),
+    (lambda x: x.float().masked_fill(x > 0, mica.ones(4)), "masked_fill: the value must be a number or a 0-d "
+     "tensor, got one of shape [4]"),
     (lambda x: mica.nn.functional.linear(x.float(), mica.ones(3, 5)), "linear: input f32[4] needs 5 features in its "
      "last dim, as weight f32[3, 5] takes (in_features 5)"),
 ])
@@ -550,6 +551,32 @@ def test_what_torch_refuses_is_a_sentence(fn, says):
     with pytest.raises(mica.MicaError) as e:
         mica.trace(fn, mica.i64[4])
     assert str(e.value).startswith(says) and "test_ops.py:" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_integers_to_integer_tensor_powers_are_torchs_wrapping_products(dtype):
+    """2 ** n and x ** n for integer tensors n: torch's integer pow (repeated squaring, wrapping;
+    a negative power 1, -1 or 0), compiled, eager and on bools, bit for bit."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-7, 8, (3, 6)).astype(dtype)
+    x[0] = [-1, 1, -1, 1, 0, 2]
+    n = rng.integers(-4, 70 if dtype == np.int64 else 40, 6).astype(dtype)
+    n[:3] = [np.iinfo(dtype).max, 0, -3]
+    want = (torch.from_numpy(x) ** torch.from_numpy(n)).numpy()
+    got = mica.compile(lambda a, b: a ** b)(x, n)
+    assert got.dtype == want.dtype and np.array_equal(np.asarray(got), want)
+    assert np.array_equal(np.asarray(mica.as_tensor(x) ** mica.as_tensor(n)), want)
+    want = (3 ** torch.from_numpy(n)).numpy()
+    assert np.array_equal(np.asarray(mica.compile(lambda b: 3 ** b)(n)), want)
+    flags = np.array([True, False, True])
+    assert np.array_equal(np.asarray(mica.compile(lambda b: 2 ** b)(flags)), (2 ** torch.from_numpy(flags)).numpy())
+    squared = mica.as_tensor(flags) ** 2  # (numpy's square keeps a bool; torch's power is int64)
+    assert squared.dtype == np.int64 and np.array_equal(np.asarray(squared), [1, 0, 1])
+    other = np.array([False, False, True])
+    for verb in ("maximum", "minimum"):  # (torch's on bools: or, and)
+        want = getattr(torch, verb)(torch.from_numpy(flags), torch.from_numpy(other)).numpy()
+        got = mica.compile(lambda a, b: getattr(a, verb)(b))(flags, other)
+        assert got.dtype == np.bool_ and np.array_equal(np.asarray(got), want)
 
 
 def _corners(m, x, q, k, v, z):

@@ -213,13 +213,27 @@ def pow(input, exponent):
     if isinstance(input, Tensor) and is_scalar(exponent) and exponent == 2 and dt is input.dtype:
         return mul(input, input)  # (not an integer tensor ** 2.0: torch's result is a float)
     if dt.kind == "int":  # (torch's: an integer result, by products; the pow primitive is float's)
-        if not (isinstance(input, Tensor) and is_scalar(exponent)):
-            fail("pow: integers raised to a tensor of integer exponents are not supported; cast one side with .float()")
+        if not is_scalar(exponent):
+            return _integer_powers(as_tensor(input, dt), as_tensor(exponent, dt), dt)
         if exponent < 0:
             fail(f"pow: integers cannot be raised to a negative integer power ({exponent}), as in torch; cast the "
                  "base with .float() first")
         return _integer_power(as_tensor(input, dt), int(exponent))
     return _binary("pow", input, exponent, compute=_floating(dt))
+
+
+def _integer_powers(x, n, dt):
+    """x ** n for integer tensors n (x broadcast with them): repeated squaring over n's bits,
+    wrapping as torch's; a negative power is 1 for x == 1, -1 or 1 for x == -1 (n odd or even) and
+    0 for any other x, as torch's integer pow gives."""
+    x, n = where(ge(n, 0), x, x), where(ge(x, 0), n, n)  # (both of the broadcast shape)
+    result, base = full_like(x, 1), x
+    for b in range(8 * dt.itemsize - 1):  # (the bits a power >= 0 can set)
+        result = where(ne(bitwise_and(n, 1 << b), 0), mul(result, base), result)
+        base = mul(base, base)
+    odd = ne(bitwise_and(n, 1), 0)
+    negative = where(eq(x, 1), const(1, dt), where(eq(x, -1), where(odd, const(-1, dt), const(1, dt)), const(0, dt)))
+    return where(lt(n, 0), negative, result)
 
 
 def _integer_power(x, n):
@@ -237,10 +251,14 @@ def _integer_power(x, n):
 
 
 def maximum(input, other):
+    if result_type(input, other) is dtypes.bool_:  # (torch's on bools: either one true)
+        return logical_or(input, other)
     return _binary("maximum", input, other)
 
 
 def minimum(input, other):
+    if result_type(input, other) is dtypes.bool_:  # (torch's on bools: both true)
+        return logical_and(input, other)
     return _binary("minimum", input, other)
 
 
@@ -641,6 +659,10 @@ def masked_fill(input, mask, value):
         np.broadcast_shapes(m.shape, x.shape)
     except ValueError:
         fail(f"masked_fill: the mask's shape {list(m.shape)} does not broadcast to the tensor's {list(x.shape)}")
+    shape = () if is_scalar(value) else tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+    if shape:  # (torch's: a number or a 0-d tensor)
+        fail(f"masked_fill: the value must be a number or a 0-d tensor, got one of shape {list(shape)}; "
+             "to fill from a tensor, use where(mask, values, input)")
     return where(mask, as_tensor(value, input.dtype) if is_scalar(value) else to(value, input.dtype), input)
 
 
