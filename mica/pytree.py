@@ -3,6 +3,7 @@
 Dicts keep their insertion order (a model's parameters stay in PyTorch's order); None is an empty
 subtree. What counts as a leaf is the caller's choice.
 """
+from collections import OrderedDict
 
 
 class TreeDef:
@@ -21,6 +22,7 @@ class TreeDef:
 
     def __eq__(self, other):
         return (isinstance(other, TreeDef) and self.kind == other.kind and self.meta == other.meta
+                and type(self.meta) is type(other.meta)
                 and self.children == other.children)
 
     def __hash__(self):
@@ -28,6 +30,10 @@ class TreeDef:
 
     def __repr__(self):
         return f"TreeDef({unflatten(self, ['*'] * self.num_leaves)!r})"
+
+
+class _Ordered(tuple):
+    """An OrderedDict's keys (it is rebuilt as one, as torch.compile gives it back)."""
 
 
 _LEAF = TreeDef("leaf", None, ())
@@ -45,7 +51,7 @@ def flatten(tree, is_leaf=None):
         if node is None:
             return _NONE
         if isinstance(node, dict):
-            keys = tuple(node.keys())
+            keys = (_Ordered if isinstance(node, OrderedDict) else tuple)(node.keys())
             return TreeDef("dict", keys, tuple(walk(node[k]) for k in keys))
         if isinstance(node, tuple) and hasattr(node, "_fields"):
             return TreeDef("namedtuple", type(node), tuple(walk(c) for c in node))
@@ -69,7 +75,7 @@ def unflatten(treedef, leaves):
             return None
         kids = [build(c) for c in td.children]
         if td.kind == "dict":
-            return dict(zip(td.meta, kids))
+            return (OrderedDict if isinstance(td.meta, _Ordered) else dict)(zip(td.meta, kids))
         if td.kind == "list":
             return kids
         if td.kind == "tuple":

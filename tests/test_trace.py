@@ -341,3 +341,15 @@ def test_the_torch_compile_form_takes_keyword_arguments_and_says_what_it_cannot(
     gelu0 = mica.trace(lambda x: mica.nn.functional.gelu(x.amax()), mica.f32[2])  # (the oracle on a 0-d erf)
     assert abs(float(mica.reference.run(gelu0, np.array([0.5, 1.0], np.float32))) - 0.8413447460685429) < 1e-12
     assert abs(float(mica.erf(mica.tensor(0.3))) - 0.32862676) < 1e-6
+
+
+def test_an_ordered_dict_comes_back_an_ordered_dict_and_keys_its_own_program():
+    from collections import OrderedDict
+
+    x = np.random.default_rng(0).standard_normal(3).astype(np.float32)
+    f = mica.compile(lambda d: type(d)(b=d["a"] * 2, a=d["a"]))
+    got = f(OrderedDict(a=x))
+    assert type(got) is OrderedDict and list(got) == ["b", "a"]
+    np.testing.assert_array_equal(np.asarray(got["b"]), x * 2)
+    plain = f({"a": x})  # (a dict of the same keys is another tree: its own program, a dict back)
+    assert type(plain) is dict and list(plain) == ["b", "a"]
