@@ -248,6 +248,11 @@ class HostTensor(np.ndarray):
         view.flags.writeable = self.flags.writeable  # (numpy's is read-only; torch's writes through)
         return view
 
+    def trace(self, *args, **numpy_names):  # (torch's: a 0-d tensor of the diagonal's sum; numpy's own calls keep numpy's)
+        if args or numpy_names or _called_by_numpy():
+            return np.ndarray.trace(self, *args, **numpy_names)
+        return _method("trace", self)
+
     def to(self, *args, **kwargs):
         from .dtypes import DType, as_dtype
 

@@ -728,6 +728,7 @@ class Tensor:
     def new_full(self, size, value, dtype=None): return F.full(size, value, dtype=dtype or self.dtype)
     def tril(self, diagonal=0): return F.tril(self, diagonal)
     def diagonal(self, offset=0, dim1=0, dim2=1): return F.diagonal(self, offset, dim1, dim2)
+    def trace(self): return F.matrix_trace(self)
     def diag(self, diagonal=0): return F.diag(self, diagonal)
     def triu(self, diagonal=0): return F.triu(self, diagonal)
 

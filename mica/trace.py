@@ -125,8 +125,15 @@ def trace(fn, *specs, name=None):
     """Trace `fn` on symbolic inputs described by `specs` (Specs, arrays or pytrees of them).
 
     Leaves that are neither Specs nor arrays (ints, strings, ...) are passed to `fn` unchanged as
-    static values. Returns a Program.
+    static values. Returns a Program. Given a tensor and nothing else, it is torch.trace (the sum of
+    a matrix's diagonal), so torch code calling torch.trace(x) runs as written.
     """
+    if not specs and name is None and not callable(fn) and (isinstance(fn, (Tensor, np.ndarray)) or
+                                                            type(fn).__name__ == "Parameter"):
+        from . import verbs as F
+        from .host import eager
+
+        return F.matrix_trace(fn) if isinstance(fn, Tensor) else eager(F.matrix_trace)(fn)
     _check_arity(fn, len(specs))
     with _TRACE_LOCK:
         return _trace(fn, specs, name)

@@ -662,3 +662,84 @@ def test_a_bad_grad_scaler_setting_names_the_users_line():
                 dict(device=3)):  # (1e60: beyond float32, an infinite scale that would skip every step)
         with pytest.raises(MicaError, match=r"GradScaler: .*test_mixed_precision\.py:\d+\)$"):
             mica.amp.GradScaler(**bad)
+
+
+_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy_with_logits")
+
+
+@pytest.mark.parametrize("types", [("bfloat16", "float32"), ("float32", "bfloat16"), ("float16", "float32"),
+                                   ("float32", "float64")])
+def test_a_loss_of_two_float_types_outside_autocast_is_torchs_type_and_value(types):
+    """An outside tester's: mse_loss(bf16, f32) was rounded to bfloat16 (torch's is float32). Each
+    loss takes torch's type for mixed operands (huber's the input's, the logits loss the target's)
+    and its value to float32's rounding; binary_cross_entropy refuses them, as torch's."""
+    rng = np.random.default_rng(1)
+    x, t = rng.random((6, 5)).astype(np.float32), rng.random((6, 5)).astype(np.float32)
+    a, b = (getattr(mica, n) for n in types)
+    got = mica.compile(lambda x, t: [getattr(F, n)(x.to(a), t.to(b)) for n in _LOSSES])(x, t)
+    ta, tb = (getattr(torch, n) for n in types)
+    for name, g in zip(_LOSSES, got):
+        want = getattr(torch.nn.functional, name)(torch.tensor(x).to(ta), torch.tensor(t).to(tb))
+        bound = 3e-7 if want.dtype in (torch.float32, torch.float64) else 4e-3  # (a half type's: its rounding)
+        assert rel_err(float(g), want.item()) < bound, name
+        held = {torch.float64: np.float64, torch.float16: np.float16}.get(want.dtype, np.float32)  # (bf16: widened)
+        assert np.asarray(g).dtype == held, name
+    with pytest.raises(MicaError, match="binary_cross_entropy: input .* and target .* differ in type"):
+        mica.trace(lambda x, t: F.binary_cross_entropy(x.to(a), t.to(b)), mica.f32[3], mica.f32[3])
+    kl = mica.compile(lambda i, t: F.kl_div(i, t, reduction="none"))(np.float32([-0.2, -0.5, -1.0]),
+                                                                     np.float32([-0.1, 0.0, 0.3]))
+    want = torch.nn.functional.kl_div(torch.tensor([-0.2, -0.5, -1.0]), torch.tensor([-0.1, 0.0, 0.3]),
+                                      reduction="none")
+    np.testing.assert_allclose(np.asarray(kl), want.numpy(), rtol=1e-6)  # (a negative target: NaN, torch's xlogy)
+
+
+_COMPOSITES = {
+    "log1p": lambda m, x: m.log1p(x.abs()), "expm1": lambda m, x: m.expm1(x), "log2": lambda m, x: m.log2(x.abs()),
+    "log10": lambda m, x: m.log10(x.abs()), "softplus": lambda m, x: m.nn.functional.softplus(x),
+    "logsigmoid": lambda m, x: m.nn.functional.logsigmoid(x), "elu": lambda m, x: m.nn.functional.elu(x),
+    "silu": lambda m, x: m.nn.functional.silu(x), "glu": lambda m, x: m.nn.functional.glu(x),
+    "cumsum": lambda m, x: x.cumsum(-1), "cumprod": lambda m, x: (x[:, :8] * 0.5).cumprod(-1),
+    "var": lambda m, x: x.var(-1), "std": lambda m, x: x.std(0),
+}
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_a_verb_made_of_several_primitives_rounds_a_half_type_once_as_torchs_kernels(half):
+    """silu, softplus, cumsum, var... on a half type: computed in float32 and rounded once, as
+    torch's kernels compute them (each primitive rounding to the half type put 10-60% of the
+    elements an ulp or more away, cumsum's running sum up to 0.4 in bfloat16)."""
+    x = (np.random.default_rng(2).random((32, 64)).astype(np.float32) * 8 - 4)
+    dt = getattr(mica, half)
+    got = mica.compile(lambda a: [f(mica, a.to(dt)).float() for f in _COMPOSITES.values()])(x)
+    tx = torch.tensor(x).to(getattr(torch, half))
+    for name, g in zip(_COMPOSITES, got):
+        want = _COMPOSITES[name](torch, tx).float().numpy()
+        once = _COMPOSITES[name](torch, tx.float()).to(getattr(torch, half)).float().numpy()
+        g = np.asarray(g)
+        assert np.array_equal(np.isnan(g), np.isnan(once)), name
+        ulp = np.maximum(np.abs(once) * (2.0 ** -7 if half == "bfloat16" else 2.0 ** -10),
+                         2.0 ** -133 if half == "bfloat16" else 2.0 ** -24)  # (the subnormals' spacing)
+        assert np.nanmax(np.abs(g - once) / ulp) <= 1.0, name  # (float32's rounding, then the half type's once)
+        agree = np.mean((g == want) | (np.isnan(g) & np.isnan(want)))
+        assert agree > (0.9 if name in ("var", "std", "cumprod") else 0.97), (name, agree)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("i,j->ij", [(4,), (5,)]), ("ij,ij->ij", [(3, 4), (3, 4)]), ("bi,bj->bij", [(2, 3), (2, 4)]),
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("ij,ij->i", [(3, 4), (3, 4)]), ("i,i->", [(4,), (4,)]),
+    ("bij,bkj->bik", [(2, 3, 4), (2, 5, 4)]), ("bij->bji", [(2, 3, 4)]), ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)])])
+def test_einsum_under_autocast_casts_only_where_torchs_sums_as_a_product(equation, shapes):
+    """An outside tester's: an outer or elementwise einsum under autocast was bfloat16; torch's
+    multiplies there (no matmul, so no cast) and stays float32."""
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+    def f(*xs):
+        with mica.autocast(dtype=mica.bfloat16):
+            return mica.einsum(equation, *xs)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.einsum(equation, *[torch.tensor(a) for a in arrays])
+    program = mica.trace(f, *[mica.Spec(s, mica.float32) for s in shapes])
+    assert program.graph.outputs[0].dtype.name == str(want.dtype).removeprefix("torch.")
+    np.testing.assert_array_equal(np.asarray(mica.compile(f)(*arrays)), want.float().numpy())

@@ -915,3 +915,19 @@ def test_corners_of_the_picking_and_rounding_verbs_follow_torch(name, fn, arrays
                                    equal_nan=True)
     host = fn(mica, *[mica.tensor(a, dtype=mica.float64) for a in arrays])  # (outside a trace: the same)
     np.testing.assert_allclose(host, want.detach().numpy(), rtol=1e-12, atol=0, equal_nan=True)
+
+
+def test_torch_trace_in_ported_code_is_the_diagonals_sum_and_mica_trace_still_traces():
+    """An outside tester's: after `import mica as torch`, torch.trace(x) called Mica's tracer on a
+    tensor (a traceback); given a tensor alone it is torch.trace, eager, compiled and as a method."""
+    x = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32)
+    want = torch.trace(torch.tensor(x)).item()
+    assert rel_err(float(mica.trace(mica.as_tensor(x))), want) < 1e-6
+    assert rel_err(float(mica.as_tensor(x).trace()), want) < 1e-6
+    assert rel_err(float(mica.compile(lambda a: mica.trace(a) + a.trace())(x)), 2 * want) < 1e-6
+    ints = np.arange(9).reshape(3, 3).astype(np.int32)
+    got = mica.compile(lambda a: a.trace())(ints)
+    assert got.dtype == np.int64 and int(got) == 12  # (torch's: an integer trace is int64)
+    assert isinstance(mica.trace(lambda a: a * 2, mica.f32[3]), mica.Program)
+    with pytest.raises(mica.MicaError, match=r"^trace: takes a matrix \(a 2-d tensor\), got f32\[3\]"):
+        mica.trace(mica.ones(3))

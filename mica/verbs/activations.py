@@ -10,7 +10,7 @@ import numpy as np
 from .. import amp, dtypes
 from ..tensor import fail
 from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, gt, le, log, logical_or, lt, maximum, mean, mul,
-                   ne, neg, norm, sigmoid, sub, to, where)
+                   ne, neg, norm, result_type, rounded_once, sigmoid, sub, to, where)
 from .core import sum as _sum
 from .shape import expand, narrow
 
@@ -27,26 +27,30 @@ def _float(verb, x):
 
 def log1p(input):
     """log(1 + x), accurate for small x: log(u) * x / (u - 1) with u = 1 + x rounded (Goldberg's)."""
-    x = _float("log1p", input)
-    u = add(x, 1.0)
-    d = sub(u, 1.0)
-    exact = eq(d, 0.0)
-    return where(exact, x, mul(log(u), div(x, where(exact, 1.0, d))))
+    def body(x):
+        u = add(x, 1.0)
+        d = sub(u, 1.0)
+        exact = eq(d, 0.0)
+        return where(exact, x, mul(log(u), div(x, where(exact, 1.0, d))))
+    return rounded_once(_float("log1p", input), body)
 
 
 def log2(input):
     """log(x) / log(2): torch's log2 to within an ulp (the division rounds once more)."""
-    return div(log(_float("log2", input)), math.log(2.0))
+    return rounded_once(_float("log2", input), lambda x: div(log(x), math.log(2.0)))
 
 
 def log10(input):
     """log(x) / log(10): torch's log10 to within an ulp (the division rounds once more)."""
-    return div(log(_float("log10", input)), math.log(10.0))
+    return rounded_once(_float("log10", input), lambda x: div(log(x), math.log(10.0)))
 
 
 def expm1(input):
     """exp(x) - 1, accurate for small x: (u - 1) * x / log(u) with u = exp(x) (Kahan's)."""
-    x = _float("expm1", input)
+    return rounded_once(_float("expm1", input), _expm1)
+
+
+def _expm1(x):
     u = exp(x)
     um1 = sub(u, 1.0)
     # (x tiny, very negative, inf or NaN: u - 1 itself; the other branch computes on safe values then,
@@ -58,18 +62,20 @@ def expm1(input):
 
 
 def softplus(input, beta=1.0, threshold=20.0):
-    x = _float("softplus", input)
-    bx = mul(x, beta)
-    return where(gt(bx, threshold), x, div(log1p(exp(where(gt(bx, threshold), 0.0, bx))), beta))
+    def body(x):
+        bx = mul(x, beta)
+        return where(gt(bx, threshold), x, div(log1p(exp(where(gt(bx, threshold), 0.0, bx))), beta))
+    return rounded_once(_float("softplus", input), body)
 
 
 def logsigmoid(input):
     """x - log1p(exp(x)) below 0, -log1p(exp(-x)) from 0 (each exp's argument kept at most 0, and
     the slope at 0 torch's 1/2)."""
-    x = _float("logsigmoid", input)
-    neg_side = lt(x, 0.0)
-    xn, xp = where(neg_side, x, 0.0), where(neg_side, 0.0, x)
-    return where(neg_side, sub(xn, log1p(exp(xn))), neg(log1p(exp(neg(xp)))))
+    def body(x):
+        neg_side = lt(x, 0.0)
+        xn, xp = where(neg_side, x, 0.0), where(neg_side, 0.0, x)
+        return where(neg_side, sub(xn, log1p(exp(xn))), neg(log1p(exp(neg(xp)))))
+    return rounded_once(_float("logsigmoid", input), body)
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):
@@ -78,8 +84,8 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
 
 
 def elu(input, alpha=1.0, inplace=False):
-    x = _float("elu", input)
-    return where(gt(x, 0.0), x, mul(expm1(where(gt(x, 0.0), 0.0, x)), alpha))
+    return rounded_once(_float("elu", input), lambda x: where(gt(x, 0.0), x, mul(expm1(where(gt(x, 0.0), 0.0, x)),
+                                                                              alpha)))
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
@@ -102,7 +108,7 @@ def glu(input, dim=-1):
     if x.ndim == 0 or x.shape[dim] % 2:
         fail(f"glu: dim {dim} of {x.value.spec!r} must have an even size, halved into values and gates")
     h = x.shape[dim] // 2
-    return mul(narrow(x, dim, 0, h), sigmoid(narrow(x, dim, h, h)))
+    return rounded_once(x, lambda v: mul(narrow(v, dim, 0, h), sigmoid(narrow(v, dim, h, h))))
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
@@ -135,10 +141,22 @@ def _reduced(verb, losses, reduction):
     fail(f"{verb}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _pair(verb, input, target):
+def _pair(verb, input, target, typed="promoted"):
+    """(input, target) in the loss's type, as torch's kernels give it for mixed types: `promoted`
+    (the operands' common type: mse, l1, kl_div), `input` (huber's), `target` (binary cross-entropy
+    with logits: its in-place product is in the target's), `same` (binary_cross_entropy refuses
+    two float types). Under autocast both are float32 first (the losses are on its float32 list)."""
     x, t = _float(verb, input), as_tensor(target)
-    if t.dtype is not x.dtype:
+    if t.dtype.kind == "float":
+        (t,) = amp.float32(verb, t)
+        if typed == "same" and t.dtype is not x.dtype:
+            fail(f"{verb}: input {x.value.spec!r} and target {t.value.spec!r} differ in type (torch refuses it too); "
+                 f"give the target with .to(input.dtype)")
+    if t.dtype.kind != "float":
         t = to(t, x.dtype)
+    if typed != "own":  # (own: each in its own type, for a loss that rounds as torch's does step by step)
+        dt = x.dtype if typed == "input" else t.dtype if typed == "target" else result_type(x, t)
+        x, t = (a if a.dtype is dt else to(a, dt) for a in (x, t))
     if x.shape != t.shape:  # (torch broadcasts with a warning that it is likely a mistake; so do not guess)
         fail(f"{verb}: input {x.value.spec!r} and target {t.value.spec!r} differ in shape; give them the same shape")
     return x, t
@@ -165,7 +183,11 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 
 
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
-    x, t = _pair("huber_loss", input, target)
+    x, t = _pair("huber_loss", input, target, "input")
+    return rounded_once(x, lambda x: _huber(x, to(t, x.dtype), delta, reduction))
+
+
+def _huber(x, t, delta, reduction):
     d = abs(sub(x, t))
     return _reduced("huber_loss", where(lt(d, delta), mul(mul(d, d), 0.5), mul(sub(d, 0.5 * delta), delta)),
                     reduction)
@@ -179,7 +201,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     if (amp.active() or ("",))[0] == "cuda":  # (torch's CUDA autocast refuses it too)
         fail("binary_cross_entropy is unsafe under autocast('cuda') (its probabilities would be rounded to the half "
              "type); give the logits to binary_cross_entropy_with_logits instead, or compute it outside the region")
-    x, t = _pair("binary_cross_entropy", input, target)
+    x, t = _pair("binary_cross_entropy", input, target, "same")
     xd, td = detach(x), detach(t)
     lx = maximum(log(xd), as_tensor(-100.0, x.dtype))
     l1x = maximum(log(sub(1.0, xd)), as_tensor(-100.0, x.dtype))
@@ -193,23 +215,27 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
                                      pos_weight=None):
-    """torch's: (1 - t) x + (1 + (pw - 1) t) softplus(-x), softplus(-x) = -logsigmoid(x)."""
-    x, t = _pair("binary_cross_entropy_with_logits", input, target)
-    soft = neg(logsigmoid(x))
-    scale = 1.0 if pos_weight is None else add(mul(sub(pos_weight, 1.0), t), 1.0)
-    loss = add(mul(sub(1.0, t), x), mul(scale, soft))
+    """torch's: (1 - t) x - (1 + (pw - 1) t) logsigmoid(x), rounded where torch's in-place steps
+    round: into the target's type, logsigmoid in the input's."""
+    x, t = _pair("binary_cross_entropy_with_logits", input, target, "own")
+    dt = t.dtype
+    ls = logsigmoid(x)
+    if pos_weight is not None:
+        ls = mul(add(mul(sub(pos_weight, 1.0), t), 1.0), ls)
+    loss = sub(to(mul(sub(1.0, t), x), dt), ls)
+    loss = loss if loss.dtype is dt else to(loss, dt)
     if weight is not None:
         loss = mul(loss, weight)
     return _reduced("binary_cross_entropy_with_logits", loss, reduction)
 
 
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
-    x, t = _pair("kl_div", input, target)
+    x, t = _pair("kl_div", input, target, "own")  # (each term in its own type, then their common one: torch's)
     if log_target:
         loss = mul(exp(t), sub(t, x))
-    else:  # (torch's xlogy: 0 where the target is 0)
-        pos = gt(t, 0.0)
-        loss = where(pos, mul(t, sub(log(where(pos, t, 1.0)), x)), neg(mul(t, x)))
+    else:  # (torch's xlogy(t, t) - t x: 0 where the target is 0, NaN where it is below)
+        zero = eq(t, 0.0)
+        loss = sub(where(zero, 0.0, mul(t, log(where(zero, 1.0, t)))), mul(t, x))
     if reduction == "batchmean":
         return div(_sum(loss), x.shape[0] if x.ndim else 1)
     return _reduced("kl_div", loss, reduction)

@@ -576,12 +576,24 @@ def remainder(input, other):
     return where(logical_and(ne(mod, 0), ne(lt(b, 0), lt(mod, 0))), mod + b, mod)
 
 
+def rounded_once(x, body):
+    """body(x) for a floating x; for a half-type x computed in float32 and rounded once to x's type,
+    as torch's kernels compute the half types (in float32, their opmath type): a verb made of several
+    primitives would otherwise round after each (silu's sigmoid, then its product)."""
+    if x.dtype in (dtypes.bfloat16, dtypes.float16):
+        return to(body(to(x, dtypes.float32)), x.dtype)
+    return body(x)
+
+
 def relu(input, inplace=False):
     return emit("relu", [as_tensor(input)])
 
 
 def silu(input, inplace=False):
-    return input * sigmoid(input)
+    x = as_tensor(input)
+    if x.dtype.kind != "float":
+        x = to(x, dtypes.DEFAULT_FLOAT)
+    return rounded_once(x, lambda v: v * sigmoid(v))
 
 
 def gelu(input, approximate="none"):
@@ -884,14 +896,18 @@ def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
         fail(f"var/std: correction must be a number (1 for Bessel's, 0 for none), got {correction!r}")
     axes = _axes(x, dim, "var")
     n = math.prod(x.shape[a] for a in axes)
-    d = x - mean(x, axes, keepdim=True)
-    return sum(d * d, axes, keepdim) / builtins.max(n - correction, 0)
+
+    def spread(v):
+        d = v - mean(v, axes, keepdim=True)
+        return sum(d * d, axes, keepdim) / builtins.max(n - correction, 0)
+    return rounded_once(x, spread) if x.dtype.kind == "float" else spread(x)
 
 
 def std(input, dim=None, unbiased=True, keepdim=False, correction=None):
     """The square root of var, with torch's gradient where the spread is 0: 0, not 0/0."""
     (x,) = amp.float32("std", as_tensor(input))
-    return _root_of_sum(var(x, dim, unbiased, keepdim, correction), sqrt)
+    root = lambda v: _root_of_sum(var(v, dim, unbiased, keepdim, correction), sqrt)  # noqa: E731
+    return rounded_once(x, root) if x.dtype.kind == "float" else root(x)
 
 
 def logsumexp(input, dim, keepdim=False):

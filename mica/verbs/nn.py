@@ -49,8 +49,9 @@ def matmul(input, other):
 def einsum(equation, *operands):
     """torch.einsum: each operand's dims named by letters (`...` for the leading rest); the output's
     letters given after `->`, else every letter named once, in alphabetical order. Operands are taken
-    left to right, two at a time, as one batched matmul each (a letter in one operand only, and
-    not kept, is summed first). A letter repeated within an operand takes its diagonal first."""
+    left to right, two at a time, as one batched matmul each where a letter is summed, else a product
+    (as torch's: autocast casts the matmuls only; a letter in one operand only, and not kept, is
+    summed first). A letter repeated within an operand takes its diagonal first."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not isinstance(equation, str) or not operands:
@@ -126,9 +127,10 @@ def _contract(a, sa, b, sb, later, sizes):
     n = lambda cs: math.prod(sizes[c] for c in cs)  # noqa: E731
     a = expand(a, tuple(sizes[c] for c in batch + left + summed))  # (a letter of size 1 broadcasts)
     b = expand(b, tuple(sizes[c] for c in batch + summed + right))
-    a = reshape(a, (n(batch), n(left), n(summed)))
-    b = reshape(b, (n(batch), n(summed), n(right)))
-    y = matmul(a, b)
+    if summed:
+        y = matmul(reshape(a, (n(batch), n(left), n(summed))), reshape(b, (n(batch), n(summed), n(right))))
+    else:  # (nothing summed: torch's einsum multiplies, so autocast leaves it in its type, as torch's)
+        y = reshape(a, (n(batch), n(left), 1)) * reshape(b, (n(batch), 1, n(right)))
     return reshape(y, tuple(sizes[c] for c in batch + left + right)), "".join(batch + left + right)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from .. import amp, dtypes
 from ..tensor import Tensor, emit, fail
 from .core import (add, amax, amin, argmax, as_tensor, canon_dim, div, eq, floor_divide, full, gt, logical_and,
-                   logical_not, logical_or, lt, mul, ne, sub, tensor, to, where)
+                   logical_not, logical_or, lt, mul, ne, rounded_once, sub, tensor, to, where)
 from .core import sum as _sum
 from .shape import cat, expand, flatten, narrow, pad, permute, reshape, unsqueeze
 
@@ -332,13 +332,15 @@ def _scan_operand(verb, input, dim, dtype):
 
 
 def cumsum(input, dim, *, dtype=None):
-    x, d = _scan_operand("cumsum", input, dim, dtype)
-    return x if d is None else _scan(x, d, add, 0)
+    x, d = _scan_operand("cumsum", input, dim, dtype)  # (a half type's running sum in float32, as torch's)
+    return x if d is None else rounded_once(x, lambda v: _scan(v, d, add, 0)) if x.dtype.kind == "float" else \
+        _scan(x, d, add, 0)
 
 
 def cumprod(input, dim, *, dtype=None):
     x, d = _scan_operand("cumprod", input, dim, dtype)
-    return x if d is None else _scan(x, d, mul, 1)
+    return x if d is None else rounded_once(x, lambda v: _scan(v, d, mul, 1)) if x.dtype.kind == "float" else \
+        _scan(x, d, mul, 1)
 
 
 def flip(input, dims):
@@ -663,6 +665,15 @@ def unfold(input, dimension, size, step):
     out = reshape(picked, shape)
     return permute(out, *range(d + 1), *range(d + 2, out.ndim), d + 1)
 
+
+
+def matrix_trace(input):
+    """torch.trace (torch.Tensor.trace): the sum of a matrix's diagonal, an integer one's an int64.
+    (mica.trace is Mica's tracer; given a tensor, it is this.)"""
+    x = as_tensor(input)
+    if x.ndim != 2:
+        fail(f"trace: takes a matrix (a 2-d tensor), got {x.value.spec!r}")
+    return _sum(_diagonal(x, 0, 0, 1))
 
 
 def diagonal(input, offset=0, dim1=0, dim2=1):
