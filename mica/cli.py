@@ -122,12 +122,6 @@ def cmd_sample(args, extra):
                         "--device=cpu, or --simulate=True to run the CUDA program on the CPU simulator")
     if s["simulate"] and device != "cuda":
         raise MicaError("simulate=True simulates the CUDA program; pass it with --device=cuda")
-    if isinstance(s["out_dir"], str):
-        from .train import checkpoint
-
-        note = checkpoint.newer_pytorch_note(os.path.join(s["out_dir"], "ckpt.safetensors"))
-        if note:
-            print(note, file=sys.stderr)
     texts = run.sample(s["out_dir"], s["start"], s["num_samples"], s["max_new_tokens"], s["temperature"],
                        s["top_k"], s["seed"], s["threads"] or None, data_dir=s["data_dir"], device=device,
                        simulate=s["simulate"], dtype=s["dtype"] if "dtype" in s.given else None)

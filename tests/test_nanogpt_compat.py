@@ -209,12 +209,19 @@ def test_nanogpts_own_run_folder_resumes_where_pytorch_would_have_gone(nanogpt):
     out = mica_cli("sample", "--out_dir=theirs", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=20",
                    cwd=d).stdout
     assert out.startswith("ROMEO:") and len(out.split("\n---------------\n")[0]) == len("ROMEO:") + 20
-    # sampling from nanoGPT's folder converts it too, saying so on stderr (the text alone on stdout)
+    # sampling from nanoGPT's folder reads it converted, saying so on stderr (the text alone on stdout),
+    # and writes nothing there: a read-only folder samples as well (an outside tester's case)
     (d / "theirs2").mkdir()
     shutil.copy(d / "ckpt.pt", d / "theirs2" / "ckpt.pt")
-    r = mica_cli("sample", "--out_dir=theirs2", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=20", cwd=d)
-    assert r.returncode == 0 and "converting it to theirs2/ckpt.safetensors first" in r.stderr, r.stderr
-    assert r.stdout.startswith("ROMEO:")
+    os.chmod(d / "theirs2", 0o555)
+    try:
+        r = mica_cli("sample", "--out_dir=theirs2", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=20", cwd=d)
+    finally:
+        os.chmod(d / "theirs2", 0o755)
+    assert r.returncode == 0 and "reading it converted (as mica import theirs2/ckpt.pt does; nothing is written " \
+        "into theirs2)" in r.stderr, r.stderr
+    assert r.stdout.split("\n---------------\n")[0] == out.split("\n---------------\n")[0]  # (same weights, seed)
+    assert sorted(p.name for p in (d / "theirs2").iterdir()) == ["ckpt.pt"]
 
 
 # ---- Hugging Face's GPT-2 ------------------------------------------------------------------
@@ -456,32 +463,46 @@ def test_an_imported_checkpoint_of_other_data_is_named_as_such(nanogpt):
 
 
 @pytest.mark.slow  # (a variant: ckpt.pt imports and resumes are checked by default; make test-slow runs it)
-def test_a_newer_ckpt_pt_beside_micas_checkpoint_is_noted(nanogpt):
-    """nanoGPT's train.py resumed an export in the run's folder and wrote ckpt.pt since: Mica still
-    reads its own checkpoint (sampling too), and says which file it skips and how to take it."""
-    import shutil
+def test_a_ckpt_pt_saved_at_a_later_iteration_beside_micas_checkpoint_is_the_one_taken(nanogpt):
+    """A run going back and forth: nanoGPT's train.py went on from an export in the run's folder and
+    saved ckpt.pt at a later iteration. A resume takes it (converted, with a note) and sampling reads
+    it; a ckpt.pt of the same iteration (an export) changes nothing, one of an earlier one is noted."""
     import time
 
     from mica.train import run
 
     d = nanogpt["dir"]
     mica_cli("import", "ckpt.pt", "--out_dir", "newer", cwd=d)
-    shutil.copy(d / "ckpt.pt", d / "newer" / "ckpt.pt")
+    ours = (d / "newer" / "ckpt.safetensors").read_bytes()
     later = time.time() + 60
+    shutil.copy(d / "ckpt.pt", d / "newer" / "ckpt.pt")  # (the same iteration: an export, say)
     os.utime(d / "newer" / "ckpt.pt", (later, later))
-    want = ("note: newer/ckpt.pt is newer than newer/ckpt.safetensors, which this reads (Mica reads its own checkpoint "
-            "only); to go on from newer/ckpt.pt instead, convert it first: mica import newer/ckpt.pt --out_dir newer "
-            "--force")
     cwd = os.getcwd()
     os.chdir(d)
     try:
         notes = []
         run.prepare_run(None, [*FLAGS, "--out_dir=newer", "--init_from=resume"], log=notes.append)
+        assert not [n for n in notes if "ckpt.pt" in n], notes
+        assert (d / "newer" / "ckpt.safetensors").read_bytes() == ours
+        ck = torch.load(d / "ckpt.pt", weights_only=True)
+        ck["iter_num"] = SAVED_AT + 7
+        torch.save(ck, d / "newer" / "ckpt.pt")
+        os.utime(d / "newer" / "ckpt.pt", (later, later))
+        r = mica_cli("sample", "--out_dir=newer", "--num_samples=1", "--max_new_tokens=2", cwd=d)
+        assert f"newer/ckpt.pt was saved at iter {SAVED_AT + 7}, after newer/ckpt.safetensors's iter {SAVED_AT}; " \
+               "reading it converted" in r.stderr, r.stderr
+        assert (d / "newer" / "ckpt.safetensors").read_bytes() == ours  # (sampling writes nothing)
+        notes = []
+        run.prepare_run(None, [*FLAGS, "--out_dir=newer", "--init_from=resume"], log=notes.append)
+        assert any(f"newer/ckpt.pt was saved at iter {SAVED_AT + 7}, after newer/ckpt.safetensors's iter {SAVED_AT}; "
+                   "converting it to newer/ckpt.safetensors first" in n for n in notes), notes
+        assert int(checkpoint.SafeTensors("newer/ckpt.safetensors").metadata["iter_num"]) == SAVED_AT + 7
+        ck["iter_num"] = 1  # (an earlier iteration, written later: Mica's own is kept, and that is said)
+        torch.save(ck, d / "newer" / "ckpt.pt")
+        os.utime(d / "newer" / "ckpt.pt", (later + 60, later + 60))
+        notes = []
+        run.prepare_run(None, [*FLAGS, "--out_dir=newer", "--init_from=resume"], log=notes.append)
+        assert any(f"but was saved at iter 1, before its iter {SAVED_AT + 7}; going on from newer/ckpt.safetensors"
+                   in n for n in notes), notes
     finally:
         os.chdir(cwd)
-    assert want in notes, notes
-    r = mica_cli("sample", "--out_dir=newer", "--num_samples=1", "--max_new_tokens=2", cwd=d)
-    assert want in r.stderr, r.stderr
-    os.utime(d / "newer" / "ckpt.pt", (later - 3600, later - 3600))  # (older: nothing to say)
-    assert "is newer than" not in mica_cli("sample", "--out_dir=newer", "--num_samples=1", "--max_new_tokens=2",
-                                           cwd=d).stderr

@@ -74,23 +74,11 @@ def missing(path, then="check the path, or train a run into that folder first"):
     folder = os.path.dirname(path) or "."
     pt = os.path.join(folder, "ckpt.pt")
     if os.path.basename(path) == "ckpt.safetensors" and os.path.isfile(pt):
+        into = folder if os.access(folder, os.W_OK) else "DIR"  # (a read-only folder: into another one)
         return (f"{folder} holds nanoGPT's ckpt.pt but no Mica checkpoint ({path}); convert it first with "
-                f"mica import {pt} --out_dir {folder}")
+                f"mica import {pt} --out_dir {into}" + ("" if into == folder else ", a folder you can write, and "
+                                                          "use --out_dir=DIR"))
     return f"checkpoint {path} does not exist; {then}"
-
-
-def newer_pytorch_note(path):
-    """A note when nanoGPT's ckpt.pt beside Mica's checkpoint `path` was written after it (nanoGPT's
-    train.py resumed an export there, say), which Mica does not read: None otherwise."""
-    pt = os.path.join(os.path.dirname(path) or ".", "ckpt.pt")
-    try:
-        newer = os.path.getmtime(pt) > os.path.getmtime(path)
-    except OSError:
-        return None
-    if not newer:
-        return None
-    return (f"note: {pt} is newer than {path}, which this reads (Mica reads its own checkpoint only); to go on "
-            f"from {pt} instead, convert it first: mica import {pt} --out_dir {os.path.dirname(path) or '.'} --force")
 
 
 RESUMED_METADATA = ("iter_num", "best_val_loss", "config")  # (and the batch generator's "rng", where a run wrote it)

@@ -173,10 +173,6 @@ def prepare_run(config_path=None, overrides=(), log=print):
         origin = getattr(cfg, "origin", {})
         at = origin.get("init_from") or (origin.get("out_dir") if cfg["init_from"] == "resume" else None)
         raise (MicaError(f"{at}: {e.sentence}") if at else e) from None
-    if cfg["init_from"] == "resume":
-        note = ckpt.newer_pytorch_note(os.path.join(cfg["out_dir"], "ckpt.safetensors"))
-        if note:
-            held(note)
     with no_empty_folders_left(cfg["out_dir"]):  # a run refused before it wrote anything leaves no folder
         if cfg["recipe"] == "speedrun":
             held.say()
@@ -259,25 +255,77 @@ def _looks_like_torch_save(path):
         return True
 
 
-def adopt_nanogpt_checkpoint(out_dir, log):
-    """nanoGPT's own out_dir (its ckpt.pt and no Mica checkpoint), resumed or sampled from as nanoGPT's
-    train.py and sample.py would: converted first, as `mica import OUT_DIR/ckpt.pt --out_dir OUT_DIR`
-    does, with a note; the ckpt.pt stays as it is. Where that cannot be done (no PyTorch to read it,
-    a folder this process cannot write or another command holds, several ranks) nothing happens
-    and the missing checkpoint's sentence names the import."""
-    if not isinstance(out_dir, str) or not out_dir:
-        return
+def _iter_of(path):
+    """The iteration a Mica checkpoint was saved at (-1 where it cannot be read)."""
+    try:
+        return int(ckpt.SafeTensors(path).metadata.get("iter_num", -1))
+    except (MicaError, OSError, ValueError, TypeError):
+        return -1
+
+
+def _ckpt_pt_to_take(out_dir):
+    """nanoGPT's ckpt.pt in out_dir where it may be the checkpoint to go on from: there is none of
+    Mica's, or it was written after Mica's (nanoGPT's train.py went on from an export); else None."""
     path, pt = os.path.join(out_dir, "ckpt.safetensors"), os.path.join(out_dir, "ckpt.pt")
-    if os.path.lexists(path) or not os.path.isfile(pt) or not os.access(out_dir, os.W_OK) \
-            or distributed.ranks()[0] > 1 or run_folder_in_use(out_dir):
-        return
+    if not os.path.isfile(pt):
+        return None
+    if not os.path.lexists(path):
+        return pt
+    try:
+        return pt if os.path.getmtime(pt) > os.path.getmtime(path) else None
+    except OSError:
+        return None
+
+
+def nanogpt_checkpoint(out_dir, log, into=None):
+    """The checkpoint to resume or sample from in out_dir, as nanoGPT's train.py and sample.py would
+    take it: Mica's ckpt.safetensors, or nanoGPT's ckpt.pt converted (as `mica import` does) where
+    there is no checkpoint of Mica's, or where ckpt.pt was saved at a later iteration than it (a run
+    that goes back and forth between nanoGPT and Mica). The conversion is written into `into` (a
+    folder of the caller's: sampling writes nothing into out_dir), else it replaces out_dir's
+    checkpoint, with a note; the ckpt.pt stays as it is. Where a conversion cannot be made (no
+    PyTorch to read it, a folder this process cannot write or another command holds, several
+    ranks) out_dir's own path is given and a missing checkpoint's sentence names the import."""
+    path = os.path.join(out_dir, "ckpt.safetensors") if isinstance(out_dir, str) and out_dir else None
+    if path is None:
+        return path
+    pt = _ckpt_pt_to_take(out_dir)
+    if pt is None or (into is None and (not os.access(out_dir, os.W_OK) or run_folder_in_use(out_dir))) \
+            or distributed.ranks()[0] > 1:
+        return path
     try:
         import torch  # noqa: F401  (convert's reader)
     except ImportError:
-        return
-    log(f"note: {out_dir} holds nanoGPT's ckpt.pt and no Mica checkpoint; converting it to {path} first (as mica "
-        f"import {pt} --out_dir {out_dir} does; the ckpt.pt stays as it is)")
-    convert.import_nanogpt(pt, out_dir)
+        return path
+    mine = os.path.lexists(path)
+    with tempfile.TemporaryDirectory(dir=into or out_dir, prefix=".mica-import-") as folder:
+        try:
+            converted = convert.import_nanogpt(pt, folder)
+        except MicaError as e:
+            if not mine:
+                raise
+            log(f"note: {pt} is newer than {path}, but cannot be read ({e.sentence}); going on from {path}")
+            return path
+        theirs, ours = _iter_of(converted), _iter_of(path) if mine else -1
+        if mine and theirs <= ours:
+            if theirs < ours:
+                log(f"note: {pt} is newer than {path} but was saved at iter {theirs}, before its iter {ours}; going on "
+                    f"from {path} (to go on from {pt} instead: mica import {pt} --out_dir {out_dir} --force)")
+            return path
+        said = (f"{out_dir} holds nanoGPT's ckpt.pt and no Mica checkpoint" if not mine else
+                f"{pt} was saved at iter {theirs}, after {path}'s iter {ours}")
+        target = os.path.join(into, "ckpt.safetensors") if into else path
+        log(f"note: {said}; " + (f"reading it converted (as mica import {pt} does; nothing is written into "
+                                  f"{out_dir})" if into else
+                                  f"converting it to {path} first (as mica import {pt} --out_dir {out_dir} "
+                                  "does; the ckpt.pt stays as it is)"))
+        os.replace(converted, target)
+        return target
+
+
+def adopt_nanogpt_checkpoint(out_dir, log):
+    """A resume's nanogpt_checkpoint: converted into out_dir, where the run goes on."""
+    nanogpt_checkpoint(out_dir, log)
 
 
 def _check_init_from(cfg):
@@ -1183,8 +1231,14 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
     """Generate from out_dir's checkpoint; the vocabulary comes from the data folder it was trained on,
     or from `data_dir`. `dtype` (sample.py's setting) is accepted; a note says when it is not the
     dtype sampling computes in."""
-    path = os.path.join(out_dir, "ckpt.safetensors")
-    adopt_nanogpt_checkpoint(out_dir, log)
+    with tempfile.TemporaryDirectory(prefix="mica-sample-") as scratch:  # (a converted ckpt.pt, read from here)
+        path = nanogpt_checkpoint(out_dir, log, into=scratch)
+        return _sample(out_dir, path, start, num_samples, max_new_tokens, temperature, top_k, seed, threads, log,
+                       data_dir, device, simulate, dtype)
+
+
+def _sample(out_dir, path, start, num_samples, max_new_tokens, temperature, top_k, seed, threads, log, data_dir,
+            device, simulate, dtype):
     st = ckpt.SafeTensors(path)
     st.check_metadata()  # (the config it reads: the model's shape, the data folder)
     saved = _saved_config(st)
