@@ -5,9 +5,10 @@ from .modules import (  # noqa: F401
     RMSNorm, Sequential, functional_call,
 )
 from .stateless import (  # noqa: F401
-    ELU, GLU, BCELoss, BCEWithLogitsLoss, CosineSimilarity, CrossEntropyLoss, Flatten, Hardtanh, HuberLoss, KLDivLoss,
-    L1Loss, LeakyReLU, LogSigmoid, LogSoftmax, MSELoss, NLLLoss, ReLU6, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softplus,
-    Softsign, Tanh, Unflatten,
+    CELU, ELU, GLU, SELU, BCELoss, BCEWithLogitsLoss, CosineSimilarity, CrossEntropyLoss, Flatten, Hardshrink,
+    Hardsigmoid, Hardswish, Hardtanh, HuberLoss, KLDivLoss, L1Loss, LeakyReLU, LogSigmoid, LogSoftmax, Mish, MSELoss,
+    NLLLoss, PairwiseDistance, PReLU, ReLU6, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softmin, Softplus, Softshrink,
+    Softsign, Tanh, Tanhshrink, Threshold, Unflatten,
 )
 
 

@@ -894,6 +894,22 @@ class ReLU(Module):
         return F.relu(x)
 
 
+class PReLU(Module):
+    """torch.nn.PReLU: a learned slope below 0, one (num_parameters=1) or one per channel."""
+
+    def __init__(self, num_parameters=1, init=0.25, device=None, dtype=None):
+        super().__init__()
+        _device(device)
+        self.num_parameters = num_parameters
+        self.weight = Parameter(shape=(num_parameters,), dtype=dtype, init=initializers.constant(init))
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self):
+        return f"num_parameters={self.num_parameters}"
+
+
 class Identity(Module):
     def forward(self, x):
         return x

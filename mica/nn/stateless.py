@@ -1,7 +1,7 @@
 """torch.nn's modules without parameters: activations, reshapes and losses, each one verb (its
 arguments kept from the constructor, as torch's)."""
 from .. import verbs as F
-from .modules import Module
+from .modules import Module, PReLU  # noqa: F401  (PReLU holds a parameter: with the modules)
 
 
 class _Verb(Module):
@@ -48,6 +48,17 @@ LogSigmoid = _module("LogSigmoid", "logsigmoid")
 GLU = _module("GLU", "glu", dim=-1)
 Softmax = _module("Softmax", "softmax", dim=None)
 LogSoftmax = _module("LogSoftmax", "log_softmax", dim=None)
+Mish = _module("Mish", "mish")
+Hardswish = _module("Hardswish", "hardswish")
+Hardsigmoid = _module("Hardsigmoid", "hardsigmoid")
+SELU = _module("SELU", "selu")
+CELU = _module("CELU", "celu", alpha=1.0)
+Threshold = _module("Threshold", "threshold", threshold=None, value=None)
+Tanhshrink = _module("Tanhshrink", "tanhshrink")
+Softshrink = _module("Softshrink", "softshrink", lambd=0.5)
+Hardshrink = _module("Hardshrink", "hardshrink", lambd=0.5)
+Softmin = _module("Softmin", "softmin", dim=None)
+PairwiseDistance = _module("PairwiseDistance", "pairwise_distance", p=2.0, eps=1e-6, keepdim=False)
 Flatten = _module("Flatten", "flatten", start_dim=1, end_dim=-1)
 MSELoss = _module("MSELoss", "mse_loss", size_average=None, reduce=None, reduction="mean")
 L1Loss = _module("L1Loss", "l1_loss", size_average=None, reduce=None, reduction="mean")

@@ -9,10 +9,10 @@ import numpy as np
 
 from .. import amp, dtypes
 from ..tensor import fail
-from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, gt, le, log, logical_or, lt, maximum, mean, mul,
-                   ne, neg, norm, result_type, rounded_once, sigmoid, sub, to, where)
+from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, ge, gt, le, log, logical_or, lt, maximum, mean,
+                   mul, ne, neg, norm, result_type, rounded_once, sigmoid, sub, tanh, to, where)
 from .core import sum as _sum
-from .shape import expand, narrow
+from .shape import expand, narrow, reshape
 
 
 def _float(verb, x):
@@ -78,14 +78,89 @@ def logsigmoid(input):
     return rounded_once(_float("logsigmoid", input), body)
 
 
+def mish(input, inplace=False):
+    """x tanh(softplus(x)), rounded once in a half type."""
+    return rounded_once(_float("mish", input), lambda x: mul(x, tanh(softplus(x))))
+
+
+def hardswish(input, inplace=False):
+    """x relu6(x + 3) / 6, with torch's slope x / 3 + 1/2 on [-3, 3] and 0 and 1 outside it."""
+    def body(x):
+        return where(lt(x, -3.0), 0.0, where(gt(x, 3.0), x, div(mul(x, add(x, 3.0)), 6.0)))
+    return rounded_once(_float("hardswish", input), body)
+
+
+def hardsigmoid(input, inplace=False):
+    """relu6(x + 3) / 6, with torch's slope 1/6 strictly inside (-3, 3), 0 elsewhere."""
+    def body(x):
+        return where(le(x, -3.0), 0.0, where(ge(x, 3.0), 1.0, add(div(x, 6.0), 0.5)))
+    return rounded_once(_float("hardsigmoid", input), body)
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def selu(input, inplace=False):
+    return rounded_once(_float("selu", input), lambda x: mul(_elu(x, _SELU_ALPHA), _SELU_SCALE))
+
+
+def celu(input, alpha=1.0, inplace=False):
+    """x above 0, alpha (exp(x / alpha) - 1) below."""
+    if alpha == 0:
+        fail("celu: alpha must not be 0 (it divides x), as torch's")
+    return rounded_once(_float("celu", input), lambda x: where(gt(x, 0.0), x, mul(
+        _expm1(div(where(gt(x, 0.0), 0.0, x), alpha)), alpha)))
+
+
+def prelu(input, weight):
+    """torch.nn.functional.prelu: x above 0, weight x below; weight has one element or one per
+    channel (dim 1; of a 1-d input, dim 0)."""
+    x, w = amp.lower("prelu", _float("prelu", input), as_tensor(weight))
+    if w.ndim > 1 or (w.numel() != 1 and (x.ndim == 0 or w.numel() != x.shape[1 if x.ndim > 1 else 0])):
+        fail(f"prelu: the weight {w.value.spec!r} must have one element or one per channel (dim 1 of "
+             f"{x.value.spec!r})")
+    if w.numel() != 1 and x.ndim > 1:
+        w = reshape(w, (w.numel(),) + (1,) * (x.ndim - 2))
+    elif w.numel() == 1 and x.ndim == 0:
+        w = reshape(w, ())
+    return where(gt(x, 0.0), x, mul(w, x))
+
+
+def threshold(input, threshold, value, inplace=False):
+    """x where x > threshold, else value."""
+    x = as_tensor(input)
+    return where(gt(x, threshold), x, as_tensor(value, x.dtype))
+
+
+def tanhshrink(input):
+    return rounded_once(_float("tanhshrink", input), lambda x: sub(x, tanh(x)))
+
+
+def softshrink(input, lambd=0.5):
+    """x - lambd above lambd, x + lambd below -lambd, 0 between."""
+    if lambd < 0:
+        fail(f"softshrink: lambd must be at least 0, got {lambd}")
+    x = _float("softshrink", input)
+    return where(gt(x, lambd), sub(x, lambd), where(lt(x, -lambd), add(x, lambd), 0.0))
+
+
+def hardshrink(input, lambd=0.5):
+    """x outside [-lambd, lambd], 0 within."""
+    x = as_tensor(input)
+    return where(logical_or(lt(x, -lambd), gt(x, lambd)), x, 0.0)
+
+
 def leaky_relu(input, negative_slope=0.01, inplace=False):
     x = as_tensor(input)
     return where(gt(x, 0), x, mul(x, negative_slope))
 
 
 def elu(input, alpha=1.0, inplace=False):
-    return rounded_once(_float("elu", input), lambda x: where(gt(x, 0.0), x, mul(expm1(where(gt(x, 0.0), 0.0, x)),
-                                                                              alpha)))
+    return rounded_once(_float("elu", input), lambda x: _elu(x, alpha))
+
+
+def _elu(x, alpha):
+    return where(gt(x, 0.0), x, mul(_expm1(where(gt(x, 0.0), 0.0, x)), alpha))
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
@@ -127,6 +202,26 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     na = clamp(norm(a, 2, dim, keepdim=True), min=eps)
     nb = clamp(norm(b, 2, dim, keepdim=True), min=eps)
     return _sum(mul(div(a, na), div(b, nb)), dim)
+
+
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """torch's: the p-norm of x1 - x2 + eps over the last dim."""
+    a, b = _float("pairwise_distance", x1), _float("pairwise_distance", x2)
+    d = add(sub(a, b), eps)
+    return norm(d, p, -1 if d.ndim else None, keepdim)
+
+
+def cdist(x1, x2, p=2.0):
+    """torch.cdist: the p-norm distance of each row of x1 [..., P, M] to each row of x2 [..., R, M],
+    [..., P, R], computed row by row (torch's own for small sizes; its matmul form for large ones
+    rounds differently)."""
+    a, b = _float("cdist", x1), _float("cdist", x2)
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-1]:
+        fail(f"cdist: needs x1 [..., P, M] and x2 [..., R, M] with one M, got {a.value.spec!r} and {b.value.spec!r}")
+    if not p >= 0:
+        fail(f"cdist: p must be at least 0, got {p}")
+    return norm(sub(reshape(a, a.shape[:-1] + (1, a.shape[-1])), reshape(b, b.shape[:-2] + (1,) + b.shape[-2:])),
+                p, -1)
 
 
 # ---- losses -----------------------------------------------------------------------------------------

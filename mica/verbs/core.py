@@ -945,6 +945,86 @@ def norm(input, p="fro", dim=None, keepdim=False):
     return _root_of_sum(sum(pow(abs(x), p), dim, keepdim), lambda s: pow(s, 1.0 / p))
 
 
+def reciprocal(input):
+    """1 / x (an integer tensor's in the default float, as torch's)."""
+    x = as_tensor(input)
+    return div(1.0, x if x.dtype.kind == "float" else to(x, dtypes.DEFAULT_FLOAT))
+
+
+def rsub(input, other, alpha=1):
+    """torch.rsub: other - alpha * input."""
+    return sub(other, input, alpha=alpha)
+
+
+def xlogy(input, other):
+    """x log y: 0 where x is 0 (y 0 too), NaN where y is NaN, as torch's."""
+    x, y = as_tensor(input) if isinstance(input, Tensor) else input, as_tensor(other) if isinstance(other, Tensor) \
+        else other
+    dt = _floating(result_type(x, y))
+    x, y = as_tensor(x, dt), as_tensor(y, dt)
+    zero = logical_and(eq(x, 0.0), logical_not(isnan(y)))
+    positive = gt(y, 0.0)  # (where x is 0: x log y, 0 with torch's slope log y in x, or 0 for y <= 0)
+    at_zero = mul(x, where(positive, log(where(positive, y, 1.0)), 0.0))
+    return where(zero, at_zero, mul(x, log(where(zero, 1.0, y))))
+
+
+def logaddexp(input, other):
+    """log(exp(a) + exp(b)) without overflow: the larger plus log1p(exp(-|a - b|)); two equal
+    infinities give that infinity, as torch's."""
+    from .activations import log1p
+
+    dt = _floating(result_type(input, other))
+    a, b = as_tensor(input, dt), as_tensor(other, dt)
+    same_inf = logical_and(isinf(a), eq(a, b))
+    safe_a, safe_b = where(same_inf, 0.0, a), where(same_inf, 0.0, b)
+    out = add(maximum(safe_a, safe_b), log1p(exp(neg(abs(sub(safe_a, safe_b))))))
+    return where(same_inf, a, out)
+
+
+def logit(input, eps=None):
+    """log(x / (1 - x)), x first clamped to [eps, 1 - eps] where eps is given."""
+    x = as_tensor(input)
+    x = x if x.dtype.kind == "float" else to(x, dtypes.DEFAULT_FLOAT)
+    if eps is not None:
+        x = clamp(x, eps, 1.0 - eps)
+    return log(div(x, sub(1.0, x)))
+
+
+def nan_to_num(input, nan=0.0, posinf=None, neginf=None):
+    """NaN, inf and -inf replaced: by 0 and the type's largest and least finite values unless given."""
+    x = as_tensor(input)
+    if x.dtype.kind != "float":
+        return x
+    info = np.finfo(np.float32 if x.dtype is dtypes.bfloat16 else x.dtype.np_storage)
+    top = float(info.max) if x.dtype is not dtypes.bfloat16 else 3.3895313892515355e38
+    posinf = top if posinf is None else posinf
+    neginf = -top if neginf is None else neginf
+    return where(isnan(x), as_tensor(nan, x.dtype), where(eq(x, math.inf), as_tensor(posinf, x.dtype),
+                                                           where(eq(x, -math.inf), as_tensor(neginf, x.dtype), x)))
+
+
+def count_nonzero(input, dim=None):
+    """The count of nonzero elements (over dim), an int64."""
+    return sum(ne(as_tensor(input), 0), dim)
+
+
+def nansum(input, dim=None, keepdim=False, dtype=None):
+    """sum with NaNs counted as 0."""
+    x = as_tensor(input)
+    return sum(where(isnan(x), 0.0, x) if x.dtype.kind == "float" else x, dim, keepdim, dtype=dtype)
+
+
+def nanmean(input, dim=None, keepdim=False, dtype=None):
+    """The mean of the elements that are not NaN (NaN where there are none)."""
+    x = as_tensor(input)
+    if dtype is not None:
+        x = to(x, dtype)
+    if x.dtype.kind != "float":
+        fail(f"nanmean: needs a floating tensor, got {x.value.spec!r}; cast with .float() first")
+    kept = logical_not(isnan(x))
+    return div(sum(where(kept, x, 0.0), dim, keepdim), sum(to(kept, x.dtype), dim, keepdim))
+
+
 def _root_of_sum(s, root):
     """root(s) with torch's norm gradient at a zero vector: 0, where the root's slope (infinite at 0)
     times the sum's (0) would be NaN. The same values: root(0) is 0."""

@@ -9,7 +9,7 @@ from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
 from ..tensor import Tensor, current, emit, fail, takes_axis, user_location
-from .core import _taken_along, add, as_tensor, gelu, relu, sigmoid, silu, tanh, to, where  # noqa: F401
+from .core import _taken_along, add, as_tensor, gelu, is_scalar, mul, relu, sigmoid, silu, tanh, to, where  # noqa: F401
 from .core import sum as _sum
 from .shape import expand, reshape, transpose, unsqueeze, squeeze
 
@@ -151,6 +151,76 @@ def bmm(input, mat2):
     return matmul(a, b)
 
 
+def _plus_scaled(verb, input, product, beta, alpha):
+    """torch's addmm family: beta * input + alpha * product, input broadcast to the product's shape;
+    beta 0 ignores input (its NaN and inf too), as torch's."""
+    out = product if is_scalar(alpha) and alpha == 1 else mul(product, alpha)
+    x = as_tensor(input)
+    if broadcast_shapes(verb, x.shape, out.shape) != out.shape:
+        fail(f"{verb}: input {x.value.spec!r} does not broadcast to the product's shape {list(out.shape)}")
+    if is_scalar(beta) and beta == 0:
+        return out
+    return add(out, x if is_scalar(beta) and beta == 1 else mul(x, beta))
+
+
+def _need_ranks(verb, *pairs):
+    for name, t, n in pairs:
+        if t.ndim != n:
+            fail(f"{verb}: {name} must be {n}-d, got {t.value.spec!r}")
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """torch.addmm: beta * input + alpha * (mat1 @ mat2) for 2-d mat1 and mat2 (under autocast
+    all three in the half type, as torch's)."""
+    input, mat1, mat2 = amp.lower("addmm", as_tensor(input), as_tensor(mat1), as_tensor(mat2))
+    _need_ranks("addmm", ("mat1", mat1, 2), ("mat2", mat2, 2))
+    return _plus_scaled("addmm", input, matmul(mat1, mat2), beta, alpha)
+
+
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """torch.baddbmm: beta * input + alpha * bmm(batch1, batch2)."""
+    input, batch1, batch2 = amp.lower("baddbmm", as_tensor(input), as_tensor(batch1), as_tensor(batch2))
+    return _plus_scaled("baddbmm", input, bmm(batch1, batch2), beta, alpha)
+
+
+def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """torch.addbmm: beta * input + alpha * the sum over the batch of bmm(batch1, batch2)."""
+    input, batch1, batch2 = amp.lower("addbmm", as_tensor(input), as_tensor(batch1), as_tensor(batch2))
+    return _plus_scaled("addbmm", input, _sum(bmm(batch1, batch2), 0), beta, alpha)
+
+
+def _product(verb, a, b):
+    """a @ b for the products torch does not autocast (dot, mv): the operands of one type."""
+    a, b = as_tensor(a), as_tensor(b)
+    if a.dtype is not b.dtype:
+        fail(f"{verb}: operands must have one element type, got {a.value.spec!r} and {b.value.spec!r}")
+    return emit("matmul", [a, b])
+
+
+def dot(input, tensor):
+    """torch.dot: two 1-d tensors of one length and one type, their inner product."""
+    a, b = as_tensor(input), as_tensor(tensor)
+    _need_ranks("dot", ("input", a, 1), ("tensor", b, 1))
+    if a.shape != b.shape:
+        fail(f"dot: the vectors {a.value.spec!r} and {b.value.spec!r} differ in length")
+    return reshape(_product("dot", reshape(a, (1, -1)), reshape(b, (-1, 1))), ())
+
+
+def mv(input, vec):
+    """torch.mv: a [n, m] matrix by an [m] vector."""
+    a, v = as_tensor(input), as_tensor(vec)
+    _need_ranks("mv", ("input", a, 2), ("vec", v, 1))
+    if a.shape[1] != v.shape[0]:
+        fail(f"mv: cannot multiply {a.value.spec!r} by {v.value.spec!r}: inner sizes {a.shape[1]} and {v.shape[0]} "
+             "differ")
+    return reshape(_product("mv", a, reshape(v, (-1, 1))), (a.shape[0],))
+
+
+def addmv(input, mat, vec, *, beta=1, alpha=1):
+    """torch.addmv: beta * input + alpha * mv(mat, vec)."""
+    return _plus_scaled("addmv", input, mv(mat, vec), beta, alpha)
+
+
 def linear(input, weight, bias=None):
     """y = x @ weight.T + bias, with weight [out_features, in_features]."""
     input, weight = amp.lower("linear", as_tensor(input), as_tensor(weight))
@@ -197,6 +267,14 @@ def _rowwise(op, input, dim, dtype):
 @takes_axis
 def softmax(input, dim=None, dtype=None):
     return _rowwise("softmax", input, dim, dtype)
+
+
+@takes_axis
+def softmin(input, dim=None, dtype=None):
+    """softmax of -input, as torch's."""
+    from .core import neg
+
+    return _rowwise("softmax", neg(as_tensor(input)), dim, dtype)
 
 
 @takes_axis

@@ -1,0 +1,106 @@
+"""torch's verbs an outside tester found missing (addmm and its family, dot, mv, linalg's norms,
+cdist, the activations mish ... softshrink, xlogy, logaddexp, nan_to_num, nansum ...): each against
+torch, compiled and eager, values and types, and gradients where they have them."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import mica
+import mica.nn.functional as MF
+
+rng = np.random.default_rng(0)
+A, B, C = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (4, 5), (3, 5)))
+b1, b2 = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((2, 4, 5)).astype(np.float32)
+v = rng.standard_normal(4).astype(np.float32)
+x = rng.standard_normal((2, 3, 6)).astype(np.float32) * 4
+x[0, 0, :3] = [np.nan, np.inf, -np.inf]
+pos = np.abs(x[1]) / 5 + 0.01  # (in (0, 1): logit's domain)
+cases = {
+    "addmm": (lambda m, a, b, c: m.addmm(c, a, b, beta=0.5, alpha=2.0), (A, B, C)),
+    "addmm_bias": (lambda m, a, b, c: m.addmm(c[0], a, b), (A, B, C)),
+    "baddbmm": (lambda m, a, b, c: m.baddbmm(c, a, b, alpha=0.5), (b1, b2, C)),
+    "addbmm": (lambda m, a, b, c: m.addbmm(c, a, b), (b1, b2, C)),
+    "addmv": (lambda m, a, v, c: m.addmv(c[:, 0], a, v, beta=2), (A, v, C)),
+    "dot": (lambda m, a, b: m.dot(a, b), (v, v * 2)),
+    "mv": (lambda m, a, b: m.mv(a, b), (A, v)),
+    "reciprocal": (lambda m, a: m.reciprocal(a), (C,)),
+    "rsub": (lambda m, a, b: m.rsub(a, b, alpha=2), (C, C * 3)),
+    "xlogy": (lambda m, a, b: m.xlogy(a, b), (np.array([0, 1, 2, 0, -1, 0], np.float32), np.array([0.5, 2, np.nan, np.nan, 3, -1], np.float32))),
+    "logaddexp": (lambda m, a, b: m.logaddexp(a, b), (np.array([0, 1, np.inf, -np.inf, 100, -np.inf], np.float32), np.array([0, 2, np.inf, -np.inf, -100, 3], np.float32))),
+    "logit": (lambda m, a: m.logit(a), (pos,)), "logit_eps": (lambda m, a: m.logit(a, eps=0.1), (pos,)),
+    "nan_to_num": (lambda m, a: m.nan_to_num(a), (x,)), "nan_to_num2": (lambda m, a: m.nan_to_num(a, nan=1.0, posinf=2.0), (x,)),
+    "count_nonzero": (lambda m, a: m.count_nonzero(a.round(), dim=1), (C,)),
+    "nansum": (lambda m, a: m.nansum(a, 2), (x,)), "nanmean": (lambda m, a: m.nanmean(a, 2), (x,)),
+    "mish": (lambda m, a: (TF if m is torch else MF).mish(a), (x[1],)), "hardswish": (lambda m, a: (TF if m is torch else MF).hardswish(a), (x[1],)),
+    "hardsigmoid": (lambda m, a: (TF if m is torch else MF).hardsigmoid(a), (x[1],)), "selu": (lambda m, a: (TF if m is torch else MF).selu(a), (x[1],)),
+    "celu": (lambda m, a: (TF if m is torch else MF).celu(a, 0.7), (x[1],)), "prelu": (lambda m, a, w: (TF if m is torch else MF).prelu(a, w), (x[1][None], np.array([0.1, 0.2, 0.3], np.float32))),
+    "prelu1": (lambda m, a, w: (TF if m is torch else MF).prelu(a, w), (x[1], np.array([0.25], np.float32))),
+    "threshold": (lambda m, a: (TF if m is torch else MF).threshold(a, 0.5, -1.0), (x[1],)),
+    "tanhshrink": (lambda m, a: (TF if m is torch else MF).tanhshrink(a), (x[1],)), "softshrink": (lambda m, a: (TF if m is torch else MF).softshrink(a, 1.0), (x[1],)),
+    "hardshrink": (lambda m, a: (TF if m is torch else MF).hardshrink(a, 1.0), (x[1],)), "softmin": (lambda m, a: (TF if m is torch else MF).softmin(a, dim=-1), (x[1],)),
+    "pairwise": (lambda m, a, b: (TF if m is torch else MF).pairwise_distance(a, b), (b1[0], b1[1])),
+    "cdist": (lambda m, a, b: m.cdist(a, b), (b1, b1[:, :2] * 2)), "cdist1": (lambda m, a, b: m.cdist(a, b, p=1.0), (b1, b1[:, :2])),
+    "vector_norm": (lambda m, a: m.linalg.vector_norm(a), (C,)), "vector_norm3": (lambda m, a: m.linalg.vector_norm(a, 3, dim=1, keepdim=True), (C,)),
+    "vn_keep": (lambda m, a: m.linalg.vector_norm(a, keepdim=True), (b1,)), "vn_inf": (lambda m, a: m.linalg.vector_norm(a, float("inf"), dim=(0, 1)), (b1,)),
+    "linalg_norm": (lambda m, a: m.linalg.norm(a), (b1,)), "linalg_norm_fro": (lambda m, a: m.linalg.norm(a, "fro"), (C,)), "linalg_norm_vec": (lambda m, a: m.linalg.norm(a, 1, dim=1), (C,)),
+    "matrix_norm": (lambda m, a: m.linalg.matrix_norm(a), (b1,)), "vecdot": (lambda m, a, b: m.linalg.vecdot(a, b), (C, C * 2)),
+    "t_addmm": (lambda m, a, b, c: c.addmm(a, b), (A, B, C)), "t_dot": (lambda m, a, b: a.dot(b), (v, v)),
+}
+
+
+@pytest.mark.parametrize("name", list(cases))
+def test_a_verb_is_torchs_compiled_and_eager(name):
+    f, args = cases[name]
+    want = f(torch, *[torch.tensor(a) for a in args]).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (an eager call's initial-values notes)
+        compiled = np.asarray(mica.compile(lambda *a: f(mica, *a))(*args))
+        eager = np.asarray(f(mica, *[mica.as_tensor(a) for a in args]))
+    for got in (compiled, eager):
+        assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["addmm", "baddbmm", "addbmm", "addmv", "mish", "hardswish", "hardsigmoid", "selu",
+                                  "celu", "prelu", "cdist", "logaddexp", "xlogy", "pairwise", "softmin",
+                                  "vector_norm3", "logit_eps", "softshrink", "mv"])
+def test_a_verbs_gradient_is_torchs(name):
+    f, args = cases[name]
+    args = [np.nan_to_num(a, nan=0.5, posinf=3.0, neginf=-3.0) for a in args]
+    ts = [torch.tensor(a, requires_grad=True) for a in args]
+    out = f(torch, *ts)
+    weights = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    (out * torch.tensor(weights)).sum().backward()
+    grads = mica.compile(lambda *a: mica.grad((f(mica, *a) * mica.tensor(weights)).sum(), list(a)))(*args)
+    for g, t in zip(grads, ts):
+        np.testing.assert_allclose(np.asarray(g), t.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_new_modules_are_torchs():
+    x = np.random.default_rng(2).standard_normal((2, 3, 5)).astype(np.float32) * 3
+    pairs = [(mica.nn.Mish(), torch.nn.Mish()), (mica.nn.Hardswish(), torch.nn.Hardswish()),
+             (mica.nn.SELU(), torch.nn.SELU()), (mica.nn.CELU(0.5), torch.nn.CELU(0.5)),
+             (mica.nn.Softshrink(0.7), torch.nn.Softshrink(0.7)), (mica.nn.Threshold(0.1, 20.0),
+                                                                   torch.nn.Threshold(0.1, 20.0)),
+             (mica.nn.Softmin(dim=1), torch.nn.Softmin(dim=1)), (mica.nn.PReLU(3), torch.nn.PReLU(3))]
+    for m, t in pairs:
+        want = t(torch.tensor(x)).detach().numpy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = np.asarray(mica.compile(lambda a: m(a))(x))
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=type(m).__name__)
+    assert [n for n, _ in mica.nn.PReLU(3).named_parameters()] == ["weight"]
+
+
+def test_what_the_new_verbs_refuse_is_a_sentence():
+    with pytest.raises(mica.MicaError, match=r"^addmm: mat1 must be 2-d, got f32\[3\]"):
+        mica.trace(lambda a, b: mica.addmm(b, a, b), mica.f32[3], mica.f32[3, 3])
+    with pytest.raises(mica.MicaError, match=r"^dot: the vectors f32\[3\] and f32\[4\] differ in length"):
+        mica.trace(lambda a, b: mica.dot(a, b), mica.f32[3], mica.f32[4])
+    with pytest.raises(mica.MicaError, match="^linalg.norm: ord='nuc'"):
+        mica.trace(lambda a: mica.linalg.norm(a, "nuc"), mica.f32[3, 3])
+    with pytest.raises(mica.MicaError, match="^prelu: the weight f32\\[2\\] must have one element or one per channel"):
+        mica.trace(lambda a, w: MF.prelu(a, w), mica.f32[4, 3], mica.f32[2])
