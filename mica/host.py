@@ -78,7 +78,8 @@ class HostTensor(np.ndarray):
         try:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
                 out = getattr(ufunc, method)(*plain, **kwargs)
-        except (ValueError, TypeError):  # (numpy's refusal: the verb's sentence, as in a trace)
+        except (ValueError, TypeError, OverflowError):  # (numpy's refusal: the verb's sentence, or its result
+            # where torch computes what numpy refuses: an int32 and a Python int beyond it wrap, as torch's)
             if verb is not None and not any(k != "out" for k in kwargs):
                 result = run(verb, inputs, {})  # (operands that do not fit: the verb's sentence)
                 if out_to is not None:  # (x += y where x cannot take the result: torch's in-place refusal)
@@ -317,7 +318,14 @@ class HostTensor(np.ndarray):
 
         needs_a_dim(self, "unflatten")
         d = canon_dim(dim, self.ndim, "unflatten")
-        return self.view(*self.shape[:d], *sizes, *self.shape[d + 1:])
+        shape = (*self.shape[:d], *sizes, *self.shape[d + 1:])
+        if self.flags.c_contiguous:
+            return self.view(*shape)
+        try:  # (splitting one dim is a view of any layout, as torch's: numpy's reshape views it)
+            np.broadcast_to(np.empty((), np.bool_), self.shape).reshape(shape)
+        except (ValueError, TypeError):
+            return _method("unflatten", np.ascontiguousarray(self).view(HostTensor), dim, sizes)  # (its sentence)
+        return np.ndarray.reshape(self, shape).view(HostTensor)
 
     def detach(self):
         return self[...]

@@ -117,6 +117,19 @@ def fail(message):
     raise ShapeError(message, _STACK[-1].loc() if _STACK else user_location())
 
 
+def copies(verb):
+    """A verb torch always copies for (repeat, flip, roll, cumsum, prod, ...): where the result is
+    built from views of an operand (a dim of size 1 reshaped, a 0-d tensor returned as it is), it
+    is given as a tensor of its own, so a later in-place step on the operand does not reach it."""
+    @functools.wraps(verb)
+    def own(*args, **kwargs):
+        out = verb(*args, **kwargs)
+        if isinstance(out, Tensor) and (out._base is not None or any(out is a for a in args)):
+            return Tensor(out.value, out._ctx)
+        return out
+    return own
+
+
 def takes_axis(verb):
     """torch's `axis=` spelling of a verb's `dim=` (numpy's name, which torch accepts everywhere)."""
     @functools.wraps(verb)

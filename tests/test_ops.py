@@ -931,3 +931,83 @@ def test_torch_trace_in_ported_code_is_the_diagonals_sum_and_mica_trace_still_tr
     assert isinstance(mica.trace(lambda a: a * 2, mica.f32[3]), mica.Program)
     with pytest.raises(mica.MicaError, match=r"^trace: takes a matrix \(a 2-d tensor\), got f32\[3\]"):
         mica.trace(mica.ones(3))
+
+
+@pytest.mark.parametrize("name", ["repeat", "repeat_interleave", "flip", "fliplr", "roll", "cumsum", "cumprod", "prod",
+                                  "cumsum_0d"])
+def test_a_verb_torch_copies_for_is_a_tensor_of_its_own_after_an_in_place_step(name):
+    """An outside fuzzer's: over a dim of size 1 these were views of their operand in a compiled
+    step, so a later x.add_(100) reached the result (and flip(...).add_ the caller's array)."""
+    op = {"repeat": lambda x: x.repeat(1, 2), "repeat_interleave": lambda x: x.repeat_interleave(2, dim=1),
+          "flip": lambda x: x.flip(1), "fliplr": lambda x: x.fliplr(), "roll": lambda x: x.roll(1, 1),
+          "cumsum": lambda x: x.cumsum(1), "cumprod": lambda x: x.cumprod(1), "prod": lambda x: x.prod(1),
+          "cumsum_0d": lambda x: x[0, 0].cumsum(0)}[name]
+
+    def later(x):
+        y = op(x)
+        x.add_(100)
+        return y
+
+    def into(x):
+        y = op(x)
+        y.add_(100)
+        return y
+
+    x = np.array([[1.0], [2.0]], np.float32)
+    for fn in (later, into):
+        given = x.copy()
+        want_given = torch.from_numpy(x.copy())
+        want = fn(want_given)
+        np.testing.assert_array_equal(np.asarray(mica.compile(fn)(given)), want.numpy())
+        np.testing.assert_array_equal(given, want_given.numpy())  # (the caller's array, written back as torch's)
+
+
+def test_fuzzed_corners_of_bools_powers_and_special_values_are_torchs():
+    """An outside fuzzer's: bool + bool stored 2 in a bool, a bool's square was a bool, prod's dtype
+    was dropped, log1p(inf) was NaN, sign(NaN) NaN, and x ** 0.5 of -inf inf (torch's: its sqrt)."""
+    b, at = np.array([True, False, True]), np.array([0, 0, 2])
+    cases = [
+        (lambda T, a, i: (a + a).long(), (b, at)), (lambda T, a, i: ((a + True) ^ True).long(), (b, at)),
+        (lambda T, a, i: T.scatter_add(a, 0, i, a).long(), (b, at)), (lambda T, a, i: T.index_add(a, 0, i, a).long(),
+                                                                       (b, at)),
+        (lambda T, a, i: a.square(), (b, at)), (lambda T, a, i: T.pow(a, False), (b, at)),
+        (lambda T, a, i: i.prod(dtype=T.int32), (b, at + 1)), (lambda T, a, i: i.reshape(1, 3).prod(1, dtype=T.int32),
+                                                               (b, at + 1)),
+    ]
+    for fn, args in cases:
+        want = fn(torch, *[torch.from_numpy(a) for a in args]).numpy()
+        got = np.asarray(mica.compile(lambda *a: fn(mica, *a))(*args))
+        assert got.dtype == want.dtype and np.array_equal(got, want), (got, want)
+        eager = np.asarray(fn(mica, *[mica.as_tensor(a) for a in args]))
+        assert eager.dtype == want.dtype and np.array_equal(eager, want), (eager, want)
+    x = np.array([np.inf, -np.inf, np.nan, -1.0, -2.0, -0.5, 1e-10, 0.0, 3.0], np.float32)
+    t = torch.tensor(x, requires_grad=True)
+    torch.log1p(t).sum().backward()
+    value, slope = mica.compile(lambda a: (mica.log1p(a), mica.grad(mica.log1p(a).sum(), [a])[0]))(x)
+    np.testing.assert_array_equal(np.asarray(value), torch.log1p(torch.tensor(x)).numpy())
+    np.testing.assert_allclose(np.asarray(slope), t.grad.numpy(), rtol=1e-6)  # (-1 / 1 at -2: torch's slope)
+    for fn in (lambda a: a.sign(), lambda a: a ** 0.5, lambda a: a ** -0.5, lambda a: a ** 3, lambda a: a ** -1):
+        want = fn(torch.tensor(x)).numpy()
+        np.testing.assert_array_equal(np.asarray(mica.compile(fn)(x)), want)
+
+
+def test_eager_corners_a_fuzzer_found_are_torchs():
+    """dtype arguments given as an eager tensor's (numpy's) dtype, a softmax over no elements, an
+    int32 beside a Python int beyond it (wrapping, as torch's), a strided slice unflattened (a view)
+    and argmax over nothing (a sentence) did not run as torch's."""
+    x = mica.as_tensor(np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert mica.ones(2, 3).to(x.dtype).dtype == np.int32 and mica.ones(2, 3).sum(dtype=x.dtype).dtype == np.int32
+    assert mica.ones(2, 0).softmax(-1).shape == (2, 0) and mica.ones(0, 3).log_softmax(0).shape == (0, 3)
+    ti = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(x + 2 ** 40), (ti + 2 ** 40).numpy())
+    np.testing.assert_array_equal(np.asarray(x * 2 ** 33), (ti * 2 ** 33).numpy())
+    np.testing.assert_array_equal(np.asarray(mica.compile(lambda a: a * 2 ** 33 + 2 ** 40)(np.asarray(x))),
+                                  (ti * 2 ** 33 + 2 ** 40).numpy())
+    big = mica.as_tensor(np.arange(30, dtype=np.float32).reshape(3, 10))
+    y = big[:, ::2].unflatten(-1, (1, 5))
+    y[1, 0, 2] = -1.0
+    assert y.shape == (3, 1, 5) and float(big[1, 4]) == -1.0  # (a view, as torch's)
+    with pytest.raises(mica.MicaError, match="no element along the dim"):
+        mica.ones(2, 0).argmax(1)
+    with pytest.raises(mica.MicaError, match="takes no bool tensor"):
+        mica.trace(lambda a: a.argmax(), mica.b8[3])

@@ -58,7 +58,11 @@ def _const_infer(specs, value, dtype):
 
 
 def _const_ref(args, attrs, run):
-    return np.asarray(attrs["value"], dtype=run.np(attrs["dtype"]))
+    value, dt = attrs["value"], np.dtype(run.np(attrs["dtype"]))
+    if dt.kind == "i" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        half = 1 << (8 * dt.itemsize - 1)  # (a Python int beyond the type wraps into it, as the C cast and torch's)
+        value = (int(value) + half) % (2 * half) - half
+    return np.asarray(value, dtype=dt)
 
 
 defop("const", infer=_const_infer, ref=_const_ref, family="source")

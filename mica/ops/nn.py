@@ -51,12 +51,16 @@ def _rowwise_infer(op):
 
 def _softmax_ref(a, at, run):
     x = a[0]
+    if x.size == 0:  # (a row of no elements, or no rows: nothing to normalize)
+        return np.empty_like(x)
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
 
 def _log_softmax_ref(a, at, run):
     x = a[0]
+    if x.size == 0:
+        return np.empty_like(x)
     s = x - x.max(-1, keepdims=True)
     return s - np.log(np.exp(s).sum(-1, keepdims=True))
 

@@ -29,9 +29,12 @@ def log1p(input):
     """log(1 + x), accurate for small x: log(u) * x / (u - 1) with u = 1 + x rounded (Goldberg's)."""
     def body(x):
         u = add(x, 1.0)
-        d = sub(u, 1.0)
+        plain = logical_or(le(u, 0.0), eq(u, math.inf))  # (-1 and below, inf: log(1 + x) itself, its slope 1 / (1 + x))
+        xs = where(plain, 0.0, x)
+        us = add(xs, 1.0)
+        d = sub(us, 1.0)
         exact = eq(d, 0.0)
-        return where(exact, x, mul(log(u), div(x, where(exact, 1.0, d))))
+        return where(plain, log(u), where(exact, xs, mul(log(us), div(xs, where(exact, 1.0, d)))))
     return rounded_once(_float("log1p", input), body)
 
 

@@ -16,7 +16,7 @@ from .. import amp, dtypes
 from ..dtypes import DType, as_dtype, category, promote
 from ..errors import ShapeError, TraceError
 from ..ops.elementwise import broadcast_shapes
-from ..tensor import Tensor, current, emit, fail, in_trace, link_view, strides_of, takes_axis, user_location
+from ..tensor import Tensor, copies, current, emit, fail, in_trace, link_view, strides_of, takes_axis, user_location
 
 # ---- operands -----------------------------------------------------------------------------------
 
@@ -182,7 +182,10 @@ def _scaled(input, other, alpha):
 
 
 def add(input, other, alpha=1):
-    return _binary("add", input, _scaled(input, other, alpha))
+    other = _scaled(input, other, alpha)
+    if isinstance(input, (Tensor, bool)) and result_type(input, other) is dtypes.bool_:  # (torch's: either true,
+        return logical_or(input, other)                                                 # a bool of 0 or 1)
+    return _binary("add", input, other)
 
 
 def sub(input, other, alpha=1):
@@ -212,6 +215,13 @@ def pow(input, exponent):
     dt = result_type(input, exponent)
     if isinstance(input, Tensor) and is_scalar(exponent) and exponent == 2 and dt is input.dtype:
         return mul(input, input)  # (not an integer tensor ** 2.0: torch's result is a float)
+    if isinstance(input, Tensor) and is_scalar(exponent) and dt.kind == "float" and dt is input.dtype and \
+            exponent in (0.5, -0.5, 3, -1) and not isinstance(exponent, bool):  # (torch's own forms of these
+        x = input                                                      # powers: sqrt(-inf) is NaN, pow's inf)
+        return {0.5: lambda: sqrt(x), -0.5: lambda: rsqrt(x), 3: lambda: mul(mul(x, x), x),
+                -1: lambda: div(1.0, x)}[exponent]()
+    if dt is dtypes.bool_ and is_scalar(exponent):  # (torch's: x ** True is x, x ** False is True)
+        return logical_or(input, not exponent)
     if dt.kind == "int":  # (torch's: an integer result, by products; the pow primitive is float's)
         if not is_scalar(exponent):
             return _integer_powers(as_tensor(input, dt), as_tensor(exponent, dt), dt)
@@ -263,7 +273,8 @@ def minimum(input, other):
 
 
 def square(input):
-    return mul(input, input)
+    x = as_tensor(input)
+    return mul(x, x) if x.dtype is not dtypes.bool_ else pow(x, 2)  # (torch's: a bool's square is int64)
 
 
 def _compare(op):
@@ -437,8 +448,7 @@ def sign(input):
     if x.dtype is dtypes.bool_:
         return x
     one = const(1, x.dtype)
-    s = where(gt(x, 0), one, where(lt(x, 0), neg(one), const(0, x.dtype)))
-    return where(ne(x, x), x, s) if x.dtype.kind == "float" else s  # (NaN's sign is NaN, as torch's)
+    return where(gt(x, 0), one, where(lt(x, 0), neg(one), const(0, x.dtype)))  # (NaN's: 0, as torch's)
 
 
 def sgn(input):
@@ -708,7 +718,8 @@ def to(input, *args, dtype=None, **kwargs):
     for a in args:
         if isinstance(a, Tensor):
             dtype = a.dtype
-        elif isinstance(a, DType) or (a is not None and str(a).startswith("torch.")):
+        elif isinstance(a, (DType, np.dtype)) or (a is not None and str(a).startswith("torch.")) or (
+                isinstance(a, type) and issubclass(a, np.generic)):  # (an eager tensor's dtype is numpy's)
             dtype = a
         elif isinstance(a, str):
             _device_name(a)
@@ -800,6 +811,7 @@ def all(input, dim=None, keepdim=False):  # noqa: A001
     return logical_not(any(logical_not(b), dim, keepdim))
 
 
+@copies
 def prod(input, dim=None, keepdim=False, dtype=None):
     """The product of the elements (along dim): running products, then the last (its gradient
     right where an element is 0, as torch's)."""
@@ -816,13 +828,13 @@ def prod(input, dim=None, keepdim=False, dtype=None):
     if dim is None:
         flat = reshape(x, (-1,))
         n = flat.shape[0]
-        return reshape(narrow(cumprod(flat, 0), 0, n - 1, 1), ()) if n else const(1, x.dtype)
+        return reshape(narrow(cumprod(flat, 0, dtype=x.dtype), 0, n - 1, 1), ()) if n else const(1, x.dtype)
     d = canon_dim(dim, x.ndim, "prod")
     if x.ndim == 0:
         return x
     n = x.shape[d]
     if n:
-        out = narrow(cumprod(x, d), d, n - 1, 1)
+        out = narrow(cumprod(x, d, dtype=x.dtype), d, n - 1, 1)
     else:
         out = full(x.shape[:d] + (1,) + x.shape[d + 1:], 1, dtype=x.dtype)
     return out if keepdim else squeeze(out, d)
@@ -875,6 +887,10 @@ def _taken_along(x, index, d, keepdim=False):
 
 def argmax(input, dim=None, keepdim=False):
     x = as_tensor(input)
+    if x.dtype is dtypes.bool_:
+        fail("argmax/argmin: torch takes no bool tensor here; cast it with .int() first")
+    if x.numel() == 0 and (dim is None or x.ndim == 0 or x.shape[canon_dim(dim, x.ndim, "argmax")] == 0):
+        fail(f"argmax/argmin: {x.value.spec!r} has no element along the dim to pick from, as torch refuses")
     if dim is None:  # (the flat index; keepdim keeps every dim, each of size 1, as torch's)
         flat = emit("argmax", [x.reshape(-1)], axis=0, keepdim=False)
         return flat.reshape((1,) * x.ndim) if keepdim else flat

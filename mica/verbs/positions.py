@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from .. import amp, dtypes
-from ..tensor import Tensor, emit, fail
+from ..tensor import Tensor, copies, emit, fail
 from .core import (add, amax, amin, argmax, as_tensor, canon_dim, div, eq, floor_divide, full, gt, logical_and,
                    logical_not, logical_or, lt, mul, ne, rounded_once, sub, tensor, to, where)
 from .core import sum as _sum
@@ -331,18 +331,21 @@ def _scan_operand(verb, input, dim, dtype):
     return x, canon_dim(dim, x.ndim, verb)
 
 
+@copies
 def cumsum(input, dim, *, dtype=None):
     x, d = _scan_operand("cumsum", input, dim, dtype)  # (a half type's running sum in float32, as torch's)
     return x if d is None else rounded_once(x, lambda v: _scan(v, d, add, 0)) if x.dtype.kind == "float" else \
         _scan(x, d, add, 0)
 
 
+@copies
 def cumprod(input, dim, *, dtype=None):
     x, d = _scan_operand("cumprod", input, dim, dtype)
     return x if d is None else rounded_once(x, lambda v: _scan(v, d, mul, 1)) if x.dtype.kind == "float" else \
         _scan(x, d, mul, 1)
 
 
+@copies
 def flip(input, dims):
     x = as_tensor(input)
     dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
@@ -373,6 +376,7 @@ def flipud(input):
     return flip(x, 0)
 
 
+@copies
 def roll(input, shifts, dims=None):
     x = as_tensor(input)
     if dims is None:
@@ -432,6 +436,8 @@ def _put_rows(table, flat, values, accumulate):
         summed = div(summed, to(where(hit, counts, 1.0), summed.dtype))
     elif summed.dtype.kind == "int":  # (equal values written twice: the value itself)
         summed = floor_divide(summed, to(where(hit, counts, 1.0), summed.dtype))
+    else:  # (bools: written twice, true once; a sum of two would be a bool of 2)
+        summed = ne(summed, False)
     return where(hit, summed, table)
 
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..tensor import Tensor, emit, fail, link_view, strides_of, takes_axis, view_strides
+from ..tensor import Tensor, copies, emit, fail, link_view, strides_of, takes_axis, view_strides
 from .core import as_tensor, canon_dim, needs_a_dim, result_type, to, where
 
 
@@ -474,6 +474,7 @@ def pad(input, pad, mode="constant", value=None):
     return out
 
 
+@copies
 def repeat_interleave(input, repeats, dim=None):
     """Each element repeated `repeats` times in place along dim (the flattened tensor without one),
     as torch's: an int count, or one count per element given as ints."""
@@ -510,6 +511,7 @@ def stack(tensors, dim=0):
     return cat([unsqueeze(t, d) for t in ts], d)
 
 
+@copies
 def repeat(input, *sizes):
     x = as_tensor(input)
     sizes = _shape_args(sizes, "repeat")
