@@ -743,3 +743,51 @@ def test_einsum_under_autocast_casts_only_where_torchs_sums_as_a_product(equatio
     program = mica.trace(f, *[mica.Spec(s, mica.float32) for s in shapes])
     assert program.graph.outputs[0].dtype.name == str(want.dtype).removeprefix("torch.")
     np.testing.assert_array_equal(np.asarray(mica.compile(f)(*arrays)), want.float().numpy())
+
+
+def test_half_type_constants_hold_their_values_on_every_target(tmp_path):
+    """An outside tester's LLaMA after model.bfloat16(): its rotary inv_freq buffer, a bfloat16
+    constant of the program, was written into the C source as float literals of a 16-bit integer
+    type (1.0 became the bits 0x0001), so cos and sin were garbage and q's gradient 140% off; a
+    float16 constant stopped the build. Now both are their bits (MICA_F16_LIT), and the CPU, the
+    oracle, the CUDA simulator and nvcc agree."""
+    import subprocess
+
+    from test_cuda import _has_boost_context
+
+    values = np.float32([1.0, 0.1, -0.01, 1e-3, 3.0e38, np.inf, -0.0, 65504.0])
+
+    def f(x):
+        a = mica.tensor(values, dtype=mica.bfloat16).float()
+        b = mica.tensor(values, dtype=mica.float16).float()
+        return a + x, b + x
+
+    program = mica.trace(f, mica.f32[8])
+    x = np.zeros(8, np.float32)
+    want = (torch.tensor(values).bfloat16().float().numpy(), torch.tensor(values).half().float().numpy())
+    runs = [program.lower("cpu").build(), lambda a: mica.reference.run(program, a, precision="float32")]
+    runs += [program.lower("cuda", simulate=True).build()] if _has_boost_context() else []
+    for run in runs:
+        for got, w in zip(run(x), want):
+            np.testing.assert_array_equal(np.asarray(got), w)
+
+    class Rotary(mica.nn.Module):  # (the tester's case: a float buffer of a module made bfloat16)
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", 1.0 / (10000 ** (mica.arange(0, 8, 2).float() / 8)), persistent=False)
+
+    r = Rotary().bfloat16()
+    got = np.asarray(mica.compile(lambda p: (r.inv_freq.float()[:, None] * p).cos())(np.arange(4, dtype=np.float32)))
+    t = (1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))).bfloat16()
+    np.testing.assert_allclose(got, (t.float()[:, None] * torch.arange(4).float()).cos().numpy(), rtol=3e-7,
+                               atol=1e-7)  # (the buffer's values exact; cos within an ulp of torch's)
+    from test_cuda import _nvcc, _wheels
+
+    if _nvcc() and _wheels():  # (nvcc takes the __half initializers: MICA_F16_LIT's constexpr form)
+        from mica.backends.cuda import build
+
+        src = tmp_path / "literals.cu"
+        src.write_text(program.lower("cuda").source)
+        r = subprocess.run(build.nvcc_command(str(src), str(tmp_path / "literals.o"), shared=False,
+                                              archs=[build.ARCHS[0]], ptx=False), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]

@@ -963,7 +963,7 @@ def norm(input, p="fro", dim=None, keepdim=False):
 
 def reciprocal(input):
     """1 / x (an integer tensor's in the default float, as torch's)."""
-    x = as_tensor(input)
+    (x,) = amp.float32("reciprocal", as_tensor(input))
     return div(1.0, x if x.dtype.kind == "float" else to(x, dtypes.DEFAULT_FLOAT))
 
 
@@ -1152,7 +1152,7 @@ def tensor(data, dtype=None, *, _copy=True, **_device):
     if not in_trace():
         return in_dtype(arr, dt, copy=_copy)
     shape = tuple(arr.shape)  # (before ascontiguousarray, which makes a 0-d array 1-d)
-    arr = np.ascontiguousarray(arr.astype(dt.np_storage))
+    arr = np.ascontiguousarray(in_dtype(arr, dt))  # (bfloat16's values rounded to it, held as float32)
     return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)
 
 

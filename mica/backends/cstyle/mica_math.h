@@ -28,6 +28,15 @@ typedef _Float16 mica_f16;  /* (the CUDA simulator's C++: a type of its own, for
 typedef uint16_t mica_f16;  /* float16 bits: converted with integer operations, which vectorize */
 #endif
 
+/* a float16 constant in an initializer, from its bits (and value): of whichever type mica_f16 is */
+#ifdef __CUDACC__
+#define MICA_F16_LIT(bits, value) __half(__half_raw{bits})
+#elif defined(__cplusplus)
+#define MICA_F16_LIT(bits, value) ((_Float16)(value))
+#else
+#define MICA_F16_LIT(bits, value) ((mica_f16)(bits))
+#endif
+
 typedef uint8_t mica_bool;
 typedef uint16_t mica_bf16;  /* bfloat16 bits */
 

@@ -5,6 +5,8 @@ registered lowering. A target fills in a handful of hooks: how a kernel function
 the elements of a loop, a reduction, a product or a copy are iterated, and the file around them."""
 import os
 
+import numpy as np
+
 from ...passes.schedule import Buffer, Call, Copy, Gemm, Literal, Loop, Reduce
 from ...errors import MicaError
 from . import types as ct
@@ -37,6 +39,21 @@ def place(kern):
                 runs.append([n, n])
         parts.append(f"{name}:" + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs))
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def literal_items(lit):
+    """A literal's elements as C initializers of its storage type: a half type's by its bits
+    (bfloat16's storage is the bits; float16's is the bits, __half or _Float16 by target:
+    MICA_F16_LIT, mica_math.h), others as exact literals of the type."""
+    if lit.dtype.name == "bfloat16":  # (held as float32 values already rounded to bfloat16)
+        bits = np.frombuffer(lit.data, dtype=np.float32).view(np.uint32) >> 16
+        return [f"0x{int(b):04x}" for b in bits]
+    if lit.dtype.name == "float16":
+        values = np.frombuffer(lit.data, dtype=np.float16)
+        return [f"MICA_F16_LIT(0x{int(b):04x}, {ct.const(float(v), lit.dtype)})"
+                for b, v in zip(values.view(np.uint16), values)]
+    values = memoryview(lit.data).cast(lit.dtype.np_storage.char if lit.dtype.kind != "bool" else "B")
+    return [ct.const(x, lit.dtype) for x in values.tolist()]
 
 class CStyleRenderer:
     kernel_qualifier = "static void"       # CUDA: static __global__ void
@@ -87,8 +104,7 @@ class CStyleRenderer:
     def literals(self):
         out = []
         for lit in self.s.literals:
-            values = memoryview(lit.data).cast(lit.dtype.np_storage.char if lit.dtype.kind != "bool" else "B")
-            items = ", ".join(ct.const(x, lit.dtype) for x in values.tolist())
+            items = ", ".join(literal_items(lit))
             out.append(f"{self.constant_qualifier} {ct.stype(lit.dtype)} lit{lit.id}[{max(lit.numel, 1)}] = {{{items}}};")
         return out
 
