@@ -23,12 +23,15 @@ from .dtypes import Spec  # noqa: E402
 from .dtypes import bfloat16, bool_, finfo, float16, float32, float64, iinfo, int32, int64  # noqa: E402
 from .errors import GradError, MicaError, ShapeError, TraceError  # noqa: E402
 from .errors import install_excepthook as _install_excepthook  # noqa: E402
-from .grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled, value_and_grad  # noqa: E402
+from .grad import (  # noqa: E402
+    enable_grad, grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled, value_and_grad,
+)
 from .tensor import Tensor  # noqa: E402
 from .trace import Program, compile, trace  # noqa: A004, E402
 from .verbs import (  # noqa: E402
     abs, add, addbmm, addcdiv, addmm, addmv, all, baddbmm, cdist, count_nonzero, dot, logaddexp, logit, mv, nan_to_num,
-    nanmean, nansum, reciprocal, rsub, selu, celu, xlogy, allclose, any, addcmul, amax, amin, arange, argmax, argmin, argsort, as_tensor, bitwise_and, bitwise_not,
+    nanmean, nansum, reciprocal, rsub, selu, celu, xlogy, empty, empty_like, clone, broadcast_to, get_default_dtype,
+    hstack, vstack, meshgrid, tril_indices, triu_indices, diff, logcumsumexp, allclose, any, addcmul, amax, amin, arange, argmax, argmin, argsort, as_tensor, bitwise_and, bitwise_not,
     bitwise_or, bitwise_xor, bitwise_left_shift, bitwise_right_shift, bmm, cat, chunk, clamp, clamp_max, clamp_min, clip,
     ceil, concat, cos, cosine_similarity, cross_entropy, cumprod, cumsum, detach, diag, diagonal, div, dropout, einsum, embedding, eq, equal, erf, exp, expm1, eye, expand, fix, flatten, flip, fliplr, flipud, floor, floor_divide, fmod, frac, full,
     full_like, gather, ge, gelu, gt, index_add, index_copy, index_fill, index_put, index_select, is_floating_point, is_tensor, isclose, isfinite, isinf, isnan, layer_norm, le, lerp, linear, linspace, log, log10, log1p, log2, log_softmax, logical_and,
@@ -39,7 +42,7 @@ from .verbs import (  # noqa: E402
     squeeze, stack, std, sub, sum, take_along_dim, tanh, tensor, topk, to, transpose, tril, triu, trunc, unbind, unsqueeze, var, view,
     where, zeros, zeros_like,
 )
-from . import autograd, cuda, distributed, linalg, nn, optim, reference  # noqa: E402
+from . import autograd, cuda, distributed, linalg, nn, optim, reference, utils  # noqa: E402
 from .host import HostTensor, eager as _eager, _add_torch_methods, from_numpy  # noqa: E402
 from .host import _Device as device  # noqa: E402  (torch.device: kept, and ignored)
 from .random import (  # noqa: E402  (host draws, outside a trace)

@@ -211,6 +211,13 @@ class set_grad_enabled:
         return with_mode
 
 
+def is_grad_enabled():
+    """torch.is_grad_enabled: in a trace, whether what is computed now records gradients; outside
+    one, True (eager host tensors keep no history to switch off)."""
+    ctx = _context()
+    return True if ctx is None else bool(ctx.grad_enabled)
+
+
 class _Bare:
     """torch's bare decorator form, @no_grad without parentheses: the class called on the function."""
 

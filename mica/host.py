@@ -96,7 +96,9 @@ class HostTensor(np.ndarray):
             return np.asarray(_torch_typed(r, inputs, ufunc) if typed else r).view(HostTensor)
         return tuple(wrap(r) for r in out) if isinstance(out, tuple) else wrap(out)
 
-    def __pow__(self, other):  # (numpy's x ** 2 is its square, whose type for a bool is bool: torch's is int64)
+    def __pow__(self, other):  # (numpy's x ** 2 is its square, whose type for a bool is bool: torch's is int64;
+        if self.dtype.kind == "f" and type(other) in (int, float) and other in (0.5, -0.5, 3, -1):  # these powers
+            return _method("pow", self, other)  # are torch's own forms, the verb's: sqrt(-inf) is NaN, pow's 0)
         return np.power(self, other)
 
     def __repr__(self):  # (print(x): torch's text, not numpy's)
@@ -248,6 +250,22 @@ class HostTensor(np.ndarray):
         view = np.ndarray.diagonal(self, offset, dim1, dim2)
         view.flags.writeable = self.flags.writeable  # (numpy's is read-only; torch's writes through)
         return view
+
+    def stride(self, dim=None):  # (torch's, in elements: numpy's byte strides over the element size)
+        st = tuple(s // self.itemsize for s in self.strides)
+        if dim is None:
+            return st
+        from .verbs.core import canon_dim
+
+        return st[canon_dim(dim, self.ndim, "stride")]
+
+    def is_contiguous(self, memory_format=None):
+        st = self.stride()
+        return any(n == 0 for n in self.shape) or all(a == b for a, b, n in zip(
+            st, np.cumprod((1,) + self.shape[:0:-1])[::-1], self.shape) if n != 1) if self.ndim else True
+
+    def element_size(self):
+        return self.itemsize
 
     def trace(self, *args, **numpy_names):  # (torch's: a 0-d tensor of the diagonal's sum; numpy's own calls keep numpy's)
         if args or numpy_names or _called_by_numpy():

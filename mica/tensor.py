@@ -124,7 +124,7 @@ def copies(verb):
     @functools.wraps(verb)
     def own(*args, **kwargs):
         out = verb(*args, **kwargs)
-        if isinstance(out, Tensor) and (out._base is not None or any(out is a for a in args)):
+        if isinstance(out, Tensor) and (out._base is not None or any(out is a for a in (*args, *kwargs.values()))):
             return Tensor(out.value, out._ctx)
         return out
     return own
@@ -158,6 +158,12 @@ def strides_of(t):
     """The strides torch would give t over its memory (a view's, from the tensor it views; a
     tensor of its own is row-major): they decide whether a reshape views or copies."""
     return t._strides if t._strides is not None else row_major(t.shape)
+
+
+def canon_dim_of(t, dim, verb):
+    from .verbs.core import canon_dim
+
+    return canon_dim(dim, t.ndim, verb)
 
 
 def is_contiguous(t):
@@ -737,6 +743,19 @@ class Tensor:
     def int(self): return F.to(self, dtypes.int32)
     def bool(self): return F.to(self, dtypes.bool_)
     def new_zeros(self, *size, dtype=None): return F.zeros(*size, dtype=dtype or self.dtype)
+    def new_empty(self, *size, dtype=None): return F.zeros(*size, dtype=dtype or self.dtype)
+    def is_contiguous(self, memory_format=None): return is_contiguous(self)
+    def stride(self, dim=None):  # (torch's strides over its memory, in elements: a view's those of what it views)
+        st = tuple(strides_of(self))
+        return st if dim is None else st[canon_dim_of(self, dim, "stride")]
+    def element_size(self): return self.dtype.itemsize
+    itemsize = property(lambda self: self.dtype.itemsize)
+    nbytes = property(lambda self: self.numel() * self.dtype.itemsize)
+    def diff(self, n=1, dim=-1, prepend=None, append=None): return F.diff(self, n, dim, prepend, append)
+    def logcumsumexp(self, dim): return F.logcumsumexp(self, dim)
+    def tril_(self, diagonal=0): return self._into(F.tril(self, diagonal))
+    def triu_(self, diagonal=0): return self._into(F.triu(self, diagonal))
+    def addmm_(self, mat1, mat2, *, beta=1, alpha=1): return self._into(F.addmm(self, mat1, mat2, beta=beta, alpha=alpha))
     def new_ones(self, *size, dtype=None): return F.ones(*size, dtype=dtype or self.dtype)
     def new_full(self, size, value, dtype=None): return F.full(size, value, dtype=dtype or self.dtype)
     def tril(self, diagonal=0): return F.tril(self, diagonal)

@@ -457,6 +457,7 @@ class _Compiled:
             while len(self.built) >= self.KEPT:  # (the oldest program goes: its values live in the model's
                 del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)
             found = stateful.find(fn, args, self.name)  # (torch's stateful step: the model's and optimizer's values)
+            self._say_drawn(guards.drawn(randoms))  # (right after the trace: a build's time is not the function's)
             if found.params or found.optimizers:
                 self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,
                                                                               **self.options))
@@ -468,7 +469,6 @@ class _Compiled:
                     self.built[key] = compile(fn, *args, target=self.target, name=self.name, **self.options)
                 finally:
                     _TORCH_FORM.pop()
-            self._say_drawn(guards.drawn(randoms))
         built = self.built[key]
         prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
         if made:  # (what tracing itself left, as a forward's `self.last = y`: the same program, not another)

@@ -104,3 +104,113 @@ def test_what_the_new_verbs_refuse_is_a_sentence():
         mica.trace(lambda a: mica.linalg.norm(a, "nuc"), mica.f32[3, 3])
     with pytest.raises(mica.MicaError, match="^prelu: the weight f32\\[2\\] must have one element or one per channel"):
         mica.trace(lambda a, w: MF.prelu(a, w), mica.f32[4, 3], mica.f32[2])
+
+
+x = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)  # (the cases above hold theirs)
+more = {
+ "empty": (lambda T, a: T.empty(2, 3).shape[0] + a.sum() * 0, (x,)),
+ "clone": (lambda T, a: T.clone(a) * 2, (x,)), "broadcast_to": (lambda T, a: T.broadcast_to(a[0], (2, 4)), (x,)),
+ "vstack": (lambda T, a: T.vstack([a, a[0]]), (x,)), "hstack": (lambda T, a: T.hstack([a, a]), (x,)), "hstack1": (lambda T, a: T.hstack([a[0], a[1]]), (x,)),
+ "meshgrid": (lambda T, a: T.meshgrid(a[0], a[1, :3], indexing="ij")[1], (x,)),
+ "meshgrid_xy": (lambda T, a: T.meshgrid(a[0], a[1, :3], indexing="xy")[0], (x,)),
+ "tril_indices": (lambda T, a: T.tril_indices(3, 4, 1).float() + a.sum() * 0, (x,)), "triu_indices": (lambda T, a: T.triu_indices(4, 3, -1).float() + a.sum() * 0, (x,)),
+ "diff": (lambda T, a: T.diff(a, dim=1), (x,)), "diff2": (lambda T, a: a.diff(n=2, dim=0, prepend=a[:1]), (x,)),
+ "logcumsumexp": (lambda T, a: T.logcumsumexp(a * 30, dim=1), (x,)),
+ "stride": (lambda T, a: T.tensor(list(a.t().stride()) + [int(a.t().is_contiguous()), a.element_size(), a.nbytes]).float() + a.sum() * 0, (x,)),
+ "tril_": (lambda T, a: a.clone().tril_(), (x,)), "addmm_": (lambda T, a: a.clone().addmm_(a, T.ones(4, 4)), (x,)),
+}
+
+
+@pytest.mark.parametrize("name", list(more))
+def test_a_name_ported_code_calls_is_torchs(name):
+    """Names an outside tester's HF-style ports called (torch.empty in GPT-2's Conv1D, broadcast_to,
+    meshgrid, stride(), tril_indices, logcumsumexp, ...), compiled and eager, against torch."""
+    f, args = more[name]
+    want = np.asarray(f(torch, *[torch.tensor(a) for a in args]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for got in (mica.compile(lambda *a: f(mica, *a))(*args), f(mica, *[mica.as_tensor(a) for a in args])):
+            got = np.asarray(got)
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+
+
+def test_embedding_padding_idx_parameter_containers_and_checkpoint_are_torchs():
+    torch.manual_seed(0)
+    te = torch.nn.Embedding(5, 3, padding_idx=-4)
+    me = mica.nn.Embedding(5, 3, padding_idx=-4)
+    assert me.padding_idx == 1 and repr(me) == "Embedding(5, 3, padding_idx=1)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not np.asarray(me.weight)[1].any()  # (torch's: the padding row starts at 0)
+    me.load_state_dict({"weight": te.weight.detach().numpy()})
+    ids = np.array([[0, 1, 2, 1]])
+    opt = mica.optim.SGD(me.parameters(), lr=1.0)
+
+    @mica.compile
+    def step(i):
+        loss = (me(i) ** 2).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    step(ids)
+    t_opt = torch.optim.SGD(te.parameters(), lr=1.0)
+    (te(torch.tensor(ids)) ** 2).sum().backward()
+    t_opt.step()
+    np.testing.assert_allclose(np.asarray(me.weight), te.weight.detach().numpy(), atol=1e-6)  # (row 1 unmoved)
+    frozen = mica.nn.Embedding.from_pretrained(np.ones((4, 2), np.float32))
+    assert not frozen.weight.requires_grad
+    with pytest.raises(mica.MicaError, match="max_norm, scale_grad_by_freq and sparse=True are not supported"):
+        mica.nn.Embedding(4, 2, max_norm=1.0)
+
+    class M(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = mica.nn.ParameterList([mica.nn.Parameter(np.ones(3, np.float32)), np.zeros(2, np.float32)])
+            self.pd = mica.nn.ParameterDict({"a": np.full(3, 2.0, np.float32)})
+
+        def forward(self, x):
+            return (x * self.ps[0] + self.pd["a"]).sum() + self.ps[1].sum()
+
+    m = M()
+    assert [n for n, _ in m.named_parameters()] == ["ps.0", "ps.1", "pd.a"]
+    assert float(mica.compile(lambda x: m(x))(np.ones(3, np.float32))) == 9.0
+    from mica.utils.checkpoint import checkpoint
+
+    assert float(mica.compile(lambda x: checkpoint(lambda y: (y * 2).sum(), x, use_reentrant=False))(
+        np.ones(3, np.float32))) == 6.0
+    assert mica.is_grad_enabled() and mica.get_default_dtype() is mica.float32
+
+
+def test_a_diff_reviews_corners_are_torchs():
+    """NaN through threshold/softshrink/hardshrink, hardswish at -inf and its slope at +-3, addmm's
+    alpha 0 (the product unread), xlogy(0, inf), flip(input=x) a copy, and a Python int an int32
+    cannot hold as a fill or bound (a sentence, as torch's)."""
+    x = np.float32([np.nan, -np.inf, -5, -3, -1, 0, 1, 3, 5, np.inf])
+    for name, fn in [("threshold", lambda F, a: F.threshold(a, 0.5, -2.0)), ("softshrink", lambda F, a: F.softshrink(a, 1.0)),
+                     ("hardshrink", lambda F, a: F.hardshrink(a, 1.0)), ("hardswish", lambda F, a: F.hardswish(a))]:
+        want = fn(TF, torch.tensor(x)).numpy()
+        np.testing.assert_array_equal(np.asarray(mica.compile(lambda a: fn(MF, a))(x)), want, err_msg=name)
+    t = torch.tensor(x[2:-1], requires_grad=True)
+    TF.hardswish(t).sum().backward()
+    got = mica.compile(lambda a: mica.grad(MF.hardswish(a).sum(), [a])[0])(x[2:-1])
+    np.testing.assert_allclose(np.asarray(got), t.grad.numpy(), rtol=1e-6)
+    a, b, c = np.float32([[np.inf, 1]]), np.ones((2, 2), np.float32), np.ones((1, 2), np.float32)
+    np.testing.assert_array_equal(np.asarray(mica.compile(lambda a, b, c: mica.addmm(c, a, b, alpha=0))(a, b, c)),
+                                  torch.addmm(torch.tensor(c), torch.tensor(a), torch.tensor(b), alpha=0).numpy())
+    assert float(mica.compile(lambda a, b: mica.xlogy(a, b))(np.float32(0), np.float32(np.inf))) == 0.0
+
+    def flipped(y):
+        z = mica.flip(input=y, dims=[0])
+        y.add_(1)
+        return z
+
+    np.testing.assert_array_equal(np.asarray(mica.compile(flipped)(np.float32([2.0]))), [2.0])
+    ints = np.array([1, 2], np.int32)
+    for fn in (lambda m: m.clamp(max=2 ** 32), lambda m: mica.where(m > 1, m, 2 ** 32 + 3),
+               lambda m: m.masked_fill(m > 1, 2 ** 32), lambda m: mica.full((2,), 2 ** 40, dtype=mica.int32)):
+        with pytest.raises(mica.MicaError, match="does not fit int32"):
+            mica.compile(fn)(ints)
+    np.testing.assert_array_equal(np.asarray(mica.compile(lambda m: m + 2 ** 33)(ints)), ints)  # (arithmetic wraps)

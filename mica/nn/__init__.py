@@ -1,13 +1,13 @@
 """Modules, parameters and initializers, named as torch.nn's."""
 from . import functional, init, utils  # noqa: F401
 from .modules import (  # noqa: F401
-    GELU, Dropout, Embedding, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ReLU,
-    RMSNorm, Sequential, functional_call,
+    GELU, Dropout, Embedding, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
+    ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
 from .stateless import (  # noqa: F401
     CELU, ELU, GLU, SELU, BCELoss, BCEWithLogitsLoss, CosineSimilarity, CrossEntropyLoss, Flatten, Hardshrink,
     Hardsigmoid, Hardswish, Hardtanh, HuberLoss, KLDivLoss, L1Loss, LeakyReLU, LogSigmoid, LogSoftmax, Mish, MSELoss,
-    NLLLoss, PairwiseDistance, PReLU, ReLU6, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softmin, Softplus, Softshrink,
+    NLLLoss, PairwiseDistance, ReLU6, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softmin, Softplus, Softshrink,
     Softsign, Tanh, Tanhshrink, Threshold, Unflatten,
 )
 

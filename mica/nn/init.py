@@ -49,6 +49,21 @@ class Constant(Initializer):
         return f"constant({self.value if self.value.ndim == 0 else 'array'})"
 
 
+class RowZeroed(Initializer):
+    """Another initializer's values with one row set to 0 (nn.Embedding's padding_idx row)."""
+
+    def __init__(self, inner, row):
+        self.inner, self.row = inner, row
+
+    def sample(self, shape, rng):
+        values = np.array(self.inner.sample(shape, rng))
+        values[self.row] = 0
+        return values
+
+    def __repr__(self):
+        return f"{self.inner!r} with row {self.row} zeroed"
+
+
 def _set(param, initializer):
     """param's initializer; and, for a Parameter that holds values (loaded, or trained by a compiled
     step: what eager calls and the next step read), those values drawn from it now, from mica's

@@ -812,17 +812,48 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
+    """torch.nn.Embedding: rows drawn from N(0, 1); padding_idx's row starts at 0 and takes no
+    gradient. max_norm and scale_grad_by_freq are a sentence (as F.embedding's); sparse gradients
+    are torch's storage choice, and sparse=True a sentence."""
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
+                 scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None):
         super().__init__()
         _device(device)
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(shape=(num_embeddings, embedding_dim), dtype=dtype, init=initializers.normal())
+        if max_norm is not None or scale_grad_by_freq or sparse:
+            raise MicaError("Embedding: max_norm, scale_grad_by_freq and sparse=True are not supported; leave them "
+                            "at torch's defaults", user_location())
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise MicaError(f"Embedding: padding_idx {padding_idx} is not a row of {num_embeddings}",
+                                user_location())
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        init = initializers.normal() if padding_idx is None else initializers.RowZeroed(initializers.normal(),
+                                                                                          padding_idx)
+        if _weight is not None:
+            init = initializers.Constant(np.asarray(_weight, np.float32))
+        self.weight = Parameter(shape=(num_embeddings, embedding_dim), dtype=dtype, init=init)
+        if _freeze:
+            self.weight.requires_grad_(False)
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None, norm_type=2.0,
+                        scale_grad_by_freq=False, sparse=False):
+        """torch's: an Embedding holding `embeddings` (rows, dim), frozen unless freeze=False."""
+        values = np.asarray(embeddings)
+        if values.ndim != 2:
+            raise MicaError(f"Embedding.from_pretrained takes a 2-d table of rows, got shape {list(values.shape)}",
+                            user_location())
+        return cls(values.shape[0], values.shape[1], padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                   _weight=values, _freeze=freeze)
 
     def forward(self, idx):
-        return F.embedding(idx, self.weight)
+        return F.embedding(idx, self.weight, self.padding_idx)
 
     def extra_repr(self):
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        return f"{self.num_embeddings}, {self.embedding_dim}" + (
+            f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
 
 
 def _shape(normalized_shape):
@@ -1043,6 +1074,97 @@ class ModuleDict(Module):
 
     def values(self):
         return self._modules.values()
+
+
+def _as_parameter(value, where):
+    if isinstance(value, Parameter):
+        return value
+    if hasattr(value, "shape"):  # (torch wraps a tensor given to its containers as a Parameter)
+        return Parameter(np.asarray(value))
+    raise MicaError(f"{where} holds Parameters (or tensors, made Parameters), got a {type(value).__name__}",
+                    user_location())
+
+
+class ParameterList(Module):
+    """torch.nn.ParameterList: Parameters held in order under the names "0", "1", ..."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        for v in values or ():
+            self.append(v)
+
+    def append(self, value):
+        self.register_parameter(str(len(self._parameters)), _as_parameter(value, "ParameterList"))
+        return self
+
+    def extend(self, values):
+        for v in values:
+            self.append(v)
+        return self
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return ParameterList(list(self._parameters.values())[i])
+        return list(self._parameters.values())[i]
+
+    def __setitem__(self, i, value):
+        self._parameters[list(self._parameters)[i]] = _as_parameter(value, "ParameterList")
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters.values())
+
+    def __iadd__(self, values):
+        return self.extend(values)
+
+
+class ParameterDict(Module):
+    """torch.nn.ParameterDict: Parameters held under string keys, in insertion order."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        if parameters is not None:
+            self.update(parameters)
+
+    def __getitem__(self, key):
+        return self._parameters[key]
+
+    def __setitem__(self, key, value):
+        value = _as_parameter(value, "ParameterDict")
+        if key in self._parameters:
+            self._parameters[key] = value
+        else:
+            self.register_parameter(key, value)
+
+    def __delitem__(self, key):
+        del self._parameters[key]
+
+    def __contains__(self, key):
+        return key in self._parameters
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters)
+
+    def update(self, parameters):
+        for k, v in (parameters.items() if hasattr(parameters, "items") else parameters):
+            self[k] = v
+
+    def keys(self):
+        return self._parameters.keys()
+
+    def items(self):
+        return self._parameters.items()
+
+    def values(self):
+        return self._parameters.values()
+
+    def pop(self, key):
+        return self._parameters.pop(key)
 
 
 class Sequential(ModuleList):

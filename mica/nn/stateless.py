@@ -1,7 +1,7 @@
 """torch.nn's modules without parameters: activations, reshapes and losses, each one verb (its
 arguments kept from the constructor, as torch's)."""
 from .. import verbs as F
-from .modules import Module, PReLU  # noqa: F401  (PReLU holds a parameter: with the modules)
+from .modules import Module
 
 
 class _Verb(Module):

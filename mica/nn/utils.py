@@ -26,6 +26,28 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 clip_grad_norm = clip_grad_norm_
 
 
+def clip_grad_value_(parameters, clip_value, foreach=None):
+    """torch's: each gradient backward() gave `parameters` clamped to [-clip_value, clip_value]."""
+    from .. import stateful
+    from .. import verbs as F
+    from ..tensor import user_location
+
+    step = stateful.active()
+    if step is None:
+        raise MicaError("clip_grad_value_ clamps the gradients backward() gave in a compiled step (@mica.compile)",
+                        user_location())
+    for p in [parameters] if type(parameters).__name__ == "Parameter" else list(parameters):
+        if id(p) in step.grads:
+            step.grads[id(p)] = F.clamp(step.grads[id(p)], -float(clip_value), float(clip_value))
+
+
+def parameters_to_vector(parameters):
+    """torch's: the parameters' values flattened and joined, in order."""
+    from .. import verbs as F
+
+    return F.cat([F.reshape(p, (-1,)) for p in parameters], 0)
+
+
 def __getattr__(name):  # (torch.nn.utils's other functions: Mica's sentence, not an AttributeError)
     if name.startswith("_"):
         raise AttributeError(name)

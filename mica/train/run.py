@@ -263,6 +263,22 @@ def _iter_of(path):
         return -1
 
 
+def _iter_of_pt(pt):
+    """The iter_num of nanoGPT's ckpt.pt, read without loading its tensors (torch.load's mmap), or
+    None where it cannot be read so."""
+    try:
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ck = torch.load(pt, map_location="cpu", weights_only=True, mmap=True)
+        return int(convert._plain(ck.get("iter_num"))) if isinstance(ck, dict) else None
+    except Exception:  # (a file the conversion will name, or an old format mmap cannot map)
+        return None
+
+
 def _ckpt_pt_to_take(out_dir):
     """nanoGPT's ckpt.pt in out_dir where it may be the checkpoint to go on from: there is none of
     Mica's, or it was written after Mica's (nanoGPT's train.py went on from an export); else None."""
@@ -298,6 +314,10 @@ def nanogpt_checkpoint(out_dir, log, into=None):
     except ImportError:
         return path
     mine = os.path.lexists(path)
+    if mine:
+        peeked = _iter_of_pt(pt)
+        if peeked is not None and peeked == _iter_of(path):
+            return path  # (an export of this very iteration: nothing to convert, and only its iter_num read)
     with tempfile.TemporaryDirectory(dir=into or out_dir, prefix=".mica-import-") as folder:
         try:
             converted = convert.import_nanogpt(pt, folder)

@@ -9,8 +9,8 @@ import numpy as np
 
 from .. import amp, dtypes
 from ..tensor import fail
-from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, ge, gt, le, log, logical_or, lt, maximum, mean,
-                   mul, ne, neg, norm, result_type, rounded_once, sigmoid, sub, tanh, to, where)
+from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, ge, gt, le, log, logical_and, logical_or, lt,
+                   maximum, mean, mul, ne, neg, norm, result_type, rounded_once, sigmoid, sub, tanh, to, where)
 from .core import sum as _sum
 from .shape import expand, narrow, reshape
 
@@ -87,9 +87,12 @@ def mish(input, inplace=False):
 
 
 def hardswish(input, inplace=False):
-    """x relu6(x + 3) / 6, with torch's slope x / 3 + 1/2 on [-3, 3] and 0 and 1 outside it."""
+    """x relu6(x + 3) / 6, with torch's slope x / 3 + 1/2 strictly inside (-3, 3), 0 at and below -3
+    and 1 at and above 3 (x 0 below: -inf gives NaN, as torch's)."""
     def body(x):
-        return where(lt(x, -3.0), 0.0, where(gt(x, 3.0), x, div(mul(x, add(x, 3.0)), 6.0)))
+        low, high = le(x, -3.0), ge(x, 3.0)
+        xs = where(logical_or(low, high), 0.0, x)  # (the middle's formula on safe values: no inf * 0 slope)
+        return where(low, mul(x, 0.0), where(high, x, div(mul(xs, add(xs, 3.0)), 6.0)))
     return rounded_once(_float("hardswish", input), body)
 
 
@@ -130,9 +133,9 @@ def prelu(input, weight):
 
 
 def threshold(input, threshold, value, inplace=False):
-    """x where x > threshold, else value."""
+    """value where x <= threshold, else x (NaN stays NaN, as torch's)."""
     x = as_tensor(input)
-    return where(gt(x, threshold), x, as_tensor(value, x.dtype))
+    return where(le(x, threshold), as_tensor(value, x.dtype), x)
 
 
 def tanhshrink(input):
@@ -143,14 +146,14 @@ def softshrink(input, lambd=0.5):
     """x - lambd above lambd, x + lambd below -lambd, 0 between."""
     if lambd < 0:
         fail(f"softshrink: lambd must be at least 0, got {lambd}")
-    x = _float("softshrink", input)
-    return where(gt(x, lambd), sub(x, lambd), where(lt(x, -lambd), add(x, lambd), 0.0))
+    x = _float("softshrink", input)  # (between: x * 0, so NaN stays NaN, as torch's)
+    return where(gt(x, lambd), sub(x, lambd), where(lt(x, -lambd), add(x, lambd), mul(x, 0.0)))
 
 
 def hardshrink(input, lambd=0.5):
     """x outside [-lambd, lambd], 0 within."""
-    x = as_tensor(input)
-    return where(logical_or(lt(x, -lambd), gt(x, lambd)), x, 0.0)
+    x = as_tensor(input)  # (torch's: 0 within [-lambd, lambd], x elsewhere, NaN too)
+    return where(logical_and(ge(x, -lambd), le(x, lambd)), 0.0, x)
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):

@@ -616,12 +616,26 @@ def gelu(input, approximate="none"):
     return emit("gelu", [x], approximate=approximate)
 
 
+def fits(verb, value, dtype):
+    """A Python integer given as a value of an integer type (a fill, a bound, where's other) that
+    the type cannot hold is a sentence, as torch refuses it (its arithmetic wraps such a number;
+    its fills do not)."""
+    if dtype.kind == "int" and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        info = np.iinfo(dtype.np_storage)
+        if not info.min <= int(value) <= info.max:
+            fail(f"{verb}: {value} does not fit {dtype.name} (from {info.min} to {info.max}), as torch refuses; "
+                 f"give a value in that range, or cast the tensor with .long() first")
+    return value
+
+
 def clamp(input, min=None, max=None):
     x = as_tensor(input)
     if min is None and max is None:
         fail("clamp: give at least one of min and max")
     dt = result_type(x, *(b for b in (min, max) if b is not None))  # (an integer tensor and 2.5: float, as torch's)
     x = x if dt is x.dtype else to(x, dt)
+    for bound in (min, max):
+        fits("clamp", bound, x.dtype)
     out = x
     if min is not None:
         out = where(lt(out, min), as_tensor(min, x.dtype) if is_scalar(min) else min, out)
@@ -669,6 +683,8 @@ def where(condition, input=None, other=None):
     if c.dtype is not dtypes.bool_:
         fail(f"where: the condition must be a bool tensor, got {c.dtype.name}")
     dt = result_type(input, other)
+    for value in (input, other):
+        fits("where", value, dt)
     return emit("where", [c, as_tensor(input, dt), as_tensor(other, dt)])
 
 
@@ -685,6 +701,7 @@ def masked_fill(input, mask, value):
     if shape:  # (torch's: a number or a 0-d tensor)
         fail(f"masked_fill: the value must be a number or a 0-d tensor, got one of shape {list(shape)}; "
              "to fill from a tensor, use where(mask, values, input)")
+    fits("masked_fill", value, x.dtype)
     return where(mask, as_tensor(value, input.dtype) if is_scalar(value) else to(value, input.dtype), input)
 
 
@@ -773,7 +790,7 @@ def mean(input, dim=None, keepdim=False, dtype=None):
     if not axes:
         return Tensor(x.value, x._ctx)
     with amp.autocast(enabled=False):  # (mean is not on autocast's float32 list, though sum is)
-        return sum(x, axes, keepdim) / count
+        return rounded_once(x, lambda v: sum(v, axes, keepdim) / count)  # (a half type's: rounded once, as torch's)
 
 
 MaxResult = collections.namedtuple("max", ["values", "indices"])
@@ -945,6 +962,12 @@ def logsumexp(input, dim, keepdim=False):
 
 def norm(input, p="fro", dim=None, keepdim=False):
     (x,) = amp.float32("norm", as_tensor(input))
+    if x.dtype.kind == "float":  # (a half type's: computed in float32, rounded once, as torch's kernel)
+        return rounded_once(x, lambda v: _norm(v, p, dim, keepdim))
+    return _norm(x, p, dim, keepdim)
+
+
+def _norm(x, p, dim, keepdim):
     if p in ("fro", 2, 2.0):
         return _root_of_sum(sum(x * x, dim, keepdim), sqrt)
     if isinstance(p, str) and p not in ("inf", "-inf"):
@@ -979,9 +1002,10 @@ def xlogy(input, other):
     dt = _floating(result_type(x, y))
     x, y = as_tensor(x, dt), as_tensor(y, dt)
     zero = logical_and(eq(x, 0.0), logical_not(isnan(y)))
-    positive = gt(y, 0.0)  # (where x is 0: x log y, 0 with torch's slope log y in x, or 0 for y <= 0)
-    at_zero = mul(x, where(positive, log(where(positive, y, 1.0)), 0.0))
-    return where(zero, at_zero, mul(x, log(where(zero, 1.0, y))))
+    finite = logical_and(gt(y, 0.0), logical_not(isinf(y)))  # (where x is 0: 0, with torch's slope log y in x
+    slope = where(finite, log(where(finite, y, 1.0)), 0.0)    # (0 for y <= 0; an infinite one left out: no inf * 0)
+    at_zero = add(mul(where(zero, x, 0.0), slope), 0.0)       # (+ 0.0: 0 * a negative log is -0, torch's is 0)
+    return where(zero, at_zero, mul(where(zero, 1.0, x), log(where(zero, 1.0, y))))
 
 
 def logaddexp(input, other):
@@ -1006,6 +1030,7 @@ def logit(input, eps=None):
     return log(div(x, sub(1.0, x)))
 
 
+@copies
 def nan_to_num(input, nan=0.0, posinf=None, neginf=None):
     """NaN, inf and -inf replaced: by 0 and the type's largest and least finite values unless given."""
     x = as_tensor(input)
@@ -1065,6 +1090,7 @@ def full(size, fill_value, dtype=None, **_device):
     if not isinstance(fill_value, (numbers.Number, np.number, np.bool_)) or isinstance(fill_value, complex):
         fail(f"full: fill_value must be a number or a bool, got {fill_value!r}")
     dtype = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
+    fits("full", fill_value, dtype)
     if not in_trace():
         return in_dtype(np.full(size, fill_value, dtype=dtype.np_storage), dtype, copy=False)
     out = expand(const(fill_value, dtype), size)
@@ -1081,6 +1107,26 @@ def ones(*size, dtype=None, **_device):
 
 def full_like(input, fill_value, dtype=None):
     return full(input.shape, fill_value, dtype or input.dtype)
+
+
+def empty(*size, dtype=None, **_device):
+    """torch.empty: its values are unspecified; here zeros (a program's memory holds no garbage)."""
+    return full(_size(size), 0, dtype or dtypes.DEFAULT_FLOAT)
+
+
+def empty_like(input, dtype=None, **_device):
+    return full(input.shape, 0, dtype or input.dtype)
+
+
+def clone(input, memory_format=None):
+    """torch.clone: a tensor of its own with input's values."""
+    x = as_tensor(input)
+    return Tensor(x.value, x._ctx)
+
+
+def get_default_dtype():
+    """torch.get_default_dtype: Mica's default float, float32."""
+    return dtypes.DEFAULT_FLOAT
 
 
 def zeros_like(input, dtype=None):

@@ -154,7 +154,11 @@ def bmm(input, mat2):
 def _plus_scaled(verb, input, product, beta, alpha):
     """torch's addmm family: beta * input + alpha * product, input broadcast to the product's shape;
     beta 0 ignores input (its NaN and inf too), as torch's."""
-    out = product if is_scalar(alpha) and alpha == 1 else mul(product, alpha)
+    if is_scalar(alpha) and alpha == 0:  # (torch's: the product is not read, its inf and NaN neither)
+        from .core import zeros_like
+
+        product = zeros_like(product)
+    out = product if is_scalar(alpha) and alpha in (0, 1) else mul(product, alpha)
     x = as_tensor(input)
     if broadcast_shapes(verb, x.shape, out.shape) != out.shape:
         fail(f"{verb}: input {x.value.spec!r} does not broadcast to the product's shape {list(out.shape)}")
@@ -335,15 +339,24 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
               sparse=False):
-    if padding_idx is not None or max_norm is not None or scale_grad_by_freq:
-        raise TraceError("embedding: padding_idx, max_norm and scale_grad_by_freq are not supported",
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise TraceError("embedding: max_norm, scale_grad_by_freq and sparse=True are not supported",
                          user_location())
     idx = as_tensor(input)
     if idx.dtype.kind != "int":
         fail(f"embedding: indices must be integers, got {idx.value.spec!r}")
     if idx.dtype is not dtypes.int64:  # (the kernels read int64 indices; PyTorch takes int32 ones too)
         idx = to(idx, dtypes.int64)
-    return emit("embedding", [idx, as_tensor(weight)])
+    w = as_tensor(weight)
+    if padding_idx is not None:  # (torch's: that row's gradient is 0; its values are read as any other's)
+        rows = w.shape[0] if w.ndim else 0
+        if not isinstance(padding_idx, (int, np.integer)) or not -rows <= padding_idx < rows:
+            fail(f"embedding: padding_idx {padding_idx!r} is not a row of the weight {w.value.spec!r}")
+        from .core import detach, eq
+
+        row = reshape(emit("iota", [], n=rows, dtype=dtypes.int64), (rows, 1))
+        w = where(eq(row, int(padding_idx) % rows), detach(w), w)
+    return emit("embedding", [idx, w])
 
 
 def _class_rows(verb, x, t, reduction):

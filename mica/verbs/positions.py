@@ -718,3 +718,52 @@ def diag(input, diagonal=0):
     row = expand(unsqueeze(x, 0), (x.shape[0], x.shape[0]))  # (chosen, not multiplied: an inf stays off the rest)
     square = where(eye(x.shape[0], dtype=dtypes.bool_), row, zeros_like(row))
     return square if k == 0 else pad(square, (k, 0, 0, k) if k > 0 else (0, -k, -k, 0))
+
+
+def _triangle_indices(verb, row, col, offset, lower):
+    import numpy as _np
+
+    for name, v in (("row", row), ("col", col)):
+        if not isinstance(v, (int, _np.integer)) or v < 0:
+            fail(f"{verb}: {name} must be an int, 0 or more, got {v!r}")
+    r, c = _np.tril_indices(row, offset, col) if lower else _np.triu_indices(row, offset, col)
+    return tensor(_np.stack([r, c]).astype(_np.int64), dtype=dtypes.int64)
+
+
+def tril_indices(row, col, offset=0, *, dtype=None, **_device):
+    """torch.tril_indices: the (2, N) row and column indices of a row x col matrix's lower triangle."""
+    out = _triangle_indices("tril_indices", row, col, offset, True)
+    return out if dtype is None else to(out, dtype)
+
+
+def triu_indices(row, col, offset=0, *, dtype=None, **_device):
+    out = _triangle_indices("triu_indices", row, col, offset, False)
+    return out if dtype is None else to(out, dtype)
+
+
+def diff(input, n=1, dim=-1, prepend=None, append=None):
+    """torch.diff: x[i + 1] - x[i] along dim, n times (bools: !=), prepend and append joined first."""
+    x = as_tensor(input)
+    d = canon_dim(dim, x.ndim, "diff")
+    x = cat([t for t in (prepend, x, append) if t is not None], d) if prepend is not None or append is not None else x
+    for _ in range(n):
+        m = x.shape[d]
+        if m == 0:
+            break
+        a, b = narrow(x, d, 1, m - 1), narrow(x, d, 0, m - 1)
+        x = ne(a, b) if x.dtype is dtypes.bool_ else sub(a, b)
+    return x
+
+
+def logcumsumexp(input, dim):
+    """torch.logcumsumexp: log of the running sum of exp along dim, by running logaddexp (no
+    overflow)."""
+    from .core import logaddexp
+
+    x = as_tensor(input)
+    if x.dtype.kind != "float":
+        x = to(x, dtypes.DEFAULT_FLOAT)
+    if x.ndim == 0:
+        canon_dim(dim, 0, "logcumsumexp")
+        return Tensor(x.value, x._ctx)
+    return rounded_once(x, lambda v: _scan(v, canon_dim(dim, v.ndim, "logcumsumexp"), logaddexp, float("-inf")))

@@ -753,3 +753,48 @@ def _list_index(it, d, size):
         if not -size <= i < size:
             fail(f"index {i} is out of range for dim {d} of size {size}")
     return [i % size for i in idx]
+
+
+def broadcast_to(input, size):
+    """torch.broadcast_to: expand's view to `size` (-1 keeps a dim)."""
+    return expand(input, *size) if isinstance(size, (tuple, list)) else expand(input, size)
+
+
+def _at_least(x, n):
+    x = as_tensor(x)
+    return reshape(x, (1,) * (n - x.ndim) + tuple(x.shape)) if x.ndim < n else x
+
+
+def vstack(tensors):
+    """torch.vstack: rows stacked, 1-d tensors as one row each."""
+    return cat([_at_least(t, 2) for t in tensors], 0)
+
+
+def hstack(tensors):
+    """torch.hstack: concatenated along dim 1 (dim 0 for 1-d tensors)."""
+    ts = [_at_least(t, 1) for t in tensors]
+    return cat(ts, 0 if ts and ts[0].ndim == 1 else 1)
+
+
+def meshgrid(*tensors, indexing="ij"):
+    """torch.meshgrid: each 1-d tensor expanded along its own dim of the grid ('ij', torch's
+    default; 'xy' swaps the first two)."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"):
+        fail(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    ts = [as_tensor(t) for t in tensors]
+    for t in ts:
+        if t.ndim > 1:
+            fail(f"meshgrid: takes 0-d or 1-d tensors, got {t.value.spec!r}")
+    ts = [reshape(t, (-1,)) for t in ts]
+    order = list(range(len(ts)))
+    if indexing == "xy" and len(ts) >= 2:
+        order[0], order[1] = 1, 0
+    shape = tuple(ts[i].shape[0] for i in order)
+    out = []
+    for k, t in enumerate(ts):
+        where_ = order.index(k)
+        view = reshape(t, tuple(-1 if d == where_ else 1 for d in range(len(ts))))
+        out.append(expand(view, *shape))
+    return tuple(out)

@@ -1,0 +1,10 @@
+"""torch.utils's pieces a model's code calls: checkpoint (activation checkpointing)."""
+from . import checkpoint  # noqa: F401
+
+
+def __getattr__(name):
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from ..errors import missing_verb
+
+    raise missing_verb("mica.utils.", name, "torch.utils.")
