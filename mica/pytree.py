@@ -10,7 +10,7 @@ class TreeDef:
     __slots__ = ("kind", "meta", "children")
 
     def __init__(self, kind, meta, children):
-        self.kind = kind          # "leaf" | "none" | "dict" | "list" | "tuple" | "namedtuple"
+        self.kind = kind          # "leaf" | "none" | "const" | "dict" | "list" | "tuple" | "namedtuple"
         self.meta = meta          # dict keys, namedtuple class
         self.children = children  # tuple of TreeDef
 
@@ -18,7 +18,7 @@ class TreeDef:
     def num_leaves(self):
         if self.kind == "leaf":
             return 1
-        return sum(c.num_leaves for c in self.children)
+        return sum(c.num_leaves for c in self.children)  # (a "const": a Python value kept in the tree, no leaf)
 
     def __eq__(self, other):
         return (isinstance(other, TreeDef) and self.kind == other.kind and self.meta == other.meta
@@ -65,6 +65,22 @@ def flatten(tree, is_leaf=None):
     return leaves, treedef
 
 
+def with_constants(treedef, constants):
+    """treedef with the leaves at the indices of `constants` ({leaf index: Python value}) made
+    "const" nodes: unflatten gives those values back, and they take no leaf."""
+    count = [0]
+
+    def walk(td):
+        if td.kind == "leaf":
+            i = count[0]
+            count[0] += 1
+            return TreeDef("const", constants[i], ()) if i in constants else td
+        if not td.children:
+            return td
+        return TreeDef(td.kind, td.meta, tuple(walk(c) for c in td.children))
+    return walk(treedef)
+
+
 def unflatten(treedef, leaves):
     it = iter(leaves)
 
@@ -73,6 +89,8 @@ def unflatten(treedef, leaves):
             return next(it)
         if td.kind == "none":
             return None
+        if td.kind == "const":
+            return td.meta
         kids = [build(c) for c in td.children]
         if td.kind == "dict":
             return (OrderedDict if isinstance(td.meta, _Ordered) else dict)(zip(td.meta, kids))

@@ -161,15 +161,20 @@ def _trace(fn, specs, name):
         from . import verbs as F
 
         out_leaves, out_tree = pytree.flatten(result, is_leaf=lambda x: isinstance(x, Tensor))
-        values = []
-        for x in out_leaves:
+        values, python = [], {}
+        for i, x in enumerate(out_leaves):
             if not isinstance(x, Tensor):
+                if _PYTHON_OUT[-1] and type(x) in (bool, int, float):  # (torch.compile gives a Python number back:
+                    python[i] = x                                      # x.shape[0], a flag, as it is)
+                    continue
                 if F.is_scalar(x):
                     x = F.as_tensor(x)
                 else:
                     raise TraceError(f"a traced function must return Tensors (in dicts, lists, tuples); "
                                      f"got {type(x).__name__}", loc)
             values.append(x.value)
+        if python:
+            out_tree = pytree.with_constants(out_tree, python)
     finally:
         _STACK.pop()
         ctx.open = False
@@ -313,6 +318,7 @@ def _write_into(x, values):
 
 
 _TORCH_FORM = []  # the torch.compile-form calls compiling now (a step with no Parameter or optimizer)
+_PYTHON_OUT = [False]  # (True while the torch.compile form traces: a Python number returned stays one)
 
 
 def _with_keywords(fn):
@@ -422,7 +428,11 @@ class _Compiled:
 
     def __call__(self, *args, **kwargs):
         with _TRACE_LOCK:  # (a call may trace, and reads and writes what the model's Parameters hold)
-            return self._call(args, kwargs)
+            _PYTHON_OUT.append(True)
+            try:
+                return self._call(args, kwargs)
+            finally:
+                _PYTHON_OUT.pop()
 
     def _call(self, args, kwargs):
         """One call: keyword arguments the function takes are its own (as torch.compile's), the rest

@@ -1,5 +1,6 @@
 """Tracing: signatures, pytrees, the IR text, and the errors a user meets."""
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -353,3 +354,28 @@ def test_an_ordered_dict_comes_back_an_ordered_dict_and_keys_its_own_program():
     np.testing.assert_array_equal(np.asarray(got["b"]), x * 2)
     plain = f({"a": x})  # (a dict of the same keys is another tree: its own program, a dict back)
     assert type(plain) is dict and list(plain) == ["b", "a"]
+
+
+def test_python_numbers_a_compiled_function_returns_come_back_as_they_are():
+    """An outside fuzzer's: x.shape, a flag or a count returned from a torch.compile-form function
+    came back as 0-d tensors; torch.compile gives the Python values (each program keeps its own:
+    a step's model.training follows the mode it was made for). mica.trace's programs still make
+    them outputs."""
+    x = np.ones((2, 3), np.float32)
+    f = mica.compile(lambda a: (a * 2, a.shape, a.dtype == mica.float32, {"n": a.ndim, "half": 0.5}))
+    for _ in range(2):
+        doubled, shape, flag, extra = f(x)
+        assert shape == (2, 3) and type(shape[0]) is int and flag is True and extra == {"n": 2, "half": 0.5}
+        np.testing.assert_array_equal(np.asarray(doubled), x * 2)
+    model = mica.nn.Linear(3, 1)
+
+    @mica.compile
+    def forward(a):
+        return model(a).sum(), model.training
+
+    for mode, want in (("train", True), ("eval", False), ("train", True)):
+        getattr(model, mode)()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert forward(x)[1] is want
+    assert mica.trace(lambda a: (a * 2, 3), mica.f32[3]).outputs[1].shape == ()
