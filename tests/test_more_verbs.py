@@ -10,6 +10,7 @@ import torch.nn.functional as TF
 
 import mica
 import mica.nn.functional as MF
+from helpers import rel_err
 
 rng = np.random.default_rng(0)
 A, B, C = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (4, 5), (3, 5)))
@@ -214,3 +215,63 @@ def test_a_diff_reviews_corners_are_torchs():
         with pytest.raises(mica.MicaError, match="does not fit int32"):
             mica.compile(fn)(ints)
     np.testing.assert_array_equal(np.asarray(mica.compile(lambda m: m + 2 ** 33)(ints)), ints)  # (arithmetic wraps)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_integer_products_are_torchs_exact_wrapping_ones(dtype):
+    """An outside fuzzer's: an integer matmul worked eagerly and was refused compiled; torch's is
+    exact and wraps. matmul, @, mm, bmm, dot, mv, addmm and einsum on integers, bit for bit."""
+    rng = np.random.default_rng(7)
+    a = rng.integers(-2 ** 31, 2 ** 31, (2, 3, 4)).astype(dtype)
+    b = rng.integers(-2 ** 31, 2 ** 31, (4, 5)).astype(dtype)
+    v = rng.integers(-9, 9, 4).astype(dtype)
+    for fn in (lambda T, x, y, w: x @ y, lambda T, x, y, w: x @ w, lambda T, x, y, w: w @ y,
+               lambda T, x, y, w: T.dot(w, w), lambda T, x, y, w: x.bmm(x.transpose(1, 2)),
+               lambda T, x, y, w: x[0].mm(y), lambda T, x, y, w: T.mv(x[0], w),
+               lambda T, x, y, w: T.addmm(y[0], x[0], y), lambda T, x, y, w: T.einsum("bij,jk->bik", x, y)):
+        want = fn(torch, *(torch.from_numpy(t) for t in (a, b, v))).numpy()
+        got = np.asarray(mica.compile(lambda *t: fn(mica, *t))(a, b, v))
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_a_second_reviews_findings_are_torchs():
+    """clip_grad_value_ and clip_grad_norm_ given model.weight (inside a step, a tensor: its rows were
+    taken for parameters, and nothing was clipped); parameters_to_vector and tril_indices(dtype=)
+    outside a trace; empty(size=...); a NaN in a tensor bound of clamp."""
+    torch.manual_seed(0)
+    tl = torch.nn.Linear(4, 3)
+    ml = mica.nn.Linear(4, 3)
+    ml.load_state_dict({k: v.detach().numpy() for k, v in tl.state_dict().items()})
+    opt = mica.optim.SGD(ml.parameters(), lr=0.1)
+    x = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32) * 10
+
+    @mica.compile
+    def step(a):
+        loss = (ml(a) ** 2).sum()
+        loss.backward()
+        mica.nn.utils.clip_grad_value_(ml.weight, 0.01)
+        norm = mica.nn.utils.clip_grad_norm_(ml.bias, 0.5)
+        opt.step()
+        opt.zero_grad()
+        return norm
+
+    t_opt = torch.optim.SGD(tl.parameters(), lr=0.1)
+    (tl(torch.tensor(x)) ** 2).sum().backward()
+    torch.nn.utils.clip_grad_value_(tl.weight, 0.01)
+    want_norm = torch.nn.utils.clip_grad_norm_(tl.bias, 0.5)
+    t_opt.step()
+    got_norm = step(x)
+    assert rel_err(float(got_norm), want_norm.item()) < 1e-5
+    for name, p in tl.named_parameters():
+        np.testing.assert_allclose(np.asarray(getattr(ml, name)), p.detach().numpy(), rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vec = mica.nn.utils.parameters_to_vector(ml.parameters())
+    np.testing.assert_allclose(np.asarray(vec), torch.nn.utils.parameters_to_vector(tl.parameters()).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    got = mica.tril_indices(3, 4, dtype=mica.int32)
+    assert got.dtype == np.int32 and np.array_equal(np.asarray(got), torch.tril_indices(3, 4).numpy())
+    assert mica.empty(size=(2, 3)).shape == (2, 3) and mica.zeros(size=4).shape == (4,)
+    lo = np.full(3, np.nan, np.float32)
+    got = mica.compile(lambda a, b: mica.clamp(a, min=b))(np.float32([1, -2, np.inf]), lo)
+    assert np.isnan(np.asarray(got)).all()

@@ -14,7 +14,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     if step is None:
         raise MicaError("clip_grad_norm_ clips the gradients backward() gave in a compiled step (@mica.compile); in "
                         "a functional step use mica.optim.clip_grad_norm(grads, max_norm)", user_location())
-    params = [parameters] if type(parameters).__name__ == "Parameter" else list(parameters)
+    params = _parameters(parameters, step, "clip_grad_norm_")
     grads = {i: step.grads[id(p)] for i, p in enumerate(params) if id(p) in step.grads}
     if not grads:
         from .. import verbs as F
@@ -24,6 +24,24 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 
 
 clip_grad_norm = clip_grad_norm_
+
+
+def _parameters(given, step, verb):
+    """The Parameters `given` names: one Parameter, or the tensor a step reads for one (model.weight
+    inside the step), or an iterable of either (model.parameters()); never a tensor's rows."""
+    from ..tensor import Tensor, user_location
+
+    def one(x):
+        if type(x).__name__ == "Parameter":
+            return x
+        p = step.parameter_of(x) if isinstance(x, Tensor) else None
+        if p is None:
+            raise MicaError(f"{verb} takes the model's parameters (model.parameters(), or one parameter), got a "
+                            f"{type(x).__name__} that is not one", user_location())
+        return p
+    if type(given).__name__ == "Parameter" or isinstance(given, Tensor):
+        return [one(given)]
+    return [one(x) for x in given]
 
 
 def clip_grad_value_(parameters, clip_value, foreach=None):
@@ -36,16 +54,16 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
     if step is None:
         raise MicaError("clip_grad_value_ clamps the gradients backward() gave in a compiled step (@mica.compile)",
                         user_location())
-    for p in [parameters] if type(parameters).__name__ == "Parameter" else list(parameters):
+    for p in _parameters(parameters, step, "clip_grad_value_"):
         if id(p) in step.grads:
             step.grads[id(p)] = F.clamp(step.grads[id(p)], -float(clip_value), float(clip_value))
 
 
 def parameters_to_vector(parameters):
     """torch's: the parameters' values flattened and joined, in order."""
-    from .. import verbs as F
+    import mica  # (its eager-wrapped verbs: this runs outside a trace too)
 
-    return F.cat([F.reshape(p, (-1,)) for p in parameters], 0)
+    return mica.cat([mica.reshape(p, (-1,)) for p in parameters], 0)
 
 
 def __getattr__(name):  # (torch.nn.utils's other functions: Mica's sentence, not an AttributeError)

@@ -95,8 +95,9 @@ class _Rebuilder:
             x = ins[0]
             if x.dtype is a["dtype"]:
                 return [x]
-            if x.node.op == "const":
-                r = _cast_const(x.node.attrs["value"], a["dtype"])
+            if x.node.op == "const":  # (the constant as its own type holds it first: a bfloat16 0.1 is 0.10009765625)
+                held = _cast_const(x.node.attrs["value"], x.dtype)
+                r = None if held is None else _cast_const(held, a["dtype"])
                 if r is not None:
                     return [self.const(r, a["dtype"], loc)]
             if x.node.op == "cast" and x.node.inputs[0].dtype is a["dtype"] and _widens(a["dtype"], x.dtype):

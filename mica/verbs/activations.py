@@ -276,6 +276,10 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     x, t = _pair("smooth_l1_loss", input, target)
+    return rounded_once(x, lambda x: _smooth_l1(x, to(t, x.dtype), beta, reduction))
+
+
+def _smooth_l1(x, t, beta, reduction):
     d = abs(sub(x, t))
     if beta == 0:
         return _reduced("smooth_l1_loss", d, reduction)
@@ -303,6 +307,11 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
         fail("binary_cross_entropy is unsafe under autocast('cuda') (its probabilities would be rounded to the half "
              "type); give the logits to binary_cross_entropy_with_logits instead, or compute it outside the region")
     x, t = _pair("binary_cross_entropy", input, target, "same")
+    return rounded_once(x, lambda x: _bce(x, to(t, x.dtype), weight, reduction))  # (a half type's in float32:
+                                                                                   # its 1e-12 is not 0)
+
+
+def _bce(x, t, weight, reduction):
     xd, td = detach(x), detach(t)
     lx = maximum(log(xd), as_tensor(-100.0, x.dtype))
     l1x = maximum(log(sub(1.0, xd)), as_tensor(-100.0, x.dtype))

@@ -164,7 +164,13 @@ def _binary(op, a, b, compute=None, out_kinds=None):
         if not isinstance(x, (Tensor, HostTensor)) and not is_scalar(x):
             raise _not_an_operand(verb, x)
     dt = compute or result_type(a, b)
+    if op in _OPMATH and dt in (dtypes.bfloat16, dtypes.float16) and (is_scalar(a) or is_scalar(b)):
+        wide = dtypes.float32  # (a Python number beside a half tensor: kept in float32, the result rounded
+        return to(emit(op, [as_tensor(a, wide), as_tensor(b, wide)]), dt)  # once, as torch's opmath: x * 0.1)
     return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])
+
+
+_OPMATH = frozenset({"add", "sub", "mul", "div"})
 
 
 def _floating(dt):
@@ -181,7 +187,18 @@ def _scaled(input, other, alpha):
     return mul(as_tensor(other, dt), alpha)
 
 
+def _alpha_once(verb, input, other, alpha):
+    """input +- alpha * other for a half result with alpha not 1: alpha in the half type, the rest in
+    float32, rounded once (torch's kernel)."""
+    dt = result_type(input, other)
+    wide = dtypes.float32
+    alpha = to(as_tensor(alpha, dt), wide) if is_scalar(alpha) else as_tensor(alpha, wide)
+    return to(verb(as_tensor(input, wide), mul(as_tensor(other, wide), alpha)), dt)
+
+
 def add(input, other, alpha=1):
+    if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in (dtypes.bfloat16, dtypes.float16):
+        return _alpha_once(add, input, other, alpha)
     other = _scaled(input, other, alpha)
     if isinstance(input, (Tensor, bool)) and result_type(input, other) is dtypes.bool_:  # (torch's: either true,
         return logical_or(input, other)                                                 # a bool of 0 or 1)
@@ -189,6 +206,8 @@ def add(input, other, alpha=1):
 
 
 def sub(input, other, alpha=1):
+    if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in (dtypes.bfloat16, dtypes.float16):
+        return _alpha_once(sub, input, other, alpha)
     other = _scaled(input, other, alpha)
     if result_type(input, other) is dtypes.bool_:
         fail("sub: subtracting bool tensors is not defined; use logical_xor or cast to int")
@@ -623,8 +642,11 @@ def fits(verb, value, dtype):
     if dtype.kind == "int" and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         info = np.iinfo(dtype.np_storage)
         if not info.min <= int(value) <= info.max:
-            fail(f"{verb}: {value} does not fit {dtype.name} (from {info.min} to {info.max}), as torch refuses; "
-                 f"give a value in that range, or cast the tensor with .long() first")
+            from ..errors import MicaError
+
+            raise MicaError(f"{verb}: {value} does not fit {dtype.name} (from {info.min} to {info.max}), as torch "
+                            "refuses; give a value in that range, or cast the tensor with .long() first",
+                            user_location())
     return value
 
 
@@ -637,10 +659,14 @@ def clamp(input, min=None, max=None):
     for bound in (min, max):
         fits("clamp", bound, x.dtype)
     out = x
-    if min is not None:
-        out = where(lt(out, min), as_tensor(min, x.dtype) if is_scalar(min) else min, out)
-    if max is not None:
-        out = where(gt(out, max), as_tensor(max, x.dtype) if is_scalar(max) else max, out)
+    for bound, past in ((min, lt), (max, gt)):  # (a NaN in a tensor bound gives NaN, as torch's)
+        if bound is None:
+            continue
+        if is_scalar(bound):
+            out = where(past(out, bound), as_tensor(bound, x.dtype), out)
+        else:
+            out = where(logical_or(past(out, bound), isnan(bound)) if x.dtype.kind == "float" else past(out, bound),
+                        bound, out)
     return out
 
 
@@ -656,7 +682,13 @@ def clamp_max(input, max):
 
 
 def lerp(input, end, weight):
-    """start + weight * (end - start), evaluated as PyTorch does for accuracy near weight = 1."""
+    """start + weight * (end - start), evaluated as PyTorch does for accuracy near weight = 1 (in a
+    half type computed in float32 and rounded once, as torch's kernel)."""
+    dt = result_type(input, end)
+    if dt in (dtypes.bfloat16, dtypes.float16):
+        wide = dtypes.float32
+        return to(lerp(as_tensor(input, wide), as_tensor(end, wide),
+                       weight if is_scalar(weight) else as_tensor(weight, wide)), dt)
     diff = sub(end, input)
     if is_scalar(weight):
         if builtins.abs(weight) < 0.5:
@@ -665,12 +697,25 @@ def lerp(input, end, weight):
     return where(lt(abs(weight), 0.5), add(input, mul(weight, diff)), sub(end, mul(diff, sub(1, weight))))
 
 
+def _addc(combine, input, tensor1, tensor2, value):
+    """input + value * combine(tensor1, tensor2) in the operands' common type (a float32 input with
+    half operands: float32 throughout), a half type's computed in float32 and rounded once, as
+    torch's kernels."""
+    dt = result_type(input, tensor1, tensor2)
+    if dt.kind == "float" and dt in (dtypes.bfloat16, dtypes.float16):
+        wide = dtypes.float32
+        return to(add(as_tensor(input, wide), mul(value, combine(as_tensor(tensor1, wide), as_tensor(tensor2, wide)))), dt)
+    if dt.kind == "float":
+        input, tensor1, tensor2 = (as_tensor(t, dt) for t in (input, tensor1, tensor2))
+    return add(input, combine(mul(value, tensor1), tensor2))
+
+
 def addcmul(input, tensor1, tensor2, value=1):
-    return add(input, mul(mul(value, tensor1), tensor2))
+    return _addc(mul, input, tensor1, tensor2, value)
 
 
 def addcdiv(input, tensor1, tensor2, value=1):
-    return add(input, div(mul(value, tensor1), tensor2))
+    return _addc(div, input, tensor1, tensor2, value)
 
 
 def where(condition, input=None, other=None):
@@ -1014,6 +1059,8 @@ def logaddexp(input, other):
     from .activations import log1p
 
     dt = _floating(result_type(input, other))
+    if dt in (dtypes.bfloat16, dtypes.float16):  # (computed in float32, rounded once, as torch's kernel)
+        return to(logaddexp(as_tensor(input, dtypes.float32), as_tensor(other, dtypes.float32)), dt)
     a, b = as_tensor(input, dt), as_tensor(other, dt)
     same_inf = logical_and(isinf(a), eq(a, b))
     safe_a, safe_b = where(same_inf, 0.0, a), where(same_inf, 0.0, b)
@@ -1097,12 +1144,21 @@ def full(size, fill_value, dtype=None, **_device):
     return Tensor(out.value, out._ctx)  # (a tensor of its own, not a view of the one value: in-place on it)
 
 
+def _sized(size, given):
+    """The sizes given as *size or as torch's size= keyword (the device's keywords ignored)."""
+    if "size" in given:
+        if size:
+            fail("give the sizes once: as arguments or as size=, not both")
+        return _size((given["size"],) if isinstance(given["size"], (int, np.integer)) else tuple(given["size"]))
+    return _size(size)
+
+
 def zeros(*size, dtype=None, **_device):
-    return full(_size(size), 0, dtype or dtypes.DEFAULT_FLOAT)
+    return full(_sized(size, _device), 0, dtype or dtypes.DEFAULT_FLOAT)
 
 
 def ones(*size, dtype=None, **_device):
-    return full(_size(size), 1, dtype or dtypes.DEFAULT_FLOAT)
+    return full(_sized(size, _device), 1, dtype or dtypes.DEFAULT_FLOAT)
 
 
 def full_like(input, fill_value, dtype=None):
@@ -1111,7 +1167,7 @@ def full_like(input, fill_value, dtype=None):
 
 def empty(*size, dtype=None, **_device):
     """torch.empty: its values are unspecified; here zeros (a program's memory holds no garbage)."""
-    return full(_size(size), 0, dtype or dtypes.DEFAULT_FLOAT)
+    return full(_sized(size, _device), 0, dtype or dtypes.DEFAULT_FLOAT)
 
 
 def empty_like(input, dtype=None, **_device):
@@ -1178,7 +1234,8 @@ def linspace(start, end, steps, dtype=None, **_device):
 def in_dtype(values, dtype, copy=True):
     """Values in `dtype`'s storage outside a trace, as torch's cast makes them: bfloat16's, which
     numpy lacks, rounded to it and held as float32 (docs/api.md)."""
-    values = np.asarray(values).astype(dtype.np_storage, copy=copy)
+    with np.errstate(over="ignore"):  # (beyond float16's range: inf, as torch's cast, without numpy's warning)
+        values = np.asarray(values).astype(dtype.np_storage, copy=copy)
     if dtype is not dtypes.bfloat16:
         return values
     from ..backends.reference import round_bf16

@@ -9,7 +9,8 @@ from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
 from ..tensor import Tensor, current, emit, fail, takes_axis, user_location
-from .core import _taken_along, add, as_tensor, gelu, is_scalar, mul, relu, sigmoid, silu, tanh, to, where  # noqa: F401
+from .core import (_taken_along, add, as_tensor, gelu, is_scalar, mul, relu, result_type, sigmoid, silu, tanh,  # noqa: F401
+                   to, where)
 from .core import sum as _sum
 from .shape import expand, reshape, transpose, unsqueeze, squeeze
 
@@ -24,7 +25,7 @@ def matmul(input, other):
     if a.ndim == 1 and b.ndim == 1:
         if a.shape != b.shape:
             fail(f"matmul: vectors {a.value.spec!r} and {b.value.spec!r} differ in length")
-        return reshape(emit("matmul", [reshape(a, (1, -1)), reshape(b, (-1, 1))]), ())
+        return reshape(_matmul(reshape(a, (1, -1)), reshape(b, (-1, 1))), ())
     inner = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
     if inner[0] != inner[1]:  # (the operands as given, before a 1-d one is promoted)
         fail(f"matmul: cannot multiply {a.value.spec!r} by {b.value.spec!r}: inner sizes {inner[0]} and {inner[1]} "
@@ -38,11 +39,19 @@ def matmul(input, other):
              f"{a.shape[-1]} and {b.shape[-2]} differ")
     if b.ndim == 2 and a.ndim > 2:
         # [..., M, K] @ [K, N]: fold the batch into rows, as PyTorch does, so it stays one product.
-        out = emit("matmul", [reshape(a, (-1, a.shape[-1])), b])
+        out = _matmul(reshape(a, (-1, a.shape[-1])), b)
         return reshape(out, a.shape[:-1] + (b.shape[-1],))
     batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
     a = expand(a, batch + a.shape[-2:])
     b = expand(b, batch + b.shape[-2:])
+    return _matmul(a, b)
+
+
+def _matmul(a, b):
+    """The product primitive of two operands of one type; an integer product (which the kernels do
+    not take) as torch computes it, exactly and wrapping: the products summed over the shared dim."""
+    if a.dtype.kind == "int":
+        return _sum(mul(unsqueeze(a, -1), unsqueeze(b, -3)), -2, dtype=a.dtype)
     return emit("matmul", [a, b])
 
 
@@ -198,7 +207,7 @@ def _product(verb, a, b):
     a, b = as_tensor(a), as_tensor(b)
     if a.dtype is not b.dtype:
         fail(f"{verb}: operands must have one element type, got {a.value.spec!r} and {b.value.spec!r}")
-    return emit("matmul", [a, b])
+    return _matmul(a, b)
 
 
 def dot(input, tensor):
@@ -348,15 +357,16 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     if idx.dtype is not dtypes.int64:  # (the kernels read int64 indices; PyTorch takes int32 ones too)
         idx = to(idx, dtypes.int64)
     w = as_tensor(weight)
-    if padding_idx is not None:  # (torch's: that row's gradient is 0; its values are read as any other's)
-        rows = w.shape[0] if w.ndim else 0
-        if not isinstance(padding_idx, (int, np.integer)) or not -rows <= padding_idx < rows:
-            fail(f"embedding: padding_idx {padding_idx!r} is not a row of the weight {w.value.spec!r}")
-        from .core import detach, eq
+    if padding_idx is None:
+        return emit("embedding", [idx, w])
+    rows = w.shape[0] if w.ndim else 0  # (torch's: that row's gradient is 0; its values are read as any other's)
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)) or \
+            not -rows <= padding_idx < rows:
+        fail(f"embedding: padding_idx {padding_idx!r} is not a row of the weight {w.value.spec!r}")
+    from .core import detach, eq
 
-        row = reshape(emit("iota", [], n=rows, dtype=dtypes.int64), (rows, 1))
-        w = where(eq(row, int(padding_idx) % rows), detach(w), w)
-    return emit("embedding", [idx, w])
+    out = emit("embedding", [idx, w])  # (the lookups of that row pass no gradient: the table is not copied)
+    return where(unsqueeze(eq(idx, int(padding_idx) % rows), -1), detach(out), out)
 
 
 def _class_rows(verb, x, t, reduction):
@@ -425,7 +435,9 @@ def _cross_entropy_with_probabilities(x, p, reduction, label_smoothing):
     if reduction not in ("mean", "sum", "none"):
         fail(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     dim = 1 if x.ndim > 1 else 0
-    p = to(p, x.dtype)
+    if p.dtype.kind != "float":
+        p = to(p, x.dtype)  # (half logits and float32 probabilities: log_softmax in the half type, the rest
+                            # float32, as torch's -(log_softmax(x) * p).sum())
     if label_smoothing:
         p = p * (1.0 - label_smoothing) + label_smoothing / x.shape[dim]
     losses = -_sum(log_softmax(x, dim) * p, dim)

@@ -720,25 +720,23 @@ def diag(input, diagonal=0):
     return square if k == 0 else pad(square, (k, 0, 0, k) if k > 0 else (0, -k, -k, 0))
 
 
-def _triangle_indices(verb, row, col, offset, lower):
+def _triangle_indices(verb, row, col, offset, lower, dtype=None):
     import numpy as _np
 
     for name, v in (("row", row), ("col", col)):
         if not isinstance(v, (int, _np.integer)) or v < 0:
             fail(f"{verb}: {name} must be an int, 0 or more, got {v!r}")
     r, c = _np.tril_indices(row, offset, col) if lower else _np.triu_indices(row, offset, col)
-    return tensor(_np.stack([r, c]).astype(_np.int64), dtype=dtypes.int64)
+    return tensor(_np.stack([r, c]).astype(_np.int64), dtype=dtype or dtypes.int64)
 
 
 def tril_indices(row, col, offset=0, *, dtype=None, **_device):
     """torch.tril_indices: the (2, N) row and column indices of a row x col matrix's lower triangle."""
-    out = _triangle_indices("tril_indices", row, col, offset, True)
-    return out if dtype is None else to(out, dtype)
+    return _triangle_indices("tril_indices", row, col, offset, True, dtype)
 
 
 def triu_indices(row, col, offset=0, *, dtype=None, **_device):
-    out = _triangle_indices("triu_indices", row, col, offset, False)
-    return out if dtype is None else to(out, dtype)
+    return _triangle_indices("triu_indices", row, col, offset, False, dtype)
 
 
 def diff(input, n=1, dim=-1, prepend=None, append=None):

@@ -257,10 +257,10 @@ def _copy_nest(emitter, src, dst):
     names = [f"i{d}" for d in range(len(dims))]
     s_idx = offset_expr(src.offset, [d[1][0] for d in dims], names)
     d_idx = offset_expr(dst.offset, [d[1][1] for d in dims], names)
-    if isinstance(src.src, Const):
-        value = ct.const(src.src.value, src.dtype)
+    if isinstance(src.src, Const):  # (stored as the destination holds it: a half type's bits, not the number)
+        value = ct.store(dst.dtype, ct.const(src.src.value, src.dtype))
     elif isinstance(src.src, Iota):
-        value = f"({ct.ctype(src.dtype)})({s_idx})"
+        value = ct.store(dst.dtype, f"({ct.ctype(src.dtype)})({s_idx})")
     else:
         value = ct.copied(src.dtype, dst.dtype, f"{emitter.accessor.base(src)}[{s_idx}]")
     return _nest(dims, names, [f"{emitter.accessor.base(dst)}[{d_idx}] = {value};"], src.shape)
