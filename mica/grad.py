@@ -189,12 +189,16 @@ class set_grad_enabled:
         self._saved.append((ctx, ctx.grad_enabled if ctx is not None else None))
         if ctx is not None:
             ctx.grad_enabled = self.mode
+        else:
+            _OUTSIDE.append(self.mode)
         return self
 
     def __exit__(self, *exc):
         ctx, was = self._saved.pop()
         if ctx is not None:
             ctx.grad_enabled = was
+        elif len(_OUTSIDE) > 1:
+            _OUTSIDE.pop()
         return False
 
     def __call__(self, fn):
@@ -211,11 +215,14 @@ class set_grad_enabled:
         return with_mode
 
 
+_OUTSIDE = [True]  # (the mode set outside a trace: eager host tensors keep no history, but code asks)
+
+
 def is_grad_enabled():
     """torch.is_grad_enabled: in a trace, whether what is computed now records gradients; outside
-    one, True (eager host tensors keep no history to switch off)."""
+    one, the mode the innermost no_grad/enable_grad/set_grad_enabled set (True by default)."""
     ctx = _context()
-    return True if ctx is None else bool(ctx.grad_enabled)
+    return _OUTSIDE[-1] if ctx is None else bool(ctx.grad_enabled)
 
 
 class _Bare:

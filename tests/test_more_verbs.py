@@ -275,3 +275,16 @@ def test_a_second_reviews_findings_are_torchs():
     lo = np.full(3, np.nan, np.float32)
     got = mica.compile(lambda a, b: mica.clamp(a, min=b))(np.float32([1, -2, np.inf]), lo)
     assert np.isnan(np.asarray(got)).all()
+
+
+def test_is_grad_enabled_follows_no_grad_outside_a_trace_and_containers_print_their_parameters():
+    assert mica.is_grad_enabled()
+    with mica.no_grad():
+        assert not mica.is_grad_enabled()
+        with mica.enable_grad():
+            assert mica.is_grad_enabled()
+        assert not mica.is_grad_enabled()
+    assert mica.is_grad_enabled()
+    assert mica.no_grad()(lambda: mica.is_grad_enabled())() is False and mica.is_grad_enabled()
+    held = mica.nn.ParameterDict({"a": np.ones(2, np.float32)})
+    assert "(a): Parameter containing: [float32 of size (2,)]" in repr(held) and held.get("b") is None

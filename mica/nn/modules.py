@@ -1119,6 +1119,10 @@ class ParameterList(Module):
     def __iadd__(self, values):
         return self.extend(values)
 
+    def extra_repr(self):
+        return "\n".join(f"({k}): Parameter containing: [{p.dtype.name} of size {tuple(p.shape)}]"
+                         for k, p in self._parameters.items())
+
 
 class ParameterDict(Module):
     """torch.nn.ParameterDict: Parameters held under string keys, in insertion order."""
@@ -1165,6 +1169,13 @@ class ParameterDict(Module):
 
     def pop(self, key):
         return self._parameters.pop(key)
+
+    def get(self, key, default=None):
+        return self._parameters.get(key, default)
+
+    def extra_repr(self):
+        return "\n".join(f"({k}): Parameter containing: [{p.dtype.name} of size {tuple(p.shape)}]"
+                         for k, p in self._parameters.items())
 
 
 class Sequential(ModuleList):

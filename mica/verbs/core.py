@@ -824,12 +824,18 @@ def sum(input, dim=None, keepdim=False, dtype=None):
     return emit("sum", [x], axes=axes, keepdim=bool(keepdim))
 
 
-def mean(input, dim=None, keepdim=False, dtype=None):
+def _floating_operand(verb, input, dtype):
+    """A mean's operand: in `dtype` where given; an integer one is a sentence, as torch's."""
     x = as_tensor(input)
     if dtype is not None:
         x = to(x, dtype)
     if x.dtype.kind != "float":
-        fail(f"mean: needs a floating tensor, got {x.dtype.name}; cast with .float() first")
+        fail(f"{verb}: needs a floating tensor, got {x.dtype.name}; cast with .float() first")
+    return x
+
+
+def mean(input, dim=None, keepdim=False, dtype=None):
+    x = _floating_operand("mean", input, dtype)
     axes = _axes(x, dim, "mean")
     count = math.prod(x.shape[a] for a in axes)
     if not axes:
@@ -1104,11 +1110,7 @@ def nansum(input, dim=None, keepdim=False, dtype=None):
 
 def nanmean(input, dim=None, keepdim=False, dtype=None):
     """The mean of the elements that are not NaN (NaN where there are none)."""
-    x = as_tensor(input)
-    if dtype is not None:
-        x = to(x, dtype)
-    if x.dtype.kind != "float":
-        fail(f"nanmean: needs a floating tensor, got {x.value.spec!r}; cast with .float() first")
+    x = _floating_operand("nanmean", input, dtype)
     kept = logical_not(isnan(x))
     return div(sum(where(kept, x, 0.0), dim, keepdim), sum(to(kept, x.dtype), dim, keepdim))
 
