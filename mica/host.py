@@ -267,7 +267,7 @@ class HostTensor(np.ndarray):
     def element_size(self):
         return self.itemsize
 
-    def trace(self, *args, **numpy_names):  # (torch's: a 0-d tensor of the diagonal's sum; numpy's own calls keep numpy's)
+    def trace(self, *args, **numpy_names):  # (torch's: a 0-d tensor of the diagonal's sum; numpy's calls, numpy's)
         if args or numpy_names or _called_by_numpy():
             return np.ndarray.trace(self, *args, **numpy_names)
         return _method("trace", self)

@@ -755,14 +755,16 @@ class Tensor:
     def logcumsumexp(self, dim): return F.logcumsumexp(self, dim)
     def tril_(self, diagonal=0): return self._into(F.tril(self, diagonal))
     def triu_(self, diagonal=0): return self._into(F.triu(self, diagonal))
-    def addmm_(self, mat1, mat2, *, beta=1, alpha=1): return self._into(F.addmm(self, mat1, mat2, beta=beta, alpha=alpha))
+    def addmm_(self, mat1, mat2, *, beta=1, alpha=1):
+        return self._into(F.addmm(self, mat1, mat2, beta=beta, alpha=alpha))
     def new_ones(self, *size, dtype=None): return F.ones(*size, dtype=dtype or self.dtype)
     def new_full(self, size, value, dtype=None): return F.full(size, value, dtype=dtype or self.dtype)
     def tril(self, diagonal=0): return F.tril(self, diagonal)
     def diagonal(self, offset=0, dim1=0, dim2=1): return F.diagonal(self, offset, dim1, dim2)
     def trace(self): return F.matrix_trace(self)
     def addmm(self, mat1, mat2, *, beta=1, alpha=1): return F.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
-    def baddbmm(self, batch1, batch2, *, beta=1, alpha=1): return F.baddbmm(self, batch1, batch2, beta=beta, alpha=alpha)
+    def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+        return F.baddbmm(self, batch1, batch2, beta=beta, alpha=alpha)
     def addbmm(self, batch1, batch2, *, beta=1, alpha=1): return F.addbmm(self, batch1, batch2, beta=beta, alpha=alpha)
     def addmv(self, mat, vec, *, beta=1, alpha=1): return F.addmv(self, mat, vec, beta=beta, alpha=alpha)
     def dot(self, other): return F.dot(self, other)

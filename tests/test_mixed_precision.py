@@ -73,7 +73,8 @@ _LIST_CASES = {  # (name: a call both libraries take, given the library, its fun
     "prod": lambda L, F, x, y: x.prod(), "prod(dim)": lambda L, F, x, y: x.prod(1),
     "cumsum": lambda L, F, x, y: x.cumsum(1), "cumprod": lambda L, F, x, y: x.cumprod(1),
     "logsumexp": lambda L, F, x, y: L.logsumexp(x, 1), "softplus": lambda L, F, x, y: F.softplus(x),
-    "cosine_similarity": lambda L, F, x, y: F.cosine_similarity(x, y), "rms_norm": lambda L, F, x, y: F.rms_norm(x, (4,)),
+    "cosine_similarity": lambda L, F, x, y: F.cosine_similarity(x, y),
+    "rms_norm": lambda L, F, x, y: F.rms_norm(x, (4,)),
     "layer_norm": lambda L, F, x, y: F.layer_norm(x, (4,)), "exp": lambda L, F, x, y: x.exp(),
     "log": lambda L, F, x, y: x.abs().log(), "expm1": lambda L, F, x, y: x.expm1(),
     "log1p": lambda L, F, x, y: x.abs().log1p(), "rsqrt": lambda L, F, x, y: x.abs().rsqrt(),
@@ -807,9 +808,12 @@ def test_a_second_half_type_fuzz_finds_torchs_values(half):
     T, M = torch, mica
     cases = {
         "slice": lambda m, a, b: _written(m, a, half),
-        "x*0.1": lambda m, a, b: a * 0.1, "x/0.3": lambda m, a, b: a / 0.3, "leaky": lambda m, a, b: m.nn.functional.leaky_relu(a, 0.1),
+        "x*0.1": lambda m, a, b: a * 0.1,
+        "x/0.3": lambda m, a, b: a / 0.3,
+        "leaky": lambda m, a, b: m.nn.functional.leaky_relu(a, 0.1),
         "add alpha": lambda m, a, b: m.add(a, b, alpha=0.1), "lerp": lambda m, a, b: m.lerp(a, b, 0.75),
-        "addcmul": lambda m, a, b: m.addcmul(a, b, a, value=0.5), "addcdiv": lambda m, a, b: m.addcdiv(a, b, a.abs() + 1, value=2),
+        "addcmul": lambda m, a, b: m.addcmul(a, b, a, value=0.5),
+        "addcdiv": lambda m, a, b: m.addcdiv(a, b, a.abs() + 1, value=2),
         "logaddexp": lambda m, a, b: m.logaddexp(a, b),
         "smooth_l1": lambda m, a, b: m.nn.functional.smooth_l1_loss(a, b, beta=0.7, reduction="none"),
         "bce at 0 and 1": lambda m, a, b: m.nn.functional.binary_cross_entropy(

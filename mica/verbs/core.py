@@ -704,7 +704,8 @@ def _addc(combine, input, tensor1, tensor2, value):
     dt = result_type(input, tensor1, tensor2)
     if dt.kind == "float" and dt in (dtypes.bfloat16, dtypes.float16):
         wide = dtypes.float32
-        return to(add(as_tensor(input, wide), mul(value, combine(as_tensor(tensor1, wide), as_tensor(tensor2, wide)))), dt)
+        product = combine(as_tensor(tensor1, wide), as_tensor(tensor2, wide))
+        return to(add(as_tensor(input, wide), mul(value, product)), dt)
     if dt.kind == "float":
         input, tensor1, tensor2 = (as_tensor(t, dt) for t in (input, tensor1, tensor2))
     return add(input, combine(mul(value, tensor1), tensor2))

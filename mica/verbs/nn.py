@@ -9,8 +9,9 @@ from ..errors import TraceError
 from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
 from ..tensor import Tensor, current, emit, fail, takes_axis, user_location
-from .core import (_taken_along, add, as_tensor, gelu, is_scalar, mul, relu, result_type, sigmoid, silu, tanh,  # noqa: F401
-                   to, where)
+from .core import (  # noqa: F401
+    _taken_along, add, as_tensor, gelu, is_scalar, mul, relu, result_type, sigmoid, silu, tanh, to, where,
+)
 from .core import sum as _sum
 from .shape import expand, reshape, transpose, unsqueeze, squeeze
 
