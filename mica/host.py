@@ -260,9 +260,9 @@ class HostTensor(np.ndarray):
         return st[canon_dim(dim, self.ndim, "stride")]
 
     def is_contiguous(self, memory_format=None):
-        st = self.stride()
-        return any(n == 0 for n in self.shape) or all(a == b for a, b, n in zip(
-            st, np.cumprod((1,) + self.shape[:0:-1])[::-1], self.shape) if n != 1) if self.ndim else True
+        from .tensor import contiguous
+
+        return contiguous(self.shape, self.stride())
 
     def element_size(self):
         return self.itemsize

@@ -167,8 +167,12 @@ def canon_dim_of(t, dim, verb):
 
 
 def is_contiguous(t):
-    st = strides_of(t)
-    return any(n == 0 for n in t.shape) or all(a == b for a, b, n in zip(st, row_major(t.shape), t.shape) if n != 1)
+    return contiguous(t.shape, strides_of(t))
+
+
+def contiguous(shape, strides):
+    """torch's is_contiguous for these element strides: row-major, a dim of size 1 aside."""
+    return any(n == 0 for n in shape) or all(a == b for a, b, n in zip(strides, row_major(shape), shape) if n != 1)
 
 
 def view_strides(old_shape, old_strides, new_shape):

@@ -1085,6 +1085,12 @@ def _as_parameter(value, where):
                     user_location())
 
 
+def _held_parameters(container):
+    """A parameter container's lines for its repr, as torch prints them."""
+    return "\n".join(f"({k}): Parameter containing: [{p.dtype.name} of size {tuple(p.shape)}]"
+                     for k, p in container._parameters.items())
+
+
 class ParameterList(Module):
     """torch.nn.ParameterList: Parameters held in order under the names "0", "1", ..."""
 
@@ -1120,8 +1126,7 @@ class ParameterList(Module):
         return self.extend(values)
 
     def extra_repr(self):
-        return "\n".join(f"({k}): Parameter containing: [{p.dtype.name} of size {tuple(p.shape)}]"
-                         for k, p in self._parameters.items())
+        return _held_parameters(self)
 
 
 class ParameterDict(Module):
@@ -1174,8 +1179,7 @@ class ParameterDict(Module):
         return self._parameters.get(key, default)
 
     def extra_repr(self):
-        return "\n".join(f"({k}): Parameter containing: [{p.dtype.name} of size {tuple(p.shape)}]"
-                         for k, p in self._parameters.items())
+        return _held_parameters(self)
 
 
 class Sequential(ModuleList):
