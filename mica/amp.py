@@ -52,7 +52,7 @@ class autocast:  # noqa: N801  (PyTorch's name)
         except (TypeError, KeyError):
             raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype!r}",
                             user_location()) from None
-        if dtype not in (dtypes.bfloat16, dtypes.float16):
+        if dtype not in dtypes.HALF:
             raise MicaError(f"autocast: dtype must be mica.bfloat16 or mica.float16, got {dtype.name}",
                             user_location())
         self.device_type, self.dtype, self.enabled = device_type, dtype, bool(enabled)
@@ -118,7 +118,7 @@ def float32(verb, *tensors):
         return tensors
     from .verbs.core import to
 
-    return tuple(to(t, dtypes.float32) if _castable(t) and t.dtype in (dtypes.bfloat16, dtypes.float16) else t
+    return tuple(to(t, dtypes.float32) if _castable(t) and t.dtype in dtypes.HALF else t
                  for t in tensors)
 
 

@@ -23,7 +23,7 @@ def all_reduce(tensors, world):
     operands are all-gathered and added on every rank, since the collective primitive sums in
     float32 and rounds once (mica/passes/widen.py)."""
     xs = _tensors(tensors, "distributed.all_reduce")
-    if xs and xs[0].dtype in (dtypes.bfloat16, dtypes.float16):
+    if xs and xs[0].dtype in dtypes.HALF:
         return _added_in_turn(xs, world)
     return emit("all_reduce", xs, world=world)
 

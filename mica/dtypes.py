@@ -50,6 +50,7 @@ float32 = DType("float32", "f32", 4, "float", 2, np.dtype(np.float32))
 float64 = DType("float64", "f64", 8, "float", 3, np.dtype(np.float64))
 
 ALL = (bool_, int32, int64, float16, bfloat16, float32, float64)
+HALF = (bfloat16, float16)  # the half types: computed in float32 and rounded to their own type
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {
     "bool": bool_, "long": int64, "int": int32, "float": float32, "half": float16, "double": float64}
 DEFAULT_FLOAT = float32

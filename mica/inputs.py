@@ -2,7 +2,7 @@
 compiled programs (every target) and the float64 oracle."""
 import numpy as np
 
-from .dtypes import bfloat16, float16
+from .dtypes import HALF, float16
 from .errors import MicaError
 from .tensor import user_location
 
@@ -27,7 +27,7 @@ def check_input(array, value, index, name, label=None):
         a = np.asarray(_from_torch(array))  # (a torch tensor that requires grad: its values, detached)
     except (TypeError, ValueError, RuntimeError) as e:
         raise MicaError(f"{what} ({spec}) got a value numpy cannot read as an array ({e})", user_location()) from None
-    want = np.dtype(np.float32) if value.dtype in (bfloat16, float16) else np.dtype(value.dtype.np_storage)
+    want = np.dtype(np.float32) if value.dtype in HALF else np.dtype(value.dtype.np_storage)
     fits = np.can_cast(a.dtype, want, casting="same_kind") or (want.kind == "b" and a.dtype.kind in "iu")
     if a.dtype.kind not in "biuf" or not fits:  # (0/1 integers are a mask's booleans, as numpy takes them)
         kind = {"b": "booleans", "i": "integers", "u": "integers"}.get(want.kind, "real numbers")

@@ -298,7 +298,9 @@ defop("where", infer=_where_infer, ref=lambda a, at, run: np.where(a[0], a[1], a
 # ---- GELU, and its slope as an op of its own ------------------------------------------------------
 # The gradient is g * gelu_slope(x). The slope depends on x alone, so the compiler may compute it in
 # the forward, in the same pass as gelu(x) (sharing its exp and CDF), and keep it for the backward
-# in place of x (passes/order.py): the backward is then one multiply.
+# in place of x (passes/order.py): the backward is then one multiply. In a half type the slope and
+# the product are float32 and rounded once, as torch's gelu_backward (a half slope would round twice):
+# there the backward computes the slope from the kept x.
 
 _SQRT1_2 = 1 / math.sqrt(2)
 _PDF = 1 / math.sqrt(2 * math.pi)        # the normal density's constant
@@ -336,7 +338,11 @@ def _gelu_infer(specs, approximate):
 def _gelu_vjp(c, o, i, a, n):
     from ..tensor import emit
 
-    return [emit("mul", [c[0], emit("gelu_slope", [i[0]], **a)])]
+    x = i[0]
+    if x.dtype in dtypes.HALF:  # (torch's gelu_backward: slope and product in float32, rounded once)
+        wide = [emit("cast", [v], dtype=dtypes.float32) for v in (c[0], x)]
+        return [emit("cast", [emit("mul", [wide[0], emit("gelu_slope", [wide[1]], **a)])], dtype=x.dtype)]
+    return [emit("mul", [c[0], emit("gelu_slope", [x], **a)])]
 
 
 defop("gelu", infer=_gelu_infer, ref=_gelu_ref, vjp=_gelu_vjp, family="elementwise",

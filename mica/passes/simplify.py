@@ -72,9 +72,9 @@ class _Rebuilder:
         shape = tuple(v.shape[p] for p in perm)
         return self.new.add("permute", (v,), {"perm": perm}, [(shape, v.dtype)], loc).out
 
-    def matmul(self, a, b, loc):
+    def matmul(self, a, b, attrs, loc):
         shape = a.shape[:-1] + (b.shape[-1],)
-        return self.new.add("matmul", (a, b), {}, [(shape, a.dtype)], loc).out
+        return self.new.add("matmul", (a, b), attrs, [(shape, attrs.get("dtype") or a.dtype)], loc).out
 
     def const(self, value, dtype, loc):
         return self.new.add("const", (), {"value": value, "dtype": dtype}, [((), dtype)], loc).out
@@ -115,7 +115,7 @@ class _Rebuilder:
                 # (A B)^T = B^T A^T, summed over k in the same order: the product is born in the
                 # layout its reader wants (a weight's gradient in the weight's own layout)
                 xa, xb = x.node.inputs
-                return [self.matmul(self.permute(xb, swap, loc), self.permute(xa, swap, loc), loc)]
+                return [self.matmul(self.permute(xb, swap, loc), self.permute(xa, swap, loc), x.node.attrs, loc)]
             if ins[0].node.op == "permute":
                 inner = ins[0].node.attrs["perm"]
                 perm = tuple(inner[p] for p in a["perm"])

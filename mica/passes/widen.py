@@ -20,7 +20,7 @@ from .. import dtypes
 from ..ops import OPS
 from .simplify import _Rebuilder
 
-HALF = (dtypes.bfloat16, dtypes.float16)
+HALF = dtypes.HALF
 
 
 def half_round_attrs(node, half):

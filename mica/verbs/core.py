@@ -164,7 +164,7 @@ def _binary(op, a, b, compute=None, out_kinds=None):
         if not isinstance(x, (Tensor, HostTensor)) and not is_scalar(x):
             raise _not_an_operand(verb, x)
     dt = compute or result_type(a, b)
-    if op in _OPMATH and dt in (dtypes.bfloat16, dtypes.float16) and (is_scalar(a) or is_scalar(b)):
+    if op in _OPMATH and dt in dtypes.HALF and (is_scalar(a) or is_scalar(b)):
         wide = dtypes.float32  # (a Python number beside a half tensor: kept in float32, the result rounded
         return to(emit(op, [as_tensor(a, wide), as_tensor(b, wide)]), dt)  # once, as torch's opmath: x * 0.1)
     return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])
@@ -197,7 +197,7 @@ def _alpha_once(verb, input, other, alpha):
 
 
 def add(input, other, alpha=1):
-    if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in (dtypes.bfloat16, dtypes.float16):
+    if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in dtypes.HALF:
         return _alpha_once(add, input, other, alpha)
     other = _scaled(input, other, alpha)
     if isinstance(input, (Tensor, bool)) and result_type(input, other) is dtypes.bool_:  # (torch's: either true,
@@ -206,7 +206,7 @@ def add(input, other, alpha=1):
 
 
 def sub(input, other, alpha=1):
-    if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in (dtypes.bfloat16, dtypes.float16):
+    if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in dtypes.HALF:
         return _alpha_once(sub, input, other, alpha)
     other = _scaled(input, other, alpha)
     if result_type(input, other) is dtypes.bool_:
@@ -609,7 +609,7 @@ def rounded_once(x, body):
     """body(x) for a floating x; for a half-type x computed in float32 and rounded once to x's type,
     as torch's kernels compute the half types (in float32, their opmath type): a verb made of several
     primitives would otherwise round after each (silu's sigmoid, then its product)."""
-    if x.dtype in (dtypes.bfloat16, dtypes.float16):
+    if x.dtype in dtypes.HALF:
         return to(body(to(x, dtypes.float32)), x.dtype)
     return body(x)
 
@@ -685,7 +685,7 @@ def lerp(input, end, weight):
     """start + weight * (end - start), evaluated as PyTorch does for accuracy near weight = 1 (in a
     half type computed in float32 and rounded once, as torch's kernel)."""
     dt = result_type(input, end)
-    if dt in (dtypes.bfloat16, dtypes.float16):
+    if dt in dtypes.HALF:
         wide = dtypes.float32
         return to(lerp(as_tensor(input, wide), as_tensor(end, wide),
                        weight if is_scalar(weight) else as_tensor(weight, wide)), dt)
@@ -702,7 +702,7 @@ def _addc(combine, input, tensor1, tensor2, value):
     half operands: float32 throughout), a half type's computed in float32 and rounded once, as
     torch's kernels."""
     dt = result_type(input, tensor1, tensor2)
-    if dt.kind == "float" and dt in (dtypes.bfloat16, dtypes.float16):
+    if dt.kind == "float" and dt in dtypes.HALF:
         wide = dtypes.float32
         product = combine(as_tensor(tensor1, wide), as_tensor(tensor2, wide))
         return to(add(as_tensor(input, wide), mul(value, product)), dt)
@@ -1066,7 +1066,7 @@ def logaddexp(input, other):
     from .activations import log1p
 
     dt = _floating(result_type(input, other))
-    if dt in (dtypes.bfloat16, dtypes.float16):  # (computed in float32, rounded once, as torch's kernel)
+    if dt in dtypes.HALF:  # (computed in float32, rounded once, as torch's kernel)
         return to(logaddexp(as_tensor(input, dtypes.float32), as_tensor(other, dtypes.float32)), dt)
     a, b = as_tensor(input, dt), as_tensor(other, dt)
     same_inf = logical_and(isinf(a), eq(a, b))

@@ -19,40 +19,46 @@ from .shape import expand, reshape, transpose, unsqueeze, squeeze
 def matmul(input, other):
     """PyTorch's matmul: 1-d operands are promoted and squeezed, batch dims broadcast."""
     a, b = amp.lower("matmul", as_tensor(input), as_tensor(other))
+    return _matmul_nd("matmul", a, b)
+
+
+def _matmul_nd(verb, a, b, wide=False):
+    """matmul of tensors as they are (autocast done); `wide`: a product of half operands kept in
+    float32, its sums unrounded, for a verb that adds to it and rounds once (linear's bias)."""
     if a.ndim == 0 or b.ndim == 0:
-        fail(f"matmul: both operands need at least 1 dim, got {a.value.spec!r} and {b.value.spec!r}")
+        fail(f"{verb}: both operands need at least 1 dim, got {a.value.spec!r} and {b.value.spec!r}")
     if a.dtype is not b.dtype:
-        fail(f"matmul: operands must have one element type, got {a.value.spec!r} and {b.value.spec!r}")
+        fail(f"{verb}: operands must have one element type, got {a.value.spec!r} and {b.value.spec!r}")
     if a.ndim == 1 and b.ndim == 1:
         if a.shape != b.shape:
-            fail(f"matmul: vectors {a.value.spec!r} and {b.value.spec!r} differ in length")
-        return reshape(_matmul(reshape(a, (1, -1)), reshape(b, (-1, 1))), ())
+            fail(f"{verb}: vectors {a.value.spec!r} and {b.value.spec!r} differ in length")
+        return reshape(_matmul(reshape(a, (1, -1)), reshape(b, (-1, 1)), wide), ())
     inner = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
     if inner[0] != inner[1]:  # (the operands as given, before a 1-d one is promoted)
-        fail(f"matmul: cannot multiply {a.value.spec!r} by {b.value.spec!r}: inner sizes {inner[0]} and {inner[1]} "
+        fail(f"{verb}: cannot multiply {a.value.spec!r} by {b.value.spec!r}: inner sizes {inner[0]} and {inner[1]} "
              "differ")
     if a.ndim == 1:
-        return squeeze(matmul(unsqueeze(a, 0), b), -2)
+        return squeeze(_matmul_nd(verb, unsqueeze(a, 0), b, wide), -2)
     if b.ndim == 1:
-        return squeeze(matmul(a, unsqueeze(b, -1)), -1)
-    if a.shape[-1] != b.shape[-2]:
-        fail(f"matmul: cannot multiply {a.value.spec!r} by {b.value.spec!r}: inner sizes "
-             f"{a.shape[-1]} and {b.shape[-2]} differ")
+        return squeeze(_matmul_nd(verb, a, unsqueeze(b, -1), wide), -1)
     if b.ndim == 2 and a.ndim > 2:
         # [..., M, K] @ [K, N]: fold the batch into rows, as PyTorch does, so it stays one product.
-        out = _matmul(reshape(a, (-1, a.shape[-1])), b)
+        out = _matmul(reshape(a, (-1, a.shape[-1])), b, wide)
         return reshape(out, a.shape[:-1] + (b.shape[-1],))
-    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    batch = broadcast_shapes(verb, a.shape[:-2], b.shape[:-2])
     a = expand(a, batch + a.shape[-2:])
     b = expand(b, batch + b.shape[-2:])
-    return _matmul(a, b)
+    return _matmul(a, b, wide)
 
 
-def _matmul(a, b):
-    """The product primitive of two operands of one type; an integer product (which the kernels do
-    not take) as torch computes it, exactly and wrapping: the products summed over the shared dim."""
+def _matmul(a, b, wide=False):
+    """The product primitive of two operands of one type (`wide`: half operands' product kept in
+    float32); an integer product (which the kernels do not take) as torch computes it, exactly and
+    wrapping: the products summed over the shared dim."""
     if a.dtype.kind == "int":
         return _sum(mul(unsqueeze(a, -1), unsqueeze(b, -3)), -2, dtype=a.dtype)
+    if wide and a.dtype in dtypes.HALF:
+        return emit("matmul", [a, b], dtype=dtypes.float32)
     return emit("matmul", [a, b])
 
 
@@ -154,27 +160,45 @@ def mm(input, mat2):
 
 def bmm(input, mat2):
     """torch.bmm: [b, n, m] by [b, m, p], 3-d with one batch size (matmul broadcasts)."""
+    return _bmm(input, mat2)
+
+
+def _bmm(input, mat2, wide=False):
     a, b = as_tensor(input), as_tensor(mat2)
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
         fail(f"bmm: the operands must be 3-d with one batch size, got {a.value.spec!r} and {b.value.spec!r}; "
              "matmul broadcasts batches")
-    return matmul(a, b)
+    return _matmul_nd("bmm", *amp.lower("matmul", a, b), wide)
 
 
-def _plus_scaled(verb, input, product, beta, alpha):
+def _plus_scaled(verb, input, product, beta, alpha, half=None):
     """torch's addmm family: beta * input + alpha * product, input broadcast to the product's shape;
-    beta 0 ignores input (its NaN and inf too), as torch's."""
+    beta 0 ignores input (its NaN and inf too), as torch's. With `half`, input and product (of half
+    operands: `_matmul(..., wide=True)`) come in float32: the sum is rounded once to `half`, as torch's
+    half kernels store a GEMM's beta * C + alpha * AB."""
+    if half is not None:
+        return to(_plus_scaled(verb, input, product, beta, alpha), half)
+    x = as_tensor(input)
     if is_scalar(alpha) and alpha == 0:  # (torch's: the product is not read, its inf and NaN neither)
         from .core import zeros_like
 
         product = zeros_like(product)
     out = product if is_scalar(alpha) and alpha in (0, 1) else mul(product, alpha)
-    x = as_tensor(input)
     if broadcast_shapes(verb, x.shape, out.shape) != out.shape:
         fail(f"{verb}: input {x.value.spec!r} does not broadcast to the product's shape {list(out.shape)}")
     if is_scalar(beta) and beta == 0:
         return out
     return add(out, x if is_scalar(beta) and beta == 1 else mul(x, beta))
+
+
+def _widened(input, operand):
+    """(input, None), or for `input` and a product `operand` of one half type (as torch's addmm takes
+    them) (input in float32, the half type): the product is then kept in float32 and the sum rounded
+    once. (The input is cast first: the product's epilogue can then read it.)"""
+    x = as_tensor(input)
+    if operand.dtype in dtypes.HALF and x.dtype is operand.dtype:
+        return to(x, dtypes.float32), x.dtype
+    return x, None
 
 
 def _need_ranks(verb, *pairs):
@@ -188,13 +212,15 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     all three in the half type, as torch's)."""
     input, mat1, mat2 = amp.lower("addmm", as_tensor(input), as_tensor(mat1), as_tensor(mat2))
     _need_ranks("addmm", ("mat1", mat1, 2), ("mat2", mat2, 2))
-    return _plus_scaled("addmm", input, matmul(mat1, mat2), beta, alpha)
+    x, half = _widened(input, mat1)
+    return _plus_scaled("addmm", x, _matmul_nd("addmm", mat1, mat2, half is not None), beta, alpha, half)
 
 
 def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """torch.baddbmm: beta * input + alpha * bmm(batch1, batch2)."""
     input, batch1, batch2 = amp.lower("baddbmm", as_tensor(input), as_tensor(batch1), as_tensor(batch2))
-    return _plus_scaled("baddbmm", input, bmm(batch1, batch2), beta, alpha)
+    x, half = _widened(input, batch1)
+    return _plus_scaled("baddbmm", x, _bmm(batch1, batch2, half is not None), beta, alpha, half)
 
 
 def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
@@ -245,7 +271,11 @@ def linear(input, weight, bias=None):
     if input.ndim == 0 or input.shape[-1] != weight.shape[-1]:
         fail(f"linear: input {input.value.spec!r} needs {weight.shape[-1]} features in its last dim, as weight "
              f"{weight.value.spec!r} takes (in_features {weight.shape[-1]})")
-    y = matmul(input, transpose(weight, -1, -2) if weight.ndim == 2 else weight)
+    b, half = _widened(bias, input) if bias is not None else (None, None)  # (torch's addmm: the bias added to
+    y = _matmul_nd("linear", input, transpose(weight, -1, -2) if weight.ndim == 2 else weight,  # the float32 sums)
+                   half is not None)
+    if half is not None:
+        return to(add(y, b), half)
     return y if bias is None else add(y, bias)
 
 
@@ -312,7 +342,7 @@ def _mixed_params(x, params):
     under autocast, or a bfloat16 model's float32 norm weights) is normalized in float32 and the
     result rounded once to the input's type. (x widened, the norm, y rounded), where it applies."""
     given = [as_tensor(p) for p in params if p is not None]
-    if x.dtype in (dtypes.bfloat16, dtypes.float16) and given and all(p.dtype is dtypes.float32 for p in given):
+    if x.dtype in dtypes.HALF and given and all(p.dtype is dtypes.float32 for p in given):
         return to(x, dtypes.float32), x.dtype
     return x, None
 

@@ -50,7 +50,7 @@ def _attn_dims(view):
 def gemm_scratch(kernel, blas, bf16_kernel="f32"):
     """(shared bytes, per-thread bytes) of a product: Mica's own kernel packs its operands, and so
     does every bfloat16 kernel (mica_bf16gemm.h)."""
-    if kernel.a.dtype in (dtypes.bfloat16, dtypes.float16):  # (float16: always widened, as the "f32" kernel)
+    if kernel.a.dtype in dtypes.HALF:  # (float16: always widened, as the "f32" kernel)
         M, K, N = kernel.a.shape[-2], kernel.a.shape[-1], kernel.b.shape[-1]
         half = bf16_kernel if kernel.a.dtype is dtypes.bfloat16 else "f32"
         return bf16gemm.shared_bytes(half, M, N, K), bf16gemm.thread_bytes(half, K)
@@ -68,7 +68,7 @@ def _per_row(kernel):
 def _attention_scratch(kernel):
     q, k, v = kernel.inputs[:3] if kernel.op == "attention" else kernel.inputs[1:4]
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    element = 4 if q.dtype in (dtypes.bfloat16, dtypes.float16) else q.dtype.itemsize  # (half heads: widened)
+    element = 4 if q.dtype in dtypes.HALF else q.dtype.itemsize  # (half heads: widened)
     return 0, attention_slot(q.dtype, L, S, E, Ev) * element
 
 
@@ -88,7 +88,7 @@ def _dtype(kernel):
     """The element type the kernel computes in and its kernels' suffix; the CPU kernels exist for
     float32 and float64, and those of HALF_KERNELS for bfloat16 and float16 too."""
     dt = kernel.inputs[0].dtype if kernel.op != "embedding" else kernel.inputs[1].dtype
-    if dt in (dtypes.bfloat16, dtypes.float16) and kernel.op in HALF_KERNELS:
+    if dt in dtypes.HALF and kernel.op in HALF_KERNELS:
         return dt, "bf16" if dt is dtypes.bfloat16 else "f16"
     if dt not in (dtypes.float32, dtypes.float64):
         raise MicaError(f"{kernel.op} on {dt.name} is not supported by the CPU backend yet; cast to float32 first")

@@ -47,7 +47,7 @@ class CTarget(Target):
 
     def half_kernel(self, op, dtype):
         # (float16 products widened inside the product, mica_f16gemm; its attention widened inside the kernel)
-        return dtype in (dtypes.bfloat16, dtypes.float16) and (op == "matmul" or op in HALF_KERNELS)
+        return dtype in dtypes.HALF and (op == "matmul" or op in HALF_KERNELS)
 
     @property
     def workspace_units(self):

@@ -102,14 +102,17 @@ static __host__ __device__ inline unsigned mica_blocks(int64_t n) {
  * version; a file made elsewhere is not used (and is rewritten). A shape the record lacks is met
  * while the step is captured as a graph: it is timed after that capture, recorded, and the capture
  * is redone. The simulator has one routine; it records its shapes the same way. */
-/* a product's element type (the record's first field: 0 and 1 as float32 and float64 always were) */
-enum { MICA_F32 = 0, MICA_F64 = 1, MICA_BF16 = 2, MICA_F16 = 3 };
+/* a product's element types (the record's first field: 0 and 1 as float32 and float64 always were):
+ * A's, B's and C's, or, for the last two, half operands whose C is float32 (their sums unrounded) */
+enum { MICA_F32 = 0, MICA_F64 = 1, MICA_BF16 = 2, MICA_F16 = 3, MICA_BF16_F32 = 4, MICA_F16_F32 = 5 };
 
+/* the operands' element bytes, and the result's */
 static inline int64_t mica_type_size(int type) { return type == MICA_F64 ? 8 : type == MICA_F32 ? 4 : 2; }
+static inline int64_t mica_c_size(int type) { return type >= MICA_BF16_F32 ? 4 : mica_type_size(type); }
 
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc, sa, sb, sc, count;
-    int ta, tb, type, tf32; /* type: A's, B's and C's (MICA_F32 ...) */
+    int ta, tb, type, tf32; /* type: A's, B's and C's (MICA_F32 ...; MICA_BF16_F32: C float32) */
     int align_a, align_b, align_c; /* bytes (a power of two up to 256) every matrix's start is a multiple of */
 } mica_product_shape;
 
@@ -206,7 +209,7 @@ static void mica_record_read(const char *path) {
                    &t[4], &t[5], &t[6], &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6], &w[7], &us, &used) != 26 ||
             used == 0)
             continue;
-        if (t[0] < MICA_F32 || t[0] > MICA_F16) continue;
+        if (t[0] < MICA_F32 || t[0] > MICA_F16_F32) continue;
         s.type = t[0], s.tf32 = t[1], s.M = v[0], s.N = v[1], s.K = v[2], s.ta = t[2], s.tb = t[3];
         s.align_a = t[4], s.align_b = t[5], s.align_c = t[6];
         s.lda = v[3], s.ldb = v[4], s.ldc = v[5], s.sa = v[6], s.sb = v[7], s.sc = v[8], s.count = v[9];
@@ -258,11 +261,11 @@ static inline void mica_sim_store(double *p, double f) { *p = f; }
 static inline void mica_sim_store(mica_bf16 *p, float f) { *p = mica_bf16_store(f); }
 static inline void mica_sim_store(mica_f16 *p, float f) { *p = (mica_f16)f; }
 
-template <class T, class A>
-static void mica_sim_gemm(const mica_product_shape *s, A alpha, const T *A_, const T *B, T *C) {
+template <class T, class A, class TC>
+static void mica_sim_gemm(const mica_product_shape *s, A alpha, const T *A_, const T *B, TC *C) {
     for (int64_t n = 0; n < s->count; n++) {
         const T *a = A_ + n * s->sa, *b = B + n * s->sb;
-        T *c = C + n * s->sc;
+        TC *c = C + n * s->sc;
         for (int64_t i = 0; i < s->M; i++)
             for (int64_t j = 0; j < s->N; j++) {
                 A acc = 0;
@@ -295,7 +298,11 @@ static int mica_product_run(cudaStream_t stream, const mica_product_shape *s, do
         else if (shape.type == MICA_F32) mica_sim_gemm<float, float>(&shape, (float)alpha, (const float *)A, (const float *)B, (float *)C);
         else if (shape.type == MICA_BF16) mica_sim_gemm<mica_bf16, float>(&shape, (float)alpha, (const mica_bf16 *)A,
                                                                           (const mica_bf16 *)B, (mica_bf16 *)C);
-        else mica_sim_gemm<mica_f16, float>(&shape, (float)alpha, (const mica_f16 *)A, (const mica_f16 *)B, (mica_f16 *)C);
+        else if (shape.type == MICA_F16)
+            mica_sim_gemm<mica_f16, float>(&shape, (float)alpha, (const mica_f16 *)A, (const mica_f16 *)B, (mica_f16 *)C);
+        else if (shape.type == MICA_BF16_F32)
+            mica_sim_gemm<mica_bf16, float>(&shape, (float)alpha, (const mica_bf16 *)A, (const mica_bf16 *)B, (float *)C);
+        else mica_sim_gemm<mica_f16, float>(&shape, (float)alpha, (const mica_f16 *)A, (const mica_f16 *)B, (float *)C);
     });
     return 0;
 }
@@ -371,7 +378,11 @@ static int mica_lt_describe(mica_lt *lt, const mica_product_shape *s, mica_lt_pr
     const int f64 = s->type == MICA_F64;
     cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : s->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F; /* (alpha's type: float for every type but double) */
-    cudaDataType_t type = f64 ? CUDA_R_64F : s->type == MICA_BF16 ? CUDA_R_16BF : s->type == MICA_F16 ? CUDA_R_16F : CUDA_R_32F;
+    cudaDataType_t type = f64                                                ? CUDA_R_64F
+                          : s->type == MICA_BF16 || s->type == MICA_BF16_F32 ? CUDA_R_16BF
+                          : s->type == MICA_F16 || s->type == MICA_F16_F32   ? CUDA_R_16F
+                                                                             : CUDA_R_32F;
+    cudaDataType_t ctype = s->type >= MICA_BF16_F32 ? CUDA_R_32F : type; /* (half operands, float32 C) */
     cublasOperation_t opb = s->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = s->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int64_t M = s->M, N = s->N, K = s->K;
     memset(p, 0, sizeof *p);
@@ -381,7 +392,7 @@ static int mica_lt_describe(mica_lt *lt, const mica_product_shape *s, mica_lt_pr
              /* stored column-major: B as (tb ? K : N) x (tb ? N : K), A as (ta ? M : K) x (ta ? K : M) */
              mica_lt_layout(&p->lb, type, s->tb ? K : N, s->tb ? N : K, s->ldb, s->sb, s->count) &&
              mica_lt_layout(&p->la, type, s->ta ? M : K, s->ta ? K : M, s->lda, s->sa, s->count) &&
-             mica_lt_layout(&p->lc, type, N, M, s->ldc, s->sc, s->count) &&
+             mica_lt_layout(&p->lc, ctype, N, M, s->ldc, s->sc, s->count) &&
              cublasLtMatmulPreferenceCreate(&p->pref) == CUBLAS_STATUS_SUCCESS &&
              cublasLtMatmulPreferenceSetAttribute(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt->workspace_bytes,
                                                   sizeof lt->workspace_bytes) == CUBLAS_STATUS_SUCCESS;
@@ -467,7 +478,7 @@ static int mica_product_time(mica_product *e) {
              cublasLtMatmulAlgoGetHeuristic(lt->handle, p.desc, p.lb, p.la, p.lc, p.lc, p.pref, 8, cand, &found) ==
                  CUBLAS_STATUS_SUCCESS;
     int room = ok && cudaMalloc(&A, (size_t)na * size) == cudaSuccess && cudaMalloc(&B, (size_t)nb * size) == cudaSuccess &&
-               cudaMalloc(&C, (size_t)nc * size) == cudaSuccess && cudaMemset(A, 0, (size_t)na * size) == cudaSuccess &&
+               cudaMalloc(&C, (size_t)nc * mica_c_size(s->type)) == cudaSuccess && cudaMemset(A, 0, (size_t)na * size) == cudaSuccess &&
                cudaMemset(B, 0, (size_t)nb * size) == cudaSuccess && cudaEventCreate(&t0) == cudaSuccess &&
                cudaEventCreate(&t1) == cudaSuccess;
     if (ok && !room) { /* no room to time on scratch (the arenas hold the card): cuBLASLt's first choice, untimed */
@@ -524,25 +535,27 @@ static int mica_gemm_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t 
     const int64_t size = mica_type_size(type);
     s.align_a = mica_alignment(A, lda * size, s.sa * size);
     s.align_b = mica_alignment(B, ldb * size, s.sb * size);
-    s.align_c = mica_alignment(C, ldc * size, s.sc * size);
+    s.align_c = mica_alignment(C, ldc * mica_c_size(type), s.sc * mica_c_size(type));
     return mica_product_run(stream, &s, alpha, A, B, C);
 }
 
-#define MICA_DEFINE_GEMM(T, ALPHA, S, TYPE)                                                        \
+#define MICA_DEFINE_GEMM(T, TC, ALPHA, S, TYPE)                                                    \
 static int mica_gemm_##S##_batched(cudaStream_t stream, int64_t M, int64_t N, int64_t K, ALPHA alpha, const T *A, \
                                    int64_t lda, int ta, int64_t sa, const T *B, int64_t ldb, int tb, int64_t sb, \
-                                   T *C, int64_t ldc, int64_t sc, int64_t count) {                 \
+                                   TC *C, int64_t ldc, int64_t sc, int64_t count) {                \
     return mica_gemm_batched(stream, M, N, K, TYPE, alpha, A, lda, ta, sa, B, ldb, tb, sb, C, ldc, sc, count); \
 }                                                                                                  \
 /* one product C[M,N] = op(A) op(B), row-major with leading dimensions */                          \
 static int mica_gemm_##S(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, int ta, \
-                         const T *B, int64_t ldb, int tb, T *C, int64_t ldc) {                     \
+                         const T *B, int64_t ldb, int tb, TC *C, int64_t ldc) {                    \
     return mica_gemm_batched(stream, M, N, K, TYPE, 1.0, A, lda, ta, 0, B, ldb, tb, 0, C, ldc, 0, 1); \
 }
-MICA_DEFINE_GEMM(float, float, f32, MICA_F32)
-MICA_DEFINE_GEMM(double, double, f64, MICA_F64)
-MICA_DEFINE_GEMM(mica_bf16, float, bf16, MICA_BF16)
-MICA_DEFINE_GEMM(mica_f16, float, f16, MICA_F16)
+MICA_DEFINE_GEMM(float, float, float, f32, MICA_F32)
+MICA_DEFINE_GEMM(double, double, double, f64, MICA_F64)
+MICA_DEFINE_GEMM(mica_bf16, mica_bf16, float, bf16, MICA_BF16)
+MICA_DEFINE_GEMM(mica_f16, mica_f16, float, f16, MICA_F16)
+MICA_DEFINE_GEMM(mica_bf16, float, float, bf16_f32, MICA_BF16_F32) /* (half operands, their sums in float32) */
+MICA_DEFINE_GEMM(mica_f16, float, float, f16_f32, MICA_F16_F32)
 
 /* ---- the step as one CUDA graph ------------------------------------------------------------- */
 typedef int (*mica_steps)(char *A, cudaStream_t stream);

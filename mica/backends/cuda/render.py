@@ -21,6 +21,13 @@ THREADS = 256  # threads per block; results do not depend on it (tests change it
 GEMM_SUFFIX = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}  # mica_cuda.h's
 
 
+def gemm_suffix(a, out):
+    """mica_cuda.h's product of operands of `a`'s type giving `out`'s: mica_gemm_bf16, or mica_gemm_bf16_f32
+    for half operands whose sums are kept in float32."""
+    s = GEMM_SUFFIX[a.dtype.name]
+    return s if out.dtype is a.dtype else f"{s}_{GEMM_SUFFIX[out.dtype.name]}"
+
+
 def _decompose(dims, names, flat="t"):
     """Statements splitting the flat index `flat` into one index per coalesced dim (row-major)."""
     lines, rest = [], flat
@@ -408,7 +415,7 @@ class CudaRenderer(CStyleRenderer):
                           f"MICA_THREADS, 0, stream, A{self._args[f'k{k}_lanes']}); " + launch)
             return lines, launch
         a, b, out = kern.a, kern.b, kern.out
-        s = GEMM_SUFFIX[out.dtype.name]  # (a product's operands and result share one floating type)
+        s = gemm_suffix(a, out)
         p = ProductLayout(kern)
         off = p.offset
         self._declared, self.on_host = {}, True
