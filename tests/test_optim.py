@@ -572,3 +572,71 @@ def test_an_outside_optimizer_sweeps_corners_take_torchs_values():
     w = mica.nn.Parameter(np.zeros(2, np.float32))
     with pytest.raises(mica.MicaError, match=r"^SGD: a parameter appears twice in parameter group 0"):
         mica.optim.SGD([w, w], lr=0.1)
+
+
+def test_a_schedulers_state_dict_carries_its_settings_as_torchs():
+    """An outside tester's: torch's scheduler state_dict holds its settings (step_size, gamma, T_max,
+    milestones...) and load_state_dict restores them; Mica's kept only the counters, so a StepLR made
+    with other settings and loaded from a torch checkpoint went on with its own (lr 1.0 throughout
+    against torch's 1.0, 0.5, 0.5, 0.25...). Both ways: torch's into Mica's and Mica's into torch's."""
+    import warnings
+
+    def rates(lib, make, state=None, steps=6):
+        opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(2))], lr=1.0)
+        s = make(lib, opt)
+        if state is not None:
+            s.load_state_dict(state)
+        out = []
+        for _ in range(steps):
+            s.step()
+            out.append(opt.param_groups[0]["lr"])
+        return out, s.state_dict()
+
+    sched = lambda lib: lib.optim.lr_scheduler  # noqa: E731
+    cases = [  # (made with one setting, saved with another)
+        (lambda lib, o: sched(lib).StepLR(o, 10, 0.9), lambda lib, o: sched(lib).StepLR(o, 2, 0.5)),
+        (lambda lib, o: sched(lib).CosineAnnealingLR(o, 50), lambda lib, o: sched(lib).CosineAnnealingLR(o, 5, 0.1)),
+        (lambda lib, o: sched(lib).MultiStepLR(o, [9]), lambda lib, o: sched(lib).MultiStepLR(o, [1, 3, 3], 0.5)),
+        (lambda lib, o: sched(lib).LinearLR(o), lambda lib, o: sched(lib).LinearLR(o, 0.5, 0.9, 3)),
+        (lambda lib, o: sched(lib).ConstantLR(o), lambda lib, o: sched(lib).ConstantLR(o, 0.25, 4)),
+        (lambda lib, o: sched(lib).ExponentialLR(o, 0.1), lambda lib, o: sched(lib).ExponentialLR(o, 0.7)),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's: scheduler.step() before optimizer.step())
+        for other, saved in cases:
+            want, _ = rates(torch, other, rates(torch, saved, steps=2)[1])
+            got, _ = rates(mica, other, rates(torch, saved, steps=2)[1])
+            assert got == pytest.approx(want, rel=1e-12)
+            back, _ = rates(torch, other, rates(mica, saved, steps=2)[1])
+            assert back == pytest.approx(want, rel=1e-12)
+
+
+def test_step_with_a_closure_in_a_compiled_step_is_torchs():
+    """An outside tester's: optimizer.step(closure) in a compiled step said to put the step under
+    @mica.compile (it was). Now the closure runs (with gradients enabled) and the step follows, and
+    step returns the closure's loss, as torch's."""
+    torch.manual_seed(0)
+    tm, mm = torch.nn.Linear(4, 3), mica.nn.Linear(4, 3)
+    mm.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    x, y = torch.randn(8, 4), torch.randn(8, 3)
+    topt = torch.optim.SGD(tm.parameters(), lr=0.1, momentum=0.9)
+    mopt = mica.optim.SGD(mm.parameters(), lr=0.1, momentum=0.9)
+
+    @mica.compile
+    def step(x, y):
+        def closure():
+            mopt.zero_grad()
+            loss = ((mm(x) - y) ** 2).mean()
+            loss.backward()
+            return loss
+        return mopt.step(closure)
+
+    def tclosure():
+        topt.zero_grad()
+        loss = ((tm(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        assert float(step(x.numpy(), y.numpy())) == pytest.approx(topt.step(tclosure).item(), rel=1e-6)
+    np.testing.assert_allclose(np.asarray(mm.weight), tm.weight.detach().numpy(), rtol=1e-6, atol=1e-7)

@@ -284,8 +284,15 @@ class Optimizer:
         from .. import stateful
         from ..tensor import user_location
 
-        if closure is None and stateful.active() is not None:
-            return stateful.step(self)
+        if stateful.active() is not None:
+            if closure is None:
+                return stateful.step(self)
+            from ..grad import enable_grad
+
+            with enable_grad():  # (torch's: the closure recomputes the loss and its gradients, then the step)
+                loss = closure()
+            stateful.step(self)
+            return loss
         raise MicaError(f"{type(self).__name__}.step() updates parameters in a compiled step: put the step in a "
                         "function under @mica.compile, or write params, state = optimizer.update(params, grads, "
                         "state) in a traced one, with state = optimizer.init(params) made once outside "

@@ -67,15 +67,28 @@ class LRScheduler:
     def get_last_lr(self):
         return list(self._last_lr)
 
+    _TYPES = {"last_epoch": int, "_step_count": int, "step_size": int, "T_max": int, "total_iters": int,
+              "gamma": float, "eta_min": float, "start_factor": float, "end_factor": float, "factor": float}
+
     def state_dict(self):
-        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "_last_lr": list(self._last_lr),
-                "_step_count": self._step_count}
+        """torch's: the scheduler's own attributes (its settings too: step_size, gamma, T_max...), not
+        the optimizer."""
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items() if k != "optimizer"}
 
     def load_state_dict(self, state_dict):
-        self.last_epoch = int(state_dict["last_epoch"])
-        self.base_lrs = [float(b) for b in state_dict["base_lrs"]]
-        self._last_lr = list(state_dict.get("_last_lr", self.base_lrs))
-        self._step_count = int(state_dict.get("_step_count", self._step_count))
+        """torch's: the saved attributes replace the scheduler's own, its settings among them (a
+        StepLR made with other settings follows the saved schedule)."""
+        for key, value in state_dict.items():
+            if key == "optimizer" or key == "lr_lambdas":
+                continue
+            if key in self._TYPES:
+                value = self._TYPES[key](value)
+            elif key in ("base_lrs", "_last_lr"):
+                value = [float(b) for b in value]
+            elif key == "milestones":
+                value = collections.Counter({int(m): int(n) for m, n in dict(value).items()})
+            setattr(self, key, value)
+        self._is_initial = False
 
 
 def _per_group(value, optimizer, what):
@@ -94,6 +107,9 @@ class _Lambdas:
 
     def state_dict(self):
         return {**super().state_dict(), "lr_lambdas": [None] * len(self.lr_lambdas)}
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
 
 
 class LambdaLR(_Lambdas, LRScheduler):
