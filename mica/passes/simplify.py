@@ -76,6 +76,27 @@ class _Rebuilder:
         shape = a.shape[:-1] + (b.shape[-1],)
         return self.new.add("matmul", (a, b), attrs, [(shape, attrs.get("dtype") or a.dtype)], loc).out
 
+    def _narrowed_back(self, x, dtype, loc):
+        """cast(x, dtype) without the cast where it undoes a widening, seen through reshapes: x a
+        widened `dtype` value (the value itself), or a float32 sum of one (the half sum: it accumulates
+        in float32 and rounds once); else None. (A half product kept in float32 has its cotangent
+        widened, reshaped, then rounded back, and a bias's gradient summed from it.)"""
+        views = []
+        while x.node.op == "reshape":
+            views.append(x)
+            x = x.node.inputs[0]
+        n = x.node
+        if n.op == "cast" and n.inputs[0].dtype is dtype and _widens(dtype, x.dtype):
+            out = n.inputs[0]
+        elif (n.op == "sum" and x.dtype is dtypes.float32 and dtype in dtypes.HALF and n.inputs[0].node.op == "cast"
+              and n.inputs[0].node.inputs[0].dtype is dtype):
+            out = self.new.add("sum", n.inputs[0].node.inputs, n.attrs, [(x.shape, dtype)], loc).out
+        else:
+            return None
+        for v in reversed(views):
+            out = self.new.add("reshape", (out,), v.node.attrs, [(v.shape, dtype)], loc).out
+        return out
+
     def const(self, value, dtype, loc):
         return self.new.add("const", (), {"value": value, "dtype": dtype}, [((), dtype)], loc).out
 
@@ -100,8 +121,9 @@ class _Rebuilder:
                 r = None if held is None else _cast_const(held, a["dtype"])
                 if r is not None:
                     return [self.const(r, a["dtype"], loc)]
-            if x.node.op == "cast" and x.node.inputs[0].dtype is a["dtype"] and _widens(a["dtype"], x.dtype):
-                return [x.node.inputs[0]]
+            back = self._narrowed_back(x, a["dtype"], loc)
+            if back is not None:
+                return [back]
         if op in ("reshape", "expand") and ins[0].shape == out.shape:
             return [ins[0]]
         if op == "reshape" and ins[0].node.op == "reshape":
