@@ -640,3 +640,119 @@ def test_step_with_a_closure_in_a_compiled_step_is_torchs():
     for _ in range(3):
         assert float(step(x.numpy(), y.numpy())) == pytest.approx(topt.step(tclosure).item(), rel=1e-6)
     np.testing.assert_allclose(np.asarray(mm.weight), tm.weight.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+_MORE_SCHEDULERS = {  # (the optimizer, the scheduler, the metric ReduceLROnPlateau steps on)
+    "PolynomialLR": ("sgd", lambda lib, o: lib.optim.lr_scheduler.PolynomialLR(o, 10, 2.0), None),
+    "CosineAnnealingWarmRestarts": (
+        "sgd", lambda lib, o: lib.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, 4, 2, 0.001), None),
+    "OneCycleLR": ("sgd", lambda lib, o: lib.optim.lr_scheduler.OneCycleLR(o, [1.0, 0.5], total_steps=30), None),
+    "OneCycleLR three phases": ("adamw", lambda lib, o: lib.optim.lr_scheduler.OneCycleLR(
+        o, 0.3, epochs=3, steps_per_epoch=10, anneal_strategy="linear", three_phase=True), None),
+    "SequentialLR": ("adamw", lambda lib, o: lib.optim.lr_scheduler.SequentialLR(o, [
+        lib.optim.lr_scheduler.LinearLR(o, 0.1, 1.0, 5), lib.optim.lr_scheduler.CosineAnnealingLR(o, 20, 0.001)], [5]),
+        None),
+    "SequentialLR of three": ("sgd", lambda lib, o: lib.optim.lr_scheduler.SequentialLR(o, [
+        lib.optim.lr_scheduler.ConstantLR(o, 0.5, 3), lib.optim.lr_scheduler.ExponentialLR(o, 0.9),
+        lib.optim.lr_scheduler.StepLR(o, 3, 0.5)], [4, 12]), None),
+    "ChainedScheduler": ("sgd", lambda lib, o: lib.optim.lr_scheduler.ChainedScheduler([
+        lib.optim.lr_scheduler.StepLR(o, 4, 0.5), lib.optim.lr_scheduler.ExponentialLR(o, 0.95)]), None),
+    "ReduceLROnPlateau": ("sgd", lambda lib, o: lib.optim.lr_scheduler.ReduceLROnPlateau(
+        o, patience=2, factor=0.5, cooldown=1, min_lr=[0.01, 0.02]), lambda i: 1.0 if i % 7 else 0.5 - i * 0.001),
+    "ReduceLROnPlateau max abs": ("adamw", lambda lib, o: lib.optim.lr_scheduler.ReduceLROnPlateau(
+        o, mode="max", threshold_mode="abs", threshold=0.1, patience=1), lambda i: float(np.sin(i))),
+}
+
+
+@pytest.mark.parametrize("name", list(_MORE_SCHEDULERS))
+def test_more_of_torchs_schedulers_set_torchs_rates_and_momenta(name):
+    """OneCycleLR, SequentialLR, ChainedScheduler, PolynomialLR, CosineAnnealingWarmRestarts and
+    ReduceLROnPlateau (refused before): 30 steps on two groups give torch's rates (OneCycleLR's
+    momentum or beta1 too), and a state_dict taken at step 10 resumes in either library as torch's."""
+    import warnings
+
+    which, make, metric = _MORE_SCHEDULERS[name]
+
+    def run(lib, steps=30, state=None, keep_at=9):
+        p = [lib.nn.Parameter(lib.zeros(2)), lib.nn.Parameter(lib.zeros(3))]
+        groups = [{"params": [p[0]]}, {"params": [p[1]], "lr": 0.05}]
+        opt = (lib.optim.SGD(groups, lr=0.1, momentum=0.9) if which == "sgd" else
+               lib.optim.AdamW(groups, lr=0.1, betas=(0.9, 0.95)))
+        s = make(lib, opt)
+        if state is not None:
+            s.load_state_dict(state)
+        seen, kept = [], None
+        for i in range(steps):
+            s.step(metric(i)) if metric else s.step()
+            seen.append([(g["lr"], g.get("momentum", 0.0)) + tuple(g.get("betas", (0.0, 0.0))) for g in opt.param_groups])
+            kept = s.state_dict() if i == keep_at else kept
+        return np.array(seen, np.float64), kept
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's: scheduler.step() before optimizer.step())
+        want, torch_state = run(torch)
+        got, mica_state = run(mica)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        resumed = run(torch, 5, torch_state)[0]
+        np.testing.assert_allclose(run(mica, 5, torch_state)[0], resumed, rtol=1e-12)
+        np.testing.assert_allclose(run(torch, 5, mica_state)[0], resumed, rtol=1e-12)
+
+
+def test_one_cycle_moves_adams_beta1_in_a_compiled_step_as_torchs():
+    """OneCycleLR writes the groups' betas as well as their rates; a compiled AdamW step reads both at
+    each call, so twelve steps train torch's weights."""
+    import warnings
+
+    torch.manual_seed(0)
+    tm, mm = torch.nn.Linear(6, 4), mica.nn.Linear(6, 4)
+    mm.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    x, y = torch.randn(16, 6), torch.randn(16, 4)
+    topt, mopt = torch.optim.AdamW(tm.parameters(), lr=0.01), mica.optim.AdamW(mm.parameters(), lr=0.01)
+    tsched = torch.optim.lr_scheduler.OneCycleLR(topt, 0.05, total_steps=12)
+    msched = mica.optim.lr_scheduler.OneCycleLR(mopt, 0.05, total_steps=12)
+
+    @mica.compile
+    def step(x, y):
+        loss = ((mm(x) - y) ** 2).mean()
+        mopt.zero_grad()
+        loss.backward()
+        mopt.step()
+        return loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(12):
+            loss = ((tm(x) - y) ** 2).mean()
+            topt.zero_grad()
+            loss.backward()
+            topt.step()
+            tsched.step()
+            assert float(step(x.numpy(), y.numpy())) == pytest.approx(loss.item(), rel=1e-5)
+            msched.step()
+    assert mopt.param_groups[0]["betas"][0] == pytest.approx(topt.param_groups[0]["betas"][0], rel=1e-12)
+    np.testing.assert_allclose(np.asarray(mm.weight), tm.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_schedulers_given_what_torchs_refuse_say_so_in_a_sentence():
+    opt = mica.optim.SGD([mica.nn.Parameter(mica.zeros(2))], lr=0.1, momentum=0.9)
+    other = mica.optim.SGD([mica.nn.Parameter(mica.zeros(2))], lr=0.1)
+    sched = mica.optim.lr_scheduler
+    cases = [
+        (lambda: sched.OneCycleLR(opt, 1.0), r"^OneCycleLR: give total_steps, or epochs and steps_per_epoch"),
+        (lambda: sched.OneCycleLR(opt, 1.0, total_steps=0), r"^OneCycleLR: total_steps must be a positive integer"),
+        (lambda: sched.OneCycleLR(mica.optim.Adagrad([mica.nn.Parameter(mica.zeros(2))]), 1.0, total_steps=5),
+         r"^OneCycleLR: cycle_momentum needs an optimizer"),
+        (lambda: sched.SequentialLR(opt, [sched.StepLR(opt, 2)], [3]), r"^SequentialLR takes one milestone fewer"),
+        (lambda: sched.SequentialLR(opt, [sched.StepLR(other, 2)], []), r"^SequentialLR: scheduler 0 \(StepLR\) belongs"),
+        (lambda: sched.ChainedScheduler([sched.ReduceLROnPlateau(opt)]), r"^ChainedScheduler cannot take ReduceLROnPlateau"),
+        (lambda: sched.CosineAnnealingWarmRestarts(opt, 0), r"^CosineAnnealingWarmRestarts: T_0 must be a positive"),
+        (lambda: sched.ReduceLROnPlateau(opt, factor=1.5), r"^ReduceLROnPlateau: factor must be below 1"),
+    ]
+    for make, sentence in cases:
+        with pytest.raises(mica.MicaError, match=sentence):
+            make()
+    s = sched.OneCycleLR(opt, 1.0, total_steps=2)
+    s.step()
+    with pytest.raises(mica.MicaError, match=r"^OneCycleLR: stepped 3 times, beyond its total_steps of 2"):
+        s.step()
+        s.step()

@@ -8,6 +8,7 @@ step(epoch), which torch deprecates, takes the schedule's closed form where torc
 functional step, a schedule is a function of the step count instead: mica.optim.cosine_with_warmup
 and the others (docs/api.md).
 """
+import bisect
 import collections
 import math
 
@@ -34,6 +35,11 @@ class LRScheduler:
                             "group's 'initial_lr' (load the optimizer's state_dict first)", user_location())
         self.base_lrs = [float(g["initial_lr"]) for g in optimizer.param_groups]
         self.last_epoch = last_epoch
+        self._initial_step()
+
+    def _initial_step(self):
+        """torch's first step, taken at construction (again by SequentialLR when a scheduler's turn
+        comes)."""
         self._step_count, self._is_initial = 0, True
         try:
             self.step()
@@ -53,6 +59,9 @@ class LRScheduler:
 
     def step(self, epoch=None):
         self._step_count += 1
+        self._update_lr(epoch)
+
+    def _update_lr(self, epoch=None):
         if epoch is None:
             self.last_epoch += 1
             values = self.get_lr()
@@ -233,6 +242,310 @@ class ConstantLR(LRScheduler):
 
     def closed_form(self):
         return [base * (self.factor if self.last_epoch < self.total_iters else 1.0) for base in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    def __init__(self, optimizer, total_iters=5, power=1.0, last_epoch=-1):
+        self.total_iters, self.power = int(total_iters), float(power)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        e, n = self.last_epoch, self.total_iters
+        if self._is_initial or e > n:
+            return self._lrs()
+        decay = ((1.0 - e / n) / (1.0 - (e - 1) / n)) ** self.power
+        return [lr * decay for lr in self._lrs()]
+
+    def closed_form(self):
+        return [base * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters) ** self.power
+                for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """torch's SGDR: a cosine from each base rate to eta_min over T_i steps, T_i starting at T_0 and
+    multiplied by T_mult at each restart."""
+
+    def __init__(self, optimizer, T_0, T_mult=1, eta_min=0.0, last_epoch=-1):  # noqa: N803  (torch's names)
+        if not isinstance(T_0, int) or isinstance(T_0, bool) or T_0 <= 0:
+            _refuse(f"CosineAnnealingWarmRestarts: T_0 must be a positive integer, got {T_0!r}")
+        if not isinstance(T_mult, int) or isinstance(T_mult, bool) or T_mult < 1:
+            _refuse(f"CosineAnnealingWarmRestarts: T_mult must be an integer >= 1, got {T_mult!r}")
+        self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, float(eta_min)
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base in self.base_lrs]
+
+    def step(self, epoch=None):
+        self._step_count += 1
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur += 1
+            if self.T_cur >= self.T_i:
+                self.T_cur, self.T_i = self.T_cur % self.T_i, self.T_i * self.T_mult
+        elif epoch < 0:
+            _refuse(f"CosineAnnealingWarmRestarts.step: the epoch must not be negative, got {epoch!r}")
+        elif epoch >= self.T_0:
+            if self.T_mult == 1:
+                self.T_cur = epoch % self.T_0
+            else:
+                n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+                self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+                self.T_i = self.T_0 * self.T_mult ** n
+        else:
+            self.T_i, self.T_cur = self.T_0, epoch
+        self.last_epoch = math.floor(epoch)
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = self._lrs()
+
+
+class OneCycleLR(LRScheduler):
+    """torch's one-cycle policy: from max_lr / div_factor up to max_lr over pct_start of total_steps,
+    then down to that over final_div_factor (three_phase: back to the start first), by a cosine or a
+    line; with cycle_momentum the momentum (Adam's beta1) moves the other way between base_momentum and
+    max_momentum. The rates and momenta are param_groups settings a compiled step reads at each call."""
+
+    def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
+                 anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85, max_momentum=0.95, div_factor=25.0,
+                 final_div_factor=1e4, three_phase=False, last_epoch=-1):
+        self.optimizer = optimizer
+        if total_steps is not None:
+            if not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps <= 0:
+                _refuse(f"OneCycleLR: total_steps must be a positive integer, got {total_steps!r}")
+            self.total_steps = total_steps
+        elif epochs is not None and steps_per_epoch is not None:
+            for name, v in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
+                if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                    _refuse(f"OneCycleLR: {name} must be a positive integer, got {v!r}")
+            self.total_steps = epochs * steps_per_epoch
+        else:
+            _refuse("OneCycleLR: give total_steps, or epochs and steps_per_epoch")
+        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
+            _refuse(f"OneCycleLR: pct_start must be a float from 0 to 1, got {pct_start!r}")
+        if anneal_strategy not in ("cos", "linear"):
+            _refuse(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        self._anneal_func_type = anneal_strategy
+        up, n = float(pct_start * self.total_steps) - 1, self.total_steps - 1
+        if three_phase:
+            self._schedule_phases = [
+                {"end_step": up, "start_lr": "initial_lr", "end_lr": "max_lr",
+                 "start_momentum": "max_momentum", "end_momentum": "base_momentum"},
+                {"end_step": float(2 * pct_start * self.total_steps) - 2, "start_lr": "max_lr", "end_lr": "initial_lr",
+                 "start_momentum": "base_momentum", "end_momentum": "max_momentum"},
+                {"end_step": n, "start_lr": "initial_lr", "end_lr": "min_lr",
+                 "start_momentum": "max_momentum", "end_momentum": "max_momentum"}]
+        else:
+            self._schedule_phases = [
+                {"end_step": up, "start_lr": "initial_lr", "end_lr": "max_lr",
+                 "start_momentum": "max_momentum", "end_momentum": "base_momentum"},
+                {"end_step": n, "start_lr": "max_lr", "end_lr": "min_lr",
+                 "start_momentum": "base_momentum", "end_momentum": "max_momentum"}]
+        max_lrs = _per_group(max_lr, optimizer, "OneCycleLR's max_lr")
+        if last_epoch == -1:
+            for group, top in zip(optimizer.param_groups, max_lrs):
+                group["initial_lr"] = top / div_factor
+                group["max_lr"] = top
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        self.cycle_momentum = bool(cycle_momentum)
+        if self.cycle_momentum:
+            defaults = getattr(optimizer, "defaults", {})
+            if "momentum" not in defaults and "betas" not in defaults:
+                _refuse(f"OneCycleLR: cycle_momentum needs an optimizer with momentum or betas, and "
+                        f"{type(optimizer).__name__} has neither; pass cycle_momentum=False")
+            self.use_beta1 = "betas" in defaults
+            tops = _per_group(max_momentum, optimizer, "OneCycleLR's max_momentum")
+            bases = _per_group(base_momentum, optimizer, "OneCycleLR's base_momentum")
+            if last_epoch == -1:
+                for top, base, group in zip(tops, bases, optimizer.param_groups):
+                    self._set_momentum(group, top)
+                    group["max_momentum"], group["base_momentum"] = top, base
+        super().__init__(optimizer, last_epoch)
+
+    def _set_momentum(self, group, value):
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _anneal(self, start, end, pct):
+        if self._anneal_func_type == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self):
+        step = self.last_epoch
+        if step > self.total_steps:
+            _refuse(f"OneCycleLR: stepped {step} times, beyond its total_steps of {self.total_steps}")
+        lrs = []
+        for group in self.optimizer.param_groups:
+            start = 0.0
+            for i, phase in enumerate(self._schedule_phases):
+                end = phase["end_step"]
+                if step <= end or i == len(self._schedule_phases) - 1:
+                    pct = (step - start) / (end - start)
+                    lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
+                    momentum = (self._anneal(group[phase["start_momentum"]], group[phase["end_momentum"]], pct)
+                                if self.cycle_momentum else None)
+                    break
+                start = phase["end_step"]
+            lrs.append(lr)
+            if self.cycle_momentum:
+                self._set_momentum(group, momentum)
+        return lrs
+
+
+def _schedulers_of(kind, optimizer, schedulers):
+    schedulers = list(schedulers)
+    if not schedulers:
+        _refuse(f"{kind} takes at least one scheduler")
+    for i, s in enumerate(schedulers):
+        if isinstance(s, ReduceLROnPlateau):
+            _refuse(f"{kind} cannot take ReduceLROnPlateau (scheduler {i}): its step needs the metric; step it "
+                    "yourself")
+        if getattr(s, "optimizer", None) is not optimizer:
+            _refuse(f"{kind}: scheduler {i} ({type(s).__name__}) belongs to another optimizer; every scheduler must "
+                    "belong to the one optimizer")
+    return schedulers
+
+
+class _Nested:
+    """torch's state_dict of a scheduler of schedulers: its own attributes and each one's state_dict."""
+
+    def state_dict(self):
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict):
+        for key, value in state_dict.items():
+            if key not in ("optimizer", "_schedulers"):
+                setattr(self, key, value)
+        for s, state in zip(self._schedulers, state_dict.get("_schedulers", ())):
+            s.load_state_dict(state)
+
+
+class SequentialLR(_Nested, LRScheduler):
+    """torch's: schedulers[0] until milestones[0], then schedulers[1] started afresh, and so on."""
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
+        self._schedulers = _schedulers_of("SequentialLR", optimizer, schedulers)
+        self._milestones = [int(m) for m in milestones]
+        if len(self._milestones) != len(self._schedulers) - 1:
+            _refuse(f"SequentialLR takes one milestone fewer than schedulers, got {len(self._schedulers)} schedulers "
+                    f"and {len(self._milestones)} milestones")
+        self.last_epoch = last_epoch + 1
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"]
+        for s in self._schedulers:  # (undo the steps their construction took)
+            _undo(s)
+        first = self._schedulers[bisect.bisect_right(self._milestones, 0)]
+        first._initial_step()
+        self._last_lr = first.get_last_lr()
+
+    def step(self):
+        self.last_epoch += 1
+        i = bisect.bisect_right(self._milestones, self.last_epoch)
+        s = self._schedulers[i]
+        if i > 0 and self._milestones[i - 1] == self.last_epoch:
+            s._update_lr(0)
+        else:
+            s.step()
+        self._last_lr = s.get_last_lr()
+
+
+def _undo(s):
+    for inner in getattr(s, "_schedulers", ()):
+        _undo(inner)
+    if not hasattr(s, "_schedulers") and hasattr(s, "last_epoch"):
+        s.last_epoch -= 1
+
+
+class ChainedScheduler(_Nested, LRScheduler):
+    """torch's: every scheduler stepped, in order, at each step."""
+
+    def __init__(self, schedulers, optimizer=None):
+        schedulers = list(schedulers)
+        optimizer = optimizer or (getattr(schedulers[0], "optimizer", None) if schedulers else None)
+        self._schedulers = _schedulers_of("ChainedScheduler", optimizer, schedulers)
+        self.optimizer = optimizer
+        self._last_lr = self._lrs()
+
+    def step(self):
+        for s in self._schedulers:
+            s.step()
+        self._last_lr = self._lrs()
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """torch's: the rates times factor when the metric given to step(metric) has not improved (by
+    threshold, relative or absolute) for more than patience steps, then cooldown steps of rest; never
+    below min_lr, and a change smaller than eps is not made. The metric is a Python number (a loss a
+    compiled step returned)."""
+
+    def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",
+                 cooldown=0, min_lr=0, eps=1e-8):
+        if factor >= 1.0:
+            _refuse(f"ReduceLROnPlateau: factor must be below 1, got {factor!r}")
+        if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
+            _refuse(f"ReduceLROnPlateau: mode must be 'min' or 'max' and threshold_mode 'rel' or 'abs', got "
+                    f"{mode!r} and {threshold_mode!r}")
+        self.optimizer, self.factor = optimizer, float(factor)
+        if isinstance(min_lr, (list, tuple)):
+            self.default_min_lr, self.min_lrs = None, list(_per_group(list(min_lr), optimizer,
+                                                                        "ReduceLROnPlateau's min_lr"))
+        else:
+            self.default_min_lr, self.min_lrs = min_lr, [min_lr] * len(optimizer.param_groups)
+        self.patience, self.cooldown, self.eps = int(patience), int(cooldown), float(eps)
+        self.mode, self.threshold, self.threshold_mode = mode, float(threshold), threshold_mode
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.last_epoch = 0
+        self._last_lr = self._lrs()
+        self.best, self.cooldown_counter, self.num_bad_epochs = self.mode_worse, 0, 0
+
+    def _is_better(self, a, best):
+        if self.threshold_mode == "rel":
+            return a < best * (1.0 - self.threshold) if self.mode == "min" else a > best * (self.threshold + 1.0)
+        return a < best - self.threshold if self.mode == "min" else a > best + self.threshold
+
+    def step(self, metrics, epoch=None):
+        current = float(metrics)
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
+        if self._is_better(current, self.best):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            if len(self.min_lrs) != len(self.optimizer.param_groups):
+                if self.default_min_lr is None:
+                    _refuse("ReduceLROnPlateau: the optimizer has another number of param groups than its min_lr "
+                            "list; set min_lrs to one per group")
+                self.min_lrs = [self.default_min_lr] * len(self.optimizer.param_groups)
+            for group, low in zip(self.optimizer.param_groups, self.min_lrs):
+                old = float(group["lr"])
+                new = max(old * self.factor, low)
+                if old - new > self.eps:
+                    group["lr"] = new
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = self._lrs()
+
+    @property
+    def in_cooldown(self):
+        return self.cooldown_counter > 0
+
+
+def _refuse(sentence):
+    from ..tensor import user_location
+
+    raise MicaError(sentence, user_location())
 
 
 def __getattr__(name):  # (another torch scheduler: Mica's sentence, with what to do instead)
