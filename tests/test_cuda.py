@@ -1012,6 +1012,32 @@ def test_on_the_gpu_the_step_matches_the_float64_oracle():
         assert rel_err(got[k], want[k]) < 1e-4, k
 
 
+@needs_gpu
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_on_the_gpu_half_products_with_a_bias_are_rounded_once(half):
+    """cuBLASLt's half products on the card: plain (C in the half type) and with a bias (half A and B,
+    a float32 C the bias joins before one rounding), forward and gradients: the CPU target's values to
+    a half type's rounding (the card sums in an order of its own), and the same bits twice."""
+    dt = getattr(mica, half)
+
+    def step(x, w, b, v):
+        with mica.autocast(dtype=dt):
+            h = mica.nn.functional.linear(x, w, b)
+            y = mica.nn.functional.linear(h, v)
+        loss = (y.float() ** 2).mean()
+        return (loss,) + tuple(mica.grad(loss, [x, w, b, v]))
+
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((3, 40, 96), (72, 96), (72,), (24, 72))]
+    program = mica.trace(step, *[mica.f32[a.shape] for a in args])
+    exe = program.lower("cuda").build()
+    got, again = exe(*args), exe(*args)
+    cpu = program.lower("cpu").build()(*args)
+    for g, a, c in zip(got, again, cpu):
+        assert np.array_equal(np.asarray(g), np.asarray(a))
+        assert rel_err(np.asarray(g), np.asarray(c)) < 1e-2
+
+
 PRODUCTS_RUN = """
 import sys
 sys.path.insert(0, {tests!r})
