@@ -4,6 +4,9 @@ from .modules import (  # noqa: F401
     GELU, Dropout, Embedding, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
+from .transformer import (  # noqa: F401
+    MultiheadAttention, Transformer, TransformerEncoder, TransformerEncoderLayer,
+)
 from .stateless import (  # noqa: F401
     CELU, ELU, GLU, SELU, BCELoss, BCEWithLogitsLoss, CosineSimilarity, CrossEntropyLoss, Flatten, Hardshrink,
     Hardsigmoid, Hardswish, Hardtanh, HuberLoss, KLDivLoss, L1Loss, LeakyReLU, LogSigmoid, LogSoftmax, Mish, MSELoss,

@@ -1,0 +1,154 @@
+"""nn.MultiheadAttention, nn.TransformerEncoderLayer and nn.TransformerEncoder against torch's:
+the same state_dict keys, values and gradients (eager and compiled), and a model written for torch's
+tutorial trained by a compiled step as torch trains it."""
+import numpy as np
+import pytest
+import torch
+
+import mica
+from helpers import rel_err
+from torch_transformer_tutorial import make
+
+E, H, L, S, N = 16, 4, 5, 7, 3
+
+
+def _load(mine, theirs):
+    mine.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+
+
+def _masks():
+    g = torch.Generator().manual_seed(1)
+    padding = torch.zeros(N, S, dtype=torch.bool)
+    padding[0, -2:] = True
+    scores = torch.randn(L, S, generator=g)
+    return {"none": {}, "float mask": {"attn_mask": scores}, "padding": {"key_padding_mask": padding},
+            "bool mask and padding": {"attn_mask": scores > 1.0, "key_padding_mask": padding},
+            "sdpa path": {"need_weights": False, "attn_mask": scores},
+            "each head's weights": {"average_attn_weights": False},
+            "per-head mask": {"attn_mask": torch.randn(N * H, L, S, generator=g)}}
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("case", list(_masks()))
+def test_multihead_attention_is_torchs(batch_first, case):
+    torch.manual_seed(0)
+    theirs = torch.nn.MultiheadAttention(E, H, batch_first=batch_first)
+    mine = mica.nn.MultiheadAttention(E, H, batch_first=batch_first)
+    assert sorted(mine.state_dict()) == sorted(theirs.state_dict())
+    _load(mine, theirs)
+    kw = _masks()[case]
+    shapes = ((N, L, E), (N, S, E)) if batch_first else ((L, N, E), (S, N, E))
+    q, k, v = torch.randn(*shapes[0]), torch.randn(*shapes[1]), torch.randn(*shapes[1])
+    want, want_w = theirs(q, k, v, **kw)
+    (want ** 2).sum().backward()
+    args = {a: b.numpy() for a, b in kw.items() if hasattr(b, "numpy")} | {a: b for a, b in kw.items()
+                                                                            if not hasattr(b, "numpy")}
+    out, w = mine(q.numpy(), k.numpy(), v.numpy(), **args)  # (eager)
+    assert rel_err(np.asarray(out), want.detach().numpy()) < 1e-6
+    assert (w is None) == (want_w is None)
+    if w is not None:
+        assert rel_err(np.asarray(w), want_w.detach().numpy()) < 1e-6
+
+    if not batch_first:  # (compiled once per mask case: the layouts differ only by transposes, checked eagerly)
+        return
+
+    @mica.compile
+    def step(q, k, v):
+        o, _ = mine(q, k, v, **args)
+        (o ** 2).sum().backward()
+        return o
+
+    assert rel_err(np.asarray(step(q.numpy(), k.numpy(), v.numpy())), want.detach().numpy()) < 1e-6
+    for name, p in theirs.named_parameters():
+        assert rel_err(np.asarray(mine.get_parameter(name).grad), p.grad.numpy()) < 1e-5, name
+
+
+def test_multihead_attention_other_forms_are_torchs():
+    """kdim/vdim (three projection weights), an unbatched call, and the causal hint with its mask on
+    one input given as query, key and value (one packed projection)."""
+    torch.manual_seed(0)
+    theirs, mine = torch.nn.MultiheadAttention(E, H, kdim=6, vdim=10), mica.nn.MultiheadAttention(E, H, kdim=6, vdim=10)
+    assert sorted(mine.state_dict()) == sorted(theirs.state_dict())
+    _load(mine, theirs)
+    q, k, v = torch.randn(L, N, E), torch.randn(S, N, 6), torch.randn(S, N, 10)
+    assert rel_err(np.asarray(mine(q.numpy(), k.numpy(), v.numpy())[0]), theirs(q, k, v)[0].detach().numpy()) < 1e-6
+    theirs, mine = torch.nn.MultiheadAttention(E, H, batch_first=True), mica.nn.MultiheadAttention(E, H, batch_first=True)
+    _load(mine, theirs)
+    x = torch.randn(L, E)
+    for got, want in zip(mine(x.numpy(), x.numpy(), x.numpy()), theirs(x, x, x)):
+        assert rel_err(np.asarray(got), want.detach().numpy()) < 1e-6
+    x = torch.randn(N, L, E)
+    mask = mica.nn.Transformer.generate_square_subsequent_mask(L)
+    np.testing.assert_array_equal(np.asarray(mask), torch.nn.Transformer.generate_square_subsequent_mask(L).numpy())
+    got = mica.compile(lambda x: mine(x, x, x, attn_mask=mask, need_weights=False, is_causal=True)[0])(x.numpy())
+    want = theirs(x, x, x, attn_mask=torch.nn.Transformer.generate_square_subsequent_mask(L), need_weights=False,
+                  is_causal=True)[0]
+    assert rel_err(np.asarray(got), want.detach().numpy()) < 1e-6
+
+
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_transformer_encoder_is_torchs(norm_first, activation):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(E, H, 32, dropout=0.0, activation=activation, batch_first=True,
+                                             norm_first=norm_first)
+    theirs = torch.nn.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(E), enable_nested_tensor=False)
+    mine = mica.nn.TransformerEncoder(mica.nn.TransformerEncoderLayer(
+        E, H, 32, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first), 2,
+        norm=mica.nn.LayerNorm(E))
+    assert sorted(mine.state_dict()) == sorted(theirs.state_dict())
+    _load(mine, theirs)
+    x = torch.randn(N, L, E)
+    padding = torch.zeros(N, L, dtype=torch.bool)
+    padding[1, -1] = True
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(L)
+    got = mica.compile(lambda x: mine(x, mask=mask.numpy(), is_causal=True))(x.numpy())
+    assert rel_err(np.asarray(got), theirs(x, mask=mask, is_causal=True).detach().numpy()) < 1e-6
+    got = mine(x.numpy(), src_key_padding_mask=padding.numpy())
+    assert rel_err(np.asarray(got), theirs(x, src_key_padding_mask=padding).detach().numpy()) < 1e-6
+
+
+def test_torchs_transformer_tutorial_model_trains_as_torchs():
+    """PyTorch's tutorial model (positional encoding buffer, TransformerEncoder of two layers, the
+    causal mask from nn.Transformer, its init through .data.uniform_), ported by its imports: five
+    SGD steps with clipping give torch's losses."""
+    torch.manual_seed(0)
+    theirs = make(torch, torch.nn)(50, 32, 2, 64, 2, dropout=0.0)
+    mine = make(mica, mica.nn)(50, 32, 2, 64, 2, dropout=0.0)
+    _load(mine, theirs)
+    topt, mopt = torch.optim.SGD(theirs.parameters(), lr=0.5), mica.optim.SGD(mine.parameters(), lr=0.5)
+
+    @mica.compile
+    def step(data, targets):
+        loss = mica.nn.functional.cross_entropy(mine(data).view(-1, 50), targets)
+        mopt.zero_grad()
+        loss.backward()
+        mica.nn.utils.clip_grad_norm_(mine.parameters(), 0.5)
+        mopt.step()
+        return loss
+
+    for _ in range(5):
+        data, targets = torch.randint(0, 50, (12, 4)), torch.randint(0, 50, (48,))
+        loss = torch.nn.functional.cross_entropy(theirs(data).view(-1, 50), targets)
+        topt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.5)
+        topt.step()
+        assert float(step(data.numpy(), targets.numpy())) == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_what_torchs_attention_modules_refuse_is_a_sentence():
+    m = mica.nn.MultiheadAttention(E, H)
+    x = np.zeros((L, N, E), np.float32)
+    cases = [
+        (lambda: mica.nn.MultiheadAttention(10, 3), r"^MultiheadAttention: embed_dim \(10\) must be a positive multiple"),
+        (lambda: mica.nn.MultiheadAttention(E, H, add_bias_kv=True), r"^MultiheadAttention: add_bias_kv"),
+        (lambda: m(x, x, x, is_causal=True), r"^MultiheadAttention: is_causal is a hint"),
+        (lambda: m(x, x, x, attn_mask=np.zeros((L, L + 1), np.float32)), r"^MultiheadAttention: attn_mask is \[5, 6\]"),
+        (lambda: m(x, x, x, key_padding_mask=np.zeros((N, L + 1), bool)), r"^MultiheadAttention: key_padding_mask"),
+        (lambda: m(x, x[:, :2], x), r"^MultiheadAttention: query \[5, 3, 16\]"),
+        (lambda: mica.nn.TransformerEncoderLayer(E, H, activation="tanh"), r"^TransformerEncoderLayer: activation"),
+        (lambda: mica.nn.Transformer(E, H), r"^Mica has no nn.Transformer \(the encoder-decoder\)"),
+    ]
+    for make_it, sentence in cases:
+        with pytest.raises(mica.MicaError, match=sentence):
+            make_it()
