@@ -854,13 +854,15 @@ _BIASED = {  # (torch's verbs that add to a product's float32 sums and round onc
     "linear 3-d": (lambda m, x, w, b: m.nn.functional.linear(x, w, b), ((3, 16, 48), (40, 48), (40,))),
     "addmm": (lambda m, x, w, b: m.addmm(b, x, w.T, beta=0.5, alpha=2), ((16, 48), (40, 48), (16, 40))),
     "baddbmm": (lambda m, x, w, b: m.baddbmm(b, x, w.T.expand(3, 48, 40)), ((3, 16, 48), (40, 48), (3, 16, 40))),
+    "addbmm": (lambda m, x, w, b: m.addbmm(b, x, w, beta=0.5, alpha=2), ((4, 16, 48), (4, 48, 24), (16, 24))),
+    "addmv": (lambda m, x, w, b: m.addmv(b, x, w), ((40, 64), (64,), (40,))),
 }
 
 
 @pytest.mark.parametrize("half", ["bfloat16", "float16"])
 def test_a_bias_joins_the_products_float32_sums_and_is_rounded_once_as_torchs(half):
-    """F.linear with a bias, addmm and baddbmm in a half type: torch adds the bias to the product's
-    float32 sums and rounds once; Mica rounded the product, then the sum (30% of the elements an ulp
+    """F.linear with a bias, addmm, baddbmm and addmv in a half type: torch adds the bias to the
+    product's float32 sums and rounds once (addbmm: once per batch, as its addmm per batch); Mica rounded the product, then the sum (30% of the elements an ulp
     off, up to 20 ulps where the bias cancels the product). Now the product keeps its sums in
     float32 (matmul's dtype=float32, visible in the IR) and the sum is rounded once: bfloat16 gives
     torch's bits; float16 too but where torch's CPU kernel sums in another order. The simulator

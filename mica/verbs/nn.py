@@ -226,15 +226,24 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
 def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """torch.addbmm: beta * input + alpha * the sum over the batch of bmm(batch1, batch2)."""
     input, batch1, batch2 = amp.lower("addbmm", as_tensor(input), as_tensor(batch1), as_tensor(batch2))
+    if input.dtype in dtypes.HALF and batch1.dtype is input.dtype and batch1.ndim == 3 and batch1.shape[0]:
+        if batch2.ndim != 3 or batch2.shape[0] != batch1.shape[0]:  # (then torch's: an addmm per batch, each
+            fail(f"addbmm: batch1 {batch1.value.spec!r} and batch2 {batch2.value.spec!r} must be 3-d with one "
+                 "batch size")  # rounded once, beta on the first)
+        out = input
+        for b in range(batch1.shape[0]):
+            out = addmm(out, batch1[b], batch2[b], beta=beta if b == 0 else 1, alpha=alpha)
+        return out
     return _plus_scaled("addbmm", input, _sum(bmm(batch1, batch2), 0), beta, alpha)
 
 
-def _product(verb, a, b):
-    """a @ b for the products torch does not autocast (dot, mv): the operands of one type."""
+def _product(verb, a, b, wide=False):
+    """a @ b for the products torch does not autocast (dot, mv): the operands of one type (`wide`:
+    half operands' sums kept in float32)."""
     a, b = as_tensor(a), as_tensor(b)
     if a.dtype is not b.dtype:
         fail(f"{verb}: operands must have one element type, got {a.value.spec!r} and {b.value.spec!r}")
-    return _matmul(a, b)
+    return _matmul(a, b, wide)
 
 
 def dot(input, tensor):
@@ -248,17 +257,22 @@ def dot(input, tensor):
 
 def mv(input, vec):
     """torch.mv: a [n, m] matrix by an [m] vector."""
+    return _mv(input, vec)
+
+
+def _mv(input, vec, wide=False):
     a, v = as_tensor(input), as_tensor(vec)
     _need_ranks("mv", ("input", a, 2), ("vec", v, 1))
     if a.shape[1] != v.shape[0]:
         fail(f"mv: cannot multiply {a.value.spec!r} by {v.value.spec!r}: inner sizes {a.shape[1]} and {v.shape[0]} "
              "differ")
-    return reshape(_product("mv", a, reshape(v, (-1, 1))), (a.shape[0],))
+    return reshape(_product("mv", a, reshape(v, (-1, 1)), wide), (a.shape[0],))
 
 
 def addmv(input, mat, vec, *, beta=1, alpha=1):
-    """torch.addmv: beta * input + alpha * mv(mat, vec)."""
-    return _plus_scaled("addmv", input, mv(mat, vec), beta, alpha)
+    """torch.addmv: beta * input + alpha * mv(mat, vec) (in a half type rounded once, as torch's)."""
+    x, half = _widened(input, as_tensor(mat))
+    return _plus_scaled("addmv", x, _mv(mat, vec, half is not None), beta, alpha, half)
 
 
 def linear(input, weight, bias=None):
