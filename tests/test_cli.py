@@ -34,7 +34,8 @@ def test_inspect_prints_the_step_ir():
     r = _mica("inspect", "--ir", "--n_layer=1", "--n_head=2", "--n_embd=8", "--block_size=4", "--vocab_size=7",
               "--dtype=bfloat16")
     assert r.returncode == 0, r.stderr
-    assert ":bf16[4, 24] = matmul" in r.stdout and "cast" in r.stdout
+    assert ":bf16[4, 7] = matmul" in r.stdout and "cast" in r.stdout  # (the head; a product with a bias keeps
+    assert ":f32[4, 24] = matmul" in r.stdout and "dtype=f32" in r.stdout  # its float32 sums for the bias)
 
 
 def test_unknown_setting_names_the_nearest_one():
