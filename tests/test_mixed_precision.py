@@ -862,11 +862,12 @@ _BIASED = {  # (torch's verbs that add to a product's float32 sums and round onc
 @pytest.mark.parametrize("half", ["bfloat16", "float16"])
 def test_a_bias_joins_the_products_float32_sums_and_is_rounded_once_as_torchs(half):
     """F.linear with a bias, addmm, baddbmm and addmv in a half type: torch adds the bias to the
-    product's float32 sums and rounds once (addbmm: once per batch, as its addmm per batch); Mica rounded the product, then the sum (30% of the elements an ulp
-    off, up to 20 ulps where the bias cancels the product). Now the product keeps its sums in
-    float32 (matmul's dtype=float32, visible in the IR) and the sum is rounded once: bfloat16 gives
-    torch's bits; float16 too but where torch's CPU kernel sums in another order. The simulator
-    (cuBLASLt's half operands with a float32 C) gives the CPU's bits."""
+    product's float32 sums and rounds once (addbmm: once per batch, as its addmm per batch); Mica
+    rounded the product, then the sum (30% of the elements an ulp off, up to 20 ulps where the bias
+    cancels the product). Now the product keeps its sums in float32 (matmul's dtype=float32,
+    visible in the IR) and the sum is rounded once: bfloat16 gives torch's bits; float16 too but
+    where torch's CPU kernel sums in another order. The simulator (cuBLASLt's half operands with a
+    float32 C) gives the CPU's bits."""
     from test_cuda import _has_boost_context
 
     rng = np.random.default_rng(7)

@@ -684,7 +684,8 @@ def test_more_of_torchs_schedulers_set_torchs_rates_and_momenta(name):
         seen, kept = [], None
         for i in range(steps):
             s.step(metric(i)) if metric else s.step()
-            seen.append([(g["lr"], g.get("momentum", 0.0)) + tuple(g.get("betas", (0.0, 0.0))) for g in opt.param_groups])
+            seen.append([(g["lr"], g.get("momentum", 0.0)) + tuple(g.get("betas", (0.0, 0.0)))
+                         for g in opt.param_groups])
             kept = s.state_dict() if i == keep_at else kept
         return np.array(seen, np.float64), kept
 
@@ -743,8 +744,10 @@ def test_schedulers_given_what_torchs_refuse_say_so_in_a_sentence():
         (lambda: sched.OneCycleLR(mica.optim.Adagrad([mica.nn.Parameter(mica.zeros(2))]), 1.0, total_steps=5),
          r"^OneCycleLR: cycle_momentum needs an optimizer"),
         (lambda: sched.SequentialLR(opt, [sched.StepLR(opt, 2)], [3]), r"^SequentialLR takes one milestone fewer"),
-        (lambda: sched.SequentialLR(opt, [sched.StepLR(other, 2)], []), r"^SequentialLR: scheduler 0 \(StepLR\) belongs"),
-        (lambda: sched.ChainedScheduler([sched.ReduceLROnPlateau(opt)]), r"^ChainedScheduler cannot take ReduceLROnPlateau"),
+        (lambda: sched.SequentialLR(opt, [sched.StepLR(other, 2)], []),
+         r"^SequentialLR: scheduler 0 \(StepLR\) belongs"),
+        (lambda: sched.ChainedScheduler([sched.ReduceLROnPlateau(opt)]),
+         r"^ChainedScheduler cannot take ReduceLROnPlateau"),
         (lambda: sched.CosineAnnealingWarmRestarts(opt, 0), r"^CosineAnnealingWarmRestarts: T_0 must be a positive"),
         (lambda: sched.ReduceLROnPlateau(opt, factor=1.5), r"^ReduceLROnPlateau: factor must be below 1"),
     ]

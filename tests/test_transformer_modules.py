@@ -72,7 +72,8 @@ def test_multihead_attention_other_forms_are_torchs():
     _load(mine, theirs)
     q, k, v = torch.randn(L, N, E), torch.randn(S, N, 6), torch.randn(S, N, 10)
     assert rel_err(np.asarray(mine(q.numpy(), k.numpy(), v.numpy())[0]), theirs(q, k, v)[0].detach().numpy()) < 1e-6
-    theirs, mine = torch.nn.MultiheadAttention(E, H, batch_first=True), mica.nn.MultiheadAttention(E, H, batch_first=True)
+    theirs = torch.nn.MultiheadAttention(E, H, batch_first=True)
+    mine = mica.nn.MultiheadAttention(E, H, batch_first=True)
     _load(mine, theirs)
     x = torch.randn(L, E)
     for got, want in zip(mine(x.numpy(), x.numpy(), x.numpy()), theirs(x, x, x)):
@@ -140,7 +141,8 @@ def test_what_torchs_attention_modules_refuse_is_a_sentence():
     m = mica.nn.MultiheadAttention(E, H)
     x = np.zeros((L, N, E), np.float32)
     cases = [
-        (lambda: mica.nn.MultiheadAttention(10, 3), r"^MultiheadAttention: embed_dim \(10\) must be a positive multiple"),
+        (lambda: mica.nn.MultiheadAttention(10, 3),
+         r"^MultiheadAttention: embed_dim \(10\) must be a positive multiple"),
         (lambda: mica.nn.MultiheadAttention(E, H, add_bias_kv=True), r"^MultiheadAttention: add_bias_kv"),
         (lambda: m(x, x, x, is_causal=True), r"^MultiheadAttention: is_causal is a hint"),
         (lambda: m(x, x, x, attn_mask=np.zeros((L, L + 1), np.float32)), r"^MultiheadAttention: attn_mask is \[5, 6\]"),

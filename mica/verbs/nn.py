@@ -227,9 +227,10 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """torch.addbmm: beta * input + alpha * the sum over the batch of bmm(batch1, batch2)."""
     input, batch1, batch2 = amp.lower("addbmm", as_tensor(input), as_tensor(batch1), as_tensor(batch2))
     if input.dtype in dtypes.HALF and batch1.dtype is input.dtype and batch1.ndim == 3 and batch1.shape[0]:
-        if batch2.ndim != 3 or batch2.shape[0] != batch1.shape[0]:  # (then torch's: an addmm per batch, each
+        # torch's in a half type: an addmm per batch, each rounded once, beta on the first alone
+        if batch2.ndim != 3 or batch2.shape[0] != batch1.shape[0]:
             fail(f"addbmm: batch1 {batch1.value.spec!r} and batch2 {batch2.value.spec!r} must be 3-d with one "
-                 "batch size")  # rounded once, beta on the first)
+                 "batch size")
         out = input
         for b in range(batch1.shape[0]):
             out = addmm(out, batch1[b], batch2[b], beta=beta if b == 0 else 1, alpha=alpha)
@@ -285,9 +286,9 @@ def linear(input, weight, bias=None):
     if input.ndim == 0 or input.shape[-1] != weight.shape[-1]:
         fail(f"linear: input {input.value.spec!r} needs {weight.shape[-1]} features in its last dim, as weight "
              f"{weight.value.spec!r} takes (in_features {weight.shape[-1]})")
-    b, half = _widened(bias, input) if bias is not None else (None, None)  # (torch's addmm: the bias added to
-    y = _matmul_nd("linear", input, transpose(weight, -1, -2) if weight.ndim == 2 else weight,  # the float32 sums)
-                   half is not None)
+    # (a half bias joins the product's float32 sums and is rounded once, as torch's addmm)
+    b, half = _widened(bias, input) if bias is not None else (None, None)
+    y = _matmul_nd("linear", input, transpose(weight, -1, -2) if weight.ndim == 2 else weight, half is not None)
     if half is not None:
         return to(add(y, b), half)
     return y if bias is None else add(y, bias)
