@@ -11,6 +11,7 @@ and the others (docs/api.md).
 import bisect
 import collections
 import math
+import types
 
 from ..errors import MicaError
 
@@ -112,13 +113,18 @@ def _per_group(value, optimizer, what):
 
 class _Lambdas:
     """torch's state_dict of a scheduler with lr_lambdas: one entry per group, None for a function
-    (a function is not saved), so torch's load_state_dict reads Mica's and the other way round."""
+    (a function is not saved), a callable object's attributes (its __dict__, restored on load), so
+    torch's load_state_dict reads Mica's and the other way round."""
 
     def state_dict(self):
-        return {**super().state_dict(), "lr_lambdas": [None] * len(self.lr_lambdas)}
+        return {**super().state_dict(), "lr_lambdas": [None if isinstance(f, types.FunctionType) else dict(f.__dict__)
+                                                       for f in self.lr_lambdas]}
 
     def load_state_dict(self, state_dict):
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
+        for f, saved in zip(self.lr_lambdas, state_dict.get("lr_lambdas") or ()):
+            if saved is not None:
+                f.__dict__.update(saved)
 
 
 class LambdaLR(_Lambdas, LRScheduler):
