@@ -5,7 +5,8 @@ parameters, `loss.backward()`, `optimizer.zero_grad()` and `optimizer.step()`, u
 Mica's steps are functional (values in, values out); this is the same thing with the state kept
 for the user. The first call traces the step once to find what it reads: the Parameters read
 unbound and the optimizers stepped. Then the step is traced again as a function of (its arguments,
-those parameters' values, the optimizers' states, each group's learning rate), returning its
+those parameters' values, the optimizers' states, each group's learning rate and live settings:
+momentum, Adam's beta1, which OneCycleLR moves), returning its
 result and the new parameters and states, and compiled. Each call runs it on the values the model
 and the optimizers hold, and keeps the new ones: the model's (Parameter._held, which eager calls
 outside a trace also read) and the optimizer's. In the trace, backward() adds mica.grad(loss,
@@ -21,6 +22,81 @@ _ACTIVE = []  # the step being traced (one at a time)
 _WARNED = set()  # the lines setting an lr to a Python number in a step, warned about
 
 
+class Live(float):
+    """An optimizer setting the compiled step takes as an input at each call (Optimizer.live:
+    momentum, Adam's beta1, which OneCycleLR moves at every step): the number it was when the
+    program was built, for the optimizer's Python decisions (`if momentum != 0`, which the program's
+    pattern keys), whose arithmetic is its traced float64 value, as a Python float's would be (a
+    float32 tensor times it rounds it to float32 once, as a constant)."""
+
+    def __new__(cls, value, tensor):
+        live = float.__new__(cls, value)
+        live._mica_tensor = tensor
+        return live
+
+    def __add__(self, o):
+        return self._mica_tensor + o
+
+    def __radd__(self, o):
+        return o + self._mica_tensor
+
+    def __sub__(self, o):
+        return self._mica_tensor - o
+
+    def __rsub__(self, o):
+        return o - self._mica_tensor
+
+    def __mul__(self, o):
+        return self._mica_tensor * o
+
+    def __rmul__(self, o):
+        return o * self._mica_tensor
+
+    def __truediv__(self, o):
+        return self._mica_tensor / o
+
+    def __rtruediv__(self, o):
+        return o / self._mica_tensor
+
+    def __pow__(self, o):
+        return self._mica_tensor ** o
+
+    def __rpow__(self, o):
+        return o ** self._mica_tensor
+
+    def __neg__(self):
+        return -self._mica_tensor
+
+
+def _live_values(opt, group):
+    """A group's live settings for one call, as float64 numbers (Optimizer.live's order)."""
+    out = []
+    for key in opt.live:
+        if key in group:
+            out.append(np.float64(group[key][0] if key == "betas" else group[key]))
+    return out
+
+
+def _with_live(opt, settings, tensors):
+    """The group's settings with its live ones as Live numbers over their traced values."""
+    settings, tensors = dict(settings), list(tensors)
+    for key in opt.live:
+        if key in settings:
+            if key == "betas":
+                settings[key] = (Live(settings[key][0], tensors.pop(0)), *tuple(settings[key])[1:])
+            else:
+                settings[key] = Live(settings[key], tensors.pop(0))
+    return settings
+
+
+def _live_class(opt, key, value):
+    """What of a live setting's value the program is built on (the optimizers' decisions on it)."""
+    if key == "betas":
+        b = tuple(value)
+        return (("live", abs(1 - float(b[0])) < 0.5),) + b[1:]
+    return ("live", float(value) != 0)
+
+
 class StepTrace:
     """What a traced stateful step reads and keeps: mode "find" (the first trace: note what is
     read) or "trace" (the compiled one: parameters are inputs)."""
@@ -33,6 +109,7 @@ class StepTrace:
         self.grads = {}       # id(Parameter) -> its accumulated gradient Tensor
         self.states = {}      # id(optimizer) -> its state (a pytree of Tensors)
         self.lrs = {}         # id(optimizer) -> [each group's learning rate, a traced scalar]
+        self.lives = {}       # id(optimizer) -> [each group's live settings (Optimizer.live), traced scalars]
         self.modules = []     # the modules whose parameters were read (their train/eval mode keys the step)
         self.names = {}       # id(Parameter) -> its key in the compiled step's dicts (fixed when the step is made)
         self.backwarded = []  # (loss Tensor, retain_graph) of each backward() call (a second call needs retain_graph=True)
@@ -254,7 +331,9 @@ def step(opt):
                         user_location())
     name = s.names
     lrs = [_lr_in_step(s, g, lr) for g, lr in zip(opt.param_groups, s.lrs[id(opt)])]
-    keyed = [{**settings, "params": [name[id(p)] for p in ps], "lr": lr} for (settings, ps), lr in zip(groups, lrs)]
+    lives = s.lives.get(id(opt)) or [[] for _ in groups]
+    keyed = [{**_with_live(opt, settings, live), "params": [name[id(p)] for p in ps], "lr": lr}
+             for (settings, ps), lr, live in zip(groups, lrs, lives)]
     members = [p for _, ps in groups for p in ps]
     params = {name[id(p)]: s.bound[id(p)] for p in members}
     grads = {name[id(p)]: s.grads[id(p)] if id(p) in s.grads else no_gradient(s.bound[id(p)]) for p in members}
@@ -425,12 +504,13 @@ class StatefulStep:
         modes = tuple(bool(m.training) for m in self.modules)
         graded = tuple(getattr(p, "_held_grad", None) is not None for p in self.params)
         frozen = tuple(not p.requires_grad for p in self.params)
-        settings = repr([[{k: v for k, v in g.items() if k not in ("params", "lr")} for g in o.param_groups]
-                         for o in self.optimizers] + [sc._settings() for sc in self.scalers])
+        settings = repr([[{k: _live_class(o, k, v) if k in o.live else v for k, v in g.items()
+                           if k not in ("params", "lr")} for g in o.param_groups] for o in self.optimizers]
+                        + [sc._settings() for sc in self.scalers])
         return modes, graded, frozen, settings
 
     def _build(self, graded):
-        from .dtypes import Spec, float32
+        from .dtypes import Spec, float32, float64
         import re
 
         from .trace import _argument_names, trace
@@ -441,16 +521,19 @@ class StatefulStep:
                        for o in self.optimizers]
         self.parts = {id(o): list(spec) for o, spec in zip(self.optimizers, state_specs)}
         lr_specs = [[Spec((), float32) for _ in o.param_groups] for o in self.optimizers]
+        live_specs = [[[Spec((), float64) for _ in _live_values(o, g)] for g in o.param_groups]
+                      for o in self.optimizers]
         scaler_specs = [sc.state_specs() for sc in self.scalers]
         computed = []  # [(group, its lr computed in the step)] of the last trace
 
-        def body(user_args, params, grads, states, lrs, scalers):
+        def body(user_args, params, grads, states, lrs, lives, scalers):
             s = StepTrace("trace")
             s.params, s.names = list(self.params), self.name
             s.bound = {id(p): params[self.name[id(p)]] for p in self.params}
             s.grads = {id(p): grads[self.name[id(p)]] for p in self.params if self.name[id(p)] in grads}
             s.states = {id(o): st for o, st in zip(self.optimizers, states)}
             s.lrs = {id(o): lr for o, lr in zip(self.optimizers, lrs)}
+            s.lives = {id(o): live for o, live in zip(self.optimizers, lives)}
             s.scalers = list(self.scalers)
             s.scaler_states = {id(sc): st for sc, st in zip(self.scalers, scalers)}
             _ACTIVE.append(s)
@@ -478,7 +561,8 @@ class StatefulStep:
         body.__name__ = getattr(self.fn, "__name__", "step")
         options = dict(self.options)
         target, name = options.pop("target", "cpu"), options.pop("name", None)
-        traced = trace(body, self.args, param_specs, grad_specs, state_specs, lr_specs, scaler_specs, name=name)
+        traced = trace(body, self.args, param_specs, grad_specs, state_specs, lr_specs, live_specs, scaler_specs,
+                       name=name)
         names = _argument_names(self.fn, len(self.args))  # (the step's own argument names, not body's user_args)
         traced.graph.input_names = [re.sub(r"^user_args\[(\d+)\]", lambda m: names[int(m.group(1))], n)
                                     for n in traced.graph.input_names]
@@ -549,9 +633,10 @@ class StatefulStep:
         grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
         states = [self._state(o, values) for o in self.optimizers]
         lrs = [[_lr(o, i, g) for i, g in enumerate(o.param_groups)] for o in self.optimizers]
+        lives = [[_live_values(o, g) for g in o.param_groups] for o in self.optimizers]
         scalers = [sc._held() for sc in self.scalers]
         result, new_params, new_grads, new_states, new_lrs, new_scalers = program(
-            tuple(args), values, grads, states, lrs, scalers, **run_options)
+            tuple(args), values, grads, states, lrs, lives, scalers, **run_options)
         for p in self.params:
             new, held = new_params[self.name[id(p)]], getattr(p, "_held", None)
             if held is None and getattr(p, "_initial", (None,))[0] is p.init:

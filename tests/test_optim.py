@@ -791,3 +791,47 @@ def test_a_lambda_schedulers_callable_object_keeps_its_state_as_torchs():
         assert want[:2] == [0.75, 1.0]
         assert rates(mica, 10, rates(torch, 4, steps=1)[1])[0] == want
         assert rates(torch, 10, rates(mica, 4, steps=1)[1])[0] == want
+
+
+@pytest.mark.parametrize("which", ["sgd", "adamw"])
+def test_one_cycles_momentum_is_an_input_of_the_step_not_a_new_program_each_call(which):
+    """An outside tester's: OneCycleLR moves SGD's momentum or Adam's beta1 at every step, and each
+    value was a constant of its own program: a compile per step (12 programs for 12 steps, minutes
+    for a real run). Now an optimizer's live settings (Optimizer.live) are inputs of the step, as its
+    learning rate: one program, the weights torch's, and the same bits as the constant was."""
+    import warnings
+
+    from mica import stateful
+
+    torch.manual_seed(0)
+    tm, mm = torch.nn.Linear(6, 4), mica.nn.Linear(6, 4)
+    mm.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    x, y = torch.randn(16, 6), torch.randn(16, 4)
+    make = ((lambda lib, p: lib.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True)) if which == "sgd" else
+            (lambda lib, p: lib.optim.AdamW(p, lr=0.01)))
+    topt, mopt = make(torch, tm.parameters()), make(mica, mm.parameters())
+    tsched = torch.optim.lr_scheduler.OneCycleLR(topt, 0.05, total_steps=12)
+    msched = mica.optim.lr_scheduler.OneCycleLR(mopt, 0.05, total_steps=12)
+
+    @mica.compile
+    def step(x, y):
+        loss = ((mm(x) - y) ** 2).mean()
+        mopt.zero_grad()
+        loss.backward()
+        mopt.step()
+        return loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(12):
+            loss = ((tm(x) - y) ** 2).mean()
+            topt.zero_grad()
+            loss.backward()
+            topt.step()
+            tsched.step()
+            step(x.numpy(), y.numpy())
+            msched.step()
+    steps = [b for b in step.built.values() if isinstance(b, stateful.StatefulStep)]
+    assert len({id(b) for b in steps}) == 1  # (one step, two programs: the first call's, without gradients
+    assert len(steps[0].programs) == 2        # held, and every later call's)
+    np.testing.assert_allclose(np.asarray(mm.weight), tm.weight.detach().numpy(), rtol=1e-5, atol=1e-7)

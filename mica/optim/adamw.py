@@ -13,6 +13,7 @@ from .base import Optimizer, zeros_like_tree
 
 class AdamW(Optimizer):
     defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+    live = ("betas",)
 
     def state_specs(self, param_specs):
         """As Optimizer's, with a bfloat16 parameter's moments in bfloat16 (fused AdamW's state)."""
@@ -126,8 +127,9 @@ def _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correctio
     p, g, m, v = (F.to(t, f32) for t in (p, g, m, v))
     if wd != 0:
         p = p * scalar(1 - lr * wd)
-    w = 1 - beta1  # exp_avg.lerp_(grad, w): from the nearer end, as the kernel's blendv
-    m = _fma(np.float32(w), g - m, m) if abs(w) < 0.5 else _fma(np.float32(w - 1), g - m, g)
+    w = 1 - beta1  # exp_avg.lerp_(grad, w): from the nearer end, as the kernel's blendv (a live beta1's end:
+    near = abs(1 - float(beta1)) < 0.5  # the one its program was built for, stateful.py's pattern)
+    m = _fma(scalar(w), g - m, m) if near else _fma(scalar(w - 1), g - m, g)
     v = _fma(g * np.float32(1 - beta2), g, v * np.float32(beta2))
     denom = F.sqrt(v) / scalar(bias_correction2_sqrt) + np.float32(eps)
     p = p + (scalar(-step_size) * m) / denom

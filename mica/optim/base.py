@@ -60,6 +60,9 @@ class Optimizer:
     (new_params, new_state). Only parameters named by a group are updated."""
 
     defaults = {}
+    # settings a torch-form compiled step takes as inputs at each call (mica/stateful.py), as it takes
+    # the learning rate: what OneCycleLR moves at every step ("betas": its first, beta1)
+    live = ()
 
     def __init__(self, param_groups=None, **hyper):
         from ..tensor import user_location

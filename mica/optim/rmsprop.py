@@ -9,6 +9,7 @@ from .base import Optimizer, zeros_like_tree
 
 class RMSprop(Optimizer):
     defaults = dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False)
+    live = ("momentum",)
 
     def _check(self, hyper, where):
         self._require(hyper, where, ("lr", "weight_decay", "momentum", "alpha"), "rate")

@@ -8,6 +8,7 @@ from .base import Optimizer, zeros_like_tree
 
 class SGD(Optimizer):
     defaults = dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)
+    live = ("momentum",)
 
     def __init__(self, param_groups=None, **hyper):
         super().__init__(param_groups, **hyper)

@@ -54,12 +54,13 @@ def _calling_verb():
 
 
 def _live_parameter(x):
-    """A Parameter in a torch-style compiled step is its current value (mica/stateful.py)."""
+    """A Parameter in a torch-style compiled step is its current value (mica/stateful.py), and so is
+    an optimizer's live setting (stateful.Live: a number carrying its traced value)."""
     if type(x).__name__ == "Parameter":
         live = x._live()
         if live is not None:
             return live
-    return x
+    return getattr(x, "_mica_tensor", x)
 
 
 def as_tensor(x, dtype=None, verb=None):
