@@ -504,9 +504,7 @@ class StatefulStep:
         modes = tuple(bool(m.training) for m in self.modules)
         graded = tuple(getattr(p, "_held_grad", None) is not None for p in self.params)
         frozen = tuple(not p.requires_grad for p in self.params)
-        settings = repr([[{k: _live_class(o, k, v) if k in o.live else v for k, v in g.items()
-                           if k not in ("params", "lr")} for g in o.param_groups] for o in self.optimizers]
-                        + [sc._settings() for sc in self.scalers])
+        settings = repr(self._settings_now() + [sc._settings() for sc in self.scalers])
         return modes, graded, frozen, settings
 
     def _build(self, graded):
@@ -618,11 +616,38 @@ class StatefulStep:
         """(the program for this call's pattern, [groups whose lr it computes]), built if new."""
         pattern = self._pattern()
         if pattern not in self.programs:
+            self._say_settings(pattern)
             for o in self.optimizers:  # (the settings the program is built with: each group's own)
                 self.groups[id(o)] = [({k: v for k, v in g.items() if k != "params"}, ps)
                                       for g, (_, ps) in zip(o.param_groups, self.groups[id(o)])]
             self.programs[pattern] = self._build(pattern[1])
         return self.programs[pattern]
+
+    def _say_settings(self, pattern):
+        """Warn once when new values of optimizer settings that are constants of the program (not
+        the lr and the live ones, which are inputs) compile the step a third time, naming them."""
+        same = [p for p in self.programs if p[:3] == pattern[:3]]
+        mine = self._settings_now()
+        self._settings_seen = getattr(self, "_settings_seen", {})
+        self._settings_seen[pattern] = mine
+        if len(same) < 2 or getattr(self, "_said_settings", False):
+            return
+        import warnings
+
+        self._said_settings = True
+        last = self._settings_seen.get(same[-1], [])
+        moved = sorted({k for a, b in zip(last, mine) for ga, gb in zip(a, b) for k in set(ga) | set(gb)
+                        if ga.get(k) != gb.get(k)})
+        path, line = user_location() or ("<mica>", 0)
+        warnings.warn_explicit(
+            f"{getattr(self.fn, '__name__', 'the step')} is compiled a third time, for new values of optimizer "
+            f"settings ({', '.join(moved) or 'a param group setting'}): each value is a constant of its own program; "
+            "keep them fixed between calls (the learning rate, momentum and Adam's beta1 are inputs, and may change "
+            "at every call)", UserWarning, path, line)
+
+    def _settings_now(self):
+        return [[{k: _live_class(o, k, v) if k in o.live else v for k, v in g.items() if k not in ("params", "lr")}
+                 for g in o.param_groups] for o in self.optimizers]
 
     def __call__(self, args, run_options, prepared=None):
         from .host import host

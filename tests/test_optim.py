@@ -802,3 +802,31 @@ def test_one_cycles_momentum_is_an_input_of_the_step_not_a_new_program_each_call
     assert len({id(b) for b in steps}) == 1  # (one step, two programs: the first call's, without gradients
     assert len(steps[0].programs) == 2        # held, and every later call's)
     np.testing.assert_allclose(np.asarray(mm.weight), tm.weight.detach().numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_step_compiled_a_third_time_for_new_optimizer_settings_says_which_once():
+    """docs/api.md promised the third program for changed settings is said once, naming them; a
+    torch-form step said nothing (an outside tester). weight_decay changed at every call is named;
+    beta1, an input of the step (Optimizer.live), changing beside it is not."""
+    import warnings
+
+    m = mica.nn.Linear(3, 2)
+    opt = mica.optim.AdamW(m.parameters(), lr=0.01)
+
+    @mica.compile
+    def step(x):
+        loss = m(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i in range(5):
+            opt.param_groups[0]["weight_decay"] = 0.01 * (i + 1)
+            opt.param_groups[0]["betas"] = (0.9 - 0.01 * i, 0.999)
+            step(np.ones((4, 3), np.float32))
+    said = [w for w in seen if "compiled a third time" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__
+    assert "optimizer settings (weight_decay):" in str(said[0].message)
