@@ -885,8 +885,9 @@ def test_a_bias_joins_the_products_float32_sums_and_is_rounded_once_as_torchs(ha
         assert np.all(np.abs(got - want) <= ulp + 1e-3), name  # (float16: float32 sums in another order, one rounding)
         oracle = mica.reference.run(program, *arrays, precision="float32")
         assert np.mean(np.asarray(oracle) == got) > 0.99, name
-        if _has_boost_context():
-            np.testing.assert_array_equal(np.asarray(program.lower("cuda", simulate=True).build()(*arrays)), got)
+        if _has_boost_context() and name in ("linear 3-d", "baddbmm"):  # (one product and a batched one: the
+            np.testing.assert_array_equal(np.asarray(program.lower("cuda", simulate=True).build()(*arrays)),
+                                          got)  # simulator's builds are the slow part of the suite)
 
 
 def test_a_biased_linears_gradients_under_autocast_are_torchs():
