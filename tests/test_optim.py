@@ -574,6 +574,20 @@ def test_an_outside_optimizer_sweeps_corners_take_torchs_values():
         mica.optim.SGD([w, w], lr=0.1)
 
 
+def _scheduled_rates(lib, make, state=None, steps=6):
+    """(the lr of `steps` steps of the scheduler make(lib, optimizer), loaded with `state` first, and
+    its state_dict after them), on an SGD of one group at lr 1.0."""
+    opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(2))], lr=1.0)
+    s = make(lib, opt)
+    if state is not None:
+        s.load_state_dict(state)
+    out = []
+    for _ in range(steps):
+        s.step()
+        out.append(opt.param_groups[0]["lr"])
+    return out, s.state_dict()
+
+
 def test_a_schedulers_state_dict_carries_its_settings_as_torchs():
     """An outside tester's: torch's scheduler state_dict holds its settings (step_size, gamma, T_max,
     milestones...) and load_state_dict restores them; Mica's kept only the counters, so a StepLR made
@@ -581,16 +595,7 @@ def test_a_schedulers_state_dict_carries_its_settings_as_torchs():
     against torch's 1.0, 0.5, 0.5, 0.25...). Both ways: torch's into Mica's and Mica's into torch's."""
     import warnings
 
-    def rates(lib, make, state=None, steps=6):
-        opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(2))], lr=1.0)
-        s = make(lib, opt)
-        if state is not None:
-            s.load_state_dict(state)
-        out = []
-        for _ in range(steps):
-            s.step()
-            out.append(opt.param_groups[0]["lr"])
-        return out, s.state_dict()
+    rates = _scheduled_rates
 
     sched = lambda lib: lib.optim.lr_scheduler  # noqa: E731
     cases = [  # (made with one setting, saved with another)
@@ -740,15 +745,7 @@ def test_a_lambda_schedulers_callable_object_keeps_its_state_as_torchs():
             return min(1.0, (epoch + 1) / self.n)
 
     def rates(lib, n, state=None, steps=6):
-        opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(2))], lr=1.0)
-        s = lib.optim.lr_scheduler.LambdaLR(opt, Warmup(n))
-        if state is not None:
-            s.load_state_dict(state)
-        out = []
-        for _ in range(steps):
-            s.step()
-            out.append(opt.param_groups[0]["lr"])
-        return out, s.state_dict()
+        return _scheduled_rates(lib, lambda lib, o: lib.optim.lr_scheduler.LambdaLR(o, Warmup(n)), state, steps)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

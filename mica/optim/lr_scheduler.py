@@ -423,14 +423,10 @@ class _Nested:
     """torch's state_dict of a scheduler of schedulers: its own attributes and each one's state_dict."""
 
     def state_dict(self):
-        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
+        return {**super().state_dict(), "_schedulers": [s.state_dict() for s in self._schedulers]}
 
     def load_state_dict(self, state_dict):
-        for key, value in state_dict.items():
-            if key not in ("optimizer", "_schedulers"):
-                setattr(self, key, value)
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "_schedulers"})
         for s, state in zip(self._schedulers, state_dict.get("_schedulers", ())):
             s.load_state_dict(state)
 
