@@ -7,6 +7,8 @@ the Target:
 - `workspace(kernel)`: (shared bytes, bytes per unit) of scratch a kernel needs, and
   `workspace_units`: how many units run at once (threads on a CPU, streams on a GPU);
 - `product_epilogue(gemm, loop)`: may this elementwise loop ride on this product's output tiles;
+  `product_keeps_sums(gemm)`: can the product hand its float32 sums to that epilogue without storing
+  them (so an output nothing else reads needs no memory: passes/memory.py's `unstored`);
 - `kernel_abi(op)`: a hand-written kernel's calling convention (the op record's, by default);
 - `half_kernel(op, dtype)`: does it compute a product or kernel primitive on operands of half type
   `dtype` itself (else the pipeline computes it in float32 between casts, passes/widen.py);
@@ -95,6 +97,9 @@ class Target:
         return 0, 0
 
     def product_epilogue(self, gemm, loop):
+        return False
+
+    def product_keeps_sums(self, gemm):
         return False
 
     def render(self, lowered):

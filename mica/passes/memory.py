@@ -5,7 +5,9 @@ the random key, results), workspace (scratch shared by kernels, one region reuse
 Parameters, optimizer state and io live for the whole program; activations are placed by their
 lifetimes, so buffers whose lifetimes do not overlap share bytes, and so are the gradients, in the
 activation region (a parameter's gradient is born in the backward, as the activations die); only
-gradients that persist across calls (accumulated) have a region of their own. A new value of
+gradients that persist across calls (accumulated) have a region of their own. A product's output
+that only its own epilogue reads, where the target's product hands that epilogue its float32 sums
+block by block (`product_keeps_sums`), takes no memory at all (`unstored`). A new value of
 a state input (the optimizer's update of a parameter) is written over the old one when nothing
 reads the old one afterwards, and an elementwise loop may write its result over an input that
 dies in that loop. The report is exact and exists before anything runs.
@@ -24,8 +26,9 @@ CLASSES = ("parameters", "optimizer state", "gradients", "activations", "io", "w
 
 class MemoryPlan:
     def __init__(self, schedule, offsets, aliases, class_bytes, class_offsets, naive_bytes, shared_bytes,
-                 per_unit_bytes, units, unit_name, placed_in=None):
+                 per_unit_bytes, units, unit_name, placed_in=None, unstored=()):
         self.schedule = schedule
+        self.unstored = frozenset(unstored)   # ids of products' outputs never stored (their epilogues take the sums)
         self.placed_in = placed_in or {}      # buffer id -> the class region it is placed in, where not its own
         self.offsets = offsets                # buffer id -> byte offset in the arena
         self.aliases = aliases                # buffer id -> the Buffer whose memory it reuses
@@ -69,7 +72,7 @@ class MemoryPlan:
         counts = {c: 0 for c in CLASSES}
         elsewhere = {c: 0 for c in CLASSES}
         for b in self.schedule.buffers:
-            if b.id not in self.aliases:
+            if b.id not in self.aliases and b.id not in self.unstored:
                 counts[self.placed_in.get(b.id, b.cls)] += 1
                 elsewhere[b.cls] += b.id in self.placed_in
         for c in CLASSES:
@@ -80,6 +83,13 @@ class MemoryPlan:
             if elsewhere[c]:
                 note += f"; {elsewhere[c]} more placed among the activations, by lifetime"
             lines.append(f"  {c:<16} {self.class_bytes[c]:>14,}   {note}")
+        if self.unstored:
+            n = sum(b.nbytes for b in self.schedule.buffers if b.id in self.unstored)
+            what = ("1 product's float32 result ({:,} bytes) is never stored: its epilogue takes"
+                    if len(self.unstored) == 1 else
+                    f"{len(self.unstored)} products' float32 results ({{:,}} bytes) are never stored: their "
+                    "epilogues take")
+            lines.append("  " + what.format(n) + " the sums block by block")
         saved = self.naive_bytes - self.total
         pct = 100.0 * saved / self.naive_bytes if self.naive_bytes else 0.0
         lines.append(f"  every value in its own buffer would take {self.naive_bytes:,} bytes; the plan saves "
@@ -188,6 +198,29 @@ def _plan_inplace(schedule, first, last):  # noqa: C901
     return aliases
 
 
+def _unstored(schedule, target, aliases):
+    """Ids of the products' outputs that need no memory: the product's own epilogue is their only
+    reader, and the target's product hands it the float32 sums block by block instead of storing
+    them (the CPU's packed bfloat16 kernels, mica_bf16gemm_stored)."""
+    readers = {}
+    for k, kern in enumerate(schedule.kernels):
+        for v in kern.reads():
+            if isinstance(v.src, Buffer):
+                readers.setdefault(v.src.id, set()).add(k)
+    taken = set(aliases) | {b.id for b in aliases.values()}
+    outputs = {v.src.id for v in schedule.outputs}
+    found = set()
+    for k, kern in enumerate(schedule.kernels):
+        if not (isinstance(kern, Gemm) and kern.epilogue is not None and target.product_keeps_sums(kern)):
+            continue
+        b = kern.out.src
+        if (b.persistent or b.id in taken or b.id in outputs or not kern.out.is_whole()
+                or readers.get(b.id, set()) - {k} or any(v.src is b for v, _ in kern.epilogue.stores)):
+            continue
+        found.add(b.id)
+    return found
+
+
 def _may_take(out, dying, src, k, last):
     """May `out` be written over `dying` (which occupies `src`'s memory) in kernel k: `dying` is
     read for the last time there, and its memory is planned, of out's class, size and element type
@@ -246,7 +279,8 @@ def plan(schedule, target):
             r = root(b)
             first[r.id] = min(first[r.id], first[b.id])
             last[r.id] = max(last[r.id], last[b.id])
-    roots = [b for b in schedule.buffers if b.id not in aliases]
+    unstored = _unstored(schedule, target, aliases)
+    roots = [b for b in schedule.buffers if b.id not in aliases and b.id not in unstored]
     class_bytes, local, region = {}, {}, {}
     inputs = {v.src.id for v in schedule.inputs}
     for c in CLASSES[:-1]:
@@ -296,6 +330,8 @@ def plan(schedule, target):
     for b in schedule.buffers:
         if b.id in aliases:
             offsets[b.id] = offsets[root(b).id]
+        elif b.id in unstored:
+            offsets[b.id] = class_offsets["activations"]  # (never read or written there)
     naive = sum(align(b.nbytes) for b in schedule.buffers) + class_bytes["workspace"]
     return MemoryPlan(schedule, offsets, aliases, class_bytes, class_offsets, naive, shared, per_unit,
-                      target.workspace_units, target.unit_name, region)
+                      target.workspace_units, target.unit_name, region, unstored)

@@ -36,8 +36,37 @@ class Emitter(CStyleRenderer):
     def copy(self, kern):
         return copy_body(self, kern)
 
-    def product(self, kern):
-        return self.gemm(kern)
+    def product(self, kern, name):
+        if kern.out.src.id in self.plan.unstored:
+            return self.unstored_product(kern, name)
+        return [], self.gemm(kern)
+
+    def unstored_product(self, kern, name):
+        """A bfloat16 product whose float32 result only its epilogue reads (passes/memory.py's
+        `unstored`): the epilogue becomes a function of one block of the sums, which the product
+        calls with each block in cache (mica_bf16gemm_stored), and the result has no buffer."""
+        a, b, out = kern.a, kern.b, kern.out
+        p = ProductLayout(kern)
+        epi = kern.epilogue
+        views = [e.view for e in epi.exprs if e.kind == "load" and e.view.src is not out.src] + [v for v, _ in epi.stores]
+        body = tile_body(self, epi, sums=out.src)
+        store = f"{name}_sums"
+        helper = [f"/* {name}'s epilogue on the product's float32 sums, rows [r0, r0 + h) and columns [c0, c0 + w)"
+                  f" of its [{p.M}, {p.N}] result, a block at a time (sums[r * ld + c]); the result itself is"
+                  " never stored */",
+                  f"static void {store}(const float *sums, int64_t ld, int64_t r0, int64_t h, int64_t c0, int64_t w, "
+                  "char *A) {"]
+        helper += ["    " + x for x in self.declare_pointers(views)]
+        helper += ["    for (int64_t r = 0; r < h; r++) {",
+                   "        const int64_t i0 = r0 + r;",
+                   "        #pragma omp simd  /* (elements are independent: loops.py) */",
+                   "        for (int64_t c = 0; c < w; c++) {",
+                   "            const int64_t i1 = c0 + c;"]
+        helper += ["            " + x for x in body] + ["        }", "    }", "}"]
+        pa, pb = self.accessor.base(a), self.accessor.base(b)
+        call = (f"mica_bf16gemm_stored({p.M}, {p.N}, {p.K}, {pa} + {p.offset(a)}, {p.lda}, {p.ta}, "
+                f"{pb} + {p.offset(b)}, {p.ldb}, {p.tb}, {store}, A, work, scratch);")
+        return helper, [call]
 
     def gemm(self, kern):
         a, b, out = kern.a, kern.b, kern.out

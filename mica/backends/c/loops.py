@@ -27,13 +27,19 @@ def loop_body(emitter, kernel):
     return _nest(dims, names, body, kernel.shape)
 
 
-def tile_body(emitter, kernel):
+def tile_body(emitter, kernel, sums=None):
     """The statements of a Loop over [M, N] for one element (i0, i1), without the loops: a
-    product's epilogue runs them over each of its tiles."""
+    product's epilogue runs them over each of its tiles. `sums`: the product's output buffer, read
+    instead from the block of float32 sums in hand (sums[r * ld + c], mica_bf16gemm_stored)."""
     def index_of(view):
+        if view.src is sums:
+            return "r * ld + c"
         return offset_expr(view.offset, view.strides, ["i0", "i1"])
 
-    writer = ExprWriter(emitter, kernel.exprs, index_of, f"i0 * {kernel.shape[1]} + i1", kernel.stores)
+    def base(view):
+        return "sums" if view.src is sums else emitter.accessor.base(view)
+
+    writer = ExprWriter(emitter, kernel.exprs, index_of, f"i0 * {kernel.shape[1]} + i1", kernel.stores, base)
     body = writer.lines()
     for view, k in kernel.stores:
         body.append(f"{emitter.accessor.base(view)}[{index_of(view)}] = {writer.stored(k, view.dtype)};")

@@ -608,6 +608,8 @@ static inline void mica_bf16_block(const mica_bf16 *a, int64_t kc, const mica_bf
  * it, the float32 sums of each 32 x 32 block wait in `sums` between chunks (stored and reloaded
  * exactly), so each block is still one ascending pass over all of k: the same bits as unchunked,
  * whatever the chunk size or the thread count. */
+typedef void (*mica_sums_store)(const float *sums, int64_t ld, int64_t r0, int64_t h, int64_t c0, int64_t w,
+                                char *arena);
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc, Kp, Np, kc, chunks, slot, mblocks, nblocks, ngroups, per, tiles;
     int ta, tb, out_bf16, amx, parallel;
@@ -616,6 +618,8 @@ typedef struct {
     mica_bf16 *packed;
     float *sums;
     char *scratch;
+    mica_sums_store store;  /* where set, each block's sums go to it instead of to C (mica_bf16gemm_stored) */
+    char *arena;
 } mica_bf16_product;
 
 static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda,
@@ -623,7 +627,7 @@ static mica_bf16_product mica_bf16_product_make(int64_t M, int64_t N, int64_t K,
                                                 int out_bf16, char *work, char *scratch) {
     mica_bf16_product p;
     p.M = M; p.N = N; p.K = K; p.lda = lda; p.ldb = ldb; p.ldc = ldc; p.ta = ta; p.tb = tb; p.out_bf16 = out_bf16;
-    p.A = A; p.B = B; p.C = C; p.scratch = scratch;
+    p.A = A; p.B = B; p.C = C; p.scratch = scratch; p.store = 0; p.arena = 0;
     p.Kp = mica_bf16_kpad(K); p.Np = mica_bf16_npad(N); p.slot = mica_bf16gemm_thread_bytes(K);
     p.kc = mica_bf16_kchunk(p.Kp, p.Np);
     p.chunks = p.kc ? (p.Kp + p.kc - 1) / p.kc : 1;
@@ -662,7 +666,8 @@ static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64
         mica_bf16_block(ap, kc, b0p, b1p, sum, c > 0, p->amx, pairs);
         if (c == p->chunks - 1) {
             int64_t n0 = q * MICA_BF16_MB, w = p->N - n0 < MICA_BF16_MB ? p->N - n0 : MICA_BF16_MB;
-            mica_bf16_write_block(sum, h, w, p->C, p->ldc, m0, n0, p->out_bf16);
+            if (p->store) p->store(sum, MICA_BF16_MB, m0, h, n0, w, p->arena);
+            else mica_bf16_write_block(sum, h, w, p->C, p->ldc, m0, n0, p->out_bf16);
         }
     }
 }
@@ -700,6 +705,18 @@ static void mica_bf16_product_tile(const mica_bf16_product *p, int64_t t, int64_
     *c0 = 0; *c1 = p->N;
 }
 
+/* every block of the product, over the threads of a team of its own (or the calling thread) */
+static void mica_bf16_product_run(const mica_bf16_product *p) {
+#pragma omp parallel if (p->parallel)
+    {
+        mica_bf16_product_begin(p);
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < p->mblocks * p->ngroups; u++)
+            mica_bf16_product_block(p, u / p->ngroups, (u % p->ngroups) * p->per, (u % p->ngroups + 1) * p->per);
+        mica_bf16_product_end(p);
+    }
+}
+
 /* C = op(A) @ op(B) over the threads of a team of its own (or the calling thread for small
  * products); `work` holds mica_bf16gemm_shared_bytes, `scratch` mica_bf16gemm_thread_bytes(K) per
  * thread. Output blocks are dealt to threads (row blocks, split into column groups when there
@@ -708,14 +725,19 @@ static void mica_bf16gemm(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, i
                           const mica_bf16 *B, int64_t ldb, int tb, void *C, int64_t ldc, int out_bf16, char *work,
                           char *scratch) {
     mica_bf16_product p = mica_bf16_product_make(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, out_bf16, work, scratch);
-#pragma omp parallel if (p.parallel)
-    {
-        mica_bf16_product_begin(&p);
-#pragma omp for schedule(static)
-        for (int64_t u = 0; u < p.mblocks * p.ngroups; u++)
-            mica_bf16_product_block(&p, u / p.ngroups, (u % p.ngroups) * p.per, (u % p.ngroups + 1) * p.per);
-        mica_bf16_product_end(&p);
-    }
+    mica_bf16_product_run(&p);
+}
+
+/* The same product whose float32 sums are never written: each 32 x 32 block of them, rows [r0, r0 + h)
+ * and columns [c0, c0 + w) of the output, goes to `store` (a generated epilogue, which reads the
+ * arena) while it is in cache. The output then needs no memory: emit.py uses this where nothing
+ * but the epilogue reads the product (passes/memory.py's `unstored`). */
+static void mica_bf16gemm_stored(int64_t M, int64_t N, int64_t K, const mica_bf16 *A, int64_t lda, int ta,
+                                 const mica_bf16 *B, int64_t ldb, int tb, mica_sums_store store, char *arena,
+                                 char *work, char *scratch) {
+    mica_bf16_product p = mica_bf16_product_make(M, N, K, A, lda, ta, B, ldb, tb, 0, N, 0, work, scratch);
+    p.store = store; p.arena = arena;
+    mica_bf16_product_run(&p);
 }
 #endif
 #endif

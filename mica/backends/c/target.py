@@ -67,6 +67,12 @@ class CTarget(Target):
             return self.blas == "openblas"
         return gemm.out.dtype is dtypes.float32 and gemm.a.dtype is dtypes.float32
 
+    def product_keeps_sums(self, gemm):
+        # the packed bfloat16 kernels hand each 32 x 32 block of float32 sums to the epilogue
+        # (mica_bf16gemm_stored); the float32 fallback and OpenBLAS store whole tiles first
+        return (gemm.a.dtype is dtypes.bfloat16 and gemm.out.dtype is dtypes.float32 and self.bf16_gemm != "f32"
+                and len(gemm.out.shape) == 2)
+
     def render(self, lowered, api="mica_"):
         from .emit import Emitter
 

@@ -56,8 +56,9 @@ class ExprWriter:
     (a rounded value converts exactly), only the work differs; bfloat16's conversions are shifts,
     and its stores take the bits of the rounded float (mica_bf16_exact)."""
 
-    def __init__(self, emitter, kernel_exprs, index_of, flat_index=None, stores=()):
+    def __init__(self, emitter, kernel_exprs, index_of, flat_index=None, stores=(), base=None):
         self.e = emitter
+        self.base = base or emitter.accessor.base  # view -> the C array it is read from
         self.exprs = kernel_exprs
         self.index_of = index_of      # view -> C index expression for the current element
         self.flat_index = flat_index  # C expression of the row-major index (dropout)
@@ -79,7 +80,7 @@ class ExprWriter:
             if k not in self.bits:
                 out.append(f"{t} v{k} = {self.value(x)};")
                 continue
-            ref = f"{self.e.accessor.base(x.view)}[{self.index_of(x.view)}]" if x.kind == "load" else None
+            ref = f"{self.base(x.view)}[{self.index_of(x.view)}]" if x.kind == "load" else None
             out.append(f"{ct.stype(x.dtype)} h{k} = {ref or self.value(x, rounded=False)};")
             if k in self.read:
                 out.append(f"{t} v{k} = {ct.load(x.dtype, f'h{k}')};")
@@ -101,7 +102,7 @@ class ExprWriter:
             v = x.view
             if isinstance(v.src, Iota):
                 return f"({ct.ctype(x.dtype)})({self.index_of(v)})"
-            ref = f"{self.e.accessor.base(v)}[{self.index_of(v)}]"
+            ref = f"{self.base(v)}[{self.index_of(v)}]"
             return ct.load(x.dtype, ref)
         args = [f"v{a}" for a in x.args]
         if x.op == "cast":

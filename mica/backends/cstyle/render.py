@@ -123,9 +123,11 @@ class CStyleRenderer:
             views = [e.view for e in kern.exprs if e.kind == "load"] + [kern.out]
             needs_rng = False
         elif isinstance(kern, Gemm):
-            body = self.product(kern)
+            helpers, body = self.product(kern, f"k{k}")
             views = [kern.a, kern.b, kern.out]
-            if kern.epilogue is not None:
+            if kern.out.src.id in self.plan.unstored:  # (the epilogue is a helper of its own)
+                views = [kern.a, kern.b]
+            elif kern.epilogue is not None:
                 views += [e.view for e in kern.epilogue.exprs if e.kind == "load"] + [v for v, _ in kern.epilogue.stores]
             needs_rng = False
         elif isinstance(kern, Call):
@@ -266,7 +268,8 @@ class CStyleRenderer:
     def reduce(self, kern, name):
         raise NotImplementedError
 
-    def product(self, kern):
+    def product(self, kern, name):
+        """(helper functions, the kernel's body) of product kernel `kern`, the kernel named `name`."""
         raise NotImplementedError
 
     def copy(self, kern):

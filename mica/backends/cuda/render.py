@@ -332,7 +332,7 @@ class CudaRenderer(CStyleRenderer):
         return ct.copied(x.dtype, dtype, f"{self.accessor.base(x)}[{idx}]")
 
     # ---- products: host calls (mica_gemm_<type>) --------------------------------------------------------------------
-    def product(self, kern):
+    def product(self, kern, name):
         raise AssertionError("products are host calls (see kernel)")
 
     def kernel(self, k, kern, member=False):
