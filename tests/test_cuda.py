@@ -4,6 +4,7 @@ give the same bits in the simulator as on the CPU target (and so as on a card: n
 Mica's own math); only products may differ (cuBLASLt, OpenBLAS and the simulator's plain product
 each sum in their own order)."""
 import os
+import re
 import shutil
 import sys
 import subprocess
@@ -780,11 +781,10 @@ def test_kernels_that_differ_only_in_their_buffers_share_one_function(gpt_step, 
     one before): each function is written once, takes its buffers as parameters, and is launched with
     each kernel's pointers; every kernel is still launched once, in order, and the profile's reader
     names each launch by its own op and kind."""
-    import re
 
     lowered = gpt_step[0].lower("cuda", group_launches=False)  # (each kernel its own launch: groups below)
     src, n = lowered.source, len(lowered.schedule.kernels)
-    defined = [int(k) for k in re.findall(r"^static (?:__global__ void|int) k(\d+)\(", src, re.M)]
+    defined = [int(k) for k in re.findall(r"^static (?:__global__ void MICA_THREAD_BOUNDS|int) k(\d+)\(", src, re.M)]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from gpu_profile import RUNS, kinds
 
@@ -833,7 +833,6 @@ def test_independent_kernels_share_a_launch_in_an_order_that_keeps_every_depende
     touch the same arena bytes (one writing), or both use the workspace, the first runs first
     (checked from the plan here, apart from groups.py's reading); a reduction by lanes has a
     scratch slice of its own in its group; the source launches each group once."""
-    import re
     from mica.backends.cuda import groups
     from mica.backends.cuda.render import reduce_scratch
 
@@ -916,6 +915,35 @@ def test_nvcc_builds_every_architecture_with_warnings_as_errors_and_no_spills(tm
             listing = subprocess.run(["cuobjdump", "--list-elf", str(obj)], capture_output=True, text=True)
             for arch in (build.ARCHS if archs is None else (build.ARCHS[0], build.ARCHS[-1])):
                 assert f"sm_{arch}" in listing.stdout, arch
+
+
+@needs_nvcc
+def test_every_kernel_fits_the_registers_of_1024_threads_a_block(tmp_path):
+    """An outside reviewer's: without launch bounds ptxas gave the float64 layer norm's backward
+    168 registers and a float64 sum's lanes 255, so threads_per_block=512 or 1024 (which the target
+    accepts and the simulator ran) could not launch on a card (65,536 registers a block). Every
+    kernel launched with MICA_THREADS threads now says so (MICA_THREAD_BOUNDS), and ptxas keeps it
+    within 65,536 / MICA_THREADS registers."""
+    from mica.backends.cuda import build
+
+    rows = every_row_kernel(4, np.float64, widths=(24,), attention=F64_CASE)
+    sums = mica.trace(lambda x, y: ((x * x).sum(), (x.float() * y).sum(1)), mica.f64[4096], mica.f32[64, 4096])
+    for name, program in (("rows64", rows), ("sums", sums)):
+        src = tmp_path / f"{name}.cu"
+        src.write_text(program.lower("cuda", threads_per_block=1024).source)
+        cmd = build.nvcc_command(str(src), str(tmp_path / f"{name}.o"), shared=False, archs=(90,), ptx=False,
+                                 threads_per_block=1024) + ["-Xptxas", "-v"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        used, entry = {}, None
+        for line in r.stderr.splitlines():
+            m = re.search(r"Compiling entry function '(\S+)'", line)
+            entry = m.group(1) if m else entry
+            m = re.search(r"Used (\d+) registers", line)
+            if m and entry:
+                used[entry] = int(m.group(1))
+        assert len(used) >= (20 if name == "rows64" else 2), r.stderr[-2000:]
+        assert max(used.values()) <= 65536 // 1024, {k: v for k, v in used.items() if v > 64}
 
 
 @needs_nvcc

@@ -21,7 +21,9 @@
 #else
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#define MICA_LAUNCH(kernel, grid, block, shared, stream, ...) kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__)
+/* (each launch's own error, e.g. too many resources for its block, is known as it is made: mica_launched) */
+#define MICA_LAUNCH(kernel, grid, block, shared, stream, ...) \
+    (kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__), mica_launched(#kernel))
 #define MICA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[] /* (mica_cudasim.h's, under nvcc) */
 #define MICA_SHARED_ARRAY(type, name, count) __shared__ type name[count]
 #endif
@@ -51,6 +53,10 @@
 #ifndef MICA_THREADS
 #define MICA_THREADS 256
 #endif
+/* on every kernel launched with MICA_THREADS threads a block: ptxas then keeps its registers within
+ * what that many threads may have (65,536 a block; a layer norm's backward takes 96 and a float64
+ * sum 255 when unbounded, which 512 or 1024 threads could not launch with) */
+#define MICA_THREAD_BOUNDS __launch_bounds__(MICA_THREADS)
 
 static char mica_error_text[256];
 
@@ -59,6 +65,35 @@ static int mica_cuda_failed(const char *what) {
     snprintf(mica_error_text, sizeof mica_error_text, "the GPU failed while %s: %s", what, cudaGetErrorString(e));
     return 2;
 }
+
+#ifndef MICA_CUDASIM
+/* The first kernel that could not be launched since mica_launches_begin, and why. A launch that
+ * fails while the step is captured adds nothing to the graph and may leave the capture valid: the
+ * graph must not be kept without it (nor the error be cleared by a later call and forgotten). */
+static char mica_launch_error[200];
+
+static void mica_launched(const char *kernel) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess && !mica_launch_error[0])
+        snprintf(mica_launch_error, sizeof mica_launch_error, "%s (%s)", kernel, cudaGetErrorString(e));
+}
+
+static void mica_launches_begin(void) {
+    cudaGetLastError();
+    mica_launch_error[0] = 0;
+}
+
+/* 0, or 2 with the sentence in mica_error_text when a launch since mica_launches_begin failed */
+static int mica_launches_failed(void) {
+    if (!mica_launch_error[0]) return 0;
+    snprintf(mica_error_text, sizeof mica_error_text,
+             "the GPU could not launch Mica's kernel %s; please report it with the program's .source", mica_launch_error);
+    return 2;
+}
+#else
+static void mica_launches_begin(void) {}
+static int mica_launches_failed(void) { return 0; }
+#endif
 
 /* the ABI's copies: a failure is remembered for mica_error() */
 static void mica_check(cudaError_t e) {
@@ -564,11 +599,13 @@ static int mica_capture_once(cudaStream_t stream, char *A, mica_steps steps, cud
     cudaGraph_t g = 0;
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
         return mica_cuda_failed("capturing the program as a graph");
+    mica_launches_begin();
     int bad = steps(A, stream);
     cudaError_t e = cudaStreamEndCapture(stream, &g);
+    if (!bad && mica_launches_failed()) bad = 2;
     if (bad) {
         if (g) cudaGraphDestroy(g);
-        return 1;
+        return bad;
     }
     if (e != cudaSuccess || cudaGraphInstantiate(exec, g, 0) != cudaSuccess) {
         if (g) cudaGraphDestroy(g);
@@ -614,9 +651,11 @@ static int mica_profile_run(const char *program, cudaStream_t stream, char *A, m
     mica_profile_n = 0;
     mica_profiling = 1;
     mica_profile_mark(stream, -1);
+    mica_launches_begin();
     int bad = steps(A, stream);
     mica_profiling = 0;
     if (bad) return 1;
+    if (mica_launches_failed()) return 2;
     if (cudaStreamSynchronize(stream) != cudaSuccess) return mica_cuda_failed("running the program");
     const char *path = getenv("MICA_PROFILE");
     FILE *f = fopen(path, "a");

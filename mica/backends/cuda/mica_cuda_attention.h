@@ -196,7 +196,7 @@ mica_flash_forward(mica_attn_shape a, const T *q, const T *k, const T *v, T *o, 
 /* ---- the backward --------------------------------------------------------------------------------*/
 /* D[bh * L + i] = dO_i . O_i in increasing index, a thread per row */
 template <typename T>
-static __global__ void mica_flash_delta(mica_attn_shape a, const T *g, int64_t g_sb, int64_t g_sh, int64_t g_st,
+static __global__ void MICA_THREAD_BOUNDS mica_flash_delta(mica_attn_shape a, const T *g, int64_t g_sb, int64_t g_sh, int64_t g_st,
                                         const T *o, T *D) {
     MICA_GRID_STRIDE(x, a.B * a.H * a.L) {
         const int64_t bh = x / a.L, i = x % a.L, b = bh / a.H, h = bh % a.H;

@@ -61,7 +61,7 @@ static __host__ __device__ __forceinline__ int64_t mica_attn_pass_bh(const mica_
 /* the rows of a chunk's scores: a group of 8 threads per query row, `count` inner indices (the
  * arrays __restrict__: a thread's loads of its next elements go out before its stores) */
 template <typename T>
-static __global__ void mica_attn_gemm_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count, T *__restrict__ p,
+static __global__ void MICA_THREAD_BOUNDS mica_attn_gemm_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count, T *__restrict__ p,
                                            T *__restrict__ lse) {
     MICA_ROW_GROUPS(r, count * a.L) {
         const int64_t bh = mica_attn_pass_bh(&a, pass, r / a.L), i = r % a.L;
@@ -70,7 +70,7 @@ static __global__ void mica_attn_gemm_rows(mica_attn_shape a, mica_attn_pass pas
 }
 
 template <typename T>
-static __global__ void mica_attn_gemm_backward_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count,
+static __global__ void MICA_THREAD_BOUNDS mica_attn_gemm_backward_rows(mica_attn_shape a, mica_attn_pass pass, int64_t count,
                                                     T *__restrict__ p, T *__restrict__ dp, const T *__restrict__ lse,
                                                     const T *__restrict__ D) {
     MICA_ROW_GROUPS(r, count * a.L) {

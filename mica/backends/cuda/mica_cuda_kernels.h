@@ -155,11 +155,10 @@ typedef struct {
 static __device__ mica_cuda_failure mica_cuda_fail_state;
 
 static __device__ void mica_cuda_fail(int what, long long a, long long b) {
-    if (!mica_cuda_fail_state.failed) {
+    if (atomicCAS(&mica_cuda_fail_state.failed, 0, 1) == 0) {  /* (the first of several threads: one record) */
         mica_cuda_fail_state.a = a;
         mica_cuda_fail_state.b = b;
         mica_cuda_fail_state.what = what;
-        mica_cuda_fail_state.failed = 1;
     }
 }
 

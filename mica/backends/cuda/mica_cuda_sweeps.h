@@ -64,31 +64,31 @@ static inline __host__ __device__ int64_t mica_sum_blocks(int64_t rows) {
     }
 
 #define MICA_DEFINE_CUDA_SWEEPS(T, S)                                                              \
-static __global__ void mica_layer_norm_backward_rows_##S(const T *__restrict__ g, const T *__restrict__ x, \
+static __global__ void MICA_THREAD_BOUNDS mica_layer_norm_backward_rows_##S(const T *__restrict__ g, const T *__restrict__ x, \
                                                          const T *__restrict__ w, const T *mean,   \
                                                          const T *rstd, T *__restrict__ dx, int64_t rows, \
                                                          int64_t n) {                              \
     MICA_ROW_GROUPS(r, rows)                                                                       \
         mica_layer_norm_backward_row_##S(g + r * n, x + r * n, w, mean[r], rstd[r], dx + r * n, n); \
 }                                                                                                  \
-static __global__ void mica_layer_norm_backward_parts_##S(const T *g, const T *x, const T *mean,   \
+static __global__ void MICA_THREAD_BOUNDS mica_layer_norm_backward_parts_##S(const T *g, const T *x, const T *mean,   \
                                                           const T *rstd, T *part, int with_w,      \
                                                           int with_b, int64_t rows, int64_t n) {   \
     MICA_NORM_PARTS(T, rows, n, part, with_w, with_b, g[r * n + j] * ((x[r * n + j] - mean[r]) * rstd[r]), \
                     g[r * n + j])                                                                  \
 }                                                                                                  \
-static __global__ void mica_rms_norm_backward_rows_##S(const T *__restrict__ g, const T *__restrict__ x, \
+static __global__ void MICA_THREAD_BOUNDS mica_rms_norm_backward_rows_##S(const T *__restrict__ g, const T *__restrict__ x, \
                                                        const T *__restrict__ w, const T *rstd,     \
                                                        T *__restrict__ dx, int64_t rows, int64_t n) { \
     MICA_ROW_GROUPS(r, rows)                                                                       \
         mica_rms_norm_backward_row_##S(g + r * n, x + r * n, w, rstd[r], dx + r * n, n);           \
 }                                                                                                  \
-static __global__ void mica_rms_norm_backward_parts_##S(const T *g, const T *x, const T *rstd,     \
+static __global__ void MICA_THREAD_BOUNDS mica_rms_norm_backward_parts_##S(const T *g, const T *x, const T *rstd,     \
                                                         T *part, int64_t rows, int64_t n) {        \
     MICA_NORM_PARTS(T, rows, n, part, 1, 0, g[r * n + j] * (x[r * n + j] * rstd[r]), (T)0)          \
 }                                                                                                  \
 /* out[j] = the lanes' tree, the blocks left to right (dw from part, db from part + nb * 8 * n) */  \
-static __global__ void mica_norm_columns_##S(const T *part, T *dw, T *db, int64_t rows, int64_t n) { \
+static __global__ void MICA_THREAD_BOUNDS mica_norm_columns_##S(const T *part, T *dw, T *db, int64_t rows, int64_t n) { \
     const int64_t nb = mica_sum_blocks(rows);                                                      \
     MICA_GRID_STRIDE(j, n) {                                                                       \
         for (int which = 0; which < 2; which++) {                                                  \
@@ -135,7 +135,7 @@ static int mica_rms_norm_backward_cuda_##S(cudaStream_t stream, const T *g, cons
     return 0;                                                                                      \
 }                                                                                                  \
 /* a thread per element of dw: its bucket's rows of g in increasing position */                    \
-static __global__ void mica_embedding_backward_sum_##S(const T *g, const int32_t *order,           \
+static __global__ void MICA_THREAD_BOUNDS mica_embedding_backward_sum_##S(const T *g, const int32_t *order,           \
                                                        const int32_t *start, T *dw, int64_t V,     \
                                                        int64_t D) {                                \
     MICA_GRID_STRIDE(e, V * D) {                                                                   \
@@ -160,7 +160,7 @@ static int mica_embedding_backward_cuda_##S(cudaStream_t stream, const T *g, con
  * work: counts [chunks][V] (a chunk's occurrences of v, then those of the chunks before it),
  * rank [count] (occurrences of idx[i] before i in i's chunk; -1 for an index out of range),
  * start [V + 1] (where v's bucket begins; start[V] = the positions in range), order [count]. */
-static __global__ void mica_embedding_rank(const int64_t *idx, int64_t count, int64_t V, int64_t chunk,
+static __global__ void MICA_THREAD_BOUNDS mica_embedding_rank(const int64_t *idx, int64_t count, int64_t V, int64_t chunk,
                                            int32_t *counts, int32_t *rank) {
     MICA_EXTERN_SHARED(int32_t, mica_chunk_idx);
     for (int64_t c = blockIdx.x; c * chunk < count; c += gridDim.x) {
@@ -183,7 +183,7 @@ static __global__ void mica_embedding_rank(const int64_t *idx, int64_t count, in
     }
 }
 
-static __global__ void mica_embedding_chunk_prefix(int32_t *counts, int32_t *start, int64_t chunks, int64_t V) {
+static __global__ void MICA_THREAD_BOUNDS mica_embedding_chunk_prefix(int32_t *counts, int32_t *start, int64_t chunks, int64_t V) {
     MICA_GRID_STRIDE(v, V) {
         int32_t run = 0;
         for (int64_t c = 0; c < chunks; c++) {
@@ -196,7 +196,7 @@ static __global__ void mica_embedding_chunk_prefix(int32_t *counts, int32_t *sta
 }
 
 /* start[0..V] = the exclusive prefix sums of start[0..V) (the totals), by one block */
-static __global__ void mica_embedding_scan(int32_t *start, int64_t V) {
+static __global__ void MICA_THREAD_BOUNDS mica_embedding_scan(int32_t *start, int64_t V) {
     MICA_SHARED_ARRAY(int32_t, part, MICA_THREADS);
     const int64_t per = (V + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per;
     const int64_t hi = lo + per < V ? lo + per : V;
@@ -222,7 +222,7 @@ static __global__ void mica_embedding_scan(int32_t *start, int64_t V) {
     }
 }
 
-static __global__ void mica_embedding_place(const int64_t *idx, int64_t count, int64_t V, int64_t chunk,
+static __global__ void MICA_THREAD_BOUNDS mica_embedding_place(const int64_t *idx, int64_t count, int64_t V, int64_t chunk,
                                             const int32_t *counts, const int32_t *rank, const int32_t *start,
                                             int32_t *order) {
     MICA_GRID_STRIDE(i, count) {

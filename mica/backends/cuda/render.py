@@ -112,7 +112,7 @@ class _CudaAccessor(Accessor):
 
 
 class CudaRenderer(CStyleRenderer):
-    kernel_qualifier = "static __global__ void"
+    kernel_qualifier = "static __global__ void MICA_THREAD_BOUNDS"
     constant_qualifier = "static __device__ const"
 
     def __init__(self, schedule, plan, name, target):
@@ -393,7 +393,7 @@ class CudaRenderer(CStyleRenderer):
                 passed += args
                 counts.append(f"mica_blocks({work})")
             params[-1] = params[-1].replace(",  /*", ") {  /*", 1)
-            lines += [f"static __global__ void {name}(char *A,", *params, "    unsigned b = blockIdx.x, n;", *body, "}"]
+            lines += [f"static __global__ void MICA_THREAD_BOUNDS {name}(char *A,", *params, "    unsigned b = blockIdx.x, n;", *body, "}"]
             launches.append(f"MICA_LAUNCH({name}, {' + '.join(counts)}, MICA_THREADS, 0, stream, A{passed});")
         names = sorted({self.s.kernels[k].name for k in unit.members})
         note = f"  /* k{first}: group [{'; '.join(names)}] of {len(unit.members)} kernels */"
