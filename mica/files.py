@@ -44,7 +44,7 @@ def _take_lock(fd):
         return False
 
 
-def lock_run_folder(out_dir, doing="train into"):
+def lock_run_folder(out_dir, doing="train into", owner=None):
     """One command at a time writes a run's folder: a second `mica train` (or a `mica import`) would
     overwrite the first's checkpoints. The lock is held until this process ends; a trainer holds it
     itself (the descriptor survives exec), so it lasts as long as the run."""
@@ -58,6 +58,32 @@ def lock_run_folder(out_dir, doing="train into"):
                         "folder")
     os.set_inheritable(fd, True)
     _LOCKS[key] = fd
+    if owner is not None:  # (who holds it, for the other ranks of an mpirun job: wait_for_run_lock)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode(), 0)
+
+
+def wait_for_run_lock(out_dir, owner, timeout):
+    """A rank other than 0 of an mpirun job writes into `out_dir` only once its own rank 0 holds the
+    folder's run lock (lock_run_folder with the same `owner`, the job's identity, written in the lock
+    file): never into a folder another run holds, and it never creates or removes the folder itself.
+    Waits at most `timeout` seconds (rank 0 checks the same data first, and takes the lock before
+    compiling); the lock is only read here, never taken, so rank 0's attempt cannot meet this one."""
+    import time
+
+    path = os.path.join(out_dir, ".mica.lock")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path, "rb") as f:
+                if f.read(4096) == owner.encode():
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise MicaError(f"rank 0 of this mpirun job did not take the out_dir {out_dir} within {timeout:g} s (it "
+                            "failed, or another run holds that folder); see rank 0's message")
+        time.sleep(0.05)
 
 
 def run_folder_in_use(out_dir):

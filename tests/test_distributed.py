@@ -303,6 +303,48 @@ def test_a_rank_that_cannot_start_ends_the_others_within_seconds(tmp_path, data)
     assert "mica: rank 0 of 2 stopped: the other ranks did not all join within 5 s" in r.stderr, r.stderr
 
 
+@needs_mpi
+def test_ranks_write_nothing_into_a_folder_their_rank_0_does_not_hold(tmp_path, data):
+    """An outside tester's: every rank made and probed out_dir and removed it again on failure (a
+    refused launch on 4 ranks could say "cannot write into the out_dir" and leave the folder), and
+    ranks other than 0 wrote their starting values and manifests into out_dir without its lock
+    (replacing a running run's files, when their rank 0 came late). Now the ranks are checked first,
+    only rank 0 makes, probes, locks and cleans up the folder, and the others write there once the
+    lock names their own mpirun job."""
+    d = _folder(tmp_path, "owner", data)
+    args = ["train", "shakespeare_char", *TINY, "--max_iters=2", "--eval_interval=2", "--out_dir=out"]
+    r = run(mpirun(3, *cli(*args)), d)
+    assert r.returncode != 0 and not (d / "out").exists()
+    said = set(re.findall(r"mica: error: [^\n]*", r.stderr.replace("mica: error:", "\nmica: error:")))
+    assert said == {"mica: error: gradient_accumulation_steps=4 does not divide among 3 ranks (each takes an equal "
+                    "share of the micro-batches); use a multiple of 3"}, r.stderr
+    # another run holds out/: this job's rank 0 is refused, and its rank 1 changes nothing there, even
+    # when it is ready first (here alone: its rank 0 never comes)
+    (d / "out").mkdir()
+    files = {"init.safetensors": b"the other run's starting values", "trainer.rank1.manifest": b"its manifest"}
+    for name, text in files.items():
+        (d / "out" / name).write_bytes(text)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mica.files import lock_run_folder; "
+                               "lock_run_folder('out', owner='another job'); print('held', flush=True); "
+                               "time.sleep(300)"], cwd=d, env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = run(mpirun(2, *cli(*args)), d, env=dict(_env(), MICA_START_TIMEOUT="60"))
+        assert r.returncode != 0 and "another mica train is running in out" in r.stderr, r.stderr
+        rank1 = dict(_env(), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="1", PMIX_NAMESPACE="this job",
+                     MICA_START_TIMEOUT="2")
+        r = run(cli(*args), d, env=rank1)
+        assert r.returncode == 2 and r.stderr.strip() == (
+            "mica: error: rank 0 of this mpirun job did not take the out_dir out within 2 s (it failed, or another run "
+            "holds that folder); see rank 0's message"), r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in (d / "out").iterdir()) == [".mica.lock", *sorted(files)]
+    for name, text in files.items():
+        assert (d / "out" / name).read_bytes() == text, name
+
+
 def test_launches_mica_cannot_share_are_sentences(tmp_path, data):
     d = _folder(tmp_path, "env", data)
     args = cli("train", "shakespeare_char", *TINY, "--max_iters=1", "--out_dir=out")

@@ -24,6 +24,23 @@ def _int(name):
                         "process's place in a multi-process run") from None
 
 
+def job():
+    """This mpirun job's identity, the same on each of its ranks and different for any other job
+    (Open MPI's and PMIx's names for it), or "" outside one."""
+    keys = ("PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid", "PMI_KVS_NAME", "PMI_JOBID")
+    return " ".join(f"{k}={os.environ[k]}" for k in keys if os.environ.get(k))
+
+
+def start_timeout():
+    """How long a rank waits for the others to start, in seconds: MICA_START_TIMEOUT, as the
+    trainer reads it (1 to 86399; default 600)."""
+    try:
+        t = float(os.environ.get("MICA_START_TIMEOUT", "600"))
+    except ValueError:
+        return 600.0
+    return t if 1 <= t < 86400 else 600.0
+
+
 def ranks(cfg=None):
     """(world size, rank) of this process; checks that cfg can be shared among the ranks."""
     if "OMPI_COMM_WORLD_SIZE" in os.environ:

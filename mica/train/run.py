@@ -22,7 +22,8 @@ from . import checkpoint as ckpt
 from . import config as config_mod
 from . import convert
 from . import distributed, memory_plan, native, programs
-from ..files import atomic_write, lock_run_folder, no_empty_folders_left, read_text, run_folder_in_use, writable_folder
+from ..files import (atomic_write, lock_run_folder, no_empty_folders_left, read_text, run_folder_in_use,
+                     wait_for_run_lock, writable_folder)
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
@@ -100,6 +101,19 @@ def _check_batch_order(path, windows, needed=None, rows=None):
 _TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|metrics\.jsonl|trainer(?:\.rank\d+)?\.manifest)\.tmp(\d+)")
 
 
+def _take_out_dir(cfg, rank, log):
+    """out_dir, made, proved writable and locked by rank 0, which owns it; another rank of the job
+    waits until its rank 0 holds the lock before it writes its own files there (its manifest and
+    starting values), so that it never writes into a folder another run holds."""
+    if rank == 0:
+        out_dir = writable_folder(cfg["out_dir"], "out_dir")
+        lock_run_folder(out_dir, owner=distributed.job() or None)
+        _remove_stale_temporaries(out_dir, log)
+        return out_dir
+    wait_for_run_lock(cfg["out_dir"], distributed.job(), distributed.start_timeout())
+    return cfg["out_dir"]
+
+
 def _remove_stale_temporaries(out_dir, log):
     """A run killed while writing leaves NAME.tmpPID behind: remove those whose process is gone."""
     for name in sorted(os.listdir(out_dir)):
@@ -173,7 +187,9 @@ def prepare_run(config_path=None, overrides=(), log=print):
         origin = getattr(cfg, "origin", {})
         at = origin.get("init_from") or (origin.get("out_dir") if cfg["init_from"] == "resume" else None)
         raise (MicaError(f"{at}: {e.sentence}") if at else e) from None
-    with no_empty_folders_left(cfg["out_dir"]):  # a run refused before it wrote anything leaves no folder
+    _, rank = distributed.ranks(cfg)  # (before out_dir is touched: a launch that cannot run writes nothing)
+    # a run refused before it wrote anything leaves no folder (rank 0's: the only rank that makes it)
+    with no_empty_folders_left(cfg["out_dir"] if rank == 0 else None):
         if cfg["recipe"] == "speedrun":
             held.say()
             return prepare_speedrun(cfg, log)
@@ -201,11 +217,8 @@ def _prepare_nanogpt(cfg, log, held):
         needed = None if cfg["init_from"] == "resume" else \
             rows * (1 if cfg["eval_only"] else cfg["max_iters"] + 1)
         _check_batch_order(cfg["batch_order"], windows, needed, rows)
-    out_dir = writable_folder(cfg["out_dir"], "out_dir")  # before compiling: a read-only folder fails here
     world, rank = distributed.ranks(cfg)
-    if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
-        lock_run_folder(out_dir)
-        _remove_stale_temporaries(out_dir, log)
+    out_dir = _take_out_dir(cfg, rank, log)  # before compiling: a read-only folder fails here
     held.say()
     log = say
 
@@ -463,10 +476,7 @@ def prepare_speedrun(cfg, log):
                                                      "training data", log)]
     files += [("val", *f) for f in _speedrun_split(cfg["val_files"], vocab, cfg["val_tokens"], 1, "validation data",
                                                    log, unit=rows)]
-    out_dir = writable_folder(cfg["out_dir"], "out_dir")
-    if rank == 0:  # (rank 0 owns out_dir; the others only read what it holds)
-        lock_run_folder(out_dir)
-        _remove_stale_temporaries(out_dir, log)
+    out_dir = _take_out_dir(cfg, rank, log)
     if cfg["init_from"] == "resume":  # (before compiling: a mismatch is said in seconds, not minutes)
         resume_step = _check_speedrun_resume(cfg, out_dir, vocab, log)
     model, opt, progs = programs.build(cfg, vocab, world, rank)
