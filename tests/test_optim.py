@@ -142,9 +142,10 @@ def test_sgd_momentum_matches_torch(nesterov, dampening):
                                    nesterov=nesterov), seed=3, steps=4, tolerance=1e-12)
 
 
-def _steps_against_torch_in_float64(opt, tmake, seed, steps, tolerance):
-    """`steps` updates of a small tanh regression by `opt` on the oracle in float64 and by torch's
-    optimizer tmake(params) from the same weights and batches: losses and weights agree."""
+def _steps_against_torch_in_float64(opt, tmake, seed, steps, tolerance, compiled=False):
+    """`steps` updates of a small tanh regression by `opt` on the oracle in float64 (`compiled`: the
+    C target's program, which keeps a float32 state float32) and by torch's optimizer
+    tmake(params) from the same weights and batches: losses and weights agree."""
     rng = np.random.default_rng(seed)
     params = {"w": rng.standard_normal((5, 3)), "b": rng.standard_normal(3)}
     state = opt.init(params)
@@ -154,11 +155,12 @@ def _steps_against_torch_in_float64(opt, tmake, seed, steps, tolerance):
         return (*opt.update(p, g, s), loss)
 
     prog = mica.trace(step, _tree_specs(params), _tree_specs(state), mica.f64[4, 5])
+    run = prog.lower("cpu").build() if compiled else lambda *args: mica.reference.run(prog, *args)
     tp = {n: to_torch(a, requires_grad=True) for n, a in params.items()}
     topt = tmake([tp["w"], tp["b"]])
     for _ in range(steps):
         x = rng.standard_normal((4, 5))
-        params, state, loss = mica.reference.run(prog, params, state, x)
+        params, state, loss = run(params, state, x)
         tloss = ((to_torch(x) @ tp["w"] + tp["b"]).tanh() ** 2).mean()
         topt.zero_grad()
         tloss.backward()
@@ -377,12 +379,55 @@ def test_rmsprop_and_adagrad_in_a_torch_style_compiled_loop_give_torchs_float32_
             assert rel_err(v.numpy(), theirs[i][k].numpy()) < 1e-5, (i, k)
 
 
+_ADAMS = [
+    ("nadam", lambda: mica.optim.NAdam(lr=0.01), lambda ps: torch.optim.NAdam(ps, lr=0.01)),
+    ("nadam_l2", lambda: mica.optim.NAdam(lr=0.02, betas=(0.8, 0.9), weight_decay=0.1, momentum_decay=0.01),
+     lambda ps: torch.optim.NAdam(ps, lr=0.02, betas=(0.8, 0.9), weight_decay=0.1, momentum_decay=0.01)),
+    ("nadam_decoupled", lambda: mica.optim.NAdam(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True),
+     lambda ps: torch.optim.NAdam(ps, lr=0.02, weight_decay=0.1, decoupled_weight_decay=True)),
+    ("radam", lambda: mica.optim.RAdam(lr=0.01, betas=(0.9, 0.9)), lambda ps: torch.optim.RAdam(ps, lr=0.01,
+                                                                                                betas=(0.9, 0.9))),
+    ("radam_decoupled", lambda: mica.optim.RAdam(lr=0.01, betas=(0.8, 0.85), weight_decay=0.1,
+                                                 decoupled_weight_decay=True),
+     lambda ps: torch.optim.RAdam(ps, lr=0.01, betas=(0.8, 0.85), weight_decay=0.1, decoupled_weight_decay=True)),
+    ("radam_l2", lambda: mica.optim.RAdam(lr=0.01, betas=(0.9, 0.9), weight_decay=0.2),
+     lambda ps: torch.optim.RAdam(ps, lr=0.01, betas=(0.9, 0.9), weight_decay=0.2)),
+    ("adamax", lambda: mica.optim.Adamax(lr=0.01, weight_decay=0.1), lambda ps: torch.optim.Adamax(ps, lr=0.01,
+                                                                                                  weight_decay=0.1)),
+    ("adadelta", lambda: mica.optim.Adadelta(lr=0.5, rho=0.8, weight_decay=0.1),
+     lambda ps: torch.optim.Adadelta(ps, lr=0.5, rho=0.8, weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("make, tmake", [m[1:] for m in _ADAMS], ids=[m[0] for m in _ADAMS])
+def test_nadam_radam_adamax_and_adadelta_match_torch_in_float64(make, tmake):
+    """Nine steps on random data in float64 against torch's single-tensor paths: RAdam with betas
+    whose rectified branch starts at step 6 (both of torch's branches), NAdam with its momentum
+    schedule; L2 and decoupled weight decay. NAdam's mu_product is a float32 tensor in torch, kept
+    float32 by the compiled program (the oracle's float64 would differ by 1e-10)."""
+    nadam = isinstance(make(), mica.optim.NAdam)
+    _steps_against_torch_in_float64(make(), tmake, seed=11, steps=9, tolerance=1e-12 if nadam else 1e-11,
+                                    compiled=nadam)
+
+
+@pytest.mark.parametrize("make, tmake", [m[1:] for m in _ADAMS[1::2]], ids=[m[0] for m in _ADAMS[1::2]])
+def test_nadam_radam_adamax_and_adadelta_in_a_torch_style_compiled_loop(make, tmake):
+    """optimizer.step() in a compiled torch-style step (float32) against torch's loop: weights and
+    state_dict to float32 rounding, and the state_dict loads into torch's optimizer."""
+    test_rmsprop_and_adagrad_in_a_torch_style_compiled_loop_give_torchs_float32_values(make, tmake)
+
+
 def test_rmsprop_and_adagrad_refuse_what_torch_refuses():
     for make, fragment in [(lambda: mica.optim.RMSprop(alpha=-0.1), "RMSprop: alpha must be a finite number >= 0"),
                            (lambda: mica.optim.RMSprop(eps=-1.0), "RMSprop: eps must be a number >= 0"),
                            (lambda: mica.optim.Adagrad(lr_decay=-1), "Adagrad: lr_decay must be a finite number"),
                            (lambda: mica.optim.Adagrad(initial_accumulator_value=-1),
-                            "Adagrad: initial_accumulator_value must be a number >= 0")]:
+                            "Adagrad: initial_accumulator_value must be a number >= 0"),
+                           (lambda: mica.optim.NAdam(momentum_decay=-1e-3),
+                            "NAdam: momentum_decay must be a finite number >= 0"),
+                           (lambda: mica.optim.RAdam(betas=(0.9, 1.0)), "RAdam: betas[1] must be a number in [0, 1)"),
+                           (lambda: mica.optim.Adamax(eps=-1), "Adamax: eps must be a number >= 0"),
+                           (lambda: mica.optim.Adadelta(rho=1.5), "Adadelta: rho must be a number in [0, 1]")]:
         with pytest.raises(mica.MicaError) as e:
             make()
         assert fragment in str(e.value)
@@ -394,6 +439,10 @@ _LAYOUTS = [
     ("sgd_momentum", lambda ps: dict(lr=0.1, momentum=0.9), "SGD"),
     ("rmsprop_groups", lambda ps: dict(lr=0.01), "RMSprop"),
     ("adagrad_groups", lambda ps: dict(lr=0.1, initial_accumulator_value=0.2), "Adagrad"),
+    ("nadam", lambda ps: dict(lr=0.01, weight_decay=0.1), "NAdam"),
+    ("radam", lambda ps: dict(lr=0.01), "RAdam"),
+    ("adamax", lambda ps: dict(lr=0.01), "Adamax"),
+    ("adadelta", lambda ps: dict(lr=0.5), "Adadelta"),
 ]
 
 

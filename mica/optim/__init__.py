@@ -7,6 +7,8 @@ from .schedules import cosine, cosine_with_warmup, stable_then_decay  # noqa: F4
 from .sgd import SGD, sgd  # noqa: F401
 from .rmsprop import RMSprop  # noqa: F401
 from .adagrad import Adagrad  # noqa: F401
+from .nadam import NAdam, RAdam  # noqa: F401
+from .adamax import Adadelta, Adamax  # noqa: F401
 from .combined import Optimizers  # noqa: F401
 from . import lr_scheduler  # noqa: F401,E402  (torch's schedulers over param_groups, for a torch-style loop)
 

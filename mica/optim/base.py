@@ -405,7 +405,8 @@ def zeros_like_tree(params):
 
 RULES = {"rate": (lambda v: 0.0 <= v < float("inf"), "a finite number >= 0"),
          "fraction": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
-         "nonnegative": (lambda v: 0.0 <= v, "a number >= 0")}
+         "nonnegative": (lambda v: 0.0 <= v, "a number >= 0"),
+         "unit": (lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")}
 
 
 def _one_group_each(name, groups):
