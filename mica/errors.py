@@ -141,7 +141,7 @@ def _misused_signature(value, tb):
 
 
 def _missing_import(value, tb):
-    """`from mica.optim import NAdam` (a name torch's module has and Mica's does not) as Mica's
+    """`from mica.optim import Rprop` (a name torch's module has and Mica's does not) as Mica's
     sentence for a missing verb, at the import's line; None for any other exception."""
     import re
     import traceback

@@ -904,7 +904,7 @@ def test_sigterm_while_compiling_stops_the_compilers_with_a_sentence(data, tmp_p
 def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp_path):
     """An uncaught Mica error ends a user's script as the mica command's do: its one sentence with
     the script's file:line, exit status 1; MICA_TRACEBACK=1 gives Python's traceback; an error that
-    is not Mica's keeps Python's traceback; `from mica.optim import NAdam` is the missing verb's sentence."""
+    is not Mica's keeps Python's traceback; `from mica.optim import Rprop` is the missing verb's sentence."""
     script = tmp_path / "model.py"
     script.write_text("import mica\n\ndef f(x, w):\n    return x @ w\n\n"
                       "mica.compile(f, mica.f32[5, 6], mica.f32[4, 8])\n")
@@ -932,12 +932,12 @@ def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp
     assert_sentence(r, "a Parameter needs initial data or a shape", code=1)
     assert r.stderr.strip().endswith("(unplaced.py:3)") and len(r.stderr.strip().splitlines()) == 1, r.stderr
     ported = tmp_path / "port.py"  # (a name torch's module has and Mica's lacks, imported by name)
-    ported.write_text("import mica\nimport numpy\nfrom mica.optim import NAdam\n")
+    ported.write_text("import mica\nimport numpy\nfrom mica.optim import Rprop\n")
     r = run(ported)
-    assert_sentence(r, "Mica has no mica.optim.NAdam (torch.optim.NAdam); write it from what mica.optim has", code=1)
+    assert_sentence(r, "Mica has no mica.optim.Rprop (torch.optim.Rprop); write it from what mica.optim has", code=1)
     assert r.stderr.strip().endswith("(port.py:3)") and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" in run(ported, MICA_TRACEBACK="1").stderr
-    (tmp_path / "theirs.py").write_text("import mica\nfrom numpy import NAdam\n")  # (not Mica's: Python's)
+    (tmp_path / "theirs.py").write_text("import mica\nfrom numpy import Rprop\n")  # (not Mica's: Python's)
     assert "Traceback" in run(tmp_path / "theirs.py").stderr
 
 

@@ -176,8 +176,8 @@ def test_module_bookkeeping_follows_torch():
     assert np.array_equal(w, round_bf16(w)) and len(np.unique(w)) > 12
     with pytest.raises(mica.MicaError, match=r"^Mica has no mica.nn.Conv2d \(torch.nn.Conv2d\)"):
         nn.Conv2d
-    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.optim.NAdam"):
-        mica.optim.NAdam
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.optim.Rprop"):
+        mica.optim.Rprop
     # torch.nn.init's fan-based initializers: the bounds and spreads torch computes
     lin = nn.Linear(30, 50)
     nn.init.xavier_uniform_(lin.weight)
