@@ -715,14 +715,26 @@ _MORE_SCHEDULERS = {  # (the optimizer, the scheduler, the metric ReduceLROnPlat
         o, patience=2, factor=0.5, cooldown=1, min_lr=[0.01, 0.02]), lambda i: 1.0 if i % 7 else 0.5 - i * 0.001),
     "ReduceLROnPlateau max abs": ("adamw", lambda lib, o: lib.optim.lr_scheduler.ReduceLROnPlateau(
         o, mode="max", threshold_mode="abs", threshold=0.1, patience=1), lambda i: float(np.sin(i))),
+    "CyclicLR": ("sgd", lambda lib, o: lib.optim.lr_scheduler.CyclicLR(o, [0.01, 0.005], [0.1, 0.05], 4, 6), None),
+    "CyclicLR triangular2 on beta1": ("adamw", lambda lib, o: lib.optim.lr_scheduler.CyclicLR(
+        o, 0.01, 0.1, step_size_up=3, mode="triangular2", base_momentum=0.85, max_momentum=0.95), None),
+    "CyclicLR exp_range": ("sgd", lambda lib, o: lib.optim.lr_scheduler.CyclicLR(
+        o, 0.01, 0.1, step_size_up=5, mode="exp_range", gamma=0.97), None),
+    "CyclicLR scale_fn by iterations": ("sgd", lambda lib, o: lib.optim.lr_scheduler.CyclicLR(
+        o, 0.02, 0.2, 3, scale_fn=_halving, scale_mode="iterations", cycle_momentum=False), None),
 }
+
+
+def _halving(x):
+    return 0.9 ** x
 
 
 @pytest.mark.parametrize("name", list(_MORE_SCHEDULERS))
 def test_more_of_torchs_schedulers_set_torchs_rates_and_momenta(name):
-    """OneCycleLR, SequentialLR, ChainedScheduler, PolynomialLR, CosineAnnealingWarmRestarts and
-    ReduceLROnPlateau (refused before): 30 steps on two groups give torch's rates (OneCycleLR's
-    momentum or beta1 too), and a state_dict taken at step 10 resumes in either library as torch's."""
+    """OneCycleLR, SequentialLR, ChainedScheduler, PolynomialLR, CosineAnnealingWarmRestarts,
+    ReduceLROnPlateau and CyclicLR (refused before): 30 steps on two groups give torch's rates
+    (OneCycleLR's and CyclicLR's momentum or beta1 too), and a state_dict taken at step 10 resumes in
+    either library as torch's."""
     import warnings
 
     which, make, metric = _MORE_SCHEDULERS[name]
@@ -759,6 +771,10 @@ def test_schedulers_given_what_torchs_refuse_say_so_in_a_sentence():
     sched = mica.optim.lr_scheduler
     cases = [
         (lambda: sched.OneCycleLR(opt, 1.0), r"^OneCycleLR: give total_steps, or epochs and steps_per_epoch"),
+        (lambda: sched.CyclicLR(mica.optim.Adagrad([mica.nn.Parameter(mica.zeros(2))]), 0.1, 1.0),
+         r"^CyclicLR: cycle_momentum needs an optimizer with momentum or betas"),
+        (lambda: sched.CyclicLR(opt, 0.1, 1.0, mode="square"), r"^CyclicLR: mode must be 'triangular'"),
+        (lambda: sched.CyclicLR(opt, 0.1, 1.0, step_size_up=0), r"^CyclicLR: step_size_up must be a positive"),
         (lambda: sched.OneCycleLR(opt, 1.0, total_steps=0), r"^OneCycleLR: total_steps must be a positive integer"),
         (lambda: sched.OneCycleLR(mica.optim.Adagrad([mica.nn.Parameter(mica.zeros(2))]), 1.0, total_steps=5),
          r"^OneCycleLR: cycle_momentum needs an optimizer"),

@@ -405,6 +405,107 @@ class OneCycleLR(LRScheduler):
         return lrs
 
 
+class CyclicLR(LRScheduler):
+    """torch's cyclical learning rate: between base_lr and max_lr and back over step_size_up +
+    step_size_down steps, each cycle's height scaled by mode ("triangular": 1; "triangular2": halved
+    each cycle; "exp_range": gamma ** iterations) or by scale_fn(cycle or iteration, scale_mode);
+    with cycle_momentum the momentum (Adam's beta1) moves the other way between max_momentum and
+    base_momentum, as a setting the compiled step reads at each call."""
+
+    def __init__(self, optimizer, base_lr, max_lr, step_size_up=2000, step_size_down=None, mode="triangular",
+                 gamma=1.0, scale_fn=None, scale_mode="cycle", cycle_momentum=True, base_momentum=0.8,
+                 max_momentum=0.9, last_epoch=-1):
+        self.optimizer = optimizer
+        if not getattr(optimizer, "param_groups", None):
+            _refuse("CyclicLR takes an optimizer made with the model's parameters (its param_groups: the learning "
+                    "rates it sets)")
+        base_lrs = [float(b) for b in _per_group(base_lr, optimizer, "CyclicLR's base_lr")]
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = [float(m) for m in _per_group(max_lr, optimizer, "CyclicLR's max_lr")]
+        for name, size in (("step_size_up", step_size_up), ("step_size_down", step_size_down)):
+            if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0):
+                _refuse(f"CyclicLR: {name} must be a positive number of steps, got {size!r}")
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            _refuse(f"CyclicLR: mode must be 'triangular', 'triangular2' or 'exp_range' (or give scale_fn), got "
+                    f"{mode!r}")
+        if scale_mode not in ("cycle", "iterations"):
+            _refuse(f"CyclicLR: scale_mode must be 'cycle' or 'iterations', got {scale_mode!r}")
+        self.mode, self.gamma = mode, gamma
+        self._scale_fn_custom, self.scale_mode = scale_fn, scale_mode
+        self._init_scale_fn()
+        self.cycle_momentum = bool(cycle_momentum)
+        if self.cycle_momentum:
+            defaults = getattr(optimizer, "defaults", {})
+            if "momentum" not in defaults and "betas" not in defaults:
+                _refuse(f"CyclicLR: cycle_momentum needs an optimizer with momentum or betas, and "
+                        f"{type(optimizer).__name__} has neither; pass cycle_momentum=False")
+            self.use_beta1 = "betas" in defaults
+            self.base_momentums = [float(b) for b in _per_group(base_momentum, optimizer, "CyclicLR's base_momentum")]
+            self.max_momentums = [float(m) for m in _per_group(max_momentum, optimizer, "CyclicLR's max_momentum")]
+            if last_epoch == -1:
+                for top, base, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
+                    self._set_momentum(group, top)
+                    group["max_momentum"], group["base_momentum"] = top, base
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def _init_scale_fn(self):
+        if self._scale_fn_custom is not None:
+            return
+        if self.mode == "triangular":
+            self.scale_mode = "cycle"
+        elif self.mode == "triangular2":
+            self.scale_mode = "cycle"
+        elif self.mode == "exp_range":
+            self.scale_mode = "iterations"
+
+    def scale_fn(self, x):
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        if self.mode == "exp_range":
+            return self.gamma ** x
+        return 1.0
+
+    _set_momentum = OneCycleLR._set_momentum
+
+    def get_lr(self):
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        scale_factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        at = cycle if self.scale_mode == "cycle" else self.last_epoch
+        lrs = [base + (top - base) * scale_factor * self.scale_fn(at) for base, top in zip(self.base_lrs, self.max_lrs)]
+        if self.cycle_momentum:
+            for group, base, top in zip(self.optimizer.param_groups, self.base_momentums, self.max_momentums):
+                self._set_momentum(group, top - (top - base) * scale_factor * self.scale_fn(at))
+        return lrs
+
+    _TYPES = {**LRScheduler._TYPES, "total_size": float, "step_ratio": float}
+
+    def state_dict(self):
+        """torch's: a scale_fn function is not saved (None), a callable object's attributes are."""
+        state = super().state_dict()
+        fn = state.pop("_scale_fn_custom")
+        state["_scale_fn_custom"] = None if fn is None or isinstance(fn, types.FunctionType) else dict(fn.__dict__)
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        fn = state_dict.pop("_scale_fn_custom", None)
+        state_dict.pop("_scale_fn_ref", None)
+        super().load_state_dict(state_dict)
+        if fn is not None and self._scale_fn_custom is not None:
+            self._scale_fn_custom.__dict__.update(fn)
+        self._init_scale_fn()
+
+
 def _schedulers_of(kind, optimizer, schedulers):
     schedulers = list(schedulers)
     if not schedulers:
