@@ -820,8 +820,8 @@ def test_a_lambda_schedulers_callable_object_keeps_its_state_as_torchs():
         assert rates(torch, 10, rates(mica, 4, steps=1)[1])[0] == want
 
 
-@pytest.mark.parametrize("which", ["sgd", "adamw"])
-def test_one_cycles_momentum_is_an_input_of_the_step_not_a_new_program_each_call(which):
+@pytest.mark.parametrize("which, scheduler", [("sgd", "OneCycleLR"), ("adamw", "OneCycleLR"), ("adamw", "CyclicLR")])
+def test_one_cycles_momentum_is_an_input_of_the_step_not_a_new_program_each_call(which, scheduler):
     """An outside tester's: OneCycleLR moves SGD's momentum or Adam's beta1 at every step, and each
     value was a constant of its own program: a compile per step (12 programs for 12 steps, minutes
     for a real run). Now an optimizer's live settings (Optimizer.live) are inputs of the step, as its
@@ -837,8 +837,9 @@ def test_one_cycles_momentum_is_an_input_of_the_step_not_a_new_program_each_call
     make = ((lambda lib, p: lib.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True)) if which == "sgd" else
             (lambda lib, p: lib.optim.AdamW(p, lr=0.01)))
     topt, mopt = make(torch, tm.parameters()), make(mica, mm.parameters())
-    tsched = torch.optim.lr_scheduler.OneCycleLR(topt, 0.05, total_steps=12)
-    msched = mica.optim.lr_scheduler.OneCycleLR(mopt, 0.05, total_steps=12)
+    made = ((lambda lib, o: lib.optim.lr_scheduler.OneCycleLR(o, 0.05, total_steps=12)) if scheduler == "OneCycleLR"
+            else (lambda lib, o: lib.optim.lr_scheduler.CyclicLR(o, 0.005, 0.05, step_size_up=4)))
+    tsched, msched = made(torch, topt), made(mica, mopt)
 
     @mica.compile
     def step(x, y):
