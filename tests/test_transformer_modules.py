@@ -1,4 +1,4 @@
-"""nn.MultiheadAttention, nn.TransformerEncoderLayer and nn.TransformerEncoder against torch's:
+"""nn.MultiheadAttention, the Transformer encoder, decoder and both (nn.Transformer) against torch's:
 the same state_dict keys, values and gradients (eager and compiled), and a model written for torch's
 tutorial trained by a compiled step as torch trains it."""
 import numpy as np
@@ -108,6 +108,63 @@ def test_transformer_encoder_is_torchs(norm_first, activation):
     assert rel_err(np.asarray(got), theirs(x, src_key_padding_mask=padding).detach().numpy()) < 1e-6
 
 
+@pytest.mark.parametrize("batch_first,norm_first,activation", [(False, False, "relu"), (True, True, "gelu")])
+def test_the_encoder_decoder_transformer_is_torchs(batch_first, norm_first, activation):
+    """nn.Transformer (encoder, decoder, their final norms) and so TransformerDecoderLayer and
+    TransformerDecoder: torch's state_dict keys; from torch's weights the same output with a causal
+    target mask and padding on source and target, its gradients, and three compiled AdamW steps at
+    torch's losses; a fresh one's matrices drawn by xavier_uniform_ as torch's."""
+    torch.manual_seed(0)
+    kw = dict(dropout=0.0, activation=activation, batch_first=batch_first, norm_first=norm_first)
+    theirs = torch.nn.Transformer(E, H, 2, 2, 32, **kw)
+    mine = mica.nn.Transformer(E, H, 2, 2, 32, **kw)
+    assert sorted(mine.state_dict()) == sorted(theirs.state_dict())
+    for name, p in mine.named_parameters():
+        if len(p.shape) > 1:  # (xavier_uniform_'s bound, and not the Linears' own init)
+            bound = np.sqrt(6.0 / sum(p.shape))
+            assert np.abs(np.asarray(p)).max() <= bound and np.abs(np.asarray(p)).max() > 0.8 * bound, name
+    _load(mine, theirs)
+    g = torch.Generator().manual_seed(3)
+    shape = (lambda n, t: (n, t, E)) if batch_first else (lambda n, t: (t, n, E))
+    src, tgt = torch.randn(*shape(N, S), generator=g), torch.randn(*shape(N, L), generator=g)
+    src_pad, tgt_pad = torch.zeros(N, S, dtype=torch.bool), torch.zeros(N, L, dtype=torch.bool)
+    src_pad[0, -2:], tgt_pad[2, -1] = True, True
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(L)
+    masks = dict(tgt_mask=causal, src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
+                 tgt_key_padding_mask=tgt_pad)
+    want = theirs(src, tgt, **masks)
+    got = mine(src.numpy(), tgt.numpy(), **{k: v.numpy() for k, v in masks.items()})
+    assert rel_err(np.asarray(got), want.detach().numpy()) < 1e-5
+    y = torch.randn(*want.shape, generator=g)  # (a normalized output's own mean square is constant: a target)
+    ((want - y) ** 2).mean().backward()
+    opt = mica.optim.AdamW(mine.parameters(), lr=1e-2)
+    topt = torch.optim.AdamW(theirs.parameters(), lr=1e-2)
+    grads = {n: p.grad.numpy().copy() for n, p in theirs.named_parameters()}
+
+    @mica.compile
+    def step(src, tgt):
+        loss = ((mine(src, tgt, **{k: v.numpy() for k, v in masks.items()}) - mica.tensor(y.numpy())) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    @mica.compile
+    def gradients(src, tgt):
+        loss = ((mine(src, tgt, **{k: v.numpy() for k, v in masks.items()}) - mica.tensor(y.numpy())) ** 2).mean()
+        return mica.autograd.grad(loss, list(mine.parameters()))
+
+    for (n, _), gm in zip(mine.named_parameters(), gradients(src.numpy(), tgt.numpy())):
+        assert rel_err(np.asarray(gm), grads[n]) < 1e-4, n
+    topt.zero_grad()
+    for _ in range(3):
+        loss = ((theirs(src, tgt, **masks) - y) ** 2).mean()
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+        assert float(step(src.numpy(), tgt.numpy())) == pytest.approx(loss.item(), rel=1e-5)
+
+
 def test_torchs_transformer_tutorial_model_trains_as_torchs():
     """PyTorch's tutorial model (positional encoding buffer, TransformerEncoder of two layers, the
     causal mask from nn.Transformer, its init through .data.uniform_), ported by its imports: five
@@ -149,7 +206,11 @@ def test_what_torchs_attention_modules_refuse_is_a_sentence():
         (lambda: m(x, x, x, key_padding_mask=np.zeros((N, L + 1), bool)), r"^MultiheadAttention: key_padding_mask"),
         (lambda: m(x, x[:, :2], x), r"^MultiheadAttention: query \[5, 3, 16\]"),
         (lambda: mica.nn.TransformerEncoderLayer(E, H, activation="tanh"), r"^TransformerEncoderLayer: activation"),
-        (lambda: mica.nn.Transformer(E, H), r"^Mica has no nn.Transformer \(the encoder-decoder\)"),
+        (lambda: mica.nn.Transformer(E, H, 1, 1, 32)(np.zeros((S, N, E), np.float32), np.zeros((L, N + 1, E), np.float32)),
+         r"^Transformer: src and tgt must have the same batch size \(dim 1\)"),
+        (lambda: mica.nn.Transformer(E, H, 1, 1, 32)(np.zeros((S, N, E), np.float32), np.zeros((L, N, E - 1), np.float32)),
+         r"^Transformer: src and tgt must have d_model=16 features"),
+        (lambda: mica.nn.TransformerDecoderLayer(E, H, activation="tanh"), r"^TransformerDecoderLayer: activation"),
     ]
     for make_it, sentence in cases:
         with pytest.raises(mica.MicaError, match=sentence):

@@ -5,7 +5,8 @@ from .modules import (  # noqa: F401
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
 from .transformer import (  # noqa: F401
-    MultiheadAttention, Transformer, TransformerEncoder, TransformerEncoderLayer,
+    MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+    TransformerEncoderLayer,
 )
 from .stateless import (  # noqa: F401
     CELU, ELU, GLU, SELU, BCELoss, BCEWithLogitsLoss, CosineSimilarity, CrossEntropyLoss, Flatten, Hardshrink,

@@ -1,6 +1,6 @@
-"""torch.nn.MultiheadAttention and the Transformer encoder built on it (TransformerEncoderLayer,
-TransformerEncoder, Transformer.generate_square_subsequent_mask), written with Mica's verbs: the
-same parameters (names, shapes, state_dict keys), the same arithmetic, as torch's
+"""torch.nn.MultiheadAttention and the Transformer built on it (TransformerEncoderLayer,
+TransformerEncoder, TransformerDecoderLayer, TransformerDecoder, Transformer), written with Mica's
+verbs: the same parameters (names, shapes, state_dict keys), the same arithmetic, as torch's
 F.multi_head_attention_forward computes it, compiled or eager."""
 import copy
 import math
@@ -147,12 +147,12 @@ class MultiheadAttention(Module):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
 
 
-def _activation(activation):
+def _activation(activation, layer="TransformerEncoderLayer"):
     if callable(activation):
         return activation
     if activation in ("relu", "gelu"):
         return getattr(F, activation)
-    _refuse(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a function, got {activation!r}")
+    _refuse(f"{layer}: activation must be 'relu', 'gelu' or a function, got {activation!r}")
 
 
 class TransformerEncoderLayer(Module):
@@ -207,13 +207,118 @@ class TransformerEncoder(Module):
         return self.norm(out) if self.norm is not None else out
 
 
-class Transformer(Module):
-    """torch.nn.Transformer's static generate_square_subsequent_mask; the encoder-decoder model itself
-    is a sentence (TransformerEncoder and TransformerEncoderLayer are Mica's)."""
+class TransformerDecoderLayer(Module):
+    """torch.nn.TransformerDecoderLayer: self-attention over the target, attention over the encoder's
+    output (memory), then a feed-forward of two Linears, each with dropout and a residual, with
+    LayerNorm after each (or before, norm_first=True)."""
 
-    def __init__(self, *args, **kwargs):
-        _refuse("Mica has no nn.Transformer (the encoder-decoder); build the model from nn.TransformerEncoder "
-                "and nn.TransformerEncoderLayer, or port its decoder with nn.MultiheadAttention")
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True, device=None, dtype=None):
+        super().__init__()
+        _device(device)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, bias=bias,
+                                            dtype=dtype)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, bias=bias,
+                                                 dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+        self.activation = _activation(activation, "TransformerDecoderLayer")
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                           need_weights=False)[0]
+        return self.dropout1(x)
+
+    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal):
+        x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                is_causal=is_causal, need_weights=False)[0]
+        return self.dropout2(x)
+
+    def _ff_block(self, x):
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+            return x + self._ff_block(self.norm3(x))
+        x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+        x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
+        return self.norm3(x + self._ff_block(x))
+
+
+class TransformerDecoder(Module):
+    """torch.nn.TransformerDecoder: num_layers copies of decoder_layer (each starting from its weights,
+    as torch's deep copies), each reading the encoder's output, then an optional norm."""
+
+    def __init__(self, decoder_layer, num_layers, norm=None):
+        super().__init__()
+        self.layers = ModuleList([copy.deepcopy(decoder_layer) for _ in range(num_layers)])
+        self.num_layers, self.norm = num_layers, norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False):
+        out = tgt
+        for layer in self.layers:  # (tgt_is_causal is a hint: with a mask, the mask decides, the same values)
+            out = layer(out, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                        tgt_key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                        tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)
+        return self.norm(out) if self.norm is not None else out
+
+
+class Transformer(Module):
+    """torch.nn.Transformer: a TransformerEncoder and a TransformerDecoder of d_model, each with a
+    final LayerNorm (or custom_encoder / custom_decoder), every parameter of two or more dims drawn
+    by xavier_uniform_ as torch's _reset_parameters; forward(src, tgt, masks...) is the decoder's
+    output over the encoder's memory."""
+
+    def __init__(self, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
+                 dropout=0.1, activation="relu", custom_encoder=None, custom_decoder=None, layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True, device=None, dtype=None):
+        super().__init__()
+        _device(device)
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            layer = TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                                            batch_first, norm_first, bias, dtype=dtype)
+            self.encoder = TransformerEncoder(layer, num_encoder_layers,
+                                              LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                                            batch_first, norm_first, bias, dtype=dtype)
+            self.decoder = TransformerDecoder(layer, num_decoder_layers,
+                                              LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        for p in self.parameters():
+            if len(p.shape) > 1:
+                initializers.xavier_uniform_(p)
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+                tgt_key_padding_mask=None, memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal=False):
+        src, tgt = F.as_tensor(src), F.as_tensor(tgt)
+        batch = 0 if self.batch_first else 1
+        if src.ndim == 3 and (tgt.ndim != 3 or src.shape[batch] != tgt.shape[batch]):
+            _refuse(f"Transformer: src and tgt must have the same batch size (dim {batch}), got {tuple(src.shape)} "
+                    f"and {tuple(tgt.shape)}")
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            _refuse(f"Transformer: src and tgt must have d_model={self.d_model} features (their last dim), got "
+                    f"{tuple(src.shape)} and {tuple(tgt.shape)}")
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                            tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
 
     @staticmethod
     def generate_square_subsequent_mask(sz, device=None, dtype=None):
