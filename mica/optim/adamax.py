@@ -5,14 +5,15 @@ import numpy as np
 
 from .. import verbs as F
 from .base import Optimizer, zeros_like_tree
-from .nadam import _check_adam_like, _counts
+from .adamw import check_adam_like
+from .nadam import _counts
 
 
 class Adamax(Optimizer):
     defaults = dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
     def _check(self, hyper, where):
-        _check_adam_like(self, hyper, where)
+        check_adam_like(self, hyper, where)
 
     def _init(self, params):
         return {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(params), "exp_inf": zeros_like_tree(params)}

@@ -29,12 +29,7 @@ class AdamW(Optimizer):
     layout, rank = None, 0
 
     def _check(self, hyper, where):
-        self._require(hyper, where, ("lr", "weight_decay"), "rate")
-        self._require(hyper, where, ("eps",), "nonnegative")
-        betas = hyper["betas"]
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            self._refuse(where, "betas", betas, "two numbers in [0, 1)")
-        self._require({"betas[0]": betas[0], "betas[1]": betas[1]}, where, ("betas[0]", "betas[1]"), "fraction")
+        check_adam_like(self, hyper, where)
 
     def shard(self, layout, rank):
         """ZeRO-1 on rank `rank` of `layout.world` (mica/optim/zero.py): the state holds the moments
@@ -106,6 +101,16 @@ class Adam(AdamW):
                 grads[n] = F.add(g, p, alpha=wd)
             coupled.append(({**hyper, "weight_decay": 0.0}, names, lr))
         return super()._update(params, grads, state, coupled)
+
+
+def check_adam_like(opt, hyper, where, rates=("lr", "weight_decay")):
+    """torch's refusals for Adam's family: `rates` finite and >= 0, eps >= 0, two betas in [0, 1)."""
+    opt._require(hyper, where, rates, "rate")
+    opt._require(hyper, where, ("eps",), "nonnegative")
+    betas = hyper["betas"]
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        opt._refuse(where, "betas", betas, "two numbers in [0, 1)")
+    opt._require({"betas[0]": betas[0], "betas[1]": betas[1]}, where, ("betas[0]", "betas[1]"), "fraction")
 
 
 def _fma(a, b, c):

@@ -310,6 +310,28 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self._last_lr = self._lrs()
 
 
+def _cycled_momenta(scheduler, cycle_momentum, base_momentum, max_momentum, last_epoch):
+    """OneCycleLR's and CyclicLR's momenta, as torch's: with cycle_momentum, ([base], [max]) per group
+    and, from the start, each group's momentum (SGD's, or Adam's beta1: use_beta1) at its max, its
+    base_momentum and max_momentum kept in the group; None without."""
+    name, optimizer = type(scheduler).__name__, scheduler.optimizer
+    scheduler.cycle_momentum = bool(cycle_momentum)
+    if not scheduler.cycle_momentum:
+        return None
+    defaults = getattr(optimizer, "defaults", {})
+    if "momentum" not in defaults and "betas" not in defaults:
+        _refuse(f"{name}: cycle_momentum needs an optimizer with momentum or betas, and {type(optimizer).__name__} "
+                "has neither; pass cycle_momentum=False")
+    scheduler.use_beta1 = "betas" in defaults
+    bases = [float(b) for b in _per_group(base_momentum, optimizer, f"{name}'s base_momentum")]
+    tops = [float(m) for m in _per_group(max_momentum, optimizer, f"{name}'s max_momentum")]
+    if last_epoch == -1:
+        for top, base, group in zip(tops, bases, optimizer.param_groups):
+            scheduler._set_momentum(group, top)
+            group["max_momentum"], group["base_momentum"] = top, base
+    return bases, tops
+
+
 class OneCycleLR(LRScheduler):
     """torch's one-cycle policy: from max_lr / div_factor up to max_lr over pct_start of total_steps,
     then down to that over final_div_factor (three_phase: back to the start first), by a cosine or a
@@ -357,19 +379,7 @@ class OneCycleLR(LRScheduler):
                 group["initial_lr"] = top / div_factor
                 group["max_lr"] = top
                 group["min_lr"] = group["initial_lr"] / final_div_factor
-        self.cycle_momentum = bool(cycle_momentum)
-        if self.cycle_momentum:
-            defaults = getattr(optimizer, "defaults", {})
-            if "momentum" not in defaults and "betas" not in defaults:
-                _refuse(f"OneCycleLR: cycle_momentum needs an optimizer with momentum or betas, and "
-                        f"{type(optimizer).__name__} has neither; pass cycle_momentum=False")
-            self.use_beta1 = "betas" in defaults
-            tops = _per_group(max_momentum, optimizer, "OneCycleLR's max_momentum")
-            bases = _per_group(base_momentum, optimizer, "OneCycleLR's base_momentum")
-            if last_epoch == -1:
-                for top, base, group in zip(tops, bases, optimizer.param_groups):
-                    self._set_momentum(group, top)
-                    group["max_momentum"], group["base_momentum"] = top, base
+        _cycled_momenta(self, cycle_momentum, base_momentum, max_momentum, last_epoch)
         super().__init__(optimizer, last_epoch)
 
     def _set_momentum(self, group, value):
@@ -439,19 +449,9 @@ class CyclicLR(LRScheduler):
         self.mode, self.gamma = mode, gamma
         self._scale_fn_custom, self.scale_mode = scale_fn, scale_mode
         self._init_scale_fn()
-        self.cycle_momentum = bool(cycle_momentum)
-        if self.cycle_momentum:
-            defaults = getattr(optimizer, "defaults", {})
-            if "momentum" not in defaults and "betas" not in defaults:
-                _refuse(f"CyclicLR: cycle_momentum needs an optimizer with momentum or betas, and "
-                        f"{type(optimizer).__name__} has neither; pass cycle_momentum=False")
-            self.use_beta1 = "betas" in defaults
-            self.base_momentums = [float(b) for b in _per_group(base_momentum, optimizer, "CyclicLR's base_momentum")]
-            self.max_momentums = [float(m) for m in _per_group(max_momentum, optimizer, "CyclicLR's max_momentum")]
-            if last_epoch == -1:
-                for top, base, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
-                    self._set_momentum(group, top)
-                    group["max_momentum"], group["base_momentum"] = top, base
+        momenta = _cycled_momenta(self, cycle_momentum, base_momentum, max_momentum, last_epoch)
+        if momenta is not None:
+            self.base_momentums, self.max_momentums = momenta
         super().__init__(optimizer, last_epoch)
         self.base_lrs = base_lrs
 

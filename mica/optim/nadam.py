@@ -6,16 +6,8 @@ the step count), and each is rounded to float32 where torch's kernel takes it (a
 import numpy as np
 
 from .. import dtypes, verbs as F
+from .adamw import check_adam_like
 from .base import Optimizer, zeros_like_tree
-
-
-def _check_adam_like(opt, hyper, where, rates=("lr", "weight_decay")):
-    opt._require(hyper, where, rates, "rate")
-    opt._require(hyper, where, ("eps",), "nonnegative")
-    betas = hyper["betas"]
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-        opt._refuse(where, "betas", betas, "two numbers in [0, 1)")
-    opt._require({"betas[0]": betas[0], "betas[1]": betas[1]}, where, ("betas[0]", "betas[1]"), "fraction")
 
 
 def _counts(state):
@@ -45,7 +37,7 @@ class NAdam(Optimizer):
                     decoupled_weight_decay=False)
 
     def _check(self, hyper, where):
-        _check_adam_like(self, hyper, where, ("lr", "weight_decay", "momentum_decay"))
+        check_adam_like(self, hyper, where, ("lr", "weight_decay", "momentum_decay"))
 
     def _init(self, params):
         return {"step": np.zeros((), np.int64), "mu_product": {n: np.ones((), np.float32) for n in params},
@@ -78,7 +70,7 @@ class RAdam(Optimizer):
     defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False)
 
     def _check(self, hyper, where):
-        _check_adam_like(self, hyper, where)
+        check_adam_like(self, hyper, where)
 
     def _init(self, params):
         return {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(params),
