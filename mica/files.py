@@ -58,8 +58,8 @@ def lock_run_folder(out_dir, doing="train into", owner=None):
                         "folder")
     os.set_inheritable(fd, True)
     _LOCKS[key] = fd
-    if owner is not None:  # (who holds it, for the other ranks of an mpirun job: wait_for_run_lock)
-        os.ftruncate(fd, 0)
+    os.ftruncate(fd, 0)  # (who holds it, for the other ranks of an mpirun job: wait_for_run_lock; an
+    if owner is not None:  # earlier job's name never stays behind)
         os.pwrite(fd, owner.encode(), 0)
 
 

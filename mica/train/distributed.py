@@ -34,11 +34,9 @@ def job():
 def start_timeout():
     """How long a rank waits for the others to start, in seconds: MICA_START_TIMEOUT, as the
     trainer reads it (1 to 86399; default 600)."""
-    try:
-        t = float(os.environ.get("MICA_START_TIMEOUT", "600"))
-    except ValueError:
-        return 600.0
-    return t if 1 <= t < 86400 else 600.0
+    text = os.environ.get("MICA_START_TIMEOUT", "600")
+    t = int(text) if text.isdigit() else 0  # (the trainer's strtol: whole seconds; it warns about the rest)
+    return float(t) if 1 <= t < 86400 else 600.0
 
 
 def ranks(cfg=None):

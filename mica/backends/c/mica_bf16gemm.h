@@ -601,7 +601,8 @@ static inline void mica_bf16_block(const mica_bf16 *a, int64_t kc, const mica_bf
 
 /* A product in the pieces a parallel region runs: make (outside it), begin (every thread: B packed
  * by the team, this thread's tiles set up, then every k chunk but the last), block (the last k
- * chunk of one 32-row block of the output over column blocks [q0, q1), written to C; tile: a whole
+ * chunk of one 32-row block of the output over column blocks [q0, q1), written to C or handed to
+ * `store`, mica_bf16gemm_stored's epilogue; tile: a whole
  * row block, which is what emit.py runs a product's epilogue on), end.
  * k is cut into chunks of kc (a multiple of 32, mica_bf16_kchunk) only when packed B is larger
  * than the L2 budget: each chunk's slice of packed B then stays in L2 while every row block uses
@@ -651,7 +652,7 @@ static inline int64_t mica_bf16_chunk_len(const mica_bf16_product *p, int64_t c)
 }
 
 /* k chunk c of output row block t, column blocks [q0, q1): the sums go on to `sums`, or, after the
- * last chunk, to C */
+ * last chunk, to C (or, where set, to `store`) */
 static void mica_bf16_product_chunk(const mica_bf16_product *p, int64_t t, int64_t q0, int64_t q1, int64_t c) {
     char *mine = (char *)mica_align64(p->scratch + (int64_t)omp_get_thread_num() * p->slot);
     mica_bf16 *ap = (mica_bf16 *)mine;

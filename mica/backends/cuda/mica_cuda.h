@@ -74,8 +74,13 @@ static char mica_launch_error[200];
 
 static void mica_launched(const char *kernel) {
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess && !mica_launch_error[0])
-        snprintf(mica_launch_error, sizeof mica_launch_error, "%s (%s)", kernel, cudaGetErrorString(e));
+    if (e == cudaSuccess || mica_launch_error[0]) return;
+    /* the launch's own errors name the kernel; any other (a kernel that ran before it failed, in a
+     * profile run, which runs kernels as they are launched) is only noticed here */
+    int own = e == cudaErrorInvalidConfiguration || e == cudaErrorLaunchOutOfResources ||
+              e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidValue;
+    snprintf(mica_launch_error, sizeof mica_launch_error, "%s%s (%s)", own ? "" : "the program before ", kernel,
+             cudaGetErrorString(e));
 }
 
 static void mica_launches_begin(void) {
@@ -86,8 +91,12 @@ static void mica_launches_begin(void) {
 /* 0, or 2 with the sentence in mica_error_text when a launch since mica_launches_begin failed */
 static int mica_launches_failed(void) {
     if (!mica_launch_error[0]) return 0;
-    snprintf(mica_error_text, sizeof mica_error_text,
-             "the GPU could not launch Mica's kernel %s; please report it with the program's .source", mica_launch_error);
+    if (!strncmp(mica_launch_error, "the program before ", 19))
+        snprintf(mica_error_text, sizeof mica_error_text, "the GPU failed while running %s", mica_launch_error);
+    else
+        snprintf(mica_error_text, sizeof mica_error_text,
+                 "the GPU could not launch Mica's kernel %s; please report it with the program's .source",
+                 mica_launch_error);
     return 2;
 }
 #else
