@@ -23,7 +23,8 @@ import weakref
 from . import dtypes
 from .errors import MicaError
 
-LOWER = frozenset({"matmul", "linear", "scaled_dot_product_attention", "addmm", "baddbmm", "addbmm", "prelu"})
+LOWER = frozenset({"matmul", "linear", "scaled_dot_product_attention", "addmm", "baddbmm", "addbmm", "prelu",
+                   "conv1d", "conv2d", "conv3d"})
 _LOSSES = frozenset({"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
                      "binary_cross_entropy_with_logits"})
 FLOAT32 = {  # (torch 2.13's lists, restricted to Mica's verbs; tests/test_mixed_precision.py checks both)

@@ -86,6 +86,8 @@ _LIST_CASES = {  # (name: a call both libraries take, given the library, its fun
     "gelu": lambda L, F, x, y: F.gelu(x), "normalize": lambda L, F, x, y: F.normalize(x),
     "logsigmoid": lambda L, F, x, y: F.logsigmoid(x), "einsum": lambda L, F, x, y: L.einsum("ij,jk->ik", x, y),
     "bmm": lambda L, F, x, y: L.bmm(x[None], y[None]), "outer": lambda L, F, x, y: L.outer(x[0], y[0]),
+    "conv1d": lambda L, F, x, y: F.conv1d(x[None], y[:, :, None]),
+    "conv2d": lambda L, F, x, y: F.conv2d(x[None, None], y[None, None, :2, :2], padding=1),
 }
 
 

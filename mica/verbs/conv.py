@@ -1,0 +1,100 @@
+"""torch.nn.functional.conv1d / conv2d / conv3d: each output position's patch gathered by strided
+slices of the (padded) input, one per kernel offset (im2col), and multiplied by the weight as one
+product per group: so the gradients are the slices' and the product's, and a half type's product
+reads half operands and sums in float32 as every product does. The sums' order is the product's,
+not torch's direct convolution's: results agree to float32 rounding, not bit for bit."""
+import itertools
+import math
+
+from .. import amp
+from ..tensor import fail
+from .core import add, as_tensor, to
+from .nn import _matmul_nd, _widened
+from .shape import pad, reshape, stack, unsqueeze, squeeze
+
+__all__ = ["conv1d", "conv2d", "conv3d"]
+
+
+def _spatial(verb, name, value, nd):
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,) * nd
+    if len(values) == 1:
+        values = values * nd
+    if len(values) != nd or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        fail(f"{verb}: {name} must be an int or {nd} ints, got {value!r}")
+    return values
+
+
+def _conv(verb, nd, input, weight, bias, stride, padding, dilation, groups):
+    input, weight = amp.lower(verb, as_tensor(input), as_tensor(weight))
+    if bias is not None:
+        (bias,) = amp.lower(verb, as_tensor(bias))
+    if weight.ndim != nd + 2:
+        fail(f"{verb}: the weight must be [out_channels, in_channels / groups, {', '.join(['k'] * nd)}], got "
+             f"{weight.value.spec!r}")
+    if input.ndim not in (nd + 1, nd + 2):
+        fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:] if nd < 3 else 'DHW')}] or unbatched without N, "
+             f"got {input.value.spec!r}")
+    batched = input.ndim == nd + 2
+    x = input if batched else unsqueeze(input, 0)
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        fail(f"{verb}: groups must be a positive int, got {groups!r}")
+    N, C = x.shape[0], x.shape[1]
+    O, per, ks = weight.shape[0], weight.shape[1], tuple(weight.shape[2:])
+    if C % groups or O % groups or per * groups != C:
+        fail(f"{verb}: input {x.value.spec!r} has {C} channels, but weight {weight.value.spec!r} with groups={groups} "
+             f"takes {per * groups} (in_channels / groups = {per}) and {O} output channels must divide by groups")
+    stride, dilation = _spatial(verb, "stride", stride, nd), _spatial(verb, "dilation", dilation, nd)
+    if min(stride) < 1 or min(dilation) < 1:
+        fail(f"{verb}: stride and dilation must be >= 1, got stride={stride}, dilation={dilation}")
+    if padding == "valid":
+        pads = [(0, 0)] * nd
+    elif padding == "same":
+        if max(stride) != 1:
+            fail(f"{verb}: padding='same' needs stride 1 (as torch's), got stride={stride}")
+        pads = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dilation, ks)]
+    elif isinstance(padding, str):
+        fail(f"{verb}: padding must be 'valid', 'same', an int or {nd} ints, got {padding!r}")
+    else:
+        p = _spatial(verb, "padding", padding, nd)
+        if min(p) < 0:
+            fail(f"{verb}: padding must be >= 0, got {padding!r}")
+        pads = [(a, a) for a in p]
+    if any(lo or hi for lo, hi in pads):
+        x = pad(x, [v for lo_hi in reversed(pads) for v in lo_hi])  # (F.pad takes the last dim first)
+    sizes = x.shape[2:]
+    outs = [(n - d * (k - 1) - 1) // s + 1 for n, d, k, s in zip(sizes, dilation, ks, stride)]
+    if min(outs) < 1:
+        fail(f"{verb}: the kernel {list(ks)} (dilation {list(dilation)}) is larger than the padded input "
+             f"{list(sizes)}; pad the input or use a smaller kernel")
+    cols = []
+    for offsets in itertools.product(*(range(k) for k in ks)):  # (the weight's kernel order, row-major)
+        at = (slice(None), slice(None)) + tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
+                                                for o, d, s, m in zip(offsets, dilation, stride, outs))
+        cols.append(x[at])
+    K, P = math.prod(ks), math.prod(outs)
+    patches = reshape(stack(cols, dim=2), (N, groups, per * K, P))  # [N, g, C/g * K, P]
+    w = reshape(weight, (groups, O // groups, per * K))
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != O):
+        fail(f"{verb}: bias must be [{O}] (one per output channel), got {bias.value.spec!r}")
+    # (a half bias joins the product's float32 sums and is rounded once, as linear's)
+    b, half = _widened(bias, x) if bias is not None else (None, None)
+    y = reshape(_matmul_nd(verb, w, patches, half is not None), (N, O) + tuple(outs))  # (each group's product)
+    if bias is not None:
+        y = add(y, reshape(b, (O,) + (1,) * nd))
+        y = to(y, half) if half is not None else y
+    return y if batched else squeeze(y, 0)
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv1d: input [N, C, L] (or [C, L]), weight [O, C / groups, k]."""
+    return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d: input [N, C, H, W] (or [C, H, W]), weight [O, C / groups, kh, kw]."""
+    return _conv("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv3d: input [N, C, D, H, W] (or unbatched), weight [O, C / groups, kd, kh, kw]."""
+    return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)

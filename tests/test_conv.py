@@ -1,0 +1,128 @@
+"""F.conv1d / conv2d / conv3d and nn.Conv1d / Conv2d / Conv3d against torch's: outputs and every
+gradient compiled (strides, padding by number, 'same' and 'valid', dilation, groups, with and
+without bias, unbatched), under bfloat16 autocast, the modules' parameters, init and repr, and a
+small patch-embedding model trained by a compiled step at torch's losses."""
+import numpy as np
+import pytest
+import torch
+
+import mica
+from helpers import rel_err
+
+CASES = [  # (dims, N, C, O, spatial size, kernel, stride, padding, dilation, groups, bias, batched)
+    (1, 2, 4, 6, (11,), (3,), 1, 0, 1, 1, True, True),
+    (1, 2, 4, 6, (11,), (3,), 2, 1, 2, 2, True, True),
+    (1, 2, 4, 4, (11,), (5,), 1, "same", 2, 4, False, True),
+    (1, 1, 4, 6, (9,), (2,), 1, "valid", 1, 1, True, False),
+    (2, 2, 3, 8, (9, 10), (3, 2), (2, 1), (1, 0), (1, 2), 1, True, True),
+    (2, 2, 4, 8, (8, 8), (4, 4), 4, 0, 1, 1, True, True),
+    (2, 2, 4, 8, (7, 9), (3, 3), 1, "same", 1, 2, True, True),
+    (3, 1, 2, 4, (5, 6, 4), (2, 3, 2), 1, 1, 1, 2, True, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}d-{i}" for i, c in enumerate(CASES)])
+def test_convolutions_and_their_gradients_are_torchs(case):
+    nd, N, C, O, size, k, stride, padding, dilation, groups, bias, batched = case
+    rng = np.random.default_rng(len(size) * 10 + N)
+    x = rng.standard_normal((N, C) + size).astype(np.float32)[slice(None) if batched else 0]
+    w = (rng.standard_normal((O, C // groups) + k) * 0.3).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if bias else None
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tb = torch.tensor(b, requires_grad=True) if bias else None
+    ty = getattr(torch.nn.functional, f"conv{nd}d")(tx, tw, tb, stride, padding, dilation, groups)
+    g = torch.randn(ty.shape, generator=torch.Generator().manual_seed(1))
+    (ty * g).sum().backward()
+    conv = getattr(mica.nn.functional, f"conv{nd}d")
+
+    def step(x, w, *b):
+        y = conv(x, w, b[0] if b else None, stride, padding, dilation, groups)
+        return (y,) + tuple(mica.grad((y * mica.tensor(g.numpy())).sum(), [x, w, *b]))
+
+    got = mica.compile(step)(x, w, *([b] if bias else []))
+    for mine, theirs in zip(got, [ty, tx.grad, tw.grad] + ([tb.grad] if bias else [])):
+        theirs = theirs.detach().numpy()
+        assert np.asarray(mine).shape == theirs.shape
+        assert np.abs(np.asarray(mine) - theirs).max() <= 1e-6 * np.abs(theirs).max()  # (float32's sums, reordered)
+    eager = conv(x, w, b, stride, padding, dilation, groups)
+    assert rel_err(np.asarray(eager), ty.detach().numpy()) < 1e-6
+
+
+def test_a_convolution_under_bfloat16_autocast_is_torchs():
+    """conv2d is on autocast's lower-precision list, as torch's: bfloat16 operands, float32 sums,
+    the bias joining them before one rounding; within a bfloat16 rounding of torch's CPU autocast."""
+    rng = np.random.default_rng(3)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 8, 8), (6, 3, 3, 3), (6,)))
+
+    def f(x, w, b):
+        with mica.autocast(dtype=mica.bfloat16):
+            y = mica.nn.functional.conv2d(x, w, b, padding=1)
+        return y
+
+    got = mica.compile(f)(x, w, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), padding=1)
+    mine, theirs = np.asarray(got, np.float32), want.float().numpy()
+    assert want.dtype == torch.bfloat16
+    assert np.all(np.abs(mine - theirs) <= np.abs(theirs) * 2.0 ** -7 + 1e-2)
+    assert np.mean(mine == theirs) > 0.8
+
+
+def test_conv_modules_have_torchs_parameters_init_and_repr():
+    for theirs, mine in [(torch.nn.Conv2d(3, 8, 3, padding=1), mica.nn.Conv2d(3, 8, 3, padding=1)),
+                         (torch.nn.Conv1d(4, 8, 5, stride=2, groups=2, bias=False),
+                          mica.nn.Conv1d(4, 8, 5, stride=2, groups=2, bias=False)),
+                         (torch.nn.Conv2d(3, 8, 4, stride=4, padding="valid"),
+                          mica.nn.Conv2d(3, 8, 4, stride=4, padding="valid")),
+                         (torch.nn.Conv3d(2, 4, (1, 2, 3), dilation=2), mica.nn.Conv3d(2, 4, (1, 2, 3), dilation=2))]:
+        assert repr(mine) == repr(theirs)
+        assert list(mine.state_dict()) == list(theirs.state_dict())
+        for (name, p), (_, q) in zip(theirs.named_parameters(), mine.named_parameters()):
+            bound = 1 / np.sqrt(theirs.weight.shape[1] * np.prod(theirs.kernel_size))
+            assert tuple(p.shape) == np.asarray(q).shape and 0.5 * bound < np.abs(np.asarray(q)).max() <= bound, name
+
+
+def test_a_patch_embedding_model_trains_as_torchs():
+    """A ViT's front (Conv2d with stride = kernel), a norm and a linear head: four compiled AdamW
+    steps from torch's weights give torch's losses."""
+    def make(nn):
+        return nn.Sequential(nn.Conv2d(3, 16, 4, stride=4), nn.Flatten(2), nn.GELU(), nn.Flatten(1), nn.Linear(64, 5))
+
+    torch.manual_seed(0)
+    theirs, mine = make(torch.nn), make(mica.nn)
+    mine.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    topt, mopt = torch.optim.AdamW(theirs.parameters(), lr=1e-2), mica.optim.AdamW(mine.parameters(), lr=1e-2)
+
+    @mica.compile
+    def step(x, y):
+        loss = mica.nn.functional.cross_entropy(mine(x), y)
+        mopt.zero_grad()
+        loss.backward()
+        mopt.step()
+        return loss
+
+    for i in range(4):
+        x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 5, (6,))
+        loss = torch.nn.functional.cross_entropy(theirs(x), y)
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+        assert float(step(x.numpy(), y.numpy())) == pytest.approx(loss.item(), rel=1e-5), i
+
+
+def test_what_a_convolution_cannot_take_is_a_sentence():
+    x, w = np.zeros((2, 4, 9), np.float32), np.zeros((6, 2, 3), np.float32)
+    F = mica.nn.functional
+    cases = [
+        (lambda: F.conv1d(x, w), r"^conv1d: input \[2, 4, 9\]|conv1d: input f32\[2, 4, 9\] has 4 channels"),
+        (lambda: F.conv1d(x, w, groups=2, stride=2, padding="same"), r"^conv1d: padding='same' needs stride 1"),
+        (lambda: F.conv1d(x, np.zeros((6, 4, 12), np.float32)), r"^conv1d: the kernel \[12\]"),
+        (lambda: F.conv1d(x, np.zeros((6, 4), np.float32)), r"^conv1d: the weight must be"),
+        (lambda: F.conv1d(x, w, groups=2, padding="full"), r"^conv1d: padding must be 'valid', 'same'"),
+        (lambda: F.conv1d(x, w, np.zeros(5, np.float32), groups=2), r"^conv1d: bias must be \[6\]"),
+        (lambda: mica.nn.Conv2d(3, 4, 3, padding_mode="reflect"), r"^Conv2d: padding_mode='reflect' is not supported"),
+        (lambda: mica.nn.Conv2d(3, 4, 3, groups=2), r"^Conv2d: in_channels \(3\) and out_channels \(4\) must divide"),
+    ]
+    for make, sentence in cases:
+        with pytest.raises(mica.MicaError, match=sentence):
+            make()
