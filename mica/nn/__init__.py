@@ -1,7 +1,7 @@
 """Modules, parameters and initializers, named as torch.nn's."""
 from . import functional, init, utils  # noqa: F401
 from .modules import (  # noqa: F401
-    GELU, Dropout, Embedding, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
+    GELU, Dropout, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
 from .conv import Conv1d, Conv2d, Conv3d  # noqa: F401

@@ -878,6 +878,29 @@ class LayerNorm(Module):
             f"bias={self.bias is not None}"
 
 
+class GroupNorm(Module):
+    """torch.nn.GroupNorm(num_groups, num_channels, eps, affine, bias=): weight ones and bias zeros,
+    one per channel; no running statistics (torch keeps none either)."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, *, bias=True):
+        super().__init__()
+        _device(device)
+        if num_groups < 1 or num_channels % num_groups:
+            raise MicaError(f"GroupNorm: num_channels ({num_channels}) must divide into num_groups ({num_groups})",
+                            user_location())
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.weight = Parameter(shape=(num_channels,), dtype=dtype, init=initializers.ones()) if affine else None
+        self.bias = Parameter(shape=(num_channels,), dtype=dtype, init=initializers.zeros()) \
+            if affine and bias else None
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+                f"bias={self.bias is not None}")
+
+
 class RMSNorm(Module):
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
         super().__init__()

@@ -373,6 +373,32 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return to(y, back) if back is not None else y
 
 
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.group_norm: input [N, C, *] normalized over each group of C / num_groups
+    channels (and every position), then each channel's weight and bias; a half input computes in
+    float32 and is rounded once, as torch's kernel (its opmath)."""
+    x = _floating_input(input, "group_norm")
+    x, weight, bias = amp.float32("group_norm", x, weight, bias)
+    if x.ndim < 2:
+        fail(f"group_norm: input must be [N, C, *], got {x.value.spec!r}")
+    N, C = x.shape[0], x.shape[1]
+    if not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 1 or C % num_groups:
+        fail(f"group_norm: {C} channels do not divide into num_groups={num_groups!r} groups; give a divisor of {C}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and (as_tensor(p).ndim != 1 or as_tensor(p).shape[0] != C):
+            fail(f"group_norm: {name} must be [{C}] (one per channel), got {as_tensor(p).value.spec!r}")
+    back = x.dtype if x.dtype in dtypes.HALF else None
+    y = to(x, dtypes.float32) if back else x
+    y = reshape(layer_norm(reshape(y, (N, num_groups, -1)), (math.prod(x.shape[1:]) // num_groups,), eps=eps),
+                x.shape)
+    at = (C,) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = mul(y, reshape(to(as_tensor(weight), y.dtype), at))
+    if bias is not None:
+        y = add(y, reshape(to(as_tensor(bias), y.dtype), at))
+    return to(y, back) if back else y
+
+
 # eps=None: the machine epsilon of the type the norm computes in (PyTorch's opmath type: float32
 # for the half types too)
 _FINFO_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -23, "float16": 2.0 ** -23}
