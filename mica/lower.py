@@ -32,6 +32,9 @@ from .targets import get_target
 MAX_EVERY = 8  # block checkpoints at most this many bottlenecks apart are tried under a budget
 
 
+EVERY_COUNT = 32  # up to this many cheap products, a budget's search plans every count of them
+
+
 class BudgetError(MicaError):
     """No plan fits the memory budget: `smallest` is the fewest bytes one can take."""
 
@@ -83,7 +86,7 @@ class Lowered:
             self._plan("checkpoint", every)
             tried.append((self.plan.total, self.remat.flops, ("checkpoint", every)))
         fits = [t for t in tried if t[0] <= self.memory_budget]
-        if not fits:
+        if not fits:  # (every plan tried here is one every budget tries: the ladder's, the checkpoints')
             best = min(tried, key=lambda t: (t[0], t[1]))
             self._plan(*best[2])
             unit = "byte" if self.memory_budget == 1 else "bytes"
@@ -95,30 +98,41 @@ class Lowered:
             self._plan(*choice[2])
 
     def _fewest_products(self):
-        """The min-cut free to repeat some of the cheapest forward products: the shortest list of
-        them whose plan fits (a binary search: more products repeated, fewer bytes saved), less
-        each one the plan still fits without (a product whose output is not live at the peak
-        frees nothing); the plans tried."""
+        """The min-cut free to repeat some of the cheapest forward products. First the plans no
+        budget chooses: the first n of them for every n (on a ladder, 1, 2, 4, ... all, past
+        EVERY_COUNT candidates), and the smallest of those less each product it is no larger
+        without; a refusal's smallest plan is one of these, so a budget at least that large always
+        meets it again. Repeating more products does not always take fewer bytes (the plan's peak
+        moves), so no search may assume it. Then, where one fits, the fewest products: each the
+        fitting plan still fits without is dropped. The plans tried."""
         tried = []
 
-        def fits(products):
+        def planned(products):
             self._plan("min-cut", tuple(products))
             tried.append((self.plan.total, self.remat.flops, ("min-cut", tuple(products))))
-            return self.plan.total <= self.memory_budget
+            return self.plan.total
 
-        lo, hi = 1, len(remat_pass.product_candidates(self.graph))
-        n = None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if fits(range(mid)):
-                n, hi = mid, mid - 1
-            else:
-                lo = mid + 1
-        if n is not None:
-            keep = list(range(n))
-            for i in range(n - 1):  # the last one made it fit
-                if fits([j for j in keep if j != i]):
+        count = len(remat_pass.product_candidates(self.graph))
+        sizes = range(1, count + 1) if count <= EVERY_COUNT else \
+            sorted({min(2 ** i, count) for i in range(count.bit_length() + 1)})
+        for n in sizes:
+            planned(range(n))
+        if not tried:
+            return tried
+        total, _, (_, best) = min(tried, key=lambda t: (t[0], t[1]))
+        if len(best) <= EVERY_COUNT:
+            keep = list(best)
+            for i in best:  # (no budget in it: the smallest plan, made smaller where it can be)
+                if len(keep) > 1 and planned([j for j in keep if j != i]) <= total:
                     keep.remove(i)
+                    total = tried[-1][0]
+        fitting = [t for t in tried if t[0] <= self.memory_budget]
+        if fitting:
+            keep = list(min(fitting, key=lambda t: (len(t[2][1]), t[1]))[2][1])
+            for i in list(keep):  # (what this budget lets go: fewer products, fewer FLOPs)
+                without = [j for j in keep if j != i]
+                if without and planned(without) <= self.memory_budget:
+                    keep = without
         return tried
 
     def _plan(self, mode, k):

@@ -134,6 +134,30 @@ def test_budget_plans_are_monotone_and_below_the_budget():
     assert "is less than the smallest plan" in msg and "give at least" in msg and "\n" not in msg
 
 
+def test_the_smallest_plan_a_refusal_names_is_one_every_budget_meets():
+    """An outside tester's: repeating more products does not always take fewer bytes, and the search
+    for how many was a binary search, so the plans a budget tried depended on the budget: for
+    `mica train`'s bfloat16 step at opt_level 0 a refusal named 2,487,168 bytes as the smallest plan,
+    a budget of that gave a 2,478,976-byte plan, and a budget of 2,478,976 was refused naming
+    2,487,168. Now the plans a refusal chooses from are ones no budget chooses: the smallest named
+    fits, the plan it gives fits as a budget too, and one byte less is refused naming the same."""
+    from mica.train import config as config_mod, programs
+
+    settings = ["--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=64", "--block_size=32", "--batch_size=4",
+                "--dtype=bfloat16", "--opt_level=0"]
+    cfg = config_mod.check_supported(config_mod.load("shakespeare_char", settings), lambda *a: None)
+    train = programs.build(cfg, 65)[2]["train"]
+    with pytest.raises(MicaError) as info:
+        train.lower("cpu", opt_level=0, memory_budget=1)
+    smallest = info.value.smallest
+    fitted = train.lower("cpu", opt_level=0, memory_budget=smallest)
+    assert fitted.plan.total <= smallest
+    assert train.lower("cpu", opt_level=0, memory_budget=fitted.plan.total).plan.total <= fitted.plan.total
+    with pytest.raises(MicaError) as again:
+        train.lower("cpu", opt_level=0, memory_budget=smallest - 1)
+    assert again.value.smallest == smallest and f"give at least {smallest:,} bytes" in str(again.value)
+
+
 def test_checkpointing_is_bitwise_and_the_report_counts_its_work():
     program, args = _gpt(0.1, True, n_layer=3)
     default = program.lower("cpu", remat=True)
@@ -192,6 +216,19 @@ from mica.train import memory_plan  # noqa: E402
                                        (" 3G ", 3 * 2 ** 30), ("64kb", 64000), ("1e9", 10 ** 9), ("42b", 42)])
 def test_budget_sizes(text, want):
     assert memory_plan.parse_budget(text) == want
+
+
+@pytest.mark.parametrize("given,says", [("1.5", "memory_budget must be a whole number of bytes (or a size such as "
+                                                "2GB), got '1.5'"),
+                                         (3963590.9, "memory_budget must be a whole number of bytes"),
+                                         ("0.5", "memory_budget must be from 1 byte to 2**62 bytes, got '0.5'")])
+def test_a_budget_of_a_fraction_of_a_byte_is_a_sentence(given, says):
+    """An outside tester's: '1.5' was cut to 1 byte without a word, and '0.5' was called not positive;
+    a size with a unit may end in a fraction of a byte (1.3KiB), a count of bytes may not."""
+    with pytest.raises(MicaError) as e:
+        memory_plan.parse_budget(given)
+    assert str(e.value).startswith(says)
+    assert memory_plan.parse_budget("1.3KiB") == 1331
 
 
 def test_auto_is_nine_tenths_of_the_free_memory():

@@ -48,14 +48,17 @@ def parse_budget(value, device="cpu"):
         raise MicaError(f"memory_budget must be a number of bytes, a size such as 2GB, or auto; got {value!r}")
     if isinstance(value, str) and value.strip().lower() == "auto":
         return int(free_memory(device) * AUTO_RESERVE)
-    given = value
+    given, unit = value, ""
     if isinstance(value, str):
         m = SIZE.match(value.lower())
         if not m or m.group(3) not in UNITS:
             raise MicaError(f"memory_budget must be a number of bytes, a size such as 2GB, or auto; got {value!r}")
-        value = float(m.group(1)) * 10 ** int(m.group(2) or 0) * UNITS[m.group(3)]
-    if not value >= 1 or value != value or value > 2 ** 62:
-        raise MicaError(f"memory_budget must be a positive number of bytes (at most 2**62), got {given!r}")
+        unit = m.group(3)
+        value = float(m.group(1)) * 10 ** int(m.group(2) or 0) * UNITS[unit]
+    if value != value or not 1 <= value <= 2 ** 62:
+        raise MicaError(f"memory_budget must be from 1 byte to 2**62 bytes, got {given!r}")
+    if not UNITS.get(unit, 1) > 1 and value != int(value):  # (a size in KB, GiB... may end in a fraction of a byte)
+        raise MicaError(f"memory_budget must be a whole number of bytes (or a size such as 2GB), got {given!r}")
     return int(value)
 
 
