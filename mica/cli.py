@@ -314,13 +314,21 @@ def cmd_bench(args, extra):
                          torch_modes=args.modes, out=args.out, every=args.every, device=args.device, tf32=args.tf32,
                          simulate=args.simulate, dtype=args.dtype, batch_size=args.batch_size,
                          memory_budgets=args.memory_budgets, fp_half_intermediates=args.fp_half_intermediates)
-    print(protocol.table(res))
+    text = protocol.table(res)
+    print(text)
     charts = res.get("charts") or []
+    stem = f"{args.out}/bench-{protocol.result_stem(res)}"
+    if not res.get("unsaved"):
+        try:
+            from .files import atomic_write
+
+            atomic_write(f"{stem}.md", (text + "\n").encode())
+        except OSError as e:
+            res["unsaved"] = f"{stem}.md: {e.strerror}"
     if res.get("unsaved"):
         raise MicaError(f"the results above could not be saved ({res['unsaved']}); the table is all there is of "
                         "this run: give --out a folder you can write to")
-    print(f"raw numbers: {args.out}/bench-{protocol.result_stem(res)}.json" +
-          (f"; charts: {', '.join(charts)}" if charts else ""))
+    print(f"raw numbers: {stem}.json; the table: {stem}.md" + (f"; charts: {', '.join(charts)}" if charts else ""))
     if not res["configs"]:
         why = "; ".join(f"{n}: {w}" for n, w in res["failures"].items())[:400]
         raise MicaError(f"every configuration failed ({why}), so nothing was measured; fix what the first one says "
@@ -415,7 +423,8 @@ class _Parser(argparse.ArgumentParser):
             message = f"{m.group(2)} is not {what} (choose from {m.group(3).replace(chr(39), '')})"
         elif m:
             message = f"{m.group(1)} {m.group(2)} is not one of {m.group(3).replace(chr(39), '')}"
-        print(f"mica: error: {self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
+        where = "" if self.prog == "mica" else f"{self.prog}: "  # ("mica train: ...", not "mica: mica: ...")
+        print(f"mica: error: {where}{message}; see {self.prog} --help", file=sys.stderr)
         sys.exit(2)
 
 

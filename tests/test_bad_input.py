@@ -334,7 +334,7 @@ TRACEBACK_PATHS = [
     # argparse's own refusals, one sentence each
     ("import without --out_dir", NO_SETUP, ["import", "x.pt"],
      "mica import: the following arguments are required: --out_dir; see mica import --help"),
-    ("an unknown command", NO_SETUP, ["trian"], "'trian' is not a mica command (choose from prepare, train"),
+    ("an unknown command", NO_SETUP, ["trian"], "mica: error: 'trian' is not a mica command (choose from prepare, train"),
     ("prepare an unknown kind", NO_SETUP, ["prepare", "words"],
      "'words' is not something mica prepare makes (choose from shakespeare-char, text)"),
     ("export --dtype float64", NO_SETUP, ["export", "out", "--to", "x.pt", "--dtype", "float64"],

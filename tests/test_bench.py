@@ -28,6 +28,8 @@ def test_bench_records_everything_the_protocol_asks(data):
     assert r.returncode == 0, r.stderr
     assert "| mica O2 |" in r.stdout and "| pytorch eager |" in r.stdout
     res = json.load(open(data / "b" / "bench-cpu.json"))
+    table = open(data / "b" / "bench-cpu.md").read()  # (the printed table, kept beside the raw numbers)
+    assert "| mica O2 |" in table and table.strip() in r.stdout
     mica = res["configs"]["mica O2"]
     assert mica["verdict"] in ("faster", "level", "slower") and mica["ratio"] > 0
     assert len(mica["own_step_ms"]) == 1 and "void_runs" in mica
