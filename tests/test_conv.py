@@ -126,3 +126,51 @@ def test_what_a_convolution_cannot_take_is_a_sentence():
     for make, sentence in cases:
         with pytest.raises(mica.MicaError, match=sentence):
             make()
+
+
+POOLS = [  # (verb, input shape, args, kwargs)
+    ("max_pool1d", (2, 3, 11), (3,), {}),
+    ("max_pool1d", (2, 3, 11), (3, 2, 1, 2), {}),
+    ("avg_pool1d", (2, 3, 11), (4, 3, 2), {}),
+    ("avg_pool1d", (2, 3, 11), (4, 3, 2), {"count_include_pad": False}),
+    ("max_pool2d", (2, 3, 9, 8), ((3, 2), (2, 1), (1, 1)), {}),
+    ("max_pool2d", (3, 9, 8), (2,), {}),
+    ("avg_pool2d", (2, 3, 9, 8), (3, 2, 1), {"count_include_pad": False}),
+    ("avg_pool2d", (2, 3, 9, 8), (2,), {"divisor_override": 3}),
+]
+
+
+@pytest.mark.parametrize("verb,shape,args,kwargs", POOLS, ids=[f"{p[0]}-{i}" for i, p in enumerate(POOLS)])
+def test_pools_and_their_gradients_are_torchs(verb, shape, args, kwargs):
+    """Max and average pools over the convolutions' windows: torch's values and gradients, a max
+    pool's to each window's first largest (here ReLU's zeros tie), padding counted or not."""
+    rng = np.random.default_rng(len(shape))
+    x = np.maximum(rng.standard_normal(shape), -0.2).astype(np.float32)  # (ties at -0.2 in the max pools' windows)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = getattr(torch.nn.functional, verb)(tx, *args, **kwargs)
+    g = torch.randn(ty.shape, generator=torch.Generator().manual_seed(1))
+    (ty * g).sum().backward()
+
+    def step(x):
+        y = getattr(mica.nn.functional, verb)(x, *args, **kwargs)
+        return y, mica.grad((y * mica.tensor(g.numpy())).sum(), x)
+
+    y, gx = mica.compile(step)(x)
+    assert np.abs(np.asarray(y) - ty.detach().numpy()).max() <= 1e-6
+    assert np.abs(np.asarray(gx) - tx.grad.numpy()).max() <= 1e-6
+
+
+def test_pool_modules_are_torchs():
+    x = np.random.default_rng(5).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    for name, args, kw in [("MaxPool2d", (3, 2, 1), {}), ("AvgPool2d", (2,), {"count_include_pad": False}),
+                           ("MaxPool1d", (2,), {"dilation": 2}), ("AvgPool1d", (4, 2, 1), {})]:
+        theirs, mine = getattr(torch.nn, name)(*args, **kw), getattr(mica.nn, name)(*args, **kw)
+        assert repr(mine) == repr(theirs)
+        xi = x[:, :, 0] if name.endswith("1d") else x
+        assert np.abs(np.asarray(mine(xi)) - theirs(torch.tensor(xi)).numpy()).max() <= 1e-6, name
+    for make, sentence in [(lambda: mica.nn.functional.max_pool2d(x, 2, ceil_mode=True), r"^max_pool2d: ceil_mode"),
+                           (lambda: mica.nn.functional.max_pool2d(x, 2, return_indices=True),
+                            r"^max_pool2d: return_indices=True is not supported"),
+                           (lambda: mica.nn.functional.avg_pool2d(x, 2, padding=2), r"^avg_pool2d: padding \(2, 2\)")]:
+        with pytest.raises(mica.MicaError, match=sentence):
+            make()

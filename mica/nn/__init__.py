@@ -4,7 +4,7 @@ from .modules import (  # noqa: F401
     GELU, Dropout, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
-from .conv import Conv1d, Conv2d, Conv3d  # noqa: F401
+from .conv import AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d, MaxPool1d, MaxPool2d  # noqa: F401
 from .transformer import (  # noqa: F401
     MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
     TransformerEncoderLayer,

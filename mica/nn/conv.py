@@ -1,4 +1,4 @@
-"""torch.nn.Conv1d, Conv2d and Conv3d: torch's parameters (weight [out, in / groups, *kernel_size],
+"""torch.nn.Conv1d, Conv2d and Conv3d (and the parameterless pools, MaxPool1d/2d and AvgPool1d/2d): torch's parameters (weight [out, in / groups, *kernel_size],
 bias [out]), their default init (U(+-1/sqrt(fan_in)), fan_in = in / groups * prod(kernel_size)) and
 forward (F.conv1d / conv2d / conv3d, mica/verbs/conv.py). padding_mode other than 'zeros' is a
 sentence (Mica's F.pad pads with a constant)."""
@@ -67,3 +67,56 @@ class Conv2d(_ConvNd):
 
 class Conv3d(_ConvNd):
     nd = 3
+
+
+class _Pool(Module):
+    """A pool's settings, kept as torch's module keeps them (its repr too); forward is the verb's."""
+
+    verb, keys = None, ()
+
+    def __init__(self, kernel_size, stride=None, padding=0, *rest, **settings):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride if stride is not None else kernel_size, padding
+        for key, value in zip(self.keys, rest):
+            settings.setdefault(key, value)
+        defaults = dict(self.defaults)
+        unknown = set(settings) - set(defaults)
+        if unknown:
+            raise MicaError(f"{type(self).__name__}: unknown setting(s) {sorted(unknown)}; known: kernel_size, stride, "
+                            f"padding, {', '.join(defaults)}", user_location())
+        for key, value in {**defaults, **settings}.items():
+            setattr(self, key, value)
+
+    def forward(self, input):
+        kw = {k: getattr(self, k) for k in self.defaults}
+        return getattr(F, self.verb)(input, self.kernel_size, self.stride, self.padding, **kw)
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={getattr(self, k)}" for k in ("kernel_size", "stride", "padding", *self.repr_keys))
+
+
+class MaxPool1d(_Pool):
+    verb, keys = "max_pool1d", ("dilation", "return_indices", "ceil_mode")
+    defaults = {"dilation": 1, "return_indices": False, "ceil_mode": False}
+    repr_keys = ("dilation", "ceil_mode")
+
+
+class MaxPool2d(MaxPool1d):
+    verb = "max_pool2d"
+
+
+class AvgPool1d(_Pool):
+    verb, keys = "avg_pool1d", ("ceil_mode", "count_include_pad")
+    defaults = {"ceil_mode": False, "count_include_pad": True}
+    repr_keys = ()
+
+    def __init__(self, *args, **settings):
+        super().__init__(*args, **settings)
+        one = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,)  # noqa: E731  (torch's _single)
+        self.kernel_size, self.stride, self.padding = one(self.kernel_size), one(self.stride), one(self.padding)
+
+
+class AvgPool2d(_Pool):
+    verb, keys = "avg_pool2d", ("ceil_mode", "count_include_pad", "divisor_override")
+    defaults = {"ceil_mode": False, "count_include_pad": True, "divisor_override": None}
+    repr_keys = ()

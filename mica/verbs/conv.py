@@ -1,4 +1,5 @@
-"""torch.nn.functional.conv1d / conv2d / conv3d: each output position's patch gathered by strided
+"""torch.nn.functional.conv1d / conv2d / conv3d (and the pools, avg_pool and max_pool in 1 and 2
+dims, over the same windows): each output position's patch gathered by strided
 slices of the (padded) input, one per kernel offset (im2col), and multiplied by the weight as one
 product per group: so the gradients are the slices' and the product's, and a half type's product
 reads half operands and sums in float32 as every product does. The sums' order is the product's,
@@ -8,11 +9,11 @@ import math
 
 from .. import amp
 from ..tensor import fail
-from .core import add, as_tensor, to
+from .core import add, as_tensor, div, max as _max, mean, ones_like, sum as _sum, to
 from .nn import _matmul_nd, _widened
 from .shape import pad, reshape, stack, unsqueeze, squeeze
 
-__all__ = ["conv1d", "conv2d", "conv3d"]
+__all__ = ["conv1d", "conv2d", "conv3d", "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d"]
 
 
 def _spatial(verb, name, value, nd):
@@ -59,20 +60,9 @@ def _conv(verb, nd, input, weight, bias, stride, padding, dilation, groups):
         if min(p) < 0:
             fail(f"{verb}: padding must be >= 0, got {padding!r}")
         pads = [(a, a) for a in p]
-    if any(lo or hi for lo, hi in pads):
-        x = pad(x, [v for lo_hi in reversed(pads) for v in lo_hi])  # (F.pad takes the last dim first)
-    sizes = x.shape[2:]
-    outs = [(n - d * (k - 1) - 1) // s + 1 for n, d, k, s in zip(sizes, dilation, ks, stride)]
-    if min(outs) < 1:
-        fail(f"{verb}: the kernel {list(ks)} (dilation {list(dilation)}) is larger than the padded input "
-             f"{list(sizes)}; pad the input or use a smaller kernel")
-    cols = []
-    for offsets in itertools.product(*(range(k) for k in ks)):  # (the weight's kernel order, row-major)
-        at = (slice(None), slice(None)) + tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
-                                                for o, d, s, m in zip(offsets, dilation, stride, outs))
-        cols.append(x[at])
+    patches, outs = _patches(verb, x, ks, stride, dilation, pads)
     K, P = math.prod(ks), math.prod(outs)
-    patches = reshape(stack(cols, dim=2), (N, groups, per * K, P))  # [N, g, C/g * K, P]
+    patches = reshape(patches, (N, groups, per * K, P))  # [N, g, C/g * K, P]
     w = reshape(weight, (groups, O // groups, per * K))
     if bias is not None and (bias.ndim != 1 or bias.shape[0] != O):
         fail(f"{verb}: bias must be [{O}] (one per output channel), got {bias.value.spec!r}")
@@ -83,6 +73,87 @@ def _conv(verb, nd, input, weight, bias, stride, padding, dilation, groups):
         y = add(y, reshape(b, (O,) + (1,) * nd))
         y = to(y, half) if half is not None else y
     return y if batched else squeeze(y, 0)
+
+
+def _patches(verb, x, ks, stride, dilation, pads, value=None):
+    """([N, C, K, *outs]: each output position's window of x [N, C, *spatial] padded by `pads`
+    (`value`, else zeros), K the kernel's offsets in row-major order; outs)."""
+    if any(lo or hi for lo, hi in pads):
+        x = pad(x, [v for lo_hi in reversed(pads) for v in lo_hi], value=value)  # (F.pad: the last dim first)
+    sizes = x.shape[2:]
+    outs = [(n - d * (k - 1) - 1) // s + 1 for n, d, k, s in zip(sizes, dilation, ks, stride)]
+    if min(outs) < 1:
+        fail(f"{verb}: the kernel {list(ks)} (dilation {list(dilation)}) is larger than the padded input "
+             f"{list(sizes)}; pad the input or use a smaller kernel")
+    cols = []
+    for offsets in itertools.product(*(range(k) for k in ks)):
+        at = (slice(None), slice(None)) + tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
+                                                for o, d, s, m in zip(offsets, dilation, stride, outs))
+        cols.append(x[at])
+    return stack(cols, dim=2), outs
+
+
+def _pool(verb, nd, input, kernel_size, stride, padding, dilation, ceil_mode, how, count_include_pad=True,
+          divisor_override=None):
+    x = as_tensor(input)
+    if x.ndim not in (nd + 1, nd + 2):
+        fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:])}] or unbatched without N, got {x.value.spec!r}")
+    if ceil_mode:
+        fail(f"{verb}: ceil_mode=True is not supported; leave it False (or pad the input)")
+    batched = x.ndim == nd + 2
+    x = x if batched else unsqueeze(x, 0)
+    ks = _spatial(verb, "kernel_size", kernel_size, nd)
+    stride = ks if stride is None or stride == [] or stride == () else _spatial(verb, "stride", stride, nd)
+    dilation, p = _spatial(verb, "dilation", dilation, nd), _spatial(verb, "padding", padding, nd)
+    if min(ks) < 1 or min(stride) < 1 or min(dilation) < 1 or min(p) < 0:
+        fail(f"{verb}: kernel_size, stride and dilation must be >= 1 and padding >= 0, got kernel_size={ks}, "
+             f"stride={stride}, padding={p}, dilation={dilation}")
+    if any(2 * a > k for a, k in zip(p, ks)):
+        fail(f"{verb}: padding {p} must be at most half the kernel_size {ks}, as torch's")
+    pads = [(a, a) for a in p]
+    if how == "max":
+        windows, outs = _patches(verb, x, ks, stride, dilation, pads, value=float("-inf"))
+        y = _max(windows, dim=2).values  # (the gradient to each window's first largest, as torch's)
+    else:
+        windows, outs = _patches(verb, x, ks, stride, dilation, pads)
+        if divisor_override:
+            y = div(_sum(windows, dim=2), float(divisor_override))
+        elif count_include_pad or not any(p):
+            y = mean(windows, dim=2)
+        else:  # (each window's count of the input's own elements)
+            counts, _ = _patches(verb, ones_like(x[:1, :1]), ks, stride, dilation, pads)
+            y = div(_sum(windows, dim=2), _sum(counts, dim=2))
+    return y if batched else squeeze(y, 0)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """torch.nn.functional.avg_pool1d: the mean of each window (padding counted, unless
+    count_include_pad=False)."""
+    return _pool("avg_pool1d", 1, input, kernel_size, stride, padding, 1, ceil_mode, "avg", count_include_pad)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """torch.nn.functional.avg_pool2d: the mean of each window (or its sum over divisor_override)."""
+    return _pool("avg_pool2d", 2, input, kernel_size, stride, padding, 1, ceil_mode, "avg", count_include_pad,
+                 divisor_override)
+
+
+def _no_indices(verb, return_indices):
+    if return_indices:
+        fail(f"{verb}: return_indices=True is not supported; leave it False")
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """torch.nn.functional.max_pool1d: the largest of each window (padding is -inf)."""
+    _no_indices("max_pool1d", return_indices)
+    return _pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, "max")
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """torch.nn.functional.max_pool2d: the largest of each window (padding is -inf)."""
+    _no_indices("max_pool2d", return_indices)
+    return _pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, "max")
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
