@@ -69,6 +69,8 @@ def test_a_convolution_under_bfloat16_autocast_is_torchs():
 
 
 def test_conv_modules_have_torchs_parameters_init_and_repr():
+    assert mica.nn.Conv2d(3, 8, 3).output_padding == torch.nn.Conv2d(3, 8, 3).output_padding == (0, 0)
+    assert mica.nn.Conv1d(3, 8, 3).transposed is torch.nn.Conv1d(3, 8, 3).transposed is False
     for theirs, mine in [(torch.nn.Conv2d(3, 8, 3, padding=1), mica.nn.Conv2d(3, 8, 3, padding=1)),
                          (torch.nn.Conv1d(4, 8, 5, stride=2, groups=2, bias=False),
                           mica.nn.Conv1d(4, 8, 5, stride=2, groups=2, bias=False)),
@@ -121,6 +123,9 @@ def test_what_a_convolution_cannot_take_is_a_sentence():
         (lambda: F.conv1d(x, w, groups=2, padding="full"), r"^conv1d: padding must be 'valid', 'same'"),
         (lambda: F.conv1d(x, w, np.zeros(5, np.float32), groups=2), r"^conv1d: bias must be \[6\]"),
         (lambda: mica.nn.Conv2d(3, 4, 3, padding_mode="reflect"), r"^Conv2d: padding_mode='reflect' is not supported"),
+        # (an outside tester's: a mix of types named the patches' and the weight's reshapes, not the user's tensors)
+        (lambda: F.conv1d(x, w.astype(np.float64), groups=2),
+         r"^conv1d: input f32\[2, 4, 9\] and weight f64\[6, 2, 3\] must be of one floating type"),
         (lambda: mica.nn.Conv2d(3, 4, 3, groups=2), r"^Conv2d: in_channels \(3\) and out_channels \(4\) must divide"),
     ]
     for make, sentence in cases:

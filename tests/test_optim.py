@@ -820,7 +820,8 @@ def test_a_lambda_schedulers_callable_object_keeps_its_state_as_torchs():
         assert rates(torch, 10, rates(mica, 4, steps=1)[1])[0] == want
 
 
-@pytest.mark.parametrize("which, scheduler", [("sgd", "OneCycleLR"), ("adamw", "OneCycleLR"), ("adamw", "CyclicLR")])
+@pytest.mark.parametrize("which, scheduler", [("sgd", "OneCycleLR"), ("adamw", "OneCycleLR"), ("adamw", "CyclicLR"),
+                                              ("NAdam", "CyclicLR"), ("RAdam", "OneCycleLR"), ("Adamax", "CyclicLR")])
 def test_one_cycles_momentum_is_an_input_of_the_step_not_a_new_program_each_call(which, scheduler):
     """An outside tester's: OneCycleLR moves SGD's momentum or Adam's beta1 at every step, and each
     value was a constant of its own program: a compile per step (12 programs for 12 steps, minutes
@@ -835,7 +836,9 @@ def test_one_cycles_momentum_is_an_input_of_the_step_not_a_new_program_each_call
     mm.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
     x, y = torch.randn(16, 6), torch.randn(16, 4)
     make = ((lambda lib, p: lib.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True)) if which == "sgd" else
-            (lambda lib, p: lib.optim.AdamW(p, lr=0.01)))
+            (lambda lib, p: lib.optim.AdamW(p, lr=0.01)) if which == "adamw" else
+            (lambda lib, p: getattr(lib.optim, which)(p, lr=0.01)))  # (an outside tester's: NAdam, RAdam and
+    # Adamax compiled a program per beta1 value)
     topt, mopt = make(torch, tm.parameters()), make(mica, mm.parameters())
     made = ((lambda lib, o: lib.optim.lr_scheduler.OneCycleLR(o, 0.05, total_steps=12)) if scheduler == "OneCycleLR"
             else (lambda lib, o: lib.optim.lr_scheduler.CyclicLR(o, 0.005, 0.05, step_size_up=4)))

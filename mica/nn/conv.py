@@ -30,6 +30,7 @@ class _ConvNd(Module):
         self.kernel_size, self.stride, self.dilation = tup(kernel_size), tup(stride), tup(dilation)
         self.padding = padding if isinstance(padding, str) else tup(padding)
         self.padding_mode = padding_mode
+        self.transposed, self.output_padding = False, (0,) * self.nd  # (torch's _ConvNd has them)
         if isinstance(padding, str) and padding not in ("valid", "same"):
             raise MicaError(f"{name}: padding must be 'valid', 'same', an int or a tuple, got {padding!r}",
                             user_location())

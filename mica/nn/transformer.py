@@ -59,7 +59,7 @@ class MultiheadAttention(Module):
                 setattr(self, name, Parameter(shape=(embed_dim, d), dtype=dtype,
                                               init=initializers.Uniform(-bound, bound)))
         self.in_proj_bias = Parameter(shape=(3 * embed_dim,), dtype=dtype, init=initializers.zeros()) if bias else None
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, dtype=dtype)
         if bias:
             self.out_proj.bias = Parameter(shape=(embed_dim,), dtype=dtype, init=initializers.zeros())
 
@@ -143,8 +143,9 @@ class MultiheadAttention(Module):
             out = out.transpose(0, 1)
         return out, weights
 
-    def extra_repr(self):
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
+
+class NonDynamicallyQuantizableLinear(Linear):
+    """torch's name for MultiheadAttention's out_proj (a Linear), so the module prints as torch's."""
 
 
 def _activation(activation, layer):

@@ -11,6 +11,7 @@ from .nadam import _counts
 
 class Adamax(Optimizer):
     defaults = dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    live = ("betas",)  # (beta1: an input of a torch-form step, as AdamW's, for OneCycleLR and CyclicLR)
 
     def _check(self, hyper, where):
         check_adam_like(self, hyper, where)

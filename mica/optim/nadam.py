@@ -35,6 +35,7 @@ def _decayed(p, g, hyper, lr):
 class NAdam(Optimizer):
     defaults = dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
                     decoupled_weight_decay=False)
+    live = ("betas",)  # (beta1: an input of a torch-form step, as AdamW's, for OneCycleLR and CyclicLR)
 
     def _check(self, hyper, where):
         check_adam_like(self, hyper, where, ("lr", "weight_decay", "momentum_decay"))
@@ -68,6 +69,7 @@ class NAdam(Optimizer):
 
 class RAdam(Optimizer):
     defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False)
+    live = ("betas",)  # (beta1: an input of a torch-form step, as AdamW's, for OneCycleLR and CyclicLR)
 
     def _check(self, hyper, where):
         check_adam_like(self, hyper, where)

@@ -35,6 +35,9 @@ def _conv(verb, nd, input, weight, bias, stride, padding, dilation, groups):
     if input.ndim not in (nd + 1, nd + 2):
         fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:] if nd < 3 else 'DHW')}] or unbatched without N, "
              f"got {input.value.spec!r}")
+    if input.dtype.kind != "float" or input.dtype is not weight.dtype:
+        fail(f"{verb}: input {input.value.spec!r} and weight {weight.value.spec!r} must be of one floating type, as "
+             "torch's; cast one to the other's (or compute under mica.autocast)")
     batched = input.ndim == nd + 2
     x = input if batched else unsqueeze(input, 0)
     if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
