@@ -63,23 +63,29 @@ def lock_run_folder(out_dir, doing="train into", owner=None):
         os.pwrite(fd, owner.encode(), 0)
 
 
-def wait_for_run_lock(out_dir, owner, timeout):
+def wait_for_run_lock(out_dir, owner, timeout, alone_after=60.0):
     """A rank other than 0 of an mpirun job writes into `out_dir` only once its own rank 0 holds the
     folder's run lock (lock_run_folder with the same `owner`, the job's identity, written in the lock
     file): never into a folder another run holds, and it never creates or removes the folder itself.
     Waits at most `timeout` seconds (rank 0 checks the same data first, and takes the lock before
-    compiling); the lock is only read here, never taken, so rank 0's attempt cannot meet this one."""
+    compiling); the lock is only read here, never taken, so rank 0's attempt cannot meet this one.
+    Returns True, or False when no lock file has appeared in `alone_after` seconds: this rank's
+    out_dir is not rank 0's (another machine's own disk), and no run holds it."""
     import time
 
     path = os.path.join(out_dir, ".mica.lock")
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline, seen = start + timeout, False
     while True:
         try:
             with open(path, "rb") as f:
+                seen = True
                 if f.read(4096) == owner.encode():
-                    return
+                    return True
         except OSError:
             pass
+        if not seen and time.monotonic() > start + min(alone_after, timeout):
+            return False
         if time.monotonic() > deadline:
             raise MicaError(f"rank 0 of this mpirun job did not take the out_dir {out_dir} within {timeout:g} s (it "
                             "failed, or another run holds that folder); see rank 0's message")

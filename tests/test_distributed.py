@@ -345,6 +345,26 @@ def test_ranks_write_nothing_into_a_folder_their_rank_0_does_not_hold(tmp_path, 
         assert (d / "out" / name).read_bytes() == text, name
 
 
+def test_a_rank_waits_for_its_own_rank_0s_lock_and_goes_alone_where_none_appears(tmp_path):
+    """wait_for_run_lock: the job's own name in the lock lets it on at once; another job's keeps it
+    waiting to the timeout (a sentence); no lock file at all for `alone_after` seconds means this
+    machine does not share rank 0's folder (another machine's disk), where it goes on alone."""
+    import time
+
+    from mica.errors import MicaError
+    from mica.files import wait_for_run_lock
+
+    (tmp_path / ".mica.lock").write_bytes(b"PMIX_NAMESPACE=ours")
+    assert wait_for_run_lock(str(tmp_path), "PMIX_NAMESPACE=ours", 5) is True
+    (tmp_path / ".mica.lock").write_bytes(b"PMIX_NAMESPACE=theirs")
+    with pytest.raises(MicaError, match="did not take the out_dir"):
+        wait_for_run_lock(str(tmp_path), "PMIX_NAMESPACE=ours", 0.3, alone_after=0.1)
+    (tmp_path / ".mica.lock").unlink()
+    t = time.monotonic()
+    assert wait_for_run_lock(str(tmp_path), "PMIX_NAMESPACE=ours", 5, alone_after=0.2) is False
+    assert time.monotonic() - t < 3
+
+
 def test_launches_mica_cannot_share_are_sentences(tmp_path, data):
     d = _folder(tmp_path, "env", data)
     args = cli("train", "shakespeare_char", *TINY, "--max_iters=1", "--out_dir=out")

@@ -104,13 +104,17 @@ _TEMPORARY = re.compile(r"(?:ckpt\.safetensors|init\.safetensors|metrics\.jsonl|
 def _take_out_dir(cfg, rank, log):
     """out_dir, made, proved writable and locked by rank 0, which owns it; another rank of the job
     waits until its rank 0 holds the lock before it writes its own files there (its manifest and
-    starting values), so that it never writes into a folder another run holds."""
+    starting values), so that it never writes into a folder another run holds; on a machine whose
+    disk is not rank 0's (no lock there at all for a minute) it makes the folder as before."""
     if rank == 0:
         out_dir = writable_folder(cfg["out_dir"], "out_dir")
         lock_run_folder(out_dir, owner=distributed.job() or None)
         _remove_stale_temporaries(out_dir, log)
         return out_dir
-    wait_for_run_lock(cfg["out_dir"], distributed.job(), distributed.start_timeout())
+    if not wait_for_run_lock(cfg["out_dir"], distributed.job(), distributed.start_timeout()):
+        # (no lock appeared: this machine does not share rank 0's folder, so this rank's files go
+        # into a folder of its own here, as they must for its trainer to read them)
+        return writable_folder(cfg["out_dir"], "out_dir")
     return cfg["out_dir"]
 
 
