@@ -101,6 +101,8 @@ def _raised_by_mica(tb):
     if not frames or not _is_internal(os.path.abspath(frames[-1].filename)):
         return None
     users = [f for f in frames if not f.filename.startswith("<") and not _is_internal(os.path.abspath(f.filename))]
+    if not users:  # (python -c, a script on stdin: Python's own name for the user's code, "<string>")
+        users = [f for f in frames if f.filename in ("<string>", "<stdin>")]
     return (users[-1].filename, users[-1].lineno) if users else None
 
 

@@ -939,6 +939,14 @@ def test_a_script_ending_in_a_mica_error_prints_its_sentence_not_a_traceback(tmp
     assert "Traceback" in run(ported, MICA_TRACEBACK="1").stderr
     (tmp_path / "theirs.py").write_text("import mica\nfrom numpy import Rprop\n")  # (not Mica's: Python's)
     assert "Traceback" in run(tmp_path / "theirs.py").stderr
+    # (an outside tester's: under python -c, or a script on stdin, Python names the code "<string>" or
+    # "<stdin>", and a Mica error raised without a line printed a traceback through Mica's frames)
+    code = "import numpy as np, mica\nmica.nn.functional.group_norm(np.zeros((2, 6, 4), np.float32), 4)\n"
+    for cmd, stdin, where in (([sys.executable, "-c", code], None, "<string>:2"), ([sys.executable, "-"], code,
+                                                                                 "<stdin>:2")):
+        r = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=tmp_path, env=env)
+        assert_sentence(r, "group_norm: 6 channels do not divide into num_groups=4 groups", code=1)
+        assert r.stderr.strip().endswith(f"({where})") and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def _cli_env(data_root, **extra):
