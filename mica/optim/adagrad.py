@@ -2,8 +2,8 @@
 of squared gradients, a learning rate decayed by the step count, L2 weight decay added to the gradient."""
 import numpy as np
 
-from .. import dtypes, verbs as F
-from .base import Optimizer
+from .. import verbs as F
+from .base import Optimizer, step_counts
 
 
 class Adagrad(Optimizer):
@@ -23,9 +23,7 @@ class Adagrad(Optimizer):
                 "sum": {n: np.full(np.shape(p), start, np.asarray(p).dtype) for n, p in params.items()}}
 
     def _update(self, params, grads, state, groups):
-        steps = state["step"]
-        each = isinstance(steps, dict)  # (a count per parameter, as torch's: mica/stateful.py's state)
-        step = {n: s + 1 for n, s in steps.items()} if each else steps + 1
+        step, count = step_counts(state)
         sums = dict(state["sum"])
         for hyper, names, lr in groups:
             wd, eps, decay = hyper["weight_decay"], hyper["eps"], hyper["lr_decay"]
@@ -33,8 +31,7 @@ class Adagrad(Optimizer):
                 p, g = params[n], grads[n]
                 if wd != 0:
                     g = F.add(g, p, alpha=wd)
-                count = F.to(step[n] if each else step, dtypes.float64)  # (torch's step.item(): a Python float)
-                clr = lr / (1 + (count - 1) * decay)
+                clr = lr / (1 + (count(n) - 1) * decay)
                 sums[n] = F.addcmul(sums[n], g, g, value=1)
                 params[n] = F.addcdiv(p, g, F.sqrt(sums[n]) + eps, value=-clr)
         return {"step": step, "sum": sums}

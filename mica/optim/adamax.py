@@ -4,9 +4,8 @@ norm of past gradients, Adadelta's running averages of squared gradients and squ
 import numpy as np
 
 from .. import verbs as F
-from .base import Optimizer, zeros_like_tree
 from .adamw import check_adam_like
-from .nadam import _counts
+from .base import Optimizer, step_counts, zeros_like_tree
 
 
 class Adamax(Optimizer):
@@ -20,7 +19,7 @@ class Adamax(Optimizer):
         return {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(params), "exp_inf": zeros_like_tree(params)}
 
     def _update(self, params, grads, state, groups):
-        step, count = _counts(state)
+        step, count = step_counts(state)
         new = {part: dict(state[part]) for part in ("exp_avg", "exp_inf")}
         for hyper, names, lr in groups:
             (beta1, beta2), eps, wd = hyper["betas"], hyper["eps"], hyper["weight_decay"]
@@ -48,7 +47,7 @@ class Adadelta(Optimizer):
                 "acc_delta": zeros_like_tree(params)}
 
     def _update(self, params, grads, state, groups):
-        step, _ = _counts(state)
+        step, _ = step_counts(state)
         new = {part: dict(state[part]) for part in ("square_avg", "acc_delta")}
         for hyper, names, lr in groups:
             rho, eps, wd = hyper["rho"], hyper["eps"], hyper["weight_decay"]

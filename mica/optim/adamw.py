@@ -8,7 +8,7 @@ at the end (the square root and the step read the unrounded float32 moments)."""
 import numpy as np
 
 from .. import dtypes, verbs as F
-from .base import Optimizer, zeros_like_tree
+from .base import Optimizer, step_counts, zeros_like_tree
 
 
 class AdamW(Optimizer):
@@ -48,22 +48,21 @@ class AdamW(Optimizer):
 
     def _update(self, params, grads, state, groups):
         before = dict(params)
-        each = isinstance(state["step"], dict)  # (a count per parameter, as torch's: mica/stateful.py's state)
-        step = {n: s + 1 for n, s in state["step"].items()} if each else state["step"] + 1
+        step, count = step_counts(state)
+        each = isinstance(step, dict)
         exp_avg, exp_avg_sq = dict(state["exp_avg"]), dict(state["exp_avg_sq"])
         for hyper, names, lr in groups:
             beta1, beta2 = hyper["betas"]
             wd, eps = hyper["weight_decay"], hyper["eps"]
 
-            def corrections(count):
-                step_f = F.to(count, dtypes.float64)
+            def corrections(step_f):
                 return lr / (1 - beta1 ** step_f), (1 - beta2 ** step_f) ** 0.5
 
             if not each:
-                step_size, bias_correction2_sqrt = corrections(step)
+                step_size, bias_correction2_sqrt = corrections(count(None))
             for n in self._mine(names):
                 if each:
-                    step_size, bias_correction2_sqrt = corrections(step[n])
+                    step_size, bias_correction2_sqrt = corrections(count(n))
                 p, g, m, v = params[n], grads[n], exp_avg[n], exp_avg_sq[n]
                 if p.dtype is dtypes.bfloat16:
                     params[n], exp_avg[n], exp_avg_sq[n] = _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps,

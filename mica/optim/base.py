@@ -399,6 +399,25 @@ def _record_updates(old, new, role):
                 graph.updates.setdefault(n.value.id, o.value.id)
 
 
+def step_counts(state):
+    """(the state's step count plus one: one count, or one per parameter as torch keeps them in a
+    torch-form step (mica/stateful.py's state); a function of a parameter's name giving its new count
+    as float64, as torch's step.item() is a Python float, converted once per count)."""
+    from .. import dtypes, verbs as F
+
+    steps, converted = state["step"], {}
+    each = isinstance(steps, dict)
+    new = {n: s + 1 for n, s in steps.items()} if each else steps + 1
+
+    def count(name):
+        key = name if each else None
+        if key not in converted:
+            converted[key] = F.to(new[name] if each else new, dtypes.float64)
+        return converted[key]
+
+    return new, count
+
+
 def zeros_like_tree(params):
     return {n: np.zeros_like(a) for n, a in params.items()}
 

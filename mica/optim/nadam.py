@@ -7,19 +7,7 @@ import numpy as np
 
 from .. import dtypes, verbs as F
 from .adamw import check_adam_like
-from .base import Optimizer, zeros_like_tree
-
-
-def _counts(state):
-    """(new step counts, a function of a parameter's name giving its count as float64): one count, or
-    one per parameter as torch keeps them (mica/stateful.py's state)."""
-    steps = state["step"]
-    if isinstance(steps, dict):
-        new = {n: s + 1 for n, s in steps.items()}
-        return new, lambda n: F.to(new[n], dtypes.float64)
-    new = steps + 1
-    count = F.to(new, dtypes.float64)
-    return new, lambda n: count
+from .base import Optimizer, step_counts, zeros_like_tree
 
 
 def _decayed(p, g, hyper, lr):
@@ -45,7 +33,7 @@ class NAdam(Optimizer):
                 "exp_avg": zeros_like_tree(params), "exp_avg_sq": zeros_like_tree(params)}
 
     def _update(self, params, grads, state, groups):
-        step, count = _counts(state)
+        step, count = step_counts(state)
         new = {part: dict(state[part]) for part in ("mu_product", "exp_avg", "exp_avg_sq")}
         for hyper, names, lr in groups:
             (beta1, beta2), eps, decay = hyper["betas"], hyper["eps"], hyper["momentum_decay"]
@@ -79,7 +67,7 @@ class RAdam(Optimizer):
                 "exp_avg_sq": zeros_like_tree(params)}
 
     def _update(self, params, grads, state, groups):
-        step, count = _counts(state)
+        step, count = step_counts(state)
         new = {part: dict(state[part]) for part in ("exp_avg", "exp_avg_sq")}
         for hyper, names, lr in groups:
             (beta1, beta2), eps = hyper["betas"], hyper["eps"]

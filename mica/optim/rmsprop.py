@@ -4,7 +4,7 @@ momentum and L2 weight decay added to the gradient."""
 import numpy as np
 
 from .. import verbs as F
-from .base import Optimizer, zeros_like_tree
+from .base import Optimizer, step_counts, zeros_like_tree
 
 
 class RMSprop(Optimizer):
@@ -37,8 +37,6 @@ class RMSprop(Optimizer):
         return state
 
     def _update(self, params, grads, state, groups):
-        steps = state["step"]
-        each = isinstance(steps, dict)  # (a count per parameter, as torch's: mica/stateful.py's state)
         new = {part: dict(value) for part, value in state.items() if part != "step"}
         for hyper, names, lr in groups:
             alpha, eps, wd, mom = hyper["alpha"], hyper["eps"], hyper["weight_decay"], hyper["momentum"]
@@ -61,4 +59,4 @@ class RMSprop(Optimizer):
                     params[n] = F.add(p, buf, alpha=-lr)
                 else:
                     params[n] = F.addcdiv(p, g, avg, value=-lr)
-        return {"step": {n: s + 1 for n, s in steps.items()} if each else steps + 1, **new}
+        return {"step": step_counts(state)[0], **new}
