@@ -71,16 +71,17 @@ static int mica_cuda_failed(const char *what) {
  * fails while the step is captured adds nothing to the graph and may leave the capture valid: the
  * graph must not be kept without it (nor the error be cleared by a later call and forgotten). */
 static char mica_launch_error[200];
+static int mica_launch_own; /* 1: that launch's own error; 0: one a kernel before it made, noticed there */
 
 static void mica_launched(const char *kernel) {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess || mica_launch_error[0]) return;
     /* the launch's own errors name the kernel; any other (a kernel that ran before it failed, in a
      * profile run, which runs kernels as they are launched) is only noticed here */
-    int own = e == cudaErrorInvalidConfiguration || e == cudaErrorLaunchOutOfResources ||
-              e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidValue;
-    snprintf(mica_launch_error, sizeof mica_launch_error, "%s%s (%s)", own ? "" : "the program before ", kernel,
-             cudaGetErrorString(e));
+    mica_launch_own = e == cudaErrorInvalidConfiguration || e == cudaErrorLaunchOutOfResources ||
+                      e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice ||
+                      e == cudaErrorInvalidValue;
+    snprintf(mica_launch_error, sizeof mica_launch_error, "%s (%s)", kernel, cudaGetErrorString(e));
 }
 
 static void mica_launches_begin(void) {
@@ -91,8 +92,9 @@ static void mica_launches_begin(void) {
 /* 0, or 2 with the sentence in mica_error_text when a launch since mica_launches_begin failed */
 static int mica_launches_failed(void) {
     if (!mica_launch_error[0]) return 0;
-    if (!strncmp(mica_launch_error, "the program before ", 19))
-        snprintf(mica_error_text, sizeof mica_error_text, "the GPU failed while running %s", mica_launch_error);
+    if (!mica_launch_own)
+        snprintf(mica_error_text, sizeof mica_error_text, "the GPU failed while running the program before %s",
+                 mica_launch_error);
     else
         snprintf(mica_error_text, sizeof mica_error_text,
                  "the GPU could not launch Mica's kernel %s; please report it with the program's .source",
