@@ -58,8 +58,9 @@ def lock_run_folder(out_dir, doing="train into", owner=None):
                         "folder")
     os.set_inheritable(fd, True)
     _LOCKS[key] = fd
-    os.ftruncate(fd, 0)  # (who holds it, for the other ranks of an mpirun job: wait_for_run_lock; an
-    if owner is not None:  # earlier job's name never stays behind)
+    # who holds it, for the other ranks of an mpirun job (wait_for_run_lock); never an earlier job's name
+    os.ftruncate(fd, 0)
+    if owner is not None:
         os.pwrite(fd, owner.encode(), 0)
 
 

@@ -123,9 +123,12 @@ class Lowered:
         if len(best) <= EVERY_COUNT:
             keep = list(best)
             for i in best:  # (no budget in it: the smallest plan, made smaller where it can be)
-                if len(keep) > 1 and planned([j for j in keep if j != i]) <= total:
+                if len(keep) == 1:
+                    break
+                size = planned([j for j in keep if j != i])
+                if size <= total:
                     keep.remove(i)
-                    total = tried[-1][0]
+                    total = size
         fitting = [t for t in tried if t[0] <= self.memory_budget]
         if fitting:
             keep = list(min(fitting, key=lambda t: (len(t[2][1]), t[1]))[2][1])

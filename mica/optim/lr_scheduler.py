@@ -458,12 +458,8 @@ class CyclicLR(LRScheduler):
     def _init_scale_fn(self):
         if self._scale_fn_custom is not None:
             return
-        if self.mode == "triangular":
-            self.scale_mode = "cycle"
-        elif self.mode == "triangular2":
-            self.scale_mode = "cycle"
-        elif self.mode == "exp_range":
-            self.scale_mode = "iterations"
+        if self.mode in ("triangular", "triangular2", "exp_range"):  # (torch's: the mode sets it)
+            self.scale_mode = "iterations" if self.mode == "exp_range" else "cycle"
 
     def scale_fn(self, x):
         if self._scale_fn_custom is not None:
