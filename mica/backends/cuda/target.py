@@ -4,7 +4,10 @@ without a GPU run it.
 
 What it answers for the shared pipeline: 256-byte alignment (cuBLASLt wants 16; 256 keeps every
 buffer on its own cache lines); one workspace for the one stream the program runs on; products
-of every floating type, half ones included (`half_kernel`), carry no epilogue yet (cuBLASLt's bias/GELU epilogues are the next step); kernel primitives are
+of every floating type, half ones included (`half_kernel`), carry no epilogue: a bias joins the
+elementwise kernel that reads the product anyway (GELU's, the residual add's), so cuBLASLt's BIAS
+epilogue would save a pass only where the bias add is that kernel's whole work, and its GELU is
+the tanh form, not nanoGPT's erf (docs/design.md, the CUDA backend); kernel primitives are
 lowered under platform "cuda" (lowerings.py: the row kernels; attention on TF32 tensor cores where
 tf32=True permits it, through cuBLASLt's products where a chunk of its scores fits a bound, else
 the fused kernels: `attention` chooses, "auto" by that order).
