@@ -1,6 +1,7 @@
 /* The speedrun seed's training loop (train_gpt_simple.py) around the compiled programs: batches
  * taken in order from the shards as its distributed_data_generator takes them, the validation set
- * being the first val_tokens of the val shards, a validation every val_every steps and after the
+ * being the first val_tokens + 1 tokens of the first val shard longer than that (as the seed's
+ * generator takes one batch of val_tokens), a validation every val_every steps and after the
  * last, its log lines, and a checkpoint at each validation.
  *
  * The loop's sizes come in the shared settings: block = seq_len, batch = mbs (sequences per

@@ -128,7 +128,8 @@ SPEEDRUN_DESCRIPTIONS = {
     "recipe": "speedrun: the speedrun seed's model, optimizers and loop (nanogpt: nanoGPT's)",
     "out_dir": "the run's folder: ckpt.safetensors, metrics.jsonl, init.safetensors",
     "train_files": "glob of the training shards, read in sorted order (the folder's meta.json names the tokenizer)",
-    "val_files": "glob of the validation shards (the first val_tokens of them are the validation set)",
+    "val_files": "glob of the validation shards (the validation set: the first val_tokens + 1 tokens of the first shard "
+                 "longer than that, as the seed takes them)",
     "vocab_size": "the model's vocabulary; 0: the data's meta.json vocabulary rounded up to a multiple of 128",
     "train_steps": "optimizer steps",
     "batch_size": "tokens per step (a multiple of mbs * seq_len)",
