@@ -65,6 +65,8 @@ class HostTensor(np.ndarray):
 
         if any(isinstance(x, Tensor) for x in inputs):
             return NotImplemented  # (the traced Tensor's operator: this array is its constant)
+        # (a Parameter on the right, x @ W: the values it holds, as its own operators read them)
+        inputs = tuple(x._live("an operator") if type(x).__name__ == "Parameter" else x for x in inputs)
         plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
         out_to = kwargs.get("out")
         if out_to is not None:  # (x += y: numpy writes into x; torch's rules for what may be written there)

@@ -1520,3 +1520,18 @@ def test_eager_bfloat16_values_are_rounded_as_torchs():
     assert np.asarray(mica.full((2,), 1.00390625, dtype=mica.bfloat16)).tolist() == [1.0, 1.0]
     assert np.asarray(mica.arange(250, 262, dtype=mica.bfloat16)).tolist() == \
         torch.arange(250, 262, dtype=torch.bfloat16).float().tolist()
+
+
+def test_a_parameter_on_the_right_of_a_host_tensors_operator_is_its_values():
+    """x @ W, x + W, x * W with x a host tensor and W a Parameter (CLIP's feats @ self.proj) are
+    torch's results from the values W holds, not a numpy error about converting a Parameter."""
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32)
+    W, V = mica.nn.Parameter(w.copy()), mica.nn.Parameter(w.T.copy())
+    tw, tx = torch.tensor(w), torch.tensor(x)
+    got = mica.tensor(x) @ W
+    assert tuple(got.shape) == (2, 4) and np.allclose(np.asarray(got), (tx @ tw).numpy(), rtol=1e-6, atol=1e-7)
+    assert np.array_equal(np.asarray(mica.tensor(x).softmax(-1) @ W), np.asarray(mica.tensor(x).softmax(-1)) @ w)
+    assert np.array_equal(np.asarray(mica.tensor(w) + W), w + w)
+    assert np.array_equal(np.asarray(mica.tensor(w.T) * V), w.T * w.T)
+    assert tuple((V @ W).shape) == (4, 4)
