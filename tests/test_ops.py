@@ -286,6 +286,17 @@ CASES = [
          [Fl(2, 4, 3), Fl(2, 5, 3), Fl(2, 5, 3), Bool(4, 5)]),
     case("sdpa_float_mask", lambda m, q, k, v, b: m.scaled_dot_product_attention(q, k, v, attn_mask=b),
          [Fl(3, 4), Fl(5, 4), Fl(5, 2), Fl(3, 5)]),
+    # both a mask and is_causal: torch 2.13's CPU kernel applies the mask, then the top-left causal one
+    case("sdpa_gqa_causal", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+         [Fl(1, 6, 4, 3), Fl(1, 2, 5, 3), Fl(1, 2, 5, 2)]),
+    case("sdpa_gqa_3d", lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+         [Fl(6, 4, 3), Fl(3, 4, 3), Fl(1, 4, 3)]),
+    # (4-d, one batch and head count, E == Ev, no dropout: where torch's CPU kernel takes both)
+    case("sdpa_bool_mask_causal", lambda m, q, k, v, c: m.scaled_dot_product_attention(
+        q, k, v, attn_mask=c | m.eye(4, 5, dtype=m.bool), is_causal=True),
+         [Fl(2, 2, 4, 3), Fl(2, 2, 5, 3), Fl(2, 2, 5, 3), Bool(2, 1, 4, 5)]),
+    case("sdpa_float_mask_causal", lambda m, q, k, v, c: m.scaled_dot_product_attention(
+        q, k, v, attn_mask=((c.float() - 1) * 3.0).to(q.dtype), is_causal=True), [Fl(1, 2, 4, 3), Fl(1, 2, 6, 3), Fl(1, 2, 6, 3), Bool(4, 6)]),
 ]
 
 
@@ -425,7 +436,12 @@ def test_masks_keep_bool_and_bitwise_verbs_are_logical_on_bools_only():
                       (lambda q: q.long() & 3.5, r"^bitwise_and \(&\) works on integer and bool tensors, got float32"),
                       (lambda q: mica.scaled_dot_product_attention(q, q, q, attn_mask=mica.ones(n, n, dtype=mica.int64)),
                        r"^scaled_dot_product_attention: attn_mask must be bool .* got int64"),
-                      (lambda q: q.masked_fill(q.long(), 0.0), r"^masked_fill: the mask must be a bool tensor, got int64")):
+                      (lambda q: q.masked_fill(q.long(), 0.0), r"^masked_fill: the mask must be a bool tensor, got int64"),
+                      (lambda q: mica.scaled_dot_product_attention(q, q, q, attn_mask=q > 0, is_causal=True),  # (torch's
+                       r"^scaled_dot_product_attention: attn_mask with is_causal=True is taken, as torch's CPU kernel"),  # math path refuses)
+                      (lambda q: mica.scaled_dot_product_attention(q[None].expand(3, n, n), q[None].expand(2, n, n), q[None],
+                                                                   enable_gqa=True),
+                       r"^scaled_dot_product_attention: enable_gqa: the 2 key and 1 value heads must each divide the 3")):
         with pytest.raises(mica.MicaError, match=says + r".*\(.*test_ops.py:\d+\)$"):
             mica.trace(bad, mica.f32[n, n])
 

@@ -572,8 +572,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = amp.lower("scaled_dot_product_attention", q, k, v)
     if attn_mask is not None:
         (attn_mask,) = amp.lower("scaled_dot_product_attention", as_tensor(attn_mask))
-    if enable_gqa:
-        raise TraceError("scaled_dot_product_attention: enable_gqa is not supported", user_location())
+    if enable_gqa:  # (grouped-query attention: each key/value head serves a run of consecutive query heads)
+        from .shape import repeat_interleave
+
+        if q.ndim < 3 or k.ndim < 3 or v.ndim < 3:
+            fail("scaled_dot_product_attention: enable_gqa needs q, k and v of at least 3 dims ([..., heads, L, E])")
+        if q.shape[-3] % k.shape[-3] or q.shape[-3] % v.shape[-3]:
+            fail(f"scaled_dot_product_attention: enable_gqa: the {k.shape[-3]} key and {v.shape[-3]} value heads must "
+                 f"each divide the {q.shape[-3]} query heads")
+        k = repeat_interleave(k, q.shape[-3] // k.shape[-3], -3)
+        v = repeat_interleave(v, q.shape[-3] // v.shape[-3], -3)
     if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
         fail("scaled_dot_product_attention: q, k and v need at least 2 dims")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
@@ -582,8 +590,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None and not (attn_mask.dtype is dtypes.bool_ or attn_mask.dtype.is_floating_point):
         fail(f"scaled_dot_product_attention: attn_mask must be bool (True keeps a score) or a floating type "
              f"(added to the scores), got {attn_mask.dtype.name}; for a mask of 0s and 1s write mask.bool()")
-    if attn_mask is not None and is_causal:
-        fail("scaled_dot_product_attention: give attn_mask or is_causal=True, not both")
+    if attn_mask is not None and is_causal and not (
+            q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+            and v.shape[-1] == q.shape[-1] and not dropout_p):
+        fail("scaled_dot_product_attention: attn_mask with is_causal=True is taken, as torch's CPU kernel takes it, "
+             "only for 4-d q, k and v of one batch and head count, v's head dim q's, and no dropout; put the causal "
+             "mask into attn_mask instead (mask & torch.ones(L, S, dtype=torch.bool).tril())")
     if attn_mask is not None:
         scores = broadcast_shapes("scaled_dot_product_attention", q.shape[:-2], k.shape[:-2]) + \
             (q.shape[-2], k.shape[-2])
@@ -603,6 +615,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         scores = matmul(q, transpose(k, -2, -1)) * scale
         mask = as_tensor(attn_mask)
         scores = masked_fill(scores, ~mask, float("-inf")) if mask.dtype is dtypes.bool_ else scores + mask
+        if is_causal:  # (both: torch's CPU kernel applies the mask and then the top-left causal one)
+            from .core import ones
+            from .shape import tril
+
+            scores = masked_fill(scores, ~tril(ones(q.shape[-2], k.shape[-2], dtype=dtypes.bool_)), float("-inf"))
         # a query the mask leaves no key (a padding row) attends to nothing: its output and every
         # gradient through it are 0, as torch's (its safe softmax), not 0/0 spreading NaN to v
         from .core import amax
