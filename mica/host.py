@@ -416,7 +416,13 @@ class HostTensor(np.ndarray):
         from .tensor import Tensor, user_location
 
         if isinstance(value, Tensor):
-            raise MicaError(IN_PLACE_FROM_A_TRACE.format(what="x[index] = value"), user_location())
+            from .nn.modules import eager_attribute
+
+            kept = eager_attribute(self)  # (a module's attribute, in a forward run eagerly: kept after the run)
+            if kept is None:
+                raise MicaError(IN_PLACE_FROM_A_TRACE.format(what="x[index] = value"), user_location())
+            kept[index] = value
+            return
         written(self)
         try:
             np.ndarray.__setitem__(self, index, np.asarray(value) if isinstance(value, HostTensor) else value)
@@ -608,7 +614,12 @@ def _in_place(name):
         from .tensor import Tensor, user_location
 
         if any(isinstance(a, Tensor) for a in list(args) + list(kwargs.values())):
-            raise MicaError(IN_PLACE_FROM_A_TRACE.format(what=name), user_location())
+            from .nn.modules import eager_attribute
+
+            kept = eager_attribute(self)  # (as x[index] = value above)
+            if kept is None:
+                raise MicaError(IN_PLACE_FROM_A_TRACE.format(what=name), user_location())
+            return getattr(kept, name)(*args, **kwargs)
         _write(self, np.asarray(_method(name, self, *args, **kwargs)), name)
         return self
     method.__name__ = name

@@ -1535,3 +1535,82 @@ def test_a_parameter_on_the_right_of_a_host_tensors_operator_is_its_values():
     assert np.array_equal(np.asarray(mica.tensor(w) + W), w + w)
     assert np.array_equal(np.asarray(mica.tensor(w.T) * V), w.T * w.T)
     assert tuple((V @ W).shape) == (4, 4)
+
+
+class _Cached:
+    """A module whose forward, as inference code writes it, keeps state on itself: a KV cache as a
+    buffer, as a frozen Parameter and as a plain attribute (Meta's llama: reassigned with .to(),
+    then written by slices), and llama2.c's `self.last_loss`."""
+
+    @staticmethod
+    def make(lib, w):
+        nn = lib.nn
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wk = nn.Linear(4, 4, bias=False)
+                self.register_buffer("cache_v", lib.zeros(1, 8, 4), persistent=False)
+                self.cache_p = nn.Parameter(lib.zeros(1, 8, 4), requires_grad=False)
+                self.cache_k = lib.zeros((1, 8, 4))
+                self.plain = lib.zeros(8)
+                self.last_loss = None
+
+            def forward(self, x, pos):
+                k = self.wk(x)
+                n = x.shape[1]
+                self.cache_k = self.cache_k.to(x)
+                self.cache_k[:, pos:pos + n] = k
+                self.cache_v[:, pos:pos + n] = 2 * k
+                self.cache_p[:, pos:pos + n] = k - 1
+                self.plain[pos:pos + n] = self.plain[pos:pos + n] + k[0, :, 0]
+                out = self.cache_k[:, :pos + n].sum(1) + self.cache_v[:, :pos + n].sum(1) * self.cache_p[:, :pos + n].mean(1)
+                self.last_loss = out.square().mean()
+                return out
+
+        m = Attn()
+        m.wk.weight.data.copy_(lib.tensor(w)) if lib is torch else m.load_state_dict({"wk.weight": w}, strict=False)
+        return m
+
+
+def test_a_module_called_eagerly_keeps_what_its_forward_writes_on_itself_as_torchs():
+    """Outside a trace a module's forward runs traced, once per call; what it writes on itself is
+    kept after the call as torch's eager forward keeps it (it was lost, or left a traced Tensor
+    that .item() refused): buffers and frozen Parameters written in place, a plain attribute
+    reassigned or written by slices, an attribute assigned a tensor. A later read in the same
+    forward sees the write (a frozen Parameter read twice was two constants)."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    xs = [rng.standard_normal((1, n, 4)).astype(np.float32) for n in (3, 2)]
+    models = {lib: _Cached.make(lib, w) for lib in (mica, torch)}
+    with torch.no_grad():
+        for pos, x in zip((0, 3), xs):
+            got, want = models[mica](mica.tensor(x), pos), models[torch](torch.tensor(x), pos)
+            assert np.allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-6)
+            assert abs(models[mica].last_loss.item() - models[torch].last_loss.item()) <= 1e-5 * models[torch].last_loss.item()
+    m, t = models[mica], models[torch]
+    for name in ("cache_k", "cache_v", "plain"):
+        assert np.allclose(np.asarray(getattr(m, name)), getattr(t, name).numpy(), rtol=1e-6, atol=1e-6), name
+    assert np.allclose(np.asarray(m.cache_p), t.cache_p.detach().numpy(), rtol=1e-6, atol=1e-6)
+    assert np.count_nonzero(np.asarray(m.cache_v).any(-1)) == 5 and type(m.last_loss).__name__ == "HostTensor"
+    assert np.asarray(m.cache_v).dtype == np.float32 and "cache_v" not in m.state_dict()
+
+
+def test_an_eager_forward_that_fails_leaves_the_module_as_it_was():
+    """A forward that assigns an attribute and then fails (a shape error at the user's line) leaves
+    the attribute, buffers and Parameters as they were before the call, not traced Tensors."""
+    class M(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", mica.zeros(2))
+            self.note = "before"
+
+        def forward(self, x):
+            self.note = x * 2
+            self.count[0] = x.sum()
+            return x @ mica.ones(5, 5)  # (x is [2, 3]: the shapes do not fit)
+
+    m = M()
+    with pytest.raises(mica.MicaError, match=r"test_eager.py:\d+"):
+        m(mica.ones(2, 3))
+    assert m.note == "before" and np.asarray(m.count).tolist() == [0.0, 0.0]

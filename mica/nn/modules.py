@@ -22,6 +22,7 @@ from ..verbs.core import in_dtype
 from . import init as initializers
 
 _BOUND = [{}]  # id(Parameter) -> Tensor, for the innermost bind()
+_EAGER = []    # the _Effects of the eager module call being traced (module(x) outside a trace)
 
 
 def _sizes(shape):
@@ -276,6 +277,10 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise MicaError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                             "assigning attributes")
+        if _EAGER and F.in_trace() and _traced_leaves(value) and name not in self._parameters \
+                and name not in self._modules:  # (a forward run eagerly keeps what it assigns: after the run)
+            _EAGER[-1].assigned(self, name, value)
+            return
         if name in self._parameters and not isinstance(value, Parameter) and value is not None:
             raise MicaError(f"cannot assign a {type(value).__name__} as parameter {name!r} of {type(self).__name__} "
                             "(a mica.nn.Parameter or None expected, as torch's); its values come from init() or "
@@ -314,7 +319,9 @@ class Module:
                 return None
             bound = _BOUND[-1].get(id(p))
             if bound is not None:
-                if isinstance(bound, np.ndarray) and F.in_trace():  # (held values: a constant of its own type)
+                if isinstance(bound, np.ndarray) and F.in_trace():  # (held values: a constant of its own type;
+                    if _EAGER:                                      # in an eager call, one the forward may write)
+                        return _EAGER[-1].parameter(p, bound)
                     return F.tensor(bound, dtype=p.dtype)
                 return bound
             from .. import stateful  # (a torch-style step under mica.compile: the step's current value)
@@ -327,6 +334,8 @@ class Module:
             if not F.in_trace() or buf is None:
                 return buf
             float_type = d.get("_buffer_float") if np.asarray(buf).dtype.kind == "f" else None
+            if _EAGER:  # (an eager call's forward may write it: torch's KV cache; kept after the run)
+                return _EAGER[-1].buffer(self, name, lambda: F.tensor(buf, dtype=float_type))
             constant = F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
             constant._buffer = f"{type(self).__name__}.{name}"
             return constant
@@ -715,14 +724,138 @@ def _eager_call(module, args, kwargs):
             "`with model.bind(params):` or load them "
             "with model.load_state_dict(model.state_dict(params))", UserWarning, path, line)
 
+    effects = _Effects(module, user_bound=dict(_BOUND[-1]))
+
     def call(*a, **k):
         _BOUND.append(table)
+        _EAGER.append(effects)
         try:
-            return module.forward(*a, **k)
+            result = module.forward(*a, **k)
+            return {"result": result, "effects": effects.changed()}
         finally:
+            _EAGER.pop()
             _BOUND.pop()
     call.__name__ = type(module).__name__
-    return run(call, args, kwargs)
+    try:
+        out = run(call, args, kwargs)
+    except BaseException:
+        effects.undo()
+        raise
+    effects.keep(out["effects"])
+    return out["result"]
+
+
+def eager_attribute(x):
+    """(host.py, a write of a traced value into the host tensor x) x as a traced Tensor the eager
+    module call being traced keeps, where x is one of its modules' attributes; else None."""
+    return _EAGER[-1].attribute(x) if _EAGER else None
+
+
+def _traced_leaves(value):
+    """Whether value is a traced Tensor, or a list, tuple or dict holding only traced Tensors."""
+    from .. import pytree
+    from ..tensor import Tensor
+
+    leaves = pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
+    return bool(leaves) and all(isinstance(x, Tensor) for x in leaves)
+
+
+class _Effects:
+    """What a module's forward, traced for an eager call, changes beyond its result, as torch's eager
+    forward leaves it: a Parameter or buffer written in place (a KV cache), a buffer or plain
+    attribute assigned a tensor (llama2.c's `self.last_loss`). Each Parameter and buffer is one
+    Tensor for the whole forward, so its writes are seen by its later reads; their final values,
+    and the attributes', are outputs of the run and given to the module after it (keep). A run
+    that fails leaves the module as it was (undo)."""
+
+    def __init__(self, root, user_bound):
+        self.root = root              # the module called
+        self.user_bound = user_bound  # id(Parameter) -> the array bind() gave (written into in place)
+        self.params = {}   # id(p) -> (p, its Tensor, its first value)
+        self.buffers = {}  # (id(module), name) -> (module, name, its Tensor, its first value or None)
+        self.attrs = {}    # (id(module), name) -> (module, name, what it held before: (had it, value))
+
+    def parameter(self, p, values):
+        if id(p) not in self.params:
+            t = F.tensor(values, dtype=p.dtype)
+            self.params[id(p)] = (p, t, t._value)
+        return self.params[id(p)][1]
+
+    def buffer(self, module, name, make):
+        key = (id(module), name)
+        if key not in self.buffers:
+            t = make()
+            self.buffers[key] = (module, name, t, t._value)
+        return self.buffers[key][2]
+
+    def assigned(self, module, name, value):
+        """module.name = value, traced: a buffer's Tensor is value from now on; an attribute holds it
+        (its earlier value remembered for undo)."""
+        key = (id(module), name)
+        if name in module._buffers:
+            self.buffers[key] = (module, name, value, None)
+            return
+        if key not in self.attrs:
+            self.attrs[key] = (module, name, (name in module.__dict__, module.__dict__.get(name)))
+        object.__setattr__(module, name, value)
+
+    def attribute(self, x):
+        """A traced Tensor in place of the host tensor x where a module called here holds x as a plain
+        attribute (Meta's KV cache, `self.cache_k[:, a:b] = k`), so a write into it is kept; else None."""
+        for m in self.root.modules():
+            for name, v in list(m.__dict__.items()):
+                if v is x:
+                    values = np.asarray(x)
+                    t = F.tensor(values, dtype=as_dtype(values.dtype))
+                    self.assigned(m, name, t)
+                    return t
+        return None
+
+    def changed(self):
+        """The run's extra outputs: the Parameters and buffers written, and the attributes assigned."""
+        out = {}
+        for i, (p, t, first) in enumerate(self.params.values()):
+            if t._value is not first:
+                out[f"p{i}"] = t
+        for i, (m, name, t, first) in enumerate(self.buffers.values()):
+            if t._value is not first:
+                out[f"b{i}"] = t
+        for i, (m, name, _) in enumerate(self.attrs.values()):
+            if _traced_leaves(m.__dict__.get(name)):
+                out[f"a{i}"] = m.__dict__[name]
+        return out
+
+    def keep(self, values):
+        for i, (p, _, _) in enumerate(self.params.values()):
+            if f"p{i}" in values:
+                new, given = np.asarray(values[f"p{i}"]), self.user_bound.get(id(p))
+                if isinstance(given, np.ndarray) and given.flags.writeable:
+                    np.copyto(given, new, casting="unsafe")  # (the params dict bind() was given: torch's in place)
+                else:
+                    p._held = in_dtype(new.astype(np.float64), p.dtype)
+        for i, (m, name, _, first) in enumerate(self.buffers.values()):
+            if f"b{i}" in values:
+                new, old = np.asarray(values[f"b{i}"]), m._buffers.get(name)
+                if first is not None and old is not None:  # (written in place: the buffer's own type)
+                    new = new.astype(np.asarray(old).dtype, copy=False)
+                m._buffers[name] = _buffer_array(new)
+        for i, (m, name, (had, before)) in enumerate(self.attrs.values()):
+            if f"a{i}" in values:
+                object.__setattr__(m, name, values[f"a{i}"])
+            else:  # (assigned traced values and then something else: what it holds now, if not traced)
+                if _traced_leaves(m.__dict__.get(name)):
+                    self._restore(m, name, had, before)
+
+    def undo(self):
+        for m, name, (had, before) in self.attrs.values():
+            self._restore(m, name, had, before)
+
+    @staticmethod
+    def _restore(m, name, had, before):
+        if had:
+            object.__setattr__(m, name, before)
+        else:
+            m.__dict__.pop(name, None)
 
 
 def _drawn(init, p, stream):
