@@ -40,7 +40,7 @@ from .verbs import (  # noqa: E402
     neg, nll_loss, norm, one_hot, ones, ones_like, outer, permute, pow, prod, relu, remainder, repeat, repeat_interleave, reshape, result_type,
     rms_norm, roll, round, rsqrt, scaled_dot_product_attention, scatter, scatter_add, select, sgn, sigmoid, sign, silu, sin, softmax, sort, split, sqrt, square,
     squeeze, stack, std, sub, sum, take_along_dim, tanh, tensor, topk, to, transpose, tril, triu, trunc, unbind, unsqueeze, var, view,
-    where, zeros, zeros_like,
+    where, zeros, zeros_like, var_mean, std_mean, tensor_split, diag_embed, tensordot, swapaxes, swapdims,
 )
 from . import autograd, cuda, distributed, linalg, nn, optim, reference, utils  # noqa: E402
 from .host import HostTensor, eager as _eager, _add_torch_methods, from_numpy  # noqa: E402

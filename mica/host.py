@@ -217,6 +217,12 @@ class HostTensor(np.ndarray):
         starts = np.cumsum([0] + list(sizes))
         return tuple(self[(slice(None),) * d + (slice(int(a), int(a) + n),)] for a, n in zip(starts, sizes))
 
+    def tensor_split(self, indices_or_sections, dim=0):
+        from .verbs.shape import tensor_split_bounds
+
+        d, bounds = tensor_split_bounds(self, indices_or_sections, dim)
+        return tuple(self[(slice(None),) * d + (slice(a, b),)] for a, b in bounds)
+
     def chunk(self, chunks, dim=0):
         from .verbs.shape import chunk_size
 

@@ -709,6 +709,10 @@ class Tensor:
     def flatten(self, start_dim=0, end_dim=-1): return F.flatten(self, start_dim, end_dim)
     def unflatten(self, dim, sizes): return F.unflatten(self, dim, sizes)
     def transpose(self, dim0, dim1): return F.transpose(self, dim0, dim1)
+    def swapaxes(self, axis0, axis1): return F.transpose(self, axis0, axis1)
+    def swapdims(self, dim0, dim1): return F.transpose(self, dim0, dim1)
+    def tensor_split(self, indices_or_sections, dim=0): return F.tensor_split(self, indices_or_sections, dim)
+    def diag_embed(self, offset=0, dim1=-2, dim2=-1): return F.diag_embed(self, offset, dim1, dim2)
     def permute(self, *dims): return F.permute(self, *dims)
     def t(self):
         if self.ndim > 2:

@@ -179,3 +179,49 @@ def test_pool_modules_are_torchs():
                            (lambda: mica.nn.functional.avg_pool2d(x, 2, padding=2), r"^avg_pool2d: padding \(2, 2\)")]:
         with pytest.raises(mica.MicaError, match=sentence):
             make()
+
+
+@pytest.mark.parametrize("verb,shape,lead", [("dropout1d", (4, 64, 5), 2), ("dropout1d", (64, 5), 1),
+                                             ("dropout2d", (4, 64, 3, 3), 2), ("dropout2d", (4, 64, 5), 2),
+                                             ("dropout3d", (2, 64, 2, 2, 3), 2), ("dropout3d", (64, 2, 2, 3), 1)])
+def test_channel_dropout_zeroes_whole_channels_as_torchs(verb, shape, lead):
+    """F.dropout1d/2d/3d: each (sample, channel) slab is kept whole, scaled by 1 / (1 - p), or zeroed
+    (a 3-d input to dropout2d is [N, C, L], as torch reads it), about p of them zeroed, in a
+    compiled program and its gradient; not in training, the input as it is."""
+    rng = np.random.default_rng(5)
+    x = (rng.random(shape) + 0.5).astype(np.float32)
+    verb_of = getattr(mica.nn.functional, verb)
+
+    def step(x):
+        y = verb_of(x, 0.25)
+        return y, mica.grad((y * 3.0).sum(), x), verb_of(x, 0.25, training=False)
+
+    y, g, same = mica.compile(step, mica.f32[shape])(x, seed=3)
+    y, g = np.asarray(y), np.asarray(g)
+    ratio = (y / x).reshape(shape[:lead] + (-1,))
+    assert np.allclose(ratio, ratio[..., :1], rtol=0, atol=1e-6)  # (one value per slab)
+    kept = ratio[..., 0]
+    assert set(np.round(np.unique(kept).astype(np.float64), 5).tolist()) <= {0.0, round(1 / 0.75, 5)}
+    assert 0.1 <= np.mean(kept == 0) <= 0.4
+    assert np.allclose(g, 3.0 * (y / x), rtol=1e-6) and np.array_equal(np.asarray(same), x)
+    with pytest.raises(mica.MicaError, match=rf"^{verb}: input must be"):
+        mica.trace(lambda x: verb_of(x, 0.5), mica.f32[(3,) * (len(shape) + 2 - lead + 2)])
+    module = getattr(mica.nn, verb.capitalize())(0.25)
+    assert repr(module) == repr(getattr(torch.nn, verb.capitalize())(0.25))
+
+
+def test_orthogonal_init_is_torchs_draw():
+    """nn.init.orthogonal_: wide and tall weights (and a conv's, flattened) have orthonormal rows or
+    columns times gain, as torch's; a 1-d tensor is refused, as torch's."""
+    for shape, gain in (((4, 6), 1.0), ((5, 3), 2.0), ((3, 2, 2, 2), 0.5)):
+        p = mica.nn.Parameter(mica.zeros(*shape))
+        mica.nn.init.orthogonal_(p, gain=gain)
+        w = np.asarray(p, dtype=np.float64).reshape(shape[0], -1)
+        gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+        assert np.allclose(gram, gain ** 2 * np.eye(len(gram)), atol=1e-5)
+        t = torch.empty(shape)
+        torch.nn.init.orthogonal_(t, gain=gain)
+        tw = t.reshape(shape[0], -1).double().numpy()
+        assert np.allclose(tw @ tw.T if w.shape[0] <= w.shape[1] else tw.T @ tw, gram, atol=1e-5)
+    with pytest.raises(mica.MicaError, match="^orthogonal_: only tensors of 2 or more dims"):
+        mica.nn.init.orthogonal_(mica.nn.Parameter(mica.zeros(3)))

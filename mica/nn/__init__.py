@@ -1,10 +1,10 @@
 """Modules, parameters and initializers, named as torch.nn's."""
 from . import functional, init, utils  # noqa: F401
 from .modules import (  # noqa: F401
-    GELU, Dropout, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
+    GELU, Dropout, Dropout1d, Dropout2d, Dropout3d, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
-from .conv import AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d, MaxPool1d, MaxPool2d  # noqa: F401
+from .conv import AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d, MaxPool1d, MaxPool2d  # noqa: F401
 from .transformer import (  # noqa: F401
     MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
     TransformerEncoderLayer,

@@ -121,3 +121,23 @@ class AvgPool2d(_Pool):
     verb, keys = "avg_pool2d", ("ceil_mode", "count_include_pad", "divisor_override")
     defaults = {"ceil_mode": False, "count_include_pad": True, "divisor_override": None}
     repr_keys = ()
+
+
+class AdaptiveAvgPool1d(Module):
+    """torch.nn.AdaptiveAvgPool1d: F.adaptive_avg_pool1d to output_size."""
+
+    verb = "adaptive_avg_pool1d"
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x):
+        return getattr(F, self.verb)(x, self.output_size)
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
+    verb = "adaptive_avg_pool2d"

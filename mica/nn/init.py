@@ -190,6 +190,37 @@ def trunc_normal_(param, mean=0.0, std=1.0, a=-2.0, b=2.0):
     return _set(param, TruncatedNormal(mean, std, a, b))
 
 
+class Orthogonal(Initializer):
+    """torch.nn.init.orthogonal_'s draw: the weight flattened to [rows, rest], a normal matrix's QR
+    (of its transpose where it is wide), Q's columns signed by R's diagonal, times gain."""
+
+    def __init__(self, gain=1.0):
+        self.gain = float(gain)
+
+    def sample(self, shape, rng):
+        rows = shape[0]
+        cols = math.prod(shape[1:])
+        flat = rng.normal(0.0, 1.0, size=(rows, cols))
+        if rows < cols:
+            flat = flat.T
+        q, r = np.linalg.qr(flat)
+        q = q * np.sign(np.diag(r))
+        if rows < cols:
+            q = q.T
+        return (self.gain * q).reshape(shape)
+
+    def __repr__(self):
+        return f"orthogonal(gain={self.gain})"
+
+
+def orthogonal_(param, gain=1.0):
+    if len(param.shape) < 2:
+        from ..errors import MicaError
+
+        raise MicaError(f"orthogonal_: only tensors of 2 or more dims can be made orthogonal, got {list(param.shape)}")
+    return _set(param, Orthogonal(gain))
+
+
 def fan_in_uniform(fan_in):
     """PyTorch's default for Linear weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
     bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0

@@ -1061,6 +1061,23 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
+class Dropout1d(Dropout):
+    """torch.nn.Dropout1d: whole channels of [N, C, L] (or [C, L]) zeroed, F.dropout1d."""
+
+    def forward(self, x):
+        return F.dropout1d(x, self.p, self.training)
+
+
+class Dropout2d(Dropout):
+    def forward(self, x):
+        return F.dropout2d(x, self.p, self.training)
+
+
+class Dropout3d(Dropout):
+    def forward(self, x):
+        return F.dropout3d(x, self.p, self.training)
+
+
 class GELU(Module):
     def __init__(self, approximate="none"):
         super().__init__()

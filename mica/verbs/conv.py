@@ -11,9 +11,10 @@ from .. import amp
 from ..tensor import fail
 from .core import add, as_tensor, div, max as _max, mean, ones_like, sum as _sum, to
 from .nn import _matmul_nd, _widened
-from .shape import pad, reshape, stack, unsqueeze, squeeze
+from .shape import narrow, pad, reshape, stack, unsqueeze, squeeze
 
-__all__ = ["conv1d", "conv2d", "conv3d", "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d"]
+__all__ = ["conv1d", "conv2d", "conv3d", "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
+           "adaptive_avg_pool2d", "dropout1d", "dropout2d", "dropout3d"]
 
 
 def _spatial(verb, name, value, nd):
@@ -140,6 +141,70 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
     """torch.nn.functional.avg_pool2d: the mean of each window (or its sum over divisor_override)."""
     return _pool("avg_pool2d", 2, input, kernel_size, stride, padding, 1, ceil_mode, "avg", count_include_pad,
                  divisor_override)
+
+
+def _adaptive(verb, nd, input, output_size):
+    """torch's adaptive average pool: output element o of a dim of L inputs is the mean of inputs
+    floor(o L / n) up to ceil((o + 1) L / n), over every pooled dim at once (one sum, one division)."""
+    x = as_tensor(input)
+    if x.ndim not in (nd + 1, nd + 2):
+        fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:])}] or unbatched without N, got {x.value.spec!r}")
+    sizes = list(output_size) if isinstance(output_size, (tuple, list)) else [output_size] * nd
+    if len(sizes) != nd:
+        fail(f"{verb}: output_size must be one size or {nd} of them, got {output_size!r}")
+    spatial = x.shape[-nd:]
+    sizes = [L if n is None else n for n, L in zip(sizes, spatial)]  # (None keeps that dim, as torch's)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        fail(f"{verb}: output_size must be positive sizes (or None), got {output_size!r}")
+    dims = list(range(x.ndim - nd, x.ndim))
+    windows = [[(o * L // n, -(-(o + 1) * L // n)) for o in range(n)] for n, L in zip(sizes, spatial)]
+    if all(len(w) == 1 and w[0] == (0, L) for w, L in zip(windows, spatial)):  # (a global pool)
+        return mean(x, dims, keepdim=True)
+    out = []
+    for corner in itertools.product(*windows):
+        piece = x
+        for d, (a, b) in zip(dims, corner):
+            piece = narrow(piece, d, a, b - a)
+        out.append(mean(piece, dims))
+    return reshape(stack(out, -1), x.shape[:-nd] + tuple(sizes))
+
+
+def adaptive_avg_pool1d(input, output_size):
+    """torch.nn.functional.adaptive_avg_pool1d: [N, C, L] (or [C, L]) to output_size means."""
+    return _adaptive("adaptive_avg_pool1d", 1, input, output_size)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """torch.nn.functional.adaptive_avg_pool2d: [N, C, H, W] (or [C, H, W]) to output_size means."""
+    return _adaptive("adaptive_avg_pool2d", 2, input, output_size)
+
+
+def _channel_dropout(verb, nd, input, p, training):
+    """torch's dropout1d/2d/3d: whole channels zeroed (each kept one scaled by 1 / (1 - p)), one
+    draw per (sample, channel); a 3-d input to dropout2d is [N, C, L], as torch reads it."""
+    from .core import ones
+    from .nn import dropout
+
+    x = as_tensor(input)
+    if x.ndim not in (nd + 1, nd + 2):
+        fail(f"{verb}: input must be {nd + 1}-d (unbatched) or {nd + 2}-d (batched), got {x.value.spec!r}")
+    if not training or p == 0:
+        return dropout(x, p, training)  # (its checks of p, and x as it is)
+    lead = 2 if x.ndim == nd + 2 or verb == "dropout2d" else 1  # (the sample and channel dims)
+    keep = dropout(ones(*x.shape[:lead], *(1,) * (x.ndim - lead), dtype=x.dtype), p, True)
+    return x * keep
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False):
+    return _channel_dropout("dropout1d", 1, input, p, training)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False):
+    return _channel_dropout("dropout2d", 2, input, p, training)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False):
+    return _channel_dropout("dropout3d", 3, input, p, training)
 
 
 def _no_indices(verb, return_indices):

@@ -996,6 +996,16 @@ def std(input, dim=None, unbiased=True, keepdim=False, correction=None):
     return rounded_once(x, root) if x.dtype.kind == "float" else root(x)
 
 
+def var_mean(input, dim=None, unbiased=True, keepdim=False, *, correction=None):
+    """torch.var_mean: (var, mean) over dim, each as var and mean compute it."""
+    return var(input, dim, unbiased, keepdim, correction), mean(input, dim, keepdim=keepdim)
+
+
+def std_mean(input, dim=None, unbiased=True, keepdim=False, *, correction=None):
+    """torch.std_mean: (std, mean) over dim, each as std and mean compute it."""
+    return std(input, dim, unbiased, keepdim, correction), mean(input, dim, keepdim=keepdim)
+
+
 def logsumexp(input, dim, keepdim=False):
     """log(sum(exp(x))) over dim, shifted by the largest element (held constant: the gradient is
     softmax's) so large inputs do not overflow; a line of -inf gives -inf, as torch's."""

@@ -251,7 +251,7 @@ def transpose(input, dim0, dim1):
     return permute(x, *perm)
 
 
-swapaxes = transpose
+swapaxes = swapdims = transpose
 
 
 @_a_view(_expanded_back, _expanded_strides)
@@ -523,6 +523,89 @@ def repeat(input, *sizes):
     inter = reshape(x, tuple(v for s in x.shape for v in (1, s)))
     big = expand(inter, tuple(v for r, s in zip(sizes, x.shape) for v in (r, s)))
     return reshape(big, tuple(r * s for r, s in zip(sizes, x.shape)))
+
+
+def tensor_split(input, indices_or_sections, dim=0):
+    """torch.tensor_split: n pieces whose sizes differ by at most one (the first size % n a row
+    longer), or the pieces between the given indices (views, as split's)."""
+    x = as_tensor(input)
+    d, bounds = tensor_split_bounds(x, indices_or_sections, dim)
+    return tuple(narrow(x, d, a, b - a) for a, b in bounds)
+
+
+def tensor_split_bounds(x, indices_or_sections, dim):
+    """tensor_split's (dim, [(start, stop) of each piece]) for x (a Tensor or an eager array)."""
+    needs_a_dim(x, "tensor_split")
+    d = canon_dim(dim, x.ndim, "tensor_split")
+    size, cut = x.shape[d], indices_or_sections
+    if isinstance(cut, Tensor):
+        fail("tensor_split: indices_or_sections as a traced Tensor would make shapes from data; give an int or a "
+             "list of ints")
+    if isinstance(cut, (int, np.integer)) and not isinstance(cut, bool):
+        if cut <= 0:
+            fail(f"tensor_split: the number of sections must be positive, got {int(cut)}")
+        n = int(cut)
+        sizes = [size // n + (1 if i < size % n else 0) for i in range(n)]
+        bounds = [(builtins.sum(sizes[:i]), builtins.sum(sizes[:i + 1])) for i in range(n)]
+    elif isinstance(cut, (list, tuple)) and builtins.all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in cut):
+        at = [0] + [builtins.min(builtins.max(int(i) + size if i < 0 else int(i), 0), size) for i in cut] + [size]
+        bounds = list(zip(at, at[1:]))  # (x[a:b] as Python slices them: an index below the one before gives 0)
+    else:
+        fail(f"tensor_split: indices_or_sections is an int or a list of ints, got {cut!r}")
+    return d, [(a, builtins.max(a, b)) for a, b in bounds]
+
+
+def diag_embed(input, offset=0, dim1=-2, dim2=-1):
+    """torch.diag_embed: each last-dim vector of input on a diagonal (`offset` above the main one)
+    of a new square matrix whose two dims are dim1 and dim2 of the result; 0 elsewhere."""
+    x = as_tensor(input)
+    needs_a_dim(x, "diag_embed")
+    for what, v in (("offset", offset), ("dim1", dim1), ("dim2", dim2)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            fail(f"diag_embed: {what} must be an int, got {v!r}")
+    d1, d2 = canon_dim(dim1, x.ndim + 1, "diag_embed"), canon_dim(dim2, x.ndim + 1, "diag_embed")
+    if d1 == d2:
+        fail(f"diag_embed: dim1 and dim2 name one dim ({d1}); give two different dims")
+    k = abs(int(offset))
+    m = x.shape[-1] + k
+    r = reshape(emit("iota", [], n=m, dtype=dtypes.int64), (m, 1))
+    c = reshape(emit("iota", [], n=m, dtype=dtypes.int64), (1, m))
+    on = (c - r) == int(offset)
+    vals = pad(x, (0, k)) if k else x  # (a row's value for offset >= 0, a column's below)
+    vals = unsqueeze(vals, -1) if offset >= 0 else unsqueeze(vals, -2)
+    out = where(on, vals, False if x.dtype is dtypes.bool_ else 0)
+    return movedim(out, (-2, -1), (d1, d2))
+
+
+def tensordot(a, b, dims=2):
+    """torch.tensordot: the sum over the last `dims` dims of a against the first `dims` of b, or
+    over the dims paired by dims = (a's dims, b's dims); a's other dims then b's."""
+    from .nn import matmul
+
+    a, b = as_tensor(a), as_tensor(b)
+    if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
+        if not 0 <= dims <= builtins.min(a.ndim, b.ndim):
+            fail(f"tensordot: dims must be 0 to {builtins.min(a.ndim, b.ndim)} for {a.value.spec!r} and "
+                 f"{b.value.spec!r}, got {int(dims)}")
+        da, db = list(range(a.ndim - dims, a.ndim)), list(range(dims))
+    elif isinstance(dims, (list, tuple)) and len(dims) == 2:
+        da, db = ([d] if isinstance(d, (int, np.integer)) else list(d) for d in dims)
+        if len(da) != len(db):
+            fail(f"tensordot: dims pairs {len(da)} dims of a with {len(db)} of b; give as many of each")
+        da = [canon_dim(d, a.ndim, "tensordot") for d in da]
+        db = [canon_dim(d, b.ndim, "tensordot") for d in db]
+    else:
+        fail(f"tensordot: dims is an int or a pair of dim lists, got {dims!r}")
+    for i, j in zip(da, db):
+        if a.shape[i] != b.shape[j]:
+            fail(f"tensordot: a's dim {i} ({a.shape[i]}) and b's dim {j} ({b.shape[j]}) are paired but differ")
+    keep_a = [i for i in range(a.ndim) if i not in da]
+    keep_b = [j for j in range(b.ndim) if j not in db]
+    n = math.prod(a.shape[i] for i in da)
+    left = reshape(permute(a, *(keep_a + da)), (math.prod(a.shape[i] for i in keep_a), n))
+    right = reshape(permute(b, *(db + keep_b)), (n, math.prod(b.shape[j] for j in keep_b)))
+    return reshape(matmul(left, right), tuple(a.shape[i] for i in keep_a) + tuple(b.shape[j] for j in keep_b))
 
 
 def _triangle(x, diagonal, lower):
