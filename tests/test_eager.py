@@ -1614,3 +1614,42 @@ def test_an_eager_forward_that_fails_leaves_the_module_as_it_was():
     with pytest.raises(mica.MicaError, match=r"test_eager.py:\d+"):
         m(mica.ones(2, 3))
     assert m.note == "before" and np.asarray(m.count).tolist() == [0.0, 0.0]
+
+
+def test_gradients_kept_between_compiled_steps_clip_outside_them_as_torchs():
+    """A loop whose compiled forward-and-backward and compiled optimizer step are two functions
+    clips between them, outside any trace, as torch's loop clips p.grad: clip_grad_norm_ returns
+    torch's norm and scales the kept gradients in place, clip_grad_value_ clamps them; the weights
+    after three steps are torch's. With no gradient kept, clip_grad_norm_ gives 0, as torch's."""
+    def run(lib):
+        m = lib.nn.Linear(4, 3)
+        w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5
+        if lib is torch:
+            with torch.no_grad():
+                m.weight.copy_(torch.tensor(w))
+                m.bias.zero_()
+        else:
+            m.load_state_dict({"weight": w, "bias": np.zeros(3, np.float32)})
+        opt = lib.optim.SGD(m.parameters(), lr=0.1)
+
+        def forward_backward(x, y):
+            loss = ((m(x) - y) ** 2).sum()
+            loss.backward()
+            return loss
+
+        def step():
+            opt.step()
+            opt.zero_grad()
+        if lib is mica:
+            forward_backward, step = mica.compile(forward_backward), mica.compile(step)
+        norms, rng = [], np.random.default_rng(1)
+        for _ in range(3):
+            forward_backward(*(lib.tensor(rng.standard_normal(s).astype(np.float32)) for s in ((5, 4), (5, 3))))
+            norms.append(float(lib.nn.utils.clip_grad_norm_(m.parameters(), 0.5)))
+            lib.nn.utils.clip_grad_value_(m.parameters(), 0.05)
+            step()
+        return norms, np.asarray(m.weight.detach() if lib is torch else m.weight)
+
+    (got, gw), (want, tw) = run(mica), run(torch)
+    assert np.allclose(got, want, rtol=1e-6) and np.allclose(gw, tw, rtol=1e-6, atol=1e-7)
+    assert float(mica.nn.utils.clip_grad_norm_(mica.nn.Linear(2, 2).parameters(), 1.0)) == 0.0

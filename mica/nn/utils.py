@@ -1,4 +1,7 @@
-"""torch.nn.utils: clip_grad_norm_ on the gradients a torch-style compiled step keeps (mica/stateful.py)."""
+"""torch.nn.utils: clip_grad_norm_ on the gradients a torch-style compiled step keeps (mica/stateful.py): inside
+the step, or outside it on those the last step left (torch's p.grad)."""
+import numpy as np
+
 from ..errors import MicaError
 
 
@@ -12,8 +15,18 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 
     step = stateful.active()
     if step is None:
-        raise MicaError("clip_grad_norm_ clips the gradients backward() gave in a compiled step (@mica.compile); in "
-                        "a functional step use mica.optim.clip_grad_norm(grads, max_norm)", user_location())
+        held = _held_grads(parameters, "clip_grad_norm_")
+        if held is None:
+            raise MicaError("clip_grad_norm_ clips the gradients backward() gave in a compiled step (@mica.compile); "
+                            "in a functional step use mica.optim.clip_grad_norm(grads, max_norm)", user_location())
+        if not held:  # (torch's: no gradients, a norm of 0)
+            from ..host import host
+
+            return host(np.zeros((), np.float32))
+        from ..host import run
+
+        # (outside a step: the gradients the last compiled step left, clipped in place as torch's p.grad)
+        return run(lambda *gs: clip_grad_norm(list(gs), max_norm, norm_type, error_if_nonfinite), held, {})
     params = _parameters(parameters, step, "clip_grad_norm_")
     grads = {i: step.grads[id(p)] for i, p in enumerate(params) if id(p) in step.grads}
     if not grads:
@@ -24,6 +37,21 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 
 
 clip_grad_norm = clip_grad_norm_
+
+
+def _held_grads(parameters, verb):
+    """Outside any trace: the gradients the Parameters `parameters` names keep between compiled steps
+    (torch's p.grad), as arrays written in place; None inside a trace that is not a compiled step."""
+    from ..tensor import in_trace, user_location
+
+    if in_trace():
+        return None
+    given = [parameters] if type(parameters).__name__ == "Parameter" else list(parameters)
+    for x in given:
+        if type(x).__name__ != "Parameter":
+            raise MicaError(f"{verb} takes the model's parameters (model.parameters(), or one parameter), got a "
+                            f"{type(x).__name__}", user_location())
+    return [p._held_grad for p in given if getattr(p, "_held_grad", None) is not None]
 
 
 def _parameters(given, step, verb):
@@ -52,8 +80,13 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
 
     step = stateful.active()
     if step is None:
-        raise MicaError("clip_grad_value_ clamps the gradients backward() gave in a compiled step (@mica.compile)",
-                        user_location())
+        held = _held_grads(parameters, "clip_grad_value_")
+        if held is None:
+            raise MicaError("clip_grad_value_ clamps the gradients backward() gave in a compiled step (@mica.compile)",
+                            user_location())
+        for g in held:  # (outside a step: the kept gradients, in place, as torch's p.grad)
+            np.clip(g, -float(clip_value), float(clip_value), out=g)
+        return None
     for p in _parameters(parameters, step, "clip_grad_value_"):
         if id(p) in step.grads:
             step.grads[id(p)] = F.clamp(step.grads[id(p)], -float(clip_value), float(clip_value))
