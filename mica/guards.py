@@ -265,9 +265,10 @@ class _Walk:
             parts.append((k, None if b is None else _array(b)))
         for k, sub in m._modules.items():
             parts.append((k, None if sub is None else self.value(sub, depth + 1)))
+        assigned = vars(m).get("_mica_assigned", ())  # (what a compiled step assigns: its outputs, stateful.py)
         for k, x in vars(m).items():
-            if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training") and \
-                    not k.startswith("_said"):
+            if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training", "_mica_assigned") and \
+                    not k.startswith("_said") and k not in assigned:
                 parts.append((k, self.value(x, depth + 1)))
         self._methods(type(m))
         return tuple(parts)

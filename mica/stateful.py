@@ -119,6 +119,7 @@ class StepTrace:
         self.scaler_states = {}  # id(scaler) -> {"scale", "growth_tracker"} Tensors
         self.unscaled = {}    # id(scaler) -> {id(optimizer): its found_inf flag} since the scaler's last update()
         self.scaler_stepped = {}  # id(scaler) -> {id(optimizer)} stepped since its last update()
+        self.assigned = {}    # (id(module), name) -> (module, name, (had it, value before)): `self.last_loss = loss`
         self.stood_in = False  # (find: a parameter's gradient was given as a stand-in of zeros)
         self.program = None   # (find: the Program its trace made, which is the step's own when it keeps nothing)
 
@@ -127,6 +128,29 @@ class StepTrace:
         backward(): then the find trace is the function's program as it is, traced once."""
         return not (self.params or self.optimizers or self.scalers or self.backwarded or self.set_lrs
                     or self.stood_in)
+
+    def assign(self, module, name, value):
+        """module.name = value (a traced Tensor, or a list, tuple or dict of them) in the traced step:
+        the module holds it for the rest of the trace, then its value before (restore); in the
+        compiled step it is an output, which the module holds after each call (llama2.c's
+        `self.last_loss`), as torch's forward leaves it."""
+        key = (id(module), name)
+        if key not in self.assigned:
+            self.assigned[key] = (module, name, (name in module.__dict__, module.__dict__.get(name)))
+        object.__setattr__(module, name, value)
+
+    def assigned_now(self):
+        """[(module, name)] of the attributes assigned that hold traced values at the trace's end."""
+        from .nn.modules import _traced_leaves
+
+        return [(m, name) for m, name, _ in self.assigned.values() if _traced_leaves(m.__dict__.get(name))]
+
+    def restore(self):
+        for m, name, (had, before) in self.assigned.values():
+            if had:
+                object.__setattr__(m, name, before)
+            else:
+                m.__dict__.pop(name, None)
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
@@ -523,6 +547,7 @@ class StatefulStep:
                       for o in self.optimizers]
         scaler_specs = [sc.state_specs() for sc in self.scalers]
         computed = []  # [(group, its lr computed in the step)] of the last trace
+        attrs = []  # [(module, name)] the last trace assigned traced values to
 
         def body(user_args, params, grads, states, lrs, lives, scalers):
             s = StepTrace("trace")
@@ -537,9 +562,12 @@ class StatefulStep:
             _ACTIVE.append(s)
             try:
                 result = self.fn(*user_args)
+                attrs[:] = s.assigned_now()
+                attr_values = [m.__dict__[name] for m, name in attrs]
             finally:
                 _ACTIVE.pop()
                 got, constant = _restore_lrs(s)
+                s.restore()
             computed[:] = got
             if constant and constant[0] not in _WARNED:
                 import warnings
@@ -554,7 +582,7 @@ class StatefulStep:
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
                     {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
                     [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed],
-                    [s.scaler_states[id(sc)] for sc in self.scalers])
+                    [s.scaler_states[id(sc)] for sc in self.scalers], attr_values)
 
         body.__name__ = getattr(self.fn, "__name__", "step")
         options = dict(self.options)
@@ -564,7 +592,9 @@ class StatefulStep:
         names = _argument_names(self.fn, len(self.args))  # (the step's own argument names, not body's user_args)
         traced.graph.input_names = [re.sub(r"^user_args\[(\d+)\]", lambda m: names[int(m.group(1))], n)
                                     for n in traced.graph.input_names]
-        return traced.lower(target, **options).build(), [group for group, _ in computed]
+        for m, attr in attrs:  # (its value after a call is the step's output, not what it reads: not in its key)
+            m.__dict__.setdefault("_mica_assigned", set()).add(attr)
+        return traced.lower(target, **options).build(), [group for group, _ in computed], list(attrs)
 
     def _mine(self, opt, table):
         """The entries of {key: ...} for the optimizer's parameters."""
@@ -653,15 +683,17 @@ class StatefulStep:
         from .host import host
         from .nn.modules import _held
 
-        program, computed = prepared or self.prepare()
+        program, computed, attrs = prepared or self.prepare()
         values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
         grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
         states = [self._state(o, values) for o in self.optimizers]
         lrs = [[_lr(o, i, g) for i, g in enumerate(o.param_groups)] for o in self.optimizers]
         lives = [[_live_values(o, g) for g in o.param_groups] for o in self.optimizers]
         scalers = [sc._held() for sc in self.scalers]
-        result, new_params, new_grads, new_states, new_lrs, new_scalers = program(
+        result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs = program(
             tuple(args), values, grads, states, lrs, lives, scalers, **run_options)
+        for (m, name), value in zip(attrs, new_attrs):  # (what the step assigned on its modules: torch's last values)
+            object.__setattr__(m, name, host(value))
         for p in self.params:
             new, held = new_params[self.name[id(p)]], getattr(p, "_held", None)
             if held is None and getattr(p, "_initial", (None,))[0] is p.init:
@@ -707,6 +739,7 @@ def find(fn, args, name=None):
     finally:
         _ACTIVE.pop()
         _restore_lrs(s)
+        s.restore()
     if any(s.scaler_stepped.values()):  # (torch refuses the next step until update(): say it now)
         raise MicaError("the compiled step calls GradScaler.step(optimizer) and not scaler.update() after it, so the "
                         "scale would never move (torch refuses the next step); call scaler.update() in the step",

@@ -1653,3 +1653,49 @@ def test_gradients_kept_between_compiled_steps_clip_outside_them_as_torchs():
     (got, gw), (want, tw) = run(mica), run(torch)
     assert np.allclose(got, want, rtol=1e-6) and np.allclose(gw, tw, rtol=1e-6, atol=1e-7)
     assert float(mica.nn.utils.clip_grad_norm_(mica.nn.Linear(2, 2).parameters(), 1.0)) == 0.0
+
+
+def test_an_attribute_a_compiled_step_assigns_holds_its_last_value_after_each_call():
+    """llama2.c's forward sets self.last_loss and its loop reads it: in a compiled step the
+    attribute is one of the step's outputs, a host tensor with this call's value afterwards (it was
+    left a traced Tensor that .item() refused), and its new values compile nothing new."""
+    def run(lib):
+        class M(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = lib.nn.Linear(4, 3)
+                self.last_loss = None
+
+            def forward(self, x, y):
+                logits = self.fc(x)
+                self.last_loss = lib.nn.functional.cross_entropy(logits, y)
+                return logits
+
+        m = M()
+        w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5
+        if lib is torch:
+            with torch.no_grad():
+                m.fc.weight.copy_(torch.tensor(w))
+                m.fc.bias.zero_()
+        else:
+            m.load_state_dict({"fc.weight": w, "fc.bias": np.zeros(3, np.float32)})
+        opt = lib.optim.AdamW(m.parameters(), lr=0.1)
+
+        def step(x, y):
+            m(x, y)
+            loss = m.last_loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        if lib is mica:
+            step = mica.compile(step)
+        rng, out = np.random.default_rng(0), []
+        for _ in range(3):
+            x, y = rng.standard_normal((5, 4)).astype(np.float32), rng.integers(0, 3, 5)
+            loss = step(lib.tensor(x), lib.tensor(y))
+            out.append((float(loss), m.last_loss.item()))
+        return out, step
+
+    (got, step), (want, _) = run(mica), run(torch)
+    assert np.allclose(got, want, rtol=1e-6) and len({id(p) for p in step.built.values()}) == 1

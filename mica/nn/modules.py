@@ -277,10 +277,16 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise MicaError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                             "assigning attributes")
-        if _EAGER and F.in_trace() and _traced_leaves(value) and name not in self._parameters \
-                and name not in self._modules:  # (a forward run eagerly keeps what it assigns: after the run)
-            _EAGER[-1].assigned(self, name, value)
-            return
+        if F.in_trace() and name not in self._parameters and name not in self._modules and _traced_leaves(value):
+            if _EAGER:  # (a forward run eagerly keeps what it assigns: after the run)
+                _EAGER[-1].assigned(self, name, value)
+                return
+            from .. import stateful
+
+            step = stateful.active()
+            if step is not None and name not in self._buffers:  # (a compiled step's: an output, kept after each call)
+                step.assign(self, name, value)
+                return
         if name in self._parameters and not isinstance(value, Parameter) and value is not None:
             raise MicaError(f"cannot assign a {type(value).__name__} as parameter {name!r} of {type(self).__name__} "
                             "(a mica.nn.Parameter or None expected, as torch's); its values come from init() or "
