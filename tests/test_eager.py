@@ -379,6 +379,8 @@ def test_a_manual_update_loop_of_loose_parameters_compiles_as_torchs():
     want, _ = losses(torch)
     assert np.allclose(got, want, rtol=2e-6) and len(step.built) == 1
     assert (mica.nn.Parameter(np.ones(2, np.float32)) * 2).tolist() == [2.0, 2.0]  # (outside: its values)
+    one = mica.nn.Parameter(np.array(-1.5, np.float32))
+    assert (float(one), int(one), float(abs(one))) == (-1.5, -1, 1.5)  # (torch's float(p) of one element)
     with pytest.raises(mica.MicaError, match=r"^a Parameter's __mul__: a Parameter is read in a traced function "
                                              r"through the params bound to it"):
         mica.trace(lambda x: mica.nn.Parameter(np.ones(2, np.float32)) * x, mica.f32[2])

@@ -230,7 +230,8 @@ def _in_place(dunder, method):
 
 
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
-              "__matmul__", "__rmatmul__", "__pow__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__"):
+              "__matmul__", "__rmatmul__", "__pow__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__",
+              "__float__", "__int__", "__abs__"):  # (float(p) of a one-element Parameter: its value, as torch's)
     setattr(Parameter, _name, _operator(_name))
 for _dunder, _method in (("__iadd__", "add_"), ("__isub__", "sub_"), ("__imul__", "mul_"), ("__itruediv__", "div_")):
     setattr(Parameter, _dunder, _in_place(_dunder, _method))
