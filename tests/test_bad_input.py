@@ -1042,3 +1042,75 @@ def test_a_build_sweeps_what_a_killed_build_left_in_its_cache_entry(tmp_path, mo
     os.unlink(os.path.join(entry, "libmica_program.so"))  # (so the entry is built again)
     assert m.compile(step, m.f32[3])(np.ones(3, np.float32)) == 6
     assert [os.path.exists(p) for p in old] == [False] * 3 and os.path.exists(young) and os.path.exists(other)
+
+
+def _header_edited_run(run_dir, name, edit):
+    """A copy of run_dir's run whose checkpoint header `edit(header)` changes a tensor's dtype or
+    shape over the same bytes, so every CRC-32 (which covers the bytes) still matches."""
+    import shutil
+    import struct
+
+    folder = run_dir / name
+    shutil.copytree(run_dir / "out-shakespeare-char", folder)
+    os.unlink(folder / ".mica.lock")
+    raw = (folder / "ckpt.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    (folder / "ckpt.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])  # (offsets are
+    return name                                                                                  # the data's own)
+
+
+def _retype(name, dtype):
+    def edit(h):
+        h[name]["dtype"] = dtype
+    return edit
+
+
+def _reshape(name, shape):
+    def edit(h):
+        h[name]["shape"] = shape
+    return edit
+
+
+@pytest.mark.parametrize("edit,says,commands", [
+    (_retype("data.next_offsets", "F64"), "its data position (data.next_offsets) is float64[", "train"),
+    (_reshape("data.next_offsets", [4, -1]), "malformed entry", "train"),
+    (lambda h: h["data.next_offsets"].update(shape=[], data_offsets=[h["data.next_offsets"]["data_offsets"][0],
+                                                                      h["data.next_offsets"]["data_offsets"][0] + 8]),
+     "its data position (data.next_offsets) is int64[], not one int64 offset a row", "train"),
+], ids=["offsets-float64", "offsets-negative-dim", "offsets-0d"])
+def test_a_checkpoint_header_that_retypes_its_data_position_is_damage(run_dir, edit, says, commands):
+    """The CRC-32s cover a tensor's bytes, not its header entry: a data position the header calls
+    float64 (the same bytes: a resume from other batches, rc 0, before) or 0-d (an IndexError) is
+    one sentence saying the checkpoint is damaged."""
+    name = _header_edited_run(run_dir, f"hdr-{abs(hash(says)) % 10000}", edit)
+    for command in commands.split():
+        assert_sentence(mica("train", *TINY, f"--out_dir={name}", "--init_from=resume", cwd=run_dir), says)
+
+
+def test_a_checkpoint_header_that_transposes_the_embedding_is_damage_not_the_datas_fault(run_dir):
+    """wte's shape given as [n_embd, vocabulary] over the same bytes: resume and sample say the
+    checkpoint is damaged (they blamed the data's token ids, or its vocabulary, before)."""
+    import re as _re
+
+    def edit(h):
+        h["transformer.wte.weight"]["shape"] = h["transformer.wte.weight"]["shape"][::-1]
+    name = _header_edited_run(run_dir, "hdr-wte", edit)
+    says = _re.compile(r"is damaged: its transformer\.wte\.weight is \[16, \d+\], not \[vocabulary, 16\]")
+    for r in (mica("train", *TINY, f"--out_dir={name}", "--init_from=resume", cwd=run_dir),
+              mica("sample", f"--out_dir={name}", "--max_new_tokens=4", "--num_samples=1", cwd=run_dir)):
+        assert r.returncode == 2 and says.search(r.stderr) and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("meta", ["meta.json", "meta.pkl"])
+def test_a_pipe_in_place_of_the_vocabulary_file_is_refused_not_waited_on(data, meta):
+    """A FIFO where the data folder's meta.json or meta.pkl belongs made train wait forever for a
+    writer (token files that are pipes were already refused): now one sentence, at once."""
+    root, d = data
+    for name in ("meta.json", "meta.pkl"):  # (the pipe the folder's only vocabulary file)
+        os.unlink(d / name)
+    os.mkfifo(d / meta)
+    assert_sentence(mica("train", *TINY, cwd=root), f"vocabulary file data/shakespeare_char/{meta} is not a regular file")

@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import pickle
+import re
 import shutil
 import struct
 
@@ -506,3 +507,62 @@ def test_a_ckpt_pt_saved_at_a_later_iteration_beside_micas_checkpoint_is_the_one
                    in n for n in notes), notes
     finally:
         os.chdir(cwd)
+
+
+def _small_ckpt(torch):
+    """A nanoGPT ckpt.pt's dict for a 1-layer GPT (zeros), with one AdamW state entry."""
+    args = dict(n_layer=1, n_head=2, n_embd=8, block_size=8, bias=False, vocab_size=11, dropout=0.0)
+    specs = GPT(GPTConfig(**{k: v for k, v in args.items() if k != "dropout"})).param_specs()
+    model = {n: torch.zeros(tuple(s.shape)) for n, s in specs.items()}
+    model["lm_head.weight"] = model["transformer.wte.weight"]
+    state = {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(11, 8), "exp_avg_sq": torch.zeros(11, 8)}}
+    return {"model": model, "model_args": args, "config": dict(args), "iter_num": 3, "best_val_loss": torch.tensor(2.0),
+            "optimizer": {"state": state, "param_groups": []}}
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda c, t: c["model"].update({"lm_head.weight": t.zeros(11, 7)}), "has an lm_head.weight apart from"),
+    (lambda c, t: c["model"].update({"transformer.wte.weight": t.zeros(10, 8)}), "has an lm_head.weight apart from"),
+    (lambda c, t: c["model"].update({"lm_head.weight": "x"}), "has an lm_head.weight apart from"),
+    (lambda c, t: [c["model"].pop("lm_head.weight"), c["model"].update({"transformer.wte.weight": t.tensor(1.0)})],
+     "its transformer.wte.weight is [], where a [vocabulary, n_embd] matrix belongs"),
+    (lambda c, t: c["optimizer"]["state"][0].update(step=t.tensor(1e30)), "the optimizer state of"),
+    (lambda c, t: c["config"].update({(1, 2): 3}), "its config or model_args has a key that is not a name"),
+    (lambda c, t: [c["model_args"].update(block_size=0), c["model"].update(
+        {"transformer.wpe.weight": t.zeros(0, 8)})], "holds a GPT with block_size=0"),
+], ids=["head-shape", "wte-resized", "head-str", "wte-0d", "step-huge", "config-key", "no-positions"])
+def test_importing_a_damaged_nanogpt_checkpoint_is_one_sentence(tmp_path, damage, says):
+    """ckpt.pt files an outside fuzzer made: each gave a traceback (a tie checked before the shapes,
+    a 0-d embedding, a step past int64, a config key json cannot write), or imported a model of no
+    positions with rc 0; each is now the import's sentence, and nothing is written."""
+    import torch
+
+    ck = _small_ckpt(torch)
+    damage(ck, torch)
+    torch.save(ck, tmp_path / "ckpt.pt")
+    with pytest.raises(mica.MicaError, match=re.escape(says)):
+        convert.import_nanogpt(str(tmp_path / "ckpt.pt"), str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "ckpt.safetensors").exists()
+    good = _small_ckpt(torch)
+    torch.save(good, tmp_path / "good.pt")
+    convert.import_nanogpt(str(tmp_path / "good.pt"), str(tmp_path / "good"))  # (the undamaged one imports)
+
+
+@pytest.mark.parametrize("damage,config,says", [
+    (lambda t: t.update({"h.\u00b2.ln_1.weight": np.zeros(32, np.float32)}), '{"n_head": 4}', "unknown h.\u00b2.ln_1.weight"),
+    (lambda t: None, "[" * 100000 + "]" * 100000, "gives no usable n_head"),
+    (lambda t: t.update({"wpe.weight": np.zeros((0, 32), np.float32)}), '{"n_head": 4}',
+     "hold a GPT without tokens, positions or width"),
+    (lambda t: t.update({"wte.weight": np.zeros((0, 32), np.float32)}), '{"n_head": 4}',
+     "hold a GPT without tokens, positions or width"),
+], ids=["superscript-block", "deep-config", "no-positions", "no-tokens"])
+def test_importing_a_damaged_hugging_face_file_is_one_sentence(tmp_path, damage, config, says):
+    """Hugging Face files an outside fuzzer made: a block named with a superscript digit (isdigit()
+    but not int()), a config.json nested past Python's recursion limit (tracebacks), and a model
+    without positions or tokens (imported with rc 0, to fail later inside the trainer)."""
+    t = hf_gpt2(11, n_layer=1)
+    damage(t)
+    write_safetensors(tmp_path / "model.safetensors", t, {"format": "pt"})
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(mica.MicaError, match=re.escape(says)):
+        convert.import_hf_gpt2(str(tmp_path / "model.safetensors"), str(tmp_path / "out"))

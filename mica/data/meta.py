@@ -105,8 +105,13 @@ def load(path):
 # ---- reading ---------------------------------------------------------------------------------
 
 def _read_bytes(path):
+    import stat
+
     if os.path.isdir(path):
         raise MicaError(f"vocabulary file {path} is a directory; remove it or put the meta file there")
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):  # (a pipe would wait for a writer)
+        raise MicaError(f"vocabulary file {path} is not a regular file (a pipe, a device or a socket); put the meta "
+                        "file mica prepare or nanoGPT's prepare.py wrote there")
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_BYTES + 1)

@@ -2,6 +2,7 @@
 import errno
 import json
 import os
+import re
 import warnings
 
 import numpy as np
@@ -34,6 +35,11 @@ def check_gpt_tensors(found, args, where, dtypes=(np.dtype(np.float32),)):
     from ..models.gpt import GPT, GPTConfig
 
     n_embd, n_head = args.get("n_embd"), args.get("n_head")
+    small = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+             if isinstance(args.get(k), int) and args[k] < 1]
+    if small:
+        raise MicaError(f"{where} holds a GPT with {small[0]}={args[small[0]]}; a model needs at least one of each "
+                        "(layers, heads, width, positions, tokens), so it is damaged or not a trained GPT")
     if isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0 and n_embd % n_head:
         raise MicaError(f"{where} says n_embd={n_embd} with n_head={n_head}, which does not divide it; a GPT's "
                         "heads share its width evenly, so it is damaged or not nanoGPT's model")
@@ -274,16 +280,20 @@ def import_nanogpt(path, out_dir):
     if "transformer.wte.weight" not in tensors and "lm_head.weight" in sd:
         tensors["transformer.wte.weight"] = sd["lm_head.weight"].float().numpy()
     shapes = {n: a.shape for n, a in tensors.items()}
+    if len(shapes["transformer.wte.weight"]) != 2:
+        raise MicaError(f"{path} is not a nanoGPT checkpoint: its transformer.wte.weight is "
+                        f"{list(shapes['transformer.wte.weight'])}, where a [vocabulary, n_embd] matrix belongs")
+    head = sd.get("lm_head.weight")
+    if head is not None and (not isinstance(head, torch.Tensor) or tuple(head.shape) != shapes["transformer.wte.weight"]
+                             or not bool((head.float().numpy() == tensors["transformer.wte.weight"]).all())):
+        raise MicaError(f"{path} has an lm_head.weight apart from transformer.wte.weight; nanoGPT's GPT ties them, "
+                        "and so does Mica's")
     opt, config, model_args = ck.get("optimizer"), ck.get("config", {}), ck.get("model_args", {})
     if not all(isinstance(x, dict) for x in (opt or {}, config, model_args)) or not isinstance(
             (opt or {}).get("state", {}), dict):
         raise MicaError(f"{path} is not a nanoGPT checkpoint: its optimizer, config or model_args is not a dict")
     args = {**_plain(dict(config)), **_plain(dict(model_args)), "vocab_size": shapes["transformer.wte.weight"][0]}
     check_gpt_tensors({n: (a.dtype, a.shape) for n, a in tensors.items()}, args, path)
-    if "lm_head.weight" in sd and "transformer.wte.weight" in sd and not bool(
-            (sd["lm_head.weight"] == sd["transformer.wte.weight"]).all()):
-        raise MicaError(f"{path} has an lm_head.weight apart from transformer.wte.weight; nanoGPT's GPT ties them, "
-                        "and so does Mica's")
     if opt and opt.get("state"):
         order = sum(_groups(list(tensors), shapes), [])
         for i, n in enumerate(order):
@@ -293,6 +303,8 @@ def import_nanogpt(path, out_dir):
             try:
                 m, v = s["exp_avg"].float().numpy(), s["exp_avg_sq"].float().numpy()
                 step = int(float(s["step"]))
+                if not 0 <= step < 2**62:  # (the trainer's step count is an int64)
+                    raise ValueError("a step count out of range")
             except Exception as e:
                 raise MicaError(f"{path}: the optimizer state of {n} is unreadable ({type(e).__name__})") from None
             if m.shape != shapes[n] or v.shape != shapes[n]:
@@ -304,6 +316,9 @@ def import_nanogpt(path, out_dir):
             tensors["optimizer.step"] = np.asarray(step, dtype=np.int64)
     cfg = _plain(dict(config))
     cfg.update({k: v for k, v in _plain(dict(model_args)).items() if k != "vocab_size"})
+    if not all(isinstance(k, str) for k in cfg):
+        raise MicaError(f"{path} is not a nanoGPT checkpoint: its config or model_args has a key that is not a name "
+                        f"({next(repr(k) for k in cfg if not isinstance(k, str))[:40]})")
     try:
         iter_num, best = int(_plain(ck.get("iter_num", 0))), float(_plain(ck.get("best_val_loss", 1e9)))
         if not 0 <= iter_num < 2**62:
@@ -362,7 +377,7 @@ def _n_head(path, n_embd):
             with open(cfg_path, encoding="utf-8") as f:
                 hf = json.load(f)
             n_head = hf["n_head"] if isinstance(hf, dict) else None
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, RecursionError):
             n_head = None
         if type(n_head) is not int or n_head <= 0 or n_embd % n_head:
             raise MicaError(f"{cfg_path} beside {path} gives no usable n_head (a positive divisor of n_embd "
@@ -386,10 +401,14 @@ def hf_gpt2_args(path):
     wte, wpe = st.info(names["wte.weight"])[1], st.info(names["wpe.weight"])[1]
     if len(wte) != 2 or len(wpe) != 2 or wpe[1] != wte[1]:
         raise MicaError(f"{path}: wte.weight {list(wte)} and wpe.weight {list(wpe)} are not two matrices of one width")
-    layers = sorted({int(n.split(".")[1]) for n in names if n.startswith("h.") and n.split(".")[1].isdigit()})
+    layers = sorted({int(n.split(".")[1]) for n in names
+                     if n.startswith("h.") and re.fullmatch(r"[0-9]+", n.split(".")[1])})
     if not layers or layers != list(range(len(layers))):
         raise MicaError(f"{path} has blocks h.{layers} rather than h.0 .. h.N-1; is it a whole GPT-2 file?")
     n_embd = wte[1]
+    if min(wte[0], wpe[0], n_embd) < 1:
+        raise MicaError(f"{path}: wte.weight {list(wte)} and wpe.weight {list(wpe)} hold a GPT without tokens, positions "
+                        "or width; it is damaged or not a trained GPT-2")
     args = dict(n_layer=len(layers), n_head=_n_head(path, n_embd), n_embd=n_embd, block_size=wpe[0], bias=True,
                 vocab_size=wte[0], dropout=0.0)
     _check_hf_config(path, args)
@@ -408,7 +427,7 @@ def _check_hf_config(path, args):
     try:
         with open(cfg_path, encoding="utf-8") as f:
             hf = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return  # (none, or unreadable: _n_head has said what it needs)
     if not isinstance(hf, dict):
         return

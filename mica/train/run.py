@@ -644,7 +644,7 @@ def _speedrun_resume(out_dir, step, expected, settings, log):
     st = ckpt.SafeTensors(path)
     settings.update(resume=1, resume_iter=step, resume_best=0.0)
     settings["resume_time"] = _train_time_at(os.path.join(out_dir, "metrics.jsonl"), settings["resume_iter"], log)
-    if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] == (2,):
+    if "data.next_offsets" in st.tensors and _offset_rows(st) == 2:
         settings["resume_next"] = " ".join(str(int(v)) for v in st.read("data.next_offsets").reshape(-1))
     has_state = _check_resume_names(st, expected, log)
     return _loads(path, expected, settings, st=st, params_only=not has_state)
@@ -678,7 +678,7 @@ def _follow_resumed_model(cfg, vocab, log):
     if changed:
         log(f"resuming with the checkpoint's model settings: {', '.join(changed)}")
     if "transformer.wte.weight" in st.tensors:
-        return int(st.info("transformer.wte.weight")[1][0])
+        return _embedding_rows(st, "transformer.wte.weight", cfg["n_embd"])
     return vocab
 
 
@@ -909,9 +909,9 @@ def _initial_state(cfg, model, by_name, out_dir, settings, log):
         has_state = _check_resume_names(st, by_name, log)
         rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
         afresh = "batches come from --batch_order" if cfg.get("batch_order") else "batches start afresh from the seed"
-        if "data.next_offsets" in st.tensors and st.info("data.next_offsets")[1] != (rows,):
+        if "data.next_offsets" in st.tensors and _offset_rows(st) != rows:
             log(f"note: the checkpoint was trained with another batch_size x gradient_accumulation_steps "
-                f"({st.info('data.next_offsets')[1][0]} rows, now {rows}): {afresh}")
+                f"({_offset_rows(st)} rows, now {rows}): {afresh}")
         elif "data.next_offsets" in st.tensors and "rng" in md:
             if not re.fullmatch(r"[0-9a-f]{16}( [0-9a-f]{16}){3}", md["rng"]):
                 raise MicaError(f"checkpoint {path} is damaged: its batch generator state is unreadable")
@@ -1075,6 +1075,27 @@ def _check_resume_names(st, by_name, log):
 
 
 SCALER = ("optimizer.scaler.scale", "optimizer.scaler.growth_tracker")  # (a float16 run's; see _say_scaler)
+
+
+def _offset_rows(st):
+    """The rows of the checkpoint's data position (data.next_offsets: int64, one offset a row), or a
+    sentence where its header gives it another type or shape (the checksum covers only its bytes)."""
+    dtype, shape, _ = st.info("data.next_offsets")
+    if dtype != np.int64 or len(shape) != 1:
+        name = dtype.name if dtype is ckpt.BFLOAT16 else np.dtype(dtype).name
+        raise MicaError(f"checkpoint {st.path} is damaged: its data position (data.next_offsets) is {name}{list(shape)}, "
+                        "not one int64 offset a row; resume from another checkpoint")
+    return shape[0]
+
+
+def _embedding_rows(st, name, width):
+    """The vocabulary the checkpoint's embedding `name` holds: its rows, where it is [rows, width] as
+    the model's (the checksum covers only its bytes: a header that gives it another shape is damage)."""
+    shape = st.info(name)[1]
+    if len(shape) != 2 or shape[1] != width or shape[0] < 1:
+        raise MicaError(f"checkpoint {st.path} is damaged: its {name} is {list(shape)}, not [vocabulary, {width}] as "
+                        "its model's width; use another checkpoint")
+    return int(shape[0])
 
 
 def _some(names, n=4):
@@ -1287,7 +1308,7 @@ def _sample(out_dir, path, start, num_samples, max_new_tokens, temperature, top_
     embedding = "embed.weight" if speedrun else "transformer.wte.weight"
     if embedding not in st.tensors:
         raise MicaError(f"{path} holds no GPT weights ({embedding})")
-    vocab = st.info(embedding)[1][0]
+    vocab = _embedding_rows(st, embedding, cfg["model_dim"] if speedrun else cfg["n_embd"])
     if start.startswith("FILE:"):
         if not start[5:]:
             raise MicaError("--start=FILE: names no file; give its path, e.g. --start=FILE:prompt.txt")
