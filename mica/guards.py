@@ -261,13 +261,16 @@ class _Walk:
         parts = [("module", id(type(m)), bool(m.training))]
         for k, p in m._parameters.items():
             parts.append((k, None if p is None else ("parameter", id(p), bool(p.requires_grad))))
+        state = vars(m).get("_mica_state_buffers", ())  # (a compiled step's state: an input, read at each call)
         for k, b in m._buffers.items():
-            parts.append((k, None if b is None else _array(b)))
+            parts.append((k, None if b is None else ("state", np.asarray(b).dtype.str, np.shape(b)) if k in state
+                          else _array(b)))
         for k, sub in m._modules.items():
             parts.append((k, None if sub is None else self.value(sub, depth + 1)))
         assigned = vars(m).get("_mica_assigned", ())  # (what a compiled step assigns: its outputs, stateful.py)
         for k, x in vars(m).items():
-            if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training", "_mica_assigned") and \
+            if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training", "_mica_assigned",
+                         "_mica_state_buffers", "_mica_written") and \
                     not k.startswith("_said") and k not in assigned:
                 parts.append((k, self.value(x, depth + 1)))
         self._methods(type(m))

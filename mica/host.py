@@ -217,10 +217,10 @@ class HostTensor(np.ndarray):
         starts = np.cumsum([0] + list(sizes))
         return tuple(self[(slice(None),) * d + (slice(int(a), int(a) + n),)] for a, n in zip(starts, sizes))
 
-    def tensor_split(self, indices_or_sections, dim=0):
-        from .verbs.shape import tensor_split_bounds
+    def tensor_split(self, indices_or_sections=None, dim=0, **given):
+        from .verbs.shape import tensor_split_bounds, tensor_split_cut
 
-        d, bounds = tensor_split_bounds(self, indices_or_sections, dim)
+        d, bounds = tensor_split_bounds(self, tensor_split_cut(indices_or_sections, given), dim)
         return tuple(self[(slice(None),) * d + (slice(a, b),)] for a, b in bounds)
 
     def chunk(self, chunks, dim=0):
@@ -840,10 +840,15 @@ def eager(verb):
             args = args[:1]
         if in_trace():
             return verb(*args, **kwargs)
+        if verb.__name__ in _VIEWS and args and isinstance(args[0], HostTensor):  # (views of its memory, as torch's)
+            return getattr(args[0], verb.__name__)(*args[1:], **kwargs)
         if _holds_array(args) or _holds_array(kwargs.values()):
             return run(verb, args, kwargs)
         return host(verb(*args, **kwargs))
     return call
+
+
+_VIEWS = ("split", "tensor_split", "chunk", "unbind")  # (the verbs whose host tensor methods give numpy views)
 
 
 def from_numpy(ndarray):

@@ -120,6 +120,10 @@ class StepTrace:
         self.unscaled = {}    # id(scaler) -> {id(optimizer): its found_inf flag} since the scaler's last update()
         self.scaler_stepped = {}  # id(scaler) -> {id(optimizer)} stepped since its last update()
         self.assigned = {}    # (id(module), name) -> (module, name, (had it, value before)): `self.last_loss = loss`
+        self.buffers = {}     # (id(module), name) -> [module, name, its Tensor now]: the buffers read, one Tensor each
+        self.written = []     # (find) [(module, name)] of the buffers the step writes, in first-write order
+        self.containers = []  # (find) [(module, name, list or dict, a copy of its items)] of the modules looked into
+        self.state = {}       # (trace) (id(module), name) -> its input Tensor: the buffers that are the step's state
         self.stood_in = False  # (find: a parameter's gradient was given as a stand-in of zeros)
         self.program = None   # (find: the Program its trace made, which is the step's own when it keeps nothing)
 
@@ -127,7 +131,7 @@ class StepTrace:
         """(find) Whether the function read no Parameter, stepped no optimizer or scaler and called no
         backward(): then the find trace is the function's program as it is, traced once."""
         return not (self.params or self.optimizers or self.scalers or self.backwarded or self.set_lrs
-                    or self.stood_in)
+                    or self.stood_in or self.written or self.assigned)
 
     def assign(self, module, name, value):
         """module.name = value (a traced Tensor, or a list, tuple or dict of them) in the traced step:
@@ -139,11 +143,45 @@ class StepTrace:
             self.assigned[key] = (module, name, (name in module.__dict__, module.__dict__.get(name)))
         object.__setattr__(module, name, value)
 
-    def assigned_now(self):
-        """[(module, name)] of the attributes assigned that hold traced values at the trace's end."""
-        from .nn.modules import _traced_leaves
+    def buffer(self, module, name, make):
+        """module.name, a buffer, read in the traced step: one Tensor for the whole trace, so a write
+        is seen by later reads. In the find trace it notes a write; in the compiled one a buffer the
+        step writes is its input (and its final Tensor an output), one it only reads a constant."""
+        key = (id(module), name)
+        if key not in self.buffers:
+            if self.mode == "trace" and key in self.state:
+                t = self.state[key]
+            else:
+                t = make()
+                t._buffer = _StepBuffer(self, module, name) if self.mode == "find" else f"{type(module).__name__}.{name}"
+            self.buffers[key] = [module, name, t]
+        return self.buffers[key][2]
 
-        return [(m, name) for m, name, _ in self.assigned.values() if _traced_leaves(m.__dict__.get(name))]
+    def assign_buffer(self, module, name, value):
+        """module.name = value for a buffer in the traced step: its Tensor from now on (a write)."""
+        key = (id(module), name)
+        if self.mode == "find":
+            self.wrote(module, name)
+        elif key not in self.state:
+            raise MicaError(f"the buffer {type(module).__name__}.{name} is assigned in the compiled step where its first "
+                            "trace did not assign it; assign it on every path", user_location())
+        self.buffers[key] = [module, name, value]
+
+    def wrote(self, module, name):
+        if all(m is not module or n != name for m, n in self.written):
+            self.written.append((module, name))
+
+    def buffers_now(self, keys):
+        """The state buffers' final Tensors, in `keys`' order."""
+        return [self.buffers[k][2] if k in self.buffers else self.state[k] for k in keys]
+
+    def assigned_now(self):
+        """[(module, name, what it holds)] of the attributes assigned that hold traced values at the
+        trace's end (a Tensor, or a list, tuple or dict holding some)."""
+        from .nn.modules import _tensor_leaves
+
+        return [(m, name, m.__dict__.get(name)) for m, name, _ in self.assigned.values()
+                if _tensor_leaves(m.__dict__.get(name))]
 
     def restore(self):
         for m, name, (had, before) in self.assigned.values():
@@ -184,15 +222,75 @@ class StepTrace:
             self.params.append(p)
 
 
+class _StepBuffer(str):
+    """A buffer's name on the Tensor the find trace reads for it (Tensor._buffer): a write into that
+    Tensor notes the buffer as the step's state (tensor.py's _rebind calls written)."""
+
+    def __new__(cls, step, module, name):
+        text = str.__new__(cls, f"{type(module).__name__}.{name}")
+        text.step, text.module, text.name = step, module, name
+        return text
+
+    def written(self):
+        self.step.wrote(self.module, self.name)
+
+
 def active():
     return _ACTIVE[-1] if _ACTIVE else None
 
 
 def touch(module):
-    """A module's attribute looked up in the finding trace."""
+    """A module's attribute looked up in the finding trace (and the lists and dicts it holds copied:
+    one the step puts a Tensor into is refused after the trace, and given back its items)."""
     step = active()
     if step is not None and step.mode == "find" and all(m is not module for m in step.touched):
         step.touched.append(module)
+        for name, v in list(module.__dict__.items()):
+            if not name.startswith("_") and isinstance(v, (list, dict)):
+                step.containers.append((module, name, v, list(v) if isinstance(v, list) else dict(v)))
+
+
+def _check_containers(s):
+    """(after the finding trace) A list or dict a module holds that the step put a traced Tensor into
+    (`self.kv[0] = k`) is given back its items, and refused: the step cannot keep it between calls."""
+    from .tensor import Tensor
+
+    for m, name, v, items in s.containers:
+        held = v.values() if isinstance(v, dict) else v
+        if any(isinstance(x, Tensor) for x in held):
+            if isinstance(v, list):
+                v[:] = items
+            else:
+                v.clear()
+                v.update(items)
+            raise MicaError(f"the compiled step puts a tensor into {type(m).__name__}.{name}, a "
+                            f"{type(v).__name__} the module holds, which the step cannot keep between calls; assign "
+                            f"the attribute itself (self.{name} = [...]: the module holds the new value after each "
+                            "call), or keep the values in buffers", user_location())
+
+
+class _Unread:
+    """What an attribute the compiled step assigns holds while the step is traced for its program:
+    the value an earlier call left there would be a constant of the program (its new values are
+    outputs, not inputs), so a read before the step assigns it is a sentence, not a stale value."""
+
+    def __init__(self, module, name):
+        object.__setattr__(self, "_where", f"{type(module).__name__}.{name}")
+
+    def _refuse(self, *args, **kwargs):
+        raise MicaError(f"the compiled step reads {object.__getattribute__(self, '_where')} before assigning it, so the "
+                        "value an earlier call left there would be a constant of its program; keep a running value "
+                        "in a buffer (register_buffer, updated in place: self.ema.mul_(0.9).add_(...)) or a "
+                        "Parameter(requires_grad=False), which the step keeps as its state", user_location())
+
+    __getattr__ = _refuse
+
+
+for _dunder in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+                "__matmul__", "__rmatmul__", "__pow__", "__rpow__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__",
+                "__bool__", "__float__", "__int__", "__index__", "__len__", "__iter__", "__getitem__", "__setitem__",
+                "__array__", "__call__", "__abs__"):
+    setattr(_Unread, _dunder, _Unread._refuse)
 
 
 def _structure(modules):
@@ -501,6 +599,12 @@ class StatefulStep:
         self.found = found
         self.params, self.optimizers = list(found.params), list(found.optimizers)
         self.scalers = list(found.scalers)
+        self.buffers = list(found.written)  # [(module, name)] of the buffers the step writes: its state
+        self.buffer_keys = [(id(m), name) for m, name in self.buffers]
+        self.buffer_names = _buffer_names(self.buffers, found.touched + found.modules)  # ("bn.running_mean")
+        self.assigns = [(m, name) for m, name, _ in found.assigned.values()]  # (attributes it assigns: _Unread)
+        for m, name in self.buffers:  # (their values are inputs, not constants of the step: not in its key)
+            m.__dict__.setdefault("_mica_state_buffers", set()).add(name)
         self.modules = [m for owner in found.modules for m in owner.modules()]  # (and what they hold: Dropout)
         self.name = keys(self.params)
         self.groups = {id(o): _groups_of(o, found) for o in self.optimizers}
@@ -546,11 +650,15 @@ class StatefulStep:
         live_specs = [[[Spec((), float64) for _ in _live_values(o, g)] for g in o.param_groups]
                       for o in self.optimizers]
         scaler_specs = [sc.state_specs() for sc in self.scalers]
+        buffer_specs = {key: _buffer_spec(m, name) for key, (m, name) in zip(self.buffer_names, self.buffers)}
+        from .nn.modules import _tensor_leaves
+
         computed = []  # [(group, its lr computed in the step)] of the last trace
         attrs = []  # [(module, name)] the last trace assigned traced values to
 
-        def body(user_args, params, grads, states, lrs, lives, scalers):
+        def body(user_args, params, grads, states, lrs, lives, scalers, buffers):
             s = StepTrace("trace")
+            s.state = {bk: buffers[key] for bk, key in zip(self.buffer_keys, self.buffer_names)}
             s.params, s.names = list(self.params), self.name
             s.bound = {id(p): params[self.name[id(p)]] for p in self.params}
             s.grads = {id(p): grads[self.name[id(p)]] for p in self.params if self.name[id(p)] in grads}
@@ -559,15 +667,24 @@ class StatefulStep:
             s.lives = {id(o): live for o, live in zip(self.optimizers, lives)}
             s.scalers = list(self.scalers)
             s.scaler_states = {id(sc): st for sc, st in zip(self.scalers, scalers)}
+            held = [(m, name, name in m.__dict__, m.__dict__.get(name)) for m, name in self.assigns]
+            for m, name in self.assigns:  # (a read before the step assigns it: a sentence, not a stale constant)
+                object.__setattr__(m, name, _Unread(m, name))
             _ACTIVE.append(s)
             try:
                 result = self.fn(*user_args)
                 attrs[:] = s.assigned_now()
-                attr_values = [m.__dict__[name] for m, name in attrs]
+                attr_values = [_tensor_leaves(held_now) for _, _, held_now in attrs]
+                buffer_values = dict(zip(self.buffer_names, s.buffers_now(self.buffer_keys)))
             finally:
                 _ACTIVE.pop()
                 got, constant = _restore_lrs(s)
                 s.restore()
+                for m, name, had, value in held:
+                    if had:
+                        object.__setattr__(m, name, value)
+                    else:
+                        m.__dict__.pop(name, None)
             computed[:] = got
             if constant and constant[0] not in _WARNED:
                 import warnings
@@ -582,17 +699,17 @@ class StatefulStep:
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
                     {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
                     [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed],
-                    [s.scaler_states[id(sc)] for sc in self.scalers], attr_values)
+                    [s.scaler_states[id(sc)] for sc in self.scalers], attr_values, buffer_values)
 
         body.__name__ = getattr(self.fn, "__name__", "step")
         options = dict(self.options)
         target, name = options.pop("target", "cpu"), options.pop("name", None)
         traced = trace(body, self.args, param_specs, grad_specs, state_specs, lr_specs, live_specs, scaler_specs,
-                       name=name)
+                       buffer_specs, name=name)
         names = _argument_names(self.fn, len(self.args))  # (the step's own argument names, not body's user_args)
         traced.graph.input_names = [re.sub(r"^user_args\[(\d+)\]", lambda m: names[int(m.group(1))], n)
                                     for n in traced.graph.input_names]
-        for m, attr in attrs:  # (its value after a call is the step's output, not what it reads: not in its key)
+        for m, attr, _ in attrs:  # (its value after a call is the step's output, not what it reads: not in its key)
             m.__dict__.setdefault("_mica_assigned", set()).add(attr)
         return traced.lower(target, **options).build(), [group for group, _ in computed], list(attrs)
 
@@ -681,7 +798,7 @@ class StatefulStep:
 
     def __call__(self, args, run_options, prepared=None):
         from .host import host
-        from .nn.modules import _held
+        from .nn.modules import _held, _with_leaves
 
         program, computed, attrs = prepared or self.prepare()
         values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
@@ -690,10 +807,13 @@ class StatefulStep:
         lrs = [[_lr(o, i, g) for i, g in enumerate(o.param_groups)] for o in self.optimizers]
         lives = [[_live_values(o, g) for g in o.param_groups] for o in self.optimizers]
         scalers = [sc._held() for sc in self.scalers]
-        result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs = program(
-            tuple(args), values, grads, states, lrs, lives, scalers, **run_options)
-        for (m, name), value in zip(attrs, new_attrs):  # (what the step assigned on its modules: torch's last values)
-            object.__setattr__(m, name, host(value))
+        buffers = {key: _buffer_value(m, name) for key, (m, name) in zip(self.buffer_names, self.buffers)}
+        result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs, new_buffers = program(
+            tuple(args), values, grads, states, lrs, lives, scalers, buffers, **run_options)
+        for key, (m, name) in zip(self.buffer_names, self.buffers):  # (its state: written into the module's buffer)
+            _keep_buffer(m, name, np.asarray(new_buffers[key]))
+        for (m, name, made), value in zip(attrs, new_attrs):  # (what the step assigned on its modules: torch's last
+            object.__setattr__(m, name, _with_leaves(made, {k: host(v) for k, v in value.items()}))  # values)
         for p in self.params:
             new, held = new_params[self.name[id(p)]], getattr(p, "_held", None)
             if held is None and getattr(p, "_initial", (None,))[0] is p.init:
@@ -713,6 +833,54 @@ class StatefulStep:
         for group, lr in zip(computed, new_lrs):  # (an lr the step computed: the group holds it after the call)
             dict.__setitem__(group, "lr", float(lr))
         return host(result)
+
+
+def _buffer_names(buffers, owners):
+    """A name per state buffer, as the outermost module the step looked into names it in its
+    state_dict() ("layers.0.bn.running_mean"), else by its module's class ("BatchNorm2d.running_mean")."""
+    paths = {}
+    for owner in sorted(owners, key=lambda o: -len(list(o.named_modules()))):  # (the outermost first: full paths)
+        for path, sub in owner.named_modules():
+            paths.setdefault(id(sub), path)
+    out, taken = [], set()
+    for m, name in buffers:
+        key = ".".join(p for p in (paths.get(id(m), type(m).__name__), name) if p)
+        while key in taken:
+            key += "_"
+        taken.add(key)
+        out.append(key)
+    return out
+
+
+def _buffer_spec(m, name):
+    """The Spec a buffer is read as in a trace (modules.py's __getattr__): a float one in the default
+    float or the type .to() gave the module, others in their own type."""
+    from .dtypes import Spec, as_dtype, DEFAULT_FLOAT
+
+    buf = np.asarray(m._buffers[name])
+    if buf.dtype.kind == "f":
+        return Spec(buf.shape, m.__dict__.get("_buffer_float") or DEFAULT_FLOAT)
+    return Spec(buf.shape, as_dtype(buf.dtype))
+
+
+def _buffer_value(m, name):
+    """A state buffer's values as the step takes them (its Spec's type)."""
+    from .verbs.core import in_dtype
+
+    spec, buf = _buffer_spec(m, name), np.asarray(m._buffers[name])
+    return in_dtype(buf, spec.dtype) if spec.dtype.kind == "float" else buf.astype(spec.dtype.np_storage, copy=False)
+
+
+def _keep_buffer(m, name, new):
+    """The step's new values of a buffer, in the buffer's own type: written into its memory where it
+    has the same shape (a state_dict() taken earlier sees them, as torch's buffers), else in its place."""
+    from .nn.modules import _buffer_array
+
+    old = m._buffers.get(name)
+    if old is not None and isinstance(old, np.ndarray) and old.shape == new.shape and old.flags.writeable:
+        np.copyto(old, new.astype(old.dtype, copy=False), casting="unsafe")
+    else:
+        m._buffers[name] = _buffer_array(new if old is None else new.astype(np.asarray(old).dtype, copy=False))
 
 
 def _lr(opt, i, group):
@@ -740,6 +908,7 @@ def find(fn, args, name=None):
         _ACTIVE.pop()
         _restore_lrs(s)
         s.restore()
+    _check_containers(s)
     if any(s.scaler_stepped.values()):  # (torch refuses the next step until update(): say it now)
         raise MicaError("the compiled step calls GradScaler.step(optimizer) and not scaler.update() after it, so the "
                         "scale would never move (torch refuses the next step); call scaler.update() in the step",

@@ -283,10 +283,13 @@ class Tensor:
         root = self
         while root._base is not None:
             root = root._base
-        if root._buffer is not None:
-            fail(f"the buffer {root._buffer} is changed in place in a traced step, where a buffer is a constant "
-                 "and the change would be lost; hold running values in an nn.Parameter(..., requires_grad=False), "
-                 "which a compiled step keeps, or change the buffer outside the step")
+        if root._buffer is not None and hasattr(root._buffer, "written"):
+            root._buffer.written()  # (a compiled step's buffer: its state, stateful.py)
+        elif root._buffer is not None:
+            fail(f"the buffer {root._buffer} is changed in place in a traced function, where a buffer is a "
+                 "constant and the change would be lost; compile the torch-style step that calls the model "
+                 "(@mica.compile over forward, backward and optimizer.step: the buffers it changes are its state), "
+                 "or return the new value")
         leaf = _trained_parameter(root) if self._ctx.grad_enabled and not _through_detach(self) else None
         if leaf is not None:
             fail(f"the parameter {leaf} requires a gradient and is changed in place where gradients are recorded "
@@ -711,7 +714,8 @@ class Tensor:
     def transpose(self, dim0, dim1): return F.transpose(self, dim0, dim1)
     def swapaxes(self, axis0, axis1): return F.transpose(self, axis0, axis1)
     def swapdims(self, dim0, dim1): return F.transpose(self, dim0, dim1)
-    def tensor_split(self, indices_or_sections, dim=0): return F.tensor_split(self, indices_or_sections, dim)
+    def tensor_split(self, indices_or_sections=None, dim=0, **given):
+        return F.tensor_split(self, indices_or_sections, dim, **given)
     def diag_embed(self, offset=0, dim1=-2, dim2=-1): return F.diag_embed(self, offset, dim1, dim2)
     def permute(self, *dims): return F.permute(self, *dims)
     def t(self):

@@ -468,7 +468,7 @@ class _Compiled:
                 del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)
             found = stateful.find(fn, args, self.name)  # (torch's stateful step: the model's and optimizer's values)
             self._say_drawn(guards.drawn(randoms))  # (right after the trace: a build's time is not the function's)
-            if found.params or found.optimizers:
+            if found.params or found.optimizers or found.written or found.assigned:
                 self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,
                                                                               **self.options))
             elif found.keeps_nothing():  # (its find trace is its program: the function's Python runs once a trace)

@@ -225,3 +225,16 @@ def test_orthogonal_init_is_torchs_draw():
         assert np.allclose(tw @ tw.T if w.shape[0] <= w.shape[1] else tw.T @ tw, gram, atol=1e-5)
     with pytest.raises(mica.MicaError, match="^orthogonal_: only tensors of 2 or more dims"):
         mica.nn.init.orthogonal_(mica.nn.Parameter(mica.zeros(3)))
+    from mica.nn.init import Orthogonal
+
+    for shape in ((3, 5), (5, 3), (2, 2, 3)):  # (torch's construction on the same normal draws: transposes, signs)
+        draws = np.random.default_rng(9).normal(0.0, 1.0, (shape[0], int(np.prod(shape[1:]))))
+        flat = torch.tensor(draws)
+        if flat.shape[0] < flat.shape[1]:
+            flat = flat.t()
+        q, r = torch.linalg.qr(flat)
+        q = q * torch.diag(r, 0).sign()
+        if shape[0] < np.prod(shape[1:]):
+            q = q.t()
+        got = Orthogonal(1.5).sample(shape, np.random.default_rng(9))
+        assert np.allclose(got, 1.5 * q.numpy().reshape(shape), atol=1e-10)

@@ -132,6 +132,11 @@ CASES = [
     case("min_dim", lambda m, a: a.min(0).values, [Fl(4, 3)]),
     case("argmax", lambda m, a: a.argmax(-1), [Fl(3, 5)], grad=False),
     case("var", lambda m, a: a.var(-1, keepdim=True), [Fl(3, 6)]),
+    case("batch_norm_eval", lambda m, x, i, w, b: m.nn.functional.batch_norm(  # (running statistics take no gradient)
+        x, i.double() * 0.3 - 0.5, i.double() * 0.25 + 0.5, w, b, False), [Fl(4, 3, 5), Int(3, high=5), Fl(3), Fl(3)],
+        1e-12, 1e-9),
+    case("batch_norm_train_no_stats", lambda m, x, w, b: m.nn.functional.batch_norm(x, None, None, w, b, True, 0.1, 1e-3),
+         [Fl(4, 3, 2, 2), Fl(3), Fl(3)], 1e-12, 1e-9),
     case("var_mean", lambda m, a: m.stack(m.var_mean(a, 1, correction=0)), [Fl(3, 6)]),
     case("std_mean", lambda m, a: m.cat(m.std_mean(a, (0, 2), keepdim=True), 1), [Fl(3, 4, 5)]),
     case("tensor_split_sections", lambda m, a: m.cat([p.flatten() * (i + 1) for i, p in enumerate(m.tensor_split(a, 3, dim=1))]),

@@ -68,6 +68,18 @@ def _set(param, initializer):
     """param's initializer; and, for a Parameter that holds values (loaded, or trained by a compiled
     step: what eager calls and the next step read), those values drawn from it now, from mica's
     host generator (mica.manual_seed), as torch's in-place init changes the tensor."""
+    if type(param).__name__ != "Parameter":  # (a plain tensor: filled now, in place, as torch's)
+        if not isinstance(param, np.ndarray) or not param.flags.writeable:
+            from ..errors import MicaError
+            from ..tensor import user_location
+
+            raise MicaError(f"nn.init fills a Parameter or a host tensor in place, not a {type(param).__name__} (a "
+                            "traced tensor's values are computed, not set); make it a Parameter, or fill it outside "
+                            "the trace", user_location())
+        from ..random import default_generator
+
+        np.copyto(param, np.asarray(initializer.sample(param.shape, default_generator._rng)), casting="unsafe")
+        return param
     param.init = initializer
     if getattr(param, "_held", None) is not None:
         from ..random import default_generator
@@ -217,7 +229,10 @@ def orthogonal_(param, gain=1.0):
     if len(param.shape) < 2:
         from ..errors import MicaError
 
-        raise MicaError(f"orthogonal_: only tensors of 2 or more dims can be made orthogonal, got {list(param.shape)}")
+        from ..tensor import user_location
+
+        raise MicaError(f"orthogonal_: only tensors of 2 or more dims can be made orthogonal, got {list(param.shape)}",
+                        user_location())
     return _set(param, Orthogonal(gain))
 
 

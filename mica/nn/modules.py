@@ -17,7 +17,7 @@ from .. import dtypes, verbs as F
 from ..dtypes import Spec, as_dtype
 from ..errors import MicaError
 from ..grad import set_grad_enabled
-from ..tensor import user_location
+from ..tensor import Tensor, user_location
 from ..verbs.core import in_dtype
 from . import init as initializers
 
@@ -231,7 +231,8 @@ def _in_place(dunder, method):
 
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
               "__matmul__", "__rmatmul__", "__pow__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__",
-              "__float__", "__int__", "__abs__"):  # (float(p) of a one-element Parameter: its value, as torch's)
+              "__float__", "__int__", "__abs__", "__bool__", "__rpow__", "__floordiv__", "__rfloordiv__", "__mod__",
+              "__rmod__"):  # (float(p), bool(p) of a one-element Parameter: its value's, as torch's)
     setattr(Parameter, _name, _operator(_name))
 for _dunder, _method in (("__iadd__", "add_"), ("__isub__", "sub_"), ("__imul__", "mul_"), ("__itruediv__", "div_")):
     setattr(Parameter, _dunder, _in_place(_dunder, _method))
@@ -278,13 +279,16 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise MicaError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                             "assigning attributes")
-        if F.in_trace() and name not in self._parameters and name not in self._modules and _traced_leaves(value):
+        if F.in_trace() and name not in self._parameters and name not in self._modules and _tensor_leaves(value):
             if _EAGER:  # (a forward run eagerly keeps what it assigns: after the run)
                 _EAGER[-1].assigned(self, name, value)
                 return
             from .. import stateful
 
             step = stateful.active()
+            if step is not None and name in self._buffers and isinstance(value, Tensor):
+                step.assign_buffer(self, name, value)  # (a compiled step's buffer: its state, kept after each call)
+                return
             if step is not None and name not in self._buffers:  # (a compiled step's: an output, kept after each call)
                 step.assign(self, name, value)
                 return
@@ -343,6 +347,11 @@ class Module:
             float_type = d.get("_buffer_float") if np.asarray(buf).dtype.kind == "f" else None
             if _EAGER:  # (an eager call's forward may write it: torch's KV cache; kept after the run)
                 return _EAGER[-1].buffer(self, name, lambda: F.tensor(buf, dtype=float_type))
+            from .. import stateful
+
+            step = stateful.active()
+            if step is not None:  # (a compiled step's: one it writes is its state, an input and an output)
+                return step.buffer(self, name, lambda: F.tensor(buf, dtype=float_type))
             constant = F.tensor(buf, dtype=float_type)  # (floats: the default float, or the type .to() gave)
             constant._buffer = f"{type(self).__name__}.{name}"
             return constant
@@ -731,31 +740,45 @@ def _eager_call(module, args, kwargs):
             "`with model.bind(params):` or load them "
             "with model.load_state_dict(model.state_dict(params))", UserWarning, path, line)
 
-    effects = _Effects(module, user_bound=dict(_BOUND[-1]))
+    for _ in range(8):  # (a write into a plain attribute found while tracing: traced again, it made a Tensor first)
+        effects = _Effects(module, user_bound=dict(_BOUND[-1]))
 
-    def call(*a, **k):
-        _BOUND.append(table)
-        _EAGER.append(effects)
+        def call(*a, **k):
+            _BOUND.append(table)
+            _EAGER.append(effects)
+            try:
+                effects.begin()
+                result = module.forward(*a, **k)
+                return {"result": result, "effects": effects.changed()}
+            finally:
+                _EAGER.pop()
+                _BOUND.pop()
+        call.__name__ = type(module).__name__
         try:
-            result = module.forward(*a, **k)
-            return {"result": result, "effects": effects.changed()}
-        finally:
-            _EAGER.pop()
-            _BOUND.pop()
-    call.__name__ = type(module).__name__
-    try:
-        out = run(call, args, kwargs)
-    except BaseException:
-        effects.undo()
-        raise
-    effects.keep(out["effects"])
-    return out["result"]
+            out = run(call, args, kwargs)
+        except _Again:
+            effects.undo()
+            continue
+        except BaseException:
+            effects.undo()
+            raise
+        effects.keep(out["effects"])
+        return out["result"]
+    raise AssertionError("an eager forward kept finding new attributes to write")
+
+
+class _Again(BaseException):
+    """(an eager call's forward wrote into a plain attribute it reads as a host tensor: traced again
+    with that attribute a Tensor from the start, so every read of it, through any name, sees the write)"""
 
 
 def eager_attribute(x):
-    """(host.py, a write of a traced value into the host tensor x) x as a traced Tensor the eager
-    module call being traced keeps, where x is one of its modules' attributes; else None."""
-    return _EAGER[-1].attribute(x) if _EAGER else None
+    """(host.py, a write of a traced value into the host tensor x) where x is a plain attribute of a
+    module the eager call being traced runs, the call is traced again with it a Tensor (_Again);
+    else None."""
+    if _EAGER:
+        _EAGER[-1].attribute(x)
+    return None
 
 
 def _traced_leaves(value):
@@ -767,26 +790,95 @@ def _traced_leaves(value):
     return bool(leaves) and all(isinstance(x, Tensor) for x in leaves)
 
 
+def _tensor_leaves(value):
+    """{position: traced Tensor} of value's leaves (value a Tensor, or a list, tuple or dict holding
+    some among other values: `self.stats = {"loss": loss, "n": 3}`); empty where it holds none."""
+    from .. import pytree
+    from ..tensor import Tensor
+
+    leaves = pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
+    return {str(i): x for i, x in enumerate(leaves) if isinstance(x, Tensor)}
+
+
+def _with_leaves(value, new):
+    """value with the leaves at new's positions replaced by new's values (_tensor_leaves' inverse)."""
+    from .. import pytree
+
+    if not isinstance(value, (list, tuple, dict)):
+        return new["0"]
+    leaves, tree = pytree.flatten(value)
+    return pytree.unflatten(tree, [new.get(str(i), x) for i, x in enumerate(leaves)])
+
+
+def _host_leaves(value):
+    """Whether value is a host tensor, or a list, tuple or dict holding only host tensors."""
+    from .. import pytree
+    from ..host import HostTensor
+
+    leaves = pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
+    return bool(leaves) and all(isinstance(x, HostTensor) for x in leaves)
+
+
+def _plain_attributes(m):
+    return [(k, v) for k, v in list(m.__dict__.items()) if not k.startswith("_") and k != "training"]
+
+
 class _Effects:
     """What a module's forward, traced for an eager call, changes beyond its result, as torch's eager
-    forward leaves it: a Parameter or buffer written in place (a KV cache), a buffer or plain
-    attribute assigned a tensor (llama2.c's `self.last_loss`). Each Parameter and buffer is one
-    Tensor for the whole forward, so its writes are seen by its later reads; their final values,
-    and the attributes', are outputs of the run and given to the module after it (keep). A run
-    that fails leaves the module as it was (undo)."""
+    forward leaves it: a Parameter or buffer written in place (a KV cache), a plain attribute
+    written in place, reassigned, or holding a list or dict whose items the forward replaces
+    (Meta's `self.cache_k[:, a:b] = k`, llama2.c's `self.last_loss`, `self.kv[0] = k`). Each
+    Parameter and buffer is one Tensor for the whole forward, so a write is seen by later reads;
+    a plain attribute the module's forward writes in place is a Tensor from the forward's start
+    (found by the first call: traced again). The final values are outputs of the run, written
+    after it into the arrays the module holds where they fit (references taken earlier see them,
+    as torch's), else in their place; a run that fails leaves the module as it was (undo)."""
 
     def __init__(self, root, user_bound):
         self.root = root              # the module called
-        self.user_bound = user_bound  # id(Parameter) -> the array bind() gave (written into in place)
-        self.params = {}   # id(p) -> (p, its Tensor, its first value)
-        self.buffers = {}  # (id(module), name) -> (module, name, its Tensor, its first value or None)
-        self.attrs = {}    # (id(module), name) -> (module, name, what it held before: (had it, value))
+        self.user_bound = user_bound  # id(Parameter) -> the array bind() gave
+        self.params = {}     # (id(p), id(values)) -> (p, its Tensor, its first value, the array it was made from)
+        self.buffers = {}    # (id(module), name) -> (module, name, its Tensor, its first value or None)
+        self.attrs = {}      # (id(module), name) -> (module, name, what it held before: (had it, value))
+        self.converted = {}  # (id(module), name) -> (module, name, the host value, its first leaves' values)
+        self.containers = {}  # (id(module), name) -> (module, name, the list or dict, a copy of its items)
+
+    def begin(self):
+        """(in the trace, before forward) Tensors for the plain attributes the modules' forwards write
+        in place (_mica_written, found by an earlier call), and copies of the lists and dicts they hold."""
+        from .. import pytree
+        from ..host import HostTensor, memory_owner
+
+        modules = list(self.root.modules())
+        owners = set()  # (the memory of the host tensors some forward writes: every attribute holding one is a Tensor)
+        for m in modules:
+            written = m.__dict__.get("_mica_written", ())
+            for name, v in _plain_attributes(m):
+                if isinstance(v, (list, dict)):
+                    self.containers[(id(m), name)] = (m, name, v, list(v) if isinstance(v, list) else dict(v))
+                if name in written and _host_leaves(v):
+                    owners.update(id(memory_owner(x)) for x in pytree.flatten(v)[0])
+        made = {}  # id(host tensor) -> its Tensor, one for every attribute holding it (a cache two blocks share)
+
+        def traced(x):
+            if id(x) not in made:
+                made[id(x)] = F.tensor(np.asarray(x), dtype=as_dtype(np.asarray(x).dtype))
+            return made[id(x)]
+        for m in modules if owners else ():
+            for name, v in _plain_attributes(m):
+                if _host_leaves(v):
+                    leaves, tree = pytree.flatten(v)
+                    if any(isinstance(x, HostTensor) and id(memory_owner(x)) in owners for x in leaves):
+                        tensors = [traced(x) for x in leaves]
+                        self.assigned(m, name, pytree.unflatten(tree, tensors))
+                        self.converted[(id(m), name)] = (m, name, v, [t._value for t in tensors])
 
     def parameter(self, p, values):
-        if id(p) not in self.params:
+        key = (id(p), id(values))  # (one Tensor per binding: functional_call(m, other) inside reads other's)
+        if key not in self.params:
             t = F.tensor(values, dtype=p.dtype)
-            self.params[id(p)] = (p, t, t._value)
-        return self.params[id(p)][1]
+            self.params[key] = (p, t, t._value, values)
+        return self.params[key][1]
 
     def buffer(self, module, name, make):
         key = (id(module), name)
@@ -807,55 +899,78 @@ class _Effects:
         object.__setattr__(module, name, value)
 
     def attribute(self, x):
-        """A traced Tensor in place of the host tensor x where a module called here holds x as a plain
-        attribute (Meta's KV cache, `self.cache_k[:, a:b] = k`), so a write into it is kept; else None."""
+        """A write of a traced value into host tensor x: where a module called here holds x (or a list
+        or dict of them holding x) as a plain attribute, it is noted as one its forward writes, and the
+        call is traced again (_Again)."""
+        from .. import pytree
+        from ..host import memory_owner
+
+        owner = memory_owner(x)  # (a view of the attribute too: row = self.c[:, pos]; row[:] = x)
         for m in self.root.modules():
-            for name, v in list(m.__dict__.items()):
-                if v is x:
-                    values = np.asarray(x)
-                    t = F.tensor(values, dtype=as_dtype(values.dtype))
-                    self.assigned(m, name, t)
-                    return t
-        return None
+            for name, v in _plain_attributes(m):
+                leaves = pytree.flatten(v)[0] if isinstance(v, (list, tuple, dict)) else [v]
+                if any(isinstance(y, np.ndarray) and memory_owner(y) is owner for y in leaves):
+                    m.__dict__.setdefault("_mica_written", set()).add(name)
+                    raise _Again()
 
     def changed(self):
-        """The run's extra outputs: the Parameters and buffers written, and the attributes assigned."""
+        """The run's extra outputs: the Parameters and buffers written, the attributes assigned or
+        written, and the Tensors the forward put into the lists and dicts the modules hold."""
+        from ..tensor import Tensor
+
         out = {}
-        for i, (p, t, first) in enumerate(self.params.values()):
+        for i, (p, t, first, _) in enumerate(self.params.values()):
             if t._value is not first:
                 out[f"p{i}"] = t
         for i, (m, name, t, first) in enumerate(self.buffers.values()):
             if t._value is not first:
                 out[f"b{i}"] = t
         for i, (m, name, _) in enumerate(self.attrs.values()):
-            if _traced_leaves(m.__dict__.get(name)):
-                out[f"a{i}"] = m.__dict__[name]
+            leaves = _tensor_leaves(m.__dict__.get(name))
+            if leaves:
+                out[f"a{i}"] = leaves
+        for i, (m, name, v, _) in enumerate(self.containers.values()):
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            put = {str(k): x for k, x in items if isinstance(x, Tensor)}
+            if put and m.__dict__.get(name) is v:
+                out[f"c{i}"] = put
         return out
 
     def keep(self, values):
-        for i, (p, _, _) in enumerate(self.params.values()):
+        for i, (p, _, _, read) in enumerate(self.params.values()):
             if f"p{i}" in values:
-                new, given = np.asarray(values[f"p{i}"]), self.user_bound.get(id(p))
-                if isinstance(given, np.ndarray) and given.flags.writeable:
-                    np.copyto(given, new, casting="unsafe")  # (the params dict bind() was given: torch's in place)
+                new = np.asarray(values[f"p{i}"])
+                mine = read is getattr(p, "_held", None) or read is self.user_bound.get(id(p))
+                if mine and isinstance(read, np.ndarray) and read.flags.writeable and read.shape == new.shape:
+                    np.copyto(read, new, casting="unsafe")  # (the array it read: held or bound, in place as torch's)
                 else:
                     p._held = in_dtype(new.astype(np.float64), p.dtype)
         for i, (m, name, _, first) in enumerate(self.buffers.values()):
             if f"b{i}" in values:
                 new, old = np.asarray(values[f"b{i}"]), m._buffers.get(name)
-                if first is not None and old is not None:  # (written in place: the buffer's own type)
+                if old is not None:  # (the buffer's own type: in its memory where it fits, as torch's in place)
                     new = new.astype(np.asarray(old).dtype, copy=False)
-                m._buffers[name] = _buffer_array(new)
+                m._buffers[name] = _into(old, new)
         for i, (m, name, (had, before)) in enumerate(self.attrs.values()):
+            key = (id(m), name)
             if f"a{i}" in values:
-                object.__setattr__(m, name, values[f"a{i}"])
-            else:  # (assigned traced values and then something else: what it holds now, if not traced)
-                if _traced_leaves(m.__dict__.get(name)):
-                    self._restore(m, name, had, before)
+                now = _with_leaves(m.__dict__.get(name), values[f"a{i}"])
+                object.__setattr__(m, name, _into_tree(before if had else None, now) if _host_leaves(now) else now)
+            elif key in self.converted:  # (not written: as it was)
+                self._restore(m, name, had, before)
+        for i, (m, name, v, _) in enumerate(self.containers.values()):
+            for k, x in values.get(f"c{i}", {}).items():
+                v[int(k) if isinstance(v, list) else next(j for j in v if str(j) == k)] = x
 
     def undo(self):
         for m, name, (had, before) in self.attrs.values():
             self._restore(m, name, had, before)
+        for m, name, v, items in self.containers.values():
+            if isinstance(v, list):
+                v[:] = items
+            else:
+                v.clear()
+                v.update(items)
 
     @staticmethod
     def _restore(m, name, had, before):
@@ -863,6 +978,30 @@ class _Effects:
             object.__setattr__(m, name, before)
         else:
             m.__dict__.pop(name, None)
+
+
+def _into(old, new):
+    """new's values in old's memory where old is a writable array of its shape (references to it see
+    them, as torch's in-place writes), else new as a host tensor."""
+    if isinstance(old, np.ndarray) and old.shape == new.shape and old.flags.writeable:
+        np.copyto(old, new, casting="unsafe")
+        return old
+    return _buffer_array(new)
+
+
+def _into_tree(old, new):
+    """_into over matching lists, tuples and dicts (an attribute's earlier host tensors reused)."""
+    from .. import pytree
+
+    if old is None or not _host_leaves(old):
+        return new
+    old_leaves, old_tree = pytree.flatten(old)
+    new_leaves, new_tree = pytree.flatten(new)
+    if len(old_leaves) != len(new_leaves) or repr(old_tree) != repr(new_tree):
+        return new
+    kept = [_into(o, np.asarray(n)) if np.asarray(o).dtype == np.asarray(n).dtype else n
+            for o, n in zip(old_leaves, new_leaves)]
+    return old if all(k is o for k, o in zip(kept, old_leaves)) else pytree.unflatten(new_tree, kept)
 
 
 def _drawn(init, p, stream):
@@ -1054,6 +1193,63 @@ class RMSNorm(Module):
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class _BatchNorm(Module):
+    """torch.nn.BatchNorm1d/2d/3d: weight ones and bias zeros per channel; running_mean (zeros),
+    running_var (ones) and num_batches_tracked as buffers, which training moves (F.batch_norm): in a
+    compiled step they are its state, kept after each call; momentum=None averages them
+    cumulatively, as torch's."""
+
+    ndims, name = (2, 3), "BatchNorm1d"
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, *, bias=True):
+        super().__init__()
+        _device(device)
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        self.weight = Parameter(shape=(num_features,), dtype=dtype, init=initializers.ones()) if affine else None
+        self.bias = Parameter(shape=(num_features,), dtype=dtype, init=initializers.zeros()) \
+            if affine and bias else None
+        if track_running_stats:
+            self.register_buffer("running_mean", np.zeros(num_features, np.float32))
+            self.register_buffer("running_var", np.ones(num_features, np.float32))
+            self.register_buffer("num_batches_tracked", np.zeros((), np.int64))
+        else:
+            for buffer in ("running_mean", "running_var", "num_batches_tracked"):
+                self.register_buffer(buffer, None)
+
+    def forward(self, x):
+        x = F.as_tensor(x)
+        if x.ndim not in self.ndims:
+            raise MicaError(f"{self.name}: expected a {' or '.join(f'{d}-d' for d in self.ndims)} input, got "
+                            f"{x.value.spec!r}", user_location())
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # (a cumulative average: torch's 1 / num_batches_tracked)
+                factor = 1.0 / F.to(self.num_batches_tracked, dtypes.float64)
+        training = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return F.batch_norm(x, self.running_mean if keep else None, self.running_var if keep else None, self.weight,
+                            self.bias, training, factor, self.eps)
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    pass
+
+
+class BatchNorm2d(_BatchNorm):
+    ndims, name = (4,), "BatchNorm2d"
+
+
+class BatchNorm3d(_BatchNorm):
+    ndims, name = (5,), "BatchNorm3d"
 
 
 class Dropout(Module):

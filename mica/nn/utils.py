@@ -26,7 +26,12 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         from ..host import run
 
         # (outside a step: the gradients the last compiled step left, clipped in place as torch's p.grad)
-        return run(lambda *gs: clip_grad_norm(list(gs), max_norm, norm_type, error_if_nonfinite), held, {})
+        total = run(lambda *gs: clip_grad_norm(list(gs), max_norm, norm_type), [g.copy() for g in held], {})
+        if error_if_nonfinite and not np.isfinite(float(total)):  # (its values are known here: torch's check)
+            raise MicaError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is non-finite, so "
+                            "it cannot be clipped; find where they overflow, or pass error_if_nonfinite=False",
+                            user_location())
+        return run(lambda *gs: clip_grad_norm(list(gs), max_norm, norm_type), held, {})
     params = _parameters(parameters, step, "clip_grad_norm_")
     grads = {i: step.grads[id(p)] for i, p in enumerate(params) if id(p) in step.grads}
     if not grads:

@@ -278,6 +278,9 @@ def import_nanogpt(path, out_dir):
         raise MicaError(f"{path} holds no GPT weights (no transformer.wte.weight or lm_head.weight); is it a nanoGPT "
                         "checkpoint?")
     if "transformer.wte.weight" not in tensors and "lm_head.weight" in sd:
+        if not isinstance(sd["lm_head.weight"], torch.Tensor):
+            raise MicaError(f"{path} is not a nanoGPT checkpoint: its lm_head.weight is a "
+                            f"{type(sd['lm_head.weight']).__name__}, not a tensor")
         tensors["transformer.wte.weight"] = sd["lm_head.weight"].float().numpy()
     shapes = {n: a.shape for n, a in tensors.items()}
     if len(shapes["transformer.wte.weight"]) != 2:

@@ -613,8 +613,9 @@ def _check_speedrun_resume(cfg, out_dir, vocab, log):
     if saved.get("recipe") != "speedrun":
         raise MicaError(f"the checkpoint in {out_dir} was not trained with the speedrun recipe; resume it with its own "
                         "config, or train into another out_dir")
-    if "embed.weight" in st.tensors and st.info("embed.weight")[1][0] != vocab:
-        raise MicaError(f"the checkpoint in {out_dir} has a vocabulary of {st.info('embed.weight')[1][0]} tokens, but "
+    rows = _embedding_rows(st, "embed.weight", None) if "embed.weight" in st.tensors else vocab  # (its width: _loads)
+    if rows != vocab:
+        raise MicaError(f"the checkpoint in {out_dir} has a vocabulary of {rows} tokens, but "
                         f"this run's is {vocab} (from vocab_size or the data's meta.json); resume with the data and "
                         "vocab_size the run was trained with")
     for k in (*SPEEDRUN_MODEL_KEYS, "train_steps", "batch_size", "seq_len", "mbs", "cooldown_frac",
@@ -1092,7 +1093,7 @@ def _embedding_rows(st, name, width):
     """The vocabulary the checkpoint's embedding `name` holds: its rows, where it is [rows, width] as
     the model's (the checksum covers only its bytes: a header that gives it another shape is damage)."""
     shape = st.info(name)[1]
-    if len(shape) != 2 or shape[1] != width or shape[0] < 1:
+    if len(shape) != 2 or (width is not None and shape[1] != width) or shape[0] < 1:
         raise MicaError(f"checkpoint {st.path} is damaged: its {name} is {list(shape)}, not [vocabulary, {width}] as "
                         "its model's width; use another checkpoint")
     return int(shape[0])

@@ -7,6 +7,8 @@ not torch's direct convolution's: results agree to float32 rounding, not bit for
 import itertools
 import math
 
+import numpy as np
+
 from .. import amp
 from ..tensor import fail
 from .core import add, as_tensor, div, max as _max, mean, ones_like, sum as _sum, to
@@ -154,6 +156,7 @@ def _adaptive(verb, nd, input, output_size):
         fail(f"{verb}: output_size must be one size or {nd} of them, got {output_size!r}")
     spatial = x.shape[-nd:]
     sizes = [L if n is None else n for n, L in zip(sizes, spatial)]  # (None keeps that dim, as torch's)
+    sizes = [int(n) if isinstance(n, np.integer) else n for n in sizes]
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
         fail(f"{verb}: output_size must be positive sizes (or None), got {output_size!r}")
     dims = list(range(x.ndim - nd, x.ndim))
@@ -183,9 +186,10 @@ def _channel_dropout(verb, nd, input, p, training):
     """torch's dropout1d/2d/3d: whole channels zeroed (each kept one scaled by 1 / (1 - p)), one
     draw per (sample, channel); a 3-d input to dropout2d is [N, C, L], as torch reads it."""
     from .core import ones
-    from .nn import dropout
+    from .nn import _probability, dropout
 
     x = as_tensor(input)
+    p = _probability(verb, "p", p)
     if x.ndim not in (nd + 1, nd + 2):
         fail(f"{verb}: input must be {nd + 1}-d (unbatched) or {nd + 2}-d (batched), got {x.value.spec!r}")
     if not training or p == 0:

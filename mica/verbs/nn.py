@@ -399,6 +399,49 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return to(y, back) if back else y
 
 
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """torch.nn.functional.batch_norm: input [N, C, *] normalized per channel over the batch and
+    every position: in training with the batch's statistics, moving running_mean and running_var in
+    place by `momentum` (the variance unbiased, as torch's: momentum * new + (1 - momentum) * old);
+    otherwise with the running ones. A half input computes in float32 and is rounded once."""
+    from .core import detach, mean as _mean, rsqrt, square
+
+    x = _floating_input(input, "batch_norm")
+    if x.ndim < 2:
+        fail(f"batch_norm: input must be [N, C, *], got {x.value.spec!r}")
+    C = x.shape[1]
+    stats = [as_tensor(t) if t is not None else None for t in (running_mean, running_var)]
+    for name, p in (("running_mean", stats[0]), ("running_var", stats[1]), ("weight", weight), ("bias", bias)):
+        if p is not None and (as_tensor(p).ndim != 1 or as_tensor(p).shape[0] != C):
+            fail(f"batch_norm: {name} must be [{C}] (one per channel), got {as_tensor(p).value.spec!r}")
+    if not training and (stats[0] is None or stats[1] is None):
+        fail("batch_norm: with training=False it normalizes by running_mean and running_var, and one is None; give "
+             "both, or training=True")
+    back = x.dtype if x.dtype in dtypes.HALF else None
+    y = to(x, dtypes.float32) if back else x
+    dims = (0,) + tuple(range(2, x.ndim))
+    at = (1, C) + (1,) * (x.ndim - 2)
+    if training:
+        n = math.prod(x.shape) // C
+        if n <= 1:
+            fail(f"batch_norm: training needs more than 1 value per channel, got input {x.value.spec!r} (torch "
+                 "refuses it too); give a batch of 2 or more, or call model.eval()")
+        mu = _mean(y, dims)
+        spread = _sum(square(y - reshape(mu, at)), dims)
+        var = spread / n
+        for kept, new in ((stats[0], mu), (stats[1], spread / (n - 1))):  # (the running ones, in place: torch's)
+            if kept is not None:
+                kept.copy_(momentum * to(detach(new), kept.dtype) + (1 - momentum) * kept)
+    else:
+        mu, var = (to(t, y.dtype) for t in stats)
+    y = (y - reshape(mu, at)) * reshape(rsqrt(var + eps), at)
+    if weight is not None:
+        y = mul(y, reshape(to(as_tensor(weight), y.dtype), at))
+    if bias is not None:
+        y = add(y, reshape(to(as_tensor(bias), y.dtype), at))
+    return to(y, back) if back else y
+
+
 # eps=None: the machine epsilon of the type the norm computes in (PyTorch's opmath type: float32
 # for the half types too)
 _FINFO_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -23, "float16": 2.0 ** -23}

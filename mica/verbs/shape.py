@@ -525,12 +525,27 @@ def repeat(input, *sizes):
     return reshape(big, tuple(r * s for r, s in zip(sizes, x.shape)))
 
 
-def tensor_split(input, indices_or_sections, dim=0):
+def tensor_split(input, indices_or_sections=None, dim=0, **given):
     """torch.tensor_split: n pieces whose sizes differ by at most one (the first size % n a row
-    longer), or the pieces between the given indices (views, as split's)."""
+    longer), or the pieces between the given indices (views, as split's); torch's keywords
+    sections=, indices= and tensor_indices_or_sections= too."""
     x = as_tensor(input)
-    d, bounds = tensor_split_bounds(x, indices_or_sections, dim)
+    d, bounds = tensor_split_bounds(x, tensor_split_cut(indices_or_sections, given), dim)
     return tuple(narrow(x, d, a, b - a) for a, b in bounds)
+
+
+def tensor_split_cut(indices_or_sections, given):
+    """The cut torch's tensor_split overloads name: positionally, or as sections=, indices= or
+    tensor_indices_or_sections= (one of them)."""
+    names = ("sections", "indices", "tensor_indices_or_sections")
+    unknown = [k for k in given if k not in names]
+    if unknown:
+        fail(f"tensor_split() got an unexpected keyword argument {unknown[0]!r}; it takes indices_or_sections (or "
+             "torch's sections=, indices=, tensor_indices_or_sections=) and dim")
+    cuts = ([] if indices_or_sections is None else [indices_or_sections]) + [given[k] for k in names if k in given]
+    if len(cuts) != 1:
+        fail("tensor_split: give the sections or the indices once (positionally, or as sections= or indices=)")
+    return cuts[0]
 
 
 def tensor_split_bounds(x, indices_or_sections, dim):
@@ -538,6 +553,8 @@ def tensor_split_bounds(x, indices_or_sections, dim):
     needs_a_dim(x, "tensor_split")
     d = canon_dim(dim, x.ndim, "tensor_split")
     size, cut = x.shape[d], indices_or_sections
+    if isinstance(cut, np.ndarray) and cut.dtype.kind in "iu" and cut.ndim <= 1:  # (a host tensor of ints: torch's too)
+        cut = int(cut) if cut.ndim == 0 else [int(i) for i in cut]
     if isinstance(cut, Tensor):
         fail("tensor_split: indices_or_sections as a traced Tensor would make shapes from data; give an int or a "
              "list of ints")
@@ -595,6 +612,8 @@ def tensordot(a, b, dims=2):
             fail(f"tensordot: dims pairs {len(da)} dims of a with {len(db)} of b; give as many of each")
         da = [canon_dim(d, a.ndim, "tensordot") for d in da]
         db = [canon_dim(d, b.ndim, "tensordot") for d in db]
+        if len(set(da)) != len(da) or len(set(db)) != len(db):
+            fail(f"tensordot: dims {dims!r} names a dim twice; name each dim of a and of b once")
     else:
         fail(f"tensordot: dims is an int or a pair of dim lists, got {dims!r}")
     for i, j in zip(da, db):
