@@ -501,6 +501,14 @@ for _name in ("sum", "mean", "max", "min", "std", "var", "argmax", "argmin", "so
 
 def _torch_method(name):
     def method(self, *args, **kwargs):
+        from . import pytree
+        from .tensor import Tensor, in_trace
+
+        if in_trace() and any(isinstance(x, Tensor) for x in pytree.flatten((args, kwargs))[0]):
+            from .dtypes import as_dtype  # (a traced operand: the host tensor is a constant of that trace)
+            from .verbs.core import tensor
+
+            return getattr(tensor(np.asarray(self), dtype=as_dtype(np.asarray(self).dtype)), name)(*args, **kwargs)
         return _method(name, self, *args, **kwargs)
     method.__name__ = name
     return method

@@ -149,6 +149,8 @@ class StepTrace:
         step writes is its input (and its final Tensor an output), one it only reads a constant."""
         key = (id(module), name)
         if key not in self.buffers:
+            if self.mode == "find" and name in module.__dict__.get("_mica_state_buffers", ()):
+                self.wrote(module, name)  # (one a compiled step writes: an input here too, never a stale constant)
             if self.mode == "trace" and key in self.state:
                 t = self.state[key]
             else:
@@ -876,11 +878,10 @@ def _keep_buffer(m, name, new):
     has the same shape (a state_dict() taken earlier sees them, as torch's buffers), else in its place."""
     from .nn.modules import _buffer_array
 
+    from .nn.modules import _into
+
     old = m._buffers.get(name)
-    if old is not None and isinstance(old, np.ndarray) and old.shape == new.shape and old.flags.writeable:
-        np.copyto(old, new.astype(old.dtype, copy=False), casting="unsafe")
-    else:
-        m._buffers[name] = _buffer_array(new if old is None else new.astype(np.asarray(old).dtype, copy=False))
+    m._buffers[name] = _into(old, new if old is None else new.astype(np.asarray(old).dtype, copy=False))
 
 
 def _lr(opt, i, group):

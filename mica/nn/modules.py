@@ -550,8 +550,9 @@ class Module:
                 if key in given:
                     value = _as_values(where, key, given[key], np.shape(b), None)
                     floating = m.__dict__.get("_buffer_float") if np.asarray(b).dtype.kind == "f" else None
-                    m._buffers[name] = in_dtype(value, floating) if floating is not None else \
+                    value = in_dtype(value, floating) if floating is not None else \
                         value.astype(np.asarray(b).dtype)  # (torch's copy_: the buffer keeps its type, floats cut)
+                    m._buffers[name] = _into(b, np.asarray(value, dtype=np.asarray(b).dtype))  # (in its memory)
                     used.add(key)
         missing = [k for k in dict.fromkeys(expected) if k not in used]  # (torch's order, a tie once)
         unexpected = [k for k in given if k not in set(expected)]
@@ -764,7 +765,9 @@ def _eager_call(module, args, kwargs):
             raise
         effects.keep(out["effects"])
         return out["result"]
-    raise AssertionError("an eager forward kept finding new attributes to write")
+    raise MicaError(f"{type(module).__name__}'s forward, called outside a trace, writes into host tensors its modules "
+                    "hold in a way Mica cannot follow (in a container it cannot make Tensors of?); keep them as "
+                    "buffers (register_buffer) or plain tensor attributes", user_location())
 
 
 class _Again(BaseException):
@@ -808,6 +811,12 @@ def _with_leaves(value, new):
         return new["0"]
     leaves, tree = pytree.flatten(value)
     return pytree.unflatten(tree, [new.get(str(i), x) for i, x in enumerate(leaves)])
+
+
+def _leaves(value):
+    from .. import pytree
+
+    return pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
 
 
 def _host_leaves(value):
@@ -856,8 +865,8 @@ class _Effects:
             for name, v in _plain_attributes(m):
                 if isinstance(v, (list, dict)):
                     self.containers[(id(m), name)] = (m, name, v, list(v) if isinstance(v, list) else dict(v))
-                if name in written and _host_leaves(v):
-                    owners.update(id(memory_owner(x)) for x in pytree.flatten(v)[0])
+                if name in written:
+                    owners.update(id(memory_owner(x)) for x in _leaves(v) if isinstance(x, HostTensor))
         made = {}  # id(host tensor) -> its Tensor, one for every attribute holding it (a cache two blocks share)
 
         def traced(x):
@@ -866,12 +875,13 @@ class _Effects:
             return made[id(x)]
         for m in modules if owners else ():
             for name, v in _plain_attributes(m):
-                if _host_leaves(v):
-                    leaves, tree = pytree.flatten(v)
-                    if any(isinstance(x, HostTensor) and id(memory_owner(x)) in owners for x in leaves):
-                        tensors = [traced(x) for x in leaves]
-                        self.assigned(m, name, pytree.unflatten(tree, tensors))
-                        self.converted[(id(m), name)] = (m, name, v, [t._value for t in tensors])
+                leaves = _leaves(v)
+                if any(isinstance(x, HostTensor) and id(memory_owner(x)) in owners for x in leaves):
+                    # (its host tensors Tensors, its other leaves as they are: {"k": cache, "n": 0})
+                    tensors = [traced(x) if isinstance(x, HostTensor) else x for x in leaves]
+                    self.assigned(m, name, pytree.unflatten(pytree.flatten(v)[1], tensors)
+                                  if isinstance(v, (list, tuple, dict)) else tensors[0])
+                    self.converted[(id(m), name)] = (m, name, v, None)
 
     def parameter(self, p, values):
         key = (id(p), id(values))  # (one Tensor per binding: functional_call(m, other) inside reads other's)
@@ -955,7 +965,7 @@ class _Effects:
             key = (id(m), name)
             if f"a{i}" in values:
                 now = _with_leaves(m.__dict__.get(name), values[f"a{i}"])
-                object.__setattr__(m, name, _into_tree(before if had else None, now) if _host_leaves(now) else now)
+                object.__setattr__(m, name, _into_tree(before if had else None, now))
             elif key in self.converted:  # (not written: as it was)
                 self._restore(m, name, had, before)
         for i, (m, name, v, _) in enumerate(self.containers.values()):
@@ -981,9 +991,13 @@ class _Effects:
 
 
 def _into(old, new):
-    """new's values in old's memory where old is a writable array of its shape (references to it see
-    them, as torch's in-place writes), else new as a host tensor."""
-    if isinstance(old, np.ndarray) and old.shape == new.shape and old.flags.writeable:
+    """new's values in old's memory where old is a writable host tensor of its shape (references to
+    it see them, as torch's in-place writes; its write count moves, so a compiled function that read
+    it as a constant is made again), else new as a host tensor."""
+    from ..host import HostTensor, written
+
+    if isinstance(old, HostTensor) and old.shape == new.shape and old.flags.writeable:
+        written(old)
         np.copyto(old, new, casting="unsafe")
         return old
     return _buffer_array(new)
@@ -993,15 +1007,22 @@ def _into_tree(old, new):
     """_into over matching lists, tuples and dicts (an attribute's earlier host tensors reused)."""
     from .. import pytree
 
-    if old is None or not _host_leaves(old):
+    from ..host import HostTensor
+
+    if isinstance(old, HostTensor) and isinstance(new, np.ndarray) and old.dtype == new.dtype:
+        return _into(old, new)
+    if not isinstance(old, (list, tuple, dict)) or not isinstance(new, (list, tuple, dict)):
         return new
     old_leaves, old_tree = pytree.flatten(old)
     new_leaves, new_tree = pytree.flatten(new)
     if len(old_leaves) != len(new_leaves) or repr(old_tree) != repr(new_tree):
         return new
-    kept = [_into(o, np.asarray(n)) if np.asarray(o).dtype == np.asarray(n).dtype else n
+    kept = [_into(o, n) if isinstance(o, HostTensor) and isinstance(n, np.ndarray) and o.dtype == n.dtype else n
             for o, n in zip(old_leaves, new_leaves)]
-    return old if all(k is o for k, o in zip(kept, old_leaves)) else pytree.unflatten(new_tree, kept)
+    if all(k is o or (type(k) in (int, float, str, bool) and type(k) is type(o) and k == o)
+           for k, o in zip(kept, old_leaves)):
+        return old
+    return pytree.unflatten(new_tree, kept)
 
 
 def _drawn(init, p, stream):
@@ -1238,6 +1259,21 @@ class _BatchNorm(Module):
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
                 f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
+
+
+    def reset_running_stats(self):
+        """torch's: running_mean zeros, running_var ones, num_batches_tracked 0, in place."""
+        if self.track_running_stats:
+            for name, value in (("running_mean", 0), ("running_var", 1), ("num_batches_tracked", 0)):
+                self._buffers[name] = _into(self._buffers[name], np.full_like(np.asarray(self._buffers[name]), value))
+
+    def reset_parameters(self):
+        """torch's: the running statistics reset, the weight ones and the bias zeros."""
+        self.reset_running_stats()
+        if self.affine:
+            initializers.ones_(self.weight)
+            if self.bias is not None:
+                initializers.zeros_(self.bias)
 
 
 class BatchNorm1d(_BatchNorm):
