@@ -1892,3 +1892,16 @@ def test_torch_style_odds_and_ends_of_parameters_splits_and_init():
                                              r"non-finite"):
         mica.nn.utils.clip_grad_norm_(lin.parameters(), 1.0, error_if_nonfinite=True)
     assert opt is not None
+
+
+def test_dropout_inplace_writes_the_input_and_tensordot_takes_torchs_dims_only():
+    """F.dropout/dropout2d(..., inplace=True) outside a trace change the tensor given, as torch's (the
+    flag was ignored); tensordot refuses dims=(1, 0), two ints, as torch does (it took them)."""
+    for verb in ("dropout", "dropout2d"):
+        a = mica.ones(2, 8, 4, 4)
+        out = getattr(mica.nn.functional, verb)(a, 0.5, True, inplace=True)
+        assert not np.array_equal(np.asarray(a), np.ones((2, 8, 4, 4)))
+        assert np.array_equal(np.asarray(a), np.asarray(out)) and set(np.unique(np.asarray(a))) <= {0.0, 2.0}
+    with pytest.raises(mica.MicaError, match=r"^tensordot: dims is an int or a pair of dim lists"):
+        mica.tensordot(mica.ones(2, 3), mica.ones(3, 4), (1, 0))
+    assert mica.tensordot(mica.ones(2, 3), mica.ones(3, 4), ([1], [0])).shape == (2, 4)

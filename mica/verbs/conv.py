@@ -182,7 +182,7 @@ def adaptive_avg_pool2d(input, output_size):
     return _adaptive("adaptive_avg_pool2d", 2, input, output_size)
 
 
-def _channel_dropout(verb, nd, input, p, training):
+def _channel_dropout(verb, nd, input, p, training, inplace=False):
     """torch's dropout1d/2d/3d: whole channels zeroed (each kept one scaled by 1 / (1 - p)), one
     draw per (sample, channel); a 3-d input to dropout2d is [N, C, L], as torch reads it."""
     from .core import ones
@@ -196,19 +196,19 @@ def _channel_dropout(verb, nd, input, p, training):
         return dropout(x, p, training)  # (its checks of p, and x as it is)
     lead = 2 if x.ndim == nd + 2 or verb == "dropout2d" else 1  # (the sample and channel dims)
     keep = dropout(ones(*x.shape[:lead], *(1,) * (x.ndim - lead), dtype=x.dtype), p, True)
-    return x * keep
+    return x.copy_(x * keep) if inplace else x * keep  # (inplace=True: written into the input, as torch's)
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):
-    return _channel_dropout("dropout1d", 1, input, p, training)
+    return _channel_dropout("dropout1d", 1, input, p, training, inplace)
 
 
 def dropout2d(input, p=0.5, training=True, inplace=False):
-    return _channel_dropout("dropout2d", 2, input, p, training)
+    return _channel_dropout("dropout2d", 2, input, p, training, inplace)
 
 
 def dropout3d(input, p=0.5, training=True, inplace=False):
-    return _channel_dropout("dropout3d", 3, input, p, training)
+    return _channel_dropout("dropout3d", 3, input, p, training, inplace)
 
 
 def _no_indices(verb, return_indices):

@@ -602,9 +602,11 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if not training or p == 0.0:
         return x
     if p == 1.0:
-        return x * 0.0
-    ctx = current("dropout")
-    return emit("dropout", [x, ctx.rng()], p=float(p), stream=ctx.next_stream(), threshold=threshold(p))
+        y = x * 0.0
+    else:
+        ctx = current("dropout")
+        y = emit("dropout", [x, ctx.rng()], p=float(p), stream=ctx.next_stream(), threshold=threshold(p))
+    return x.copy_(y) if inplace else y  # (inplace=True: written into the input, as torch's)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

@@ -606,8 +606,8 @@ def tensordot(a, b, dims=2):
             fail(f"tensordot: dims must be 0 to {builtins.min(a.ndim, b.ndim)} for {a.value.spec!r} and "
                  f"{b.value.spec!r}, got {int(dims)}")
         da, db = list(range(a.ndim - dims, a.ndim)), list(range(dims))
-    elif isinstance(dims, (list, tuple)) and len(dims) == 2:
-        da, db = ([d] if isinstance(d, (int, np.integer)) else list(d) for d in dims)
+    elif isinstance(dims, (list, tuple)) and len(dims) == 2 and all(isinstance(d, (list, tuple)) for d in dims):
+        da, db = (list(d) for d in dims)
         if len(da) != len(db):
             fail(f"tensordot: dims pairs {len(da)} dims of a with {len(db)} of b; give as many of each")
         da = [canon_dim(d, a.ndim, "tensordot") for d in da]
@@ -615,7 +615,7 @@ def tensordot(a, b, dims=2):
         if len(set(da)) != len(da) or len(set(db)) != len(db):
             fail(f"tensordot: dims {dims!r} names a dim twice; name each dim of a and of b once")
     else:
-        fail(f"tensordot: dims is an int or a pair of dim lists, got {dims!r}")
+        fail(f"tensordot: dims is an int or a pair of dim lists ([a's dims], [b's dims]), got {dims!r}")
     for i, j in zip(da, db):
         if a.shape[i] != b.shape[j]:
             fail(f"tensordot: a's dim {i} ({a.shape[i]}) and b's dim {j} ({b.shape[j]}) are paired but differ")
