@@ -1905,3 +1905,46 @@ def test_dropout_inplace_writes_the_input_and_tensordot_takes_torchs_dims_only()
     with pytest.raises(mica.MicaError, match=r"^tensordot: dims is an int or a pair of dim lists"):
         mica.tensordot(mica.ones(2, 3), mica.ones(3, 4), (1, 0))
     assert mica.tensordot(mica.ones(2, 3), mica.ones(3, 4), ([1], [0])).shape == (2, 4)
+
+
+def test_an_eager_forward_of_many_blocks_each_writing_its_own_caches_runs_as_torchs():
+    """Meta's llama: every attention block holds cache_k and cache_v as plain attributes and writes
+    them; 32 blocks' 64 caches are found at once per kind of module (one write found per trace
+    would have needed 65 traces of the first call), and the values are torch's."""
+    out = {}
+    for lib in (mica, torch):
+        class Attn(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wk = lib.nn.Linear(4, 4, bias=False)
+                self.cache_k, self.cache_v = lib.zeros(1, 8, 4), lib.zeros(1, 8, 4)
+
+            def forward(self, x, pos):
+                k, n = self.wk(x), x.shape[1]
+                self.cache_k[:, pos:pos + n] = k
+                self.cache_v[:, pos:pos + n] = 2 * k
+                return x + 0.01 * (self.cache_k[:, :pos + n].sum(1, keepdim=True) + self.cache_v[:, :pos + n].mean(1, keepdim=True))
+
+        class Net(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = lib.nn.ModuleList([Attn() for _ in range(32)])
+
+            def forward(self, x, pos):
+                for layer in self.layers:
+                    x = layer(x, pos)
+                return x
+
+        net = Net()
+        layers = net.layers
+        for layer in layers:
+            if lib is torch:
+                with torch.no_grad():
+                    layer.wk.weight.copy_(torch.eye(4) * 0.5)
+            else:
+                layer.wk.load_state_dict({"weight": np.eye(4, dtype=np.float32) * 0.5})
+        with torch.no_grad():
+            for pos in (0, 2):
+                x = net(lib.ones(1, 2, 4), pos)  # (one eager call of the whole model: all 64 caches in it)
+        out[lib] = (np.asarray(x), np.asarray(layers[31].cache_v))
+    assert all(np.allclose(a, b, rtol=1e-6) for a, b in zip(out[mica], out[torch]))

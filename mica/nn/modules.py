@@ -741,7 +741,7 @@ def _eager_call(module, args, kwargs):
             "`with model.bind(params):` or load them "
             "with model.load_state_dict(model.state_dict(params))", UserWarning, path, line)
 
-    for _ in range(8):  # (a write into a plain attribute found while tracing: traced again, it made a Tensor first)
+    for _ in range(64):  # (a write into a plain attribute found while tracing: traced again, it made a Tensor first)
         effects = _Effects(module, user_bound=dict(_BOUND[-1]))
 
         def call(*a, **k):
@@ -920,7 +920,9 @@ class _Effects:
             for name, v in _plain_attributes(m):
                 leaves = pytree.flatten(v)[0] if isinstance(v, (list, tuple, dict)) else [v]
                 if any(isinstance(y, np.ndarray) and memory_owner(y) is owner for y in leaves):
-                    m.__dict__.setdefault("_mica_written", set()).add(name)
+                    for same in self.root.modules():  # (every layer of its kind: Meta's 32 blocks' cache_k at once)
+                        if type(same) is type(m) and name in same.__dict__:
+                            same.__dict__.setdefault("_mica_written", set()).add(name)
                     raise _Again()
 
     def changed(self):
