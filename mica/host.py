@@ -610,6 +610,7 @@ def _viewed(self, name, shape_of, args, kwargs, make):
 
 
 def _drawn(self, values):
+    written(self)  # (normal_/uniform_: a compiled function that read it as a constant is made again)
     np.copyto(self, np.asarray(values), casting="unsafe")
     return self
 

@@ -247,9 +247,21 @@ def touch(module):
     step = active()
     if step is not None and step.mode == "find" and all(m is not module for m in step.touched):
         step.touched.append(module)
-        for name, v in list(module.__dict__.items()):
-            if not name.startswith("_") and isinstance(v, (list, dict)):
-                step.containers.append((module, name, v, list(v) if isinstance(v, list) else dict(v)))
+        seen = {id(v) for _, _, v, _ in step.containers}
+        for m in module.modules():  # (its submodules' too: a helper module holding only a list)
+            for name, v in list(m.__dict__.items()):
+                if not name.startswith("_") and isinstance(v, (list, dict)) and id(v) not in seen:
+                    seen.add(id(v))
+                    step.containers.append((m, name, v, list(v) if isinstance(v, list) else dict(v)))
+
+
+def _give_back(s):
+    for _, _, v, items in s.containers:
+        if isinstance(v, list):
+            v[:] = items
+        else:
+            v.clear()
+            v.update(items)
 
 
 def _check_containers(s):
@@ -260,11 +272,7 @@ def _check_containers(s):
     for m, name, v, items in s.containers:
         held = v.values() if isinstance(v, dict) else v
         if any(isinstance(x, Tensor) for x in held):
-            if isinstance(v, list):
-                v[:] = items
-            else:
-                v.clear()
-                v.update(items)
+            _give_back(s)
             raise MicaError(f"the compiled step puts a tensor into {type(m).__name__}.{name}, a "
                             f"{type(v).__name__} the module holds, which the step cannot keep between calls; assign "
                             f"the attribute itself (self.{name} = [...]: the module holds the new value after each "
@@ -905,6 +913,9 @@ def find(fn, args, name=None):
     _ACTIVE.append(s)
     try:
         s.program = trace(fn, *args, name=name)
+    except BaseException:
+        _give_back(s)  # (a failed trace leaves no Tensor in the lists its modules hold)
+        raise
     finally:
         _ACTIVE.pop()
         _restore_lrs(s)

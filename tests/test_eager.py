@@ -1948,3 +1948,92 @@ def test_an_eager_forward_of_many_blocks_each_writing_its_own_caches_runs_as_tor
                 x = net(lib.ones(1, 2, 4), pos)  # (one eager call of the whole model: all 64 caches in it)
         out[lib] = (np.asarray(x), np.asarray(layers[31].cache_v))
     assert all(np.allclose(a, b, rtol=1e-6) for a, b in zip(out[mica], out[torch]))
+
+
+def test_reassigning_state_in_an_eager_forward_makes_new_objects_as_torchs():
+    """`self.last_loss = ...` and a buffer reassigned in an eager forward are new objects after each
+    call, as torch's: values collected from earlier calls keep theirs (they were all overwritten
+    with the last call's); a dict assigned to a buffer's name is torch's refusal, as a sentence."""
+    out = {}
+    for lib in (mica, torch):
+        class M(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("last", lib.zeros(2))
+                self.last_loss = None
+
+            def forward(self, x):
+                self.last_loss = x.sum()
+                self.last = x * 1.0
+                return x
+
+        m, losses, lasts = M(), [], []
+        for k in (1.0, 2.0, 3.0):
+            m(lib.ones(2) * k)
+            losses.append(m.last_loss)
+            lasts.append(m.last)
+        out[lib] = ([float(v) for v in losses], [np.asarray(v).tolist() for v in lasts])
+    assert out[mica] == out[torch] == ([2.0, 4.0, 6.0], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+
+    class Bad(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", mica.zeros(2))
+
+        def forward(self, x):
+            self.buf = {"a": x, "n": 1}
+            return x
+    with pytest.raises(mica.MicaError, match=r"^cannot assign a dict as buffer 'buf'"):
+        Bad()(mica.ones(2))
+
+
+def test_a_compiled_function_reads_state_buffers_through_named_buffers_and_state_dict():
+    """A compiled evaluation that reads the running statistics through named_buffers() or
+    state_dict() takes them as inputs as m.running_mean does (it baked them in, stale); a helper
+    module holding only a list is covered by the step's check of what it puts into lists."""
+    bn = mica.nn.BatchNorm1d(2)
+    lin = mica.nn.Linear(2, 2)
+    opt = mica.optim.SGD(lin.parameters(), lr=0.05)
+
+    @mica.compile
+    def train(x):
+        bn.train()
+        bn(lin(x)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    @mica.compile
+    def via_named(x):
+        return dict(bn.named_buffers())["running_mean"] + lin(x).sum() * 0
+
+    @mica.compile
+    def via_state(x):
+        return bn.state_dict()["running_var"] + lin(x).sum() * 0
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        train(mica.tensor((rng.standard_normal((4, 2)) + 2).astype(np.float32)))
+        assert np.allclose(np.asarray(via_named(mica.ones(1, 2))), np.asarray(bn.running_mean), atol=1e-7)
+        assert np.allclose(np.asarray(via_state(mica.ones(1, 2))), np.asarray(bn.running_var), atol=1e-7)
+
+    class Store(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.items = []
+
+    class M(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.store = mica.nn.Linear(2, 1), Store()
+
+        def forward(self, x):
+            h = self.fc(x)
+            self.store.items.append(h)
+            return h.sum()
+    m = M()
+
+    @mica.compile
+    def step(x):
+        m(x).backward()
+    with pytest.raises(mica.MicaError, match=r"^the compiled step puts a tensor into Store.items"):
+        step(mica.ones(3, 2))
+    assert m.store.items == []

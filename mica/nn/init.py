@@ -76,8 +76,10 @@ def _set(param, initializer):
             raise MicaError(f"nn.init fills a Parameter or a host tensor in place, not a {type(param).__name__} (a "
                             "traced tensor's values are computed, not set); make it a Parameter, or fill it outside "
                             "the trace", user_location())
+        from ..host import written
         from ..random import default_generator
 
+        written(param)  # (a compiled function that read it as a constant is made again)
         np.copyto(param, np.asarray(initializer.sample(param.shape, default_generator._rng)), casting="unsafe")
         return param
     param.init = initializer

@@ -279,7 +279,8 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise MicaError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                             "assigning attributes")
-        if F.in_trace() and name not in self._parameters and name not in self._modules and _tensor_leaves(value):
+        if F.in_trace() and name not in self._parameters and name not in self._modules and _tensor_leaves(value) \
+                and (name not in self._buffers or isinstance(value, Tensor)):
             if _EAGER:  # (a forward run eagerly keeps what it assigns: after the run)
                 _EAGER[-1].assigned(self, name, value)
                 return
@@ -505,8 +506,8 @@ class Module:
         for mprefix, m in self.named_modules(prefix) if recurse else [(prefix, self)]:
             for name, b in m._buffers.items():
                 if b is not None and not (remove_duplicate and id(b) in seen):
-                    seen.add(id(b))
-                    yield (f"{mprefix}.{name}" if mprefix else name), b
+                    seen.add(id(b))  # (in a trace, as m.name reads it: a compiled step's state is its input)
+                    yield (f"{mprefix}.{name}" if mprefix else name), getattr(m, name) if F.in_trace() else b
 
     def buffers(self, recurse=True):
         return (b for _, b in self.named_buffers(recurse=recurse))
@@ -672,7 +673,8 @@ class Module:
                     out[f"{mprefix}.{name}" if mprefix else name] = p if keep_vars else params[by_id[id(p)]]
             for name, b in m._buffers.items():
                 if b is not None and name not in m._non_persistent:
-                    out[f"{mprefix}.{name}" if mprefix else name] = host(b) if held else b
+                    out[f"{mprefix}.{name}" if mprefix else name] = getattr(m, name) if F.in_trace() else \
+                        host(b) if held else b
         return out
 
     @contextlib.contextmanager
@@ -868,9 +870,16 @@ class _Effects:
                 if name in written:
                     owners.update(id(memory_owner(x)) for x in _leaves(v) if isinstance(x, HostTensor))
         made = {}  # id(host tensor) -> its Tensor, one for every attribute holding it (a cache two blocks share)
+        shapes = {}  # id(its memory) -> the host tensor made a Tensor over it
 
         def traced(x):
             if id(x) not in made:
+                first = shapes.setdefault(id(memory_owner(x)), x)
+                if first is not x and (first.shape != x.shape or first.__array_interface__["data"][0] !=
+                                       x.__array_interface__["data"][0]):
+                    raise MicaError("a forward called outside a trace writes a host tensor that two of its modules' "
+                                    "attributes hold as different views of one array; hold the array once (and index "
+                                    "it in the forward), or keep it as a buffer", user_location())
                 made[id(x)] = F.tensor(np.asarray(x), dtype=as_dtype(np.asarray(x).dtype))
             return made[id(x)]
         for m in modules if owners else ():
@@ -960,14 +969,18 @@ class _Effects:
         for i, (m, name, _, first) in enumerate(self.buffers.values()):
             if f"b{i}" in values:
                 new, old = np.asarray(values[f"b{i}"]), m._buffers.get(name)
-                if old is not None:  # (the buffer's own type: in its memory where it fits, as torch's in place)
-                    new = new.astype(np.asarray(old).dtype, copy=False)
-                m._buffers[name] = _into(old, new)
+                if old is not None and first is not None:  # (written in place: in its memory, its type, as torch's)
+                    m._buffers[name] = _into(old, new.astype(np.asarray(old).dtype, copy=False))
+                else:  # (reassigned: a new tensor, as torch's; one held before keeps its values)
+                    m._buffers[name] = _buffer_array(new)
+                m.__dict__.setdefault("_mica_state_buffers", set()).add(name)  # (moved by a forward: an input of a
+                # compiled step that reads it, never a constant)
         for i, (m, name, (had, before)) in enumerate(self.attrs.values()):
             key = (id(m), name)
             if f"a{i}" in values:
                 now = _with_leaves(m.__dict__.get(name), values[f"a{i}"])
-                object.__setattr__(m, name, _into_tree(before if had else None, now))
+                written_in_place = key in self.converted  # (a reassignment is a new object, as torch's)
+                object.__setattr__(m, name, _into_tree(before if had else None, now) if written_in_place else now)
             elif key in self.converted:  # (not written: as it was)
                 self._restore(m, name, had, before)
         for i, (m, name, v, _) in enumerate(self.containers.values()):
