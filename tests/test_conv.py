@@ -238,3 +238,15 @@ def test_orthogonal_init_is_torchs_draw():
             q = q.t()
         got = Orthogonal(1.5).sample(shape, np.random.default_rng(9))
         assert np.allclose(got, 1.5 * q.numpy().reshape(shape), atol=1e-10)
+
+
+def test_an_adaptive_pool_to_no_outputs_is_empty_as_torchs():
+    """adaptive_avg_pool1d/2d to an output size of 0 give torch's empty result (they were refused);
+    a negative size is a sentence."""
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 4)).astype(np.float32)
+    for size in ((0, 2), (3, 0)):
+        got = mica.nn.functional.adaptive_avg_pool2d(mica.tensor(x), size)
+        assert got.shape == tuple(torch.nn.functional.adaptive_avg_pool2d(torch.tensor(x), size).shape)
+    assert mica.nn.functional.adaptive_avg_pool1d(mica.tensor(x[0]), 0).shape == (2, 5, 0)
+    with pytest.raises(mica.MicaError, match=r"^adaptive_avg_pool2d: output_size must be sizes of 0 or more"):
+        mica.nn.functional.adaptive_avg_pool2d(mica.tensor(x), (-1, 2))

@@ -157,9 +157,11 @@ def _adaptive(verb, nd, input, output_size):
     spatial = x.shape[-nd:]
     sizes = [L if n is None else n for n, L in zip(sizes, spatial)]  # (None keeps that dim, as torch's)
     sizes = [int(n) if isinstance(n, np.integer) else n for n in sizes]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
-        fail(f"{verb}: output_size must be positive sizes (or None), got {output_size!r}")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
+        fail(f"{verb}: output_size must be sizes of 0 or more (or None), got {output_size!r}")
     dims = list(range(x.ndim - nd, x.ndim))
+    if 0 in sizes:  # (torch's: an empty result)
+        return reshape(narrow(x, dims[sizes.index(0)], 0, 0), x.shape[:-nd] + tuple(sizes))
     windows = [[(o * L // n, -(-(o + 1) * L // n)) for o in range(n)] for n, L in zip(sizes, spatial)]
     if all(len(w) == 1 and w[0] == (0, L) for w, L in zip(windows, spatial)):  # (a global pool)
         return mean(x, dims, keepdim=True)
