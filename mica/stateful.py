@@ -186,11 +186,10 @@ class StepTrace:
                 if _tensor_leaves(m.__dict__.get(name))]
 
     def restore(self):
+        from .nn.modules import _put_back
+
         for m, name, (had, before) in self.assigned.values():
-            if had:
-                object.__setattr__(m, name, before)
-            else:
-                m.__dict__.pop(name, None)
+            _put_back(m, name, had, before)
 
     def set_grad_of(self, t, value):
         """t.grad = value for the parameter whose current Tensor t is (None drops it)."""
@@ -247,21 +246,21 @@ def touch(module):
     step = active()
     if step is not None and step.mode == "find" and all(m is not module for m in step.touched):
         step.touched.append(module)
+        from .nn.modules import _items
+
         seen = {id(v) for _, _, v, _ in step.containers}
         for m in module.modules():  # (its submodules' too: a helper module holding only a list)
             for name, v in list(m.__dict__.items()):
                 if not name.startswith("_") and isinstance(v, (list, dict)) and id(v) not in seen:
                     seen.add(id(v))
-                    step.containers.append((m, name, v, list(v) if isinstance(v, list) else dict(v)))
+                    step.containers.append((m, name, v, _items(v)))
 
 
 def _give_back(s):
+    from .nn.modules import _refill
+
     for _, _, v, items in s.containers:
-        if isinstance(v, list):
-            v[:] = items
-        else:
-            v.clear()
-            v.update(items)
+        _refill(v, items)
 
 
 def _check_containers(s):
@@ -661,7 +660,7 @@ class StatefulStep:
                       for o in self.optimizers]
         scaler_specs = [sc.state_specs() for sc in self.scalers]
         buffer_specs = {key: _buffer_spec(m, name) for key, (m, name) in zip(self.buffer_names, self.buffers)}
-        from .nn.modules import _tensor_leaves
+        from .nn.modules import _put_back, _tensor_leaves
 
         computed = []  # [(group, its lr computed in the step)] of the last trace
         attrs = []  # [(module, name)] the last trace assigned traced values to
@@ -691,10 +690,7 @@ class StatefulStep:
                 got, constant = _restore_lrs(s)
                 s.restore()
                 for m, name, had, value in held:
-                    if had:
-                        object.__setattr__(m, name, value)
-                    else:
-                        m.__dict__.pop(name, None)
+                    _put_back(m, name, had, value)
             computed[:] = got
             if constant and constant[0] not in _WARNED:
                 import warnings

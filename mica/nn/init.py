@@ -230,7 +230,6 @@ class Orthogonal(Initializer):
 def orthogonal_(param, gain=1.0):
     if len(param.shape) < 2:
         from ..errors import MicaError
-
         from ..tensor import user_location
 
         raise MicaError(f"orthogonal_: only tensors of 2 or more dims can be made orthogonal, got {list(param.shape)}",

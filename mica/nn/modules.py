@@ -786,23 +786,10 @@ def eager_attribute(x):
     return None
 
 
-def _traced_leaves(value):
-    """Whether value is a traced Tensor, or a list, tuple or dict holding only traced Tensors."""
-    from .. import pytree
-    from ..tensor import Tensor
-
-    leaves = pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
-    return bool(leaves) and all(isinstance(x, Tensor) for x in leaves)
-
-
 def _tensor_leaves(value):
     """{position: traced Tensor} of value's leaves (value a Tensor, or a list, tuple or dict holding
     some among other values: `self.stats = {"loss": loss, "n": 3}`); empty where it holds none."""
-    from .. import pytree
-    from ..tensor import Tensor
-
-    leaves = pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
-    return {str(i): x for i, x in enumerate(leaves) if isinstance(x, Tensor)}
+    return {str(i): x for i, x in enumerate(_leaves(value)) if isinstance(x, Tensor)}
 
 
 def _with_leaves(value, new):
@@ -816,18 +803,32 @@ def _with_leaves(value, new):
 
 
 def _leaves(value):
+    """value's leaves: its own where it is a list, tuple or dict, else [value]."""
     from .. import pytree
 
     return pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
 
 
-def _host_leaves(value):
-    """Whether value is a host tensor, or a list, tuple or dict holding only host tensors."""
-    from .. import pytree
-    from ..host import HostTensor
+def _put_back(m, name, had, before):
+    """m.name as it was before a trace assigned it: `before`, or no attribute (had it: whether it was one)."""
+    if had:
+        object.__setattr__(m, name, before)
+    else:
+        m.__dict__.pop(name, None)
 
-    leaves = pytree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
-    return bool(leaves) and all(isinstance(x, HostTensor) for x in leaves)
+
+def _items(container):
+    """A copy of a list's or dict's items, which _refill gives back."""
+    return list(container) if isinstance(container, list) else dict(container)
+
+
+def _refill(container, items):
+    """A list or dict given back the items _items copied (a trace put Tensors into it)."""
+    if isinstance(container, list):
+        container[:] = items
+    else:
+        container.clear()
+        container.update(items)
 
 
 def _plain_attributes(m):
@@ -851,7 +852,7 @@ class _Effects:
         self.params = {}     # (id(p), id(values)) -> (p, its Tensor, its first value, the array it was made from)
         self.buffers = {}    # (id(module), name) -> (module, name, its Tensor, its first value or None)
         self.attrs = {}      # (id(module), name) -> (module, name, what it held before: (had it, value))
-        self.converted = {}  # (id(module), name) -> (module, name, the host value, its first leaves' values)
+        self.converted = set()  # (id(module), name) of the plain attributes made Tensors at the forward's start
         self.containers = {}  # (id(module), name) -> (module, name, the list or dict, a copy of its items)
 
     def begin(self):
@@ -866,7 +867,7 @@ class _Effects:
             written = m.__dict__.get("_mica_written", ())
             for name, v in _plain_attributes(m):
                 if isinstance(v, (list, dict)):
-                    self.containers[(id(m), name)] = (m, name, v, list(v) if isinstance(v, list) else dict(v))
+                    self.containers[(id(m), name)] = (m, name, v, _items(v))
                 if name in written:
                     owners.update(id(memory_owner(x)) for x in _leaves(v) if isinstance(x, HostTensor))
         made = {}  # id(host tensor) -> its Tensor, one for every attribute holding it (a cache two blocks share)
@@ -890,7 +891,7 @@ class _Effects:
                     tensors = [traced(x) if isinstance(x, HostTensor) else x for x in leaves]
                     self.assigned(m, name, pytree.unflatten(pytree.flatten(v)[1], tensors)
                                   if isinstance(v, (list, tuple, dict)) else tensors[0])
-                    self.converted[(id(m), name)] = (m, name, v, None)
+                    self.converted.add((id(m), name))
 
     def parameter(self, p, values):
         key = (id(p), id(values))  # (one Tensor per binding: functional_call(m, other) inside reads other's)
@@ -982,27 +983,16 @@ class _Effects:
                 written_in_place = key in self.converted  # (a reassignment is a new object, as torch's)
                 object.__setattr__(m, name, _into_tree(before if had else None, now) if written_in_place else now)
             elif key in self.converted:  # (not written: as it was)
-                self._restore(m, name, had, before)
+                _put_back(m, name, had, before)
         for i, (m, name, v, _) in enumerate(self.containers.values()):
             for k, x in values.get(f"c{i}", {}).items():
                 v[int(k) if isinstance(v, list) else next(j for j in v if str(j) == k)] = x
 
     def undo(self):
         for m, name, (had, before) in self.attrs.values():
-            self._restore(m, name, had, before)
-        for m, name, v, items in self.containers.values():
-            if isinstance(v, list):
-                v[:] = items
-            else:
-                v.clear()
-                v.update(items)
-
-    @staticmethod
-    def _restore(m, name, had, before):
-        if had:
-            object.__setattr__(m, name, before)
-        else:
-            m.__dict__.pop(name, None)
+            _put_back(m, name, had, before)
+        for _, _, v, items in self.containers.values():
+            _refill(v, items)
 
 
 def _into(old, new):
@@ -1274,7 +1264,6 @@ class _BatchNorm(Module):
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
                 f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
-
 
     def reset_running_stats(self):
         """torch's: running_mean zeros, running_var ones, num_batches_tracked 0, in place."""

@@ -25,9 +25,10 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
             return host(np.zeros((), np.float32))
         from ..host import run
 
-        # (outside a step: the gradients the last compiled step left, clipped in place as torch's p.grad)
-        total = run(lambda *gs: clip_grad_norm(list(gs), max_norm, norm_type), [g.copy() for g in held], {})
-        if error_if_nonfinite and not np.isfinite(float(total)):  # (its values are known here: torch's check)
+        # (outside a step: the gradients the last compiled step left, clipped in place as torch's p.grad;
+        # with error_if_nonfinite their norm is found first on copies, so a refusal changes none of them)
+        if error_if_nonfinite and not np.isfinite(float(run(
+                lambda *gs: clip_grad_norm(list(gs), max_norm, norm_type), [g.copy() for g in held], {}))):
             raise MicaError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is non-finite, so "
                             "it cannot be clipped; find where they overflow, or pass error_if_nonfinite=False",
                             user_location())

@@ -1094,8 +1094,8 @@ def _embedding_rows(st, name, width):
     the model's (the checksum covers only its bytes: a header that gives it another shape is damage)."""
     shape = st.info(name)[1]
     if len(shape) != 2 or (width is not None and shape[1] != width) or shape[0] < 1:
-        raise MicaError(f"checkpoint {st.path} is damaged: its {name} is {list(shape)}, not [vocabulary, {width}] as "
-                        "its model's width; use another checkpoint")
+        raise MicaError(f"checkpoint {st.path} is damaged: its {name} is {list(shape)}, not [vocabulary, "
+                        f"{'width' if width is None else width}] as its model's; use another checkpoint")
     return int(shape[0])
 
 

@@ -384,19 +384,30 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     N, C = x.shape[0], x.shape[1]
     if not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 1 or C % num_groups:
         fail(f"group_norm: {C} channels do not divide into num_groups={num_groups!r} groups; give a divisor of {C}")
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and (as_tensor(p).ndim != 1 or as_tensor(p).shape[0] != C):
-            fail(f"group_norm: {name} must be [{C}] (one per channel), got {as_tensor(p).value.spec!r}")
+    _per_channel("group_norm", C, (("weight", weight), ("bias", bias)))
     back = x.dtype if x.dtype in dtypes.HALF else None
     y = to(x, dtypes.float32) if back else x
     y = reshape(layer_norm(reshape(y, (N, num_groups, -1)), (math.prod(x.shape[1:]) // num_groups,), eps=eps),
                 x.shape)
-    at = (C,) + (1,) * (x.ndim - 2)
+    y = _channel_affine(y, weight, bias)
+    return to(y, back) if back else y
+
+
+def _per_channel(verb, C, named):
+    """Each (name, tensor or None) of `named` a [C] vector, one value per channel, or verb's sentence."""
+    for name, p in named:
+        if p is not None and (as_tensor(p).ndim != 1 or as_tensor(p).shape[0] != C):
+            fail(f"{verb}: {name} must be [{C}] (one per channel), got {as_tensor(p).value.spec!r}")
+
+
+def _channel_affine(y, weight, bias):
+    """y [N, C, *] times each channel's weight, plus its bias (either None: left out), in y's type."""
+    at = (y.shape[1],) + (1,) * (y.ndim - 2)
     if weight is not None:
         y = mul(y, reshape(to(as_tensor(weight), y.dtype), at))
     if bias is not None:
         y = add(y, reshape(to(as_tensor(bias), y.dtype), at))
-    return to(y, back) if back else y
+    return y
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
@@ -411,9 +422,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         fail(f"batch_norm: input must be [N, C, *], got {x.value.spec!r}")
     C = x.shape[1]
     stats = [as_tensor(t) if t is not None else None for t in (running_mean, running_var)]
-    for name, p in (("running_mean", stats[0]), ("running_var", stats[1]), ("weight", weight), ("bias", bias)):
-        if p is not None and (as_tensor(p).ndim != 1 or as_tensor(p).shape[0] != C):
-            fail(f"batch_norm: {name} must be [{C}] (one per channel), got {as_tensor(p).value.spec!r}")
+    _per_channel("batch_norm", C, (("running_mean", stats[0]), ("running_var", stats[1]), ("weight", weight),
+                                   ("bias", bias)))
     if not training and (stats[0] is None or stats[1] is None):
         fail("batch_norm: with training=False it normalizes by running_mean and running_var, and one is None; give "
              "both, or training=True")
@@ -434,11 +444,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                 kept.copy_(momentum * to(detach(new), kept.dtype) + (1 - momentum) * kept)
     else:
         mu, var = (to(t, y.dtype) for t in stats)
-    y = (y - reshape(mu, at)) * reshape(rsqrt(var + eps), at)
-    if weight is not None:
-        y = mul(y, reshape(to(as_tensor(weight), y.dtype), at))
-    if bias is not None:
-        y = add(y, reshape(to(as_tensor(bias), y.dtype), at))
+    y = _channel_affine((y - reshape(mu, at)) * reshape(rsqrt(var + eps), at), weight, bias)
     return to(y, back) if back else y
 
 
