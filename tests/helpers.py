@@ -35,3 +35,14 @@ def mica_cli(*args, cwd=None, check=False):
     if check and r.returncode != 0:
         raise AssertionError(f"mica {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
     return r
+
+
+def load_values(lib, module, arrays):
+    """The same starting values in a Mica or a torch module: `arrays` ({state_dict key: numpy array})
+    loaded by the library's own load_state_dict (keys left out keep their values)."""
+    if lib is mica:
+        module.load_state_dict(arrays, strict=False)
+    else:
+        import torch
+
+        module.load_state_dict({k: torch.tensor(v) for k, v in arrays.items()}, strict=False)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import mica
+from helpers import load_values
 
 
 def _trained(lib, kind, momentum, track, affine, bias=True):
@@ -17,11 +18,7 @@ def _trained(lib, kind, momentum, track, affine, bias=True):
     bn = getattr(nn, "BatchNorm" + kind[:2])(4, momentum=momentum, track_running_stats=track, affine=affine, bias=bias)
     lin = nn.Linear(4, 4, bias=False)
     w = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
-    if lib is torch:
-        with torch.no_grad():
-            lin.weight.copy_(torch.tensor(w))
-    else:
-        lin.load_state_dict({"weight": w})
+    load_values(lib, lin, {"weight": w})
     opt = lib.optim.SGD(list(lin.parameters()) + list(bn.parameters()), lr=0.1)
 
     def step(x):
@@ -100,13 +97,7 @@ def test_a_buffer_a_compiled_step_writes_is_its_state_and_one_it_reads_a_constan
 
         m = M()
         w = np.arange(6, dtype=np.float32).reshape(2, 3) / 5 - 0.4
-        if lib is torch:
-            with torch.no_grad():
-                m.fc.weight.copy_(torch.tensor(w))
-                m.fc.bias.zero_()
-        else:
-            m.load_state_dict({"fc.weight": w, "fc.bias": np.zeros(2, np.float32), "ema": np.zeros(2, np.float32),
-                               "count": np.zeros((), np.int64), "mask": np.ones(2, np.float32)})
+        load_values(lib, m, {"fc.weight": w, "fc.bias": np.zeros(2, np.float32)})
         opt = lib.optim.SGD(m.parameters(), lr=0.1)
 
         def step(x):
@@ -137,12 +128,7 @@ def test_a_compiled_evaluation_reads_the_running_statistics_training_moved():
         bn = lib.nn.BatchNorm1d(2)
         lin = lib.nn.Linear(2, 2)
         w = np.array([[1.0, 0.5], [-0.5, 1.0]], np.float32)
-        if lib is torch:
-            with torch.no_grad():
-                lin.weight.copy_(torch.tensor(w))
-                lin.bias.fill_(0.3)
-        else:
-            lin.load_state_dict({"weight": w, "bias": np.full(2, 0.3, np.float32)})
+        load_values(lib, lin, {"weight": w, "bias": np.full(2, 0.3, np.float32)})
         opt = lib.optim.SGD(lin.parameters(), lr=0.05)
 
         def train(x):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mica
-from helpers import rel_err
+from helpers import rel_err, load_values
 
 
 def _tiny_gpt(lib):
@@ -1583,7 +1583,7 @@ class _Cached:
                 return out
 
         m = Attn()
-        m.wk.weight.data.copy_(lib.tensor(w)) if lib is torch else m.load_state_dict({"wk.weight": w}, strict=False)
+        load_values(lib, m, {"wk.weight": w})
         return m
 
 
@@ -1638,12 +1638,7 @@ def test_gradients_kept_between_compiled_steps_clip_outside_them_as_torchs():
     def run(lib):
         m = lib.nn.Linear(4, 3)
         w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5
-        if lib is torch:
-            with torch.no_grad():
-                m.weight.copy_(torch.tensor(w))
-                m.bias.zero_()
-        else:
-            m.load_state_dict({"weight": w, "bias": np.zeros(3, np.float32)})
+        load_values(lib, m, {"weight": w, "bias": np.zeros(3, np.float32)})
         opt = lib.optim.SGD(m.parameters(), lr=0.1)
 
         def forward_backward(x, y):
@@ -1687,12 +1682,7 @@ def test_an_attribute_a_compiled_step_assigns_holds_its_last_value_after_each_ca
 
         m = M()
         w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5
-        if lib is torch:
-            with torch.no_grad():
-                m.fc.weight.copy_(torch.tensor(w))
-                m.fc.bias.zero_()
-        else:
-            m.load_state_dict({"fc.weight": w, "fc.bias": np.zeros(3, np.float32)})
+        load_values(lib, m, {"fc.weight": w, "fc.bias": np.zeros(3, np.float32)})
         opt = lib.optim.AdamW(m.parameters(), lr=0.1)
 
         def step(x, y):
@@ -1757,11 +1747,7 @@ def test_an_eager_forward_writes_caches_as_torchs_through_every_name_and_view():
 
         net = Net()
         w = np.array([[1.0, 2.0], [-1.0, 0.5]], np.float32)
-        if lib is torch:
-            with torch.no_grad():
-                net.lin.weight.copy_(torch.tensor(w))
-        else:
-            net.load_state_dict({"lin.weight": w, "kv": np.zeros(4, np.float32)})
+        load_values(lib, net, {"lin.weight": w})
         return net
 
     out = {}
@@ -1938,11 +1924,7 @@ def test_an_eager_forward_of_many_blocks_each_writing_its_own_caches_runs_as_tor
         net = Net()
         layers = net.layers
         for layer in layers:
-            if lib is torch:
-                with torch.no_grad():
-                    layer.wk.weight.copy_(torch.eye(4) * 0.5)
-            else:
-                layer.wk.load_state_dict({"weight": np.eye(4, dtype=np.float32) * 0.5})
+            load_values(lib, layer.wk, {"weight": np.eye(4, dtype=np.float32) * 0.5})
         with torch.no_grad():
             for pos in (0, 2):
                 x = net(lib.ones(1, 2, 4), pos)  # (one eager call of the whole model: all 64 caches in it)
