@@ -852,9 +852,23 @@ def eager(verb):
         if verb.__name__ in _VIEWS and args and isinstance(args[0], HostTensor):  # (views of its memory, as torch's)
             return getattr(args[0], verb.__name__)(*args[1:], **kwargs)
         if _holds_array(args) or _holds_array(kwargs.values()):
-            return run(verb, args, kwargs)
+            out = run(verb, args, kwargs)
+            return args[0] if _asks_inplace(verb, args, kwargs) else out  # (torch's: the input, written)
         return host(verb(*args, **kwargs))
     return call
+
+
+def _asks_inplace(verb, args, kwargs):
+    """Whether this call of an activation or dropout asks inplace=True of a host tensor."""
+    import inspect
+
+    if not args or not isinstance(args[0], HostTensor):
+        return False
+    try:
+        bound = inspect.signature(verb).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return False
+    return bool(bound.arguments.get("inplace", False))
 
 
 _VIEWS = ("split", "tensor_split", "chunk", "unbind")  # (the verbs whose host tensor methods give numpy views)

@@ -2019,3 +2019,55 @@ def test_a_compiled_function_reads_state_buffers_through_named_buffers_and_state
     with pytest.raises(mica.MicaError, match=r"^the compiled step puts a tensor into Store.items"):
         step(mica.ones(3, 2))
     assert m.store.items == []
+
+
+def test_inplace_activations_write_their_input_as_torchs():
+    """inplace=True of the activations (functional, positional in the modules' constructors as
+    LeakyReLU(0.2, True), and in Sequential) writes the input, which a forward may then read instead
+    of the result: a compiled training step and an eager call give torch's values and gradients (the
+    flag was ignored, so a forward reading its input got the values before the activation)."""
+    rng = np.random.default_rng(5)
+    w1, w2 = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32)
+    xv = rng.standard_normal((5, 4)).astype(np.float32)
+    acts = [lambda lib, h: lib.nn.Sequential(lib.nn.LeakyReLU(0.2, True))(h),
+            lambda lib, h: lib.nn.functional.silu(h, inplace=True),
+            lambda lib, h: lib.nn.functional.hardtanh(h, -0.8, 0.9, True),
+            lambda lib, h: lib.nn.ELU(0.5, True)(h),
+            lambda lib, h: lib.nn.functional.dropout(h, 0.0, True, True)]
+    for act in acts:
+        got = {}
+        for lib in (mica, torch):
+            nn = lib.nn
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc1, self.fc2 = nn.Linear(4, 6, bias=False), nn.Linear(6, 3, bias=False)
+
+                def forward(self, x):
+                    h = self.fc1(x)
+                    act(lib, h)  # (the result unused: h is what was written)
+                    return self.fc2(h)
+
+            net = Net()
+            load_values(lib, net, {"fc1.weight": w1, "fc2.weight": w2})
+            x = lib.tensor(xv)
+
+            def step(x):
+                loss = (net(x) ** 2).mean()
+                loss.backward()
+                return loss
+            if lib is mica:
+                step = mica.compile(step)
+            loss = float(step(x))
+            eager = np.asarray(net(x).detach() if lib is torch else net(x))
+            got[lib.__name__] = (loss, np.asarray(net.fc1.weight.grad).copy(), eager)
+        (ml, mg, me), (tl, tg, te) = got["mica"], got["torch"]
+        assert abs(ml - tl) <= 1e-5 * abs(tl) and rel_err(mg, tg) < 1e-5 and rel_err(me, te) < 1e-5
+    for lib in (mica, torch):
+        r = lib.tensor(np.array([-1.0, 2.0], np.float32))
+        assert lib.nn.functional.leaky_relu(r, 0.5, True) is r and np.asarray(r).tolist() == [-0.5, 2.0]
+        assert repr(lib.nn.LeakyReLU(0.2, True)) == "LeakyReLU(negative_slope=0.2, inplace=True)"
+        assert repr(lib.nn.Hardswish(True)) == "Hardswish()" and repr(lib.nn.ReLU(inplace=True)) == "ReLU(inplace=True)"
+        with pytest.raises(TypeError):
+            lib.nn.Tanh(inplace=True)  # (torch's Tanh takes no inplace)

@@ -1295,10 +1295,10 @@ class BatchNorm3d(_BatchNorm):
 class Dropout(Module):
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
-        self.p, self.inplace = p, inplace  # (in place or not, the same values: a traced step saves no memory)
+        self.p, self.inplace = p, inplace
 
     def forward(self, x):
-        return F.dropout(x, self.p, self.training)
+        return F.dropout(x, self.p, self.training, self.inplace)
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"
@@ -1308,17 +1308,17 @@ class Dropout1d(Dropout):
     """torch.nn.Dropout1d: whole channels of [N, C, L] (or [C, L]) zeroed, F.dropout1d."""
 
     def forward(self, x):
-        return F.dropout1d(x, self.p, self.training)
+        return F.dropout1d(x, self.p, self.training, self.inplace)
 
 
 class Dropout2d(Dropout):
     def forward(self, x):
-        return F.dropout2d(x, self.p, self.training)
+        return F.dropout2d(x, self.p, self.training, self.inplace)
 
 
 class Dropout3d(Dropout):
     def forward(self, x):
-        return F.dropout3d(x, self.p, self.training)
+        return F.dropout3d(x, self.p, self.training, self.inplace)
 
 
 class GELU(Module):
@@ -1334,11 +1334,15 @@ class GELU(Module):
 
 
 class ReLU(Module):
-    def __init__(self, inplace=False):  # (in place or not, the same values: a traced step has no memory to save)
+    def __init__(self, inplace=False):
         super().__init__()
+        self.inplace = inplace
 
     def forward(self, x):
-        return F.relu(x)
+        return F.relu(x, self.inplace)
+
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
 
 
 class PReLU(Module):

@@ -9,10 +9,10 @@ class _Verb(Module):
 
     verb = None
     names = ()
+    unshown = ()  # (settings torch's repr leaves out)
 
     def __init__(self, *args, **kwargs):
         super().__init__()
-        kwargs.pop("inplace", None)  # (in place or not, the same values: a traced step has no memory to save)
         if len(args) > len(self.names):
             raise TypeError(f"{type(self).__name__} takes at most {len(self.names)} arguments ({', '.join(self.names)})")
         settings = dict(self.defaults)
@@ -27,7 +27,8 @@ class _Verb(Module):
         return getattr(F, self.verb)(*inputs, **self.settings)
 
     def extra_repr(self):
-        return ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
+        return ", ".join(f"{k}={v!r}" for k, v in self.settings.items()
+                         if k not in self.unshown and (k != "inplace" or v))  # (as torch's)
 
 
 def _module(name, verb, **defaults):
@@ -37,23 +38,24 @@ def _module(name, verb, **defaults):
 
 Tanh = _module("Tanh", "tanh")
 Sigmoid = _module("Sigmoid", "sigmoid")
-SiLU = _module("SiLU", "silu")
-LeakyReLU = _module("LeakyReLU", "leaky_relu", negative_slope=0.01)
-ELU = _module("ELU", "elu", alpha=1.0)
+SiLU = _module("SiLU", "silu", inplace=False)
+LeakyReLU = _module("LeakyReLU", "leaky_relu", negative_slope=0.01, inplace=False)
+ELU = _module("ELU", "elu", alpha=1.0, inplace=False)
 Softplus = _module("Softplus", "softplus", beta=1.0, threshold=20.0)
-Hardtanh = _module("Hardtanh", "hardtanh", min_val=-1.0, max_val=1.0)
-ReLU6 = _module("ReLU6", "relu6")
+Hardtanh = _module("Hardtanh", "hardtanh", min_val=-1.0, max_val=1.0, inplace=False)
+ReLU6 = _module("ReLU6", "relu6", inplace=False)
 Softsign = _module("Softsign", "softsign")
 LogSigmoid = _module("LogSigmoid", "logsigmoid")
 GLU = _module("GLU", "glu", dim=-1)
 Softmax = _module("Softmax", "softmax", dim=None)
 LogSoftmax = _module("LogSoftmax", "log_softmax", dim=None)
-Mish = _module("Mish", "mish")
-Hardswish = _module("Hardswish", "hardswish")
-Hardsigmoid = _module("Hardsigmoid", "hardsigmoid")
-SELU = _module("SELU", "selu")
-CELU = _module("CELU", "celu", alpha=1.0)
-Threshold = _module("Threshold", "threshold", threshold=None, value=None)
+Mish = _module("Mish", "mish", inplace=False)
+Hardswish = _module("Hardswish", "hardswish", inplace=False)
+Hardsigmoid = _module("Hardsigmoid", "hardsigmoid", inplace=False)
+Hardswish.unshown = Hardsigmoid.unshown = ("inplace",)
+SELU = _module("SELU", "selu", inplace=False)
+CELU = _module("CELU", "celu", alpha=1.0, inplace=False)
+Threshold = _module("Threshold", "threshold", threshold=None, value=None, inplace=False)
 Tanhshrink = _module("Tanhshrink", "tanhshrink")
 Softshrink = _module("Softshrink", "softshrink", lambd=0.5)
 Hardshrink = _module("Hardshrink", "hardshrink", lambd=0.5)

@@ -10,7 +10,8 @@ import numpy as np
 from .. import amp, dtypes
 from ..tensor import fail
 from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, ge, gt, le, log, logical_and, logical_or, lt,
-                   maximum, mean, mul, ne, neg, norm, result_type, rounded_once, sigmoid, sub, tanh, to, where)
+                   maximum, mean, mul, ne, neg, norm, result_type, rounded_once, sigmoid, sub, tanh, to, where,
+                   written)
 from .core import sum as _sum
 from .shape import expand, narrow, reshape
 
@@ -83,7 +84,7 @@ def logsigmoid(input):
 
 def mish(input, inplace=False):
     """x tanh(softplus(x)), rounded once in a half type."""
-    return rounded_once(_float("mish", input), lambda x: mul(x, tanh(softplus(x))))
+    return written(input, rounded_once(_float("mish", input), lambda x: mul(x, tanh(softplus(x)))), inplace)
 
 
 def hardswish(input, inplace=False):
@@ -93,29 +94,31 @@ def hardswish(input, inplace=False):
         low, high = le(x, -3.0), ge(x, 3.0)
         xs = where(logical_or(low, high), 0.0, x)  # (the middle's formula on safe values: no inf * 0 slope)
         return where(low, mul(x, 0.0), where(high, x, div(mul(xs, add(xs, 3.0)), 6.0)))
-    return rounded_once(_float("hardswish", input), body)
+    return written(input, rounded_once(_float("hardswish", input), body), inplace)
 
 
 def hardsigmoid(input, inplace=False):
     """relu6(x + 3) / 6, with torch's slope 1/6 strictly inside (-3, 3), 0 elsewhere."""
     def body(x):
         return where(le(x, -3.0), 0.0, where(ge(x, 3.0), 1.0, add(div(x, 6.0), 0.5)))
-    return rounded_once(_float("hardsigmoid", input), body)
+    return written(input, rounded_once(_float("hardsigmoid", input), body), inplace)
 
 
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
 
 
 def selu(input, inplace=False):
-    return rounded_once(_float("selu", input), lambda x: mul(_elu(x, _SELU_ALPHA), _SELU_SCALE))
+    y = rounded_once(_float("selu", input), lambda x: mul(_elu(x, _SELU_ALPHA), _SELU_SCALE))
+    return written(input, y, inplace)
 
 
 def celu(input, alpha=1.0, inplace=False):
     """x above 0, alpha (exp(x / alpha) - 1) below."""
     if alpha == 0:
         fail("celu: alpha must not be 0 (it divides x), as torch's")
-    return rounded_once(_float("celu", input), lambda x: where(gt(x, 0.0), x, mul(
+    y = rounded_once(_float("celu", input), lambda x: where(gt(x, 0.0), x, mul(
         _expm1(div(where(gt(x, 0.0), 0.0, x), alpha)), alpha)))
+    return written(input, y, inplace)
 
 
 def prelu(input, weight):
@@ -135,7 +138,7 @@ def prelu(input, weight):
 def threshold(input, threshold, value, inplace=False):
     """value where x <= threshold, else x (NaN stays NaN, as torch's)."""
     x = as_tensor(input)
-    return where(le(x, threshold), as_tensor(value, x.dtype), x)
+    return written(input, where(le(x, threshold), as_tensor(value, x.dtype), x), inplace)
 
 
 def tanhshrink(input):
@@ -158,11 +161,11 @@ def hardshrink(input, lambd=0.5):
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):
     x = as_tensor(input)
-    return where(gt(x, 0), x, mul(x, negative_slope))
+    return written(input, where(gt(x, 0), x, mul(x, negative_slope)), inplace)
 
 
 def elu(input, alpha=1.0, inplace=False):
-    return rounded_once(_float("elu", input), lambda x: _elu(x, alpha))
+    return written(input, rounded_once(_float("elu", input), lambda x: _elu(x, alpha)), inplace)
 
 
 def _elu(x, alpha):
@@ -171,12 +174,13 @@ def _elu(x, alpha):
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     x = as_tensor(input)  # (torch's gradient: 0 at and beyond the bounds)
-    return where(le(x, min_val), as_tensor(min_val, x.dtype), where(le(as_tensor(max_val, x.dtype), x),
-                                                                    as_tensor(max_val, x.dtype), x))
+    y = where(le(x, min_val), as_tensor(min_val, x.dtype), where(le(as_tensor(max_val, x.dtype), x),
+                                                                 as_tensor(max_val, x.dtype), x))
+    return written(input, y, inplace)
 
 
 def relu6(input, inplace=False):
-    return hardtanh(input, 0.0, 6.0)
+    return hardtanh(input, 0.0, 6.0, inplace)
 
 
 def softsign(input):

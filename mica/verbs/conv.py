@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import amp
 from ..tensor import fail
-from .core import add, as_tensor, div, max as _max, mean, ones_like, sum as _sum, to
+from .core import add, as_tensor, div, max as _max, mean, ones_like, sum as _sum, to, written
 from .nn import _matmul_nd, _widened
 from .shape import narrow, pad, reshape, stack, unsqueeze, squeeze
 
@@ -198,7 +198,7 @@ def _channel_dropout(verb, nd, input, p, training, inplace=False):
         return dropout(x, p, training)  # (its checks of p, and x as it is)
     lead = 2 if x.ndim == nd + 2 or verb == "dropout2d" else 1  # (the sample and channel dims)
     keep = dropout(ones(*x.shape[:lead], *(1,) * (x.ndim - lead), dtype=x.dtype), p, True)
-    return x.copy_(x * keep) if inplace else x * keep  # (inplace=True: written into the input, as torch's)
+    return written(x, x * keep, inplace)
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):

@@ -615,15 +615,21 @@ def rounded_once(x, body):
     return body(x)
 
 
+def written(input, result, inplace):
+    """inplace=True of torch's activations and dropouts: the result is written into the input,
+    which is what torch returns (a caller reading the input afterwards sees the new values)."""
+    return input._into(result) if inplace and isinstance(input, Tensor) else result
+
+
 def relu(input, inplace=False):
-    return emit("relu", [as_tensor(input)])
+    return written(input, emit("relu", [as_tensor(input)]), inplace)
 
 
 def silu(input, inplace=False):
     x = as_tensor(input)
     if x.dtype.kind != "float":
         x = to(x, dtypes.DEFAULT_FLOAT)
-    return rounded_once(x, lambda v: v * sigmoid(v))
+    return written(input, rounded_once(x, lambda v: v * sigmoid(v)), inplace)
 
 
 def gelu(input, approximate="none"):

@@ -10,7 +10,7 @@ from ..ops.elementwise import broadcast_shapes
 from ..ops.philox import threshold
 from ..tensor import Tensor, current, emit, fail, takes_axis, user_location
 from .core import (  # noqa: F401
-    _taken_along, add, as_tensor, gelu, is_scalar, mul, relu, result_type, sigmoid, silu, tanh, to, where,
+    _taken_along, add, as_tensor, gelu, is_scalar, mul, relu, result_type, sigmoid, silu, tanh, to, where, written,
 )
 from .core import sum as _sum
 from .shape import expand, reshape, transpose, unsqueeze, squeeze
@@ -612,7 +612,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     else:
         ctx = current("dropout")
         y = emit("dropout", [x, ctx.rng()], p=float(p), stream=ctx.next_stream(), threshold=threshold(p))
-    return x.copy_(y) if inplace else y  # (inplace=True: written into the input, as torch's)
+    return written(x, y, inplace)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
