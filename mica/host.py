@@ -692,14 +692,15 @@ def _torch_typed(result, inputs, ufunc):
 def torch_text(values, extra=""):
     """How torch prints a tensor: `tensor([[ 0.1257, -0.1321]])`, four decimals (none for whole
     numbers), the element type named where it is not float32, int64 or bool."""
-    if values.dtype.kind not in "biuf":  # (complex, text: numpy's own text)
+    if values.dtype.kind not in "biufc":  # (text: numpy's own text)
         return np.ndarray.__repr__(values)
     name = values.dtype.name
     shown = values.astype(np.float32) if name == "float16" else values
-    whole = shown.dtype.kind != "f" or bool(np.all(np.mod(shown[np.isfinite(shown)], 1) == 0))
+    whole = shown.dtype.kind not in "fc" or shown.dtype.kind == "f" and bool(
+        np.all(np.mod(shown[np.isfinite(shown)], 1) == 0))
     body = np.array2string(shown, precision=4, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3,
                            floatmode="maxprec" if whole else "fixed")
-    kind = "" if name in ("float32", "int64", "bool") else f", dtype=torch.{name}"
+    kind = "" if name in ("float32", "int64", "bool", "complex64") else f", dtype=torch.{name}"
     size = f", size={tuple(values.shape)}" if values.size == 0 and values.ndim > 1 else ""
     return f"tensor({body}{size}{kind}{extra})"
 

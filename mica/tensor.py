@@ -371,6 +371,13 @@ class Tensor:
     def nelement(self):
         return self._value.numel
 
+    def is_complex(self):
+        return False  # (a complex tensor in a trace is a mica.complex.ComplexTensor)
+
+    @property
+    def real(self):
+        return self  # (a real tensor's real part: itself, as torch's)
+
     def is_floating_point(self):
         return self.dtype.kind == "float"
 
@@ -486,14 +493,14 @@ class Tensor:
     def __imod__(self, o): return self._into(F.remainder(self, o))
 
     # ---- arithmetic ---------------------------------------------------------------------------
-    def __add__(self, o): return F.add(self, o)
-    def __radd__(self, o): return F.add(o, self)
-    def __sub__(self, o): return F.sub(self, o)
-    def __rsub__(self, o): return F.sub(o, self)
-    def __mul__(self, o): return F.mul(self, o)
-    def __rmul__(self, o): return F.mul(o, self)
-    def __truediv__(self, o): return F.div(self, o)
-    def __rtruediv__(self, o): return F.div(o, self)
+    def __add__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.add(self, o)
+    def __radd__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.add(o, self)
+    def __sub__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.sub(self, o)
+    def __rsub__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.sub(o, self)
+    def __mul__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.mul(self, o)
+    def __rmul__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.mul(o, self)
+    def __truediv__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.div(self, o)
+    def __rtruediv__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.div(o, self)
     def __pow__(self, o): return F.pow(self, o)
     def __rpow__(self, o): return F.pow(o, self)
     def __matmul__(self, o): return F.matmul(self, o)

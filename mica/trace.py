@@ -169,6 +169,10 @@ def _trace(fn, specs, name):
                     continue
                 if F.is_scalar(x):
                     x = F.as_tensor(x)
+                elif hasattr(x, "_mica_complex"):
+                    raise TraceError("a traced function returns a complex tensor, which a compiled program cannot "
+                                     "hold; return torch.view_as_real of it (its real and imaginary parts in a last "
+                                     "dim of 2)", loc)
                 else:
                     raise TraceError(f"a traced function must return Tensors (in dicts, lists, tuples); "
                                      f"got {type(x).__name__}", loc)

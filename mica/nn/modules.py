@@ -345,6 +345,10 @@ class Module:
             buf = d["_buffers"][name]
             if not F.in_trace() or buf is None:
                 return buf
+            if np.iscomplexobj(buf):  # (precomputed rotations, torch.polar's: a constant pair of parts)
+                from ..complex import lift
+
+                return lift(buf)
             float_type = d.get("_buffer_float") if np.asarray(buf).dtype.kind == "f" else None
             if _EAGER:  # (an eager call's forward may write it: torch's KV cache; kept after the run)
                 return _EAGER[-1].buffer(self, name, lambda: F.tensor(buf, dtype=float_type))
