@@ -77,6 +77,8 @@ class HostTensor(np.ndarray):
             _UNARY.get(ufunc) if method == "__call__" and len(inputs) == 1 else None
         if ufunc is np.matmul and method == "__call__" and len({np.result_type(x) for x in plain}) > 1:
             run(verb, inputs, {})  # (int @ float, half @ float: torch refuses, so does the verb)
+        if ufunc is np.subtract and any(isinstance(x, HostTensor) and x.dtype == np.bool_ for x in inputs):
+            run(verb, inputs, {})  # (a bool tensor less a number: torch refuses, so does the verb)
         try:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
                 out = getattr(ufunc, method)(*plain, **kwargs)
@@ -194,6 +196,19 @@ class HostTensor(np.ndarray):
         if np.broadcast_shapes(self.shape, shape) != shape:  # (a dim of more than 1 that would change)
             raise ValueError("expand")
         return shape
+
+    def unfold(self, dimension, size, step):  # (torch's: a view of the windows, numpy's strides over the same memory)
+        from .verbs.core import canon_dim
+
+        if self.ndim == 0 or not all(isinstance(v, (int, np.integer)) for v in (dimension, size, step)):
+            return _method("unfold", self, dimension, size, step)
+        d = canon_dim(dimension, self.ndim, "unfold")
+        n = self.shape[d]
+        if size < 0 or step < 1 or size > n:
+            return _method("unfold", self, dimension, size, step)  # (its sentence)
+        shape = self.shape[:d] + ((n - size) // step + 1,) + self.shape[d + 1:] + (size,)
+        strides = self.strides[:d] + (self.strides[d] * step,) + self.strides[d + 1:] + (self.strides[d],)
+        return np.lib.stride_tricks.as_strided(self, shape, strides, writeable=self.flags.writeable).view(HostTensor)
 
     def expand_as(self, other):
         return self.expand(*np.shape(other))
@@ -332,9 +347,11 @@ class HostTensor(np.ndarray):
         return np.swapaxes(self, -2, -1)
 
     def narrow(self, dim, start, length):
+        from .verbs.core import known_int
         from .verbs.shape import narrowed
 
         d, start = narrowed(self, dim, start, length)
+        length = known_int(length, "narrow", "length")
         index = [slice(None)] * self.ndim
         index[d] = slice(start, start + length)
         return self[tuple(index)]
@@ -644,6 +661,20 @@ def _in_place(name):
 _FILLS = ("fill_", "zero_", "copy_")  # (in-place writes that read nothing of the tensor: an expanded view takes them)
 
 
+def _overlaps_itself(a):
+    """Whether two elements of `a` are one place in memory (an expanded view, unfold's overlapping
+    windows): its dims, by stride, each stepping over less than the dims below it span."""
+    span = a.itemsize
+    for st, n in sorted((builtins_abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1):
+        if st < span:
+            return True
+        span = st * (n - 1) + span
+    return False
+
+
+builtins_abs = abs
+
+
 def _write(self, result, name):
     """An in-place result written into `self` as torch writes one: of self's shape (a broadcast may not
     grow it), of a type self can hold (no float into an integer tensor, no number into a bool one),
@@ -660,9 +691,10 @@ def _write(self, result, name):
         raise MicaError(f"{name}: the result is {result.dtype} and cannot be written into this {self.dtype} tensor "
                         f"(torch's rule); compute it out of place, or convert the tensor first (.float())",
                         user_location())
-    if name not in _FILLS and any(st == 0 and n > 1 for st, n in zip(self.strides, self.shape)):
-        raise MicaError(f"{name}: more than one element of this tensor (an expanded view) is one place in memory "
-                        "(torch refuses it too); write into a .clone() of it", user_location())
+    if name not in _FILLS and _overlaps_itself(self):
+        raise MicaError(f"{name}: more than one element of this tensor is one place in memory (an expanded view, "
+                        "which torch refuses too, or unfold's overlapping windows, whose result torch leaves to its "
+                        "loop order); write into a .clone() of it", user_location())
     written(self)
     np.copyto(self, result, casting="unsafe")
 

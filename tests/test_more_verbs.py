@@ -303,3 +303,30 @@ def test_is_grad_enabled_follows_no_grad_outside_a_trace_and_containers_print_th
     assert mica.no_grad()(lambda: mica.is_grad_enabled())() is False and mica.is_grad_enabled()
     held = mica.nn.ParameterDict({"a": np.ones(2, np.float32)})
     assert "(a): Parameter containing: [float32 of size (2,)]" in repr(held) and held.get("b") is None
+
+
+def test_refusals_and_tensor_arguments_an_index_fuzzer_found_are_torchs():
+    """torch refuses a bool tensor in a subtraction and an integer tensor's std, var and norm (Mica
+    computed them, or named `mean`, a verb the user did not write); narrow takes a 0-d tensor as its
+    start, as torch's (Mica spoke of an `if`)."""
+    b = np.array([True, False])
+    for f in (lambda t: t - 0.5, lambda t: 1 - t, lambda t: t - t.long()):
+        with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor is not supported"):
+            f(torch.tensor(b))
+        with pytest.raises(mica.MicaError, match=r"^sub: subtraction with a bool tensor is not defined"):
+            mica.compile(f)(b)
+        with pytest.raises(mica.MicaError, match=r"^sub: subtraction with a bool tensor is not defined"):
+            f(mica.tensor(b))
+    for verb, text in (("std", "std and var take a floating tensor, got int64"),
+                       ("var", "std and var take a floating tensor, got int64"),
+                       ("norm", "norm takes a floating tensor, got int64")):
+        with pytest.raises(RuntimeError):
+            getattr(torch.arange(4), verb)()
+        with pytest.raises(mica.MicaError, match="^" + text):
+            mica.compile(lambda t: getattr(t, verb)())(np.arange(4))
+    x = np.arange(12.0, dtype=np.float32).reshape(4, 3)
+    want = torch.tensor(x).narrow(0, torch.tensor(1), 2).numpy()
+    assert np.array_equal(np.asarray(mica.compile(lambda t: t.narrow(0, mica.tensor(1), 2))(x)), want)
+    assert np.array_equal(np.asarray(mica.tensor(x).narrow(0, mica.tensor(1), mica.tensor(2))), want)
+    with pytest.raises(mica.MicaError, match=r"^narrow: start is a tensor computed in the trace"):
+        mica.compile(lambda t, i: t.narrow(0, i, 2))(x, np.int64(1))

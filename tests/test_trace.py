@@ -221,7 +221,50 @@ def test_host_tensors_write_in_place_through_their_views_and_compare_types_as_to
 _VIEW_STEPS = [lambda x: x.transpose(0, -1), lambda x: x.permute(*reversed(range(x.ndim))), lambda x: x[..., ::2],
                lambda x: x[1:], lambda x: x.unsqueeze(1), lambda x: x[:, 0] if x.ndim > 1 else x,
                lambda x: x.flatten() if x.ndim > 1 else x, lambda x: x.mT if x.ndim >= 2 else x,
-               lambda x: x.expand(2, *x.shape), lambda x: x.squeeze()]
+               lambda x: x.expand(2, *x.shape), lambda x: x.squeeze(),
+               lambda x: x.diagonal(1, 0, -1) if x.ndim > 1 else x,
+               lambda x: x.unfold(-1, 2, 3) if x.ndim and x.shape[-1] > 1 else x]
+
+
+def _writes_through_diagonal_and_unfold(m):
+    def f(x, w):
+        y = x * w
+        y.diagonal().mul_(3.0)            # (a view: the write reaches y)
+        d = y.diagonal(1)
+        y.mul_(2.0)                       # (and y's write reaches d)
+        y.unfold(1, 2, 2).add_(w[:, :4].unfold(1, 2, 2))
+        windows = y.unfold(0, 2, 1)       # (overlapping windows: read only)
+        return y, d * 1.0, windows.sum(-1)
+    return f
+
+
+def test_diagonal_and_unfold_are_views_written_through_as_torchs():
+    """diagonal() and unfold() are torch's views: an in-place step on one writes the tensor, one on
+    the tensor shows in them, with torch's values and gradients (they were copies, so both writes
+    were lost silently); writing overlapping unfold windows is a sentence, as each element would be
+    written more than once (torch's result depends on its loop order)."""
+    rng = np.random.default_rng(3)
+    xv, wv, gv = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(3))
+    f = _writes_through_diagonal_and_unfold(mica)
+    grads = mica.value_and_grad(lambda x, w: sum((o * o).sum() for o in f(x, w)), argnums=(0, 1))
+    (loss, (gx, gw)), outs = mica.compile(grads)(xv, wv), mica.compile(f)(xv, wv)
+    tx, tw = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (xv, wv))
+    touts = _writes_through_diagonal_and_unfold(torch)(tx, tw)
+    tloss = sum((o * o).sum() for o in touts)
+    tloss.backward()
+    for a, b in zip(outs, touts):
+        assert rel_err(np.asarray(a), b.detach().numpy()) < 1e-6
+    assert abs(float(loss) - tloss.item()) <= 1e-5 * tloss.item()
+    assert rel_err(np.asarray(gx), tx.grad.numpy()) < 1e-5 and rel_err(np.asarray(gw), tw.grad.numpy()) < 1e-5
+    for lib in (mica, torch):  # (outside a trace too)
+        y = lib.arange(12.0).view(3, 4)
+        y.diagonal().fill_(-1.0)
+        y.unfold(1, 2, 2)[1].mul_(10.0)
+        assert np.asarray(y).tolist() == [[-1, 1, 2, 3], [40, -10, 60, 70], [8, 9, -1, 11]]
+    with pytest.raises(mica.MicaError, match=r"^an in-place step on unfold\(1, 3, 1\)'s windows, which overlap"):
+        mica.compile(lambda x: (x * 1.0).unfold(1, 3, 1).mul_(2.0))(xv)
+    with pytest.raises(mica.MicaError, match=r"^mul_: more than one element of this tensor is one place in memory"):
+        mica.arange(6.0).unfold(0, 3, 1).mul_(2.0)
 
 
 def test_views_have_torchs_strides_so_reshape_views_or_copies_as_torchs():
@@ -238,7 +281,7 @@ def test_views_have_torchs_strides_so_reshape_views_or_copies_as_torchs():
         try:
             for step in steps:
                 t = step(t)
-        except (RuntimeError, IndexError):
+        except (RuntimeError, IndexError, TypeError):
             continue
         seen = {}
 

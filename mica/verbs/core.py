@@ -45,6 +45,26 @@ def const(value, dtype):
     return emit("const", [], value=value, dtype=dtype)
 
 
+def known_int(x, verb, what):
+    """An integer argument torch also takes as a 0-d tensor (narrow's start): a Python or numpy int,
+    a 0-d integer host tensor, or a traced constant; a computed tensor has no value while tracing."""
+    if isinstance(x, (bool, np.bool_)):
+        return fail(f"{verb}: {what} must be an int, got {x!r}")
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in "iu":
+        return int(x)
+    if isinstance(x, Tensor) and x.ndim == 0 and x.dtype.kind == "int":
+        node = x.value.node
+        if node.op == "const":
+            return int(node.attrs["value"])
+        if node.op == "literal":
+            return int(np.frombuffer(node.attrs["data"], x.dtype.np_storage)[0])
+        return fail(f"{verb}: {what} is a tensor computed in the trace, whose value is not known while tracing "
+                    "(shapes are static); give a Python int")
+    return fail(f"{verb}: {what} must be an int or a 0-d integer tensor, got {x!r:.60}")
+
+
 def _calling_verb():
     """'mica.<name>' of the public verb that is running (for messages)."""
     f = sys._getframe(2)
@@ -209,9 +229,10 @@ def add(input, other, alpha=1):
 def sub(input, other, alpha=1):
     if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in dtypes.HALF:
         return _alpha_once(sub, input, other, alpha)
+    if builtins.any(isinstance(t, Tensor) and t.dtype is dtypes.bool_ for t in (input, other)):
+        fail("sub: subtraction with a bool tensor is not defined (torch refuses it too); use logical_xor, "
+             "logical_not (~) for 1 - mask, or convert it first (.float(), .long())")
     other = _scaled(input, other, alpha)
-    if result_type(input, other) is dtypes.bool_:
-        fail("sub: subtracting bool tensors is not defined; use logical_xor or cast to int")
     return _binary("sub", input, other)
 
 
@@ -982,6 +1003,8 @@ def argmin(input, dim=None, keepdim=False):
 
 def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
     x = as_tensor(input)
+    if x.dtype.kind != "float":
+        fail(f"std and var take a floating tensor, got {x.dtype.name} (as torch's); convert it with .float() first")
     if correction is None:
         correction = 1 if unbiased else 0
     elif isinstance(correction, bool) or not isinstance(correction, (numbers.Real, np.integer, np.floating)):
@@ -1031,6 +1054,9 @@ def logsumexp(input, dim, keepdim=False):
 
 def norm(input, p="fro", dim=None, keepdim=False):
     (x,) = amp.float32("norm", as_tensor(input))
+    if x.dtype.kind != "float":
+        fail(f"norm takes a floating tensor, got {x.dtype.name} (as torch's vector_norm); convert it with .float() "
+             "first")
     if x.dtype.kind == "float":  # (a half type's: computed in float32, rounded once, as torch's kernel)
         return rounded_once(x, lambda v: _norm(v, p, dim, keepdim))
     return _norm(x, p, dim, keepdim)

@@ -16,11 +16,11 @@ import math
 import numpy as np
 
 from .. import amp, dtypes
-from ..tensor import Tensor, copies, emit, fail
+from ..tensor import Tensor, copies, emit, fail, strides_of
 from .core import (add, amax, amin, argmax, as_tensor, canon_dim, div, eq, floor_divide, full, gt, logical_and,
                    logical_not, logical_or, lt, mul, ne, rounded_once, sub, tensor, to, where)
 from .core import sum as _sum
-from .shape import cat, expand, flatten, narrow, pad, permute, reshape, unsqueeze
+from .shape import _a_view, cat, expand, flatten, narrow, pad, permute, reshape, unsqueeze
 
 # ---- rows of a table by index ----------------------------------------------------------------------
 
@@ -651,9 +651,35 @@ def median(input, dim=None, keepdim=False):
     return MedianResult(values, indices)
 
 
+def _unfolded_back(v, b, k, dimension, size, step):
+    """b with the windows' elements replaced by v's: where windows overlap, one element would be
+    written more than once (torch's result then depends on its loop order): refused."""
+    if b.ndim == 0:
+        return reshape(v, ())
+    d = canon_dim(dimension, b.ndim, "unfold")
+    windows = v.shape[d]
+    if step < size and windows > 1:
+        fail(f"an in-place step on unfold({dimension}, {size}, {step})'s windows, which overlap (step {step} < size "
+             f"{size}), would write one element more than once (torch's result then depends on its loop order); "
+             "take .clone() of them first")
+    back = reshape(permute(v, *range(d + 1), v.ndim - 1, *range(d + 1, v.ndim - 1)),
+                   b.shape[:d] + (windows * size,) + b.shape[d + 1:])
+    at = np.add.outer(np.arange(windows) * step, np.arange(size)).reshape(-1)
+    return index_copy(b, d, tensor(at, dtype=dtypes.int64), back)
+
+
+def _unfolded_strides(b, t, k, dimension, size, step):
+    st = list(strides_of(b))
+    if b.ndim == 0:
+        return (1,)
+    d = canon_dim(dimension, b.ndim, "unfold")
+    return tuple(st[:d]) + (st[d] * step,) + tuple(st[d + 1:]) + (st[d],)
+
+
+@_a_view(_unfolded_back, _unfolded_strides)
 def unfold(input, dimension, size, step):
     """torch.Tensor.unfold: the windows of `size` elements every `step` along dimension, as a new
-    last dim (copied here; torch's is a view)."""
+    last dim (a view, as torch's: an in-place step on windows that do not overlap writes the input)."""
     x = as_tensor(input)
     if x.ndim == 0:  # (torch's: a 0-d tensor is one window of one element)
         canon_dim(dimension, 0, "unfold")
@@ -682,13 +708,29 @@ def matrix_trace(input):
     return _sum(_diagonal(x, 0, 0, 1))
 
 
+def _diagonal_back(v, x, k, offset=0, dim1=0, dim2=1):
+    """x with its diagonal's elements replaced by v's."""
+    rest, d1, d2, flat, at = _diagonal_positions(x, offset, dim1, dim2)
+    written = reshape(index_copy(flat, -1, at, v), tuple(x.shape[j] for j in rest) + (x.shape[d1], x.shape[d2]))
+    return permute(written, *np.argsort([*rest, d1, d2]).tolist())
+
+
+def _diagonal_strides(x, t, k, offset=0, dim1=0, dim2=1):
+    st = strides_of(x)
+    d1, d2 = canon_dim(dim1, x.ndim, "diagonal"), canon_dim(dim2, x.ndim, "diagonal")
+    return tuple(st[j] for j in range(x.ndim) if j not in (d1, d2)) + (st[d1] + st[d2],)
+
+
+@_a_view(_diagonal_back, _diagonal_strides)
 def diagonal(input, offset=0, dim1=0, dim2=1):
     """torch.diagonal: the elements (i, i + offset) of the dims dim1 and dim2, as the last dim (the
-    others kept in order); a view in torch, a copy here."""
+    others kept in order); a view, as torch's (an in-place step on it writes the input)."""
     return _diagonal(as_tensor(input), offset, dim1, dim2)
 
 
-def _diagonal(x, offset, dim1, dim2):
+def _diagonal_positions(x, offset, dim1, dim2):
+    """The dims kept, dim1 and dim2, x as (kept dims..., dim1 * dim2) and the diagonal's positions in
+    that last dim."""
     if x.ndim < 2:
         fail(f"diagonal: needs at least 2 dims, got {x.value.spec!r}")
     d1, d2 = canon_dim(dim1, x.ndim, "diagonal"), canon_dim(dim2, x.ndim, "diagonal")
@@ -700,7 +742,12 @@ def _diagonal(x, offset, dim1, dim2):
     rest = [k for k in range(x.ndim) if k not in (d1, d2)]
     flat = reshape(permute(x, [*rest, d1, d2]), tuple(x.shape[k] for k in rest) + (a * b,))
     start = offset if offset >= 0 else -offset * b  # (element (i, i + offset) of an a x b block is i (b + 1) + offset)
-    return index_select(flat, -1, as_tensor(np.arange(n, dtype=np.int64) * (b + 1) + start))
+    return rest, d1, d2, flat, as_tensor(np.arange(n, dtype=np.int64) * (b + 1) + start)
+
+
+def _diagonal(x, offset, dim1, dim2):
+    _, _, _, flat, at = _diagonal_positions(x, offset, dim1, dim2)
+    return index_select(flat, -1, at)
 
 
 def diag(input, diagonal=0):

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tensor import Tensor, copies, emit, fail, link_view, strides_of, takes_axis, view_strides
-from .core import as_tensor, canon_dim, needs_a_dim, result_type, to, where
+from .core import as_tensor, canon_dim, known_int, needs_a_dim, result_type, to, where
 
 
 def _a_view(inverse, strides=None):
@@ -121,8 +121,8 @@ def _expanded_back(v, b, k, *_):
 
 
 def _narrowed_back(v, b, k, dim, start, length):
-    d = canon_dim(dim, b.ndim, "narrow")
-    return _splice(b, v, *_along(b, d, start + b.shape[d] if start < 0 else start))
+    d, start = narrowed(b, dim, start, length)
+    return _splice(b, v, *_along(b, d, start))
 
 
 def _split_back(v, b, k, split_size_or_sections, dim=0):
@@ -304,6 +304,7 @@ def narrowed(x, dim, start, length):
     """narrow's (dim, start) for x (a Tensor or an eager array), checked as torch checks them."""
     needs_a_dim(x, "narrow")
     d = canon_dim(dim, x.ndim, "narrow")
+    start, length = known_int(start, "narrow", "start"), known_int(length, "narrow", "length")
     if start < 0:
         start += x.shape[d]
     if not 0 <= start <= start + length <= x.shape[d]:
@@ -315,6 +316,7 @@ def narrowed(x, dim, start, length):
 def narrow(input, dim, start, length):
     x = as_tensor(input)
     d, start = narrowed(x, dim, start, length)
+    length = known_int(length, "narrow", "length")
     starts, stops = [0] * x.ndim, list(x.shape)
     starts[d], stops[d] = start, start + length
     return slice_(x, starts, stops, [1] * x.ndim)
