@@ -73,7 +73,8 @@ SAMPLE_DESCRIPTIONS = {
     "max_new_tokens": "tokens generated per sample",
     "temperature": "divides the logits; > 0, lower is more conservative",
     "top_k": "keep the k most likely tokens (a positive int), or None for no cut",
-    "seed": "seeds the sampling (any 64-bit int, negative too)",
+    "seed": "seeds the sampling (any 64-bit int, negative too): the same text each time, not nanoGPT's text for "
+            "that seed (Mica's generator is not torch's)",
     "device": "cpu, or cuda (an NVIDIA GPU)",
     "dtype": "accepted; sampling computes in float32 (a speedrun run: its training dtype), with a note when this differs",
     "compile": "accepted; Mica's program is always compiled",

@@ -452,6 +452,10 @@ SAMPLE_PATHS = [
     ("temperature inf from a config", _text("hot.py", "temperature = float('inf')\n"), ["hot.py"],
      "temperature must be a positive, finite number (lower is more conservative), got inf"),
     ("max_new_tokens=-1", NO_SETUP, ["--max_new_tokens=-1"], "max_new_tokens must be 0 or more, got -1"),
+    ("max_new_tokens past memory", NO_SETUP, ["--max_new_tokens=2305843009213693952"],  # (the sampler's byte count
+     "max_new_tokens=2305843009213693952 asks for a sample of 2,305,843,009,213,693,953 tokens"),  # overflowed)
+    ("a config's name of the wrong type", _text("t.py", "max_iters = 5\n"), ["t.py", "--max_iters=2.5"],
+     "--max_iters: max_iters must be a whole number"),
     ("num_samples=0", NO_SETUP, ["--num_samples=0"], "num_samples must be 1 or more, got 0"),
     ("dtype a typo", NO_SETUP, ["--dtype=bfloat64"], "dtype must be 'float32', 'bfloat16' or 'float16', got 'bfloat64'; did you mean 'bfloat16'?"),
 ]
@@ -491,6 +495,12 @@ def test_sample_reads_config_files_as_sample_py_does(run_dir):
         assert r.returncode == 0 and r.stdout == want.stdout, (first, r.stderr)
     (run_dir / "bad.py").write_text("top_k = 'many'\n")
     assert_sentence(mica("sample", "bad.py", cwd=run_dir), "bad.py:1: top_k must be int or None")
+    # (a name a config file made, a training config's max_iters, takes --key=value after it and is
+    # ignored, as sample.py's configurator takes it; without that config it is an unknown setting)
+    (run_dir / "train.py").write_text("out_dir = 'out-shakespeare-char'\nmax_iters = 5000\n")
+    r = mica("sample", "train.py", *SAMPLE[2:], "--max_iters=3", cwd=run_dir)
+    assert r.returncode == 0 and r.stdout == want.stdout, r.stderr
+    assert_sentence(mica(*SAMPLE, "--max_iters=3", cwd=run_dir), "unknown setting 'max_iters'")
 
 
 def test_sample_with_a_training_configs_init_from_names_its_line(run_dir):

@@ -2,6 +2,7 @@
  * on the right), temperature, an optional top-k cut, then one draw from the softmax (over the ids
  * below `decodable` when it is set: the speedrun pads its vocabulary, and the padding decodes to nothing). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,11 +13,15 @@ int sample(void) {
     void *lg = prog_arena(ARENA_LOGITS);
     checkpoint_load(ARENA_LOGITS);
     rng_seed((uint64_t)S.seed);
+    if (S.max_new_tokens < 0 || S.n_start < 0 || S.max_new_tokens > INT64_MAX / 8 - S.n_start)
+        die(2, "max_new_tokens %lld is more tokens than a sample can hold; ask for fewer", (long long)S.max_new_tokens);
     int64_t cap = S.n_start + S.max_new_tokens;
-    int64_t *seq = malloc(cap * 8), *window = malloc(S.block * 8);
+    int64_t *seq = malloc((size_t)cap * 8), *window = malloc(S.block * 8);
     double *probs = malloc(S.vocab * sizeof(double));
     float *row = malloc(S.vocab * sizeof(float)), *sorted = malloc(S.vocab * sizeof(float));
-    if (!seq || !window || !probs || !row || !sorted) die(2, "cannot allocate memory for sampling");
+    if (!seq || !window || !probs || !row || !sorted)
+        die(2, "cannot allocate memory for sampling %lld tokens; ask for fewer with --max_new_tokens",
+            (long long)cap);
     for (int64_t k = 0; k < S.num_samples && !interrupted; k++) {
         int64_t n = S.n_start;
         memcpy(seq, S.start_tokens, S.n_start * 8);

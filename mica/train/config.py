@@ -378,10 +378,14 @@ def load_script_settings(items, defaults, nullable=()):
     may set anything; what is not one of this script's settings is ignored, as the script ignores
     it (a training config's n_layer means nothing to sample.py, its out_dir does). A Config: the
     origin of each setting a file gave, for a later check to name its line."""
-    out, names, origin, given = dict(defaults), {}, {}, set()
+    out, names, origin, given, made = dict(defaults), {}, {}, set(), {}
     for i, item in enumerate(items):
         if "=" not in item and item.startswith("-"):
             raise _without_value(item, items[i + 1] if i + 1 < len(items) else "", defaults)
+        key = item[2:].partition("=")[0] if item.startswith("--") else None
+        if key in made and key not in out:  # (a name an earlier config file made, max_iters of a training
+            made.update(apply_overrides(made, [item]))  # config: the script takes it and ignores it, as its own)
+            continue
         if "=" in item or item.startswith("-"):
             out = apply_overrides(out, [item], nullable, defaults)
             origin.pop(item.lstrip("-").partition("=")[0], None)
@@ -396,6 +400,7 @@ def load_script_settings(items, defaults, nullable=()):
         else:
             ran = _run_file(item, out, names)
             names = ran.names
+            made.update({k: v for k, v in ran.others.items() if isinstance(v, (bool, int, float, str))})
             for key, value in ran.settings.items():
                 out[key] = _check_type(key, value, _at(ran, item, key), defaults, nullable)
                 origin[key] = _at(ran, item, key)

@@ -1293,6 +1293,20 @@ def sample(out_dir, start="\n", num_samples=10, max_new_tokens=500, temperature=
                        data_dir, device, simulate, dtype)
 
 
+def _check_sample_length(n_start, max_new_tokens):
+    """A sample's text (its token ids, 8 bytes each, and its characters) must fit in this machine's
+    memory: a count past it is a sentence, not a failed allocation (or an overflowed one)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 1 << 40
+    need = (n_start + max_new_tokens) * 16  # (the ids, and the text decoded from them)
+    if need > memory:
+        raise MicaError(f"max_new_tokens={max_new_tokens} asks for a sample of {n_start + max_new_tokens:,} tokens, "
+                        f"about {need / 2 ** 30:,.0f} GiB to hold, more than this machine's {memory / 2 ** 30:.0f} "
+                        "GiB of memory; ask for fewer")
+
+
 def _sample(out_dir, path, start, num_samples, max_new_tokens, temperature, top_k, seed, threads, log, data_dir,
             device, simulate, dtype):
     st = ckpt.SafeTensors(path)
@@ -1329,6 +1343,7 @@ def _sample(out_dir, path, start, num_samples, max_new_tokens, temperature, top_
     ids = encode(start)
     if not ids:
         raise MicaError("the start text is empty; give at least one character")
+    _check_sample_length(len(ids), max_new_tokens)
     # (sampling computes in float32, as nanoGPT's sample.py on a CPU; a speedrun keeps the dtype it was
     # trained in, as its embedding's slot is that dtype: an older checkpoint's config says float32)
     cfg.update(device=device, dtype=saved.get("dtype", "float32") if speedrun else "float32")
