@@ -49,6 +49,7 @@ def test_resume_continues_bitwise_exactly(workdir):
     mica("train", *common, "--max_iters=10", "--out_dir=resumed", cwd=d)
     resumed = mica("train", *common, "--max_iters=12", "--out_dir=resumed", "--init_from=resume", cwd=d).stdout
     assert "note: 4 rows of metrics.jsonl came after the checkpoint" in resumed  # (its evaluation at 8, iterations 8-10)
+    assert "tokens per iteration will be: 128\n" in straight  # (nanoGPT train.py's line: 1 x 4 x 32)
     after = [line for line in _losses(straight) if int(re.search(r"\d+", line).group()) >= 8]
     assert len(after) == 2 + 5  # the evaluations at steps 8 and 12, iterations 8..12
     assert _losses(resumed) == after

@@ -225,6 +225,8 @@ def _prepare_nanogpt(cfg, log, held):
     out_dir = _take_out_dir(cfg, rank, log)  # before compiling: a read-only folder fails here
     held.say()
     log = say
+    steps = cfg["gradient_accumulation_steps"] // world * world  # (nanoGPT's: each rank takes its share)
+    log(f"tokens per iteration will be: {steps * cfg['batch_size'] * cfg['block_size']:,}")  # (train.py's line)
 
     model, _, progs = programs.build(cfg, vocab, world, rank)
     log(f"number of parameters: {model.get_num_params() / 1e6:.2f}M")
