@@ -225,6 +225,9 @@ def _hf_named_not_conv1d(name):
 
 NO_SETUP = None
 TRACEBACK_PATHS = [
+    ("a run name that reads as a number", NO_SETUP, ["train", *TINY, "--wandb_run_name=2024"],
+     "--wandb_run_name: wandb_run_name must be str (like its default 'gpt2'), got 2024; a string that reads as a "
+     "number is quoted: --wandb_run_name=\"'2024'\""),
     ("bench without its data", NO_SETUP, ["bench", "--model", "cpu", "--rounds", "1", "--data_dir", "nope"],
      "--model cpu trains on the data in nope, which does not exist; make it with mica prepare shakespeare-char "
      "--input input.txt --out nope, or give --data_dir"),  # (nanoGPT's CPU config trains on shakespeare_char)

@@ -281,7 +281,10 @@ def _check_type(key, value, source, defaults, nullable=()):
     if default is not None and type(value) is not type(default):
         also = " or None" if key in nullable else ""
         kind = "a whole number" if type(default) is int and type(value) is float else type(default).__name__
-        raise MicaError(f"{source}: {key} must be {kind}{also} (like its default {default!r}), got {_show(value)}")
+        quote = (f"; a string that reads as a number is quoted: --{key}=\"'{value}'\""
+                 if type(default) is str and source.startswith("--") and type(value) in (int, float, bool) else "")
+        raise MicaError(f"{source}: {key} must be {kind}{also} (like its default {default!r}), got {_show(value)}"
+                        f"{quote}")
     return value
 
 
