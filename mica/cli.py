@@ -203,8 +203,9 @@ def _inspect_gpt(args, s, batch, dtype="float32"):
     for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
         if s[key] <= 0:
             raise MicaError(f"{key} must be positive, got {s[key]}")
-    if s["n_embd"] % s["n_head"]:
-        raise MicaError(f"n_embd ({s['n_embd']}) must be divisible by n_head ({s['n_head']})")
+    from .train.config import check_heads
+
+    check_heads(s)
     if batch <= 0:
         raise MicaError(f"batch_size must be positive, got {batch}")
     cfg = GPTConfig(**s)

@@ -281,7 +281,7 @@ TRACEBACK_PATHS = [
      "--tokenizer bpe:abc: the vocabulary size after bpe: must be a whole number"),
     ("inspect n_head=0", NO_SETUP, ["inspect", "--n_head=0"], "n_head must be positive, got 0"),
     ("inspect n_embd not divisible", NO_SETUP, ["inspect", "--n_embd=7", "--n_head=2"],
-     "n_embd (7) must be divisible by n_head (2)"),
+     "the width n_embd (7, from --n_embd) must be divisible by n_head (2, from --n_head); give n_head a divisor"),
     ("plot --out not an image", _text("run/metrics.jsonl", '{"iter": 0, "loss": 4.1}\n'),
      ["plot", "run", "--out", "curves.py"], "cannot write curves.py: Format 'py' is not supported"),
     # AdamW's settings in the ranges torch.optim.AdamW takes (and a schedule that counts forwards)
@@ -766,7 +766,7 @@ def test_a_config_files_helper_variables_are_ignored_with_a_note(tmp_path):
     ("# nanoGPT\nif True:\n    n_layer = 4.5\n", "c.py:3: n_layer must be a whole number (like its default 12), got 4.5"),
     ("n_layer = 2\nn_layer = '2'\n", "c.py:2: n_layer must be int"),  # (the last assignment wins, as in Python)
     ("def f():\n    return 1.5\n\ndropout = f()\n", "c.py:4: dropout must be in [0, 1), got 1.5"),
-    ("[recipe for recipe in 'ab']\nn_head = 3\nn_embd = 64\n", "c.py:3: n_embd (64) must be divisible by n_head (3)"),
+    ("[recipe for recipe in 'ab']\nn_head = 3\nn_embd = 64\n", "the width n_embd (64, set at c.py:3) must be divisible by n_head (3, set at c.py:2)"),
     ("n_layer = 0\n", "c.py:1: n_layer must be positive, got 0"),
     ("x = 1\nrecipe = 'nanogtp'\n", "c.py:2: recipe must be 'nanogpt' or 'speedrun', got 'nanogtp'"),
 ])

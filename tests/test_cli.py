@@ -110,7 +110,8 @@ def test_inspect_refuses_the_settings_mica_train_refuses(tmp_path):
         assert (r.returncode, r.stderr.strip()) == (2, f"mica: error: {said}"), r.stderr
     r = subprocess.run([sys.executable, "-m", "mica.cli", "inspect", "bad.py"], cwd=tmp_path, capture_output=True,
                        text=True)
-    assert r.stderr.strip() == "mica: error: bad.py:1: n_embd (60) must be divisible by n_head (7)", r.stderr
+    assert r.stderr.strip() == "mica: error: the width n_embd (60, set at bad.py:1) must be divisible by n_head (7, set at bad.py:2); " \
+        "give n_head a divisor of n_embd", r.stderr
 
 
 @pytest.mark.parametrize("command", [["bench"], ["check", "--method", "b"]])

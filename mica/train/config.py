@@ -638,6 +638,21 @@ def _dtype_meant(text):
     return f"; did you mean {meant!r}?" if meant else _nearest(key, DTYPES)
 
 
+def check_heads(cfg):
+    """n_embd splits into n_head heads, or a sentence naming where each was set."""
+    if cfg["n_embd"] % cfg["n_head"]:
+        raise MicaError(f"the width n_embd ({cfg['n_embd']}{_set_at(cfg, 'n_embd')}) must be divisible by n_head "
+                        f"({cfg['n_head']}{_set_at(cfg, 'n_head')}); give n_head a divisor of n_embd")
+
+
+def _set_at(cfg, key):
+    """', set at FILE:LINE' or ', from --key' for a setting a config file or the command line gave."""
+    origin = getattr(cfg, "origin", {}).get(key)
+    if origin:
+        return f", set at {origin}"
+    return f", from --{key}" if key in getattr(cfg, "given", ()) else ""
+
+
 def _located(cfg, e):
     """`e`, led by the FILE:LINE that set the setting its sentence is about (the sentence's first
     word, or the KEY of its leading KEY=), when a config file set it."""
@@ -751,8 +766,7 @@ def _check_nanogpt(cfg, log):
         raise MicaError(f"max_iters must be 0 or more, got {cfg['max_iters']}")
     check_seed(cfg["seed"])
     check_threads(cfg["threads"])
-    if cfg["n_embd"] % cfg["n_head"]:
-        raise MicaError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
+    check_heads(cfg)
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise MicaError(f"dropout must be in [0, 1), got {cfg['dropout']}")
     _check_optimizer(cfg, rates=("learning_rate", "min_lr"), decays=("weight_decay",), betas=("beta1", "beta2"))
