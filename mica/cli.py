@@ -187,9 +187,11 @@ def cmd_inspect(args, extra):
     if any(a and "=" not in a and not a.startswith("-") for a in extra):
         return _inspect_config(args, extra)
     known = {f: getattr(GPTConfig, f) for f in GPTConfig.__dataclass_fields__}
-    s = _settings(extra, {**known, "batch_size": 1, "dtype": "float32"})
-    batch, dtype = s.pop("batch_size"), s.pop("dtype")
     from .train import config as config_mod
+
+    s = config_mod.Config(_settings(extra, {**known, "batch_size": 1, "dtype": "float32"}),
+                          given={a[2:].partition("=")[0] for a in extra if a.startswith("--")})
+    batch, dtype = s.pop("batch_size"), s.pop("dtype")
 
     config_mod.check_dtype({"dtype": dtype})
     return _inspect_gpt(args, s, batch, dtype)

@@ -127,13 +127,45 @@ class ComplexTensor:
         return ComplexTensor(self.pairs / _each_part(o))
 
     def __rtruediv__(self, o):
-        return lift(o, self) / self
+        o = lift(o, self)
+        if isinstance(o, ComplexTensor):
+            return o / self
+        square = self.real * self.real + self.imag * self.imag  # (a real o: o conj(self) / |self|^2)
+        return _pair(o * self.real / square, -o * self.imag / square)
+
+    def __pow__(self, n):
+        """Whole powers (c ** 2 as c * c), as torch computes them up to rounding."""
+        if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and -64 <= n <= 64:
+            out = None
+            for _ in range(abs(int(n))):
+                out = self if out is None else out * self
+            if out is None:
+                return _pair(F.ones_like(self.real), F.zeros_like(self.imag))
+            return 1.0 / out if n < 0 else out
+        _fail(f"a complex tensor's power {n!r}: Mica's complex tensors take whole powers from -64 to 64; write "
+              "others from polar form (abs, angle)")
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        _fail(f"a complex tensor in Mica has no .{name}: it takes + - * / and whole powers, conj, abs, exp, sum, "
+              "mean, .real, .imag and the shape methods; for the rest compute on torch.view_as_real(c), its real pairs")
 
     def __matmul__(self, o):
         _fail("a matrix product of complex tensors is not in Mica (its complex numbers are for elementwise "
               "rotations); write it from the real and imaginary parts (.real, .imag) and real products")
 
     __rmatmul__ = __matmul__
+
+    def sum(self, dim=None, keepdim=False, **kwargs):
+        return _pair(self.real.sum(dim, keepdim=keepdim, **kwargs), self.imag.sum(dim, keepdim=keepdim, **kwargs))
+
+    def mean(self, dim=None, keepdim=False, **kwargs):
+        return _pair(self.real.mean(dim, keepdim=keepdim, **kwargs), self.imag.mean(dim, keepdim=keepdim, **kwargs))
+
+    def exp(self):
+        scale = F.exp(self.real)
+        return _pair(scale * F.cos(self.imag), scale * F.sin(self.imag))
 
     def conj(self):
         return _pair(self.real, -self.imag)
@@ -266,7 +298,9 @@ def complex(real, imag):
         r, i = np.asarray(real), np.asarray(imag)
         if r.dtype != i.dtype or r.dtype not in (np.float32, np.float64):
             _fail(f"complex takes real and imag of one type, float32 or float64, got {r.dtype} and {i.dtype}")
-        return _host_tensor(r + 1j * i if r.dtype == np.float64 else (r + 1j * i).astype(np.complex64))
+        out = np.empty(np.broadcast_shapes(r.shape, i.shape), np.complex64 if r.dtype == np.float32 else np.complex128)
+        out.real, out.imag = r, i  # (not r + 1j i: an infinite imag part would make the real part NaN)
+        return _host_tensor(out)
     r, i = F.as_tensor(lift(real)), F.as_tensor(lift(imag))
     if r.dtype is not i.dtype or r.dtype not in (dtypes.float32, dtypes.float64):
         _fail(f"complex takes real and imag of one type, float32 or float64, got {r.dtype.name} and {i.dtype.name}")

@@ -197,6 +197,9 @@ class HostTensor(np.ndarray):
             raise ValueError("expand")
         return shape
 
+    def is_complex(self):
+        return self.dtype.kind == "c"
+
     def unfold(self, dimension, size, step):  # (torch's: a view of the windows, numpy's strides over the same memory)
         from .verbs.core import canon_dim
 
@@ -635,8 +638,8 @@ def _drawn(self, values):
 IN_PLACE_FROM_A_TRACE = (
     "{what}: a tensor made outside the traced code (a module's attribute, a global) cannot take a traced value "
     "in place, which would not be kept; pass it to the function or forward as an argument (a write into an "
-    "argument reaches the caller's tensor), hold running values in an nn.Parameter(..., requires_grad=False) "
-    "(a compiled step keeps it), or return the new value")
+    "argument reaches the caller's tensor), hold running values in a buffer, self.register_buffer(name, tensor) "
+    "(a compiled step keeps the buffers it writes, as a KV cache), or return the new value")
 
 
 def _in_place(name):
@@ -661,20 +664,6 @@ def _in_place(name):
 _FILLS = ("fill_", "zero_", "copy_")  # (in-place writes that read nothing of the tensor: an expanded view takes them)
 
 
-def _overlaps_itself(a):
-    """Whether two elements of `a` are one place in memory (an expanded view, unfold's overlapping
-    windows): its dims, by stride, each stepping over less than the dims below it span."""
-    span = a.itemsize
-    for st, n in sorted((builtins_abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1):
-        if st < span:
-            return True
-        span = st * (n - 1) + span
-    return False
-
-
-builtins_abs = abs
-
-
 def _write(self, result, name):
     """An in-place result written into `self` as torch writes one: of self's shape (a broadcast may not
     grow it), of a type self can hold (no float into an integer tensor, no number into a bool one),
@@ -691,10 +680,9 @@ def _write(self, result, name):
         raise MicaError(f"{name}: the result is {result.dtype} and cannot be written into this {self.dtype} tensor "
                         f"(torch's rule); compute it out of place, or convert the tensor first (.float())",
                         user_location())
-    if name not in _FILLS and _overlaps_itself(self):
-        raise MicaError(f"{name}: more than one element of this tensor is one place in memory (an expanded view, "
-                        "which torch refuses too, or unfold's overlapping windows, whose result torch leaves to its "
-                        "loop order); write into a .clone() of it", user_location())
+    if name not in _FILLS and any(st == 0 and n > 1 for st, n in zip(self.strides, self.shape)):
+        raise MicaError(f"{name}: more than one element of this tensor (an expanded view) is one place in memory "
+                        "(torch refuses it too); write into a .clone() of it", user_location())
     written(self)
     np.copyto(self, result, casting="unsafe")
 
@@ -728,11 +716,12 @@ def torch_text(values, extra=""):
         return np.ndarray.__repr__(values)
     name = values.dtype.name
     shown = values.astype(np.float32) if name == "float16" else values
-    whole = shown.dtype.kind not in "fc" or shown.dtype.kind == "f" and bool(
-        np.all(np.mod(shown[np.isfinite(shown)], 1) == 0))
+    parts = np.concatenate([shown.real.ravel(), shown.imag.ravel()]) if shown.dtype.kind == "c" else shown
+    whole = shown.dtype.kind not in "fc" or bool(np.all(np.mod(parts[np.isfinite(parts)], 1) == 0))
     body = np.array2string(shown, precision=4, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3,
                            floatmode="maxprec" if whole else "fixed")
-    kind = "" if name in ("float32", "int64", "bool", "complex64") else f", dtype=torch.{name}"
+    kind = "" if name in ("float32", "int64", "bool", "complex64") and (values.size or name == "float32") \
+        else f", dtype=torch.{name}"  # (an empty tensor names any type but the default float's, as torch's)
     size = f", size={tuple(values.shape)}" if values.size == 0 and values.ndim > 1 else ""
     return f"tensor({body}{size}{kind}{extra})"
 
@@ -762,6 +751,8 @@ def run(fn, args, kwargs, method=None):
     def slot(a):
         if type(a).__name__ == "Parameter":  # (outside a trace: the values it holds, as its operators read it)
             a = a._live("a verb")
+        if isinstance(a, np.ndarray) and a.dtype.kind == "c":
+            return a  # (complex numbers, rotary frequencies: a constant, lifted where they meet traced values)
         if isinstance(a, np.ndarray) or is_torch_tensor(a):
             given.append(a)  # (where a write into it inside goes: torch's in-place write into an argument)
             arrays.append(_values_of_torch(a) if is_torch_tensor(a) else np.array(a, order="C"))  # (a copy that
@@ -781,11 +772,13 @@ def run(fn, args, kwargs, method=None):
         attr = getattr(a[0], method)  # (a method, or a property such as mT)
         return attr(*a[1:], **k) if callable(attr) else attr
 
-    try:
-        specs = [Spec(a.shape, as_dtype(a.dtype)) for a in arrays]
-    except Exception:
-        raise MicaError(f"{method or getattr(fn, '__name__', 'a verb')} cannot take an array of "
-                        f"{next(a.dtype for a in arrays)}; give numbers, bools or floats", user_location()) from None
+    specs = []
+    for a in arrays:
+        try:
+            specs.append(Spec(a.shape, as_dtype(a.dtype)))
+        except Exception:
+            raise MicaError(f"{method or getattr(fn, '__name__', 'a verb')} cannot take an array of {a.dtype}; give "
+                            "numbers, bools or floats", user_location()) from None
     try:
         out = _run_eagerly(body, arrays, specs, method or getattr(fn, "__name__", "verb"))
     except MicaError as e:  # (one raised where the oracle runs, an index out of range: at the user's line)
@@ -904,7 +897,9 @@ def _asks_inplace(verb, args, kwargs):
     return bool(bound.arguments.get("inplace", False))
 
 
-_VIEWS = ("split", "tensor_split", "chunk", "unbind")  # (the verbs whose host tensor methods give numpy views)
+_VIEWS = ("split", "tensor_split", "chunk", "unbind", "narrow", "select", "diagonal", "movedim", "moveaxis",
+          "swapdims", "swapaxes", "transpose", "permute", "squeeze", "unsqueeze", "unflatten",
+          "view")  # (the verbs whose host tensor methods give numpy views, as torch's function forms give views)
 
 
 def from_numpy(ndarray):

@@ -199,6 +199,22 @@ def view_strides(old_shape, old_strides, new_shape):
     return tuple(new) if view_d == -1 else None
 
 
+builtins_any = any
+
+
+def _is_complex(o):
+    """A complex operand beside a traced Tensor: a traced ComplexTensor, a numpy complex array (a host
+    tensor of torch.polar's rotations), a Python complex number."""
+    return hasattr(o, "_mica_complex") or isinstance(o, (complex, np.complexfloating)) or \
+        (isinstance(o, np.ndarray) and o.dtype.kind == "c")
+
+
+def _complex(o):
+    from .complex import lift
+
+    return lift(o)
+
+
 def link_view(base, out, forward, inverse, strides=None):
     """Record that `out` views `base`'s memory as torch's view verbs do: `forward(b)` is the view of
     a base b, `inverse(v, b)` the base b with the view's elements replaced by v's, `strides` the
@@ -462,6 +478,12 @@ class Tensor:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         name = getattr(ufunc, "__name__", "ufunc")
         verb = _OPERATOR_UFUNCS.get(name)
+        if verb in ("add", "sub", "mul", "div") and method == "__call__" and not kwargs and len(inputs) == 2 and \
+                builtins_any(_is_complex(x) for x in inputs):  # (a complex host tensor beside a Tensor: complex)
+            import operator
+
+            a, b = (_complex(x) if _is_complex(x) else x for x in inputs)
+            return getattr(operator, {"div": "truediv"}.get(verb, verb))(a, b)
         if verb and method == "__call__" and not kwargs:  # a numpy scalar beside a Tensor: its operator
             from .host import HostTensor  # (a host tensor beside a traced one: a constant, as torch's)
 
@@ -493,14 +515,14 @@ class Tensor:
     def __imod__(self, o): return self._into(F.remainder(self, o))
 
     # ---- arithmetic ---------------------------------------------------------------------------
-    def __add__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.add(self, o)
-    def __radd__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.add(o, self)
-    def __sub__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.sub(self, o)
-    def __rsub__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.sub(o, self)
-    def __mul__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.mul(self, o)
-    def __rmul__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.mul(o, self)
-    def __truediv__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.div(self, o)
-    def __rtruediv__(self, o): return NotImplemented if hasattr(o, '_mica_complex') else F.div(o, self)
+    def __add__(self, o): return _complex(o).__radd__(self) if _is_complex(o) else F.add(self, o)
+    def __radd__(self, o): return _complex(o).__add__(self) if _is_complex(o) else F.add(o, self)
+    def __sub__(self, o): return _complex(o).__rsub__(self) if _is_complex(o) else F.sub(self, o)
+    def __rsub__(self, o): return _complex(o).__sub__(self) if _is_complex(o) else F.sub(o, self)
+    def __mul__(self, o): return _complex(o).__rmul__(self) if _is_complex(o) else F.mul(self, o)
+    def __rmul__(self, o): return _complex(o).__mul__(self) if _is_complex(o) else F.mul(o, self)
+    def __truediv__(self, o): return _complex(o).__rtruediv__(self) if _is_complex(o) else F.div(self, o)
+    def __rtruediv__(self, o): return _complex(o).__truediv__(self) if _is_complex(o) else F.div(o, self)
     def __pow__(self, o): return F.pow(self, o)
     def __rpow__(self, o): return F.pow(o, self)
     def __matmul__(self, o): return F.matmul(self, o)

@@ -504,6 +504,8 @@ def test_sample_reads_config_files_as_sample_py_does(run_dir):
     r = mica("sample", "train.py", *SAMPLE[2:], "--max_iters=3", cwd=run_dir)
     assert r.returncode == 0 and r.stdout == want.stdout, r.stderr
     assert_sentence(mica(*SAMPLE, "--max_iters=3", cwd=run_dir), "unknown setting 'max_iters'")
+    r = mica("sample", "shakespeare_char", *SAMPLE[1:], "--max_iters=3", cwd=run_dir)  # (the built-in config's too)
+    assert r.returncode == 0 and r.stdout == want.stdout, r.stderr
 
 
 def test_sample_with_a_training_configs_init_from_names_its_line(run_dir):

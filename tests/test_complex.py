@@ -129,3 +129,50 @@ def test_complex_tensors_a_program_cannot_hold_are_sentences():
         mica.compile(lambda x: mica.view_as_real(mica.view_as_complex(x.bfloat16())))(mica.ones(3, 2))
     with pytest.raises(mica.MicaError, match=r"^a complex tensor converted to float32 would drop its imaginary part"):
         mica.compile(lambda x: mica.view_as_complex(x).to(mica.float32))(mica.ones(3, 2))
+
+
+def test_every_operand_order_with_a_complex_tensor_is_torchs():
+    """A real Tensor or number on either side of a traced complex tensor or a complex host tensor
+    (real / complex recursed; real * host complex dropped the imaginary part), powers, exp, sum,
+    mean, and complex numbers made by mica.tensor."""
+    rng = np.random.default_rng(4)
+    xv, rv = rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    hv = (rng.standard_normal(3) + 1j * rng.standard_normal(3)).astype(np.complex64)
+    ops = [lambda c, r, h: r / c, lambda c, r, h: 2.0 / c, lambda c, r, h: r * h, lambda c, r, h: h * r,
+           lambda c, r, h: r + h, lambda c, r, h: h - r, lambda c, r, h: r - h, lambda c, r, h: h / r,
+           lambda c, r, h: r / h, lambda c, r, h: c ** 2, lambda c, r, h: c ** -1, lambda c, r, h: 1j * r,
+           lambda c, r, h: c.exp(), lambda c, r, h: c.sum(0, keepdim=True), lambda c, r, h: c.mean(),
+           lambda c, r, h: c - r, lambda c, r, h: c * h]
+    for op in ops:
+        got = mica.compile(lambda x, r: mica.view_as_real(op(mica.view_as_complex(x), r, mica.tensor(hv))))(xv, rv)
+        want = torch.view_as_real(op(torch.view_as_complex(torch.tensor(xv)), torch.tensor(rv), torch.tensor(hv)))
+        assert rel_err(np.asarray(got), want.numpy()) < 1e-6
+    for lib in (mica, torch):
+        t = lib.tensor([1 + 2j, 3j])
+        assert t.dtype == lib.complex64 and t.is_complex() and repr(t) == "tensor([1.+2.j, 0.+3.j])"
+        assert lib.complex(lib.tensor([1.0]), lib.tensor([float("inf")])).tolist() == [complex(1, float("inf"))]
+        assert repr(lib.complex(lib.tensor([]), lib.tensor([]))) == "tensor([], dtype=torch.complex64)"
+
+
+def test_a_module_called_eagerly_takes_a_complex_argument():
+    """Meta's generate() calls model.forward itself, so each block is called outside a trace with
+    the complex rotations as an argument (it was refused, naming float32)."""
+    for lib in (mica, torch):
+        class Rot(lib.nn.Module):
+            def forward(self, x, freqs_cis):
+                xc = lib.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+                return lib.view_as_real(xc * freqs_cis).flatten(-2)
+        f = lib.polar(lib.ones(4, 2), lib.arange(8.0).view(4, 2))
+        out = Rot()(lib.arange(16.0).view(4, 4), f)
+        if lib is mica:
+            got = np.asarray(out)
+        else:
+            assert rel_err(got, out.numpy()) < 1e-6
+
+
+def test_what_a_complex_tensor_cannot_do_is_a_sentence():
+    with pytest.raises(mica.MicaError, match=r"^a complex tensor in Mica has no .cumsum"):
+        mica.compile(lambda x: mica.view_as_real(mica.view_as_complex(x).cumsum(0)))(np.ones((3, 2), np.float32))
+    with pytest.raises(mica.MicaError, match=r"^mica.cat takes real tensors, and this one is complex"):
+        hc = mica.polar(mica.ones(3), mica.zeros(3))
+        mica.compile(lambda r: mica.cat([r, hc]).sum())(np.ones(3, np.float32))

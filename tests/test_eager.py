@@ -1295,7 +1295,7 @@ def test_numpys_own_calls_on_host_tensors_keep_numpys_meaning_and_expanded_views
     for f in (lambda v: v.expand(2, 3).fill_(2), lambda v: v.expand(2, 3)[0].__setitem__(1, 7)):
         f(b), f(t)
         assert np.asarray(b).tolist() == t.tolist()
-    with pytest.raises(mica.MicaError, match=r"is one place in memory \(an expanded view, which torch refuses too"):
+    with pytest.raises(mica.MicaError, match=r"an expanded view\) is one place in memory"):
         b.expand(2, 3).add_(1)
     with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
         x[0] = float("nan")
@@ -1387,7 +1387,7 @@ def test_host_tensors_hash_by_identity_compare_to_none_as_torchs_and_refuse_a_tr
 
     with pytest.raises(mica.MicaError, match=r"^add_: a tensor made outside the traced code \(a module's attribute, "
                                              r"a global\) cannot take a traced value in place.*as an argument.*"
-                                             r"requires_grad=False.*test_eager"):
+                                             r"register_buffer.*test_eager"):
         step(np.ones((2, 3), np.float32))
 
 
@@ -2071,3 +2071,21 @@ def test_inplace_activations_write_their_input_as_torchs():
         assert repr(lib.nn.Hardswish(True)) == "Hardswish()" and repr(lib.nn.ReLU(inplace=True)) == "ReLU(inplace=True)"
         with pytest.raises(TypeError):
             lib.nn.Tanh(inplace=True)  # (torch's Tanh takes no inplace)
+
+
+def test_the_view_verbs_function_forms_are_views_outside_a_trace():
+    """torch.narrow(h, ...), torch.diagonal(h), torch.transpose(h, ...) and the other view verbs in
+    their function form share h's memory, as their method forms do (they gave copies, so a write
+    through them was lost); narrow takes a 0-d tensor as its start there too."""
+    got = []
+    for lib in (mica, torch):
+        h = lib.arange(12.0).view(3, 4)
+        lib.narrow(h, 0, lib.tensor(1), 1).mul_(-1)
+        lib.diagonal(h).add_(100)
+        lib.select(h, 1, 3).zero_()
+        lib.transpose(h, 0, 1)[0].add_(1000)
+        lib.permute(h, (1, 0))[1].add_(0.5)
+        lib.squeeze(lib.unsqueeze(h, 0), 0)[2].mul_(2)
+        lib.movedim(h, 0, 1)[2].sub_(3)
+        got.append(np.asarray(h).tolist())
+    assert got[0] == got[1]

@@ -330,3 +330,13 @@ def test_refusals_and_tensor_arguments_an_index_fuzzer_found_are_torchs():
     assert np.array_equal(np.asarray(mica.tensor(x).narrow(0, mica.tensor(1), mica.tensor(2))), want)
     with pytest.raises(mica.MicaError, match=r"^narrow: start is a tensor computed in the trace"):
         mica.compile(lambda t, i: t.narrow(0, i, 2))(x, np.int64(1))
+
+
+def test_activations_torch_takes_on_floats_only_refuse_an_integer_tensor():
+    x = np.array([[1, 2, 3], [4, 5, 7]])
+    for verb, call in (("normalize", lambda t: MF.normalize(t)), ("cdist", lambda t: mica.cdist(t, t)),
+                       ("cosine_similarity", lambda t: MF.cosine_similarity(t, t)), ("softplus", MF.softplus),
+                       ("elu", MF.elu)):
+        with pytest.raises(mica.MicaError, match=f"^{verb} takes a floating tensor, got int64"):
+            mica.compile(call)(x)
+    assert np.allclose(np.asarray(mica.compile(MF.softsign)(x)), TF.softsign(torch.tensor(x)).numpy())  # (torch's too)

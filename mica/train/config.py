@@ -395,6 +395,7 @@ def load_script_settings(items, defaults, nullable=()):
             given.add(item.lstrip("-").partition("=")[0])
         elif item in BUILTIN_CONFIGS and not os.path.exists(item):
             builtin = {k: v for k, v in BUILTIN_CONFIGS[item].items() if k in out}
+            made.update({k: v for k, v in BUILTIN_CONFIGS[item].items() if k not in out})
             out.update(builtin)
             origin.update(dict.fromkeys(builtin, f"the built-in config {item}"))
             given.update(builtin)

@@ -16,10 +16,18 @@ from .core import sum as _sum
 from .shape import expand, narrow, reshape
 
 
+# torch's kernels for these take floating tensors only (an integer one is refused, not widened)
+_FLOATING_ONLY = frozenset(("softplus", "logsigmoid", "mish", "hardswish", "hardsigmoid", "selu", "elu", "celu",
+                            "softshrink", "prelu", "normalize", "cdist", "cosine_similarity", "glu"))
+
+
 def _float(verb, x):
-    """x as a floating Tensor: an integer one as the default float; a half one in float32 where
-    `verb` is on autocast's float32 list (the losses; on CUDA also softplus, expm1, log1p, ...)."""
+    """x as a floating Tensor: an integer one as the default float (refused where torch's kernel
+    refuses it); a half one in float32 where `verb` is on autocast's float32 list (the losses; on
+    CUDA also softplus, expm1, log1p, ...)."""
     x = as_tensor(x)
+    if x.dtype.kind != "float" and verb in _FLOATING_ONLY:
+        fail(f"{verb} takes a floating tensor, got {x.dtype.name} (as torch's); convert it with .float() first")
     if x.dtype.kind != "float":
         x = to(x, dtypes.DEFAULT_FLOAT)
     (x,) = amp.float32(verb, x)

@@ -68,7 +68,8 @@ def known_int(x, verb, what):
 def _calling_verb():
     """'mica.<name>' of the public verb that is running (for messages)."""
     f = sys._getframe(2)
-    while f is not None and (f.f_code.co_name.startswith("_") or f.f_code.co_name in ("as_tensor", "<lambda>")):
+    while f is not None and (f.f_code.co_name.startswith("_") or f.f_code.co_name in (
+            "as_tensor", "<lambda>", "<listcomp>", "<genexpr>", "<dictcomp>")):
         f = f.f_back
     return f"mica.{f.f_code.co_name}" if f is not None else "mica"
 
@@ -92,6 +93,10 @@ def as_tensor(x, dtype=None, verb=None):
     current(verb)
     if is_scalar(x):
         return const(x, dtype or scalar_dtype(x))
+    if isinstance(x, np.ndarray) and x.dtype.kind == "c" or hasattr(x, "_mica_complex"):
+        raise TraceError(f"{verb} takes real tensors, and this one is complex; a complex tensor takes + - * /, "
+                         "conj, abs, exp, sum, mean, .real, .imag and the shape methods, and torch.view_as_real(c) "
+                         "gives its real pairs for the rest", user_location())
     if isinstance(x, (np.ndarray, list, tuple)):
         return tensor(x, dtype=dtype)
     raise _not_an_operand(verb, x)
@@ -1296,6 +1301,9 @@ def tensor(data, dtype=None, *, _copy=True, **_device):
         arr = np.asarray(data)
     except ValueError:  # (ragged nested lists: numpy's inhomogeneous shape)
         fail("tensor: the nested lists are of different lengths; give rows of one length (torch refuses them too)")
+    wanted = str(dtype).rpartition(".")[2] if dtype is not None else None
+    if arr.dtype.kind == "c" or wanted in ("complex64", "complex128", "cfloat", "cdouble"):
+        return _complex_data(data, arr, wanted)
     dt = as_dtype(dtype) if dtype is not None else (
         dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
     if not in_trace():
@@ -1303,6 +1311,18 @@ def tensor(data, dtype=None, *, _copy=True, **_device):
     shape = tuple(arr.shape)  # (before ascontiguousarray, which makes a 0-d array 1-d)
     arr = np.ascontiguousarray(in_dtype(arr, dt))  # (bfloat16's values rounded to it, held as float32)
     return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)
+
+
+def _complex_data(data, arr, wanted):
+    """torch.tensor of complex numbers: complex64 (torch's default complex type) unless numpy data or
+    dtype= says complex128; outside a trace a numpy complex host tensor, in one a constant
+    ComplexTensor (mica/complex.py)."""
+    from ..complex import lift
+
+    double = wanted in ("complex128", "cdouble") or (wanted is None and isinstance(data, np.ndarray)
+                                                     and arr.dtype == np.complex128)
+    out = arr.astype(np.complex128 if double else np.complex64)
+    return lift(out) if in_trace() else out
 
 
 from .shape import expand, squeeze  # noqa: E402  (shape verbs build on these)
