@@ -332,6 +332,30 @@ def test_refusals_and_tensor_arguments_an_index_fuzzer_found_are_torchs():
         mica.compile(lambda t, i: t.narrow(0, i, 2))(x, np.int64(1))
 
 
+def test_lerp_addcmul_and_a_0d_operand_round_as_torchs_kernels_bit_for_bit():
+    """torch's vectorized CPU lerp and addcmul fuse their multiply-add (start + w d for |w| < 0.5,
+    else end + (w - 1) d; input + (value t1) t2), and read a 0-d tensor beside a half tensor in
+    float32 as a Python number: Mica's were plain products (1 ulp off in a quarter of the elements,
+    AdamW's moments with them) and rounded a traced 0-d lr to bfloat16 first."""
+    g = np.random.default_rng(9)
+    a, b = g.standard_normal(50000).astype(np.float32), (3 * g.standard_normal(50000)).astype(np.float32)
+    c = (np.abs(g.standard_normal(50000)) + 0.1).astype(np.float32)
+    for w in (0.2, -0.3, 0.5, 0.9, 1.7):
+        got = mica.compile(lambda x, y: mica.lerp(x, y, w))(a, b)
+        assert np.array_equal(np.asarray(got), torch.tensor(a).lerp(torch.tensor(b), w).numpy()), w
+    wt = g.random(50000).astype(np.float32) * 1.4 - 0.2
+    got = mica.compile(lambda x, y, z: mica.lerp(x, y, z))(a, b, wt)
+    assert np.array_equal(np.asarray(got), torch.tensor(a).lerp(torch.tensor(b), torch.tensor(wt)).numpy())
+    got = mica.compile(lambda x, y, z: mica.addcmul(x, y, z, value=-0.0123456))(a, b, c)
+    assert np.array_equal(np.asarray(got), torch.tensor(a).addcmul(torch.tensor(b), torch.tensor(c), value=-0.0123456).numpy())
+    for dt, tdt in ((mica.bfloat16, torch.bfloat16), (mica.float16, torch.float16)):
+        for s in (np.float32(0.0123456789), np.float64(0.0123456789)):
+            got = mica.compile(lambda x, k: (x.to(dt) * k).float())(a, s)
+            assert np.array_equal(np.asarray(got), (torch.tensor(a).to(tdt) * torch.tensor(s)).float().numpy())
+        got = mica.compile(lambda x, y: mica.lerp(x.to(dt), y.to(dt), 0.2).float())(a, b)
+        assert np.array_equal(np.asarray(got), torch.tensor(a).to(tdt).lerp(torch.tensor(b).to(tdt), 0.2).float().numpy())
+
+
 def test_activations_torch_takes_on_floats_only_refuse_an_integer_tensor():
     x = np.array([[1, 2, 3], [4, 5, 7]])
     for verb, call in (("normalize", lambda t: MF.normalize(t)), ("cdist", lambda t: mica.cdist(t, t)),

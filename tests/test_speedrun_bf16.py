@@ -2,6 +2,7 @@
 the seed's are, and AdamW on that bf16 parameter as torch's fused AdamW (the seed's fused=True)
 computes it; compiled for the CPU against PyTorch's own bf16 arithmetic."""
 import numpy as np
+import pytest
 import torch
 
 import mica
@@ -13,15 +14,18 @@ def _bf16(a):
     return ckpt.BF16Tensor.round(a).float32()
 
 
-def test_adamw_on_a_bfloat16_parameter_is_torchs_fused_adamw_bit_for_bit():
+@pytest.mark.parametrize("fused", [True, False])
+def test_adamw_on_a_bfloat16_parameter_is_torchs_adamw_bit_for_bit(fused):
     """Five steps (lr changing, as the schedule changes it; and weight decay) on 3 x 4099 values:
-    the parameter and both bf16 moments equal torch's CPU _fused_adamw_ bit for bit."""
+    the parameter and both bf16 moments equal torch's CPU AdamW bit for bit: its _fused_adamw_ with
+    fused=True (the seed's), its single-tensor path by default (each step rounded to bfloat16, a
+    traced lr read in float32 as torch reads a Python number: it was rounded to bfloat16 first)."""
     shape, steps = (3, 4099), 5
     rng = np.random.default_rng(0)
     p0 = _bf16(rng.standard_normal(shape).astype(np.float32))
     grads = [_bf16((s + 1) * rng.standard_normal(shape).astype(np.float32)) for s in range(steps)]
     for wd in (0.0, 0.1):
-        opt = mica.optim.adamw(lr=0.3, betas=(0.8, 0.95), eps=1e-10, weight_decay=wd)
+        opt = mica.optim.adamw(lr=0.3, betas=(0.8, 0.95), eps=1e-10, weight_decay=wd, fused=fused or None)
         specs = {"w": mica.Spec(shape, mica.bfloat16)}
         state_specs = opt.state_specs(specs)
         assert state_specs["exp_avg"]["w"].dtype is mica.bfloat16
@@ -33,7 +37,8 @@ def test_adamw_on_a_bfloat16_parameter_is_torchs_fused_adamw_bit_for_bit():
         exe = mica.trace(step, specs, state_specs, mica.Spec(shape, mica.bfloat16),
                          mica.f64[()]).lower("cpu", opt_level=2).build()
         tp = torch.from_numpy(p0.copy()).bfloat16().requires_grad_()
-        topt = torch.optim.AdamW([tp], lr=0.3, betas=(0.8, 0.95), eps=1e-10, weight_decay=wd, fused=True)
+        topt = torch.optim.AdamW([tp], lr=0.3, betas=(0.8, 0.95), eps=1e-10, weight_decay=wd, fused=fused or None,
+                                 foreach=False)
         params, state = {"w": p0}, opt.init({"w": p0})
         for s, g in enumerate(grads):
             scale = 1.0 - 0.15 * s

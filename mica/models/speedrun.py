@@ -187,7 +187,7 @@ def optimizers(model, embed_lr=0.3, head_lr=1 / 320, scalar_lr=0.01, muon_lr=0.0
     optimizer1 = mica.optim.adamw(param_groups=[dict(params=["embed.weight"], lr=embed_lr),
                                                 dict(params=["proj.weight"], lr=head_lr),
                                                 dict(params=[n for n, p in names.items() if p.ndim < 2], lr=scalar_lr)],
-                                  betas=(0.8, 0.95), eps=1e-10, weight_decay=0)
+                                  betas=(0.8, 0.95), eps=1e-10, weight_decay=0, fused=True)  # (the seed's)
     optimizer2 = mica.optim.muon(lr=muon_lr, weight_decay=muon_weight_decay, mu=mu, ns_coefficients=ns_coefficients,
                                  ns_dtype=ns_dtype,
                                  param_groups=[dict(params=[n for n, p in names.items()

@@ -1,10 +1,12 @@
 """AdamW exactly as torch.optim.AdamW's single-tensor path computes it (decoupled decay, bias
 correction from the step count in double precision, eps added after the square-root correction).
 
-A bfloat16 parameter (the speedrun seed's embedding) is updated as torch's fused AdamW updates one
-(`fused=True`, the seed's): its state is bfloat16 too, the arithmetic is float32 ("opmath") with
-the kernel's fused multiply-adds, and the parameter and both moments are rounded to bfloat16 once,
-at the end (the square root and the step read the unrounded float32 moments)."""
+A bfloat16 parameter keeps bfloat16 moments, as torch's. By default (torch's on a CPU) each step of
+the arithmetic rounds to bfloat16, as the single-tensor path's in-place ops do; with `fused=True`
+(the speedrun seed's) it is updated as torch's fused AdamW updates one: float32 arithmetic
+("opmath") with the kernel's fused multiply-adds, the parameter and both moments rounded to bfloat16
+once, at the end (the square root and the step read the unrounded float32 moments). In float32 the
+two are the same step."""
 import numpy as np
 
 from .. import dtypes, verbs as F
@@ -14,6 +16,10 @@ from .base import Optimizer, step_counts, zeros_like_tree
 class AdamW(Optimizer):
     defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
     live = ("betas",)
+
+    def __init__(self, param_groups=None, **hyper):
+        self.fused = bool(hyper.get("fused"))  # (torch's fused kernel: another rounding of a bfloat16 parameter)
+        super().__init__(param_groups, **hyper)
 
     def state_specs(self, param_specs):
         """As Optimizer's, with a bfloat16 parameter's moments in bfloat16 (fused AdamW's state)."""
@@ -64,7 +70,7 @@ class AdamW(Optimizer):
                 if each:
                     step_size, bias_correction2_sqrt = corrections(count(n))
                 p, g, m, v = params[n], grads[n], exp_avg[n], exp_avg_sq[n]
-                if p.dtype is dtypes.bfloat16:
+                if p.dtype is dtypes.bfloat16 and self.fused:
                     params[n], exp_avg[n], exp_avg_sq[n] = _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps,
                                                                        step_size, bias_correction2_sqrt)
                     continue
@@ -85,7 +91,8 @@ class AdamW(Optimizer):
 
 class Adam(AdamW):
     """torch.optim.Adam: AdamW's arithmetic with weight decay as an L2 term added to the gradient
-    (in float32 for a bfloat16 parameter, as the fused kernel's opmath) instead of decoupled."""
+    (for a bfloat16 parameter: rounded to bfloat16 by default, in float32 with fused=True, as the
+    fused kernel's opmath) instead of decoupled."""
 
     defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
@@ -95,7 +102,7 @@ class Adam(AdamW):
             wd = hyper["weight_decay"]
             for n in self._mine(names) if wd != 0 else ():
                 g, p = grads[n], params[n]
-                if p.dtype is dtypes.bfloat16:
+                if p.dtype is dtypes.bfloat16 and self.fused:
                     g, p = F.to(g, dtypes.float32), F.to(p, dtypes.float32)
                 grads[n] = F.add(g, p, alpha=wd)
             coupled.append(({**hyper, "weight_decay": 0.0}, names, lr))
@@ -112,14 +119,6 @@ def check_adam_like(opt, hyper, where, rates=("lr", "weight_decay")):
     opt._require({"betas[0]": betas[0], "betas[1]": betas[1]}, where, ("betas[0]", "betas[1]"), "fraction")
 
 
-def _fma(a, b, c):
-    """float32 a * b + c rounded once, as the kernel's vector fmadd: the float32 product is exact in
-    float64, so only the sum rounds (and then to float32; the double rounding this adds changes a
-    result about once in 2**29)."""
-    f64 = dtypes.float64
-    return F.to(F.to(a, f64) * F.to(b, f64) + F.to(c, f64), dtypes.float32)
-
-
 def _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correction2_sqrt):
     """torch's CPU fused AdamW step (_fused_adamw_) on bfloat16 p, g, m, v: (p, m, v) in bfloat16.
     The scalars are computed in float64 and taken as float32, as the kernel's opmath_t(...) casts."""
@@ -133,15 +132,15 @@ def _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correctio
         p = p * scalar(1 - lr * wd)
     w = 1 - beta1  # exp_avg.lerp_(grad, w): from the nearer end, as the kernel's blendv (a live beta1's end:
     near = abs(1 - float(beta1)) < 0.5  # the one its program was built for, stateful.py's pattern)
-    m = _fma(scalar(w), g - m, m) if near else _fma(scalar(w - 1), g - m, g)
-    v = _fma(g * np.float32(1 - beta2), g, v * np.float32(beta2))
+    m = F.fma32(scalar(w), g - m, m) if near else F.fma32(scalar(w - 1), g - m, g)
+    v = F.fma32(g * np.float32(1 - beta2), g, v * np.float32(beta2))
     denom = F.sqrt(v) / scalar(bias_correction2_sqrt) + np.float32(eps)
     p = p + (scalar(-step_size) * m) / denom
     return tuple(F.to(t, dtypes.bfloat16) for t in (p, m, v))
 
 
-def adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, param_groups=None):
-    return AdamW(param_groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+def adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, param_groups=None, fused=None):
+    return AdamW(param_groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
 
 
 def nanogpt_param_groups(params, weight_decay):

@@ -190,10 +190,16 @@ def _binary(op, a, b, compute=None, out_kinds=None):
         if not isinstance(x, (Tensor, HostTensor)) and not is_scalar(x):
             raise _not_an_operand(verb, x)
     dt = compute or result_type(a, b)
-    if op in _OPMATH and dt in dtypes.HALF and (is_scalar(a) or is_scalar(b)):
-        wide = dtypes.float32  # (a Python number beside a half tensor: kept in float32, the result rounded
-        return to(emit(op, [as_tensor(a, wide), as_tensor(b, wide)]), dt)  # once, as torch's opmath: x * 0.1)
+    if op in _OPMATH and dt in dtypes.HALF and (_scalar_operand(a) or _scalar_operand(b)):
+        wide = dtypes.float32  # (a number, or a 0-d tensor, beside a half tensor: kept in float32, the result
+        return to(emit(op, [as_tensor(a, wide), as_tensor(b, wide)]), dt)  # rounded once, as torch's opmath)
     return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])
+
+
+def _scalar_operand(x):
+    """A Python number or a 0-d tensor: torch's CPU scalar, which its kernels read in the opmath
+    type (float32 for a half result: bf16 x * lr with a traced lr, not lr rounded to bf16 first)."""
+    return is_scalar(x) or (isinstance(x, (Tensor, np.ndarray)) and x.ndim == 0)
 
 
 _OPMATH = frozenset({"add", "sub", "mul", "div"})
@@ -714,14 +720,33 @@ def clamp_max(input, max):
     return clamp(input, max=max)
 
 
+def fma32(a, b, c):
+    """float32 a * b + c rounded once, as a CPU kernel's vector fmadd: the float32 product is exact
+    in float64, so only the sum rounds (and then to float32; the double rounding this adds changes
+    a result about once in 2**29)."""
+    f64 = dtypes.float64
+    return to(add(mul(to(as_tensor(a), f64), to(as_tensor(b), f64)), to(as_tensor(c), f64)), dtypes.float32)
+
+
 def lerp(input, end, weight):
     """start + weight * (end - start), evaluated as PyTorch does for accuracy near weight = 1 (in a
-    half type computed in float32 and rounded once, as torch's kernel)."""
+    half type computed in float32 and rounded once, as torch's kernel); in float32 (and a half
+    type's float32) with the fused multiply-add torch's vectorized kernel uses: start + w d for
+    |w| < 0.5, else end + (w - 1) d, each rounded once."""
     dt = result_type(input, end)
     if dt in dtypes.HALF:
         wide = dtypes.float32
         return to(lerp(as_tensor(input, wide), as_tensor(end, wide),
                        weight if is_scalar(weight) else as_tensor(weight, wide)), dt)
+    if dt is dtypes.float32:
+        input, end = as_tensor(input, dt), as_tensor(end, dt)
+        diff = sub(end, input)
+        if is_scalar(weight):
+            w = np.float32(weight)
+            return fma32(const(w, dt), diff, input) if builtins.abs(w) < 0.5 else \
+                fma32(const(w - np.float32(1), dt), diff, end)
+        w = as_tensor(weight, dt)
+        return where(lt(abs(w), 0.5), fma32(w, diff, input), fma32(sub(w, 1.0), diff, end))
     diff = sub(end, input)
     if is_scalar(weight):
         if builtins.abs(weight) < 0.5:
@@ -737,10 +762,11 @@ def _addc(combine, input, tensor1, tensor2, value):
     dt = result_type(input, tensor1, tensor2)
     if dt.kind == "float" and dt in dtypes.HALF:
         wide = dtypes.float32
-        product = combine(as_tensor(tensor1, wide), as_tensor(tensor2, wide))
-        return to(add(as_tensor(input, wide), mul(value, product)), dt)
+        return to(_addc(combine, *(as_tensor(t, wide) for t in (input, tensor1, tensor2)), value), dt)
     if dt.kind == "float":
         input, tensor1, tensor2 = (as_tensor(t, dt) for t in (input, tensor1, tensor2))
+    if combine is mul and dt is dtypes.float32:  # (torch's vectorized addcmul: fmadd(value * t1, t2, input))
+        return fma32(mul(value, tensor1), tensor2, input)
     return add(input, combine(mul(value, tensor1), tensor2))
 
 
