@@ -145,9 +145,13 @@ class HostTensor(np.ndarray):
             return np.ndarray.repeat(np.asarray(self), *sizes, **kwargs).view(HostTensor)
         return _method("repeat", self, *sizes, **kwargs)
 
-    def transpose(self, *dims):
+    def transpose(self, *dims, **named):
         if _called_by_numpy():
             return np.ndarray.transpose(self, *dims)
+        if named and set(named) <= {"dim0", "dim1"}:  # (torch's keywords: transpose(x, dim0=0, dim1=1))
+            dims = dims + tuple(named[k] for k in ("dim0", "dim1") if k in named)
+        elif named:
+            return _method("transpose", self, *dims, **named)  # (its sentence)
         if len(dims) == 2 and all(isinstance(d, (int, np.integer)) for d in dims):
             from .verbs.core import canon_dim
 
@@ -737,7 +741,33 @@ def host(a):
 
 def _method(name, self, *args, **kwargs):
     """torch.Tensor's method `name` on a host tensor: the traced Tensor's method, run eagerly."""
+    if isinstance(self, np.ndarray) and self.dtype.kind == "c":
+        return _complex_method(name, self, args, kwargs)
     return run(None, (self,) + args, kwargs, method=name)
+
+
+def _complex_method(name, c, args, kwargs):
+    """A complex host tensor's method, computed by numpy where Mica's complex tensors have it (the
+    traced verbs take real tensors only)."""
+    import inspect
+
+    from .tensor import user_location
+
+    forms = {"sum": lambda dim=None, keepdim=False: np.sum(c, axis=dim, keepdims=keepdim),
+             "mean": lambda dim=None, keepdim=False: np.mean(c, axis=dim, keepdims=keepdim),
+             "cumsum": lambda dim: np.cumsum(c, axis=dim), "exp": lambda: np.exp(c), "conj": lambda: np.conj(c),
+             "abs": lambda: np.abs(c), "angle": lambda: np.angle(c)}
+    if name not in forms:
+        raise MicaError(f"{name} of a complex host tensor is not in Mica: its complex tensors take + - * /, whole "
+                        "powers, conj, abs, exp, sum, mean, cumsum, .real, .imag and the shape methods; compute the "
+                        "rest on torch.view_as_real(c), its real pairs", user_location())
+    try:
+        inspect.signature(forms[name]).bind(*args, **kwargs)
+    except TypeError as e:
+        raise MicaError(f"{name} of a complex tensor: {e}", user_location()) from None
+    out = np.asarray(forms[name](*args, **kwargs))
+    real = np.float32 if c.dtype == np.complex64 else np.float64
+    return host(out.astype(real if out.dtype.kind == "f" else c.dtype))
 
 
 def run(fn, args, kwargs, method=None):

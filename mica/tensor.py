@@ -522,7 +522,10 @@ class Tensor:
     def __mul__(self, o): return _complex(o).__rmul__(self) if _is_complex(o) else F.mul(self, o)
     def __rmul__(self, o): return _complex(o).__mul__(self) if _is_complex(o) else F.mul(o, self)
     def __truediv__(self, o): return _complex(o).__rtruediv__(self) if _is_complex(o) else F.div(self, o)
-    def __rtruediv__(self, o): return _complex(o).__truediv__(self) if _is_complex(o) else F.div(o, self)
+    def __rtruediv__(self, o):  # (torch's s / x for a number s: x.reciprocal() * s, as its Tensor.__rdiv__)
+        if _is_complex(o):
+            return _complex(o).__truediv__(self)
+        return F.mul(F.reciprocal(self), o) if F.is_scalar(o) else F.div(o, self)
     def __pow__(self, o): return F.pow(self, o)
     def __rpow__(self, o): return F.pow(o, self)
     def __matmul__(self, o): return F.matmul(self, o)

@@ -176,3 +176,20 @@ def test_what_a_complex_tensor_cannot_do_is_a_sentence():
     with pytest.raises(mica.MicaError, match=r"^mica.cat takes real tensors, and this one is complex"):
         hc = mica.polar(mica.ones(3), mica.zeros(3))
         mica.compile(lambda r: mica.cat([r, hc]).sum())(np.ones(3, np.float32))
+
+
+def test_a_complex_host_tensors_methods_and_a_real_dtype_are_torchs():
+    """c.sum(), c.mean(), c.exp(), c.cumsum(0) outside a trace are torch's (they recursed without
+    end); complex data given a real dtype is refused, as torch refuses it."""
+    for lib in (mica, torch):
+        c = lib.tensor([1 + 2j, 3 - 1j])
+        got = [c.sum(), c.mean(), c.exp(), c.cumsum(0), c.sum(0, keepdim=True), c.abs()]
+        if lib is mica:
+            mine = [np.asarray(t) for t in got]
+        else:
+            for m, t in zip(mine, got):
+                assert m.dtype == t.numpy().dtype and np.allclose(m, t.numpy(), rtol=1e-6)
+    with pytest.raises(mica.MicaError, match=r"^tensor: complex numbers cannot be held as float32"):
+        mica.tensor([1 + 2j], dtype=mica.float32)
+    with pytest.raises(mica.MicaError, match=r"^cumprod of a complex host tensor is not in Mica"):
+        mica.tensor([1 + 2j]).cumprod(0)

@@ -842,7 +842,9 @@ def test_independent_kernels_share_a_launch_in_an_order_that_keeps_every_depende
     units = groups.launch_units(s, plan, target)
     n = len(s.kernels)
     assert sorted(k for u in units for k in u.members) == list(range(n))
-    for name in ("mul -> sum", "eq, where, sqrt", "mul, sub, cast, add, sqrt, div"):  # (square-sums, norms, AdamW)
+    names = [k.name for k in s.kernels]
+    update = max((nm for nm in names if nm.endswith("sqrt, div")), key=names.count)  # (AdamW's fused elementwise)
+    for name in ("mul -> sum", "eq, where, sqrt", update):  # (square-sums, norms, AdamW)
         most = max(sum(s.kernels[k].name == name for k in u.members) for u in units)
         assert most >= len(params) // 2, (name, most, len(params))
     assert len(units) < 0.75 * n, (len(units), n)

@@ -2089,3 +2089,40 @@ def test_the_view_verbs_function_forms_are_views_outside_a_trace():
         lib.movedim(h, 0, 1)[2].sub_(3)
         got.append(np.asarray(h).tolist())
     assert got[0] == got[1]
+
+
+def test_a_buffer_registered_again_in_forward_is_kept_as_torchs():
+    """Hugging Face's LLaMA grows its causal mask in forward with register_buffer when an input is
+    longer than it: eagerly and in a compiled step the buffer is the new tensor afterwards (it was
+    refused, speaking of numpy reading a traced Tensor); transpose's keywords outside a trace."""
+    for compiled in (False, True):
+        got = []
+        for lib in (mica, torch):
+            class M(lib.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.w = lib.nn.Parameter(lib.ones(6))
+                    self.register_buffer("mask", lib.triu(lib.full((4, 4), fill_value=1.0), diagonal=1),
+                                         persistent=False)
+
+                def forward(self, x):
+                    if x.shape[-1] > self.mask.shape[-1]:
+                        m = lib.full((8, 8), fill_value=1.0)
+                        self.register_buffer("mask", lib.triu(m, diagonal=1), persistent=False)
+                    return (x * self.w * self.mask[: x.shape[-1], : x.shape[-1]].sum()).sum()
+            m = M()
+            opt = lib.optim.SGD(m.parameters(), lr=0.1)
+
+            def step(x):
+                loss = m(x)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                return loss
+            if compiled and lib is mica:
+                step = mica.compile(step)
+            losses = [float(step(lib.ones(6))) for _ in range(2)] if compiled else [float(m(lib.ones(6)))]
+            got.append((losses, tuple(m.mask.shape), "mask" in m.state_dict()))
+        assert got[0] == got[1], (compiled, got)
+    for lib in (mica, torch):
+        assert tuple(lib.transpose(lib.ones(2, 3), dim0=0, dim1=1).shape) == (3, 2)

@@ -10,7 +10,7 @@ import torch.nn.functional as TF
 
 import mica
 import mica.nn.functional as MF
-from helpers import rel_err
+from helpers import load_values, rel_err
 
 rng = np.random.default_rng(0)
 A, B, C = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (4, 5), (3, 5)))
@@ -348,10 +348,18 @@ def test_lerp_addcmul_and_a_0d_operand_round_as_torchs_kernels_bit_for_bit():
     assert np.array_equal(np.asarray(got), torch.tensor(a).lerp(torch.tensor(b), torch.tensor(wt)).numpy())
     got = mica.compile(lambda x, y, z: mica.addcmul(x, y, z, value=-0.0123456))(a, b, c)
     assert np.array_equal(np.asarray(got), torch.tensor(a).addcmul(torch.tensor(b), torch.tensor(c), value=-0.0123456).numpy())
-    for dt, tdt in ((mica.bfloat16, torch.bfloat16), (mica.float16, torch.float16)):
-        for s in (np.float32(0.0123456789), np.float64(0.0123456789)):
-            got = mica.compile(lambda x, k: (x.to(dt) * k).float())(a, s)
-            assert np.array_equal(np.asarray(got), (torch.tensor(a).to(tdt) * torch.tensor(s)).float().numpy())
+    for al in (0.1, -2.5):  # (add's and sub's alpha: one fused multiply-add, as torch's)
+        for op in ("add", "sub"):
+            got = mica.compile(lambda x, y: getattr(mica, op)(x, y, alpha=al))(a, b)
+            assert np.array_equal(np.asarray(got), getattr(torch.tensor(a), op)(torch.tensor(b), alpha=al).numpy())
+    s = 0.0123456789  # (torch 2.13: x * s, x / s, s * x read s in float32; x + s, s - x, t * x round it first;
+    forms = [lambda x, t: x + s, lambda x, t: s - x, lambda x, t: x * s, lambda x, t: s * x,  # s / x is
+             lambda x, t: x / s, lambda x, t: s / x, lambda x, t: x + t, lambda x, t: t - x,  # x.reciprocal() * s)
+             lambda x, t: x * t, lambda x, t: t * x, lambda x, t: x / t, lambda x, t: t / x]
+    for dt, tdt in ((mica.bfloat16, torch.bfloat16), (mica.float16, torch.float16), (mica.float32, torch.float32)):
+        for k, f in enumerate(forms):
+            got = mica.compile(lambda x, t: f(x.to(dt), t).float())(a, np.float32(s))
+            assert np.array_equal(np.asarray(got), f(torch.tensor(a).to(tdt), torch.tensor(s)).float().numpy()), (dt, k)
         got = mica.compile(lambda x, y: mica.lerp(x.to(dt), y.to(dt), 0.2).float())(a, b)
         assert np.array_equal(np.asarray(got), torch.tensor(a).to(tdt).lerp(torch.tensor(b).to(tdt), 0.2).float().numpy())
 
@@ -360,7 +368,44 @@ def test_activations_torch_takes_on_floats_only_refuse_an_integer_tensor():
     x = np.array([[1, 2, 3], [4, 5, 7]])
     for verb, call in (("normalize", lambda t: MF.normalize(t)), ("cdist", lambda t: mica.cdist(t, t)),
                        ("cosine_similarity", lambda t: MF.cosine_similarity(t, t)), ("softplus", MF.softplus),
-                       ("elu", MF.elu)):
+                       ("elu", MF.elu), ("gelu", MF.gelu), ("silu", MF.silu), ("leaky_relu", MF.leaky_relu),
+                       ("hardshrink", MF.hardshrink)):
         with pytest.raises(mica.MicaError, match=f"^{verb} takes a floating tensor, got int64"):
             mica.compile(call)(x)
     assert np.allclose(np.asarray(mica.compile(MF.softsign)(x)), TF.softsign(torch.tensor(x)).numpy())  # (torch's too)
+
+
+@pytest.mark.parametrize("dt,tdt", [(mica.bfloat16, torch.bfloat16), (mica.float16, torch.float16)])
+def test_adam_family_on_a_half_parameter_is_torchs_either_path_and_per_group(dt, tdt):
+    """fused=True (on the optimizer or one group, read at each step as torch's) takes torch's fused
+    kernel's arithmetic for bfloat16 and float16 parameters, the default its single-tensor path:
+    three steps with weight decay, bit for bit, a group's own setting honoured."""
+    g = np.random.default_rng(12)
+    w0 = g.standard_normal((8, 16)).astype(np.float32)
+    b0 = g.standard_normal(8).astype(np.float32)
+    x = g.standard_normal((4, 16)).astype(np.float32)
+    for kind in ("AdamW", "Adam"):
+        for fused, group_fused in ((None, None), (True, None), (None, True)):
+            got = []
+            for lib in (mica, torch):
+                lin = lib.nn.Linear(16, 8)
+                load_values(lib, lin, {"weight": w0, "bias": b0})
+                lin.to(dt if lib is mica else tdt)
+                groups = [{"params": [lin.weight]}, {"params": [lin.bias], **({"fused": group_fused}
+                                                                             if group_fused else {})}]
+                opt = getattr(lib.optim, kind)(groups, lr=1e-2, weight_decay=0.1, fused=fused,
+                                               **({} if lib is mica else {"foreach": False}))
+
+                def step(x, half=dt if lib is mica else tdt):
+                    opt.zero_grad()
+                    loss = lin(x.to(half)).float().square().mean()
+                    loss.backward()
+                    opt.step()
+                    return loss
+                if lib is mica:
+                    step = mica.compile(step)
+                for _ in range(3):
+                    step(lib.tensor(x))
+                got.append([np.asarray(t.detach().float() if lib is torch else t.float()) for t in (lin.weight, lin.bias)])
+            for m, t in zip(*got):
+                assert np.array_equal(m, t), (kind, fused, group_fused)

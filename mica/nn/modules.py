@@ -404,6 +404,13 @@ class Module:
         """A constant the module reads (numpy values, which a trace reads as mica.tensor does: floats
         as the default float32); a non-persistent one stays out of state_dict(), as torch's."""
         self._new_name("register_buffer", name, self._buffers)
+        if F.in_trace() and isinstance(array, Tensor):  # (in a forward, HF's causal mask grown to a longer input:
+            if name not in self._buffers:                # a buffer the forward assigns, kept as its writes are)
+                self._forget(name, self._buffers)
+                self._buffers[name] = np.zeros(array.shape, array.dtype.np_storage)
+            (self._non_persistent.discard if persistent else self._non_persistent.add)(name)
+            setattr(self, name, array)
+            return
         if array is not None and not hasattr(array, "shape"):
             raise MicaError(f"register_buffer: buffer {name!r} must be an array or tensor (or None), got a "
                             f"{type(array).__name__}", user_location())

@@ -60,6 +60,7 @@ class AdamW(Optimizer):
         for hyper, names, lr in groups:
             beta1, beta2 = hyper["betas"]
             wd, eps = hyper["weight_decay"], hyper["eps"]
+            fused = self.fused if hyper.get("fused") is None else bool(hyper["fused"])  # (a group's own, as torch's)
 
             def corrections(step_f):
                 return lr / (1 - beta1 ** step_f), (1 - beta2 ** step_f) ** 0.5
@@ -70,8 +71,8 @@ class AdamW(Optimizer):
                 if each:
                     step_size, bias_correction2_sqrt = corrections(count(n))
                 p, g, m, v = params[n], grads[n], exp_avg[n], exp_avg_sq[n]
-                if p.dtype is dtypes.bfloat16 and self.fused:
-                    params[n], exp_avg[n], exp_avg_sq[n] = _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps,
+                if p.dtype in dtypes.HALF and fused:
+                    params[n], exp_avg[n], exp_avg_sq[n] = _fused_half(p, g, m, v, lr, beta1, beta2, wd, eps,
                                                                        step_size, bias_correction2_sqrt)
                     continue
                 if wd != 0:
@@ -102,7 +103,8 @@ class Adam(AdamW):
             wd = hyper["weight_decay"]
             for n in self._mine(names) if wd != 0 else ():
                 g, p = grads[n], params[n]
-                if p.dtype is dtypes.bfloat16 and self.fused:
+                fused = self.fused if hyper.get("fused") is None else bool(hyper["fused"])
+                if p.dtype in dtypes.HALF and fused:
                     g, p = F.to(g, dtypes.float32), F.to(p, dtypes.float32)
                 grads[n] = F.add(g, p, alpha=wd)
             coupled.append(({**hyper, "weight_decay": 0.0}, names, lr))
@@ -119,10 +121,12 @@ def check_adam_like(opt, hyper, where, rates=("lr", "weight_decay")):
     opt._require({"betas[0]": betas[0], "betas[1]": betas[1]}, where, ("betas[0]", "betas[1]"), "fraction")
 
 
-def _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correction2_sqrt):
-    """torch's CPU fused AdamW step (_fused_adamw_) on bfloat16 p, g, m, v: (p, m, v) in bfloat16.
-    The scalars are computed in float64 and taken as float32, as the kernel's opmath_t(...) casts."""
+def _fused_half(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correction2_sqrt):
+    """torch's CPU fused AdamW step (_fused_adamw_) on a bfloat16 or float16 p (g, m, v of its
+    type): (p, m, v) rounded once to their types. The scalars are computed in float64 and taken as
+    float32, as the kernel's opmath_t(...) casts."""
     f32 = dtypes.float32
+    types = (p.dtype, m.dtype, v.dtype)
 
     def scalar(x):
         return F.to(x, f32) if hasattr(x, "dtype") else np.float32(x)
@@ -136,7 +140,7 @@ def _fused_bf16(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correctio
     v = F.fma32(g * np.float32(1 - beta2), g, v * np.float32(beta2))
     denom = F.sqrt(v) / scalar(bias_correction2_sqrt) + np.float32(eps)
     p = p + (scalar(-step_size) * m) / denom
-    return tuple(F.to(t, dtypes.bfloat16) for t in (p, m, v))
+    return tuple(F.to(t, dt) for t, dt in zip((p, m, v), types))
 
 
 def adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, param_groups=None, fused=None):

@@ -18,16 +18,23 @@ from .shape import expand, narrow, reshape
 
 # torch's kernels for these take floating tensors only (an integer one is refused, not widened)
 _FLOATING_ONLY = frozenset(("softplus", "logsigmoid", "mish", "hardswish", "hardsigmoid", "selu", "elu", "celu",
-                            "softshrink", "prelu", "normalize", "cdist", "cosine_similarity", "glu"))
+                            "softshrink", "prelu", "normalize", "cdist", "cosine_similarity", "glu", "leaky_relu",
+                            "hardshrink"))
+
+
+def _floating_only(verb, x):
+    """x as a Tensor, refused where it is an integer one and torch's kernel takes floats only."""
+    x = as_tensor(x)
+    if x.dtype.kind != "float" and verb in _FLOATING_ONLY:
+        fail(f"{verb} takes a floating tensor, got {x.dtype.name} (as torch's); convert it with .float() first")
+    return x
 
 
 def _float(verb, x):
     """x as a floating Tensor: an integer one as the default float (refused where torch's kernel
     refuses it); a half one in float32 where `verb` is on autocast's float32 list (the losses; on
     CUDA also softplus, expm1, log1p, ...)."""
-    x = as_tensor(x)
-    if x.dtype.kind != "float" and verb in _FLOATING_ONLY:
-        fail(f"{verb} takes a floating tensor, got {x.dtype.name} (as torch's); convert it with .float() first")
+    x = _floating_only(verb, x)
     if x.dtype.kind != "float":
         x = to(x, dtypes.DEFAULT_FLOAT)
     (x,) = amp.float32(verb, x)
@@ -163,12 +170,12 @@ def softshrink(input, lambd=0.5):
 
 def hardshrink(input, lambd=0.5):
     """x outside [-lambd, lambd], 0 within."""
-    x = as_tensor(input)  # (torch's: 0 within [-lambd, lambd], x elsewhere, NaN too)
+    x = _floating_only("hardshrink", input)  # (torch's: 0 within [-lambd, lambd], x elsewhere, NaN too)
     return where(logical_and(ge(x, -lambd), le(x, lambd)), 0.0, x)
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):
-    x = as_tensor(input)
+    x = _floating_only("leaky_relu", input)
     return written(input, where(gt(x, 0), x, mul(x, negative_slope)), inplace)
 
 

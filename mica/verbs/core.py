@@ -190,19 +190,19 @@ def _binary(op, a, b, compute=None, out_kinds=None):
         if not isinstance(x, (Tensor, HostTensor)) and not is_scalar(x):
             raise _not_an_operand(verb, x)
     dt = compute or result_type(a, b)
-    if op in _OPMATH and dt in dtypes.HALF and (_scalar_operand(a) or _scalar_operand(b)):
-        wide = dtypes.float32  # (a number, or a 0-d tensor, beside a half tensor: kept in float32, the result
+    if dt in dtypes.HALF and (op in ("mul", "div") and _scalar_operand(b) or op == "mul" and is_scalar(a)):
+        wide = dtypes.float32  # (x * s, x / s and s * x beside a half tensor: s kept in float32, the result
         return to(emit(op, [as_tensor(a, wide), as_tensor(b, wide)]), dt)  # rounded once, as torch's opmath)
-    return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])
+    return emit(op, [as_tensor(a, dt), as_tensor(b, dt)])  # (x + s, s - x, t * x: s rounded to x's type first)
 
 
 def _scalar_operand(x):
-    """A Python number or a 0-d tensor: torch's CPU scalar, which its kernels read in the opmath
-    type (float32 for a half result: bf16 x * lr with a traced lr, not lr rounded to bf16 first)."""
+    """A Python number or a 0-d tensor: the second operand torch's CPU mul and div kernels read as
+    a scalar in their opmath type (float32 for a half tensor: bf16 x * lr with a traced lr is not lr
+    rounded to bf16 first). Measured against torch 2.13: add and sub round any scalar to the half
+    type first, and so does mul with a 0-d tensor as its first operand; s * x with a Python s is
+    x * s."""
     return is_scalar(x) or (isinstance(x, (Tensor, np.ndarray)) and x.ndim == 0)
-
-
-_OPMATH = frozenset({"add", "sub", "mul", "div"})
 
 
 def _floating(dt):
@@ -228,9 +228,22 @@ def _alpha_once(verb, input, other, alpha):
     return to(verb(as_tensor(input, wide), mul(as_tensor(other, wide), alpha)), dt)
 
 
+def _fused_alpha(input, other, alpha):
+    """input + alpha * other for float32 tensors with alpha not 1: one fused multiply-add, as torch's
+    vectorized add kernel (a plain product and sum was 1 ulp off in 9% of elements; Adam's L2 decay
+    and SGD's momentum read it); else None."""
+    if is_scalar(alpha) and alpha == 1 or not isinstance(input, Tensor) or not isinstance(other, Tensor) \
+            or result_type(input, other) is not dtypes.float32:
+        return None
+    return fma32(other, as_tensor(alpha, dtypes.float32), input)
+
+
 def add(input, other, alpha=1):
     if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in dtypes.HALF:
         return _alpha_once(add, input, other, alpha)
+    fused = _fused_alpha(input, other, alpha)
+    if fused is not None:
+        return fused
     other = _scaled(input, other, alpha)
     if isinstance(input, (Tensor, bool)) and result_type(input, other) is dtypes.bool_:  # (torch's: either true,
         return logical_or(input, other)                                                 # a bool of 0 or 1)
@@ -243,6 +256,9 @@ def sub(input, other, alpha=1):
     if builtins.any(isinstance(t, Tensor) and t.dtype is dtypes.bool_ for t in (input, other)):
         fail("sub: subtraction with a bool tensor is not defined (torch refuses it too); use logical_xor, "
              "logical_not (~) for 1 - mask, or convert it first (.float(), .long())")
+    fused = _fused_alpha(input, other, -alpha if is_scalar(alpha) else neg(as_tensor(alpha)))
+    if fused is not None:
+        return fused
     other = _scaled(input, other, alpha)
     return _binary("sub", input, other)
 
@@ -647,6 +663,14 @@ def rounded_once(x, body):
     return body(x)
 
 
+def _floating_input(verb, input):
+    """A floating tensor, or the sentence torch's kernel (float types only) gives an integer one."""
+    x = as_tensor(input)
+    if x.dtype.kind != "float":
+        fail(f"{verb} takes a floating tensor, got {x.dtype.name} (as torch's); convert it with .float() first")
+    return x
+
+
 def written(input, result, inplace):
     """inplace=True of torch's activations and dropouts: the result is written into the input,
     which is what torch returns (a caller reading the input afterwards sees the new values)."""
@@ -658,9 +682,7 @@ def relu(input, inplace=False):
 
 
 def silu(input, inplace=False):
-    x = as_tensor(input)
-    if x.dtype.kind != "float":
-        x = to(x, dtypes.DEFAULT_FLOAT)
+    x = _floating_input("silu", input)
     return written(input, rounded_once(x, lambda v: v * sigmoid(v)), inplace)
 
 
@@ -668,9 +690,7 @@ def gelu(input, approximate="none"):
     """GELU with the exact erf form (default) or the tanh approximation, as torch.nn.functional.gelu."""
     if approximate not in ("none", "tanh"):
         raise TraceError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}", user_location())
-    x = as_tensor(input)
-    if x.dtype.kind != "float":
-        x = to(x, dtypes.DEFAULT_FLOAT)
+    x = _floating_input("gelu", input)
     return emit("gelu", [x], approximate=approximate)
 
 
@@ -1345,6 +1365,9 @@ def _complex_data(data, arr, wanted):
     ComplexTensor (mica/complex.py)."""
     from ..complex import lift
 
+    if wanted is not None and wanted not in ("complex64", "complex128", "cfloat", "cdouble"):
+        fail(f"tensor: complex numbers cannot be held as {wanted} (torch refuses them too); give dtype=mica.complex64, "
+             "or take their .real")
     double = wanted in ("complex128", "cdouble") or (wanted is None and isinstance(data, np.ndarray)
                                                      and arr.dtype == np.complex128)
     out = arr.astype(np.complex128 if double else np.complex64)

@@ -652,33 +652,21 @@ def median(input, dim=None, keepdim=False):
 
 
 def _unfolded_back(v, b, k, dimension, size, step):
-    """b with the windows' elements replaced by v's. Where windows overlap, one element of b is in
-    several of them: it takes the value of the windows whose copy changed (a write into one window,
-    or a slice of them, reaches b as torch's does), their mean where several changed it (a step over
-    every window at once: each computed from the old values, as an eager host tensor's numpy step;
-    torch's result depends on its loop order)."""
+    """b with the windows' elements replaced by v's. Where windows overlap (step < size), one element
+    of b is in several windows, and which of them a write changed is not in the values (a write may
+    leave a value as it was, and its gradient must still flow): refused, with what to do."""
     if b.ndim == 0:
         return reshape(v, ())
     d = canon_dim(dimension, b.ndim, "unfold")
     windows = v.shape[d]
-
-    def along_d(t):  # (windows and their elements back into one run along dim d: windows * size)
-        return reshape(permute(t, *range(d + 1), t.ndim - 1, *range(d + 1, t.ndim - 1)),
-                       b.shape[:d] + (windows * size,) + b.shape[d + 1:])
-    at = tensor(np.add.outer(np.arange(windows) * step, np.arange(size)).reshape(-1), dtype=dtypes.int64)
-    if step >= size or windows <= 1:
-        return index_copy(b, d, at, along_d(v))
-    old = unfold.__wrapped__(b, dimension, size, step)
-    changed = ne(v, old)
-    if b.dtype.kind == "float":  # (NaN where it was NaN: unchanged; a zero's sign is not told apart)
-        changed = logical_and(changed, logical_not(logical_and(_isnan(v), _isnan(old))))
-    work = b.dtype if b.dtype.kind == "float" else dtypes.int64
-    total = index_add(full(b.shape, 0, dtype=work), d, at, along_d(where(changed, to(v, work), full((), 0, dtype=work))))
-    count = index_add(full(b.shape, 0, dtype=work), d, at, along_d(to(changed, work)))
-    some = gt(count, 0)
-    share = where(some, count, full((), 1, dtype=work))
-    mean = div(total, share) if work.kind == "float" else floor_divide(total, share)
-    return where(some, to(mean, b.dtype), b)
+    if step < size and windows > 1:
+        fail(f"an in-place step through unfold({dimension}, {size}, {step})'s windows, which overlap (step {step} < "
+             f"size {size}), is not traced: one element is in several windows; write into the tensor itself (its "
+             "slices), or into a .clone() of the windows")
+    back = reshape(permute(v, *range(d + 1), v.ndim - 1, *range(d + 1, v.ndim - 1)),
+                   b.shape[:d] + (windows * size,) + b.shape[d + 1:])
+    at = np.add.outer(np.arange(windows) * step, np.arange(size)).reshape(-1)
+    return index_copy(b, d, tensor(at, dtype=dtypes.int64), back)
 
 
 def _unfolded_strides(b, t, k, dimension, size, step):
