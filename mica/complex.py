@@ -277,34 +277,32 @@ def lift(o, like=None):
 
 
 # ---- the verbs (torch's names), taking host tensors outside a trace and traced ones in it ------
+def _from_two_reals(verb, a, b, names, host_parts, traced_parts):
+    """A complex tensor from two real ones of one type (float32 or float64): host_parts(a, b) gives
+    the (real, imag) parts of numpy arrays outside a trace, traced_parts of Tensors in one."""
+    if not in_trace() and _host(a) and _host(b):
+        x, y = np.asarray(a), np.asarray(b)
+        if x.dtype != y.dtype or x.dtype not in (np.float32, np.float64):
+            _fail(f"{verb} takes {names} of one type, float32 or float64, got {x.dtype} and {y.dtype}")
+        out = np.empty(np.broadcast_shapes(x.shape, y.shape), np.complex64 if x.dtype == np.float32 else np.complex128)
+        out.real, out.imag = host_parts(x, y)  # (each part set: r + 1j i would make an infinite i's real part NaN)
+        return _host_tensor(out)
+    x, y = F.as_tensor(lift(a)), F.as_tensor(lift(b))
+    if x.dtype is not y.dtype or x.dtype not in (dtypes.float32, dtypes.float64):
+        _fail(f"{verb} takes {names} of one type, float32 or float64, got {x.dtype.name} and {y.dtype.name}")
+    return _pair(*traced_parts(x, y))
+
+
 def polar(abs, angle):
     """abs * (cos(angle) + i sin(angle)), as torch.polar."""
-    if not in_trace() and _host(abs) and _host(angle):
-        a, t = np.asarray(abs), np.asarray(angle)
-        if a.dtype != t.dtype or a.dtype not in (np.float32, np.float64):
-            _fail(f"polar takes abs and angle of one type, float32 or float64, got {a.dtype} and {t.dtype}")
-        out = np.empty(np.broadcast_shapes(a.shape, t.shape), np.complex64 if a.dtype == np.float32 else np.complex128)
-        out.real, out.imag = a * np.cos(t), a * np.sin(t)
-        return _host_tensor(out)
-    a, t = F.as_tensor(lift(abs)), F.as_tensor(lift(angle))
-    if a.dtype is not t.dtype or a.dtype not in (dtypes.float32, dtypes.float64):
-        _fail(f"polar takes abs and angle of one type, float32 or float64, got {a.dtype.name} and {t.dtype.name}")
-    return _pair(a * F.cos(t), a * F.sin(t))
+    return _from_two_reals("polar", abs, angle, "abs and angle", lambda a, t: (a * np.cos(t), a * np.sin(t)),
+                           lambda a, t: (a * F.cos(t), a * F.sin(t)))
 
 
 def complex(real, imag):
-    """real + i imag, as torch.complex."""
-    if not in_trace() and _host(real) and _host(imag):
-        r, i = np.asarray(real), np.asarray(imag)
-        if r.dtype != i.dtype or r.dtype not in (np.float32, np.float64):
-            _fail(f"complex takes real and imag of one type, float32 or float64, got {r.dtype} and {i.dtype}")
-        out = np.empty(np.broadcast_shapes(r.shape, i.shape), np.complex64 if r.dtype == np.float32 else np.complex128)
-        out.real, out.imag = r, i  # (not r + 1j i: an infinite imag part would make the real part NaN)
-        return _host_tensor(out)
-    r, i = F.as_tensor(lift(real)), F.as_tensor(lift(imag))
-    if r.dtype is not i.dtype or r.dtype not in (dtypes.float32, dtypes.float64):
-        _fail(f"complex takes real and imag of one type, float32 or float64, got {r.dtype.name} and {i.dtype.name}")
-    return _pair(r + F.zeros_like(i), i + F.zeros_like(r))  # (each broadcast to the other's shape)
+    """real + i imag, as torch.complex (each broadcast to the other's shape)."""
+    return _from_two_reals("complex", real, imag, "real and imag", lambda r, i: (r, i),
+                           lambda r, i: (r + F.zeros_like(i), i + F.zeros_like(r)))
 
 
 def view_as_complex(input):
