@@ -239,7 +239,7 @@ class ComplexTensor:
         for a in given:
             if isinstance(a, dtypes.DType) or str(a).startswith("torch."):
                 name = str(a).replace("torch.", "").replace("mica.", "")
-                if name not in ("complex64", "complex128", "cfloat", "cdouble"):
+                if name not in dtypes.COMPLEX_NAMES:
                     _fail(f"a complex tensor converted to {name} would drop its imaginary part; take .real "
                           "(or torch.view_as_real) instead")
                 return ComplexTensor(self.pairs.to(dtypes.float64 if name in ("complex128", "cdouble")

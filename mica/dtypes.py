@@ -51,6 +51,7 @@ float64 = DType("float64", "f64", 8, "float", 3, np.dtype(np.float64))
 
 ALL = (bool_, int32, int64, float16, bfloat16, float32, float64)
 HALF = (bfloat16, float16)  # the half types: computed in float32 and rounded to their own type
+COMPLEX_NAMES = ("complex64", "complex128", "cfloat", "cdouble")  # (torch's; mica/complex.py's types)
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {
     "bool": bool_, "long": int64, "int": int32, "float": float32, "half": float16, "double": float64}
 DEFAULT_FLOAT = float32

@@ -206,15 +206,14 @@ class HostTensor(np.ndarray):
 
     def unfold(self, dimension, size, step):  # (torch's: a view of the windows, numpy's strides over the same memory)
         from .verbs.core import canon_dim
+        from .verbs.positions import unfold_layout
 
         if self.ndim == 0 or not all(isinstance(v, (int, np.integer)) for v in (dimension, size, step)):
             return _method("unfold", self, dimension, size, step)
         d = canon_dim(dimension, self.ndim, "unfold")
-        n = self.shape[d]
-        if size < 0 or step < 1 or size > n:
+        if size < 0 or step < 1 or size > self.shape[d]:
             return _method("unfold", self, dimension, size, step)  # (its sentence)
-        shape = self.shape[:d] + ((n - size) // step + 1,) + self.shape[d + 1:] + (size,)
-        strides = self.strides[:d] + (self.strides[d] * step,) + self.strides[d + 1:] + (self.strides[d],)
+        shape, strides = unfold_layout(self.shape, self.strides, d, size, step)
         return np.lib.stride_tricks.as_strided(self, shape, strides, writeable=self.flags.writeable).view(HostTensor)
 
     def expand_as(self, other):
@@ -354,11 +353,9 @@ class HostTensor(np.ndarray):
         return np.swapaxes(self, -2, -1)
 
     def narrow(self, dim, start, length):
-        from .verbs.core import known_int
         from .verbs.shape import narrowed
 
-        d, start = narrowed(self, dim, start, length)
-        length = known_int(length, "narrow", "length")
+        d, start, length = narrowed(self, dim, start, length)
         index = [slice(None)] * self.ndim
         index[d] = slice(start, start + length)
         return self[tuple(index)]

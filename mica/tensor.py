@@ -199,9 +199,6 @@ def view_strides(old_shape, old_strides, new_shape):
     return tuple(new) if view_d == -1 else None
 
 
-builtins_any = any
-
-
 def _is_complex(o):
     """A complex operand beside a traced Tensor: a traced ComplexTensor, a numpy complex array (a host
     tensor of torch.polar's rotations), a Python complex number."""
@@ -479,7 +476,7 @@ class Tensor:
         name = getattr(ufunc, "__name__", "ufunc")
         verb = _OPERATOR_UFUNCS.get(name)
         if verb in ("add", "sub", "mul", "div") and method == "__call__" and not kwargs and len(inputs) == 2 and \
-                builtins_any(_is_complex(x) for x in inputs):  # (a complex host tensor beside a Tensor: complex)
+                any(_is_complex(x) for x in inputs):  # (a complex host tensor beside a Tensor: complex)
             import operator
 
             a, b = (_complex(x) if _is_complex(x) else x for x in inputs)

@@ -408,14 +408,13 @@ class Module:
             if name not in self._buffers:                # a buffer the forward assigns, kept as its writes are)
                 self._forget(name, self._buffers)
                 self._buffers[name] = np.zeros(array.shape, array.dtype.np_storage)
-            (self._non_persistent.discard if persistent else self._non_persistent.add)(name)
             setattr(self, name, array)
-            return
-        if array is not None and not hasattr(array, "shape"):
-            raise MicaError(f"register_buffer: buffer {name!r} must be an array or tensor (or None), got a "
-                            f"{type(array).__name__}", user_location())
-        self._forget(name, self._buffers)
-        self._buffers[name] = None if array is None else _buffer_array(array)
+        else:
+            if array is not None and not hasattr(array, "shape"):
+                raise MicaError(f"register_buffer: buffer {name!r} must be an array or tensor (or None), got a "
+                                f"{type(array).__name__}", user_location())
+            self._forget(name, self._buffers)
+            self._buffers[name] = None if array is None else _buffer_array(array)
         if persistent:
             self._non_persistent.discard(name)
         else:

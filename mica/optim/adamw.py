@@ -18,8 +18,12 @@ class AdamW(Optimizer):
     live = ("betas",)
 
     def __init__(self, param_groups=None, **hyper):
-        self.fused = bool(hyper.get("fused"))  # (torch's fused kernel: another rounding of a bfloat16 parameter)
+        self.fused = bool(hyper.get("fused"))  # (torch's fused kernel: another rounding of a half parameter)
         super().__init__(param_groups, **hyper)
+
+    def _fused(self, hyper):
+        """Whether a group steps as torch's fused kernel: its own setting, else the optimizer's."""
+        return self.fused if hyper.get("fused") is None else bool(hyper["fused"])
 
     def state_specs(self, param_specs):
         """As Optimizer's, with a bfloat16 parameter's moments in bfloat16 (fused AdamW's state)."""
@@ -60,7 +64,7 @@ class AdamW(Optimizer):
         for hyper, names, lr in groups:
             beta1, beta2 = hyper["betas"]
             wd, eps = hyper["weight_decay"], hyper["eps"]
-            fused = self.fused if hyper.get("fused") is None else bool(hyper["fused"])  # (a group's own, as torch's)
+            fused = self._fused(hyper)
 
             def corrections(step_f):
                 return lr / (1 - beta1 ** step_f), (1 - beta2 ** step_f) ** 0.5
@@ -103,8 +107,7 @@ class Adam(AdamW):
             wd = hyper["weight_decay"]
             for n in self._mine(names) if wd != 0 else ():
                 g, p = grads[n], params[n]
-                fused = self.fused if hyper.get("fused") is None else bool(hyper["fused"])
-                if p.dtype in dtypes.HALF and fused:
+                if p.dtype in dtypes.HALF and self._fused(hyper):
                     g, p = F.to(g, dtypes.float32), F.to(p, dtypes.float32)
                 grads[n] = F.add(g, p, alpha=wd)
             coupled.append(({**hyper, "weight_decay": 0.0}, names, lr))

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import amp, dtypes
 from ..tensor import fail
-from .core import (abs, add, as_tensor, clamp, detach, div, eq, exp, ge, gt, le, log, logical_and, logical_or, lt,
+from .core import (_floating_input, abs, add, as_tensor, clamp, detach, div, eq, exp, ge, gt, le, log, logical_and, logical_or, lt,
                    maximum, mean, mul, ne, neg, norm, result_type, rounded_once, sigmoid, sub, tanh, to, where,
                    written)
 from .core import sum as _sum
@@ -24,10 +24,7 @@ _FLOATING_ONLY = frozenset(("softplus", "logsigmoid", "mish", "hardswish", "hard
 
 def _floating_only(verb, x):
     """x as a Tensor, refused where it is an integer one and torch's kernel takes floats only."""
-    x = as_tensor(x)
-    if x.dtype.kind != "float" and verb in _FLOATING_ONLY:
-        fail(f"{verb} takes a floating tensor, got {x.dtype.name} (as torch's); convert it with .float() first")
-    return x
+    return _floating_input(verb, x) if verb in _FLOATING_ONLY else as_tensor(x)
 
 
 def _float(verb, x):

@@ -1066,14 +1066,14 @@ def var(input, dim=None, unbiased=True, keepdim=False, correction=None):
     def spread(v):
         d = v - mean(v, axes, keepdim=True)
         return sum(d * d, axes, keepdim) / builtins.max(n - correction, 0)
-    return rounded_once(x, spread) if x.dtype.kind == "float" else spread(x)
+    return rounded_once(x, spread)
 
 
 def std(input, dim=None, unbiased=True, keepdim=False, correction=None):
     """The square root of var, with torch's gradient where the spread is 0: 0, not 0/0."""
     (x,) = amp.float32("std", as_tensor(input))
     root = lambda v: _root_of_sum(var(v, dim, unbiased, keepdim, correction), sqrt)  # noqa: E731
-    return rounded_once(x, root) if x.dtype.kind == "float" else root(x)
+    return rounded_once(x, root)  # (an integer x: var's refusal)
 
 
 def var_mean(input, dim=None, unbiased=True, keepdim=False, *, correction=None):
@@ -1108,9 +1108,7 @@ def norm(input, p="fro", dim=None, keepdim=False):
     if x.dtype.kind != "float":
         fail(f"norm takes a floating tensor, got {x.dtype.name} (as torch's vector_norm); convert it with .float() "
              "first")
-    if x.dtype.kind == "float":  # (a half type's: computed in float32, rounded once, as torch's kernel)
-        return rounded_once(x, lambda v: _norm(v, p, dim, keepdim))
-    return _norm(x, p, dim, keepdim)
+    return rounded_once(x, lambda v: _norm(v, p, dim, keepdim))  # (a half type's: in float32, rounded once)
 
 
 def _norm(x, p, dim, keepdim):
@@ -1348,7 +1346,7 @@ def tensor(data, dtype=None, *, _copy=True, **_device):
     except ValueError:  # (ragged nested lists: numpy's inhomogeneous shape)
         fail("tensor: the nested lists are of different lengths; give rows of one length (torch refuses them too)")
     wanted = str(dtype).rpartition(".")[2] if dtype is not None else None
-    if arr.dtype.kind == "c" or wanted in ("complex64", "complex128", "cfloat", "cdouble"):
+    if arr.dtype.kind == "c" or wanted in dtypes.COMPLEX_NAMES:
         return _complex_data(data, arr, wanted)
     dt = as_dtype(dtype) if dtype is not None else (
         dtypes.DEFAULT_FLOAT if arr.dtype.kind == "f" else as_dtype(arr.dtype))
@@ -1365,7 +1363,7 @@ def _complex_data(data, arr, wanted):
     ComplexTensor (mica/complex.py)."""
     from ..complex import lift
 
-    if wanted is not None and wanted not in ("complex64", "complex128", "cfloat", "cdouble"):
+    if wanted is not None and wanted not in dtypes.COMPLEX_NAMES:
         fail(f"tensor: complex numbers cannot be held as {wanted} (torch refuses them too); give dtype=mica.complex64, "
              "or take their .real")
     double = wanted in ("complex128", "cdouble") or (wanted is None and isinstance(data, np.ndarray)

@@ -669,12 +669,18 @@ def _unfolded_back(v, b, k, dimension, size, step):
     return index_copy(b, d, tensor(at, dtype=dtypes.int64), back)
 
 
+def unfold_layout(shape, strides, d, size, step):
+    """The shape and strides of unfold(d, size, step)'s windows over a tensor of this shape and
+    these strides (in elements, or numpy's bytes): the windows along d, each one's elements last."""
+    n = shape[d]
+    return (tuple(shape[:d]) + ((n - size) // step + 1,) + tuple(shape[d + 1:]) + (size,),
+            tuple(strides[:d]) + (strides[d] * step,) + tuple(strides[d + 1:]) + (strides[d],))
+
+
 def _unfolded_strides(b, t, k, dimension, size, step):
-    st = list(strides_of(b))
     if b.ndim == 0:
         return (1,)
-    d = canon_dim(dimension, b.ndim, "unfold")
-    return tuple(st[:d]) + (st[d] * step,) + tuple(st[d + 1:]) + (st[d],)
+    return unfold_layout(b.shape, strides_of(b), canon_dim(dimension, b.ndim, "unfold"), size, step)[1]
 
 
 @_a_view(_unfolded_back, _unfolded_strides)

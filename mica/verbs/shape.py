@@ -121,7 +121,7 @@ def _expanded_back(v, b, k, *_):
 
 
 def _narrowed_back(v, b, k, dim, start, length):
-    d, start = narrowed(b, dim, start, length)
+    d, start, _ = narrowed(b, dim, start, length)
     return _splice(b, v, *_along(b, d, start))
 
 
@@ -301,7 +301,8 @@ def pad_into(x, shape, starts, steps):
 
 
 def narrowed(x, dim, start, length):
-    """narrow's (dim, start) for x (a Tensor or an eager array), checked as torch checks them."""
+    """narrow's (dim, start, length) for x (a Tensor or an eager array), checked as torch checks them
+    (start and length ints or 0-d tensors of known value)."""
     needs_a_dim(x, "narrow")
     d = canon_dim(dim, x.ndim, "narrow")
     start, length = known_int(start, "narrow", "start"), known_int(length, "narrow", "length")
@@ -309,14 +310,13 @@ def narrowed(x, dim, start, length):
         start += x.shape[d]
     if not 0 <= start <= start + length <= x.shape[d]:
         fail(f"narrow: {start}+{length} does not fit dim {dim} of size {x.shape[d]}")
-    return d, start
+    return d, start, length
 
 
 @_a_view(_narrowed_back)
 def narrow(input, dim, start, length):
     x = as_tensor(input)
-    d, start = narrowed(x, dim, start, length)
-    length = known_int(length, "narrow", "length")
+    d, start, length = narrowed(x, dim, start, length)
     starts, stops = [0] * x.ndim, list(x.shape)
     starts[d], stops[d] = start, start + length
     return slice_(x, starts, stops, [1] * x.ndim)
