@@ -31,7 +31,7 @@ FLOAT32 = {  # (torch 2.13's lists, restricted to Mica's verbs; tests/test_mixed
     "cpu": _LOSSES | {"binary_cross_entropy", "prod"},
     "cuda": _LOSSES | {"softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "norm", "cosine_similarity", "sum", "prod",
                        "cumsum", "cumprod", "logsumexp", "exp", "expm1", "log", "log1p", "log2", "log10", "rsqrt", "pow",
-                       "softplus", "cdist", "reciprocal"},
+                       "softplus", "cdist", "reciprocal", "interpolate"},
 }
 _DEFAULT_DTYPE = {"cpu": dtypes.bfloat16, "cuda": dtypes.float16}  # torch.get_autocast_dtype's defaults
 

@@ -148,7 +148,7 @@ def test_the_cuda_float32_list_is_torchs():
         body = body[:body.index("\n\n")]
         names |= set(re.findall(r"_\((\w+)", body))
     alias = {"native_layer_norm": "layer_norm", "linalg_vector_norm": "norm", "frobenius_norm": "norm",
-             "nll_loss2d": "nll_loss"}
+             "nll_loss2d": "nll_loss", **{n: "interpolate" for n in names if "upsample" in n}}
     mine = {alias.get(n, n) for n in names} & {n for n in dir(F) + dir(mica) + dir(mica.Tensor)
                                                if not n.startswith("_")}
     assert mine - amp.FLOAT32["cuda"] == set()

@@ -4,7 +4,10 @@ from .modules import (  # noqa: F401
     BatchNorm1d, BatchNorm2d, BatchNorm3d, GELU, Dropout, Dropout1d, Dropout2d, Dropout3d, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
-from .conv import AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d, MaxPool1d, MaxPool2d  # noqa: F401
+from .conv import (  # noqa: F401
+    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d, MaxPool1d,
+    MaxPool2d, Upsample, UpsamplingBilinear2d, UpsamplingNearest2d,
+)
 from .transformer import (  # noqa: F401
     MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
     TransformerEncoderLayer,

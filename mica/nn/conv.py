@@ -1,4 +1,5 @@
-"""torch.nn.Conv1d, Conv2d and Conv3d (and the parameterless pools, MaxPool1d/2d and AvgPool1d/2d): torch's parameters (weight [out, in / groups, *kernel_size],
+"""torch.nn.Conv1d, Conv2d and Conv3d (and the parameterless pools and resamplers, MaxPool1d/2d, AvgPool1d/2d,
+AdaptiveAvgPool1d/2d/3d, Upsample, UpsamplingNearest2d/Bilinear2d): torch's parameters (weight [out, in / groups, *kernel_size],
 bias [out]), their default init (U(+-1/sqrt(fan_in)), fan_in = in / groups * prod(kernel_size)) and
 forward (F.conv1d / conv2d / conv3d, mica/verbs/conv.py). padding_mode other than 'zeros' is a
 sentence (Mica's F.pad pads with a constant)."""
@@ -141,3 +142,43 @@ class AdaptiveAvgPool1d(Module):
 
 class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
     verb = "adaptive_avg_pool2d"
+
+
+class AdaptiveAvgPool3d(AdaptiveAvgPool1d):
+    verb = "adaptive_avg_pool3d"
+
+
+class Upsample(Module):
+    """torch.nn.Upsample: F.interpolate with the module's size or scale_factor, mode and align_corners."""
+
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
+        super().__init__()
+        self.name = type(self).__name__
+        self.size = size
+        if isinstance(scale_factor, (tuple, list)):
+            self.scale_factor = tuple(float(s) for s in scale_factor)
+        else:
+            self.scale_factor = float(scale_factor) if scale_factor else None
+        self.mode, self.align_corners, self.recompute_scale_factor = mode, align_corners, recompute_scale_factor
+
+    def forward(self, input):
+        return F.interpolate(input, self.size, self.scale_factor, self.mode, self.align_corners,
+                             recompute_scale_factor=self.recompute_scale_factor)
+
+    def extra_repr(self):
+        info = f"scale_factor={self.scale_factor!r}" if self.scale_factor is not None else f"size={self.size!r}"
+        return f"{info}, mode={self.mode!r}"
+
+
+class UpsamplingNearest2d(Upsample):
+    """torch.nn.UpsamplingNearest2d: Upsample, nearest."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size, scale_factor, mode="nearest")
+
+
+class UpsamplingBilinear2d(Upsample):
+    """torch.nn.UpsamplingBilinear2d: Upsample, bilinear with aligned corners."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size, scale_factor, mode="bilinear", align_corners=True)

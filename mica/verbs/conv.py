@@ -16,7 +16,7 @@ from .nn import _matmul_nd, _widened
 from .shape import narrow, pad, reshape, stack, unsqueeze, squeeze
 
 __all__ = ["conv1d", "conv2d", "conv3d", "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
-           "adaptive_avg_pool2d", "dropout1d", "dropout2d", "dropout3d"]
+           "adaptive_avg_pool2d", "adaptive_avg_pool3d", "dropout1d", "dropout2d", "dropout3d"]
 
 
 def _spatial(verb, name, value, nd):
@@ -150,7 +150,8 @@ def _adaptive(verb, nd, input, output_size):
     floor(o L / n) up to ceil((o + 1) L / n), over every pooled dim at once (one sum, one division)."""
     x = as_tensor(input)
     if x.ndim not in (nd + 1, nd + 2):
-        fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:])}] or unbatched without N, got {x.value.spec!r}")
+        fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:] if nd < 3 else 'DHW')}] or unbatched without N, got "
+             f"{x.value.spec!r}")
     sizes = list(output_size) if isinstance(output_size, (tuple, list)) else [output_size] * nd
     if len(sizes) != nd:
         fail(f"{verb}: output_size must be one size or {nd} of them, got {output_size!r}")
@@ -182,6 +183,11 @@ def adaptive_avg_pool1d(input, output_size):
 def adaptive_avg_pool2d(input, output_size):
     """torch.nn.functional.adaptive_avg_pool2d: [N, C, H, W] (or [C, H, W]) to output_size means."""
     return _adaptive("adaptive_avg_pool2d", 2, input, output_size)
+
+
+def adaptive_avg_pool3d(input, output_size):
+    """torch.nn.functional.adaptive_avg_pool3d: [N, C, D, H, W] (or [C, D, H, W]) to output_size means."""
+    return _adaptive("adaptive_avg_pool3d", 3, input, output_size)
 
 
 def _channel_dropout(verb, nd, input, p, training, inplace=False):
