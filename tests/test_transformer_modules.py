@@ -217,3 +217,21 @@ def test_what_torchs_attention_modules_refuse_is_a_sentence():
     for make_it, sentence in cases:
         with pytest.raises(mica.MicaError, match=sentence):
             make_it()
+
+
+def test_the_causal_mask_outside_a_trace_is_a_host_tensor_as_torchs():
+    """generate_square_subsequent_mask called eagerly (a greedy decoding loop) gives a tensor whose
+    methods work, with dtype= honored: it gave a numpy array (`.to(device)`, `.bool()`,
+    `.masked_fill` raised AttributeError) and dtype= failed inside Mica."""
+    want = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    for dtype, tdtype in [(None, None), (mica.float32, torch.float32), (mica.float64, torch.float64)]:
+        got = mica.nn.Transformer.generate_square_subsequent_mask(4, dtype=dtype)
+        assert isinstance(got, mica.HostTensor) and str(got.dtype).split(".")[-1] == str(
+            torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=tdtype).dtype).split(".")[-1]
+        np.testing.assert_array_equal(np.asarray(got), want.numpy())
+    got = mica.nn.Transformer.generate_square_subsequent_mask(4).to("cpu")
+    np.testing.assert_array_equal(np.asarray(got.bool()), want.bool().numpy())
+    np.testing.assert_array_equal(np.asarray(got.masked_fill(got == 0, 2.0)), want.masked_fill(want == 0, 2.0).numpy())
+    program = mica.trace(lambda x: x + mica.nn.Transformer.generate_square_subsequent_mask(4, dtype=mica.bfloat16),
+                         mica.f32[4, 4])
+    assert "bf16[4, 4] = literal" in program.ir

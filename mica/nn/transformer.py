@@ -317,8 +317,10 @@ class Transformer(Module):
 
     @staticmethod
     def generate_square_subsequent_mask(sz, device=None, dtype=None):
-        """A float [sz, sz] mask: 0 on and below the diagonal, -inf above (the causal mask)."""
+        """A float [sz, sz] mask: 0 on and below the diagonal, -inf above (the causal mask); outside
+        a trace a host tensor, as torch's eager one (`.to(device)`, `.bool()`, `.masked_fill` work)."""
         import numpy as np
 
-        mask = np.triu(np.full((sz, sz), -np.inf, np.float32), 1)
-        return F.tensor(mask) if dtype is None else F.tensor(mask).to(dtype)
+        from ..host import eager
+
+        return eager(F.tensor)(np.triu(np.full((sz, sz), -np.inf, np.float32), 1), dtype=dtype)
