@@ -79,6 +79,8 @@ class HostTensor(np.ndarray):
             run(verb, inputs, {})  # (int @ float, half @ float: torch refuses, so does the verb)
         if ufunc is np.subtract and any(isinstance(x, HostTensor) and x.dtype == np.bool_ for x in inputs):
             run(verb, inputs, {})  # (a bool tensor less a number: torch refuses, so does the verb)
+        if verb is not None and method == "__call__" and ufunc is not np.matmul:
+            plain = _in_torchs_type(plain, inputs)
         try:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
                 out = getattr(ufunc, method)(*plain, **kwargs)
@@ -688,6 +690,26 @@ def _write(self, result, name):
     np.copyto(self, result, casting="unsafe")
 
 
+def _in_torchs_type(plain, inputs):
+    """The arrays of a binary operator cast to the floating type torch computes it in, where they
+    are of other types (numpy computes an int32 and a float32 in float64, a float16 and a 0-d float32
+    in float32; torch rounds each to float32, to float16, first); numbers as they are."""
+    arrays = [x for x in plain if isinstance(x, np.ndarray)]
+    if not arrays or len({a.dtype for a in arrays}) == 1 and len(arrays) == len(plain):
+        return plain
+    from .dtypes import as_dtype
+    from .verbs.core import is_scalar, promotion, scalar_dtype
+
+    try:
+        want = promotion([(None, scalar_dtype(x)) if is_scalar(x) and not isinstance(x, np.ndarray) else
+                          (np.ndim(x), as_dtype(np.asarray(x).dtype)) for x in inputs]).np_storage
+    except (TypeError, KeyError):
+        return plain
+    if want.kind != "f":
+        return plain
+    return [x.astype(want) if isinstance(x, np.ndarray) and x.dtype != want else x for x in plain]
+
+
 def _torch_typed(result, inputs, ufunc):
     """numpy's result in torch's type for these operands (a comparison's bool as it is)."""
     r = np.asarray(result)
@@ -857,7 +879,7 @@ _OPERATORS = {np.add: operator.add, np.subtract: operator.sub, np.multiply: oper
               np.power: operator.pow, np.matmul: operator.matmul, np.equal: operator.eq, np.not_equal: operator.ne,
               np.less: operator.lt, np.less_equal: operator.le, np.greater: operator.gt,
               np.greater_equal: operator.ge, np.bitwise_and: operator.and_, np.bitwise_or: operator.or_,
-              np.bitwise_xor: operator.xor}
+              np.bitwise_xor: operator.xor, np.left_shift: operator.lshift, np.right_shift: operator.rshift}
 _UNARY = {np.negative: operator.neg, np.positive: operator.pos, np.invert: operator.invert, np.absolute: abs}
 _LOGICAL = {np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal, np.logical_and,
             np.logical_or, np.logical_xor, np.logical_not, np.isnan, np.isinf, np.isfinite, np.signbit}

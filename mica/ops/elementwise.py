@@ -166,7 +166,7 @@ _unary("sigmoid", _sigmoid, lambda c, o, i, a, n: [c[0] * o[0] * (1 - o[0])],
        "(({T})1 / (({T})1 + mica_exp_{S}(-{0})))")
 _unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), _relu_grad, "({0} < 0 ? ({T})0 : {0})",
        kinds=("float", "int"))
-_unary("abs", np.abs, _abs_grad, "({0} < 0 ? -{0} : {0})", kinds=("float", "int"))
+_unary("abs", np.abs, _abs_grad, "mica_fabs_{S}({0})", kinds=("float", "int"))  # (integers: cstyle/types.py's)
 # roundings to an integer value: exact, their gradient zero (as torch's)
 for _name, _fn in (("floor", np.floor), ("ceil", np.ceil), ("trunc", np.trunc), ("round", np.rint)):
     _unary(_name, _fn, lambda c, o, i, a, n: [F.zeros_like(c[0])],

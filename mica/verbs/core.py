@@ -216,6 +216,8 @@ def _scaled(input, other, alpha):
     if is_scalar(alpha) and alpha == 1:
         return other
     dt = result_type(input, other)
+    if dt is dtypes.bool_ and is_scalar(alpha):  # (in bool, as torch's: other and alpha)
+        return as_tensor(other, dt) if alpha else zeros_like(as_tensor(other, dt))
     return mul(as_tensor(other, dt), alpha)
 
 
@@ -225,7 +227,9 @@ def _alpha_once(verb, input, other, alpha):
     dt = result_type(input, other)
     wide = dtypes.float32
     alpha = to(as_tensor(alpha, dt), wide) if is_scalar(alpha) else as_tensor(alpha, wide)
-    return to(verb(as_tensor(input, wide), mul(as_tensor(other, wide), alpha)), dt)
+    # (a float32 or float64 operand, a 0-d tensor beside a half one, is rounded to the half type first, as torch's)
+    input, other = (to(as_tensor(t, dt), wide) if isinstance(t, Tensor) else as_tensor(t, wide) for t in (input, other))
+    return to(verb(input, mul(other, alpha)), dt)
 
 
 def _fused_alpha(input, other, alpha):
@@ -721,6 +725,9 @@ def clamp(input, min=None, max=None):
     for bound, past in ((min, lt), (max, gt)):  # (a NaN in a tensor bound gives NaN, as torch's)
         if bound is None:
             continue
+        if isinstance(bound, (float, np.floating)) and np.isnan(bound):  # (a NaN bound: NaN everywhere, as torch's)
+            out = full_like(out, bound)
+            continue
         if is_scalar(bound):
             out = where(past(out, bound), as_tensor(bound, x.dtype), out)
         else:
@@ -783,8 +790,10 @@ def _addc(combine, input, tensor1, tensor2, value):
     if dt.kind == "float" and dt in dtypes.HALF:
         wide = dtypes.float32
         return to(_addc(combine, *(as_tensor(t, wide) for t in (input, tensor1, tensor2)), value), dt)
-    if dt.kind == "float":
-        input, tensor1, tensor2 = (as_tensor(t, dt) for t in (input, tensor1, tensor2))
+    if combine is div and dt.kind != "float":
+        fail(f"addcdiv: integer division is not supported (torch refuses it too); give floating tensors (.float()) or "
+             f"write input + value * torch.div(tensor1, tensor2, rounding_mode='trunc')")
+    input, tensor1, tensor2 = (as_tensor(t, dt) for t in (input, tensor1, tensor2))  # (a bool and an int32: int32)
     if combine is mul and dt is dtypes.float32:  # (torch's vectorized addcmul: fmadd(value * t1, t2, input))
         return fma32(mul(value, tensor1), tensor2, input)
     return add(input, combine(mul(value, tensor1), tensor2))
@@ -1093,8 +1102,8 @@ def logsumexp(input, dim, keepdim=False):
     if x.dtype.kind != "float":
         x = to(x, dtypes.DEFAULT_FLOAT)
     axes = _axes(x, dim, "logsumexp")
-    if not axes:
-        return log(exp(x))
+    if not axes:  # (each element its own sum: itself, as torch's shifted sum gives it, -1000 and inf included)
+        return add(x, 0.0)
     if builtins.any(x.shape[a] == 0 for a in axes):  # (an empty sum: log 0, as torch's)
         return log(sum(x, axes, keepdim))
     m = detach(amax(x, axes, keepdim=True))

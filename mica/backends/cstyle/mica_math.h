@@ -258,11 +258,13 @@ static inline MICA_HD float mica_ceil_f32(float x) { return ceilf(x); }
 static inline MICA_HD float mica_trunc_f32(float x) { return truncf(x); }
 static inline MICA_HD float mica_rint_f32(float x) { return rintf(x); }
 static inline MICA_HD float mica_fmod_f32(float x, float y) { return fmodf(x, y); }
+static inline MICA_HD float mica_fabs_f32(float x) { return fabsf(x); } /* (|-0| is +0, as torch's) */
 static inline MICA_HD double mica_floor_f64(double x) { return floor(x); }
 static inline MICA_HD double mica_ceil_f64(double x) { return ceil(x); }
 static inline MICA_HD double mica_trunc_f64(double x) { return trunc(x); }
 static inline MICA_HD double mica_rint_f64(double x) { return rint(x); }
 static inline MICA_HD double mica_fmod_f64(double x, double y) { return fmod(x, y); }
+static inline MICA_HD double mica_fabs_f64(double x) { return fabs(x); }
 
 static inline MICA_HD double mica_exp_f64(double x) { return exp(x); }
 static inline MICA_HD double mica_log_f64(double x) { return log(x); }
