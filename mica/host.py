@@ -80,7 +80,12 @@ class HostTensor(np.ndarray):
         if ufunc is np.subtract and any(isinstance(x, HostTensor) and x.dtype == np.bool_ for x in inputs):
             run(verb, inputs, {})  # (a bool tensor less a number: torch refuses, so does the verb)
         if verb is not None and method == "__call__" and ufunc is not np.matmul:
-            plain = _in_torchs_type(plain, inputs)
+            plain = _in_torchs_type(plain, inputs, ufunc)
+        if ufunc is np.true_divide and method == "__call__" and not kwargs and type(plain[0]) in (int, float) \
+                and isinstance(plain[1], np.ndarray) and plain[1].dtype == np.float16:  # (torch's s / x in float16:
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # s times x's float16 reciprocal)
+                inverse = (1 / plain[1].astype(np.float32)).astype(np.float16).astype(np.float32)
+                return np.asarray(np.float32(plain[0]) * inverse).astype(np.float16).view(HostTensor)
         try:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (torch warns of none of these)
                 out = getattr(ufunc, method)(*plain, **kwargs)
@@ -690,10 +695,16 @@ def _write(self, result, name):
     np.copyto(self, result, casting="unsafe")
 
 
-def _in_torchs_type(plain, inputs):
+def _in_torchs_type(plain, inputs, ufunc):
     """The arrays of a binary operator cast to the floating type torch computes it in, where they
     are of other types (numpy computes an int32 and a float32 in float64, a float16 and a 0-d float32
-    in float32; torch rounds each to float32, to float16, first); numbers as they are."""
+    in float32; torch rounds each to float32, to float16, first); numbers as they are, but a float16
+    tensor times a number (or over one) is computed in float32 with the number in float32, as
+    torch's kernel does (numpy rounds the number to float16 first: 2**31 overflowed)."""
+    if ufunc in (np.multiply, np.true_divide) and len(plain) == 2 and \
+            any(isinstance(x, np.ndarray) and x.dtype == np.float16 for x in plain) and \
+            any(type(x) in (int, float) for x in (plain if ufunc is np.multiply else plain[1:])):
+        return [x.astype(np.float32) if isinstance(x, np.ndarray) else np.float32(x) for x in plain]
     arrays = [x for x in plain if isinstance(x, np.ndarray)]
     if not arrays or len({a.dtype for a in arrays}) == 1 and len(arrays) == len(plain):
         return plain
@@ -729,7 +740,8 @@ def _torch_typed(result, inputs, ufunc):
         return result
     if r.dtype.kind == "f" and want.kind != "f":
         want = np.dtype(np.float32)  # (int / int, int ** -1.0: the default float)
-    return r if r.dtype == want else r.astype(want)
+    with np.errstate(over="ignore"):  # (a float32 result beyond float16's range: inf, as torch's)
+        return r if r.dtype == want else r.astype(want)
 
 
 def torch_text(values, extra=""):

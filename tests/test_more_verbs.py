@@ -464,6 +464,13 @@ def test_eager_operators_compute_in_torchs_type():
         got = np.asarray(op(mica.from_numpy(a), mica.from_numpy(b)))
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+    h = np.random.default_rng(0).standard_normal(500).astype(np.float16)
+    h[:3] = [0.0, -0.0, 60000.0]
+    for op in (lambda p: p * 0.1, lambda p: 0.1 * p, lambda p: p / 0.3, lambda p: p * 2 ** 31, lambda p: 0.3 / p,
+               lambda p: p + 0.1):  # (a float16 tensor and a number: torch's float32 arithmetic, its s / x)
+        want = op(torch.from_numpy(h)).numpy()
+        got = np.asarray(op(mica.from_numpy(h)))
+        assert got.dtype == np.float16 and np.array_equal(got.view(np.uint16), want.view(np.uint16))
     with pytest.raises(mica.MicaError, match=r"^bitwise_left_shift \(<<\) works on integer tensors"):
         mica.tensor([1.0, 2.0]) << 1
     with pytest.raises(mica.MicaError, match=r"^addcdiv: integer division is not supported"):
