@@ -447,6 +447,7 @@ def test_corners_an_outside_fuzzer_found_are_torchs(where):
         check(lambda m, s, y: s.sub(y.to(getattr(m, dt)), alpha=2), np.array(1.2345678), half)
         check(lambda m, s, y: s.add(y.to(getattr(m, dt)), alpha=2), np.array(1.2345678), half)
         check(lambda m, s, y: y.to(getattr(m, dt)).sub(s, alpha=2), np.array(1.2345678), half)
+        check(lambda m, y: y.to(getattr(m, dt)).add(1.2345678, alpha=2), half)  # (the number rounded first too)
 
 
 def test_eager_operators_compute_in_torchs_type():

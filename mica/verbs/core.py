@@ -227,8 +227,8 @@ def _alpha_once(verb, input, other, alpha):
     dt = result_type(input, other)
     wide = dtypes.float32
     alpha = to(as_tensor(alpha, dt), wide) if is_scalar(alpha) else as_tensor(alpha, wide)
-    # (a float32 or float64 operand, a 0-d tensor beside a half one, is rounded to the half type first, as torch's)
-    input, other = (to(as_tensor(t, dt), wide) if isinstance(t, Tensor) else as_tensor(t, wide) for t in (input, other))
+    # (a number, or a float32 or float64 0-d tensor beside a half one, is rounded to the half type first, as torch's)
+    input, other = (to(as_tensor(t, dt), wide) for t in (input, other))
     return to(verb(input, mul(other, alpha)), dt)
 
 
