@@ -5,6 +5,8 @@ Write a model and its training step with PyTorch's verbs, trace it once with sta
 (`mica.reference.run`) or — later stages — as compiled native code.
 """
 import os as _os
+
+import numpy as _np
 import signal as _signal
 import sys as _sys
 
@@ -26,7 +28,7 @@ from .errors import install_excepthook as _install_excepthook  # noqa: E402
 from .grad import (  # noqa: E402
     enable_grad, grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled, value_and_grad,
 )
-from .tensor import Tensor  # noqa: E402
+from .tensor import Tensor as _TracedTensor  # noqa: E402
 from .trace import Program, compile, trace  # noqa: A004, E402
 from .verbs import (  # noqa: E402
     abs, add, addbmm, addcdiv, addmm, addmv, all, baddbmm, cdist, count_nonzero, dot, logaddexp, logit, mv, nan_to_num,
@@ -43,6 +45,7 @@ from .verbs import (  # noqa: E402
     where, zeros, zeros_like, var_mean, std_mean, tensor_split, diag_embed, tensordot, swapaxes, swapdims,
 )
 from . import autograd, cuda, distributed, linalg, nn, optim, reference, utils  # noqa: E402
+from . import verbs as _verbs  # noqa: E402
 from .complex import (  # noqa: E402,A004  (torch's names; each takes host tensors and traced ones)
     cdouble, cfloat, complex, complex64, complex128, imag, is_complex, polar, real, view_as_complex, view_as_real,
 )
@@ -61,6 +64,42 @@ for _name in [n for n in dir() if not n.startswith("_") and n != "result_type"]:
 for _name in [n for n in dir(nn.functional) if not n.startswith("_")]:
     if getattr(getattr(nn.functional, _name), "__module__", "").startswith("mica.verbs"):
         setattr(nn.functional, _name, _eager(getattr(nn.functional, _name)))
+
+
+
+class _AnyTensorType(type):
+    """isinstance(x, mica.Tensor) as torch.Tensor's: true of a traced tensor, a host tensor and a
+    Parameter (a plain numpy array is data, not a tensor)."""
+
+    def __instancecheck__(cls, obj):
+        from .nn.modules import Parameter
+
+        return isinstance(obj, (_TracedTensor, HostTensor, Parameter))
+
+    def __subclasscheck__(cls, sub):
+        from .nn.modules import Parameter
+
+        return issubclass(sub, (_TracedTensor, HostTensor, Parameter))
+
+
+class Tensor(_TracedTensor, metaclass=_AnyTensorType):
+    """torch.Tensor as a name: its methods (`dir(mica.Tensor)`) are a traced tensor's, and
+    `isinstance(x, mica.Tensor)` holds for every tensor a program or a script holds."""
+
+    __slots__ = ()
+
+
+def is_tensor(obj):
+    """torch.is_tensor: whether obj is a tensor (traced, host, or a Parameter), a Python bool."""
+    return isinstance(obj, Tensor)
+
+
+def is_floating_point(input):
+    """torch.is_floating_point: whether input's type is a floating one, a Python bool."""
+    if isinstance(input, (HostTensor, _np.ndarray)) or type(input).__name__ == "Parameter":
+        return _np.asarray(input).dtype.kind == "f"
+    return _verbs.is_floating_point(input)
+
 
 bool = bool_  # noqa: A001  (mica.bool, like torch.bool)
 f32, bf16, f16, f64, i32, i64, b8 = float32, bfloat16, float16, float64, int32, int64, bool_

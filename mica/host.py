@@ -77,6 +77,11 @@ class HostTensor(np.ndarray):
             _UNARY.get(ufunc) if method == "__call__" and len(inputs) == 1 else None
         if ufunc is np.matmul and method == "__call__" and len({np.result_type(x) for x in plain}) > 1:
             run(verb, inputs, {})  # (int @ float, half @ float: torch refuses, so does the verb)
+        if ufunc is np.matmul and method == "__call__" and not kwargs:
+            from .amp import active
+
+            if active() is not None:  # (in a mica.autocast region: the verb's product, in the half type)
+                return run(verb, inputs, {})
         if ufunc is np.subtract and any(isinstance(x, HostTensor) and x.dtype == np.bool_ for x in inputs):
             run(verb, inputs, {})  # (a bool tensor less a number: torch refuses, so does the verb)
         if verb is not None and method == "__call__" and ufunc is not np.matmul:

@@ -2126,3 +2126,26 @@ def test_a_buffer_registered_again_in_forward_is_kept_as_torchs():
         assert got[0] == got[1], (compiled, got)
     for lib in (mica, torch):
         assert tuple(lib.transpose(lib.ones(2, 3), dim0=0, dim1=1).shape) == (3, 2)
+
+
+def test_isinstance_tensor_and_eager_autocast_products_as_torchs():
+    """isinstance(x, mica.Tensor) holds for host tensors and Parameters as torch's (pytorch/examples'
+    repackage_hidden recursed into a tensor and crashed), is_tensor and is_floating_point give
+    Python bools, and a host tensor's @ inside mica.autocast is the half product (it was float32's)."""
+    x, w = mica.zeros(3), mica.nn.Linear(2, 2).weight
+    assert all(isinstance(t, mica.Tensor) for t in (x, w, w.new_zeros(2)))
+    assert not isinstance(np.zeros(2), mica.Tensor) and not isinstance(3.0, mica.Tensor)
+    assert mica.is_tensor(x) is True and mica.is_tensor(w) is True and mica.is_tensor(np.zeros(2)) is False
+    assert mica.is_floating_point(x) is True and mica.is_floating_point(mica.tensor([1])) is False
+
+    def traced(a):
+        assert isinstance(a, mica.Tensor) and mica.is_tensor(a) and mica.is_floating_point(a) is True
+        return a * 2
+    np.testing.assert_array_equal(np.asarray(mica.compile(traced)(np.ones(2, np.float32))), [2.0, 2.0])
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((4, 64)).astype(np.float32), rng.standard_normal((64, 3)).astype(np.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = (torch.tensor(a) @ torch.tensor(b)).float().numpy()
+    with mica.autocast(dtype=mica.bfloat16):
+        got = np.asarray(mica.tensor(a) @ mica.tensor(b))
+    np.testing.assert_array_equal(got, want)

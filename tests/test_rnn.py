@@ -101,6 +101,12 @@ def test_dropout_between_layers_only_in_training():
     (lambda: mica.nn.RNN(4, 6, nonlinearity="sigmoid"), None, r"^RNN: nonlinearity must be 'tanh' or 'relu'"),
     (lambda: mica.nn.LSTM(4, 6, proj_size=6), None, r"^LSTM: proj_size \(6\) must be smaller than hidden_size"),
     (lambda: mica.nn.GRU(4, 0), None, r"^GRU: hidden_size must be a positive int"),
+    (lambda: mica.nn.GRU(4, 6, proj_size=2), None, r"^GRU: proj_size is only an LSTM's"),
+    (lambda: mica.nn.GRU(4, 6), lambda m: m(np.zeros((5, 3, 4), np.float32), (np.zeros((1, 3, 6), np.float32),) * 2),
+     r"^GRU: hx must be one tensor h_0"),
+    (lambda: mica.nn.LSTM(4, 6), lambda m: m(np.zeros((0, 3, 4), np.float32)), r"^LSTM: the sequence is empty"),
+    (lambda: mica.nn.LSTM(4, 6), lambda m: m(mica.from_numpy(np.zeros((5, 3, 4)))),
+     r"^LSTM: the input is float64 but the parameters are float32"),
     (lambda: mica.nn.GRU(4, 6, dropout=1.5), None, r"^GRU: dropout must be a probability"),
 ])
 def test_mistakes_are_sentences(make, call, says):
@@ -108,3 +114,14 @@ def test_mistakes_are_sentences(make, call, says):
         warnings.simplefilter("ignore")  # (initial values, said once)
         m = make()
         call(m)
+
+
+def test_all_weights_as_torchs():
+    """all_weights (and _all_weights, _flat_weights) per layer and direction, as older init code
+    loops over them."""
+    theirs, mine = torch.nn.LSTM(4, 6, num_layers=2, bidirectional=True), mica.nn.LSTM(4, 6, num_layers=2,
+                                                                                       bidirectional=True)
+    assert mine._all_weights == theirs._all_weights
+    assert [[tuple(w.shape) for w in ws] for ws in mine.all_weights] == \
+        [[tuple(w.shape) for w in ws] for ws in theirs.all_weights]
+    assert [tuple(w.shape) for w in mine._flat_weights] == [tuple(w.shape) for w in theirs._flat_weights]

@@ -9,7 +9,7 @@ through time is the unrolled steps' gradient. torch's CPU kernel (oneDNN's where
 its products in another order: values agree to float32 rounding, not bit for bit. Packed
 sequences are not supported (a sentence says so).
 """
-from .. import verbs as F
+from .. import amp, verbs as F
 from ..errors import MicaError
 from ..tensor import user_location
 from . import init as initializers
@@ -62,6 +62,8 @@ class RNNBase(Module):
             _refuse(f"{name}: dropout must be a probability in [0, 1], got {dropout!r}")
         if not isinstance(proj_size, int) or isinstance(proj_size, bool) or proj_size < 0:
             _refuse(f"{name}: proj_size must be an int >= 0, got {proj_size!r}")
+        if proj_size and mode != "LSTM":
+            _refuse(f"{name}: proj_size is only an LSTM's (as torch's); leave it 0")
         if proj_size >= hidden_size:
             _refuse(f"{name}: proj_size ({proj_size}) must be smaller than hidden_size ({hidden_size}), as torch's")
         self.mode, self.input_size, self.hidden_size, self.num_layers = mode, input_size, hidden_size, num_layers
@@ -96,7 +98,7 @@ class RNNBase(Module):
         sizes = [out, self.hidden_size] if self.mode == "LSTM" else [out]
         if hx is None:
             return [F.zeros(self.num_layers * directions, batch, n, dtype=dtype) for n in sizes]
-        given = list(hx) if self.mode == "LSTM" and isinstance(hx, (tuple, list)) else [hx]
+        given = list(hx) if isinstance(hx, (tuple, list)) else [hx]
         if len(given) != len(sizes):
             _refuse(f"{name}: hx must be {'a tuple (h_0, c_0)' if self.mode == 'LSTM' else 'one tensor h_0'}, as "
                     f"torch's, got {type(hx).__name__}")
@@ -122,12 +124,18 @@ class RNNBase(Module):
             _refuse(f"{name}: input has {x.shape[-1]} features (its last dim), but input_size is {self.input_size}")
         if x.dtype.kind != "float":
             _refuse(f"{name}: input must be a floating tensor, got {x.dtype.name}; cast it with .float()")
+        weight = self._weights(0, 0)[0]
+        if x.dtype is not weight.dtype and amp.active() is None:
+            _refuse(f"{name}: the input is {x.dtype.name} but the parameters are {weight.dtype.name}; convert one to the "
+                    f"other's (input.to({weight.dtype.name}) or the module's .to(...)), as torch asks")
         batched = x.ndim == 3
         if not batched:
             x = F.unsqueeze(x, 1)
         elif self.batch_first:
             x = F.transpose(x, 0, 1)
         L, N = x.shape[0], x.shape[1]
+        if L == 0:
+            _refuse(f"{name}: the sequence is empty (length 0); give at least one step, as torch asks")
         states = self._state(hx, N, batched, x.dtype)
         directions = 2 if self.bidirectional else 1
         last_h, last_c = [], []
@@ -160,6 +168,22 @@ class RNNBase(Module):
         c_n = F.stack(last_c, 0)
         return output, (h_n, c_n if batched else F.squeeze(c_n, 1))
 
+    @property
+    def _all_weights(self):
+        """The parameters' names per layer and direction, as torch's."""
+        per = len(self._flat_weights_names) // (self.num_layers * (2 if self.bidirectional else 1))
+        names = self._flat_weights_names
+        return [names[k:k + per] for k in range(0, len(names), per)]
+
+    @property
+    def all_weights(self):
+        """The parameters per layer and direction, as torch's (weight-init code loops over them)."""
+        return [[getattr(self, n) for n in names] for names in self._all_weights]
+
+    @property
+    def _flat_weights(self):
+        return [getattr(self, n) for n in self._flat_weights_names]
+
     def flatten_parameters(self):
         """torch's cuDNN layout call: nothing to do."""
 
@@ -184,11 +208,11 @@ class RNN(RNNBase):
     """torch.nn.RNN: h_t = tanh (or relu) of x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, device=None, dtype=None):
+                 dropout=0.0, bidirectional=False, device=None, dtype=None, proj_size=0):
         if nonlinearity not in ("tanh", "relu"):
             _refuse(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
         super().__init__("RNN_" + nonlinearity.upper(), input_size, hidden_size, num_layers, bias, batch_first,
-                         dropout, bidirectional, device=device, dtype=dtype)
+                         dropout, bidirectional, proj_size, device=device, dtype=dtype)
         self.nonlinearity = nonlinearity
 
 
@@ -206,9 +230,9 @@ class GRU(RNNBase):
     """torch.nn.GRU: gates r, z, n (in that order in the weights); n reads r * (h W_hn^T + b_hn)."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, device=None, dtype=None):
+                 bidirectional=False, device=None, dtype=None, proj_size=0):
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         device=device, dtype=dtype)
+                         proj_size, device=device, dtype=dtype)
 
 
 class RNNCellBase(Module):

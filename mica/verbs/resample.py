@@ -151,7 +151,8 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     if antialias:
         fail(f"{verb}: antialias=True is not supported; leave it False")
     if x.dtype.kind != "float":
-        fail(f"{verb}: the input must be a floating tensor (as torch's kernels take), got {x.value.spec!r}")
+        fail(f"{verb}: the input must be a floating tensor, got {x.value.spec!r}; convert it with .float() (torch also "
+             f"resizes uint8 images, a type Mica does not have)")
     sizes, scales = _sizes(verb, x, size, scale_factor, recompute_scale_factor)
     if mode == "area":
         from .conv import _adaptive
