@@ -96,9 +96,11 @@ def is_tensor(obj):
 
 def is_floating_point(input):
     """torch.is_floating_point: whether input's type is a floating one, a Python bool."""
-    if isinstance(input, (HostTensor, _np.ndarray)) or type(input).__name__ == "Parameter":
-        return _np.asarray(input).dtype.kind == "f"
-    return _verbs.is_floating_point(input)
+    if isinstance(input, _TracedTensor):
+        return _verbs.is_floating_point(input)
+    if not isinstance(input, (Tensor, _np.ndarray)):
+        raise MicaError(f"is_floating_point takes a tensor, got {type(input).__name__} (as torch's)")
+    return _np.asarray(input).dtype.kind == "f"
 
 
 bool = bool_  # noqa: A001  (mica.bool, like torch.bool)

@@ -28,7 +28,7 @@ LOWER = frozenset({"matmul", "linear", "scaled_dot_product_attention", "addmm", 
 _LOSSES = frozenset({"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
                      "binary_cross_entropy_with_logits"})
 FLOAT32 = {  # (torch 2.13's lists, restricted to Mica's verbs; tests/test_mixed_precision.py checks both)
-    "cpu": _LOSSES | {"binary_cross_entropy", "prod"},
+    "cpu": _LOSSES | {"binary_cross_entropy", "prod", "adaptive_avg_pool3d"},
     "cuda": _LOSSES | {"softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "norm", "cosine_similarity", "sum", "prod",
                        "cumsum", "cumprod", "logsumexp", "exp", "expm1", "log", "log1p", "log2", "log10", "rsqrt", "pow",
                        "softplus", "cdist", "reciprocal", "interpolate"},

@@ -701,17 +701,23 @@ def _write(self, result, name):
 
 
 def _in_torchs_type(plain, inputs, ufunc):
-    """The arrays of a binary operator cast to the floating type torch computes it in, where they
-    are of other types (numpy computes an int32 and a float32 in float64, a float16 and a 0-d float32
-    in float32; torch rounds each to float32, to float16, first); numbers as they are, but a float16
-    tensor times a number (or over one) is computed in float32 with the number in float32, as
-    torch's kernel does (numpy rounds the number to float16 first: 2**31 overflowed)."""
-    if ufunc in (np.multiply, np.true_divide) and len(plain) == 2 and \
-            any(isinstance(x, np.ndarray) and x.dtype == np.float16 for x in plain) and \
+    """The arrays of a binary operator cast to the floating type torch computes it in, where numpy
+    would compute in another: an integer beside a float32 (numpy: float64; torch rounds the integers
+    to float32 first), a float16 beside a 0-d float32 or float64 tensor in a comparison, a sum or a
+    difference (torch rounds the 0-d one to float16 first; a product or quotient keeps it in
+    float32, as numpy does). A float16 tensor times a number (or over one) is computed in float32
+    with the number in float32, as torch's kernel does (numpy rounds the number to float16 first:
+    2**31 overflowed). Numbers stay as they are, and powers are numpy's (an exponent kept wide)."""
+    half = any(isinstance(x, np.ndarray) and x.dtype == np.float16 for x in plain)
+    if ufunc in (np.multiply, np.true_divide) and len(plain) == 2 and half and \
             any(type(x) in (int, float) for x in (plain if ufunc is np.multiply else plain[1:])):
-        return [x.astype(np.float32) if isinstance(x, np.ndarray) else np.float32(x) for x in plain]
+        try:
+            with np.errstate(over="ignore"):  # (a number beyond float32: inf, as torch's)
+                return [x.astype(np.float32) if isinstance(x, np.ndarray) else np.float32(float(x)) for x in plain]
+        except OverflowError:  # (a number beyond any float: numpy's own refusal, below)
+            return plain
     arrays = [x for x in plain if isinstance(x, np.ndarray)]
-    if not arrays or len({a.dtype for a in arrays}) == 1 and len(arrays) == len(plain):
+    if ufunc is np.power or not arrays or len({a.dtype for a in arrays}) == 1 and len(arrays) == len(plain):
         return plain
     from .dtypes import as_dtype
     from .verbs.core import is_scalar, promotion, scalar_dtype
@@ -721,9 +727,10 @@ def _in_torchs_type(plain, inputs, ufunc):
                           (np.ndim(x), as_dtype(np.asarray(x).dtype)) for x in inputs]).np_storage
     except (TypeError, KeyError):
         return plain
-    if want.kind != "f":
+    if want.kind != "f" or want == np.float16 and ufunc not in _LOGICAL and ufunc not in (np.add, np.subtract):
         return plain
-    return [x.astype(want) if isinstance(x, np.ndarray) and x.dtype != want else x for x in plain]
+    with np.errstate(over="ignore"):  # (a 0-d float32 beyond float16: inf, as torch's)
+        return [x.astype(want) if isinstance(x, np.ndarray) and x.dtype != want else x for x in plain]
 
 
 def _torch_typed(result, inputs, ufunc):

@@ -869,7 +869,9 @@ def test_a_bias_joins_the_products_float32_sums_and_is_rounded_once_as_torchs(ha
     cancels the product). Now the product keeps its sums in float32 (matmul's dtype=float32,
     visible in the IR) and the sum is rounded once: bfloat16 gives torch's bits; float16 too but
     where torch's CPU kernel sums in another order. The simulator (cuBLASLt's half operands with a
-    float32 C) gives the CPU's bits."""
+    float32 C) gives the CPU's bits where OpenBLAS's kernel sums each element in k order as the
+    simulator's product does (AVX-512 machines); where it does not (an AVX2-only machine: one
+    element in 1920), the same values to the half type's rounding."""
     from test_cuda import _has_boost_context
 
     rng = np.random.default_rng(7)
@@ -888,8 +890,10 @@ def test_a_bias_joins_the_products_float32_sums_and_is_rounded_once_as_torchs(ha
         oracle = mica.reference.run(program, *arrays, precision="float32")
         assert np.mean(np.asarray(oracle) == got) > 0.99, name
         if _has_boost_context() and name in ("linear 3-d", "baddbmm"):  # (one product and a batched one: the
-            np.testing.assert_array_equal(np.asarray(program.lower("cuda", simulate=True).build()(*arrays)),
-                                          got)  # simulator's builds are the slow part of the suite)
+            sim = np.asarray(program.lower("cuda", simulate=True).build()(*arrays))  # simulator's builds are slow)
+            assert np.mean(sim == got) > 0.99 and np.all(np.abs(sim - got) <= ulp + 1e-3), name
+            if "avx512f" in open("/proc/cpuinfo").read():  # (OpenBLAS's AVX-512 kernels sum in k order)
+                np.testing.assert_array_equal(sim, got)
 
 
 def test_a_biased_linears_gradients_under_autocast_are_torchs():

@@ -440,6 +440,7 @@ def test_corners_an_outside_fuzzer_found_are_torchs(where):
     check(lambda m, a: a.add(True, alpha=2), b)
     check(lambda m, a, c: a.add(c, alpha=0), b, b[::-1].copy())
     check(lambda m, a, c: m.addcmul(a, a, c, value=2), b, np.array([2, 3, -4, 5], np.int32))
+    check(lambda m, a, c: m.addcmul(c, c, c, value=-1.7), b, np.array([2, 3, -4, 5], np.int32))  # (value truncated)
     half = np.array([-0.1, 0.37, 1.3, -2.2, 0.011, 5.3], np.float32)
     for dt in ("bfloat16", "float16"):
         if where == "eager" and dt == "bfloat16":
@@ -476,3 +477,16 @@ def test_eager_operators_compute_in_torchs_type():
         mica.tensor([1.0, 2.0]) << 1
     with pytest.raises(mica.MicaError, match=r"^addcdiv: integer division is not supported"):
         mica.addcdiv(mica.tensor([1, 2]), mica.tensor([3, 4]), mica.tensor([5, 6]))
+    with pytest.raises(mica.MicaError, match=r"^addcmul of bool tensors is not defined"):
+        mica.addcmul(mica.tensor([True]), mica.tensor([True]), mica.tensor([True]))
+    for t in (mica.tensor([1, 2]), mica.tensor([True, False])):  # (torch: an integral sum takes an integral alpha)
+        with pytest.raises(mica.MicaError, match=r"^(add|sub): alpha=0.5 is a float but the result is"):
+            t.add(t, alpha=0.5)
+    np.testing.assert_array_equal(np.asarray(mica.tensor([1, 2]).add(1.5, alpha=2)), [4.0, 5.0])
+    x, s = np.array([1.5, -7.25, 3.0], np.float16), np.array(0.1)  # (a float16 times a 0-d float64: in float32)
+    for op in (lambda p, q: p * q, lambda p, q: p / q, lambda p, q: p // q, lambda p, q: p + q, lambda p, q: p < q):
+        want = op(torch.from_numpy(x), torch.from_numpy(s)).numpy()
+        got = np.asarray(op(mica.from_numpy(x), mica.from_numpy(s)))
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    a = np.array([16777217, -7, 3], np.int32)  # (an integer tensor to a wide float power: numpy's, torch's)
+    np.testing.assert_array_equal(np.asarray(mica.from_numpy(a) ** 16777217.5), (torch.from_numpy(a) ** 16777217.5).numpy())

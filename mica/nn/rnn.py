@@ -267,7 +267,7 @@ class RNNCellBase(Module):
         if hx is None:
             given = [F.zeros(N, self.hidden_size, dtype=x.dtype)] * (2 if lstm else 1)
         else:
-            given = list(hx) if lstm and isinstance(hx, (tuple, list)) else [hx]
+            given = list(hx) if isinstance(hx, (tuple, list)) else [hx]
             if len(given) != (2 if lstm else 1):
                 _refuse(f"{name}: hx must be {'a tuple (h, c)' if lstm else 'one tensor h'}, as torch's")
             want = (N, self.hidden_size) if batched else (self.hidden_size,)

@@ -148,7 +148,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
 def _adaptive(verb, nd, input, output_size):
     """torch's adaptive average pool: output element o of a dim of L inputs is the mean of inputs
     floor(o L / n) up to ceil((o + 1) L / n), over every pooled dim at once (one sum, one division)."""
-    x = as_tensor(input)
+    (x,) = amp.float32(verb, as_tensor(input))
     if x.ndim not in (nd + 1, nd + 2):
         fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:] if nd < 3 else 'DHW')}] or unbatched without N, got "
              f"{x.value.spec!r}")

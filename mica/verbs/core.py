@@ -211,6 +211,13 @@ def _floating(dt):
 
 # ---- arithmetic -----------------------------------------------------------------------------------
 
+def _integral_alpha(verb, input, other, alpha):
+    """torch's refusal of a float alpha where add/sub's result is an integer or bool one."""
+    if isinstance(alpha, (float, np.floating)) and result_type(input, other).kind != "float":
+        fail(f"{verb}: alpha={alpha!r} is a float but the result is {result_type(input, other).name}; an integer or bool "
+             "sum takes an integer alpha (as torch's), or convert a tensor with .float() first")
+
+
 def _scaled(input, other, alpha):
     """alpha * other in the promoted type of (input, other), as PyTorch's add/sub(alpha=) compute it."""
     if is_scalar(alpha) and alpha == 1:
@@ -243,6 +250,7 @@ def _fused_alpha(input, other, alpha):
 
 
 def add(input, other, alpha=1):
+    _integral_alpha("add", input, other, alpha)
     if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in dtypes.HALF:
         return _alpha_once(add, input, other, alpha)
     fused = _fused_alpha(input, other, alpha)
@@ -255,6 +263,7 @@ def add(input, other, alpha=1):
 
 
 def sub(input, other, alpha=1):
+    _integral_alpha("sub", input, other, alpha)
     if not (is_scalar(alpha) and alpha == 1) and result_type(input, other) in dtypes.HALF:
         return _alpha_once(sub, input, other, alpha)
     if builtins.any(isinstance(t, Tensor) and t.dtype is dtypes.bool_ for t in (input, other)):
@@ -793,6 +802,10 @@ def _addc(combine, input, tensor1, tensor2, value):
     if combine is div and dt.kind != "float":
         fail(f"addcdiv: integer division is not supported (torch refuses it too); give floating tensors (.float()) or "
              f"write input + value * torch.div(tensor1, tensor2, rounding_mode='trunc')")
+    if dt is dtypes.bool_:
+        fail("addcmul of bool tensors is not defined (torch refuses it too); convert them first (.long(), .float())")
+    if dt.kind == "int" and is_scalar(value):  # (in the integer type: a float value truncated, as torch's)
+        value = int(value)
     input, tensor1, tensor2 = (as_tensor(t, dt) for t in (input, tensor1, tensor2))  # (a bool and an int32: int32)
     if combine is mul and dt is dtypes.float32:  # (torch's vectorized addcmul: fmadd(value * t1, t2, input))
         return fma32(mul(value, tensor1), tensor2, input)
