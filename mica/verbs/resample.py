@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import amp, dtypes
 from ..tensor import fail
+from .conv import _adaptive
 from .core import add, as_tensor, fma32, mul, tensor, to
 from .positions import index_select
 from .shape import reshape
@@ -79,7 +80,7 @@ def _taps(mode, n_in, n_out, scale, align_corners, real):
     formulas in `real` (np.float32 or np.float64) arithmetic."""
     dst = np.arange(n_out)
     if mode in ("nearest", "nearest-exact"):
-        s = real(1.0 / scale) if scale is not None and scale > 0 else real(n_in) / real(n_out)
+        s = _scale(n_in, n_out, scale, False, real)
         at = dst.astype(real) + (real(0.5) if mode == "nearest-exact" else real(0))
         return [(np.minimum(np.floor(at * s).astype(np.int64), n_in - 1), None)]
     s = _scale(n_in, n_out, scale, align_corners, real)
@@ -154,10 +155,8 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         fail(f"{verb}: the input must be a floating tensor, got {x.value.spec!r}; convert it with .float() (torch also "
              f"resizes uint8 images, a type Mica does not have)")
     sizes, scales = _sizes(verb, x, size, scale_factor, recompute_scale_factor)
-    if mode == "area":
-        from .conv import _adaptive
-
-        return _adaptive(verb, x.ndim - 2, x, sizes)
+    if mode == "area":  # (torch's: the adaptive average pool, on its own autocast lists)
+        return _adaptive(f"adaptive_avg_pool{x.ndim - 2}d", x.ndim - 2, x, sizes)
     (x,) = amp.float32(verb, x)
     dt = x.dtype
     widen = dt in dtypes.HALF and mode in _INTERPOLATING  # (nearest copies: no arithmetic to widen)
