@@ -159,8 +159,10 @@ class RNNBase(Module):
                 if c is not None:
                     last_c.append(c)
             x = outs[0] if directions == 1 else F.cat(outs, -1)
-        output = x if not batched else (F.transpose(x, 0, 1) if self.batch_first else x)
-        output = F.squeeze(output, 1) if not batched else output
+        if not batched:
+            output = F.squeeze(x, 1)
+        else:
+            output = F.transpose(x, 0, 1) if self.batch_first else x
         h_n = F.stack(last_h, 0)
         h_n = h_n if batched else F.squeeze(h_n, 1)
         if self.mode != "LSTM":
