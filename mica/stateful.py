@@ -354,13 +354,10 @@ def backward(loss, retain_graph=None):
         raise MicaError(f"backward() of a {loss.value.spec!r} tensor needs a gradient for it; call it on a scalar loss",
                         user_location())
     params = [p for p in step.params if p.requires_grad and p.dtype.kind == "float"]
-    # (the first trace too, where no parameter requiring a gradient was read at all: makemore's next line,
-    # p.data += -lr * p.grad, would fail on None before the real trace could say this)
-    if not params or step.mode == "trace" and not _reaches(loss, [step.bound[id(p)] for p in params]):
+    if step.mode == "trace" and not _reaches(loss, [step.bound[id(p)] for p in params]):
         raise MicaError("backward() was called on a loss that no parameter requiring a gradient reaches (it was "
-                        "computed under no_grad, detached, from frozen parameters only, or from tensors made without "
-                        "requires_grad=True), so there is nothing to differentiate; call it on the loss the model "
-                        "computed", user_location())
+                        "computed under no_grad, detached, or from frozen parameters only), so there is nothing to "
+                        "differentiate; call it on the loss the model computed", user_location())
     retained = [kept for t, kept in step.backwarded if t is loss]
     if retained and not retained[-1]:
         raise MicaError("backward() was called twice on the same loss; as torch, the second call needs "
