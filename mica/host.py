@@ -719,18 +719,24 @@ def _in_torchs_type(plain, inputs, ufunc):
     arrays = [x for x in plain if isinstance(x, np.ndarray)]
     if ufunc is np.power or not arrays or len({a.dtype for a in arrays}) == 1 and len(arrays) == len(plain):
         return plain
+    want = _promoted(inputs)
+    if want is None or want.kind != "f" or want == np.float16 and ufunc not in _LOGICAL and ufunc not in (np.add, np.subtract):
+        return plain
+    with np.errstate(over="ignore"):  # (a 0-d float32 beyond float16: inf, as torch's)
+        return [x.astype(want) if isinstance(x, np.ndarray) and x.dtype != want else x for x in plain]
+
+
+def _promoted(inputs):
+    """The numpy storage type of torch's promotion of an operator's operands (arrays by their
+    dims, numbers by their kind), or None for operands torch's types do not cover."""
     from .dtypes import as_dtype
     from .verbs.core import is_scalar, promotion, scalar_dtype
 
     try:
-        want = promotion([(None, scalar_dtype(x)) if is_scalar(x) and not isinstance(x, np.ndarray) else
+        return promotion([(None, scalar_dtype(x)) if is_scalar(x) and not isinstance(x, np.ndarray) else
                           (np.ndim(x), as_dtype(np.asarray(x).dtype)) for x in inputs]).np_storage
     except (TypeError, KeyError):
-        return plain
-    if want.kind != "f" or want == np.float16 and ufunc not in _LOGICAL and ufunc not in (np.add, np.subtract):
-        return plain
-    with np.errstate(over="ignore"):  # (a 0-d float32 beyond float16: inf, as torch's)
-        return [x.astype(want) if isinstance(x, np.ndarray) and x.dtype != want else x for x in plain]
+        return None
 
 
 def _torch_typed(result, inputs, ufunc):
@@ -741,14 +747,8 @@ def _torch_typed(result, inputs, ufunc):
     arrays = [x for x in inputs if isinstance(x, np.ndarray)]
     if all(a.dtype == r.dtype for a in arrays):
         return result  # (the common case, every tensor of the result's type: torch's type too)
-    from .dtypes import as_dtype
-    from .verbs.core import is_scalar, promotion, scalar_dtype
-
-    try:
-        parts = [(None, scalar_dtype(x)) if is_scalar(x) and not isinstance(x, np.ndarray) else
-                 (np.ndim(x), as_dtype(np.asarray(x).dtype)) for x in inputs]
-        want = promotion(parts).np_storage
-    except (TypeError, KeyError):
+    want = _promoted(inputs)
+    if want is None:
         return result
     if r.dtype.kind == "f" and want.kind != "f":
         want = np.dtype(np.float32)  # (int / int, int ** -1.0: the default float)
