@@ -354,7 +354,13 @@ def backward(loss, retain_graph=None):
         raise MicaError(f"backward() of a {loss.value.spec!r} tensor needs a gradient for it; call it on a scalar loss",
                         user_location())
     params = [p for p in step.params if p.requires_grad and p.dtype.kind == "float"]
-    if step.mode == "trace" and not _reaches(loss, [step.bound[id(p)] for p in params]):
+    # (said in the first trace too when nothing read requires a gradient: makemore's learners forget
+    # requires_grad, and their next line, p.data += -lr * p.grad, would fail on None before the real trace)
+    if not step.params:
+        from .tensor import NOTHING_TO_DIFFERENTIATE
+
+        raise MicaError(NOTHING_TO_DIFFERENTIATE, user_location())
+    if not params or step.mode == "trace" and not _reaches(loss, [step.bound[id(p)] for p in params]):
         raise MicaError("backward() was called on a loss that no parameter requiring a gradient reaches (it was "
                         "computed under no_grad, detached, or from frozen parameters only), so there is nothing to "
                         "differentiate; call it on the loss the model computed", user_location())

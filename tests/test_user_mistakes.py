@@ -312,6 +312,36 @@ def test_backward_on_a_loss_nothing_trainable_reaches_says_what_to_make_a_parame
         step(np.ones((2, 8), np.float32))
 
 
+def test_backward_with_nothing_requiring_a_gradient_is_its_sentence_before_the_next_line_reads_grad():
+    """makemore's learners forget requires_grad: the line after backward(), p.data += -lr * p.grad,
+    failed on None with a traceback in the step's first trace before the sentence could be said."""
+    W = mica.randn(3, 1)
+    m = mica.nn.Linear(3, 1)
+    for p in m.parameters():
+        p.requires_grad_(False)
+
+    def forgot(x):
+        loss = mica.nn.functional.mse_loss(x @ W, x[:, :1])
+        loss.backward()
+        W.data += -0.1 * W.grad
+        return loss
+
+    def frozen(x):
+        loss = m(x).square().mean()
+        loss.backward()
+        for p in m.parameters():
+            p.data += -0.1 * p.grad
+        return loss
+
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    with pytest.raises(mica.MicaError, match=r"^backward\(\): no tensor this loss is computed from requires a gradient"
+                                             r".*requires_grad=True.*test_user_mistakes.py:\d+\)$"):
+        mica.compile(forgot)(x)
+    with pytest.raises(mica.MicaError, match=r"^backward\(\) was called on a loss that no parameter requiring a "
+                                             r"gradient reaches .*frozen parameters.*test_user_mistakes.py:\d+\)$"):
+        mica.compile(frozen)(x)
+
+
 @pytest.mark.parametrize("write", [lambda w: w.mul_(0.5), lambda w: w.__setitem__(0, 1.0), lambda w: w[0].zero_(),
                                    lambda w: w.view(-1).add_(1.0)])
 def test_an_in_place_change_of_a_trained_parameter_where_gradients_are_recorded_is_refused_as_torch(write):
