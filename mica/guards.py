@@ -39,17 +39,28 @@ _LIBRARIES = tuple({os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()
                                                            sysconfig.get_paths()["platlib"]) if p})
 
 
-def world(fn):
-    """((where, fingerprint), ...) of what fn reads outside its arguments."""
-    walk = _Walk()
+def world(fn, slots=None):
+    """((where, fingerprint), ...) of what fn reads outside its arguments (`slots`: {(id(holder),
+    key): Slot} of what its compiled step keeps as state there, slots.py: known by their marks)."""
+    walk = _Walk(slots)
     walk.function(fn, "", 0)
     return tuple(walk.found)
 
 
-def value(v):
+def value(v, slots=None):
     """The fingerprint of one argument that is not an array (a number, a module, an object)."""
-    walk = _Walk()
+    walk = _Walk(slots)
     return walk.value(v, 0), tuple(walk.found)
+
+
+def holders(fn, leaves):
+    """[(holder, owner)] of where fn could rebind a value: its functions' globals dicts and closure
+    cells, and the attribute dicts of the plain objects it reaches (owner: the object), each once."""
+    walk = _Walk()
+    walk.function(fn, "", 0)
+    for x in leaves:
+        walk.value(x, 0)
+    return walk.holders
 
 
 def random_states(fn, leaves):
@@ -132,7 +143,10 @@ def _loads(code):
 
 
 class _Walk:
-    def __init__(self):
+    def __init__(self, slots=None):
+        self.slots = slots or {}  # {(id(holder), key): Slot} known by their marks (slots.py)
+        self.holders = []  # [(holder, owner)]: globals dicts, closure cells, plain objects' attribute dicts
+        self.held = set()  # (their ids)
         self.found = []  # (where, fingerprint) of each global and closure variable read
         self.functions = set()  # (ids of functions walked: each once)
         self.open = set()  # (ids of the containers and modules on the path: cycles)
@@ -163,10 +177,14 @@ class _Walk:
         self.functions.add(id(fn))
         name = getattr(fn, "__qualname__", "?")
         g = fn.__globals__
+        self._holder(g, None)
         for n, attrs in _loads(fn.__code__):
             if n not in g:
                 continue
             v = g[n]
+            if (id(g), n) in self.slots:
+                self.found.append((n, self.slots[id(g), n].mark(v)))
+                continue
             self.found.append((n, self.value(v, 0)))
             for i, a in enumerate(attrs):  # (`cfg.SCALE`, `Settings.k`: a module's or class's attribute,
                 if not isinstance(v, (types.ModuleType, type)):  # which their identity does not cover)
@@ -179,13 +197,20 @@ class _Walk:
         for n, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             if n == "__class__":  # (super()'s cell: the class, whose methods are walked with its modules)
                 continue
+            self._holder(cell, None)
             try:
                 v = cell.cell_contents
             except ValueError:  # (a cell not filled yet)
                 continue
-            self.found.append((n, self.value(v, 0)))
+            self.found.append((n, self.slots[id(cell), None].mark(v) if (id(cell), None) in self.slots
+                               else self.value(v, 0)))
         if fn.__defaults__ or fn.__kwdefaults__:
             self.found.append((f"{name}: defaults", self.value((fn.__defaults__, fn.__kwdefaults__), 0)))
+
+    def _holder(self, holder, owner):
+        if id(holder) not in self.held:
+            self.held.add(id(holder))
+            self.holders.append((holder, owner))
 
     def value(self, v, depth):
         try:
@@ -252,10 +277,19 @@ class _Walk:
             slots = [n for c in t.__mro__ for n in getattr(c, "__slots__", ()) if isinstance(n, str)]
             if isinstance(fields, dict) or slots:  # (its attributes, and its class's plain ones, read again)
                 held = tuple((n, self.value(getattr(v, n), depth + 1)) for n in slots if hasattr(v, n))
-                return ("object", id(t), self.value(fields, depth + 1) if isinstance(fields, dict) else None, held)
+                if isinstance(fields, dict):
+                    self._holder(fields, v)
+                return ("object", id(t), self._fields(fields, depth + 1) if isinstance(fields, dict) else None, held)
             return ("id", id(v))
         finally:
             self.open.discard(id(v))
+
+    def _fields(self, fields, depth):
+        """An object's attributes' fingerprint (a compiled step's state among them by its mark)."""
+        if not any((id(fields), k) in self.slots for k in fields):
+            return self.value(fields, depth)
+        return ("dict",) + tuple((k, self.slots[id(fields), k].mark(x) if (id(fields), k) in self.slots
+                                  else self.value(x, depth + 1)) for k, x in fields.items())
 
     def _module(self, m, depth):
         parts = [("module", id(type(m)), bool(m.training))]

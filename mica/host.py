@@ -947,6 +947,11 @@ def eager(verb):
             kwargs["num_classes"] = int(np.max(args[0])) + 1 if np.size(args[0]) else 0
             args = args[:1]
         if in_trace():
+            if args and isinstance(args[0], HostTensor) and not _holds_traced(args) and \
+                    not _holds_traced(kwargs.values()):  # (a host tensor the verb is given first, with no
+                from .verbs.core import tensor  # traced one: the trace's constant, as it is beside one)
+
+                args = (tensor(args[0]),) + args[1:]
             return verb(*args, **kwargs)
         if verb.__name__ in _VIEWS and args and isinstance(args[0], HostTensor):  # (views of its memory, as torch's)
             return getattr(args[0], verb.__name__)(*args[1:], **kwargs)
@@ -995,6 +1000,14 @@ def _leaf_parameter(values):
     if arr.dtype.kind != "f":
         raise MicaError(f"only floating tensors can require gradients (torch's rule), got {arr.dtype}")
     return Parameter(arr, dtype=as_dtype(arr.dtype))
+
+
+def _holds_traced(values):
+    """Whether the arguments hold a traced Tensor."""
+    from .tensor import Tensor
+
+    return any(isinstance(v, Tensor) or (isinstance(v, (list, tuple)) and _holds_traced(v))
+               or (isinstance(v, dict) and _holds_traced(v.values())) for v in values)
 
 
 def _holds_array(values):

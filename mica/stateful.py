@@ -126,12 +126,13 @@ class StepTrace:
         self.state = {}       # (trace) (id(module), name) -> its input Tensor: the buffers that are the step's state
         self.stood_in = False  # (find: a parameter's gradient was given as a stand-in of zeros)
         self.program = None   # (find: the Program its trace made, which is the step's own when it keeps nothing)
+        self.slots = []       # (find) [Slot] of the globals, closure variables and plain objects' attributes it rebinds
 
     def keeps_nothing(self):
         """(find) Whether the function read no Parameter, stepped no optimizer or scaler and called no
         backward(): then the find trace is the function's program as it is, traced once."""
         return not (self.params or self.optimizers or self.scalers or self.backwarded or self.set_lrs
-                    or self.stood_in or self.written or self.assigned)
+                    or self.stood_in or self.written or self.assigned or self.slots)
 
     def assign(self, module, name, value):
         """module.name = value (a traced Tensor, or a list, tuple or dict of them) in the traced step:
@@ -283,8 +284,8 @@ class _Unread:
     the value an earlier call left there would be a constant of the program (its new values are
     outputs, not inputs), so a read before the step assigns it is a sentence, not a stale value."""
 
-    def __init__(self, module, name):
-        object.__setattr__(self, "_where", f"{type(module).__name__}.{name}")
+    def __init__(self, where):
+        object.__setattr__(self, "_where", where)
 
     def _refuse(self, *args, **kwargs):
         raise MicaError(f"the compiled step reads {object.__getattribute__(self, '_where')} before assigning it, so the "
@@ -618,6 +619,11 @@ class StatefulStep:
         self.buffer_keys = [(id(m), name) for m, name in self.buffers]
         self.buffer_names = _buffer_names(self.buffers, found.touched + found.modules)  # ("bn.running_mean")
         self.assigns = [(m, name) for m, name, _ in found.assigned.values()]  # (attributes it assigns: _Unread)
+        from .slots import name_all
+
+        self.slots = list(found.slots)  # (the globals, closure variables and plain objects' attributes it rebinds)
+        name_all(self.slots, self.buffer_names)
+        self.slot_marks = {(id(s.holder), s.key): s for s in self.slots}  # (the guards know them by their marks)
         for m, name in self.buffers:  # (their values are inputs, not constants of the step: not in its key)
             m.__dict__.setdefault("_mica_state_buffers", set()).add(name)
         self.modules = [m for owner in found.modules for m in owner.modules()]  # (and what they hold: Dropout)
@@ -666,12 +672,13 @@ class StatefulStep:
                       for o in self.optimizers]
         scaler_specs = [sc.state_specs() for sc in self.scalers]
         buffer_specs = {key: _buffer_spec(m, name) for key, (m, name) in zip(self.buffer_names, self.buffers)}
+        slot_specs = {slot.name: slot.spec for slot in self.slots if slot.spec is not None}
         from .nn.modules import _put_back, _tensor_leaves
 
         computed = []  # [(group, its lr computed in the step)] of the last trace
         attrs = []  # [(module, name)] the last trace assigned traced values to
 
-        def body(user_args, params, grads, states, lrs, lives, scalers, buffers):
+        def body(user_args, params, grads, states, lrs, lives, scalers, buffers, slots):
             s = StepTrace("trace")
             s.state = {bk: buffers[key] for bk, key in zip(self.buffer_keys, self.buffer_names)}
             s.params, s.names = list(self.params), self.name
@@ -684,19 +691,25 @@ class StatefulStep:
             s.scaler_states = {id(sc): st for sc, st in zip(self.scalers, scalers)}
             held = [(m, name, name in m.__dict__, m.__dict__.get(name)) for m, name in self.assigns]
             for m, name in self.assigns:  # (a read before the step assigns it: a sentence, not a stale constant)
-                object.__setattr__(m, name, _Unread(m, name))
+                object.__setattr__(m, name, _Unread(f"{type(m).__name__}.{name}"))
+            kept = [(slot, slot.get()) for slot in self.slots]
+            for slot in self.slots:  # (state: its input; an output only: read before it is assigned, a sentence)
+                slot.set(slots[slot.name] if slot.spec is not None else _Unread(slot.where))
             _ACTIVE.append(s)
             try:
                 result = self.fn(*user_args)
                 attrs[:] = s.assigned_now()
                 attr_values = [_tensor_leaves(held_now) for _, _, held_now in attrs]
                 buffer_values = dict(zip(self.buffer_names, s.buffers_now(self.buffer_keys)))
+                slot_values = {slot.name: slot.outcome() for slot in self.slots}
             finally:
                 _ACTIVE.pop()
                 got, constant = _restore_lrs(s)
                 s.restore()
                 for m, name, had, value in held:
                     _put_back(m, name, had, value)
+                for slot, value in kept:
+                    slot.set(value)
             computed[:] = got
             if constant and constant[0] not in _WARNED:
                 import warnings
@@ -711,13 +724,13 @@ class StatefulStep:
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
                     {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
                     [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed],
-                    [s.scaler_states[id(sc)] for sc in self.scalers], attr_values, buffer_values)
+                    [s.scaler_states[id(sc)] for sc in self.scalers], attr_values, buffer_values, slot_values)
 
         body.__name__ = getattr(self.fn, "__name__", "step")
         options = dict(self.options)
         target, name = options.pop("target", "cpu"), options.pop("name", None)
         traced = trace(body, self.args, param_specs, grad_specs, state_specs, lr_specs, live_specs, scaler_specs,
-                       buffer_specs, name=name)
+                       buffer_specs, slot_specs, name=name)
         names = _argument_names(self.fn, len(self.args))  # (the step's own argument names, not body's user_args)
         traced.graph.input_names = [re.sub(r"^user_args\[(\d+)\]", lambda m: names[int(m.group(1))], n)
                                     for n in traced.graph.input_names]
@@ -820,8 +833,11 @@ class StatefulStep:
         lives = [[_live_values(o, g) for g in o.param_groups] for o in self.optimizers]
         scalers = [sc._held() for sc in self.scalers]
         buffers = {key: _buffer_value(m, name) for key, (m, name) in zip(self.buffer_names, self.buffers)}
-        result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs, new_buffers = program(
-            tuple(args), values, grads, states, lrs, lives, scalers, buffers, **run_options)
+        slots = {slot.name: slot.value_now() for slot in self.slots if slot.spec is not None}
+        result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs, new_buffers, new_slots = program(
+            tuple(args), values, grads, states, lrs, lives, scalers, buffers, slots, **run_options)
+        for slot in self.slots:  # (what it rebinds outside its modules: the new values there, as torch's eager step)
+            slot.set(host(np.asarray(new_slots[slot.name])))
         for key, (m, name) in zip(self.buffer_names, self.buffers):  # (its state: written into the module's buffer)
             _keep_buffer(m, name, np.asarray(new_buffers[key]))
         for (m, name, made), value in zip(attrs, new_attrs):  # (what the step assigned on its modules: torch's last
@@ -907,11 +923,15 @@ def _lr(opt, i, group):
 
 
 def find(fn, args, name=None):
-    """Trace fn once to find the parameters it reads unbound and the optimizers it steps (its
-    Program kept: where the function keeps nothing, it is the one to lower)."""
+    """Trace fn once to find the parameters it reads unbound and the optimizers it steps, and the
+    places outside its modules it rebinds (slots.py) (its Program kept: where the function keeps
+    nothing, it is the one to lower)."""
+    from . import pytree, slots
     from .trace import trace
 
     s = StepTrace("find")
+    objects = [x for x in pytree.flatten(tuple(args))[0] if not isinstance(x, np.ndarray) and not hasattr(x, "dtype")]
+    snapshot = slots.Snapshot(fn, objects)
     _ACTIVE.append(s)
     try:
         s.program = trace(fn, *args, name=name)
@@ -922,6 +942,8 @@ def find(fn, args, name=None):
         _ACTIVE.pop()
         _restore_lrs(s)
         s.restore()
+        rebound = snapshot.rebound()  # (each put back as it was: no traced tensor outlives the trace)
+    s.slots = slots.found(rebound)
     _check_containers(s)
     if any(s.scaler_stepped.values()):  # (torch refuses the next step until update(): say it now)
         raise MicaError("the compiled step calls GradScaler.step(optimizer) and not scaler.update() after it, so the "

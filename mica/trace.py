@@ -348,6 +348,7 @@ class _Compiled:
     def __init__(self, fn, target, name, options):
         self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
         self.calls = 0  # (the dropout key's offset where the caller gives the seed: it moves with every call)
+        self._slots = {}  # {(id(holder), key): Slot} its compiled steps keep outside modules (slots.py)
         self.__wrapped__ = fn
         self._last = None  # (the program the last call ran: .source, .memory_report, .ir)
         self._signature = _signature(fn)
@@ -450,12 +451,12 @@ class _Compiled:
         from . import guards, stateful
 
         def key_now():  # (torch.compile's guards: what the function reads besides the arrays, whose change
-            specs, read = [], list(guards.world(self.fn))  # makes another program)
+            specs, read = [], list(guards.world(self.fn, self._slots))  # makes another program)
             for x in leaves:
                 if _is_spec_leaf(x):
                     specs.append(to_spec(x))
                 else:
-                    fp, reached = guards.value(x)
+                    fp, reached = guards.value(x, self._slots)
                     specs.append(("static", fp))
                     read += reached
             return tree, tuple(specs), tuple(read)
@@ -472,9 +473,10 @@ class _Compiled:
                 del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)
             found = stateful.find(fn, args, self.name)  # (torch's stateful step: the model's and optimizer's values)
             self._say_drawn(guards.drawn(randoms))  # (right after the trace: a build's time is not the function's)
-            if found.params or found.optimizers or found.written or found.assigned:
+            if found.params or found.optimizers or found.written or found.assigned or found.slots:
                 self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,
                                                                               **self.options))
+                self._slots.update(self.built[key].slot_marks)  # (its state outside modules: known by marks)
             elif found.keeps_nothing():  # (its find trace is its program: the function's Python runs once a trace)
                 self.built[key] = found.program.lower(self.target, **self.options).build()
             else:
@@ -496,6 +498,8 @@ class _Compiled:
         run_options.setdefault("offset", 0 if drawn else self.calls)  # (a seed given: the call count moves the key)
         self.calls += 1
         out = built(args, run_options, prepared) if prepared else built(*args, **run_options)
+        if made and isinstance(built, stateful.StatefulStep) and built.slots:  # (and what its first run left in
+            self.built.setdefault(key_now(), built)  # the places it rebinds: a (1, n) running mean where (n,) was)
         from .host import host
 
         return host(written_back(out, leaves))  # (torch's tensors: host tensors, as a torch-style step's)

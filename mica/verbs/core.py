@@ -470,13 +470,21 @@ def bitwise_right_shift(input, other):
 
 def _unary(op, floating=True):
     def verb(input):
-        x = as_tensor(input, verb=op) if isinstance(input, Tensor) else _need_tensor(op, input)
+        x = _operand(op, input)
         if floating and x.dtype.kind != "float":
             x = to(x, dtypes.DEFAULT_FLOAT)
         (x,) = amp.float32(op, x)
         return emit(op, [x])
     verb.__name__ = op
     return verb
+
+
+def _operand(verb, x):
+    """A unary verb's input: a traced Tensor, or a host tensor (a constant of the trace, as a global
+    running mean read in a compiled step); torch takes no number there."""
+    if isinstance(x, Tensor) or type(x).__name__ == "HostTensor":
+        return as_tensor(x, verb=verb)
+    _need_tensor(verb, x)
 
 
 def _need_tensor(verb, x):
@@ -493,7 +501,7 @@ negative = neg
 
 def _rounding(op):
     def verb(input, **named):
-        x = as_tensor(input, verb=op) if isinstance(input, Tensor) else _need_tensor(op, input)
+        x = _operand(op, input)
         if x.dtype.kind != "float":  # (an integer is its own floor, as torch's)
             return emit("add", [x, const(0, x.dtype)]) if x.dtype.kind == "int" else fail(
                 f"{op} takes a number tensor, got {x.value.spec!r}")
@@ -510,6 +518,8 @@ _round_half_even = _rounding("round")
 def round(input, decimals=0):  # noqa: A001  (torch.round: half to even; decimals as torch's, x * 10**d rounded)
     if not isinstance(decimals, (int, np.integer)) or isinstance(decimals, bool):
         fail(f"round: decimals must be an int, got {decimals!r}")
+    if type(input).__name__ == "HostTensor":  # (a host tensor in a trace: its constant)
+        input = as_tensor(input, verb="round")
     if isinstance(input, Tensor) and input.dtype.kind != "float" and decimals != 0:
         fail("round: decimals is for floating tensors (torch does not round integers to decimals); cast with .float()")
     if decimals == 0 or not (isinstance(input, Tensor) and input.dtype.kind == "float"):

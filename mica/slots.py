@@ -1,0 +1,197 @@
+"""What a compiled step rebinds outside its modules: a global (makemore's `global bnmean_running;
+bnmean_running = 0.999 * bnmean_running + 0.001 * bnmeani`), a closure's variable (`nonlocal`), or
+an attribute of a plain Python object (makemore's own layer classes, not nn.Module:
+`self.running_mean = ...`, `self.out = ...`).
+
+torch's eager step simply leaves the new tensor there. A traced step would leave a traced tensor
+there, dead once its trace ends. So the first ("find") trace notes each such place (a Slot) and puts
+its value back, and the compiled step treats it as nn.Module's buffers and attributes are treated
+(stateful.py):
+- a place that held a tensor of the new value's shape and type (or a number, for a 0-d value) is
+  the step's state: its value is an input of every call and its new value an output, which the
+  place holds after the call (a host tensor, as torch's);
+- any other place (one that held nothing, or something else) is an output only: the place holds
+  the value after each call, and a read before the step assigns it is a sentence, as a stale
+  constant would be wrong.
+The compiled function's guards know these places by their marks (guards.py), so a new value there
+does not trace the step again.
+"""
+import numpy as np
+
+from .errors import MicaError
+from .tensor import Tensor, user_location
+
+_ABSENT = object()
+
+
+class Slot:
+    """One place a step rebinds: a key of a dict (a module's globals, a plain object's attributes)
+    or a closure cell (key None)."""
+
+    def __init__(self, holder, key, owner, where):
+        self.holder, self.key, self.owner, self.where = holder, key, owner, where
+        self.spec = None  # (its state's Spec; None: an output only)
+        self.name = None  # (its key in the compiled step's dicts)
+
+    def get(self):
+        if self.key is None:
+            try:
+                return self.holder.cell_contents
+            except ValueError:
+                return _ABSENT
+        return self.holder.get(self.key, _ABSENT)
+
+    def set(self, value):
+        if self.key is None:
+            if value is _ABSENT:
+                del self.holder.cell_contents
+            else:
+                self.holder.cell_contents = value
+        elif value is _ABSENT:
+            self.holder.pop(self.key, None)
+        else:
+            self.holder[self.key] = value
+
+    def mark(self, value):
+        """Its fingerprint for the guards: the shape and kind of what it holds where it is state (a
+        value of another shape makes another step), nothing where the step only writes it."""
+        if self.spec is None:
+            return ("slot",)
+        try:
+            a = np.asarray(value)
+            return ("slot", a.shape, a.dtype.kind)
+        except Exception:
+            return ("slot", id(value))
+
+    def outcome(self):
+        """(the compiled step's trace, at its end) The traced tensor it holds: the step's output."""
+        from .stateful import _Unread
+
+        v = self.get()
+        if isinstance(v, _Unread) or not isinstance(v, Tensor):
+            raise MicaError(f"the compiled step leaves {self.where} "
+                            f"{'unassigned' if isinstance(v, _Unread) else 'holding ' + _said(v)} on this path, where "
+                            "its first trace assigned it a tensor; assign it a tensor on every path", user_location())
+        if self.spec is not None and (tuple(v.shape) != tuple(self.spec.shape) or v.dtype != self.spec.dtype):
+            raise MicaError(f"the compiled step rebinds {self.where}, its state, to {_said(v)} where its first trace "
+                            f"kept a {_said_spec(self.spec)} there; keep its shape and type", user_location())
+        return v
+
+    def value_now(self):
+        """(state) What it holds, as the step's input: its Spec's shape and type, else a sentence."""
+        from .verbs.core import in_dtype
+
+        v = self.get()
+        a = None if v is _ABSENT or type(v).__name__ == "Parameter" else np.asarray(v) if _plain(v) else None
+        if a is not None and a.shape != tuple(self.spec.shape) and _fits(a.shape, tuple(self.spec.shape)):
+            a = a.reshape(self.spec.shape)  # (the value the step began from, before its first call made it (1, n))
+        if a is None or a.dtype.kind not in "biuf" or a.shape != tuple(self.spec.shape):
+            raise MicaError(f"{self.where} holds {_said(v)} where the compiled step keeps a {_said_spec(self.spec)} "
+                            "there as its state; give it a tensor of that shape (or make the step again)",
+                            user_location())
+        return in_dtype(a, self.spec.dtype)
+
+
+def _plain(v):
+    return isinstance(v, (np.ndarray, np.generic, int, float, bool))
+
+
+def _said(v):
+    if v is _ABSENT:
+        return "nothing"
+    if isinstance(v, (Tensor, np.ndarray)):
+        return f"a {tuple(v.shape)} {getattr(v.dtype, 'name', v.dtype)} tensor"
+    return f"a {type(v).__name__}"
+
+
+def _said_spec(spec):
+    return f"{tuple(spec.shape)} {spec.dtype.name} tensor"
+
+
+def _where(key, owner):
+    return f"the global {key}" if owner is None else f"{type(owner).__name__}.{key}"
+
+
+class Snapshot:
+    """(before the find trace) What each place fn could rebind holds: its globals, closure cells
+    and plain objects' attributes (guards.holders)."""
+
+    def __init__(self, fn, leaves):
+        from .guards import holders
+
+        self.kept = []
+        for holder, owner in holders(fn, leaves):
+            if isinstance(holder, dict):
+                self.kept.append((holder, owner, dict(holder)))
+            else:
+                try:
+                    self.kept.append((holder, owner, holder.cell_contents))
+                except ValueError:
+                    self.kept.append((holder, owner, _ABSENT))
+
+    def rebound(self):
+        """[(Slot, what it held before)] of the places the trace left a traced tensor in, each put
+        back as it was."""
+        out = []
+        for holder, owner, before in self.kept:
+            if isinstance(holder, dict):
+                for key, now in list(holder.items()):
+                    if isinstance(now, Tensor) and before.get(key, _ABSENT) is not now:
+                        out.append((Slot(holder, key, owner, _where(key, owner)), before.get(key, _ABSENT)))
+            else:
+                slot = Slot(holder, None, owner, "a closure variable")
+                if isinstance(slot.get(), Tensor) and slot.get() is not before:
+                    out.append((slot, before))
+        for slot, before in out:
+            slot.now = slot.get()  # (the traced tensor the trace left: its Spec)
+            slot.set(before)
+        return out
+
+
+def _fits(shape, new):
+    """Whether a tensor of `shape` is one of shape `new` but for leading 1s (makemore's running_mean,
+    (n,), rebound to a (1, n) mean): the same elements, so its values are the state's first ones."""
+    return len(shape) <= len(new) and all(n == 1 for n in new[:len(new) - len(shape)]) and \
+        tuple(new[len(new) - len(shape):]) == tuple(shape)
+
+
+def _dtype(a):
+    from .dtypes import as_dtype
+
+    try:
+        return as_dtype(a.dtype)
+    except Exception:
+        return None
+
+
+def found(rebound):
+    """The Slots of the find trace's rebound places, each with its Spec where it is state (a
+    sentence where a Parameter was rebound)."""
+    from .dtypes import Spec
+
+    slots = []
+    for slot, before in rebound:
+        now = slot.now
+        if type(before).__name__ == "Parameter":
+            raise MicaError(f"the compiled step rebinds {slot.where}, a tensor that requires a gradient, to a new "
+                            f"tensor (torch's would stop being a leaf and get no gradient); update it in place "
+                            f"under torch.no_grad() ({slot.key or 'p'}.data -= lr * {slot.key or 'p'}.grad, or "
+                            f"{slot.key or 'p'}.sub_(...))", now._value.node.loc or user_location())
+        if isinstance(before, np.ndarray) and before.ndim:  # (a tensor of the new one's shape and type: state;
+            if _fits(before.shape, tuple(now.shape)) and _dtype(before) == now.dtype:  # another: an output only)
+                slot.spec = Spec(tuple(now.shape), now.dtype)
+        elif _plain(before) and not now.shape and np.asarray(before).dtype.kind in "biuf":
+            slot.spec = Spec((), now.dtype)  # (a number, or a 0-d tensor: the running loss)
+        slots.append(slot)
+    return slots
+
+
+def name_all(slots, taken):
+    """Give each Slot a unique name (its key in the compiled step's dicts), not among `taken`."""
+    taken = set(taken)
+    for slot in slots:
+        name = slot.where.replace("the global ", "").replace("a closure variable", "closure")
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        slot.name = name
