@@ -2149,3 +2149,23 @@ def test_isinstance_tensor_and_eager_autocast_products_as_torchs():
     with mica.autocast(dtype=mica.bfloat16):
         got = np.asarray(mica.tensor(a) @ mica.tensor(b))
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_host_tensor_given_first_to_a_verb_inside_a_trace_is_a_constant_as_torchs_tensor():
+    """makemore's evaluation: `torch.sqrt(self.running_var + eps)` on a host tensor inside a compiled
+    function said 'sqrt takes a Tensor'; pow/maximum of two host tensors had no Tensor operand, and
+    round(decimals=) dropped its decimals. Each is the trace's constant now, torch's values."""
+    import torch
+
+    rng = np.random.default_rng(11)
+    a, b = (rng.random(5).astype(np.float32) + 0.5 for _ in range(2))
+    h, k = mica.tensor(a), mica.tensor(b)
+    cases = [(lambda m, u, v: m.sqrt(u)), (lambda m, u, v: m.tanh(u)), (lambda m, u, v: m.floor(u * 4)),
+             (lambda m, u, v: m.pow(u, v)), (lambda m, u, v: m.maximum(u, v)), (lambda m, u, v: m.round(u, decimals=1)),
+             (lambda m, u, v: m.nn.functional.relu(u - 1)), (lambda m, u, v: m.exp(u))]
+    step = mica.compile(lambda x: [x + f(mica, h, k) for f in cases])
+    got = step(np.zeros(5, np.float32))
+    for f, g in zip(cases, got):
+        np.testing.assert_allclose(np.asarray(g), f(torch, torch.tensor(a), torch.tensor(b)).numpy(), rtol=1e-6)
+    with pytest.raises(mica.MicaError, match=r"^sqrt takes a Tensor, got float"):
+        mica.compile(lambda x: x + mica.sqrt(2.0))(np.zeros(5, np.float32))  # (torch takes no number there either)
