@@ -398,6 +398,16 @@ class HostTensor(np.ndarray):
     def requires_grad(self):
         return False
 
+    @property
+    def grad(self):
+        """torch's .grad: None, but for the value of a tensor retain_grad() was called on in a
+        compiled step (makemore's `layer.out.grad`): the gradient its backward() kept."""
+        return self.__dict__.get("_mica_grad")
+
+    @grad.setter
+    def grad(self, value):
+        self.__dict__["_mica_grad"] = value
+
     @requires_grad.setter
     def requires_grad(self, value):  # (makemore's `for p in parameters: p.requires_grad = True`)
         if value:

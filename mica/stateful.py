@@ -127,6 +127,8 @@ class StepTrace:
         self.stood_in = False  # (find: a parameter's gradient was given as a stand-in of zeros)
         self.program = None   # (find: the Program its trace made, which is the step's own when it keeps nothing)
         self.slots = []       # (find) [Slot] of the globals, closure variables and plain objects' attributes it rebinds
+        self.retained = []    # the traced tensors retain_grad() was called on (non-leaves whose gradient is kept)
+        self.retained_grads = {}  # id(Tensor) -> its gradient after backward()
 
     def keeps_nothing(self):
         """(find) Whether the function read no Parameter, stepped no optimizer or scaler and called no
@@ -206,12 +208,20 @@ class StepTrace:
         """The Parameter whose current Tensor t is, or None."""
         return next((p for p in self.params if self.bound.get(id(p)) is t), None)
 
+    def retain(self, t):
+        if self.parameter_of(t) is None and all(r is not t for r in self.retained):
+            self.retained.append(t)
+
     def grad_of(self, t):
-        """The gradient of the parameter whose current Tensor t is (None: not a parameter's, or
-        none yet)."""
+        """The gradient of the parameter whose current Tensor t is, or of a tensor retain_grad()
+        was called on (None: neither, or none yet)."""
         p = self.parameter_of(t)
         if p is None:
-            return None
+            if self.mode == "find" and any(r is t for r in self.retained):
+                from . import verbs as F
+
+                return F.zeros_like(t)  # (a stand-in: this trace is never run)
+            return self.retained_grads.get(id(t))
         if self.mode == "find":  # (a stand-in of the gradient's shape: this trace is never run)
             from . import verbs as F
 
@@ -374,10 +384,14 @@ def backward(loss, retain_graph=None):
         return None
     from .optim.base import has_gradient
 
-    grads = grad(F.reshape(loss, ()), [step.bound[id(p)] for p in params])
+    kept = [t for t in step.retained if t.dtype.kind == "float"]
+    grads = grad(F.reshape(loss, ()), [step.bound[id(p)] for p in params] + kept)
     for p, g in zip(params, grads):
         if has_gradient(g):  # (one the loss does not reach keeps no gradient: torch's p.grad None)
             step.grads[id(p)] = g if id(p) not in step.grads else step.grads[id(p)] + g
+    for t, g in zip(kept, grads[len(params):]):  # (retain_grad: a non-leaf's gradient, kept as torch's)
+        if has_gradient(g):
+            step.retained_grads[id(t)] = g if id(t) not in step.retained_grads else step.retained_grads[id(t)] + g
     return None
 
 
@@ -702,6 +716,7 @@ class StatefulStep:
                 attr_values = [_tensor_leaves(held_now) for _, _, held_now in attrs]
                 buffer_values = dict(zip(self.buffer_names, s.buffers_now(self.buffer_keys)))
                 slot_values = {slot.name: slot.outcome() for slot in self.slots}
+                slot_grads = {n: s.retained_grads[id(v)] for n, v in slot_values.items() if id(v) in s.retained_grads}
             finally:
                 _ACTIVE.pop()
                 got, constant = _restore_lrs(s)
@@ -724,7 +739,8 @@ class StatefulStep:
             return (result, {self.name[id(p)]: s.bound[id(p)] for p in self.params},
                     {self.name[id(p)]: s.grads[id(p)] for p in self.params if id(p) in s.grads},
                     [s.states[id(o)] for o in self.optimizers], [lr for _, lr in computed],
-                    [s.scaler_states[id(sc)] for sc in self.scalers], attr_values, buffer_values, slot_values)
+                    [s.scaler_states[id(sc)] for sc in self.scalers], attr_values, buffer_values,
+                    (slot_values, slot_grads))
 
         body.__name__ = getattr(self.fn, "__name__", "step")
         options = dict(self.options)
@@ -834,10 +850,13 @@ class StatefulStep:
         scalers = [sc._held() for sc in self.scalers]
         buffers = {key: _buffer_value(m, name) for key, (m, name) in zip(self.buffer_names, self.buffers)}
         slots = {slot.name: slot.value_now() for slot in self.slots if slot.spec is not None}
-        result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs, new_buffers, new_slots = program(
-            tuple(args), values, grads, states, lrs, lives, scalers, buffers, slots, **run_options)
-        for slot in self.slots:  # (what it rebinds outside its modules: the new values there, as torch's eager step)
-            slot.set(host(np.asarray(new_slots[slot.name])))
+        result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs, new_buffers, (new_slots, kept) = \
+            program(tuple(args), values, grads, states, lrs, lives, scalers, buffers, slots, **run_options)
+        for slot in self.slots:  # (what it rebinds outside its modules: the new values there, as torch's eager step,
+            value = host(np.asarray(new_slots[slot.name]))  # with the gradient retain_grad() kept: layer.out.grad)
+            if slot.name in kept:
+                value.__dict__["_mica_grad"] = host(np.asarray(kept[slot.name]))
+            slot.set(value)
         for key, (m, name) in zip(self.buffer_names, self.buffers):  # (its state: written into the module's buffer)
             _keep_buffer(m, name, np.asarray(new_buffers[key]))
         for (m, name, made), value in zip(attrs, new_attrs):  # (what the step assigned on its modules: torch's last

@@ -445,6 +445,23 @@ class Tensor:
             fail("a traced Tensor keeps no gradient; gradients are values a step returns (mica.grad)")
         step.set_grad_of(self, value)
 
+    def retain_grad(self):
+        """torch's: this non-leaf tensor's gradient is kept by the next backward() (t.grad in a
+        torch-style compiled step; a plain object's attribute or a global holding it keeps it after
+        the call, makemore's `layer.out.grad`); elsewhere there is no backward() to keep it."""
+        from . import stateful
+
+        step = stateful.active()
+        if step is not None:
+            step.retain(self)
+
+    @property
+    def retains_grad(self):
+        from . import stateful
+
+        step = stateful.active()
+        return step is not None and any(t is self for t in step.retained)
+
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         from . import stateful
 

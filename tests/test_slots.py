@@ -112,6 +112,8 @@ def forward(Xb):
 @compiled
 def step(Xb, Yb, lr):
     loss = F.cross_entropy(forward(Xb), Yb)
+    for layer in layers:
+        layer.out.retain_grad()  # (makemore's: each layer's output gradient, plotted after training)
     for p in parameters:
         p.grad = None
     loss.backward()
@@ -181,7 +183,8 @@ def test_makemores_global_running_statistics_are_the_compiled_steps_state_as_tor
 def test_makemores_own_layer_classes_keep_their_running_statistics_and_outputs_as_torchs():
     """makemore's Linear/BatchNorm1d/Tanh are plain classes (not nn.Module): `self.running_mean = ...`
     (a (n,) tensor rebound to a (1, n) one, as torch's broadcast makes it) and `self.out = ...` are
-    the step's state and outputs; switching the layers to evaluation reads the running values."""
+    the step's state and outputs, `layer.out.retain_grad()` keeps `layer.out.grad` after the call;
+    switching the layers to evaluation reads the running values."""
     ours, theirs = _script(PART3_CLASSES, mica), _script(PART3_CLASSES, torch)
     for x, y in _batches(4):
         a = ours["step"](mica.tensor(x), mica.tensor(y), 0.1)
@@ -192,9 +195,11 @@ def test_makemores_own_layer_classes_keep_their_running_statistics_and_outputs_a
                 got, want = getattr(ours["layers"][k], name), getattr(theirs["layers"][k], name)
                 assert tuple(got.shape) == tuple(want.shape)
                 np.testing.assert_allclose(_arr(got), _arr(want), rtol=1e-4, atol=1e-6)
-        for k in range(5):  # (what each layer's forward left in self.out: the step's outputs)
+        for k in range(5):  # (what each layer's forward left in self.out: the step's outputs, with their gradients)
             np.testing.assert_allclose(_arr(ours["layers"][k].out), _arr(theirs["layers"][k].out), rtol=1e-4,
                                        atol=1e-5)
+            np.testing.assert_allclose(_arr(ours["layers"][k].out.grad), _arr(theirs["layers"][k].out.grad),
+                                       rtol=1e-4, atol=1e-6)
     assert _programs(ours["step"]) == 1
     for g in (ours, theirs):
         for layer in g["layers"]:
@@ -257,3 +262,25 @@ def test_rebinding_a_trained_tensor_is_a_sentence_naming_the_line():
                                              r"gradient.*W\.data -= lr \* W\.grad.*sgd\.py:\d+\)$"):
         mica.compile(g["step"])(np.ones((4, 3), np.float32))
     assert g["W"] is W  # (put back as it was)
+
+
+def test_retain_grad_keeps_a_non_leafs_gradient_inside_the_step_as_torchs():
+    rng = np.random.default_rng(2)
+    w0, x = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+
+    def run(lib, compiled):
+        w = lib.nn.Parameter(lib.tensor(w0))
+
+        def step(x):
+            h = lib.tanh(x @ w)
+            h.retain_grad()
+            assert h.retains_grad
+            loss = (h * h).sum()
+            loss.backward()
+            return h.grad * 1.0, w.grad * 1.0
+
+        return [_arr(t) for t in (compiled(step) if compiled else step)(lib.tensor(x))]
+
+    for got, want in zip(run(mica, mica.compile), run(torch, None)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert mica.ones(2).grad is None  # (a tensor that requires no gradient has none, as torch's)
