@@ -49,6 +49,7 @@ from . import verbs as _verbs  # noqa: E402
 from .complex import (  # noqa: E402,A004  (torch's names; each takes host tensors and traced ones)
     cdouble, cfloat, complex, complex64, complex128, imag, is_complex, polar, real, view_as_complex, view_as_real,
 )
+from .histograms import histc, histogram  # noqa: E402  (on host tensors: plots)
 from .host import HostTensor, eager as _eager, _add_torch_methods, from_numpy  # noqa: E402
 from .host import _Device as device  # noqa: E402  (torch.device: kept, and ignored)
 from .random import (  # noqa: E402  (host draws, outside a trace)

@@ -35,6 +35,8 @@ def grad(loss, wrt=_NO_WRT, grad_output=None):
     if loss.dtype.kind != "float":
         raise GradError(f"mica.grad: the loss must be floating, got {loss.value.spec!r}", user_location())
     leaves, treedef = pytree.flatten(wrt, is_leaf=_is_tensor)
+    # (a Parameter, torch's leaf made with requires_grad=True: the Tensor it is bound to, as autograd.grad's)
+    leaves = [x._live("mica.grad") if type(x).__name__ == "Parameter" else x for x in leaves]
     for x in leaves:
         if not isinstance(x, Tensor):
             raise TraceError(f"mica.grad: wrt must hold traced Tensors, found {type(x).__name__}",

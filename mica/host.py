@@ -580,6 +580,10 @@ def _add_torch_methods():
 
     HostTensor.multinomial = lambda self, *a, **k: random.multinomial(self, *a, **k)
     HostTensor.bernoulli = lambda self, *a, **k: random.bernoulli(self, *a, **k)
+    from . import histograms
+
+    HostTensor.histc = lambda self, *a, **k: histograms.histc(self, *a, **k)
+    HostTensor.histogram = lambda self, *a, **k: histograms.histogram(self, *a, **k)
     HostTensor.normal_ = lambda self, mean=0.0, std=1.0, generator=None: _drawn(
         self, random.normal(mean, std, self.shape, generator=generator))
     HostTensor.uniform_ = lambda self, a=0.0, b=1.0, generator=None: _drawn(
@@ -792,11 +796,15 @@ def host(a):
     return _rebuilt(a, host)
 
 
+_PYTHON_BOOLS = ("allclose", "equal")  # (verbs whose eager result torch gives as a Python bool)
+
+
 def _method(name, self, *args, **kwargs):
     """torch.Tensor's method `name` on a host tensor: the traced Tensor's method, run eagerly."""
     if isinstance(self, np.ndarray) and self.dtype.kind == "c":
         return _complex_method(name, self, args, kwargs)
-    return run(None, (self,) + args, kwargs, method=name)
+    out = run(None, (self,) + args, kwargs, method=name)
+    return bool(out) if name in _PYTHON_BOOLS else out
 
 
 def _complex_method(name, c, args, kwargs):
@@ -967,6 +975,8 @@ def eager(verb):
             return getattr(args[0], verb.__name__)(*args[1:], **kwargs)
         if _holds_array(args) or _holds_array(kwargs.values()):
             out = run(verb, args, kwargs)
+            if verb.__name__ in _PYTHON_BOOLS:  # (torch's allclose and equal: a Python bool)
+                return bool(out)
             return args[0] if _asks_inplace(verb, args, kwargs) else out  # (torch's: the input, written)
         return host(verb(*args, **kwargs))
     return call

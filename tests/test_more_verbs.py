@@ -490,3 +490,66 @@ def test_eager_operators_compute_in_torchs_type():
         assert got.dtype == want.dtype and np.array_equal(got, want)
     a = np.array([16777217, -7, 3], np.int32)  # (an integer tensor to a wide float power: numpy's, torch's)
     np.testing.assert_array_equal(np.asarray(mica.from_numpy(a) ** 16777217.5), (torch.from_numpy(a) ** 16777217.5).numpy())
+
+
+@pytest.mark.parametrize("values", ["normal", "constant", "wide"])
+def test_histc_and_histogram_on_host_tensors_are_torchs(values):
+    """makemore's activation and gradient plots (`hy, hx = torch.histogram(t, density=True)`): Mica
+    had neither; on host tensors they are torch's counts and edges, and a traced tensor is told
+    to come out of the step first."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    a = {"normal": rng.standard_normal(1000), "constant": np.full(10, 3.0),
+         "wide": rng.random((7, 9)) * 50 - 20}[values].astype(np.float32)
+    for kw in ({}, {"bins": 7}, {"bins": 5, "min": -1, "max": 1}):
+        np.testing.assert_array_equal(np.asarray(mica.histc(mica.tensor(a), **kw)),
+                                      torch.histc(torch.tensor(a), **kw).numpy())
+    edges = np.array([-1.0, 0.0, 0.5, 2.0], np.float32)
+    w = rng.random(a.shape).astype(np.float32)
+    for kw in ({}, {"bins": 7, "density": True}, {"bins": 5, "range": (-1.0, 1.0)}, {"bins": edges},
+               {"bins": 4, "weight": w}):
+        th, te = torch.histogram(torch.tensor(a), **{k: torch.tensor(v) if isinstance(v, np.ndarray) else v
+                                                      for k, v in kw.items()})
+        mh, me = mica.histogram(mica.tensor(a), **kw)
+        np.testing.assert_allclose(np.asarray(mh), th.numpy(), rtol=1e-6)
+        scale = float(np.abs(te.numpy()).max())  # (torch's vectorized linspace rounds an edge near 0 its own way)
+        np.testing.assert_allclose(np.asarray(me), te.numpy(), rtol=1e-6, atol=2e-7 * scale)
+    np.testing.assert_array_equal(np.asarray(mica.tensor(a).histc(bins=3)), torch.tensor(a).histc(bins=3).numpy())
+    with pytest.raises(mica.MicaError, match=r"^histc runs on host tensors, outside a compiled step"):
+        mica.compile(lambda x: mica.histc(x))(a)
+
+
+def test_an_index_mixing_a_range_or_list_with_a_tensor_and_grad_of_a_parameter_are_torchs():
+    """makemore part 4: `logprobs[range(n), Yb]` in a compiled step was refused ('cannot index with
+    range'); mica.grad refused a Parameter in wrt that autograd.grad takes; allclose and equal give
+    Python bools eagerly, as torch's."""
+    import torch
+
+    rng = np.random.default_rng(6)
+    lp, y = rng.standard_normal((5, 7)).astype(np.float32), rng.integers(0, 7, 5)
+    want = -torch.tensor(lp)[range(5), torch.tensor(y)].mean()
+    got = mica.compile(lambda a, b: -a[range(5), b].mean())(lp, y)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    got = mica.compile(lambda a, b: a[[4, 0, 2], b[:3]])(lp, y)
+    np.testing.assert_array_equal(np.asarray(got), torch.tensor(lp)[[4, 0, 2], torch.tensor(y[:3])].numpy())
+
+    def put(a, b):
+        a = a * 1.0
+        a[range(5), b] = 0.0
+        return a
+
+    want = torch.tensor(lp).clone()
+    want[range(5), torch.tensor(y)] = 0.0
+    np.testing.assert_array_equal(np.asarray(mica.compile(put)(lp, y)), want.numpy())
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    W = mica.tensor(w0, requires_grad=True)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    gh, gw = mica.compile(lambda x: mica.grad((x @ W).tanh().sum(), [x @ W, W]))(x)
+    tw = torch.tensor(w0, requires_grad=True)
+    h = torch.tensor(x) @ tw
+    th, tgw = torch.autograd.grad(h.tanh().sum(), [h, tw])
+    np.testing.assert_allclose(np.asarray(gh), th.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(gw), tgw.numpy(), rtol=1e-5, atol=1e-7)
+    a = mica.tensor(lp)
+    assert mica.allclose(a, a) is True and mica.equal(a, a + 1) is False and a.allclose(a) is True

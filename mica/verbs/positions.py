@@ -470,11 +470,21 @@ def _put_dims(y, dims, indices, value, keep_place, accumulate, negative=True):
     return permute(new, *back) if back != list(range(y.ndim)) else new
 
 
+def _listed(it):
+    """A list (or array) of integer positions beside a Tensor in an index is a Tensor of them, as
+    torch reads it (`logprobs[range(n), Yb]`, `x[[0, 2], idx]`)."""
+    if isinstance(it, np.ndarray) and it.dtype.kind in "iu" or isinstance(it, list) and it and builtins.all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in it):
+        return as_tensor(np.asarray(it, np.int64), dtypes.int64)
+    return it
+
+
 def _tensor_index_parts(x, index):
     """(the basic index, the dims of y = x[basic] the Tensors index, the Tensors, whether their
     results stay in place): torch's advanced indexing, read."""
     if not isinstance(index, tuple):
         index = (index,)
+    index = tuple(_listed(it) for it in index)
     for it in index:
         if isinstance(it, Tensor) and it.dtype.kind == "float":
             fail(f"tensors used as indices must be integer or bool tensors, got {it.dtype.name} (as torch says); "

@@ -679,6 +679,7 @@ def getitem(x, index):
     """Basic indexing (ints, slices with positive steps, None, True/False, ...), which views x as
     torch's does, and one list of ints or of bools (a mask along one dim), or integer Tensors
     (verbs/positions.py), which copy."""
+    index = _ranges_as_lists(index)
     if any(isinstance(it, Tensor) for it in (index if isinstance(index, tuple) else (index,))):
         from .positions import tensor_index
 
@@ -696,6 +697,7 @@ def setitem(x, index, value):
     """x[index] = value, as torch's: value (broadcast to the indexed shape, cast to x's type) is
     written into x's elements, and so into every tensor sharing them. A bool Tensor of x's shape as
     the index is masked_fill's mask."""
+    index = _ranges_as_lists(index)
     if isinstance(index, Tensor) and index.dtype.kind == "int" or isinstance(index, tuple) and any(
             isinstance(it, Tensor) for it in index):
         from .positions import tensor_index_put
@@ -729,6 +731,16 @@ def setitem(x, index, value):
     new = cat([narrow(values, axis, last[p], 1) if p in last else narrow(view, axis, p, 1)
                for p in range(view.shape[axis])], axis)
     return x._rebind(new) if view is x else view._rebind(new)
+
+
+def _ranges_as_lists(index):
+    """A range in an index is the list of its positions, as torch reads it (makemore's
+    `logprobs[range(n), Yb]`)."""
+    if isinstance(index, range):
+        return list(index)
+    if isinstance(index, tuple) and any(isinstance(it, range) for it in index):
+        return tuple(list(it) if isinstance(it, range) else it for it in index)
+    return index
 
 
 def _value_for(value, x, ndim):
