@@ -399,6 +399,10 @@ class HostTensor(np.ndarray):
         return False
 
     @property
+    def is_leaf(self):  # (torch's: a tensor no operation recorded made)
+        return True
+
+    @property
     def grad(self):
         """torch's .grad: None, but for the value of a tensor retain_grad() was called on in a
         compiled step (makemore's `layer.out.grad`): the gradient its backward() kept."""
@@ -409,13 +413,17 @@ class HostTensor(np.ndarray):
         self.__dict__["_mica_grad"] = value
 
     @requires_grad.setter
-    def requires_grad(self, value):  # (makemore's `for p in parameters: p.requires_grad = True`)
+    def requires_grad(self, value):  # (makemore's `for p in parameters: p.requires_grad = True`: a leaf now)
         if value:
-            from .tensor import user_location
+            from .tensor import in_trace, user_location
 
-            raise MicaError("a host tensor cannot become a parameter in place; make it one where it is made: "
-                            "W = mica.nn.Parameter(mica.randn(...)), or mica.randn(..., requires_grad=True)",
-                            user_location())
+            if in_trace() or self.dtype.kind != "f" or not self.flags.writeable:
+                raise MicaError("this host tensor cannot become a leaf in place here (" + (
+                    "inside a traced step" if in_trace() else "not a floating tensor" if self.dtype.kind != "f"
+                    else "its memory is read-only") + "); make it one where it is made: "
+                    "W = mica.nn.Parameter(mica.randn(...)), or mica.randn(..., requires_grad=True)",
+                    user_location())
+            _make_leaf(self)
 
     def requires_grad_(self, requires_grad=True):
         self.requires_grad = requires_grad
@@ -967,9 +975,9 @@ def eager(verb):
         if in_trace():
             if args and isinstance(args[0], HostTensor) and not _holds_traced(args) and \
                     not _holds_traced(kwargs.values()):  # (a host tensor the verb is given first, with no
-                from .verbs.core import tensor  # traced one: the trace's constant, as it is beside one)
+                from .verbs.core import as_tensor  # traced one: the trace's constant, as it is beside one)
 
-                args = (tensor(args[0]),) + args[1:]
+                args = (as_tensor(args[0]),) + args[1:]
             return verb(*args, **kwargs)
         if verb.__name__ in _VIEWS and args and isinstance(args[0], HostTensor):  # (views of its memory, as torch's)
             return getattr(args[0], verb.__name__)(*args[1:], **kwargs)
@@ -1009,6 +1017,104 @@ def from_numpy(ndarray):
         raise MicaError(f"from_numpy takes a numpy array, got {type(ndarray).__name__}; mica.tensor(data) copies "
                         "other data", user_location())
     return host(ndarray)
+
+
+def _make_leaf(h):
+    """A host tensor made a leaf in place (requires_grad = True): a LeafTensor from now on, whose
+    values are a Parameter's (the same memory, which a compiled step writes)."""
+    from .dtypes import as_dtype
+    from .nn import Parameter
+
+    p = Parameter(np.asarray(h), dtype=as_dtype(h.dtype))
+    p._held = np.asarray(h)  # (its memory: a compiled step's new values are written into it in place)
+    h.__class__ = LeafTensor
+    h.__dict__["_mica_leaf"] = p
+
+
+_LEAF_OWN = frozenset(("dtype", "shape", "ndim", "size", "flags", "base", "strides", "nbytes", "itemsize",
+                       "ctypes", "numpy", "tolist", "item", "dim", "numel", "nelement", "device", "is_cuda",
+                       "cpu", "cuda", "pin_memory"))
+
+
+def _live_of(h):
+    """A LeafTensor's Parameter's current Tensor in a torch-style compiled step, else None."""
+    return object.__getattribute__(h, "__dict__")["_mica_leaf"]._live()
+
+
+class LeafTensor(HostTensor):
+    """A host tensor that requires a gradient, made so in place (makemore's `for p in parameters:
+    p.requires_grad = True`): its values are a Parameter's, in the same memory. Outside a trace it
+    is a host tensor whose .grad is the gradient the last compiled step kept; in a torch-style
+    compiled step it is the Parameter's current value, for its methods, operators and indexing
+    (`p.data += -lr * p.grad` updates it as a Parameter's update does)."""
+
+    def __getattribute__(self, name):
+        if name[:1] != "_" and name not in _LEAF_OWN:
+            p = object.__getattribute__(self, "__dict__")["_mica_leaf"]
+            if name in ("grad", "requires_grad", "is_leaf"):
+                return True if name == "is_leaf" else getattr(p, name)
+            live = p._live()
+            if live is not None:  # (in a compiled step: the Parameter's current Tensor)
+                return getattr(live, name) if name != "data" else p.data
+        return super().__getattribute__(name)
+
+    def __setattr__(self, name, value):
+        if name in ("grad", "requires_grad"):
+            return setattr(self.__dict__["_mica_leaf"], name, value)
+        if name == "data":
+            p = self.__dict__["_mica_leaf"]
+            if p._live() is not None:
+                p.data = value
+            elif value is not self:
+                np.copyto(np.asarray(self), np.asarray(value, self.dtype))  # (its memory: the Parameter's too)
+            return None
+        return super().__setattr__(name, value)
+
+    def __array_finalize__(self, obj):  # (what numpy makes from it, a view or a result: a plain host tensor)
+        if "_mica_leaf" not in self.__dict__:
+            self.__class__ = HostTensor
+
+    @property
+    def _mica_tensor(self):  # (verbs' operands: core._live_parameter reads it)
+        live = _live_of(self)
+        if live is None:
+            raise AttributeError("_mica_tensor")
+        return live
+
+    def requires_grad_(self, requires_grad=True):
+        self.__dict__["_mica_leaf"].requires_grad = bool(requires_grad)
+        return self
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        live = _live_of(self)
+        if live is not None and not kwargs.get("out"):
+            from .tensor import Tensor
+
+            ops = {np.add: "__add__", np.subtract: "__sub__", np.multiply: "__mul__", np.true_divide: "__truediv__",
+                   np.matmul: "__matmul__", np.power: "__pow__"}
+            a, b = (_live_of(x) if isinstance(x, LeafTensor) else x for x in inputs) if len(inputs) == 2 else (None,
+                                                                                                                None)
+            if ufunc in ops and method == "__call__" and isinstance(a, Tensor):
+                return getattr(a, ops[ufunc])(b)
+        return super().__array_ufunc__(ufunc, method, *inputs, **kwargs)
+
+
+def _leaf_operator(name):
+    def operator(self, *args):
+        live = _live_of(self)
+        if live is not None:  # (in a compiled step: the Parameter's current Tensor's operator)
+            return getattr(live, name)(*args)
+        return getattr(HostTensor, name)(self, *args)
+    operator.__name__ = name
+    return operator
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__floordiv__", "__rfloordiv__", "__mod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__",
+              "__neg__", "__pos__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__",
+              "__getitem__", "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"):
+    setattr(LeafTensor, _name, _leaf_operator(_name))
+LeafTensor.__hash__ = HostTensor.__hash__
 
 
 def _leaf_parameter(values):

@@ -489,8 +489,9 @@ def test_makemores_bigram_network_trains_as_written_with_its_loop_body_compiled(
     (got, w), (want, tw) = train(mica), train(torch)
     assert np.allclose(got, want, rtol=1e-5) and np.allclose(w, tw, rtol=1e-4, atol=1e-5)  # (lr 50: float32's
                                                                                              # roundings grow)
-    with pytest.raises(mica.MicaError, match=r"^a host tensor cannot become a parameter in place"):
-        mica.randn(3).requires_grad = True
+    leaf = mica.randn(3)
+    leaf.requires_grad = True  # (a leaf in place now, as torch's: test_a_host_tensor_made_a_leaf_in_place_...)
+    assert leaf.requires_grad and leaf.grad is None
     assert int(mica.tensor([5, -5, 0]).__mod__(0).sum()) == 0 and mica.remainder(mica.tensor([5, -5]), 0).tolist() == [0, 0]
 
 
@@ -2169,3 +2170,55 @@ def test_a_host_tensor_given_first_to_a_verb_inside_a_trace_is_a_constant_as_tor
         np.testing.assert_allclose(np.asarray(g), f(torch, torch.tensor(a), torch.tensor(b)).numpy(), rtol=1e-6)
     with pytest.raises(mica.MicaError, match=r"^sqrt takes a Tensor, got float"):
         mica.compile(lambda x: x + mica.sqrt(2.0))(np.zeros(5, np.float32))  # (torch takes no number there either)
+
+
+def test_a_host_tensor_made_a_leaf_in_place_trains_as_torchs_with_a_hand_update_or_an_optimizer():
+    """makemore part 2's `for p in parameters: p.requires_grad = True` on plain tensors was a
+    sentence ('cannot become a parameter in place'); such a tensor is now a leaf whose values a
+    compiled step trains in place, with .grad held after the call, as torch's. Its views and eager
+    results are plain tensors again."""
+    import torch
+
+    rng = np.random.default_rng(8)
+    w0, b0 = rng.standard_normal((6, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    xs = [rng.standard_normal((4, 6)).astype(np.float32) for _ in range(3)]
+
+    def run(lib, compiled, optimizer):
+        W, b = lib.tensor(w0) * 0.5, lib.tensor(b0) * 1.0  # (results of operations: plain tensors)
+        for p in (W, b):
+            p.requires_grad = True
+        opt = lib.optim.SGD([W, b], lr=0.1, momentum=0.9) if optimizer else None
+
+        def step(x):
+            loss = (lib.tanh(x @ W + b) ** 2).mean() + 0.01 * (W ** 2).sum() + b.abs().sum() * 0.001
+            if opt:
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            else:
+                for p in (W, b):
+                    p.grad = None
+                loss.backward()
+                with lib.no_grad():
+                    for p in (W, b):
+                        p.data += -0.1 * p.grad
+            return loss
+
+        step = compiled(step) if compiled else step
+        losses = [float(step(lib.tensor(x))) for x in xs]
+        return losses, [_np(W), _np(b), _np(W.grad), _np(b.grad)], (W, b)
+
+    for optimizer in (False, True):
+        got, held, (W, b) = run(mica, mica.compile, optimizer)
+        want, theirs, _ = run(torch, None, optimizer)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        for a, t in zip(held, theirs):
+            np.testing.assert_allclose(a, t, rtol=1e-5, atol=1e-7)
+        assert W.requires_grad and W.is_leaf and type(W[0]).__name__ == "HostTensor" and not W[0].requires_grad
+        assert type(W * 2).__name__ == "HostTensor"
+    with pytest.raises(mica.MicaError, match=r"^this host tensor cannot become a leaf in place here \(not a floating"):
+        mica.tensor([1, 2]).requires_grad = True
+
+
+def _np(t):
+    return t.detach().numpy() if type(t).__module__.startswith("torch") else np.asarray(t)

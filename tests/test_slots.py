@@ -180,12 +180,24 @@ def test_makemores_global_running_statistics_are_the_compiled_steps_state_as_tor
     assert _programs(ours["step"]) == 1
 
 
-def test_makemores_own_layer_classes_keep_their_running_statistics_and_outputs_as_torchs():
+def _leaves(text):
+    """The script as makemore writes it: plain tensors, then `for p in parameters: p.requires_grad = True`."""
+    text = text.replace('return torch.tensor(a).requires_grad_() if torch.__name__ == "torch" else '
+                        'torch.nn.Parameter(torch.tensor(a))', "return torch.tensor(a)")
+    return text.replace("parameters = [C] + [p for layer in layers for p in layer.parameters()]\n",
+                        "parameters = [C] + [p for layer in layers for p in layer.parameters()]\n"
+                        "for p in parameters:\n    p.requires_grad = True\n")
+
+
+@pytest.mark.parametrize("made", ["parameters", "requires_grad in place"])
+def test_makemores_own_layer_classes_keep_their_running_statistics_and_outputs_as_torchs(made):
     """makemore's Linear/BatchNorm1d/Tanh are plain classes (not nn.Module): `self.running_mean = ...`
     (a (n,) tensor rebound to a (1, n) one, as torch's broadcast makes it) and `self.out = ...` are
     the step's state and outputs, `layer.out.retain_grad()` keeps `layer.out.grad` after the call;
     switching the layers to evaluation reads the running values."""
-    ours, theirs = _script(PART3_CLASSES, mica), _script(PART3_CLASSES, torch)
+    text = PART3_CLASSES if made == "parameters" else _leaves(PART3_CLASSES)
+    assert made == "parameters" or "p.requires_grad = True" in text and "nn.Parameter" not in text
+    ours, theirs = _script(text, mica), _script(text, torch)
     for x, y in _batches(4):
         a = ours["step"](mica.tensor(x), mica.tensor(y), 0.1)
         b = theirs["step"](torch.tensor(x), torch.tensor(y), 0.1)
@@ -201,6 +213,10 @@ def test_makemores_own_layer_classes_keep_their_running_statistics_and_outputs_a
             np.testing.assert_allclose(_arr(ours["layers"][k].out.grad), _arr(theirs["layers"][k].out.grad),
                                        rtol=1e-4, atol=1e-6)
     assert _programs(ours["step"]) == 1
+    for p, q in zip(ours["parameters"], theirs["parameters"]):  # (trained values and the last gradients, held)
+        np.testing.assert_allclose(_arr(p), _arr(q), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(_arr(p.grad), _arr(q.grad), rtol=1e-4, atol=1e-6)
+        assert p.requires_grad and p.is_leaf
     for g in (ours, theirs):
         for layer in g["layers"]:
             layer.training = False

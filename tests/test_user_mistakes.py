@@ -51,7 +51,8 @@ def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operand
     (lambda a: a[a > 0], "indexing with a bool Tensor (a mask) picks a number of elements known only when the program "
                          "runs, which a static shape cannot hold; use mica.where(mask, x, 0), masked_fill, or x[mask] = "
                          "value"),
-    (lambda a: a[a.long(), [0, 1]], "an index mixing a list with a Tensor is not supported; make the list a Tensor"),
+    (lambda a: a[a[:, 0].long(), [True, False, True, False]], "an index mixing a list with a Tensor is not supported; "
+                                                               "make the list a Tensor"),
     (lambda a: a.__setitem__(a > 0, a), "x[mask] = value takes one value for the masked elements, got f32[3, 4]; use "
                                         "mica.where(mask, values, x) for a tensor of them"),
     (lambda a: a.__setitem__(a, 1.0), "x[index] = value takes a Tensor index as integer positions, or as a bool mask "

@@ -133,6 +133,8 @@ class Parameter:
             value = value._live("p[...] = Parameter")
         self._live("p[...] = value", write=True)[index] = value
 
+    is_leaf = True  # (torch's: a Parameter is a leaf)
+
     @property
     def grad(self):
         """In a torch-style compiled step (mica/stateful.py), the gradient backward() accumulated;

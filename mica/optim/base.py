@@ -44,6 +44,16 @@ class _Group(dict):
         dict.__setitem__(self, key, value)
 
 
+def _leaves_as_parameters(groups):
+    """Host tensors made leaves in place (makemore's `p.requires_grad = True`, host.LeafTensor) as
+    the Parameters that hold their values, in a list of them or in groups' "params"."""
+    leaf = lambda p: p.__dict__["_mica_leaf"] if type(p).__name__ == "LeafTensor" else p  # noqa: E731
+    if isinstance(groups, (list, tuple)):
+        return [({**g, "params": [leaf(p) for p in g["params"]] if isinstance(g["params"], (list, tuple))
+                  else leaf(g["params"])} if isinstance(g, dict) and "params" in g else leaf(g)) for g in groups]
+    return groups
+
+
 def _group(g):
     """A group as given, its "params" a list (a generator, model.parameters(), is read once, as torch's)."""
     params = g["params"]
@@ -82,6 +92,7 @@ class Optimizer:
                             f"known: {sorted(self.defaults)}", user_location())
         if param_groups is not None and not isinstance(param_groups, (list, tuple, dict)):
             param_groups = list(param_groups)  # (model.parameters(): a generator)
+        param_groups = _leaves_as_parameters(param_groups)
         if param_groups and all(type(p).__name__ == "Parameter" for p in param_groups):
             param_groups = [{"params": list(param_groups)}]  # (torch's AdamW(model.parameters(), ...): one group)
         if isinstance(param_groups, (list, tuple)) and all(isinstance(g, dict) and "params" in g for g in param_groups):
