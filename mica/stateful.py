@@ -106,7 +106,7 @@ class StepTrace:
         self.params = []      # Parameters read or stepped, in first-use order
         self.optimizers = []  # optimizers stepped, in first-use order
         self.bound = {}       # id(Parameter) -> its current Tensor
-        self.grads = {}       # id(Parameter) -> its accumulated gradient Tensor
+        self.grads = _GradUses() if mode == "find" else {}  # id(Parameter) -> its accumulated gradient Tensor
         self.states = {}      # id(optimizer) -> its state (a pytree of Tensors)
         self.lrs = {}         # id(optimizer) -> [each group's learning rate, a traced scalar]
         self.lives = {}       # id(optimizer) -> [each group's live settings (Optimizer.live), traced scalars]
@@ -225,6 +225,7 @@ class StepTrace:
         if self.mode == "find":  # (a stand-in of the gradient's shape: this trace is never run)
             from . import verbs as F
 
+            self.grads.used(id(p))
             self.stood_in = True
             return F.zeros_like(t)
         return self.grads.get(id(p))
@@ -232,6 +233,44 @@ class StepTrace:
     def note(self, p):
         if all(q is not p for q in self.params):
             self.params.append(p)
+
+
+class _GradUses(dict):
+    """(find) The step's table of gradients, noting what the step first does with each parameter's:
+    drops or replaces it ("drop": zero_grad() first, or p.grad = None; the gradient it holds from
+    earlier calls cannot matter, so holding one makes no other program) or reads it ("use":
+    backward() adds to it, an optimizer or clipping reads it, zero_grad(set_to_none=False)
+    zeroes only one that is there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = {}
+
+    def used(self, key):
+        self.first.setdefault(key, "use")
+
+    def dropped(self):
+        return {k for k, first in self.first.items() if first == "drop"}
+
+    def __getitem__(self, key):
+        self.used(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.used(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.used(key)
+        return super().__contains__(key)
+
+    def pop(self, key, *default):
+        self.first.setdefault(key, "drop")
+        return super().pop(key, *default)
+
+    def __setitem__(self, key, value):
+        self.first.setdefault(key, "drop")
+        super().__setitem__(key, value)
 
 
 class _StepBuffer(str):
@@ -381,6 +420,8 @@ def backward(loss, retain_graph=None):
                         "loss.backward(retain_graph=True) on the first (or compute the loss again)", user_location())
     step.backwarded.append((loss, bool(retain_graph)))
     if step.mode == "find":  # (its parameters' stand-ins are not inputs: the real trace checks the paths)
+        for p in params:  # (backward() adds to the gradient a parameter holds)
+            step.grads.used(id(p))
         return None
     from .optim.base import has_gradient
 
@@ -420,6 +461,8 @@ def zero_grad(params, set_to_none=True):
 
     step = active()
     for p in params:
+        if not set_to_none and step.mode == "find":
+            step.grads.used(id(p))  # (only a gradient there is made zeros: whether one is held matters)
         if set_to_none or step.mode == "find":
             step.grads.pop(id(p), None)
         elif id(p) in step.grads:  # (as torch's: only a gradient there is made zeros; a None stays None)
@@ -472,6 +515,7 @@ def step(opt):
             for p in ps:
                 s.note(p)
                 read(p)
+                s.grads.used(id(p))
         if all(o is not opt for o in s.optimizers):
             s.optimizers.append(opt)
         return None
@@ -628,6 +672,9 @@ class StatefulStep:
         self.fn, self.args, self.options = fn, tuple(args), compile_options
         self.found = found
         self.params, self.optimizers = list(found.params), list(found.optimizers)
+        # (the parameters whose gradient the step drops or replaces before reading it: zero_grad() first, as
+        # torch's tutorials' loops do; the one a call holds then is no input, and no reason for another program)
+        self.fresh = found.grads.dropped() if isinstance(found.grads, _GradUses) else set()
         self.scalers = list(found.scalers)
         self.buffers = list(found.written)  # [(module, name)] of the buffers the step writes: its state
         self.buffer_keys = [(id(m), name) for m, name in self.buffers]
@@ -665,7 +712,7 @@ class StatefulStep:
                 raise MicaError(f"{type(o).__name__}: a param group sets {taken}=True, torch's option Mica does "
                                 "not have; set it back to False", user_location())
         modes = tuple(bool(m.training) for m in self.modules)
-        graded = tuple(getattr(p, "_held_grad", None) is not None for p in self.params)
+        graded = tuple(getattr(p, "_held_grad", None) is not None and id(p) not in self.fresh for p in self.params)
         frozen = tuple(not p.requires_grad for p in self.params)
         settings = repr(self._settings_now() + [sc._settings() for sc in self.scalers])
         return modes, graded, frozen, settings
@@ -843,7 +890,8 @@ class StatefulStep:
 
         program, computed, attrs = prepared or self.prepare()
         values = {self.name[id(p)]: _held(p, self.name[id(p)]) for p in self.params}
-        grads = {self.name[id(p)]: p._held_grad for p in self.params if getattr(p, "_held_grad", None) is not None}
+        grads = {self.name[id(p)]: p._held_grad for p in self.params
+                 if getattr(p, "_held_grad", None) is not None and id(p) not in self.fresh}
         states = [self._state(o, values) for o in self.optimizers]
         lrs = [[_lr(o, i, g) for i, g in enumerate(o.param_groups)] for o in self.optimizers]
         lives = [[_live_values(o, g) for g in o.param_groups] for o in self.optimizers]

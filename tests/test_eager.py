@@ -2222,3 +2222,43 @@ def test_a_host_tensor_made_a_leaf_in_place_trains_as_torchs_with_a_hand_update_
 
 def _np(t):
     return t.detach().numpy() if type(t).__module__.startswith("torch") else np.asarray(t)
+
+
+@pytest.mark.parametrize("loop", ["zero_grad first", "p.grad = None first", "accumulating"])
+def test_a_step_that_drops_gradients_first_builds_one_program_and_one_that_adds_to_them_two(loop):
+    """torch's tutorials zero the gradients at the top of the step: the gradients the first call
+    left made the second call build the step again (as long as the first: an outside tester's
+    minGPT and DCGAN ports). Where the step drops or replaces them before reading them they are no
+    input; where backward() adds to what a call holds they are, as torch's values need."""
+    import torch
+
+    rng = np.random.default_rng(9)
+    w0 = rng.standard_normal((5, 2)).astype(np.float32)
+    xs = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(4)]
+
+    def run(lib, compiled):
+        lin = lib.nn.Linear(5, 2)
+        with lib.no_grad():
+            lin.weight.copy_(lib.tensor(w0.T.copy()))
+            lin.bias.zero_()
+        opt = lib.optim.AdamW(lin.parameters(), lr=0.01)
+
+        def step(x):
+            loss = lin(x).square().mean()
+            if loop == "zero_grad first":
+                opt.zero_grad()
+            elif loop == "p.grad = None first":
+                for p in lin.parameters():
+                    p.grad = None
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = compiled(step) if compiled else step
+        return [float(step(lib.tensor(x))) for x in xs], step
+
+    got, step = run(mica, mica.compile)
+    want, _ = run(torch, None)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    programs = sum(len(s.programs) for s in {id(s): s for s in step.built.values()}.values())
+    assert programs == (2 if loop == "accumulating" else 1)

@@ -144,6 +144,7 @@ class Parameter:
         step = stateful.active()
         if step is not None and step.mode == "find":  # (a stand-in of its shape: that trace is never run)
             step.stood_in = True
+            step.grads.used(id(self))
             return F.zeros(self.shape, dtype=self.dtype)
         if step is None:  # (outside: the one the last compiled step left, as torch keeps p.grad)
             from ..host import host
