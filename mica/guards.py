@@ -4,6 +4,11 @@ read, so a call whose fingerprint differs from every program's is traced again: 
 closure variable, a module's mode, plain attribute, buffer or Dropout p, another model of the same
 shape, or an object argument whose attributes changed never runs a program made for the old ones.
 
+Once a function has been traced, the code its traces ran is known (Reads: the profiler noted each
+function called), and objects are narrowed to it: a plain object's or a module's attributes that
+code never reads (a trainer's `self.loss` and `self.iter_num`, set by the loop each call) and its
+class's methods it never ran are left out, as torch.compile guards only what it traced.
+
 The fingerprint covers, to any depth:
 - the globals and closure variables the function's code names, and the same for every function of
   the user's it reaches that way (a module's methods among them);
@@ -39,18 +44,76 @@ _LIBRARIES = tuple({os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()
                                                            sysconfig.get_paths()["platlib"]) if p})
 
 
-def world(fn, slots=None):
+def world(fn, slots=None, reads=None):
     """((where, fingerprint), ...) of what fn reads outside its arguments (`slots`: {(id(holder),
-    key): Slot} of what its compiled step keeps as state there, slots.py: known by their marks)."""
-    walk = _Walk(slots)
+    key): Slot} of what its compiled step keeps as state there, slots.py: known by their marks;
+    `reads`: a Reads of the code its traces ran, which narrows objects to what that code reads)."""
+    walk = _Walk(slots, reads)
     walk.function(fn, "", 0)
     return tuple(walk.found)
 
 
-def value(v, slots=None):
+def value(v, slots=None, reads=None):
     """The fingerprint of one argument that is not an array (a number, a module, an object)."""
-    walk = _Walk(slots)
+    walk = _Walk(slots, reads)
     return walk.value(v, 0), tuple(walk.found)
+
+
+class Reads:
+    """The user's code a function's traces ran (its code objects) and the attribute names that code
+    reads (`self.model`, `cfg.lr`): a plain object's or a module's other attributes (a trainer's
+    `self.iter_num`, `self.loss`, set by the loop each call) and its class's methods the traces
+    never ran are no part of the function's world, as torch.compile guards only what it traced."""
+
+    def __init__(self):
+        self.codes, self.names = set(), set()
+
+    def add(self, codes):
+        """Note the code a trace ran; whether any was new (the world a key read may differ)."""
+        new = False
+        for code in codes:  # (Mica's own and libraries' code too: Dropout's forward reads its p)
+            if code not in self.codes:
+                self.codes.add(code)
+                self.names |= _attributes(code)
+                new = True
+        return new
+
+
+_ATTRIBUTES = {}
+
+
+def _attributes(code):
+    """The attribute names code reads (LOAD_ATTR, LOAD_METHOD), nested code's too."""
+    known = _ATTRIBUTES.get(code)
+    if known is None:
+        known = {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                known |= _attributes(c)
+        known = _ATTRIBUTES[code] = frozenset(known)
+    return known
+
+
+class running:
+    """with running() as codes: the code objects of every Python function called inside (a set)."""
+
+    def __enter__(self):
+        import sys
+
+        self.codes, self.before = set(), sys.getprofile()
+        codes = self.codes
+
+        def note(frame, event, arg):
+            if event == "call":
+                codes.add(frame.f_code)
+        sys.setprofile(note)
+        return self.codes
+
+    def __exit__(self, *exc):
+        import sys
+
+        sys.setprofile(self.before)
+        return False
 
 
 def holders(fn, leaves):
@@ -143,8 +206,9 @@ def _loads(code):
 
 
 class _Walk:
-    def __init__(self, slots=None):
+    def __init__(self, slots=None, reads=None):
         self.slots = slots or {}  # {(id(holder), key): Slot} known by their marks (slots.py)
+        self.reads = reads if reads is not None and reads.codes else None  # (Reads: objects narrowed to them)
         self.holders = []  # [(holder, owner)]: globals dicts, closure cells, plain objects' attribute dicts
         self.held = set()  # (their ids)
         self.found = []  # (where, fingerprint) of each global and closure variable read
@@ -285,10 +349,14 @@ class _Walk:
             self.open.discard(id(v))
 
     def _fields(self, fields, depth):
-        """An object's attributes' fingerprint (a compiled step's state among them by its mark)."""
-        if not any((id(fields), k) in self.slots for k in fields):
+        """An object's attributes' fingerprint (a compiled step's state among them by its mark; where
+        the code the traces ran is known, only the attributes it reads)."""
+        key = id(fields)
+        if self.reads is not None:
+            fields = {k: x for k, x in fields.items() if k in self.reads.names}
+        if not any((key, k) in self.slots for k in fields):
             return self.value(fields, depth)
-        return ("dict",) + tuple((k, self.slots[id(fields), k].mark(x) if (id(fields), k) in self.slots
+        return ("dict",) + tuple((k, self.slots[key, k].mark(x) if (key, k) in self.slots
                                   else self.value(x, depth + 1)) for k, x in fields.items())
 
     def _module(self, m, depth):
@@ -305,7 +373,8 @@ class _Walk:
         for k, x in vars(m).items():
             if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training", "_mica_assigned",
                          "_mica_state_buffers", "_mica_written") and \
-                    not k.startswith("_said") and k not in assigned:
+                    not k.startswith("_said") and k not in assigned and \
+                    (self.reads is None or k in self.reads.names or k.startswith("_")):
                 parts.append((k, self.value(x, depth + 1)))
         self._methods(type(m))
         return tuple(parts)
@@ -326,8 +395,10 @@ class _Walk:
                 elif isinstance(f, property):
                     f = f.fget
                 if isinstance(f, types.FunctionType):
-                    self.function(f, f"{c.__qualname__}.{k}", 0)
-                elif not k.startswith("__") and not callable(f) and not isinstance(f, property):
+                    if self.reads is None or f.__code__ in self.reads.codes:  # (one the traces ran)
+                        self.function(f, f"{c.__qualname__}.{k}", 0)
+                elif not k.startswith("__") and not callable(f) and not isinstance(f, property) and \
+                        (self.reads is None or k in self.reads.names):
                     self.found.append((f"{c.__qualname__}.{k}", self.value(f, 0)))
 
 

@@ -993,7 +993,7 @@ def find(fn, args, name=None):
     """Trace fn once to find the parameters it reads unbound and the optimizers it steps, and the
     places outside its modules it rebinds (slots.py) (its Program kept: where the function keeps
     nothing, it is the one to lower)."""
-    from . import pytree, slots
+    from . import guards, pytree, slots
     from .trace import trace
 
     s = StepTrace("find")
@@ -1001,7 +1001,8 @@ def find(fn, args, name=None):
     snapshot = slots.Snapshot(fn, objects)
     _ACTIVE.append(s)
     try:
-        s.program = trace(fn, *args, name=name)
+        with guards.running() as s.ran:  # (the code it runs: its guards read what that code reads)
+            s.program = trace(fn, *args, name=name)
     except BaseException:
         _give_back(s)  # (a failed trace leaves no Tensor in the lists its modules hold)
         raise

@@ -349,6 +349,9 @@ class _Compiled:
         self.fn, self.target, self.name, self.options, self.built = fn, target, name, options, {}
         self.calls = 0  # (the dropout key's offset where the caller gives the seed: it moves with every call)
         self._slots = {}  # {(id(holder), key): Slot} its compiled steps keep outside modules (slots.py)
+        from .guards import Reads
+
+        self._reads = Reads()  # (the code its traces ran, and the attributes that code reads: guards.py)
         self.__wrapped__ = fn
         self._last = None  # (the program the last call ran: .source, .memory_report, .ir)
         self._signature = _signature(fn)
@@ -451,12 +454,12 @@ class _Compiled:
         from . import guards, stateful
 
         def key_now():  # (torch.compile's guards: what the function reads besides the arrays, whose change
-            specs, read = [], list(guards.world(self.fn, self._slots))  # makes another program)
+            specs, read = [], list(guards.world(self.fn, self._slots, self._reads))  # makes another program)
             for x in leaves:
                 if _is_spec_leaf(x):
                     specs.append(to_spec(x))
                 else:
-                    fp, reached = guards.value(x, self._slots)
+                    fp, reached = guards.value(x, self._slots, self._reads)
                     specs.append(("static", fp))
                     read += reached
             return tree, tuple(specs), tuple(read)
@@ -472,6 +475,7 @@ class _Compiled:
             while len(self.built) >= self.KEPT:  # (the oldest program goes: its values live in the model's
                 del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)
             found = stateful.find(fn, args, self.name)  # (torch's stateful step: the model's and optimizer's values)
+            widened = self._reads.add(found.ran)  # (the code its traces ran: what the guards read from now on)
             self._say_drawn(guards.drawn(randoms))  # (right after the trace: a build's time is not the function's)
             if found.params or found.optimizers or found.written or found.assigned or found.slots:
                 self.built[key] = stateful.StatefulStep(fn, found, args, dict(target=self.target, name=self.name,
@@ -488,7 +492,10 @@ class _Compiled:
         built = self.built[key]
         prepared = built.prepare() if isinstance(built, stateful.StatefulStep) else None  # (its program, once a call)
         if made:  # (what tracing itself left, as a forward's `self.last = y`: the same program, not another)
-            self.built.setdefault(key_now(), built)
+            now = key_now()
+            self.built.setdefault(now, built)
+            if widened and now != key:  # (a key read before the guards knew the code it runs: never met again)
+                self.built.pop(key, None)
         self._last = prepared[0] if prepared else built
         drawn = "seed" not in run_options and _random(self._last)
         if drawn:  # (dropout: a key drawn at each call from mica's host generator, as torch's from its own, so

@@ -466,3 +466,57 @@ def test_numbers_drawn_from_numpys_or_pythons_random_while_traced_are_said_to_be
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         np.testing.assert_array_equal(np.asarray(plain(x)), x * 2)
+
+
+def test_a_trainer_objects_attributes_the_step_never_reads_compile_nothing_and_one_it_reads_does():
+    """minGPT's Trainer: the compiled step reads self.model and self.optimizer, and the loop sets
+    self.loss and self.iter_num (and appends to a global list through a callback) at every call.
+    Those attributes made a program per call (the warning named `self`); the guards now read what
+    the traced code reads, as torch.compile's. An attribute the step does read still traces again."""
+    import warnings
+
+    rng = np.random.default_rng(12)
+    times = []
+
+    class Trainer:
+        def __init__(self):
+            self.model = mica.nn.Linear(4, 1)
+            self.optimizer = mica.optim.SGD(self.model.parameters(), lr=0.1)
+            self.scale, self.iter_num, self.loss = 1.0, 0, None
+            self.callbacks = [lambda t: times.append(t.iter_num)]
+
+        def run(self, batches):
+            def step(x, y):
+                loss = ((self.model(x) - y) ** 2).mean() * self.scale
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                return loss
+
+            step = mica.compile(step)
+            out = []
+            for x, y in batches:
+                self.loss = step(x, y)
+                self.iter_num += 1
+                for cb in self.callbacks:
+                    cb(self)
+                out.append(float(self.loss))
+            return step, out
+
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 1)).astype(np.float32))
+               for _ in range(5)]
+    t = Trainer()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step, losses = t.run(batches)
+    assert len({id(b) for b in step.built.values()}) == 1 and times == [1, 2, 3, 4, 5]
+    assert not [w for w in caught if "compiled a third time" in str(w.message)]
+    t.scale = 2.0  # (read by the step: its new value is another program's constant)
+    step2, losses2 = t.run(batches[:1])
+    x, y = batches[0]
+    assert len(losses2) == 1 and np.isfinite(losses2[0])
+    t.scale = 3.0
+    before = (np.asarray(t.model.weight).copy(), np.asarray(t.model.bias).copy())
+    got = float(step2(x, y))
+    want = float(((x @ before[0].T + before[1] - y) ** 2).mean() * 3.0)
+    assert got == pytest.approx(want, rel=1e-5) and len({id(b) for b in step2.built.values()}) == 2
