@@ -250,3 +250,79 @@ def test_an_adaptive_pool_to_no_outputs_is_empty_as_torchs():
     assert mica.nn.functional.adaptive_avg_pool1d(mica.tensor(x[0]), 0).shape == (2, 5, 0)
     with pytest.raises(mica.MicaError, match=r"^adaptive_avg_pool2d: output_size must be sizes of 0 or more"):
         mica.nn.functional.adaptive_avg_pool2d(mica.tensor(x), (-1, 2))
+
+
+TRANSPOSED = [  # (dims, input shape, weight shape, settings)
+    (1, (2, 2, 7), (2, 5, 5), dict(stride=3, padding=4)),
+    (2, (2, 4, 5, 5), (4, 3, 3, 3), dict()),
+    (2, (2, 4, 5, 5), (4, 3, 4, 4), dict(stride=2, padding=1)),
+    (2, (2, 4, 5, 6), (4, 3, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+    (2, (1, 4, 4, 5), (4, 3, 3, 3), dict(stride=(2, 3), padding=(0, 2), groups=2, dilation=(1, 2))),
+    (2, (4, 3, 3), (4, 2, 4, 4), dict()),  # (unbatched)
+    (2, (1, 2, 4, 4), (2, 2, 4, 4), dict(stride=2, padding=3)),  # (more padding than the kernel reaches)
+    (3, (1, 2, 3, 3, 3), (2, 2, 2, 2, 2), dict(stride=2, padding=1)),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED, ids=[f"{c[0]}d-{i}" for i, c in enumerate(TRANSPOSED)])
+def test_transposed_convolutions_and_their_gradients_are_torchs(case):
+    """F.conv_transpose1d/2d/3d (DCGAN's generator, U-Net's upsampling; an outside tester's port
+    had to write its own): outputs and the input's, weight's and bias's gradients."""
+    nd, xs, ws, kw = case
+    rng = np.random.default_rng(len(xs) * 7 + ws[1])
+    x, w = rng.standard_normal(xs).astype(np.float32), (rng.standard_normal(ws) * 0.3).astype(np.float32)
+    b = rng.standard_normal(ws[1] * kw.get("groups", 1)).astype(np.float32)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ty = getattr(torch.nn.functional, f"conv_transpose{nd}d")(tx, tw, tb, **kw)
+    g = torch.randn(ty.shape, generator=torch.Generator().manual_seed(2))
+    (ty * g).sum().backward()
+    conv = getattr(mica.nn.functional, f"conv_transpose{nd}d")
+
+    def step(x, w, b):
+        y = conv(x, w, b, **kw)
+        return (y,) + tuple(mica.grad((y * mica.tensor(g.numpy())).sum(), [x, w, b]))
+
+    for mine, theirs in zip(mica.compile(step)(x, w, b), [ty, tx.grad, tw.grad, tb.grad]):
+        theirs = theirs.detach().numpy()
+        assert np.asarray(mine).shape == theirs.shape
+        assert np.abs(np.asarray(mine) - theirs).max() <= 2e-6 * np.abs(theirs).max()  # (float32's sums, reordered)
+    assert rel_err(np.asarray(conv(x, w, b, **kw)), ty.detach().numpy()) < 1e-6
+
+
+def test_a_dcgan_generator_of_transposed_convolutions_trains_as_torchs():
+    """ConvTranspose2d modules (torch's weight layout, init bound, repr and output_size=) in a DCGAN
+    generator with BatchNorm2d, trained by compiled Adam steps from torch's weights."""
+    def make(nn):
+        return nn.Sequential(nn.ConvTranspose2d(8, 6, 4, 1, 0, bias=False), nn.BatchNorm2d(6), nn.ReLU(True),
+                             nn.ConvTranspose2d(6, 3, 4, 2, 1, bias=False), nn.Tanh())
+
+    torch.manual_seed(0)
+    theirs, mine = make(torch.nn), make(mica.nn)
+    assert repr(mine) == repr(theirs)
+    assert np.abs(np.asarray(mica.nn.ConvTranspose2d(8, 4, 3, groups=2).weight)).max() <= 1 / np.sqrt(2 * 9)
+    mine.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    topt = torch.optim.Adam(theirs.parameters(), lr=2e-3, betas=(0.5, 0.999))
+    mopt = mica.optim.Adam(mine.parameters(), lr=2e-3, betas=(0.5, 0.999))
+
+    @mica.compile
+    def step(z, target):
+        loss = mica.nn.functional.mse_loss(mine(z), target)
+        mopt.zero_grad()
+        loss.backward()
+        mopt.step()
+        return loss
+
+    for i in range(3):
+        z, target = torch.randn(4, 8, 1, 1), torch.rand(4, 3, 8, 8) * 2 - 1
+        loss = torch.nn.functional.mse_loss(theirs(z), target)
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+        assert float(step(z.numpy(), target.numpy())) == pytest.approx(loss.item(), rel=1e-5), i
+    up, tup = mica.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1), torch.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1)
+    x = torch.randn(1, 3, 5, 5)
+    assert tuple(up(x.numpy(), output_size=[1, 2, 10, 10]).shape) == tuple(tup(x, output_size=[10, 10]).shape)
+    with pytest.raises(mica.MicaError, match=r"output_size \[12, 12\] is not reachable .* \[9, 10\]"):
+        up(x.numpy(), output_size=[12, 12])
+    with pytest.raises(mica.MicaError, match=r"output_padding \(2, 2\) must be smaller than either stride"):
+        mica.nn.functional.conv_transpose2d(x.numpy(), np.ones((3, 2, 3, 3), np.float32), stride=2, output_padding=2)

@@ -5,7 +5,8 @@ from .modules import (  # noqa: F401
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
 from .conv import (  # noqa: F401
-    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d, MaxPool1d,
+    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d,
+    ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, MaxPool1d,
     MaxPool2d, Upsample, UpsamplingBilinear2d, UpsamplingNearest2d,
 )
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase  # noqa: F401

@@ -71,6 +71,79 @@ class Conv3d(_ConvNd):
     nd = 3
 
 
+class _ConvTransposeNd(Module):
+    """torch.nn.ConvTranspose1d/2d/3d: weight [in_channels, out_channels / groups, *k] (torch's layout
+    and init: its fan-in is out_channels / groups * prod(k)); forward(input, output_size=None), the
+    output_size picking output_padding as torch's."""
+    nd = None
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None):
+        super().__init__()
+        _device(device)
+        name = type(self).__name__
+        if padding_mode != "zeros":
+            raise MicaError(f"{name}: only padding_mode='zeros' is supported, as torch's transposed convolutions",
+                            user_location())
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise MicaError(f"{name}: in_channels ({in_channels}) and out_channels ({out_channels}) must divide by "
+                            f"groups ({groups})", user_location())
+        tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * self.nd  # noqa: E731
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride, self.padding = tup(kernel_size), tup(stride), tup(padding)
+        self.output_padding, self.dilation = tup(output_padding), tup(dilation)
+        self.padding_mode, self.transposed = padding_mode, True
+        fan_in = out_channels // groups * math.prod(self.kernel_size)
+        self.weight = Parameter(shape=(in_channels, out_channels // groups) + self.kernel_size, dtype=dtype,
+                                init=initializers.fan_in_uniform(fan_in))
+        self.bias = Parameter(shape=(out_channels,), dtype=dtype,
+                              init=initializers.fan_in_uniform(fan_in)) if bias else None
+
+    def _output_padding(self, input, output_size):
+        if output_size is None:
+            return self.output_padding
+        sizes = list(output_size)[-self.nd:]
+        spatial = tuple(input.shape)[-self.nd:]
+        out = []
+        for n, size, s, p, d, k in zip(spatial, sizes, self.stride, self.padding, self.dilation, self.kernel_size):
+            least = (n - 1) * s - 2 * p + d * (k - 1) + 1
+            if not least <= int(size) < least + s:
+                raise MicaError(f"{type(self).__name__}: output_size {list(output_size)} is not reachable from the "
+                                f"input {list(input.shape)}: each size must be in [{least}, {least + s - 1}] here",
+                                user_location())
+            out.append(int(size) - least)
+        return tuple(out)
+
+    def forward(self, input, output_size=None):
+        conv = getattr(F, f"conv_transpose{self.nd}d")
+        return conv(input, self.weight, self.bias, self.stride, self.padding, self._output_padding(input, output_size),
+                    self.groups, self.dilation)
+
+    def extra_repr(self):
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,) * self.nd:
+            text += f", padding={self.padding}"
+        if self.dilation != (1,) * self.nd:
+            text += f", dilation={self.dilation}"
+        if self.output_padding != (0,) * self.nd:
+            text += f", output_padding={self.output_padding}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        return text + (", bias=False" if self.bias is None else "")
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    nd = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    nd = 2
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    nd = 3
+
+
 class _Pool(Module):
     """A pool's settings, kept as torch's module keeps them (its repr too); forward is the verb's."""
 

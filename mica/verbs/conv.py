@@ -11,11 +11,11 @@ import numpy as np
 
 from .. import amp
 from ..tensor import fail
-from .core import add, as_tensor, div, max as _max, mean, ones_like, sum as _sum, to, written
+from .core import add, as_tensor, div, max as _max, mean, ones_like, sum as _sum, to, written, zeros_like
 from .nn import _matmul_nd, _widened
-from .shape import narrow, pad, reshape, stack, unsqueeze, squeeze
+from .shape import cat, narrow, pad, permute, reshape, stack, unsqueeze, squeeze
 
-__all__ = ["conv1d", "conv2d", "conv3d", "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
            "adaptive_avg_pool2d", "adaptive_avg_pool3d", "dropout1d", "dropout2d", "dropout3d"]
 
 
@@ -249,3 +249,76 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv3d: input [N, C, D, H, W] (or unbatched), weight [O, C / groups, kd, kh, kw]."""
     return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+def _transposed(verb, nd, input, weight, bias, stride, padding, output_padding, groups, dilation):
+    """torch's transposed convolution (the gradient of conv with respect to its input, DCGAN's and
+    U-Net's upsampling): the input spread `stride` apart (zeros between), padded by
+    dilation * (k - 1) - padding each side (output_padding more after), and convolved at stride 1
+    with the kernel flipped and each group's in/out channels swapped. Weight [C_in, C_out / groups,
+    *k]; out = (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1."""
+    x, w = as_tensor(input), as_tensor(weight)
+    if w.ndim != nd + 2:
+        fail(f"{verb}: the weight must be [in_channels, out_channels / groups, {', '.join(['k'] * nd)}], got "
+             f"{w.value.spec!r}")
+    if x.ndim not in (nd + 1, nd + 2):
+        fail(f"{verb}: input must be [N, C, {', '.join('LHW'[-nd:] if nd < 3 else 'DHW')}] or unbatched without N, "
+             f"got {x.value.spec!r}")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        fail(f"{verb}: groups must be a positive int, got {groups!r}")
+    C, per, ks = w.shape[0], w.shape[1], tuple(w.shape[2:])
+    if x.shape[-nd - 1] != C or C % groups:
+        fail(f"{verb}: input {x.value.spec!r} has {x.shape[-nd - 1]} channels, but weight {w.value.spec!r} takes "
+             f"{C} (its first dim), which must divide by groups={groups}")
+    stride, dilation = _spatial(verb, "stride", stride, nd), _spatial(verb, "dilation", dilation, nd)
+    pads, extra = _spatial(verb, "padding", padding, nd), _spatial(verb, "output_padding", output_padding, nd)
+    if min(stride) < 1 or min(dilation) < 1 or min(pads) < 0 or min(extra) < 0:
+        fail(f"{verb}: stride and dilation must be >= 1, padding and output_padding >= 0, got stride={stride}, "
+             f"dilation={dilation}, padding={pads}, output_padding={extra}")
+    if any(e >= max(s, d) for e, s, d in zip(extra, stride, dilation)):
+        fail(f"{verb}: output_padding {extra} must be smaller than either stride {stride} or dilation {dilation}, "
+             "as torch's")
+    batched = x.ndim == nd + 2
+    x = x if batched else unsqueeze(x, 0)
+    for i, s in enumerate(stride):  # (zeros between the inputs along each spatial dim)
+        if s > 1 and x.shape[2 + i] > 1:
+            d, L = 2 + i, x.shape[2 + i]
+            spread = cat([unsqueeze(x, d + 1), zeros_like(narrow(unsqueeze(x, d + 1), d + 1, 0, 1)).expand(
+                *x.shape[:d + 1], s - 1, *x.shape[d + 1:])], d + 1)
+            x = narrow(reshape(spread, x.shape[:d] + (L * s,) + x.shape[d + 1:]), d, 0, (L - 1) * s + 1)
+    for i, (k, d, p, e) in enumerate(zip(ks, dilation, pads, extra)):
+        lo, hi = d * (k - 1) - p, d * (k - 1) - p + e
+        dim = 2 + i
+        if lo < 0 or hi < 0:  # (more padding than the kernel reaches: the edges cropped)
+            start, end = max(-lo, 0), x.shape[dim] - max(-hi, 0)
+            if end <= start:
+                fail(f"{verb}: padding {pads} leaves no output for the input {list(input.shape)}; use less padding")
+            x = narrow(x, dim, start, end - start)
+            lo, hi = max(lo, 0), max(hi, 0)
+        if lo or hi:
+            widths = [0, 0] * nd
+            widths[2 * (nd - 1 - i)], widths[2 * (nd - 1 - i) + 1] = lo, hi  # (F.pad: the last dim first)
+            x = pad(x, widths)
+    from .positions import flip
+
+    out = per * groups
+    k = reshape(w, (groups, C // groups, per) + ks)
+    k = permute(k, 0, 2, 1, *range(3, nd + 3))  # (each group's [out / g, in / g, *k])
+    k = flip(reshape(k, (out, C // groups) + ks), list(range(2, nd + 2)))
+    y = _conv(verb, nd, x, k, bias, 1, 0, dilation, groups)
+    return y if batched else squeeze(y, 0)
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose1d: input [N, C_in, L], weight [C_in, C_out / groups, k]."""
+    return _transposed("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose2d: input [N, C_in, H, W], weight [C_in, C_out / groups, kh, kw]."""
+    return _transposed("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose3d: input [N, C_in, D, H, W], weight [C_in, C_out / groups, kd, kh, kw]."""
+    return _transposed("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups, dilation)
