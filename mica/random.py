@@ -2,9 +2,10 @@
 next token, a random batch, a random permutation), from one seeded generator (numpy's PCG64).
 
 The numbers are not torch's (another generator), but a seed gives the same numbers on every run
-and machine. Inside a traced step there are no host draws: the program's randomness is dropout's
-counter-based stream (a step's random bits are a function of its seed and step), so a draw there
-is a sentence that says so.
+and machine. Inside a traced step there are no host draws: rand, randn, rand_like, randn_like,
+bernoulli and normal are the program's own draws there (verbs/nn.py's uniform_draw, normal_draw:
+dropout's counter-based stream, a function of the call's seed and offset), and the others a
+sentence that says so.
 """
 import numpy as np
 
@@ -91,9 +92,25 @@ def _rng(verb, generator):
 
     if in_trace():
         raise TraceError(f"mica.{verb} draws random numbers on the host, outside a traced step; inside one, "
-                         "randomness is dropout's (draw these outside and pass them in as an input)",
+                         "randomness is the program's, as dropout's (rand, randn, rand_like, randn_like, bernoulli "
+                         "and normal draw there; draw the rest outside and pass them in as an input)",
                          user_location())
     return (generator or default_generator)._rng
+
+
+def _traced(verb, generator):
+    """Whether a draw is made inside a trace: the program's own (verbs/nn.py's uniform and normal,
+    keyed as dropout is by the run's seed and offset: mica.manual_seed repeats a compiled call's
+    draws); a generator there is a sentence (its state lives on the host)."""
+    from .tensor import in_trace, user_location
+
+    if not in_trace():
+        return False
+    if generator is not None:
+        raise TraceError(f"mica.{verb}(generator=...) inside a traced step: the step's draws are the program's, keyed "
+                         "by mica.manual_seed at each call; leave generator out there (or draw outside and pass the "
+                         "numbers in)", user_location())
+    return True
 
 
 def _where():
@@ -137,23 +154,39 @@ def _leaf(draw):
 @_leaf
 def rand(*size, generator=None, dtype=None, **_device):
     dt = _float(dtype)
+    if _traced("rand", generator):
+        from .verbs.nn import uniform_draw
+
+        return uniform_draw(_size("rand", size), dt, "rand")
     return host(_rng("rand", generator).random(_size("rand", size)).astype(dt.np_storage))
 
 
 @_leaf
 def randn(*size, generator=None, dtype=None, **_device):
     dt = _float(dtype)
+    if _traced("randn", generator):
+        from .verbs.nn import normal_draw
+
+        return normal_draw(_size("randn", size), dt, "randn")
     return host(_rng("randn", generator).standard_normal(_size("randn", size)).astype(dt.np_storage))
 
 
 @_leaf
 def rand_like(input, dtype=None, **_device):
+    if _traced("rand_like", None):
+        from .verbs.nn import uniform_draw
+
+        return uniform_draw(tuple(input.shape), _float(dtype or input.dtype), "rand_like")
     _rng("rand_like", None)
     return rand(*np.shape(input), dtype=dtype or _like_float(input))
 
 
 @_leaf
 def randn_like(input, dtype=None, **_device):
+    if _traced("randn_like", None):
+        from .verbs.nn import normal_draw
+
+        return normal_draw(tuple(input.shape), _float(dtype or input.dtype), "randn_like")
     _rng("randn_like", None)
     return randn(*np.shape(input), dtype=dtype or _like_float(input))
 
@@ -191,6 +224,15 @@ def randperm(n, generator=None, dtype=None, **_device):
 
 @_leaf
 def normal(mean=0.0, std=1.0, size=None, generator=None, **_device):
+    if _traced("normal", generator):
+        from .verbs import as_tensor
+        from .verbs.nn import normal_draw
+
+        floats = [as_tensor(a) for a in (mean, std) if not isinstance(a, (int, float))]
+        shape = _size("normal", (size,)) if size is not None else np.broadcast_shapes(
+            *(tuple(a.shape) for a in floats)) if floats else ()
+        dt = floats[0].dtype if floats and floats[0].dtype.kind == "float" else _float(None)
+        return normal_draw(shape, dt, "normal") * std + mean
     rng = _rng("normal", generator)
     shape = _size("normal", (size,)) if size is not None else np.broadcast_shapes(np.shape(mean), np.shape(std))
     out = np.asarray(mean) + np.asarray(std) * rng.standard_normal(shape)
@@ -199,6 +241,15 @@ def normal(mean=0.0, std=1.0, size=None, generator=None, **_device):
 
 
 def bernoulli(input, p=None, generator=None):
+    if _traced("bernoulli", generator):
+        from .verbs import as_tensor, lt, to
+        from .verbs.nn import uniform_draw
+
+        probs = as_tensor(input)
+        if probs.dtype.kind != "float":
+            raise TraceError("mica.bernoulli takes floating probabilities (as torch's)", _where())
+        u = uniform_draw(tuple(probs.shape), probs.dtype, "bernoulli")
+        return to(lt(u, probs if p is None else float(p)), probs.dtype)
     _rng("bernoulli", generator)
     probs = np.asarray(input if p is None else np.full(np.shape(input), p))
     return host((_rng("bernoulli", generator).random(probs.shape) < probs).astype(

@@ -10,7 +10,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import GradError, MicaError, ShapeError
 from . import KernelABI, defop
-from .philox import keep_mask
+from .philox import keep_mask, uniform
 
 
 def emit(*args, **kwargs):
@@ -532,3 +532,21 @@ def _dropout_vjp(c, o, i, a, n):
 
 
 defop("dropout", infer=_dropout_infer, ref=_dropout_ref, vjp=_dropout_vjp, family="elementwise")
+
+
+# ---- rand: uniform draws in [0, 1) of x's shape and type (x's values unread), keyed as dropout's ---------
+
+def _rand_infer(specs, stream):
+    x, key = specs
+    _float_input("rand", x)
+    return [(x.shape, x.dtype)]
+
+
+def _rand_ref(a, at, run):
+    x = a[0]
+    return uniform(x.size, run.rng[0], run.rng[1], at["stream"]).reshape(x.shape).astype(x.dtype)
+
+
+defop("rand", infer=_rand_infer, ref=_rand_ref, vjp=lambda c, o, i, a, n: [None, None], family="elementwise")
+
+RANDOM = ("dropout", "rand")  # (the primitives that draw: their kernel reads the run's key and its own index)

@@ -1,6 +1,7 @@
 """Counter-based random bits (Philox4x32-10), as the oracle computes them.
 
-A dropout mask is a pure function of (seed, offset, stream, element index): the same on any thread
+A dropout mask (and a rand draw: the top 24 bits over 2**24) is a pure function of (seed, offset,
+stream, element index): the same on any thread
 count and on every backend. Element i uses word i % 4 of the block keyed by counter
 (i // 4 low, i // 4 high, stream, offset) and key (seed low, seed high). An element is kept when
 its top 24 bits are at least `threshold` = round(p * 2**24).
@@ -50,12 +51,23 @@ def threshold(p):
     return int(round(p * (1 << 24)))
 
 
-def keep_mask(numel, seed, offset, stream, thresh):
-    """Boolean keep-mask of `numel` elements for one dropout site."""
+def _bits(numel, seed, offset, stream):
+    """The 32 random bits of elements 0..numel of one site (uint64 holding them)."""
     seed, offset = int(seed) & ((1 << 64) - 1), int(offset) & MASK32
     blocks = np.arange((numel + 3) // 4, dtype=np.uint64)
     words = philox4x32(blocks & np.uint64(MASK32), blocks >> np.uint64(32),
                        np.full(blocks.shape, stream, np.uint64), np.full(blocks.shape, offset, np.uint64),
                        seed & MASK32, seed >> 32)
-    bits = np.stack(words, axis=1).reshape(-1)[:numel]
-    return (bits >> np.uint64(8)) >= np.uint64(thresh)
+    return np.stack(words, axis=1).reshape(-1)[:numel]
+
+
+def keep_mask(numel, seed, offset, stream, thresh):
+    """Boolean keep-mask of `numel` elements for one dropout site."""
+    return (_bits(numel, seed, offset, stream) >> np.uint64(8)) >= np.uint64(thresh)
+
+
+def uniform(numel, seed, offset, stream):
+    """`numel` float32 draws in [0, 1) of one rand site: each element's top 24 bits times 2**-24
+    (exact in float32), as the kernels' mica_uniform."""
+    return ((_bits(numel, seed, offset, stream) >> np.uint64(8)).astype(np.float32) *
+            np.float32(2.0 ** -24)).astype(np.float32)

@@ -19,6 +19,7 @@ import math
 
 
 from ..ops import OPS
+from ..ops.nn import RANDOM
 from .schedule import (Buffer, Call, Const, Copy, Expr, Gemm, Iota, Literal, Loop, Reduce, Schedule,
                        View)
 
@@ -283,7 +284,7 @@ def _reread(loop, M, N):
     or a view cannot be re-read."""
     if math.prod(loop.shape) != M * N or (loop.shape[-1] != N if loop.shape else True):
         return None
-    if any(e.kind == "op" and e.op == "dropout" for e in loop.exprs):
+    if any(e.kind == "op" and e.op in RANDOM for e in loop.exprs):
         return None
     exprs = []
     for e in loop.exprs:
@@ -329,7 +330,7 @@ def _absorbable(g, groups, nodes, reduce_node, consumers, out_ids):
     values (and it draws no random numbers: their index is the loop's own)."""
     member_nodes = {id(nodes[m]) for m in groups.members[g]}
     for m in groups.members[g]:
-        if nodes[m].op == "dropout":
+        if nodes[m].op in RANDOM:
             return False
         for v in nodes[m].outputs:
             if v.id in out_ids:
@@ -474,7 +475,7 @@ class _Builder:
         for n in nodes:
             args = []
             for v in n.inputs:
-                if n.op == "dropout" and v is n.inputs[1]:
+                if n.op in RANDOM and v is n.inputs[1]:
                     continue  # the random key is read by the kernel itself
                 args.append(local[v.id] if v.id in local else load(v))
             exprs.append(Expr("op", n.out.dtype, op=n.op, args=args, attrs=n.attrs))

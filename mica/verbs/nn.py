@@ -615,6 +615,27 @@ def dropout(input, p=0.5, training=True, inplace=False):
     return written(x, y, inplace)
 
 
+def uniform_draw(shape, dtype, verb):
+    """Draws in [0, 1) of `shape` inside a trace (torch.rand's): the rand primitive, one stream per
+    call site, keyed as dropout is by the run's seed and offset and the element's index (the same
+    on every thread count and backend); 24 random bits each, made in float32 and rounded once to
+    `dtype`."""
+    from .core import zeros
+
+    ctx = current(verb)
+    return emit("rand", [zeros(shape, dtype=dtype), ctx.rng()], stream=ctx.next_stream())
+
+
+def normal_draw(shape, dtype, verb):
+    """Standard normal draws of `shape` inside a trace (torch.randn's), by Box and Muller's
+    transform of two uniform draws: sqrt(-2 log(1 - u1)) cos(2 pi u2), in float32, rounded once."""
+    from .core import cos, log, mul, rsub, sqrt, to
+
+    u1, u2 = uniform_draw(shape, dtypes.float32, verb), uniform_draw(shape, dtypes.float32, verb)
+    z = mul(sqrt(mul(log(rsub(u1, 1.0)), -2.0)), cos(mul(u2, 2 * math.pi)))
+    return z if dtype is dtypes.float32 else to(z, dtype)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """softmax(q @ k^T * scale [+ mask]) @ v, with PyTorch's signature and its top-left causal mask."""

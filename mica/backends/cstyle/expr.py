@@ -107,6 +107,9 @@ class ExprWriter:
         args = [f"v{a}" for a in x.args]
         if x.op == "cast":
             return self.cast(x, args[0], rnd)
+        if x.op == "rand":
+            draw = f"mica_uniform(rng, {x.attrs['stream']}u, (uint64_t)({self.flat_index}))"
+            return rnd(x.dtype, f"({ct.ctype(x.dtype)}){draw}")
         if x.op == "dropout":
             keep = f"mica_keep(rng, {x.attrs['stream']}u, (uint64_t)({self.flat_index}), {x.attrs['threshold']}u)"
             scale = ct.const(1.0 / (1.0 - x.attrs["p"]), x.dtype)

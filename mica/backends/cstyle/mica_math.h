@@ -299,6 +299,11 @@ static inline MICA_HD int mica_keep(const int64_t *rng, uint32_t stream, uint64_
     return (mica_philox_word((uint64_t)rng[0], (uint32_t)rng[1], stream, index) >> 8) >= threshold;
 }
 
+/* element `index` of rand site `stream`: its top 24 bits times 2^-24, a float in [0, 1) */
+static inline MICA_HD float mica_uniform(const int64_t *rng, uint32_t stream, uint64_t index) {
+    return (float)(mica_philox_word((uint64_t)rng[0], (uint32_t)rng[1], stream, index) >> 8) * 5.9604644775390625e-08f;
+}
+
 /* ---- fixed-order sums ---------------------------------------------------------------------------
  * The canonical sum of n values x[0..n): blocks of MICA_BLOCK values; inside a block eight lanes
  * (lane = index % 8) summed in increasing index, then combined as ((0+1)+(2+3))+((4+5)+(6+7));

@@ -9,6 +9,7 @@ import numpy as np
 
 from ...passes.schedule import Buffer, Call, Copy, Gemm, Literal, Loop, Reduce
 from ...errors import MicaError
+from ...ops.nn import RANDOM
 from . import types as ct
 from .expr import Accessor
 
@@ -117,7 +118,7 @@ class CStyleRenderer:
         if isinstance(kern, Loop):
             body = self.loop(kern)
             views = [e.view for e in kern.exprs if e.kind == "load"] + [v for v, _ in kern.stores]
-            needs_rng = any(e.kind == "op" and e.op == "dropout" for e in kern.exprs)
+            needs_rng = any(e.kind == "op" and e.op in RANDOM for e in kern.exprs)
         elif isinstance(kern, Reduce):
             helpers, body = self.reduce(kern, f"k{k}")
             views = [e.view for e in kern.exprs if e.kind == "load"] + [kern.out]
