@@ -3,7 +3,7 @@ next token, a random batch, a random permutation), from one seeded generator (nu
 
 The numbers are not torch's (another generator), but a seed gives the same numbers on every run
 and machine. Inside a traced step there are no host draws: rand, randn, rand_like, randn_like,
-bernoulli and normal are the program's own draws there (verbs/nn.py's uniform_draw, normal_draw:
+bernoulli, normal and randint are the program's own draws there (verbs/nn.py's uniform_draw, normal_draw:
 dropout's counter-based stream, a function of the call's seed and offset), and the others a
 sentence that says so.
 """
@@ -92,8 +92,8 @@ def _rng(verb, generator):
 
     if in_trace():
         raise TraceError(f"mica.{verb} draws random numbers on the host, outside a traced step; inside one, "
-                         "randomness is the program's, as dropout's (rand, randn, rand_like, randn_like, bernoulli "
-                         "and normal draw there; draw the rest outside and pass them in as an input)",
+                         "randomness is the program's, as dropout's (rand, randn, rand_like, randn_like, bernoulli, "
+                         "normal and randint draw there; draw the rest outside and pass them in as an input)",
                          user_location())
     return (generator or default_generator)._rng
 
@@ -198,6 +198,7 @@ def _like_float(input):
 
 def randint(*args, size=None, generator=None, dtype=None, **_device):
     """randint(high, size) or randint(low, high, size): ints in [low, high), int64."""
+    from . import dtypes
     from .dtypes import as_dtype, int64
 
     if size is not None:
@@ -211,6 +212,17 @@ def randint(*args, size=None, generator=None, dtype=None, **_device):
     if not int(low) < int(high):
         raise MicaError(f"mica.randint: low ({low}) must be below high ({high})")
     dt = as_dtype(dtype) if dtype is not None else int64
+    if _traced("randint", generator):  # (a diffusion model's timesteps: floor(u * n) + low, u's 24 bits in float64)
+        from .verbs import add, clamp, floor, mul, to
+        from .verbs.nn import uniform_draw
+
+        n = int(high) - int(low)
+        if n > 1 << 24:
+            raise TraceError(f"mica.randint inside a traced step draws from 2**24 values at most (its 24 random bits); "
+                             f"[{low}, {high}) holds {n}: draw it outside and pass it in", _where())
+        u = uniform_draw(_size("randint", (size,)), dtypes.float64, "randint")
+        picks = clamp(to(floor(mul(u, float(n))), dt), 0, n - 1)
+        return add(picks, int(low)) if int(low) else picks
     draws = _rng("randint", generator).integers(int(low), int(high), _size("randint", (size,)), dtype=np.int64)
     return host(draws.astype(dt.np_storage))
 

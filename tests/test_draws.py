@@ -12,7 +12,8 @@ import mica
 
 def _draws(x):
     return (mica.randn_like(x), mica.rand(3, 1000), mica.bernoulli(mica.full((4000,), 0.3)),
-            mica.normal(x, 2.0), mica.rand_like(x, dtype=mica.float16), mica.randn(2, 2000, dtype=mica.float64))
+            mica.normal(x, 2.0), mica.rand_like(x, dtype=mica.float16), mica.randn(2, 2000, dtype=mica.float64),
+            mica.randint(3, 13, (6000,)))  # (a diffusion model's timesteps)
 
 
 def test_draws_in_a_compiled_step_have_their_distributions_and_repeat_with_the_seed():
@@ -20,7 +21,9 @@ def test_draws_in_a_compiled_step_have_their_distributions_and_repeat_with_the_s
     x = np.full((4, 1000), 3.0, np.float32)
     mica.manual_seed(0)
     first = [np.asarray(t) for t in step(x)]
-    n, u, b, shifted, half, wide = first
+    n, u, b, shifted, half, wide, ints = first
+    assert ints.dtype == np.int64 and ints.min() == 3 and ints.max() == 12
+    assert np.abs(np.bincount(ints - 3) / 6000 - 0.1).max() < 0.02
     assert n.dtype == np.float32 and half.dtype == np.float16 and wide.dtype == np.float64
     for draws, mean, std in ((n, 0.0, 1.0), (u, 0.5, 12 ** -0.5), (b, 0.3, 0.21 ** 0.5), (shifted, 3.0, 2.0),
                              (half.astype(np.float32), 0.5, 12 ** -0.5), (wide, 0.0, 1.0)):

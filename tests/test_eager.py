@@ -143,9 +143,9 @@ def test_random_draws_repeat_under_a_seed_and_follow_torchs_signatures():
         mica.multinomial(weights, 5)
     with pytest.raises(mica.MicaError, match="finite and non-negative"):
         mica.multinomial(mica.tensor([0.5, -0.1]), 1)
-    with pytest.raises(mica.TraceError, match=r"mica.randint draws random numbers on the host, outside a traced "
+    with pytest.raises(mica.TraceError, match=r"mica.randperm draws random numbers on the host, outside a traced "
                                               r"step; inside one, randomness is the program's"):
-        mica.trace(lambda x: x + mica.randint(0, 3, (3,)), mica.f32[3])  # (randn there: tests/test_draws.py)
+        mica.trace(lambda x: x + mica.randperm(3), mica.f32[3])  # (randn there: tests/test_draws.py)
 
 
 def test_host_tensors_mean_torchs_methods_and_numpy_functions_keep_numpys():
