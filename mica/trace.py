@@ -334,6 +334,32 @@ def _with_keywords(fn):
     return called
 
 
+class _Held:
+    """A Parameter (or a host tensor made a leaf in place) given as an argument of a torch.compile-
+    form call: not an input of its values but the trainable object, which the step reads as it
+    reads one from a global (its gradient, its update); the guards know it by its identity."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+
+def _trainable(x):
+    return type(x).__name__ in ("Parameter", "LeafTensor")
+
+
+def _parameters_held(args, fn):
+    """(args with their Parameters held as static _Held leaves, fn taking them back)."""
+    leaves, tree = pytree.flatten(args, is_leaf=_is_spec_leaf)
+    held = pytree.unflatten(tree, [_Held(x) if _trainable(x) else x for x in leaves])
+
+    @functools.wraps(fn)
+    def called(*given):
+        got, shape = pytree.flatten(given, is_leaf=lambda x: isinstance(x, _Held) or _is_spec_leaf(x))
+        return fn(*pytree.unflatten(shape, [x.obj if isinstance(x, _Held) else x for x in got]))
+    return held, called
+
+
 def _random(program):
     """Whether a compiled program draws random bits (dropout)."""
     lowered = getattr(program, "lowered", None)
@@ -449,6 +475,8 @@ class _Compiled:
         fn, given = self.fn, (tuple(args), dict(kwargs))
         if kwargs:  # (traced as one more pytree: its arrays inputs, its Python numbers constants)
             args, fn = given, _with_keywords(self.fn)
+        if any(_trainable(x) for x in pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)[0]):
+            args, fn = _parameters_held(tuple(args), fn)  # (step(W, x) with W a Parameter: read as one)
         fn = with_writes(fn)  # (an argument changed in place is written back into the caller's array, as torch's)
         leaves, tree = pytree.flatten(tuple(args), is_leaf=_is_spec_leaf)
         from . import guards, stateful

@@ -2263,3 +2263,38 @@ def test_a_step_that_drops_gradients_first_builds_one_program_and_one_that_adds_
     np.testing.assert_allclose(got, want, rtol=1e-5)
     programs = sum(len(s.programs) for s in {id(s): s for s in step.built.values()}.values())
     assert programs == (2 if loop == "accumulating" else 1)
+
+
+@pytest.mark.parametrize("made", ["Parameter", "requires_grad in place"])
+def test_a_parameter_given_as_an_argument_of_a_compiled_step_is_trained_as_torchs(made):
+    """step(W, x) with W a trainable tensor: its values were an input and backward() said to make
+    it a Parameter, which it was; it is the trainable object now, as a global one is."""
+    import torch
+
+    rng = np.random.default_rng(10)
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    xs = [rng.standard_normal((4, 3)).astype(np.float32) for _ in range(3)]
+
+    def run(lib, compiled):
+        if lib is torch:
+            W = torch.tensor(w0, requires_grad=True)
+        elif made == "Parameter":
+            W = mica.nn.Parameter(mica.tensor(w0))
+        else:
+            W = mica.tensor(w0)
+            W.requires_grad = True
+
+        def step(W, x, scale):
+            loss = (x @ W).tanh().sum() * scale
+            loss.backward()
+            with lib.no_grad():
+                W.data -= 0.1 * W.grad
+            W.grad = None
+            return loss
+
+        step = compiled(step) if compiled else step
+        return [float(step(W, lib.tensor(x), 0.5)) for x in xs], _np(W)
+
+    (got, w), (want, tw) = run(mica, mica.compile), run(torch, None)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(w, tw, rtol=1e-5, atol=1e-7)
