@@ -112,9 +112,17 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):  # (a verb torch has and Mica does not: one sentence; submodules still import)
+    from .errors import MissingVerbError, missing_verb
+
+    if name.startswith("_foreach_"):  # (torch's list forms: an EMA's _foreach_mul_ / _foreach_add_)
+        from .foreach import names
+
+        found = names().get(name)
+        if found is None:
+            raise missing_verb("mica.", name, "torch.")
+        return found
     if name.startswith("_"):
         raise AttributeError(name)
-    from .errors import MissingVerbError, missing_verb
 
     if name in ("set_float32_matmul_precision", "get_float32_matmul_precision"):
         from . import backends

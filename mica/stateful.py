@@ -372,7 +372,9 @@ def read(p, module=None):
         if id(p) not in step.bound:
             from . import verbs as F
 
-            step.bound[id(p)] = F.zeros(p.shape, dtype=p.dtype)  # (a stand-in: this trace is never run)
+            # (a stand-in: this trace is never run; one value per parameter, not zeros all hash-consed into
+            # one, so backward() below tells which parameters a loss reaches: a GAN's D step, not G's)
+            step.bound[id(p)] = F.full(p.shape, len(step.bound) + 1, dtype=p.dtype)
         return step.bound[id(p)]
     if id(p) not in step.bound:
         raise MicaError("a Parameter the step's first trace did not read is read now: a module or Parameter made "
@@ -420,8 +422,10 @@ def backward(loss, retain_graph=None):
                         "loss.backward(retain_graph=True) on the first (or compute the loss again)", user_location())
     step.backwarded.append((loss, bool(retain_graph)))
     if step.mode == "find":  # (its parameters' stand-ins are not inputs: the real trace checks the paths)
-        for p in params:  # (backward() adds to the gradient a parameter holds)
-            step.grads.used(id(p))
+        reached = _reached(loss)
+        for p in params:  # (backward() adds to the gradient of each parameter the loss reaches)
+            if step.bound[id(p)].value.id in reached:
+                step.grads.used(id(p))
         return None
     from .optim.base import has_gradient
 
@@ -434,6 +438,18 @@ def backward(loss, retain_graph=None):
         if has_gradient(g):
             step.retained_grads[id(t)] = g if id(t) not in step.retained_grads else step.retained_grads[id(t)] + g
     return None
+
+
+def _reached(loss):
+    """The ids of the values the loss is computed from along paths gradients flow through."""
+    todo, seen = [loss.value], set()
+    while todo:
+        v = todo.pop()
+        if v.id in seen or v.node.op == "detach":
+            continue
+        seen.add(v.id)
+        todo.extend(v.node.inputs)
+    return seen
 
 
 def _reaches(loss, tensors):

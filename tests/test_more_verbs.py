@@ -553,3 +553,43 @@ def test_an_index_mixing_a_range_or_list_with_a_tensor_and_grad_of_a_parameter_a
     np.testing.assert_allclose(np.asarray(gw), tgw.numpy(), rtol=1e-5, atol=1e-7)
     a = mica.tensor(lp)
     assert mica.allclose(a, a) is True and mica.equal(a, a + 1) is False and a.allclose(a) is True
+
+
+def test_foreach_list_forms_update_an_ema_as_torchs_inside_a_compiled_step_and_outside():
+    """torch._foreach_mul_/_add_/_lerp_ (diffusion repos' EMA) were a Python traceback
+    (AttributeError: _foreach_mul_); they are the tensors' own methods over the lists."""
+    import copy
+
+    import torch
+
+    def run(lib, compiled):
+        torch.manual_seed(0)
+        theirs = torch.nn.Linear(3, 3)
+        m = theirs if lib is torch else mica.nn.Linear(3, 3)
+        if lib is mica:
+            m.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+        ema = copy.deepcopy(m)
+        opt = lib.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            loss = m(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with lib.no_grad():
+                lib._foreach_mul_(list(ema.parameters()), 0.9)
+                lib._foreach_add_(list(ema.parameters()), list(m.parameters()), alpha=0.1)
+                lib._foreach_lerp_(list(ema.parameters()), list(m.parameters()), 0.01)
+            return loss
+
+        step = compiled(step) if compiled else step
+        for i in range(3):
+            step(lib.tensor(np.full((2, 3), i + 1.0, np.float32)))
+        with lib.no_grad():
+            doubled = lib._foreach_mul(list(ema.parameters()), 2.0)
+        return [np.asarray(t.detach() if lib is torch else t) for t in list(ema.parameters()) + list(doubled)]
+
+    for got, want in zip(run(mica, mica.compile), run(torch, None)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica\._foreach_frobnicate_"):
+        mica._foreach_frobnicate_([])
