@@ -5,9 +5,10 @@ closure variable, a module's mode, plain attribute, buffer or Dropout p, another
 shape, or an object argument whose attributes changed never runs a program made for the old ones.
 
 Once a function has been traced, the code its traces ran is known (Reads: the profiler noted each
-function called), and objects are narrowed to it: a plain object's or a module's attributes that
-code never reads (a trainer's `self.loss` and `self.iter_num`, set by the loop each call) and its
-class's methods it never ran are left out, as torch.compile guards only what it traced.
+function called), and plain objects are narrowed to it: their attributes that code never reads (a
+trainer's `self.loss` and `self.iter_num`, set by the loop each call) and their classes' methods it
+never ran are left out, as torch.compile guards only what it traced; where the user's code reads
+attributes by a name in a string (getattr, vars, __dict__, dataclasses.asdict) nothing is narrowed.
 
 The fingerprint covers, to any depth:
 - the globals and closure variables the function's code names, and the same for every function of
@@ -67,6 +68,7 @@ class Reads:
 
     def __init__(self):
         self.codes, self.names = set(), set()
+        self.dynamic = False  # (the user's code reads attributes by a name in a string: nothing is narrowed)
 
     def add(self, codes):
         """Note the code a trace ran; whether any was new (the world a key read may differ)."""
@@ -75,8 +77,26 @@ class Reads:
             if code not in self.codes:
                 self.codes.add(code)
                 self.names |= _attributes(code)
+                self.dynamic = self.dynamic or (_users(code) and not code.co_filename.startswith("<frozen") and
+                                                bool(_DYNAMIC & _names_loaded(code)))  # (not importlib's own)
                 new = True
         return new
+
+
+# (reading an attribute by a name held in a string, or an object's attributes all at once: the names
+# the code loads cannot say which it reads, so the guards read every attribute, as before they knew)
+_DYNAMIC = frozenset(("getattr", "hasattr", "vars", "__dict__", "__getattribute__", "attrgetter", "asdict",
+                      "astuple", "replace", "fields", "__getstate__", "__reduce__", "__reduce_ex__", "dir"))
+
+
+def _names_loaded(code):
+    """Every global, builtin and attribute name code (and its nested code) loads."""
+    found = {ins.argval for ins in dis.get_instructions(code)
+             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD") and isinstance(ins.argval, str)}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            found |= _names_loaded(c)
+    return found
 
 
 _ATTRIBUTES = {}
@@ -208,7 +228,8 @@ def _loads(code):
 class _Walk:
     def __init__(self, slots=None, reads=None):
         self.slots = slots or {}  # {(id(holder), key): Slot} known by their marks (slots.py)
-        self.reads = reads if reads is not None and reads.codes else None  # (Reads: objects narrowed to them)
+        self.reads = reads if reads is not None and reads.codes and not reads.dynamic else None  # (Reads: objects
+        # narrowed to what the traced code reads)
         self.holders = []  # [(holder, owner)]: globals dicts, closure cells, plain objects' attribute dicts
         self.held = set()  # (their ids)
         self.found = []  # (where, fingerprint) of each global and closure variable read
@@ -340,7 +361,10 @@ class _Walk:
             fields = getattr(v, "__dict__", None)
             slots = [n for c in t.__mro__ for n in getattr(c, "__slots__", ()) if isinstance(n, str)]
             if isinstance(fields, dict) or slots:  # (its attributes, and its class's plain ones, read again)
-                held = tuple((n, self.value(getattr(v, n), depth + 1)) for n in slots if hasattr(v, n))
+                if slots:
+                    self._holder(v, "__slots__")
+                held = tuple((n, self.slots[id(v), n].mark(getattr(v, n)) if (id(v), n) in self.slots
+                              else self.value(getattr(v, n), depth + 1)) for n in slots if hasattr(v, n))
                 if isinstance(fields, dict):
                     self._holder(fields, v)
                 return ("object", id(t), self._fields(fields, depth + 1) if isinstance(fields, dict) else None, held)
@@ -373,9 +397,8 @@ class _Walk:
         for k, x in vars(m).items():
             if k not in ("_parameters", "_modules", "_buffers", "_non_persistent", "training", "_mica_assigned",
                          "_mica_state_buffers", "_mica_written") and \
-                    not k.startswith("_said") and k not in assigned and \
-                    (self.reads is None or k in self.reads.names or k.startswith("_")):
-                parts.append((k, self.value(x, depth + 1)))
+                    not k.startswith("_said") and k not in assigned:  # (every one: Mica's own modules read
+                parts.append((k, self.value(x, depth + 1)))            # their settings by name too)
         self._methods(type(m))
         return tuple(parts)
 

@@ -1102,8 +1102,9 @@ class LeafTensor(HostTensor):
 def _leaf_operator(name):
     def operator(self, *args):
         live = _live_of(self)
-        if live is not None:  # (in a compiled step: the Parameter's current Tensor's operator)
-            return getattr(live, name)(*args)
+        if live is not None:  # (in a compiled step: the Parameter's current Tensor's operator; W -= lr * W.grad
+            out = getattr(live, name)(*args)  # written into it, the name staying this leaf, as torch's)
+            return self if name.startswith("__i") and out is live else out
         return getattr(HostTensor, name)(self, *args)
     operator.__name__ = name
     return operator

@@ -25,15 +25,19 @@ _ABSENT = object()
 
 
 class Slot:
-    """One place a step rebinds: a key of a dict (a module's globals, a plain object's attributes)
-    or a closure cell (key None)."""
+    """One place a step rebinds: a key of a dict (a module's globals, a plain object's attributes),
+    a closure cell (key None), or an attribute of an object with __slots__ (holder that object,
+    `named` True)."""
 
-    def __init__(self, holder, key, owner, where):
-        self.holder, self.key, self.owner, self.where = holder, key, owner, where
+    def __init__(self, holder, key, owner, where, named=False):
+        self.holder, self.key, self.owner, self.where, self.named = holder, key, owner, where, named
         self.spec = None  # (its state's Spec; None: an output only)
+        self.was_none = False  # (it held None before the first trace)
         self.name = None  # (its key in the compiled step's dicts)
 
     def get(self):
+        if self.named:
+            return getattr(self.holder, self.key, _ABSENT)
         if self.key is None:
             try:
                 return self.holder.cell_contents
@@ -42,6 +46,13 @@ class Slot:
         return self.holder.get(self.key, _ABSENT)
 
     def set(self, value):
+        if self.named:
+            if value is _ABSENT:
+                if hasattr(self.holder, self.key):
+                    object.__delattr__(self.holder, self.key)
+            else:
+                object.__setattr__(self.holder, self.key, value)
+            return
         if self.key is None:
             if value is _ABSENT:
                 del self.holder.cell_contents
@@ -54,9 +65,10 @@ class Slot:
 
     def mark(self, value):
         """Its fingerprint for the guards: the shape and kind of what it holds where it is state (a
-        value of another shape makes another step), nothing where the step only writes it."""
+        value of another shape makes another step), where the step only writes it whether it holds
+        None (`if running is None: running = ...`: the first call's branch is not the next's)."""
         if self.spec is None:
-            return ("slot",)
+            return ("slot", value is None)
         try:
             a = np.asarray(value)
             return ("slot", a.shape, a.dtype.kind)
@@ -92,6 +104,13 @@ class Slot:
         return in_dtype(a, self.spec.dtype)
 
 
+def _boxes_tensors(v):
+    """Whether v is a list, tuple or dict holding a traced tensor (at any depth)."""
+    if isinstance(v, dict):
+        v = list(v.values())
+    return isinstance(v, (list, tuple)) and any(isinstance(x, Tensor) or _boxes_tensors(x) for x in v)
+
+
 def _plain(v):
     return isinstance(v, (np.ndarray, np.generic, int, float, bool))
 
@@ -121,7 +140,10 @@ class Snapshot:
 
         self.kept = []
         for holder, owner in holders(fn, leaves):
-            if isinstance(holder, dict):
+            if owner == "__slots__":  # (an object's __slots__ attributes)
+                names = [n for c in type(holder).__mro__ for n in getattr(c, "__slots__", ()) if isinstance(n, str)]
+                self.kept.append((holder, owner, {n: getattr(holder, n, _ABSENT) for n in names}))
+            elif isinstance(holder, dict):
                 self.kept.append((holder, owner, dict(holder)))
             else:
                 try:
@@ -132,18 +154,32 @@ class Snapshot:
     def rebound(self):
         """[(Slot, what it held before)] of the places the trace left a traced tensor in, each put
         back as it was."""
-        out = []
+        out, boxed = [], []
         for holder, owner, before in self.kept:
+            if owner == "__slots__":
+                for key, was in before.items():
+                    now = getattr(holder, key, _ABSENT)
+                    if isinstance(now, Tensor) and was is not now:
+                        out.append((Slot(holder, key, holder, f"{type(holder).__name__}.{key}", named=True), was))
+                    elif now is not was and _boxes_tensors(now):
+                        boxed.append((Slot(holder, key, holder, f"{type(holder).__name__}.{key}", named=True), was))
+                continue
             if isinstance(holder, dict):
                 for key, now in list(holder.items()):
                     if isinstance(now, Tensor) and before.get(key, _ABSENT) is not now:
                         out.append((Slot(holder, key, owner, _where(key, owner)), before.get(key, _ABSENT)))
+                    elif now is not before.get(key, _ABSENT) and _boxes_tensors(now):
+                        boxed.append((Slot(holder, key, owner, _where(key, owner)), before.get(key, _ABSENT)))
             else:
                 slot = Slot(holder, None, owner, "a closure variable")
                 if isinstance(slot.get(), Tensor) and slot.get() is not before:
                     out.append((slot, before))
         for slot, before in out:
             slot.now = slot.get()  # (the traced tensor the trace left: its Spec)
+            slot.set(before)
+        self.boxed = []
+        for slot, before in boxed:  # (a list, tuple or dict of traced tensors: put back, and said by found())
+            self.boxed.append((slot.where, type(slot.get()).__name__))
             slot.set(before)
         return out
 
@@ -164,14 +200,21 @@ def _dtype(a):
         return None
 
 
-def found(rebound):
+def found(rebound, boxed=()):
     """The Slots of the find trace's rebound places, each with its Spec where it is state (a
-    sentence where a Parameter was rebound)."""
+    sentence where a Parameter was rebound, or a place given a list, tuple or dict of tensors)."""
     from .dtypes import Spec
+
+    if boxed:
+        where, kind = boxed[0]
+        raise MicaError(f"the compiled step rebinds {where} to a {kind} holding tensors, which it cannot keep between "
+                        "calls; keep each tensor in a global or attribute of its own (the step keeps those), or "
+                        "return them from the step", user_location())
 
     slots = []
     for slot, before in rebound:
         now = slot.now
+        slot.was_none = before is None  # (an output it held None before: `if running is None:` read it)
         if type(before).__name__ == "Parameter":
             raise MicaError(f"the compiled step rebinds {slot.where}, a tensor that requires a gradient, to a new "
                             f"tensor (torch's would stop being a leaf and get no gradient); update it in place "

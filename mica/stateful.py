@@ -750,6 +750,7 @@ class StatefulStep:
         scaler_specs = [sc.state_specs() for sc in self.scalers]
         buffer_specs = {key: _buffer_spec(m, name) for key, (m, name) in zip(self.buffer_names, self.buffers)}
         slot_specs = {slot.name: slot.spec for slot in self.slots if slot.spec is not None}
+        from . import slots as slots_module
         from .nn.modules import _put_back, _tensor_leaves
 
         computed = []  # [(group, its lr computed in the step)] of the last trace
@@ -770,8 +771,11 @@ class StatefulStep:
             for m, name in self.assigns:  # (a read before the step assigns it: a sentence, not a stale constant)
                 object.__setattr__(m, name, _Unread(f"{type(m).__name__}.{name}"))
             kept = [(slot, slot.get()) for slot in self.slots]
-            for slot in self.slots:  # (state: its input; an output only: read before it is assigned, a sentence)
-                slot.set(slots[slot.name] if slot.spec is not None else _Unread(slot.where))
+            for slot, value in kept:  # (state: its input; an output only: read before it is assigned, a sentence,
+                if slot.spec is not None:  # but None, or nothing, as it is: `if running is None:`)
+                    slot.set(slots[slot.name])
+                elif value is not None and value is not slots_module._ABSENT:
+                    slot.set(_Unread(slot.where))
             _ACTIVE.append(s)
             try:
                 result = self.fn(*user_args)
@@ -1027,7 +1031,7 @@ def find(fn, args, name=None):
         _restore_lrs(s)
         s.restore()
         rebound = snapshot.rebound()  # (each put back as it was: no traced tensor outlives the trace)
-    s.slots = slots.found(rebound)
+    s.slots = slots.found(rebound, snapshot.boxed)
     _check_containers(s)
     if any(s.scaler_stepped.values()):  # (torch refuses the next step until update(): say it now)
         raise MicaError("the compiled step calls GradScaler.step(optimizer) and not scaler.update() after it, so the "

@@ -533,8 +533,9 @@ class _Compiled:
         run_options.setdefault("offset", 0 if drawn else self.calls)  # (a seed given: the call count moves the key)
         self.calls += 1
         out = built(args, run_options, prepared) if prepared else built(*args, **run_options)
-        if made and isinstance(built, stateful.StatefulStep) and built.slots:  # (and what its first run left in
-            self.built.setdefault(key_now(), built)  # the places it rebinds: a (1, n) running mean where (n,) was)
+        if made and isinstance(built, stateful.StatefulStep) and built.slots and not any(
+                s.was_none for s in built.slots):  # (and what its first run left in the places it rebinds: a (1, n)
+            self.built.setdefault(key_now(), built)  # running mean where (n,) was; not where None was: its branch)
         from .host import host
 
         return host(written_back(out, leaves))  # (torch's tensors: host tensors, as a torch-style step's)

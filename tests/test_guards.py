@@ -520,3 +520,78 @@ def test_a_trainer_objects_attributes_the_step_never_reads_compile_nothing_and_o
     got = float(step2(x, y))
     want = float(((x @ before[0].T + before[1] - y) ** 2).mean() * 3.0)
     assert got == pytest.approx(want, rel=1e-5) and len({id(b) for b in step2.built.values()}) == 2
+
+
+@pytest.mark.parametrize("how", ["getattr", "getattr by a name", "vars", "__dict__", "hasattr", "module getattr"])
+def test_an_attribute_read_by_a_name_in_a_string_is_still_guarded(how):
+    """From an attack on the narrowed guards: getattr(self, "c"), vars(self)["c"], self.__dict__
+    and hasattr read attributes the bytecode does not name, and a change of them kept the old
+    program (a stale constant); where the user's code reads that way nothing is narrowed."""
+    class Plain:
+        def __init__(self):
+            self.c = 1.0
+
+    class Mod(mica.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = 1.0
+
+    t = Mod() if how == "module getattr" else Plain()
+    name = "c"
+
+    def read(x):
+        if how in ("getattr", "module getattr"):
+            s = getattr(t, "c")
+        elif how == "getattr by a name":
+            s = getattr(t, name)
+        elif how == "vars":
+            s = vars(t)["c"]
+        elif how == "__dict__":
+            s = t.__dict__["c"]
+        else:
+            s = 2.0 if hasattr(t, "zz") else 1.0
+        return x * s
+
+    f = mica.compile(read)
+    x = np.ones(2, np.float32)
+    assert float(f(x)[0]) == 1.0
+    t.c, t.zz = 5.0, 5.0
+    assert float(f(x)[0]) == (2.0 if how == "hasattr" else 5.0)
+
+
+def test_a_modules_parameter_updated_in_place_by_name_in_a_step_stays_its_parameter():
+    """`with no_grad(): m.w -= lr * m.w.grad` in a compiled step said 'cannot assign a Tensor as
+    parameter'; torch's is in place, as Mica's `for p in m.parameters(): p -= ...` was."""
+    import torch
+
+    class M:
+        def __init__(self, lib):
+            base = lib.nn.Module
+
+            class Inner(base):
+                def __init__(self):
+                    super().__init__()
+                    self.w = lib.nn.Parameter(lib.tensor(np.array([0.5, -1.0, 2.0], np.float32)))
+
+                def forward(self, x):
+                    return (x * self.w).sum()
+            self.m = Inner()
+
+    def run(lib, compiled):
+        m = M(lib).m
+
+        def step(x):
+            loss = m(x) ** 2
+            m.zero_grad()
+            loss.backward()
+            with lib.no_grad():
+                m.w -= 0.1 * m.w.grad
+            return loss
+
+        step = compiled(step) if compiled else step
+        x = lib.tensor(np.array([1.0, 2.0, 3.0], np.float32))
+        return [float(step(x)) for _ in range(3)], np.asarray(m.w.detach() if lib is torch else m.w)
+
+    (got, w), (want, tw) = run(mica, mica.compile), run(torch, None)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(w, tw, rtol=1e-6)

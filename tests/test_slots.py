@@ -300,3 +300,54 @@ def test_retain_grad_keeps_a_non_leafs_gradient_inside_the_step_as_torchs():
     for got, want in zip(run(mica, mica.compile), run(torch, None)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     assert mica.ones(2).grad is None  # (a tensor that requires no gradient has none, as torch's)
+
+
+FIRST_CALL = COMMON + '''
+running = None
+class Slotted:
+    __slots__ = ("m", "calls")
+    def __init__(self):
+        self.m = torch.zeros(3)
+        self.calls = 0
+holder = Slotted()
+W = torch.tensor(init["W1"][:3, :3])
+W.requires_grad = True
+
+@compiled
+def step(x):
+    global running, W
+    m = x.mean(0)
+    if running is None:
+        running = m
+    else:
+        running = 0.9 * running + 0.1 * m
+    holder.m = holder.m * 0.5 + m
+    loss = (x @ W).square().mean()
+    W.grad = None
+    loss.backward()
+    with torch.no_grad():
+        W -= 0.1 * W.grad
+    return m.sum()
+'''
+
+
+def test_a_global_started_as_none_an_objects_slots_and_an_in_place_update_of_a_global_leaf_are_torchs():
+    """From an attack on the feature: `if running is None: running = m` on the first call was the
+    'reads before assigning' sentence; an object with __slots__ kept a dead traced tensor;
+    `W -= lr * W.grad` on a global leaf rebound the name. A list of tensors is a sentence."""
+    ours, theirs = _script(FIRST_CALL, mica), _script(FIRST_CALL, torch)
+    rng = np.random.default_rng(4)
+    for _ in range(4):
+        x = rng.standard_normal((5, 3)).astype(np.float32)
+        np.testing.assert_allclose(float(ours["step"](mica.tensor(x))), float(theirs["step"](torch.tensor(x))),
+                                   rtol=1e-6)
+        for got, want in ((ours["running"], theirs["running"]), (ours["holder"].m, theirs["holder"].m),
+                          (ours["W"], theirs["W"])):
+            np.testing.assert_allclose(_arr(got), _arr(want), rtol=1e-5, atol=1e-7)
+    assert type(ours["W"]).__name__ == "LeafTensor" and _programs(ours["step"]) == 2  # (None's branch, then the rest)
+    boxed = {"st": [mica.zeros(3), mica.ones(3)], "mica": mica}
+    exec(compile("def step(x):\n    global st\n    st = [st[0] + x, st[1] * 2]\n    return x.sum()\n",
+                 "boxed.py", "exec"), boxed)
+    with pytest.raises(mica.MicaError, match=r"^the compiled step rebinds the global st to a list holding tensors"):
+        mica.compile(boxed["step"])(np.ones(3, np.float32))
+    assert type(boxed["st"][0]).__name__ == "HostTensor"  # (put back as it was)

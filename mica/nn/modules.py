@@ -296,6 +296,9 @@ class Module:
             if step is not None and name not in self._buffers:  # (a compiled step's: an output, kept after each call)
                 step.assign(self, name, value)
                 return
+        if name in self._parameters and isinstance(value, Tensor) and self._parameters[name] is not None and \
+                value is self._parameters[name]._live():  # (m.w -= lr * m.w.grad in a step: written in place,
+            return                                         # the name stays the Parameter, as torch's)
         if name in self._parameters and not isinstance(value, Parameter) and value is not None:
             raise MicaError(f"cannot assign a {type(value).__name__} as parameter {name!r} of {type(self).__name__} "
                             "(a mica.nn.Parameter or None expected, as torch's); its values come from init() or "
