@@ -154,7 +154,7 @@ class Snapshot:
     def rebound(self):
         """[(Slot, what it held before)] of the places the trace left a traced tensor in, each put
         back as it was."""
-        out, boxed = [], []
+        out, boxed, self.counted = [], [], []
         for holder, owner, before in self.kept:
             if owner == "__slots__":
                 for key, was in before.items():
@@ -170,6 +170,9 @@ class Snapshot:
                         out.append((Slot(holder, key, owner, _where(key, owner)), before.get(key, _ABSENT)))
                     elif now is not before.get(key, _ABSENT) and _boxes_tensors(now):
                         boxed.append((Slot(holder, key, owner, _where(key, owner)), before.get(key, _ABSENT)))
+                    elif type(now) in (int, float) and type(before.get(key, _ABSENT)) in (int, float) and \
+                            now != before[key]:  # (`count += 1`: Python, run when the step is traced)
+                        self.counted.append(_where(key, owner))
             else:
                 slot = Slot(holder, None, owner, "a closure variable")
                 if isinstance(slot.get(), Tensor) and slot.get() is not before:
@@ -198,6 +201,25 @@ def _dtype(a):
         return as_dtype(a.dtype)
     except Exception:
         return None
+
+
+def say_counted(counted):
+    """Warn once per place that the step changed a Python number there while it was traced (a
+    counter: `global count; count += 1`): that ran when the step was traced, not at each call."""
+    import warnings
+
+    for where in counted:
+        if where in _SAID:
+            continue
+        _SAID.add(where)
+        path, line = user_location() or ("<mica>", 0)
+        warnings.warn_explicit(f"the compiled step changes {where}, a Python number, as Python runs it: when the step is "
+                               "traced, not at each call; keep a count outside the step, or make it a tensor "
+                               "(count = count + 1 with count = torch.zeros(()) is kept at each call)", UserWarning,
+                               path, line)
+
+
+_SAID = set()
 
 
 def found(rebound, boxed=()):

@@ -1032,6 +1032,7 @@ def find(fn, args, name=None):
         s.restore()
         rebound = snapshot.rebound()  # (each put back as it was: no traced tensor outlives the trace)
     s.slots = slots.found(rebound, snapshot.boxed)
+    slots.say_counted(snapshot.counted)
     _check_containers(s)
     if any(s.scaler_stepped.values()):  # (torch refuses the next step until update(): say it now)
         raise MicaError("the compiled step calls GradScaler.step(optimizer) and not scaler.update() after it, so the "

@@ -351,3 +351,12 @@ def test_a_global_started_as_none_an_objects_slots_and_an_in_place_update_of_a_g
     with pytest.raises(mica.MicaError, match=r"^the compiled step rebinds the global st to a list holding tensors"):
         mica.compile(boxed["step"])(np.ones(3, np.float32))
     assert type(boxed["st"][0]).__name__ == "HostTensor"  # (put back as it was)
+
+
+def test_a_python_counter_the_step_changes_is_warned_of():
+    """`global count; count = count + 1` runs when the step is traced, not at each call: said."""
+    g = {"count": 0, "mica": mica}
+    exec(compile("def step(x):\n    global count\n    count = count + 1\n    return x * 2\n", "counter.py", "exec"), g)
+    with pytest.warns(UserWarning, match=r"changes the global count, a Python number, as Python runs it: when the "
+                                         r"step is traced, not at each call"):
+        mica.compile(g["step"])(np.ones(2, np.float32))
