@@ -49,14 +49,22 @@ class _ConvNd(Module):
         return conv(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self):
-        text = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}")
-        if self.padding != (0,) * self.nd:  # (torch's: a string always, unquoted)
-            text += f", padding={self.padding}"
-        if self.dilation != (1,) * self.nd:
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        return text + (", bias=False" if self.bias is None else "")
+        return _conv_repr(self)
+
+
+def _conv_repr(m):
+    """torch's _ConvNd.extra_repr, for the convolutions and the transposed ones: what differs from
+    the defaults (a string padding always, unquoted)."""
+    text = f"{m.in_channels}, {m.out_channels}, kernel_size={m.kernel_size}, stride={m.stride}"
+    if m.padding != (0,) * m.nd:
+        text += f", padding={m.padding}"
+    if m.dilation != (1,) * m.nd:
+        text += f", dilation={m.dilation}"
+    if m.output_padding != (0,) * m.nd:
+        text += f", output_padding={m.output_padding}"
+    if m.groups != 1:
+        text += f", groups={m.groups}"
+    return text + (", bias=False" if m.bias is None else "")
 
 
 class Conv1d(_ConvNd):
@@ -120,16 +128,7 @@ class _ConvTransposeNd(Module):
                     self.groups, self.dilation)
 
     def extra_repr(self):
-        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0,) * self.nd:
-            text += f", padding={self.padding}"
-        if self.dilation != (1,) * self.nd:
-            text += f", dilation={self.dilation}"
-        if self.output_padding != (0,) * self.nd:
-            text += f", output_padding={self.output_padding}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        return text + (", bias=False" if self.bias is None else "")
+        return _conv_repr(self)
 
 
 class ConvTranspose1d(_ConvTransposeNd):
