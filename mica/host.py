@@ -804,6 +804,8 @@ def host(a):
     return _rebuilt(a, host)
 
 
+_FACTORIES = frozenset(("arange", "linspace", "logspace", "eye", "zeros", "ones", "full", "empty", "tril_indices",
+                        "triu_indices"))  # (their first argument is a number: a 0-d host tensor there is one)
 _PYTHON_BOOLS = ("allclose", "equal")  # (verbs whose eager result torch gives as a Python bool)
 
 
@@ -973,9 +975,9 @@ def eager(verb):
             kwargs["num_classes"] = int(np.max(args[0])) + 1 if np.size(args[0]) else 0
             args = args[:1]
         if in_trace():
-            if args and isinstance(args[0], HostTensor) and not _holds_traced(args) and \
-                    not _holds_traced(kwargs.values()):  # (a host tensor the verb is given first, with no
-                from .verbs.core import as_tensor  # traced one: the trace's constant, as it is beside one)
+            if args and isinstance(args[0], HostTensor) and verb.__name__ not in _FACTORIES and \
+                    not _holds_traced(args) and not _holds_traced(kwargs.values()):  # (a host tensor given first, no
+                from .verbs.core import as_tensor  # traced one: the trace's constant, as beside one)
 
                 args = (as_tensor(args[0]),) + args[1:]
             return verb(*args, **kwargs)

@@ -2171,6 +2171,9 @@ def test_a_host_tensor_given_first_to_a_verb_inside_a_trace_is_a_constant_as_tor
         np.testing.assert_allclose(np.asarray(g), f(torch, torch.tensor(a), torch.tensor(b)).numpy(), rtol=1e-6)
     with pytest.raises(mica.MicaError, match=r"^sqrt takes a Tensor, got float"):
         mica.compile(lambda x: x + mica.sqrt(2.0))(np.zeros(5, np.float32))  # (torch takes no number there either)
+    n, one = mica.tensor(5), mica.tensor(1.0)  # (a factory's 0-d host tensor is its number, as before)
+    got = mica.compile(lambda x: x + mica.arange(n).float() + mica.linspace(one * 0, one, 5))(np.zeros(5, np.float32))
+    np.testing.assert_allclose(np.asarray(got), np.arange(5) + np.linspace(0, 1, 5), rtol=1e-6)
 
 
 def test_a_host_tensor_made_a_leaf_in_place_trains_as_torchs_with_a_hand_update_or_an_optimizer():
