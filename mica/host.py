@@ -326,6 +326,10 @@ class HostTensor(np.ndarray):
         return _method("to", self, *args, **kwargs)
 
     def __getitem__(self, index):
+        if _holds_traced((index,)):  # (Xtr[ix] in a trace, ix traced: a gather from the trace's constant)
+            from .verbs.core import as_tensor
+
+            return as_tensor(self)[index]
         try:
             out = np.ndarray.__getitem__(self, index)
         except IndexError as e:

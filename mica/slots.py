@@ -151,6 +151,27 @@ class Snapshot:
                 except ValueError:
                     self.kept.append((holder, owner, _ABSENT))
 
+    def shared(self):
+        """[(Slot, the Slot another compiled step keeps there, value)] of the places fn could read that
+        another compiled step keeps as its state (KNOWN)."""
+        out = []
+        for holder, owner, before in self.kept:
+            if owner == "__slots__":
+                for key, was in before.items():
+                    known = _known(holder, key, was)
+                    if known is not None:
+                        out.append((Slot(holder, key, holder, f"{type(holder).__name__}.{key}", named=True), known, was))
+            elif isinstance(holder, dict):
+                for key, was in before.items():
+                    known = _known(holder, key, was)
+                    if known is not None:
+                        out.append((Slot(holder, key, owner, _where(key, owner)), known, was))
+            else:
+                known = _known(holder, None, before)
+                if known is not None:
+                    out.append((Slot(holder, None, owner, "a closure variable"), known, before))
+        return out
+
     def rebound(self):
         """[(Slot, what it held before)] of the places the trace left a traced tensor in, each put
         back as it was."""
@@ -185,6 +206,49 @@ class Snapshot:
             self.boxed.append((slot.where, type(slot.get()).__name__))
             slot.set(before)
         return out
+
+
+# {(id(holder), key): Slot} the state places of every compiled step made (a global, closure variable
+# or attribute a step rebinds and reads back at its next call): another compiled function that reads
+# one (an evaluation reading the running mean the training step keeps) takes its value as an input at
+# each call, not as a constant the training step's next call would make stale
+KNOWN = {}
+
+
+def remember(slots):
+    for slot in slots:
+        if slot.spec is not None:
+            KNOWN[(id(slot.holder), slot.key)] = slot
+
+
+def _known(holder, key, value):
+    """The Slot another step keeps at holder[key] where it still holds a value of its state's shape
+    and type, else None."""
+    known = KNOWN.get((id(holder), key))
+    if known is None or known.holder is not holder or value is _ABSENT:
+        return None
+    spec = known.spec
+    if isinstance(value, np.ndarray):
+        fits = value.shape == tuple(spec.shape) and _dtype(value) == spec.dtype
+    else:
+        fits = _plain(value) and not spec.shape
+    return known if fits else None
+
+
+def reading(fn, places):
+    """fn, with each known place (Slot, value) holding its value as a traced tensor while it runs: a
+    trace that reads it leaves that tensor there, which Snapshot.rebound() finds as a place the step
+    keeps (its state: an input at each call), as if the step had rebound it."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        from .verbs.core import as_tensor
+
+        for slot, known, value in places:
+            slot.set(as_tensor(np.asarray(value), dtype=known.spec.dtype))
+        return fn(*args, **kwargs)
+    return run
 
 
 def _fits(shape, new):
@@ -260,3 +324,17 @@ def name_all(slots, taken):
             name += "_"
         taken.add(name)
         slot.name = name
+
+
+def named_in(rebound, shared, codes):
+    """rebound without the shared places (Snapshot.shared) that the user's code the trace ran
+    (`codes`) never names: a global by a name it loads, an attribute by an attribute name it reads."""
+    from .guards import _names_loaded, _users
+
+    names = set()
+    for code in codes:
+        if _users(code):
+            names |= _names_loaded(code)
+    injected = {(id(slot.holder), slot.key) for slot, _, _ in shared}
+    return [(slot, before) for slot, before in rebound
+            if (id(slot.holder), slot.key) not in injected or slot.key is None or slot.key in names]

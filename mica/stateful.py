@@ -696,11 +696,13 @@ class StatefulStep:
         self.buffer_keys = [(id(m), name) for m, name in self.buffers]
         self.buffer_names = _buffer_names(self.buffers, found.touched + found.modules)  # ("bn.running_mean")
         self.assigns = [(m, name) for m, name, _ in found.assigned.values()]  # (attributes it assigns: _Unread)
+        from . import slots as slots_module
         from .slots import name_all
 
         self.slots = list(found.slots)  # (the globals, closure variables and plain objects' attributes it rebinds)
         name_all(self.slots, self.buffer_names)
         self.slot_marks = {(id(s.holder), s.key): s for s in self.slots}  # (the guards know them by their marks)
+        slots_module.remember(self.slots)  # (another compiled function reading one takes it as an input)
         for m, name in self.buffers:  # (their values are inputs, not constants of the step: not in its key)
             m.__dict__.setdefault("_mica_state_buffers", set()).add(name)
         self.modules = [m for owner in found.modules for m in owner.modules()]  # (and what they hold: Dropout)
@@ -783,6 +785,8 @@ class StatefulStep:
                 attr_values = [_tensor_leaves(held_now) for _, _, held_now in attrs]
                 buffer_values = dict(zip(self.buffer_names, s.buffers_now(self.buffer_keys)))
                 slot_values = {slot.name: slot.outcome() for slot in self.slots}
+                slot_values = {n: v for n, v in slot_values.items() if v is not slots.get(n)}  # (one it only reads
+                # keeps its value: no output, nothing written back)
                 slot_grads = {n: s.retained_grads[id(v)] for n, v in slot_values.items() if id(v) in s.retained_grads}
             finally:
                 _ACTIVE.pop()
@@ -921,6 +925,8 @@ class StatefulStep:
         result, new_params, new_grads, new_states, new_lrs, new_scalers, new_attrs, new_buffers, (new_slots, kept) = \
             program(tuple(args), values, grads, states, lrs, lives, scalers, buffers, slots, **run_options)
         for slot in self.slots:  # (what it rebinds outside its modules: the new values there, as torch's eager step,
+            if slot.name not in new_slots:  # (one it only read: as it was)
+                continue
             value = host(np.asarray(new_slots[slot.name]))  # with the gradient retain_grad() kept: layer.out.grad)
             if slot.name in kept:
                 value.__dict__["_mica_grad"] = host(np.asarray(kept[slot.name]))
@@ -1019,10 +1025,11 @@ def find(fn, args, name=None):
     s = StepTrace("find")
     objects = [x for x in pytree.flatten(tuple(args))[0] if not isinstance(x, np.ndarray) and not hasattr(x, "dtype")]
     snapshot = slots.Snapshot(fn, objects)
+    shared = snapshot.shared()  # (places another compiled step keeps: read as inputs, never stale constants)
     _ACTIVE.append(s)
     try:
         with guards.running() as s.ran:  # (the code it runs: its guards read what that code reads)
-            s.program = trace(fn, *args, name=name)
+            s.program = trace(slots.reading(fn, shared) if shared else fn, *args, name=name)
     except BaseException:
         _give_back(s)  # (a failed trace leaves no Tensor in the lists its modules hold)
         raise
@@ -1031,6 +1038,8 @@ def find(fn, args, name=None):
         _restore_lrs(s)
         s.restore()
         rebound = snapshot.rebound()  # (each put back as it was: no traced tensor outlives the trace)
+    if shared:  # (a shared place the code it ran never names is none of its state)
+        rebound = slots.named_in(rebound, shared, s.ran)
     s.slots = slots.found(rebound, snapshot.boxed)
     slots.say_counted(snapshot.counted)
     _check_containers(s)

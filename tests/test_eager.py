@@ -2176,6 +2176,23 @@ def test_a_host_tensor_given_first_to_a_verb_inside_a_trace_is_a_constant_as_tor
     np.testing.assert_allclose(np.asarray(got), np.arange(5) + np.linspace(0, 1, 5), rtol=1e-6)
 
 
+def test_a_host_tensor_indexed_by_traced_positions_inside_a_trace_is_a_gather_from_its_constant():
+    """`Xtr[ix]` inside a compiled step, the data a host tensor and ix the step's input, asked numpy
+    to read the traced ix (a sentence); it gathers from the trace's constant, as torch's."""
+    import torch
+
+    rng = np.random.default_rng(12)
+    data, labels = rng.standard_normal((20, 3)).astype(np.float32), rng.integers(0, 4, 20)
+    X, Y = mica.tensor(data), mica.tensor(labels)
+    step = mica.compile(lambda ix: (X[ix] * 2, Y[ix, None], X[ix[:2], 1:]))
+    for _ in range(2):
+        ix = rng.integers(0, 20, 6)
+        got = step(mica.tensor(ix))
+        want = (torch.tensor(data)[ix] * 2, torch.tensor(labels)[ix, None], torch.tensor(data)[ix[:2], 1:])
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), w.numpy())
+
+
 def test_a_host_tensor_made_a_leaf_in_place_trains_as_torchs_with_a_hand_update_or_an_optimizer():
     """makemore part 2's `for p in parameters: p.requires_grad = True` on plain tensors was a
     sentence ('cannot become a parameter in place'); such a tensor is now a leaf whose values a

@@ -180,6 +180,31 @@ def test_makemores_global_running_statistics_are_the_compiled_steps_state_as_tor
     assert _programs(ours["step"]) == 1
 
 
+def test_an_evaluation_reading_the_globals_the_training_step_keeps_takes_them_as_inputs_compiled_once():
+    """makemore's loop evaluates between training steps: the compiled evaluation reads the running
+    statistics the compiled training step rebinds at each call. It takes them as inputs (they are
+    another compiled step's state), so it is compiled once and reads each new value, as torch's, and
+    leaves the globals it only reads as they were."""
+    ours, theirs = _script(PART3_GLOBALS, mica), _script(PART3_GLOBALS, torch)
+    batches = _batches(6)
+    for i, (x, y) in enumerate(batches[:5]):
+        ours["step"](mica.tensor(x), mica.tensor(y), 0.1)
+        theirs["step"](torch.tensor(x), torch.tensor(y), 0.1)
+        held = ours["bnmean_running"]
+        ex, ey = batches[5 - i]
+        with torch.no_grad():
+            np.testing.assert_allclose(float(ours["split_loss"](mica.tensor(ex), mica.tensor(ey))),
+                                       float(theirs["split_loss"](torch.tensor(ex), torch.tensor(ey))), rtol=2e-5)
+        assert ours["bnmean_running"] is held  # (read, not rebound: the same tensor)
+    assert _programs(ours["step"]) == 1 and _programs(ours["split_loss"]) == 1
+    ours["bnstd_running"] = mica.full((1, N_HIDDEN), 2.0)  # (a value set by hand is read too)
+    theirs["bnstd_running"] = torch.full((1, N_HIDDEN), 2.0)
+    with torch.no_grad():
+        np.testing.assert_allclose(float(ours["split_loss"](mica.tensor(x), mica.tensor(y))),
+                                   float(theirs["split_loss"](torch.tensor(x), torch.tensor(y))), rtol=2e-5)
+    assert _programs(ours["split_loss"]) == 1
+
+
 def _leaves(text):
     """The script as makemore writes it: plain tensors, then `for p in parameters: p.requires_grad = True`."""
     text = text.replace('return torch.tensor(a).requires_grad_() if torch.__name__ == "torch" else '

@@ -11,6 +11,7 @@ from .nadam import NAdam, RAdam  # noqa: F401
 from .adamax import Adadelta, Adamax  # noqa: F401
 from .combined import Optimizers  # noqa: F401
 from . import lr_scheduler  # noqa: F401,E402  (torch's schedulers over param_groups, for a torch-style loop)
+from . import swa_utils  # noqa: F401,E402  (torch's averaged model: SWA and EMA copies)
 
 
 def __getattr__(name):  # (an optimizer or helper torch.optim has and Mica does not: one sentence)
