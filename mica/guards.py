@@ -27,6 +27,8 @@ The fingerprint covers, to any depth:
 A value that cannot be read (a property that raises, a tensor numpy cannot hold) is known by
 identity: the fingerprint never stops a call.
 """
+import collections
+import collections.abc
 import dis
 import functools
 import os
@@ -344,15 +346,15 @@ class _Walk:
                 return self._module(v, depth)
             if str(getattr(t, "__module__", "")).split(".")[0] == "mica":  # (optimizers, schedulers, scalers,
                 return ("mica", id(v))                                       # autocast, dtypes)
-            if isinstance(v, (list, tuple)):
+            if isinstance(v, (list, tuple, collections.deque)) or _container(v, collections.abc.Sequence):
                 if len(v) > ITEMS:
                     return ("sequence", id(v), len(v))
                 return (t.__name__,) + tuple(self.value(x, depth + 1) for x in v if not isinstance(x, Tensor))
-            if isinstance(v, dict):
+            if isinstance(v, dict) or _container(v, collections.abc.Mapping):
                 if len(v) > ITEMS:
                     return ("dict", id(v), len(v))
                 return ("dict",) + tuple((self.value(k, depth + 1), self.value(x, depth + 1)) for k, x in v.items())
-            if isinstance(v, (set, frozenset)):
+            if isinstance(v, (set, frozenset)) or _container(v, collections.abc.Set):
                 return ("set", id(v), len(v)) if len(v) > ITEMS else \
                     ("set", frozenset(self.value(x, depth + 1) for x in v))
             if isinstance(v, (range, slice)):
@@ -423,6 +425,13 @@ class _Walk:
                 elif not k.startswith("__") and not callable(f) and not isinstance(f, property) and \
                         (self.reads is None or k in self.reads.names):
                     self.found.append((f"{c.__qualname__}.{k}", self.value(f, 0)))
+
+
+def _container(v, kind):
+    """Whether v is a container of that kind with no attributes of its own (a deque, a ChainMap, a
+    mappingproxy: by its items, as a list or dict; a user's class that is one is read by its
+    attributes, which hold its items)."""
+    return isinstance(v, kind) and not hasattr(v, "__dict__") and not isinstance(v, (str, bytes, bytearray))
 
 
 def _array(a):

@@ -595,3 +595,35 @@ def test_a_modules_parameter_updated_in_place_by_name_in_a_step_stays_its_parame
     (got, w), (want, tw) = run(mica, mica.compile), run(torch, None)
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_allclose(w, tw, rtol=1e-6)
+
+
+def test_a_deque_and_other_containers_without_attributes_are_read_by_their_items():
+    """The DQN tutorial's replay memory is a deque (`if len(memory) < BATCH_SIZE: return` in the
+    step): a deque, a ChainMap and a mappingproxy had no attributes for the guards to read, so a
+    compiled step never saw them change and kept its first program (no training, silently)."""
+    import collections
+    import types
+
+    class Memory:
+        def __init__(self):
+            self.memory = collections.deque([], maxlen=50)
+
+        def __len__(self):
+            return len(self.memory)
+
+    memory, plain = Memory(), collections.deque()
+    settings = {"scale": 1.0}
+    chained, proxy = collections.ChainMap({}, settings), types.MappingProxyType(settings)
+
+    def make(read):
+        return mica.compile(lambda x: x * read())
+
+    cases = [(make(lambda: len(memory)), lambda i: memory.memory.append(i), lambda i: i + 1),
+             (make(lambda: len(plain)), lambda i: plain.append(i), lambda i: i + 1),
+             (make(lambda: chained["scale"]), lambda i: settings.update(scale=i * 2.0), lambda i: i * 2.0),
+             (make(lambda: proxy["scale"]), lambda i: settings.update(scale=i * 3.0), lambda i: i * 3.0)]
+    x = np.ones(2, np.float32)
+    for f, change, want in cases:
+        for i in range(3):
+            change(i)
+            np.testing.assert_array_equal(_quiet(f, x), x * want(i))
