@@ -21,6 +21,8 @@ if _sys.argv and _os.path.basename(_sys.argv[0]) == "mica" and \
     _signal.signal(_signal.SIGINT, _interrupted_starting)
 
 from .amp import autocast  # noqa: E402
+from . import serialization  # noqa: E402  (torch.save's file format)
+from .serialization import load, save  # noqa: E402
 from .dtypes import Spec  # noqa: E402
 from .dtypes import bfloat16, bool_, finfo, float16, float32, float64, iinfo, int32, int64  # noqa: E402
 from .errors import GradError, MicaError, ShapeError, TraceError  # noqa: E402
@@ -128,13 +130,6 @@ def __getattr__(name):  # (a verb torch has and Mica does not: one sentence; sub
         from . import backends
 
         return getattr(backends, name)
-    if name in ("save", "load"):
-        from .tensor import user_location
-
-        raise MissingVerbError(f"Mica has no mica.{name} (torch.{name}); model.state_dict() and optimizer.state_dict() "
-                               "hold numpy arrays: save and load them with pickle or np.savez (or torch.save and "
-                               "torch.load(..., weights_only=False)), and `mica train` writes its own checkpoints",
-                               user_location())
     raise missing_verb("mica.", name, "torch.")
 
 
