@@ -55,7 +55,8 @@ def written(a):
 class HostTensor(np.ndarray):
     """A numpy array with torch.Tensor's methods (module docstring)."""
 
-    __array_priority__ = 10  # (below a traced Tensor's: x * host inside a trace is the Tensor's)
+    __array_priority__ = 2000  # (below a traced Tensor's: x * host inside a trace is the Tensor's; above torch's
+    # tensors' 1000: host == torch_tensor, labels from torch's DataLoader, is Mica's operator, as torch's would be)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """numpy's arithmetic, with torch's result types (a dimensioned tensor's type outranks a 0-d
@@ -66,7 +67,8 @@ class HostTensor(np.ndarray):
         if any(isinstance(x, Tensor) for x in inputs):
             return NotImplemented  # (the traced Tensor's operator: this array is its constant)
         # (a Parameter on the right, x @ W: the values it holds, as its own operators read them)
-        inputs = tuple(x._live("an operator") if type(x).__name__ == "Parameter" else x for x in inputs)
+        inputs = tuple(x._live("an operator") if type(x).__name__ == "Parameter" else
+                       _values_of_torch(x).view(HostTensor) if is_torch_tensor(x) else x for x in inputs)
         plain = [np.asarray(x) if isinstance(x, HostTensor) else x for x in inputs]
         out_to = kwargs.get("out")
         if out_to is not None:  # (x += y: numpy writes into x; torch's rules for what may be written there)

@@ -725,7 +725,7 @@ class StatefulStep:
         from .optim.base import switched_on
 
         for o in self.optimizers:  # (set in a group between calls: refused as the optimizer's maker refuses it)
-            taken = switched_on(o.param_groups)
+            taken = switched_on(o.param_groups, o)
             if taken:
                 raise MicaError(f"{type(o).__name__}: a param group sets {taken}=True, torch's option Mica does "
                                 "not have; set it back to False", user_location())
@@ -745,7 +745,8 @@ class StatefulStep:
         grad_specs = {self.name[id(p)]: p.spec for p, g in zip(self.params, graded) if g}
         state_specs = [self._per_parameter(o, self._keyed(o, lambda o=o: o.state_specs(self._mine(o, param_specs))))
                        for o in self.optimizers]
-        self.parts = {id(o): list(spec) for o, spec in zip(self.optimizers, state_specs)}
+        self.parts = {id(o): {part: set(v) if isinstance(v, dict) else None for part, v in spec.items()}
+                      for o, spec in zip(self.optimizers, state_specs)}  # (a part's parameters: amsgrad's some)
         lr_specs = [[Spec((), float32) for _ in o.param_groups] for o in self.optimizers]
         live_specs = [[[Spec((), float64) for _ in _live_values(o, g)] for g in o.param_groups]
                       for o in self.optimizers]
@@ -857,13 +858,15 @@ class StatefulStep:
         held = self._per_parameter(opt, held) if getattr(opt, "_held_keys", None) is None else held
         old = {id(p): n for n, p in (getattr(opt, "_held_keys", None) or mine).items()}
         out, made = {}, None
-        for part in self.parts[id(opt)]:  # (the parts the program takes: one a loaded state lacks is fresh)
-            value = held.get(part)
+        for part, names in self.parts[id(opt)].items():  # (the parts the program takes: one a loaded state
+            value = held.get(part)                           # lacks is fresh)
             if value is not None and not isinstance(value, dict):
                 out[part] = value
                 continue
             out[part] = {}
             for n, p in mine.items():
+                if names is not None and n not in names:
+                    continue
                 if isinstance(value, dict) and old.get(id(p)) in value:
                     out[part][n] = value[old[id(p)]]
                 else:

@@ -262,7 +262,7 @@ class Tensor:
     # _base: the Tensor this one views in torch (a slice, view, transpose, ...), else None, with
     # _forward and _inverse (link_view); _views: weak references to the views taken of this one
     __slots__ = ("_value", "_ctx", "_base", "_forward", "_inverse", "_views", "_strides", "_buffer", "__weakref__")
-    __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
+    __array_priority__ = 100000  # numpy scalars (and host tensors) on the left defer to Tensor's reflected operators
 
     def __init__(self, value, ctx):
         self._value = value

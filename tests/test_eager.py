@@ -727,8 +727,9 @@ def test_torch_lines_a_ported_train_py_holds_run_or_say_what_to_do(recwarn):
         mica.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
     with pytest.raises(mica.MicaError, match=r"allow_tf32 is True or False, not 1 \(.*test_eager"):
         mica.backends.cuda.matmul.allow_tf32 = 1
-    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.backends.mps"):
-        mica.backends.mps.is_available()
+    assert not mica.backends.mps.is_available()  # (a device line's question: no, as on a machine without one)
+    with pytest.raises(mica.MicaError, match=r"^Mica has no mica.backends.mkldnn"):
+        mica.backends.mkldnn.enabled = False
 
     torch.manual_seed(0)
     tm = torch.nn.Linear(8, 1)
@@ -2357,3 +2358,21 @@ def test_a_gan_step_whose_d_loss_reaches_no_g_parameter_builds_one_program():
     want, _ = run(torch, None)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert sum(len(s.programs) for s in {id(s): s for s in step.built.values()}.values()) == 1
+
+
+def test_the_tutorials_device_lines_and_a_comparison_with_torchs_labels_run_as_torchs_on_a_cpu():
+    """The Quickstart's `torch.accelerator` line and the DQN tutorial's `torch.backends.mps` one were
+    sentences; a host tensor compared with a torch tensor (labels from torch's DataLoader) gave a
+    torch tensor, on which `.type(mica.float)` failed. Each is what torch on a CPU-only machine gives."""
+    import torch
+
+    device = mica.accelerator.current_accelerator().type if mica.accelerator.is_available() else "cpu"
+    assert device == "cpu" and mica.accelerator.device_count() == 0
+    assert str(mica.device("cuda" if mica.cuda.is_available() else "mps" if mica.backends.mps.is_available()
+                           else "cpu")) == "cpu"
+    pred = mica.tensor(np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]], np.float32))
+    y = torch.tensor([1, 1, 1])
+    same = pred.argmax(1) == y
+    assert isinstance(same, mica.Tensor) and same.type(mica.float).sum().item() == 2.0
+    np.testing.assert_array_equal(np.asarray(pred + torch.ones(2)), pred.numpy() + 1)
+    assert isinstance(pred * torch.tensor(2.0), mica.Tensor)

@@ -593,3 +593,40 @@ def test_foreach_list_forms_update_an_ema_as_torchs_inside_a_compiled_step_and_o
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
     with pytest.raises(mica.MicaError, match=r"^Mica has no mica\._foreach_frobnicate_"):
         mica._foreach_frobnicate_([])
+
+
+def test_a_masked_assignment_of_a_tensor_of_values_in_a_trace_is_torchs():
+    """The DQN tutorial's `next_state_values[non_final_mask] = target_net(next_states).max(1).values`
+    (one value per True element, the count known when traced) and a mask of x's leading dims given
+    a row or a number, were sentences in a trace; each is torch's, gradients included."""
+    import torch
+
+    rng = np.random.default_rng(21)
+    mask = rng.random(16) > 0.3
+    values = rng.standard_normal(int(mask.sum())).astype(np.float32)
+    rows_mask, x = np.array([True, False, True, True]), rng.standard_normal((4, 3)).astype(np.float32)
+    rows, row = rng.standard_normal((3, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    weights = rng.standard_normal(16).astype(np.float32)
+
+    def f(lib, mask, values, rows_mask, x, rows, row):
+        out = lib.zeros(16)
+        out[mask] = values * 2
+        a, b, c = x.clone(), x.clone(), x.clone()
+        a[rows_mask] = rows
+        b[rows_mask] = row
+        c[rows_mask] = 5.0
+        return out, a, b, c, (out * lib.tensor(weights)).sum()
+
+    got = mica.compile(lambda *t: f(mica, *t))(*(mica.tensor(a) for a in (mask, values, rows_mask, x, rows, row)))
+    ts = [torch.tensor(a) for a in (mask, values, rows_mask, x, rows, row)]
+    ts[1].requires_grad_()
+    want = f(torch, *ts)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w.detach().numpy())
+    grad = mica.compile(lambda *t: mica.grad(f(mica, *t)[-1], t[1]))(
+        *(mica.tensor(a) for a in (mask, values, rows_mask, x, rows, row)))
+    want[-1].backward()
+    np.testing.assert_array_equal(np.asarray(grad), ts[1].grad.numpy())
+    with pytest.raises(mica.MicaError, match=r"the mask selects rows of shape \[3\]; give one value, a row"):
+        mica.compile(lambda m, v, x: f(mica, np.ones(16, bool), np.ones(16, np.float32), m, x, v, row))(
+            mica.tensor(rows_mask), mica.tensor(np.ones((3, 2), np.float32)), mica.tensor(x))

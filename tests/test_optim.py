@@ -896,3 +896,52 @@ def test_a_step_compiled_a_third_time_for_new_optimizer_settings_says_which_once
     said = [w for w in seen if "compiled a third time" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__
     assert "optimizer settings (weight_decay):" in str(said[0].message)
+
+
+@pytest.mark.parametrize("kind", ["AdamW", "Adam"])
+def test_amsgrad_is_torchs_in_float64_and_in_a_compiled_loop_with_torchs_state_dict(kind):
+    """amsgrad=True (the DQN tutorial's AdamW) was refused: Adam and AdamW keep torch's running
+    maximum of exp_avg_sq (max_exp_avg_sq, only for the groups that set it) and divide by it."""
+    make = getattr(mica.optim, kind)
+    tmake = getattr(torch.optim, kind)
+    _steps_against_torch_in_float64(make(lr=0.05, weight_decay=0.1, amsgrad=True),
+                                    lambda ps: tmake(ps, lr=0.05, weight_decay=0.1, amsgrad=True), seed=12, steps=8,
+                                    tolerance=1e-11)
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    m = mica.nn.Sequential(mica.nn.Linear(6, 8), mica.nn.Tanh(), mica.nn.Linear(8, 1))
+    m.load_state_dict(tm.state_dict())
+    opt = make([{"params": m[0].parameters(), "amsgrad": True}, {"params": m[2].parameters()}], lr=0.05)
+    topt = tmake([{"params": tm[0].parameters(), "amsgrad": True}, {"params": tm[2].parameters()}], lr=0.05)
+
+    @mica.compile
+    def train_step(x, y):
+        loss = ((m(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    rng = np.random.default_rng(6)
+    for i in range(5):
+        scale = 3.0 if i % 2 else 0.3  # (gradients that shrink and grow: the maximum is not the last value)
+        x, y = (rng.standard_normal((7, 6)) * scale).astype(np.float32), rng.standard_normal((7, 1)).astype(np.float32)
+        loss = train_step(x, y)
+        tloss = ((tm(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2).mean()
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert rel_err(np.asarray(loss), tloss.item()) < 1e-5
+    ours, theirs = opt.state_dict(), topt.state_dict()
+    assert [g["amsgrad"] for g in ours["param_groups"]] == [True, False]
+    for i, entry in theirs["state"].items():
+        assert sorted(ours["state"][i]) == sorted(entry), i
+        for k, v in entry.items():
+            assert rel_err(np.asarray(ours["state"][i][k]), v.numpy()) < 1e-5, (i, k)
+    again = make([{"params": m[0].parameters()}, {"params": m[2].parameters()}], lr=0.05)
+    again.load_state_dict(theirs)  # (torch's amsgrad state goes on in Mica's optimizer)
+    assert [g["amsgrad"] for g in again.param_groups] == [True, False]
+    with pytest.raises(mica.MicaError, match="maximize=True is torch's option Mica does not have"):
+        make(lr=0.1, maximize=True)
+    with pytest.raises(mica.MicaError, match="RAdam: amsgrad=True is torch's option Mica does not have"):
+        mica.optim.RAdam(lr=0.1, amsgrad=True)  # (torch's RAdam has none either)

@@ -53,10 +53,11 @@ def test_numpy_on_a_traced_tensor_is_one_sentence_and_numpy_scalars_stay_operand
                          "value"),
     (lambda a: a[a[:, 0].long(), [True, False, True, False]], "an index mixing a list with a Tensor is not supported; "
                                                                "make the list a Tensor"),
-    (lambda a: a.__setitem__(a > 0, a), "x[mask] = value takes one value for the masked elements, got f32[3, 4]; use "
-                                        "mica.where(mask, values, x) for a tensor of them"),
+    (lambda a: a.__setitem__(a > 0, a), "x[mask] = value takes one value for the masked elements, or one per "
+                                        "selected element (a 1-d tensor of their count), got f32[3, 4]; use "
+                                        "mica.where(mask, values, x) for a tensor of x's shape"),
     (lambda a: a.__setitem__(a, 1.0), "x[index] = value takes a Tensor index as integer positions, or as a bool mask "
-                                      "of x's shape [3, 4] (torch's masked_fill), got f32[3, 4]"),
+                                      "of x's shape [3, 4] or of its leading dims (torch's), got f32[3, 4]"),
     (lambda a: a.expand(2, 3, 4).add_(1.0), "an in-place step on an expanded tensor would write one element of its "
                                             "input many times, which torch refuses; take .clone()"),
 ])

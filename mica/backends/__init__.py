@@ -38,6 +38,27 @@ cudnn = Switches("torch.backends.cudnn", "Mica has no convolutions: kept, changi
                  benchmark=False, deterministic=False, enabled=True)
 
 
+class _Absent:
+    """torch.backends.mps (and mkldnn, openmp...): whether a device or library is there, asked by a
+    script choosing its device (the DQN tutorial's `"mps" if torch.backends.mps.is_available()`):
+    Mica trains on the CPU and on NVIDIA cards, so the answer is no."""
+
+    def __init__(self, where):
+        self._where = where
+
+    def is_available(self):
+        return False
+
+    def is_built(self):
+        return False
+
+    def __repr__(self):
+        return f"<{self._where}: not in Mica>"
+
+
+mps = _Absent("mica.backends.mps")
+
+
 def tf32_allowed():
     """torch.backends.cuda.matmul.allow_tf32 (or set_float32_matmul_precision("high")): the CUDA
     target's tf32 where a program does not choose it."""

@@ -10,12 +10,15 @@ two are the same step."""
 import numpy as np
 
 from .. import dtypes, verbs as F
+from ..errors import MicaError
+from ..tensor import user_location
 from .base import Optimizer, step_counts, zeros_like_tree
 
 
 class AdamW(Optimizer):
-    defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+    defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False)
     live = ("betas",)
+    optional_state = ("max_exp_avg_sq",)  # (amsgrad's running maximum of exp_avg_sq, per group as torch's)
 
     def __init__(self, param_groups=None, **hyper):
         self.fused = bool(hyper.get("fused"))  # (torch's fused kernel: another rounding of a half parameter)
@@ -30,8 +33,8 @@ class AdamW(Optimizer):
         from ..dtypes import Spec
 
         specs = super().state_specs(param_specs)
-        for key in ("exp_avg", "exp_avg_sq"):
-            for n, spec in specs[key].items():
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            for n, spec in specs.get(key, {}).items():
                 if param_specs[n].dtype is dtypes.bfloat16:
                     specs[key][n] = Spec(spec.shape, dtypes.bfloat16)
         return specs
@@ -54,13 +57,24 @@ class AdamW(Optimizer):
 
     def _init(self, params):
         mine = {n: params[n] for n in self._mine(params)}
-        return {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(mine), "exp_avg_sq": zeros_like_tree(mine)}
+        state = {"step": np.zeros((), np.int64), "exp_avg": zeros_like_tree(mine), "exp_avg_sq": zeros_like_tree(mine)}
+        maxed = self._amsgrad(mine)
+        if maxed:
+            state["max_exp_avg_sq"] = zeros_like_tree({n: mine[n] for n in maxed})
+        return state
+
+    def _amsgrad(self, names):
+        """The names among `names` whose group sets amsgrad=True."""
+        if not any(g.get("amsgrad") for g in self.param_groups or [self.hyper]):
+            return []
+        return [n for hyper, ns in self.groups(list(names)) if hyper.get("amsgrad") for n in ns if n in names]
 
     def _update(self, params, grads, state, groups):
         before = dict(params)
         step, count = step_counts(state)
         each = isinstance(step, dict)
         exp_avg, exp_avg_sq = dict(state["exp_avg"]), dict(state["exp_avg_sq"])
+        maxima = dict(state.get("max_exp_avg_sq", {}))
         for hyper, names, lr in groups:
             beta1, beta2 = hyper["betas"]
             wd, eps = hyper["weight_decay"], hyper["eps"]
@@ -75,15 +89,24 @@ class AdamW(Optimizer):
                 if each:
                     step_size, bias_correction2_sqrt = corrections(count(n))
                 p, g, m, v = params[n], grads[n], exp_avg[n], exp_avg_sq[n]
+                amsgrad = bool(hyper.get("amsgrad"))
+                if amsgrad and n not in maxima:
+                    raise MicaError(f"{type(self).__name__}: amsgrad=True in a group whose state holds no "
+                                    "max_exp_avg_sq; set it when the optimizer is made", user_location())
                 if p.dtype in dtypes.HALF and fused:
-                    params[n], exp_avg[n], exp_avg_sq[n] = _fused_half(p, g, m, v, lr, beta1, beta2, wd, eps,
-                                                                       step_size, bias_correction2_sqrt)
+                    params[n], exp_avg[n], exp_avg_sq[n], top = _fused_half(
+                        p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correction2_sqrt,
+                        maxima[n] if amsgrad else None)
+                    if amsgrad:
+                        maxima[n] = top
                     continue
                 if wd != 0:
                     p = p * (1 - lr * wd)
                 m = F.lerp(m, g, 1 - beta1)
                 v = F.addcmul(v * beta2, g, g, value=1 - beta2)
-                denom = F.sqrt(v) / bias_correction2_sqrt + eps
+                if amsgrad:  # (torch's: the running maximum of exp_avg_sq is what the step divides by)
+                    maxima[n] = F.maximum(maxima[n], v)
+                denom = F.sqrt(maxima[n] if amsgrad else v) / bias_correction2_sqrt + eps
                 params[n] = F.addcdiv(p, m, denom, value=-step_size)
                 exp_avg[n], exp_avg_sq[n] = m, v
         if self.layout is not None:
@@ -91,7 +114,10 @@ class AdamW(Optimizer):
 
             mine = {n: params[n] for n in self._mine(self.layout.shapes)}
             params.update(gather_parameters(self.layout, self.rank, {n: before[n] for n in self.layout.shapes}, mine))
-        return {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+        out = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+        if "max_exp_avg_sq" in state:
+            out["max_exp_avg_sq"] = maxima
+        return out
 
 
 class Adam(AdamW):
@@ -99,7 +125,7 @@ class Adam(AdamW):
     (for a bfloat16 parameter: rounded to bfloat16 by default, in float32 with fused=True, as the
     fused kernel's opmath) instead of decoupled."""
 
-    defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False)
 
     def _update(self, params, grads, state, groups):
         grads, coupled = dict(grads), []
@@ -124,10 +150,10 @@ def check_adam_like(opt, hyper, where, rates=("lr", "weight_decay")):
     opt._require({"betas[0]": betas[0], "betas[1]": betas[1]}, where, ("betas[0]", "betas[1]"), "fraction")
 
 
-def _fused_half(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correction2_sqrt):
+def _fused_half(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correction2_sqrt, top=None):
     """torch's CPU fused AdamW step (_fused_adamw_) on a bfloat16 or float16 p (g, m, v of its
-    type): (p, m, v) rounded once to their types. The scalars are computed in float64 and taken as
-    float32, as the kernel's opmath_t(...) casts."""
+    type): (p, m, v, amsgrad's maximum or None) rounded once to their types. The scalars are
+    computed in float64 and taken as float32, as the kernel's opmath_t(...) casts."""
     f32 = dtypes.float32
     types = (p.dtype, m.dtype, v.dtype)
 
@@ -141,9 +167,13 @@ def _fused_half(p, g, m, v, lr, beta1, beta2, wd, eps, step_size, bias_correctio
     near = abs(1 - float(beta1)) < 0.5  # the one its program was built for, stateful.py's pattern)
     m = F.fma32(scalar(w), g - m, m) if near else F.fma32(scalar(w - 1), g - m, g)
     v = F.fma32(g * np.float32(1 - beta2), g, v * np.float32(beta2))
-    denom = F.sqrt(v) / scalar(bias_correction2_sqrt) + np.float32(eps)
+    kept = None
+    if top is not None:  # (amsgrad: the maximum in float32, rounded to its type once)
+        kept_type, top = top.dtype, F.maximum(F.to(top, f32), v)
+        kept = F.to(top, kept_type)
+    denom = F.sqrt(v if top is None else top) / scalar(bias_correction2_sqrt) + np.float32(eps)
     p = p + (scalar(-step_size) * m) / denom
-    return tuple(F.to(t, dt) for t, dt in zip((p, m, v), types))
+    return tuple(F.to(t, dt) for t, dt in zip((p, m, v), types)) + (kept,)
 
 
 def adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, param_groups=None, fused=None):

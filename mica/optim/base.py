@@ -13,10 +13,11 @@ _SAME_STEP = ("fused", "foreach", "capturable", "differentiable")
 _FALSE_ONLY = ("maximize", "amsgrad")
 
 
-def switched_on(groups):
-    """The first of torch's options Mica does not have (maximize, amsgrad) that a param group sets
-    True, or None."""
-    return next((k for g in groups if isinstance(g, dict) for k in _FALSE_ONLY if g.get(k)), None)
+def switched_on(groups, optimizer=None):
+    """The first of torch's options Mica does not have (maximize; amsgrad but in Adam and AdamW)
+    that a param group sets True, or None."""
+    takes = getattr(optimizer, "defaults", {})
+    return next((k for g in groups if isinstance(g, dict) for k in _FALSE_ONLY if g.get(k) and k not in takes), None)
 
 
 def _name_of(param, names, optimizer, group):
@@ -80,9 +81,9 @@ class Optimizer:
         for name, value in list(hyper.items()):  # (torch's implementation choices: the same step here)
             if name in _SAME_STEP:
                 hyper.pop(name)
-            elif name in _FALSE_ONLY and not value:
+            elif name in _FALSE_ONLY and not value and name not in self.defaults:
                 hyper.pop(name)
-        unsupported = [name for name in _FALSE_ONLY if hyper.get(name)]
+        unsupported = [name for name in _FALSE_ONLY if hyper.get(name) and name not in self.defaults]
         if unsupported:
             raise MicaError(f"{type(self).__name__}: {unsupported[0]}=True is torch's option Mica does not have; leave "
                             "it False (the default)", user_location())
@@ -220,6 +221,7 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     eager_state = False  # (True: torch's optimizer makes every parameter's state when it is made, Adagrad's)
+    optional_state = ()  # (state parts kept only under some settings: Adam's max_exp_avg_sq with amsgrad)
 
     def _torch_entry(self, entry, group):
         """A parameter's state as torch's optimizer keeps it: none for one never stepped (frozen, or
@@ -252,7 +254,9 @@ class Optimizer:
             known = set(self._init({"p": np.zeros((2, 2), np.float32)}))
         except Exception:
             known = None
-        taken = switched_on(saved)  # (an option this optimizer refuses when made is refused when loaded)
+        if known is not None:
+            known |= set(self.optional_state)
+        taken = switched_on(saved, self)  # (an option this optimizer refuses when made is refused when loaded)
         if taken:
             raise MicaError(f"{name}.load_state_dict: the state was saved with {taken}=True, torch's option "
                             f"Mica does not have, so it cannot go on as that run did", user_location())

@@ -1,5 +1,7 @@
-"""torch.utils's pieces a model's code calls: checkpoint (activation checkpointing)."""
+"""torch.utils's pieces a model's code calls: checkpoint (activation checkpointing) and data
+(datasets, samplers and a DataLoader)."""
 from . import checkpoint  # noqa: F401
+from . import data  # noqa: F401
 
 
 def __getattr__(name):

@@ -704,16 +704,16 @@ def setitem(x, index, value):
 
         return tensor_index_put(x, index, value)
     if isinstance(index, Tensor):
-        if index.dtype is not dtypes.bool_ or index.shape != x.shape:
+        if index.dtype is not dtypes.bool_ or tuple(index.shape) != tuple(x.shape[:index.ndim]) or not index.ndim:
             fail(f"x[index] = value takes a Tensor index as integer positions, or as a bool mask of x's shape "
-                 f"{list(x.shape)} (torch's masked_fill), got {index.value.spec!r}; for other masks use mica.where")
+                 f"{list(x.shape)} or of its leading dims (torch's), got {index.value.spec!r}; for other masks use "
+                 "mica.where")
         from .core import masked_fill
 
         value = as_tensor(value, x.dtype) if not isinstance(value, Tensor) else value
-        if value.numel() != 1:
-            fail(f"x[mask] = value takes one value for the masked elements, got {value.value.spec!r}; use "
-                 "mica.where(mask, values, x) for a tensor of them")
-        return x._rebind(masked_fill(x, index, reshape(value, ())))
+        if value.numel() == 1 and index.shape == x.shape:
+            return x._rebind(masked_fill(x, index, reshape(value, ())))
+        return x._rebind(_masked_put(x, index, value))
     plan = _index_plan(x, index)
     if plan.empty:
         return x  # (an index with False selects nothing)
@@ -731,6 +731,34 @@ def setitem(x, index, value):
     new = cat([narrow(values, axis, last[p], 1) if p in last else narrow(view, axis, p, 1)
                for p in range(view.shape[axis])], axis)
     return x._rebind(new) if view is x else view._rebind(new)
+
+
+def _masked_put(x, mask, value):
+    """x[mask] = value for a bool mask of x's leading dims: value broadcast to one selected row (a
+    number, a row), or the selected rows in order, [count, *row] (the DQN tutorial's
+    `next_state_values[non_final_mask] = target_net(next_states).max(1).values`). Its count is static
+    where the mask's is not: the k-th True element takes row k, and the program cannot stop a call
+    whose mask holds another count, as torch's shape check does (the last row is repeated past k)."""
+    from ..errors import MicaError
+    from .positions import cumsum, index_select
+
+    row = tuple(x.shape[mask.ndim:])
+    value = to(value, x.dtype)
+    keep = reshape(mask, tuple(mask.shape) + (1,) * len(row))
+    if value.ndim == len(row) + 1 and tuple(value.shape[1:]) == row and value.shape[0] >= 1:
+        order = cumsum(reshape(to(mask, dtypes.int64), (-1,)), 0) - 1
+        order = order.clamp(0, value.shape[0] - 1)
+        rows = reshape(index_select(value, 0, order), tuple(mask.shape) + row)
+        return where(keep, rows, x)
+    try:
+        return where(keep, expand(_value_for(value, x, len(row)), row) if row else reshape(value, ()), x)
+    except MicaError:
+        if not row:
+            fail(f"x[mask] = value takes one value for the masked elements, or one per selected element (a 1-d "
+                 f"tensor of their count), got {value.value.spec!r}; use mica.where(mask, values, x) for a tensor of "
+                 "x's shape")
+        fail(f"x[mask] = value: the mask selects rows of shape {list(row)}; give one value, a row of that shape, or "
+             f"one row per selected element ([count, *row]), got {value.value.spec!r}")
 
 
 def _ranges_as_lists(index):
