@@ -278,9 +278,11 @@ def say_counted(counted):
         _SAID.add(where)
         path, line = user_location() or ("<mica>", 0)
         warnings.warn_explicit(f"the compiled step changes {where}, a Python number, as Python runs it: when the step is "
-                               "traced, not at each call; keep a count outside the step, or make it a tensor "
-                               "(count = count + 1 with count = torch.zeros(()) is kept at each call)", UserWarning,
-                               path, line)
+                               "traced, not at each call (twice for a training step, which is then traced again at "
+                               "each call, as the number it read has changed: a data loader's position moves two "
+                               "batches a call); do it outside the step (x, y = loader.next_batch(), then step(x, y)), "
+                               "or keep the count in a tensor (count = count + 1 with count = torch.zeros(()) is kept "
+                               "at each call)", UserWarning, path, line)
 
 
 _SAID = set()

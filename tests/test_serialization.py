@@ -141,3 +141,20 @@ def test_a_damaged_or_foreign_file_is_one_sentence_and_a_failed_save_keeps_the_l
     assert path.read_bytes() == data and not [p for p in os.listdir(tmp_path) if ".tmp" in p]
     with pytest.raises(mica.MicaError, match="does not exist; make it first"):
         mica.save({}, tmp_path / "no" / "such.pt")
+
+
+def test_a_torch_compiled_models_checkpoint_loads_into_the_model(tmp_path):
+    """build-nanogpt saves `raw_model.state_dict()` of `torch.compile(model)`: every key under
+    `_orig_mod.` (torch's OptimizedModule holds the model there). mica.compile(model) is the model
+    itself, so its load_state_dict takes such a state, the prefix dropped."""
+    torch.manual_seed(3)
+    compiled = torch.compile(_model(torch))
+    torch.save({"model": compiled.state_dict()}, tmp_path / "compiled.pt")
+    state = mica.load(tmp_path / "compiled.pt")["model"]
+    assert all(k.startswith("_orig_mod.") for k in state)
+    m = mica.compile(_model(mica))
+    m.load_state_dict(state)
+    for k, v in compiled.state_dict().items():
+        np.testing.assert_array_equal(np.asarray(m.state_dict()[k[len("_orig_mod."):]]), v.numpy())
+    with pytest.raises(mica.MicaError, match="unexpected"):
+        m.load_state_dict({**state, "other.weight": state["_orig_mod.1.weight"]})  # (not all under the prefix)

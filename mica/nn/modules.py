@@ -549,6 +549,11 @@ class Module:
         arguments: model.state_dict(params)'s values are those)."""
         where = type(self).__name__ + ".load_state_dict"
         given = dict(state_dict)
+        prefix = "_orig_mod."  # (a torch.compile'd model's keys: its OptimizedModule holds the model as _orig_mod;
+        if given and all(isinstance(k, str) and k.startswith(prefix) for k in given) and \
+                not any(k.startswith(prefix) for k, _ in self.named_parameters()):  # mica.compile(model) is the
+            # model itself)
+            given = {k[len(prefix):]: v for k, v in given.items()}
         expected, used = [], set()
         for mprefix, m in self.named_modules(memo=_NoMemo()):
             for name, p in m._parameters.items():
