@@ -46,7 +46,7 @@ from .verbs import (  # noqa: E402
     squeeze, stack, std, sub, sum, take_along_dim, tanh, tensor, topk, to, transpose, tril, triu, trunc, unbind, unsqueeze, var, view,
     where, zeros, zeros_like, var_mean, std_mean, tensor_split, diag_embed, tensordot, swapaxes, swapdims,
 )
-from . import accelerator, autograd, cuda, distributed, linalg, nn, optim, reference, utils  # noqa: E402
+from . import accelerator, autograd, cuda, distributed, distributions, linalg, nn, optim, reference, utils  # noqa: E402
 from . import verbs as _verbs  # noqa: E402
 from .complex import (  # noqa: E402,A004  (torch's names; each takes host tensors and traced ones)
     cdouble, cfloat, complex, complex64, complex128, imag, is_complex, polar, real, view_as_complex, view_as_real,
