@@ -45,6 +45,7 @@ from .verbs import (  # noqa: E402
     rms_norm, roll, round, rsqrt, scaled_dot_product_attention, scatter, scatter_add, select, sgn, sigmoid, sign, silu, sin, softmax, sort, split, sqrt, square,
     squeeze, stack, std, sub, sum, take_along_dim, tanh, tensor, topk, to, transpose, tril, triu, trunc, unbind, unsqueeze, var, view,
     where, zeros, zeros_like, var_mean, std_mean, tensor_split, diag_embed, tensordot, swapaxes, swapdims,
+    instance_norm, pixel_shuffle, pixel_unshuffle,
 )
 from . import accelerator, autograd, cuda, distributed, distributions, linalg, nn, optim, reference, utils  # noqa: E402
 from . import verbs as _verbs  # noqa: E402

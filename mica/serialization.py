@@ -8,7 +8,8 @@ endian, each aligned to 64 bytes), beside `version`, `byteorder` and torch's oth
 
 mica.save writes that format: Mica's host tensors (a state_dict's values) and numpy arrays become
 torch tensors (one storage per tensor object: a tensor that appears twice, as nanoGPT's tied
-embedding and head, is saved once and loads shared), a Parameter torch's Parameter, a Mica dtype
+embedding and head, is saved once and loads shared; views of one array, a[1:] and a.t(), share
+its storage, as torch's views do), a Parameter torch's Parameter, a Mica dtype
 torch's; so real torch's `torch.load(path)` reads it with its default weights_only=True. mica.load
 reads torch's files and Mica's into host tensors (bfloat16 ones widened to float32, as Mica holds
 them outside a program), with torch's weights_only rule: by default only tensors, containers and
@@ -86,20 +87,33 @@ class _Writer(pickle._Pickler):
         return NotImplemented
 
     def _tensor(self, a):
-        storage = self.kept.get(id(a))
+        """A tensor as torch's rebuild of (storage, offset, size, stride): views of one array (a, a[1:],
+        a.t()) share its storage, as torch's views share theirs; anything else gets a storage of its own."""
+        from .host import memory_owner
+
+        owner = memory_owner(a)
+        item = a.dtype.itemsize
+        shared = (isinstance(owner, np.ndarray) and owner is not a and owner.dtype == a.dtype and
+                  owner.flags.c_contiguous and all(s >= 0 and s % item == 0 for s in a.strides))
+        base = owner if shared else a
+        storage = self.kept.get(id(base))
         if storage is None:
-            data = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False)
-            storage = _Storage(str(len(self.records)), _BY_TYPE[a.dtype], int(a.size))
+            data = np.ascontiguousarray(base).astype(base.dtype.newbyteorder("<"), copy=False)
+            storage = _Storage(str(len(self.records)), _BY_TYPE[base.dtype], int(base.size))
             self.records.append((storage.key, data.tobytes()))
-            self.kept[id(a)] = storage
-            self.alive.append(a)
-        strides = []
-        step = 1
-        for n in reversed(a.shape):
-            strides.insert(0, step)
-            step *= n
+            self.kept[id(base)] = storage
+            self.alive.append(base)
+        if shared:
+            offset = (a.__array_interface__["data"][0] - owner.__array_interface__["data"][0]) // item
+            strides = tuple(s // item for s in a.strides)
+        else:
+            offset, strides, step = 0, [], 1
+            for n in reversed(a.shape):
+                strides.insert(0, step)
+                step *= n
+            strides = tuple(strides)
         return (_Global("torch._utils", "_rebuild_tensor_v2"),
-                (storage, 0, tuple(int(n) for n in a.shape), tuple(strides), False, collections.OrderedDict()))
+                (storage, int(offset), tuple(int(n) for n in a.shape), strides, False, collections.OrderedDict()))
 
     def save_global_name(self, obj):
         self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
@@ -293,6 +307,10 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=True, mmap=No
     try:
         head = source.read(4)
         source.seek(0)
+        if head == b"\x80\x02\x8a\x0a":  # (a pickle opening with torch's legacy magic number)
+            raise MicaError(f"mica.load: {where} is a torch file in the format before torch 1.6 (or saved with "
+                            "_use_new_zipfile_serialization=False), which Mica does not read; load it with torch and "
+                            "save it again", user_location())
         if head[:2] != b"PK":
             raise MicaError(f"mica.load: {where} is not a torch file (torch.save writes a zip archive; a file saved by "
                             "torch before 1.6, or with _use_new_zipfile_serialization=False, loads with torch: save it "

@@ -776,6 +776,12 @@ class Tensor:
         return self if is_contiguous(self) else Tensor(self.value, self._ctx)
     def clone(self, memory_format=None): return Tensor(self.value, self._ctx)  # (a handle of its own: in-place on it)
     def detach(self): return F.detach(self)
+
+    @property
+    def data(self):
+        """torch's .data: the tensor detached, sharing its memory (a write through it, old code's
+        `p.grad.data.clamp_(-1, 1)`, reaches the tensor and is not one the gradients record)."""
+        return F.detach(self)
     def unsqueeze(self, dim): return F.unsqueeze(self, dim)
     def squeeze(self, dim=None): return F.squeeze(self, dim)
     def expand(self, *sizes): return F.expand(self, *sizes)

@@ -2376,3 +2376,35 @@ def test_the_tutorials_device_lines_and_a_comparison_with_torchs_labels_run_as_t
     assert isinstance(same, mica.Tensor) and same.type(mica.float).sum().item() == 2.0
     np.testing.assert_array_equal(np.asarray(pred + torch.ones(2)), pred.numpy() + 1)
     assert isinstance(pred * torch.tensor(2.0), mica.Tensor)
+
+
+def test_data_of_a_computed_tensor_in_a_compiled_step_is_torchs_detached_alias():
+    """The char-RNN tutorial's `p.data.add_(p.grad.data, alpha=-lr)` and old code's
+    `p.grad.data.clamp_(-1, 1)` and `return loss.data` said 'Mica has no Tensor.data' in a compiled
+    step: .data is the tensor detached, a write through it reaching the tensor, as torch's."""
+    import torch
+
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((5, 3)).astype(np.float32) * 4
+    nets = []
+    for lib in (torch, mica):
+        lib.manual_seed(0)
+        nets.append(lib.nn.Linear(3, 2))
+    nets[1].load_state_dict(nets[0].state_dict())
+
+    def body(lib, net, x):
+        net.zero_grad()
+        loss = (net(x) ** 3).mean()
+        loss.backward()
+        for p in net.parameters():
+            p.grad.data.clamp_(-0.5, 0.5)
+            p.data.add_(p.grad.data, alpha=-0.1)
+        return loss.data * 2
+
+    step = mica.compile(lambda x: body(mica, nets[1], x))
+    for _ in range(3):
+        np.testing.assert_allclose(float(step(mica.tensor(x))), float(body(torch, nets[0], torch.tensor(x))), rtol=1e-5)
+    for (k, v), w in zip(nets[1].state_dict().items(), nets[0].state_dict().values()):
+        np.testing.assert_allclose(np.asarray(v), w.numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(np.asarray(nets[1].weight.grad), nets[0].weight.grad.numpy(), rtol=1e-5, atol=1e-6)
+    assert float(np.abs(np.asarray(nets[1].weight.grad)).max()) <= 0.5

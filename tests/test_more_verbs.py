@@ -630,3 +630,28 @@ def test_a_masked_assignment_of_a_tensor_of_values_in_a_trace_is_torchs():
     with pytest.raises(mica.MicaError, match=r"the mask selects rows of shape \[3\]; give one value, a row"):
         mica.compile(lambda m, v, x: f(mica, np.ones(16, bool), np.ones(16, np.float32), m, x, v, row))(
             mica.tensor(rows_mask), mica.tensor(np.ones((3, 2), np.float32)), mica.tensor(x))
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_masked_assignment_whose_mask_holds_another_count_stops_with_a_sentence(target):
+    """One value per True element, the count fixed when traced: a call whose mask holds more or fewer
+    stops with torch's refusal as a sentence at the assignment's line (it took the last value again,
+    or dropped one, silently), on the CPU and in the CUDA source (on the simulator)."""
+    if target == "cuda" and not __import__("test_cuda")._has_boost_context():
+        pytest.skip("libboost-context-dev is not installed")
+
+    def f(mask, values):
+        x = mica.arange(5).float()
+        x[mask] = values
+        return x
+
+    program = mica.trace(f, mica.b8[5], mica.f32[3])
+    run = program.lower(target, **({"simulate": True} if target == "cuda" else {})).build()
+    values = np.array([10, 20, 30], np.float32)
+    np.testing.assert_array_equal(np.asarray(run(np.array([1, 0, 1, 1, 0], bool), values)), [10, 1, 20, 30, 4])
+    for mask, count in (([1, 1, 1, 1, 0], 4), ([1, 0, 0, 1, 0], 2), ([0, 0, 0, 0, 0], 0)):
+        with pytest.raises(mica.MicaError, match=rf"^x\[mask\] = values: the mask selects {count} elements and values "
+                                                 r"holds 3; give one value per True element .*test_more_verbs"):
+            run(np.array(mask, bool), values)
+    with pytest.raises(mica.MicaError, match=r"the mask selects 1 elements and values holds 3"):
+        mica.reference.run(program, np.array([1, 0, 0, 0, 0], bool), values)

@@ -4,6 +4,7 @@ weights_only=True (tensors, shared storage, Parameters, dtypes) and loads into a
 torch saves (state_dicts, optimizer states, bfloat16, views with strides and offsets), Mica reads.
 Damaged files are sentences, and a failed save leaves the last good file."""
 import dataclasses
+import zipfile
 import io
 import os
 
@@ -131,6 +132,9 @@ def test_a_damaged_or_foreign_file_is_one_sentence_and_a_failed_save_keeps_the_l
             mica.load(bad)
         except mica.MicaError as e:
             assert str(e).startswith("mica.load: ")
+    torch.save({"w": torch.ones(2)}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    with pytest.raises(mica.MicaError, match="is a torch file in the format before torch 1.6"):
+        mica.load(tmp_path / "legacy.pt")
     (tmp_path / "text.pt").write_text("not a checkpoint")
     with pytest.raises(mica.MicaError, match="is not a torch file"):
         mica.load(tmp_path / "text.pt")
@@ -158,3 +162,15 @@ def test_a_torch_compiled_models_checkpoint_loads_into_the_model(tmp_path):
         np.testing.assert_array_equal(np.asarray(m.state_dict()[k[len("_orig_mod."):]]), v.numpy())
     with pytest.raises(mica.MicaError, match="unexpected"):
         m.load_state_dict({**state, "other.weight": state["_orig_mod.1.weight"]})  # (not all under the prefix)
+
+
+def test_views_of_one_tensor_share_one_storage_after_loading_as_torchs(tmp_path):
+    base = mica.arange(12).float().view(3, 4)
+    mica.save({"a": base, "rows": base[1:], "t": base.t(), "column": base[:, 1]}, tmp_path / "views.pt")
+    for load in (torch.load, mica.load):
+        got = load(tmp_path / "views.pt")
+        np.testing.assert_array_equal(np.asarray(got["t"]), np.asarray(base).T)
+        got["a"][1, 1] = 100  # (a write through one is seen through the others, as torch's views)
+        assert float(got["rows"][0, 1]) == 100 and float(got["t"][1, 1]) == 100 and float(got["column"][1]) == 100
+    with zipfile.ZipFile(tmp_path / "views.pt") as z:
+        assert len([n for n in z.namelist() if "/data/" in n]) == 1

@@ -1,13 +1,18 @@
 """Modules, parameters and initializers, named as torch.nn's."""
 from . import functional, init, utils  # noqa: F401
 from .modules import (  # noqa: F401
-    BatchNorm1d, BatchNorm2d, BatchNorm3d, GELU, Dropout, Dropout1d, Dropout2d, Dropout3d, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
+    BatchNorm1d, BatchNorm2d, BatchNorm3d, DataParallel, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, GELU, Dropout, Dropout1d, Dropout2d, Dropout3d, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
 from .conv import (  # noqa: F401
     AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AvgPool1d, AvgPool2d, Conv1d, Conv2d, Conv3d,
     ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, MaxPool1d,
     MaxPool2d, Upsample, UpsamplingBilinear2d, UpsamplingNearest2d,
+)
+from .padding import (  # noqa: F401
+    CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d, ReflectionPad1d,
+    ReflectionPad2d, ReflectionPad3d, ReplicationPad1d, ReplicationPad2d, ReplicationPad3d, ZeroPad1d, ZeroPad2d,
+    ZeroPad3d,
 )
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase  # noqa: F401
 from .transformer import (  # noqa: F401
@@ -17,7 +22,7 @@ from .transformer import (  # noqa: F401
 from .stateless import (  # noqa: F401
     CELU, ELU, GLU, SELU, BCELoss, BCEWithLogitsLoss, CosineSimilarity, CrossEntropyLoss, Flatten, Hardshrink,
     Hardsigmoid, Hardswish, Hardtanh, HuberLoss, KLDivLoss, L1Loss, LeakyReLU, LogSigmoid, LogSoftmax, Mish, MSELoss,
-    NLLLoss, PairwiseDistance, ReLU6, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softmin, Softplus, Softshrink,
+    NLLLoss, PairwiseDistance, PixelShuffle, PixelUnshuffle, ReLU6, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softmin, Softplus, Softshrink,
     Softsign, Tanh, Tanhshrink, Threshold, Unflatten,
 )
 

@@ -3,6 +3,7 @@ from ..verbs import (  # noqa: F401
     adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d, avg_pool1d, avg_pool2d, batch_norm, dropout1d, dropout2d, dropout3d, binary_cross_entropy, binary_cross_entropy_with_logits, celu, conv1d, conv2d, conv3d,
     conv_transpose1d, conv_transpose2d, conv_transpose3d,
     cosine_similarity, cross_entropy, dropout, elu, embedding, gelu, glu, group_norm, hardshrink, hardsigmoid, interpolate,
+    instance_norm, pixel_shuffle, pixel_unshuffle,
     hardswish, hardtanh, huber_loss, kl_div, l1_loss, layer_norm, leaky_relu, linear, log_softmax, logsigmoid,
     max_pool1d, max_pool2d, mish, mse_loss, nll_loss, normalize, one_hot, pad, pairwise_distance, prelu, relu,
     relu6, rms_norm, scaled_dot_product_attention, selu, sigmoid, silu, smooth_l1_loss, softmax, softmin, softplus,

@@ -1313,6 +1313,56 @@ class BatchNorm3d(_BatchNorm):
     ndims, name = (5,), "BatchNorm3d"
 
 
+class _InstanceNorm(_BatchNorm):
+    """torch.nn.InstanceNorm1d/2d/3d: each sample's channel normalized over its positions
+    (F.instance_norm); affine=False and track_running_stats=False by default, as torch's; with
+    running statistics, training moves them and evaluation normalizes by them. An input without
+    its batch dim is taken as one sample."""
+
+    ndims, name = (3,), "InstanceNorm1d"
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
+                 dtype=None, *, bias=True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+
+    def forward(self, x):
+        x = F.as_tensor(x)
+        if x.ndim == self.ndims[0] - 1:  # (no batch dim: one sample, as torch's)
+            return F.squeeze(self.forward(F.unsqueeze(x, 0)), 0)
+        if x.ndim not in self.ndims:
+            raise MicaError(f"{self.name}: expected a {self.ndims[0] - 1}-d or {self.ndims[0]}-d input, got "
+                            f"{x.value.spec!r}", user_location())
+        return F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                               self.training or not self.track_running_stats,
+                               0.0 if self.momentum is None else self.momentum, self.eps)
+
+
+class InstanceNorm1d(_InstanceNorm):
+    pass
+
+
+class InstanceNorm2d(_InstanceNorm):
+    ndims, name = (4,), "InstanceNorm2d"
+
+
+class InstanceNorm3d(_InstanceNorm):
+    ndims, name = (5,), "InstanceNorm3d"
+
+
+class DataParallel(Module):
+    """torch.nn.DataParallel: the model under `module` (its state_dict keys `module.`-prefixed, as
+    torch's), called as it is: Mica's step runs on this machine's cores (or, across processes,
+    `mpirun -np N mica train`), so there are no device replicas to scatter to, as torch's
+    DataParallel on a machine without GPUs."""
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0):
+        super().__init__()
+        self.module, self.dim = module, dim
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+
 class Dropout(Module):
     def __init__(self, p=0.5, inplace=False):
         super().__init__()

@@ -481,6 +481,12 @@ def _check_range_infer(specs, bound, ignore_index, mode="targets"):
 def _check_range_ref(a, at, run):
     (t,) = a
     n, mode = at["bound"], at.get("mode", "targets")
+    if mode == "count":
+        bad = t != n
+        if bad.any():  # (MICA_MASK_COUNT_TEXT)
+            raise MicaError(f"x[mask] = values: the mask selects {int(t[bad][0])} elements and values holds {n}; give "
+                            "one value per True element (torch refuses the shape mismatch too)")
+        return t.copy()
     if mode == "index":
         bad = (t < -n) | (t >= n)
         if bad.any():  # (mica_rows.h's MICA_INDEX_RANGE_TEXT)

@@ -186,11 +186,11 @@ class SWALR(LRScheduler):
                             user_location())
         if not isinstance(anneal_epochs, int) or anneal_epochs < 0:
             raise MicaError(f"SWALR: anneal_epochs must be an int >= 0, got {anneal_epochs!r}", user_location())
-        self.anneal_strategy, self.anneal_epochs = anneal_strategy, anneal_epochs
-        super().__init__(optimizer, last_epoch)
+        self._anneal_strategy, self.anneal_epochs = anneal_strategy, anneal_epochs  # (torch's attribute names:
+        super().__init__(optimizer, last_epoch)                                      # its state_dict's keys)
 
     def anneal_func(self, t):
-        return (1 - math.cos(math.pi * t)) / 2 if self.anneal_strategy == "cos" else t
+        return (1 - math.cos(math.pi * t)) / 2 if self._anneal_strategy == "cos" else t
 
     @staticmethod
     def _get_initial_lr(lr, swa_lr, alpha):

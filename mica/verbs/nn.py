@@ -448,6 +448,42 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return to(y, back) if back else y
 
 
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    """torch.nn.functional.instance_norm: input [N, C, *] normalized per sample and channel over its
+    positions (group_norm with a group per channel), then each channel's weight and bias; given
+    running statistics, use_input_stats moves them in place by the batch's mean of the instances'
+    (variance unbiased, as torch's), and use_input_stats=False normalizes by them instead."""
+    from .core import detach, mean as _mean, rsqrt, square
+
+    x = _floating_input(input, "instance_norm")
+    if x.ndim < 3:
+        fail(f"instance_norm: input must be [N, C, *] with at least one dim of positions, got {x.value.spec!r}")
+    C, n = x.shape[1], math.prod(x.shape[2:])
+    stats = [as_tensor(t) if t is not None else None for t in (running_mean, running_var)]
+    _per_channel("instance_norm", C, (("running_mean", stats[0]), ("running_var", stats[1]), ("weight", weight),
+                                      ("bias", bias)))
+    at = (1, C) + (1,) * (x.ndim - 2)
+    if not use_input_stats:
+        if stats[0] is None or stats[1] is None:
+            fail("instance_norm: with use_input_stats=False it normalizes by running_mean and running_var, and one is "
+                 "None; give both")
+        mu, var = (to(t, x.dtype) for t in stats)
+        return _channel_affine((x - reshape(mu, at)) * reshape(rsqrt(var + eps), at), weight, bias)
+    if n <= 1:
+        fail(f"instance_norm: expected more than 1 spatial element when training, got input {x.value.spec!r} (torch "
+             "refuses it too)")
+    if stats[0] is not None or stats[1] is not None:  # (the running ones, in place: torch's)
+        y = to(x, dtypes.float32) if x.dtype in dtypes.HALF else x
+        dims = tuple(range(2, x.ndim))
+        mu = _mean(y, dims)
+        spread = _sum(square(y - reshape(mu, mu.shape + (1,) * len(dims))), dims)
+        for kept, new in ((stats[0], mu), (stats[1], spread / (n - 1))):
+            if kept is not None:
+                kept.copy_(momentum * to(_mean(detach(new), 0), kept.dtype) + (1 - momentum) * kept)
+    return group_norm(x, C, weight, bias, eps)
+
+
 # eps=None: the machine epsilon of the type the norm computes in (PyTorch's opmath type: float32
 # for the half types too)
 _FINFO_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -23, "float16": 2.0 ** -23}

@@ -296,6 +296,71 @@ def slice_(x, starts, stops, steps):
     return emit("slice", [x], starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
 
 
+def pixel_shuffle(input, upscale_factor):
+    """torch's: [*, C * r * r, H, W] to [*, C, H * r, W * r], each channel's r * r planes interleaved."""
+    x = as_tensor(input)
+    r = int(upscale_factor)
+    if x.ndim < 3 or r < 1 or x.shape[-3] % (r * r):
+        fail(f"pixel_shuffle: input must be [*, C * {r}^2, H, W] with channels divisible by upscale_factor squared, got "
+             f"{x.value.spec!r}")
+    *lead, c, h, w = x.shape
+    y = reshape(x, tuple(lead) + (c // (r * r), r, r, h, w))
+    k = len(lead)
+    y = permute(y, tuple(range(k)) + (k, k + 3, k + 1, k + 4, k + 2))
+    return reshape(y, tuple(lead) + (c // (r * r), h * r, w * r))
+
+
+def pixel_unshuffle(input, downscale_factor):
+    """torch's: [*, C, H * r, W * r] to [*, C * r * r, H, W], pixel_shuffle undone."""
+    x = as_tensor(input)
+    r = int(downscale_factor)
+    if x.ndim < 3 or r < 1 or x.shape[-2] % r or x.shape[-1] % r:
+        fail(f"pixel_unshuffle: input must be [*, C, H, W] with H and W divisible by downscale_factor {r}, got "
+             f"{x.value.spec!r}")
+    *lead, c, h, w = x.shape
+    k = len(lead)
+    y = reshape(x, tuple(lead) + (c, h // r, r, w // r, r))
+    y = permute(y, tuple(range(k)) + (k, k + 2, k + 4, k + 1, k + 3))
+    return reshape(y, tuple(lead) + (c * r * r, h // r, w // r))
+
+
+def _pad_from_edges(x, pad, mode, value):
+    """F.pad's reflect, replicate and circular modes: each padded dim, last first, gains the slices
+    its mode copies (mirrored without the edge, the edge repeated, or the other end), so the
+    corners of several dims come out as torch's."""
+    from .positions import flip
+
+    if value is not None and value != 0:
+        fail(f'pad: padding mode "{mode}" doesn\'t take in value argument (as torch\'s); drop value=')
+    k = len(pad) // 2
+    if len(pad) % 2 or not 1 <= k <= 3 or x.ndim not in (k + 1, k + 2):
+        fail(f"pad: mode {mode!r} pads the last 1 to 3 dims of an (N, C, ...) or (C, ...) tensor, two counts a dim; "
+             f"got {len(pad)} counts for a {x.ndim}-d tensor")
+    for j in range(k):
+        d, b, a = x.ndim - 1 - j, pad[2 * j], pad[2 * j + 1]
+        n = x.shape[d]
+        if b < 0 or a < 0:
+            fail(f"pad: mode {mode!r} takes counts >= 0, got {pad}")
+        limit = n - 1 if mode == "reflect" else n if mode == "circular" else None
+        if limit is not None and (b > limit or a > limit):
+            fail(f"pad: {mode} padding of {max(b, a)} on a dim of size {n} must be at most "
+                 f"{'the size less one' if mode == 'reflect' else 'the size'} (as torch's)")
+        if mode == "replicate" and n == 0:
+            fail("pad: replicate padding of an empty dim has no edge to repeat")
+        parts = []
+        if b:
+            parts.append(flip(narrow(x, d, 1, b), [d]) if mode == "reflect" else
+                         narrow(x, d, n - b, b) if mode == "circular" else
+                         expand(narrow(x, d, 0, 1), x.shape[:d] + (b,) + x.shape[d + 1:]))
+        parts.append(x)
+        if a:
+            parts.append(flip(narrow(x, d, n - 1 - a, a), [d]) if mode == "reflect" else
+                         narrow(x, d, 0, a) if mode == "circular" else
+                         expand(narrow(x, d, n - 1, 1), x.shape[:d] + (a,) + x.shape[d + 1:]))
+        x = cat(parts, d) if len(parts) > 1 else x
+    return x
+
+
 def pad_into(x, shape, starts, steps):
     return emit("pad", [x], shape=tuple(shape), starts=tuple(starts), steps=tuple(steps))
 
@@ -446,12 +511,15 @@ concat = concatenate = cat
 
 
 def pad(input, pad, mode="constant", value=None):
-    """torch.nn.functional.pad, constant mode: `pad` gives (before, after) counts from the last dim
-    backwards; a negative count cuts instead."""
+    """torch.nn.functional.pad: `pad` gives (before, after) counts from the last dim backwards; in
+    constant mode a negative count cuts instead; reflect, replicate and circular pad the last one to
+    three dims of an (N, C, ...) or (C, ...) tensor, as torch's."""
     x = as_tensor(input)
-    if mode != "constant":
-        fail(f"pad: mode {mode!r} is not supported; Mica pads with a constant (mode='constant')")
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        fail(f"pad: mode {mode!r} is not one of torch's; use 'constant', 'reflect', 'replicate' or 'circular'")
     pad = [int(p) for p in pad]
+    if mode != "constant":
+        return _pad_from_edges(x, pad, mode, value)
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         fail(f"pad: {len(pad)} counts do not pair up over at most the tensor's {x.ndim} dims")
     before, after = [0] * x.ndim, [0] * x.ndim
@@ -736,9 +804,9 @@ def setitem(x, index, value):
 def _masked_put(x, mask, value):
     """x[mask] = value for a bool mask of x's leading dims: value broadcast to one selected row (a
     number, a row), or the selected rows in order, [count, *row] (the DQN tutorial's
-    `next_state_values[non_final_mask] = target_net(next_states).max(1).values`). Its count is static
-    where the mask's is not: the k-th True element takes row k, and the program cannot stop a call
-    whose mask holds another count, as torch's shape check does (the last row is repeated past k)."""
+    `next_state_values[non_final_mask] = target_net(next_states).max(1).values`): the k-th True
+    element takes row k. Its count is static where the mask's is not, so the program checks the
+    mask's count when it runs (check_range's "count" mode: a sentence, as torch's shape mismatch)."""
     from ..errors import MicaError
     from .positions import cumsum, index_select
 
@@ -746,8 +814,12 @@ def _masked_put(x, mask, value):
     value = to(value, x.dtype)
     keep = reshape(mask, tuple(mask.shape) + (1,) * len(row))
     if value.ndim == len(row) + 1 and tuple(value.shape[1:]) == row and value.shape[0] >= 1:
-        order = cumsum(reshape(to(mask, dtypes.int64), (-1,)), 0) - 1
-        order = order.clamp(0, value.shape[0] - 1)
+        order = cumsum(reshape(to(mask, dtypes.int64), (-1,)), 0)
+        count = emit("check_range", [narrow(order, 0, order.shape[0] - 1, 1)], bound=int(value.shape[0]),
+                     ignore_index=-1, mode="count")  # (a mask of another count stops the program, as torch refuses)
+        n = order.shape[0]  # (the last running count is the checked one: the check runs ahead of the gather)
+        order = cat([narrow(order, 0, 0, n - 1), count], 0) if n > 1 else count
+        order = (order - 1).clamp(0, value.shape[0] - 1)
         rows = reshape(index_select(value, 0, order), tuple(mask.shape) + row)
         return where(keep, rows, x)
     try:

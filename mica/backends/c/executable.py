@@ -36,6 +36,9 @@ def run_error(text, program):
     if not places and text.startswith("an index tensor holds"):  # (a gather's, index_select's, x[t]'s check)
         places = {n.loc for n in program.graph.nodes if n.op == "check_range" and n.loc
                   and n.attrs.get("mode") in ("index", "positions")}
+    if not places and text.startswith("x[mask] = values"):  # (a masked assignment's count)
+        places = {n.loc for n in program.graph.nodes if n.op == "check_range" and n.loc
+                  and n.attrs.get("mode") == "count"}
     return MicaError(text, places.pop() if len(places) == 1 else user_location())
 
 

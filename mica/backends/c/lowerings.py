@@ -196,7 +196,7 @@ def _embedding(e, kernel):
     return [f"mica_embedding_{s}({p(ins[0])}, {p(ins[1])}, {p(outs[0])}, {count}, {V}, {D});"]
 
 
-CHECK_MODES = ("targets", "index", "classes", "positions")  # (mica_kernels.h's mica_check_range modes, in order)
+CHECK_MODES = ("targets", "index", "classes", "positions", "count")  # (mica_kernels.h's mica_check_range modes, in order)
 
 
 @lower("check_range")

@@ -199,9 +199,15 @@ MICA_DEFINE_KERNELS(double, f64)
 
 /* indices copied, each checked against the count it must stay below (mode, mica/ops/nn.py's
  * check_range): 0, nll_loss's class indices (ignore passes); 1, a tensor index of a dim, from
- * -bound up, the negative ones wrapped; 2, one_hot's classes; 3, a tensor index from 0 (gather's) */
+ * -bound up, the negative ones wrapped; 2, one_hot's classes; 3, a tensor index from 0 (gather's);
+ * 4, a masked assignment's count of True elements, which must be bound (the values' count) */
 static void mica_check_range(const int64_t *t, int64_t *out, int64_t count, int64_t bound, int64_t ignore, int mode) {
     for (int64_t i = 0; i < count; i++) {
+        if (mode == 4) {
+            if (t[i] != bound) mica_fail(MICA_MASK_COUNT_TEXT, t[i], bound);
+            out[i] = t[i];
+            continue;
+        }
         if (mode == 1) {
             if (t[i] < -bound || t[i] >= bound) mica_fail(MICA_INDEX_RANGE_TEXT, t[i], bound);
             out[i] = t[i] < 0 ? t[i] + bound : t[i];

@@ -40,6 +40,9 @@
     "an index tensor holds %lld, out of range for a dim of %lld elements; give indices from 0 to size - 1"
 #define MICA_CLASS_RANGE_TEXT \
     "one_hot: class %lld is out of range for %lld classes; give classes from 0 to num_classes - 1"
+#define MICA_MASK_COUNT_TEXT                                                                        \
+    "x[mask] = values: the mask selects %lld elements and values holds %lld; give one value per True element (torch " \
+    "refuses the shape mismatch too)"
 #define MICA_EMBEDDING_RANGE_TEXT                                                                   \
     "embedding: index %lld is out of range for %lld embeddings; give indices below the table's row count (a data " \
     "id beyond the vocabulary?)"

@@ -172,6 +172,7 @@ static int mica_cuda_kernel_failed(void) {
              : f.what == 2 ? MICA_NLL_LOSS_RANGE_TEXT
              : f.what == 3 ? MICA_INDEX_RANGE_TEXT
              : f.what == 4 ? MICA_CLASS_RANGE_TEXT
+             : f.what == 6 ? MICA_MASK_COUNT_TEXT
                            : MICA_POSITION_RANGE_TEXT, f.a, f.b);
     mica_cuda_failure clear = {0, 0, 0, 0};
     cudaMemcpyToSymbol(mica_cuda_fail_state, &clear, sizeof clear);
@@ -245,6 +246,11 @@ MICA_DEFINE_CUDA_KERNELS(double, f64)
 static __device__ void mica_check_range(const int64_t *t, int64_t *out, int64_t count, int64_t bound,
                                         int64_t ignore, int mode) {
     MICA_GRID_STRIDE(i, count) {
+        if (mode == 4) {  /* (a masked assignment's count of True elements) */
+            if (t[i] != bound) mica_cuda_fail(6, t[i], bound);
+            out[i] = t[i];
+            continue;
+        }
         if (mode == 1) {
             if (t[i] < -bound || t[i] >= bound) { mica_cuda_fail(3, t[i], bound); out[i] = 0; continue; }
             out[i] = t[i] < 0 ? t[i] + bound : t[i];
