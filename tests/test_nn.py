@@ -435,3 +435,78 @@ def test_layer_sizes_must_be_whole_and_a_numpy_copy_of_a_parameter_stays_put():
     step(x)
     assert np.array_equal(before, kept) and np.array_equal(copied, kept)
     assert not np.array_equal(np.asarray(m.weight), kept)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_pad_modes_and_padding_modules_are_torchs_with_gradients(mode):
+    """F.pad's reflect, replicate and circular modes (style transfer's ReflectionPad2d, CycleGAN's
+    ReplicationPad) were sentences; values are torch's bit for bit, gradients to float32 rounding."""
+    import torch
+
+    rng = np.random.default_rng(31)
+    for shape, pad in [((2, 3, 6), (2, 1)), ((1, 2, 4, 5), (1, 2, 3, 0)), ((1, 2, 3, 4, 5), (1, 1, 2, 2, 1, 0))]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = torch.nn.functional.pad(torch.tensor(x, requires_grad=True), pad, mode=mode)
+        w = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+        got, grad = mica.compile(lambda x, w: (lambda y: (y, mica.grad((y * w).sum(), x)))(
+            mica.nn.functional.pad(x, pad, mode=mode)))(mica.tensor(x), mica.tensor(w))
+        np.testing.assert_array_equal(np.asarray(got), want.detach().numpy())
+        tx = torch.tensor(x, requires_grad=True)
+        (torch.nn.functional.pad(tx, pad, mode=mode) * torch.tensor(w)).sum().backward()
+        np.testing.assert_allclose(np.asarray(grad), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(mica.nn.functional.pad(mica.tensor(x), pad, mode=mode)),
+                                      want.detach().numpy())  # (eagerly too)
+    name = {"reflect": "ReflectionPad", "replicate": "ReplicationPad", "circular": "CircularPad"}[mode]
+    x = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)
+    for module in (f"{name}2d", "ZeroPad2d", "ConstantPad2d"):
+        args = (2,) if module != "ConstantPad2d" else ((1, 2, 0, 3), 1.5)
+        ours, theirs = getattr(nn, module)(*args), getattr(torch.nn, module)(*args)
+        assert repr(ours) == repr(theirs)
+        np.testing.assert_array_equal(np.asarray(ours(mica.tensor(x))), theirs(torch.tensor(x)).numpy())
+    if mode != "replicate":  # (torch's limits: reflect below the size, circular up to it)
+        with pytest.raises(mica.MicaError, match=f"pad: {mode} padding of 6 on a dim of size 5 must be at most"):
+            mica.nn.functional.pad(mica.tensor(x), (0, 0, 6, 0), mode=mode)
+
+
+@pytest.mark.parametrize("affine,track", [(False, False), (True, False), (True, True)])
+def test_instance_norm_is_torchs_in_training_and_evaluation(affine, track):
+    import torch
+
+    rng = np.random.default_rng(32)
+    for cls, shape in (("InstanceNorm1d", (2, 3, 7)), ("InstanceNorm2d", (2, 3, 4, 5)), ("InstanceNorm1d", (3, 6))):
+        x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+        theirs, ours = getattr(torch.nn, cls)(3, affine=affine, track_running_stats=track), \
+            getattr(nn, cls)(3, affine=affine, track_running_stats=track)
+        assert repr(ours) == repr(theirs)
+        if affine:
+            with torch.no_grad():
+                theirs.weight.copy_(torch.tensor(rng.standard_normal(3).astype(np.float32)))
+                theirs.bias.copy_(torch.tensor(rng.standard_normal(3).astype(np.float32)))
+        ours.load_state_dict(theirs.state_dict())
+        step = mica.compile(lambda x: ours(x))
+        for mode in ("train", "train", "eval"):
+            getattr(theirs, mode)(), getattr(ours, mode)()
+            np.testing.assert_allclose(np.asarray(step(mica.tensor(x))), theirs(torch.tensor(x)).detach().numpy(),
+                                       rtol=1e-5, atol=2e-6)
+        for k, v in theirs.state_dict().items():  # (the running statistics training moved, as torch's)
+            np.testing.assert_allclose(np.asarray(ours.state_dict()[k]), v.numpy(), rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_pixel_shuffle_and_data_parallel_are_torchs():
+    import torch
+
+    x = np.random.default_rng(33).standard_normal((2, 8, 3, 5)).astype(np.float32)
+    for ours, theirs in ((nn.PixelShuffle(2), torch.nn.PixelShuffle(2)), (nn.PixelUnshuffle(1), torch.nn.PixelUnshuffle(1))):
+        assert repr(ours) == repr(theirs)
+        np.testing.assert_array_equal(np.asarray(ours(mica.tensor(x))), theirs(torch.tensor(x)).numpy())
+    y = np.random.default_rng(34).standard_normal((2, 3, 6, 4)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(mica.compile(lambda y: mica.nn.functional.pixel_unshuffle(y, 2))(y)),
+                                  torch.nn.functional.pixel_unshuffle(torch.tensor(y), 2).numpy())
+    with pytest.raises(mica.MicaError, match="pixel_shuffle: input must be"):
+        mica.nn.functional.pixel_shuffle(mica.tensor(x), 3)
+    model = nn.DataParallel(nn.Linear(5, 2))
+    theirs = torch.nn.DataParallel(torch.nn.Linear(5, 2))
+    assert list(model.state_dict()) == list(theirs.state_dict()) == ["module.weight", "module.bias"]
+    model.load_state_dict(theirs.state_dict())
+    np.testing.assert_allclose(np.asarray(model(mica.tensor(x[0, 0]))), theirs(torch.tensor(x[0, 0])).detach().numpy(),
+                               rtol=1e-6)
