@@ -444,6 +444,29 @@ class _Compiled:
                     "np.float32(...)) to compile once")
         warnings.warn_explicit(said, UserWarning, path, line)
 
+    def _say_shapes(self, key):
+        """Warn once when the arguments' shapes (or types) have made a third program, the rest of the
+        key the same: each shape is a program of its own (torch.compile's dynamic shapes are not
+        Mica's: a sequence of each length compiles anew), so a few fixed lengths compile fastest."""
+        tree, specs, read = key
+        static = lambda s: isinstance(s, tuple) and s[:1] == ("static",)  # noqa: E731
+        shapes = {k[1] for k in self.built if k[0] == tree and k[2] == read and len(k[1]) == len(specs) and all(
+            a == b for a, b in zip(k[1], specs) if static(a) or static(b))}
+        if len(shapes | {specs}) < 3 or getattr(self, "_said_shapes", False):
+            return
+        import warnings
+
+        from .tensor import user_location
+
+        self._said_shapes = True
+        seen = sorted({tuple(getattr(s, "shape", ())) for k in shapes | {specs} for s in k if not static(s)})
+        path, line = user_location() or ("<mica>", 0)
+        warnings.warn_explicit(
+            f"{getattr(self.fn, '__name__', 'the function')} is compiled a third time, for arguments of new shapes "
+            f"({', '.join(str(list(s)) for s in seen[:4])}{', ...' if len(seen) > 4 else ''}): each shape is a program "
+            "of its own, built once and kept (the latest 16); pad or cut inputs to a few fixed lengths to compile "
+            "fewer", UserWarning, path, line)
+
     def _say_drawn(self, names):
         """Warn once when the function drew from a random generator of numpy's or Python's while it
         was traced: what it drew is a constant of the program, the same numbers at every call."""
@@ -499,6 +522,7 @@ class _Compiled:
         if made:
             self._checked_call(*given)
             self._say_recompiles(key, leaves)
+            self._say_shapes(key)
             randoms = guards.random_states(self.fn, leaves)
             while len(self.built) >= self.KEPT:  # (the oldest program goes: its values live in the model's
                 del self.built[next(iter(self.built))]  # Parameters and the optimizers, not in it)

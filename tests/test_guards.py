@@ -627,3 +627,15 @@ def test_a_deque_and_other_containers_without_attributes_are_read_by_their_items
         for i in range(3):
             change(i)
             np.testing.assert_array_equal(_quiet(f, x), x * want(i))
+
+
+def test_a_third_shape_of_the_arguments_is_said_once():
+    """Every sequence length compiles a program of its own (the char-RNN tutorial's names): the third
+    shape says so once, naming the shapes, and what to do."""
+    f = mica.compile(lambda x: x * 2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for n in (3, 4, 3, 5, 6, 7):
+            np.testing.assert_array_equal(np.asarray(f(np.ones(n, np.float32))), np.full(n, 2.0))
+    said = [str(w.message) for w in seen if "new shapes" in str(w.message)]
+    assert len(said) == 1 and "([3], [4], [5])" in said[0] and "pad or cut inputs to a few fixed lengths" in said[0]
