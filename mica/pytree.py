@@ -58,6 +58,8 @@ def flatten(tree, is_leaf=None):
         if isinstance(node, (list, tuple)):
             return TreeDef(type(node).__name__ if type(node) in (list, tuple) else "list", None,
                            tuple(walk(c) for c in node))
+        if type(node).__name__ == "Deferred" and type(node).__module__ == "mica.tensor":  # (x.item() in a trace:
+            return TreeDef("item", None, (walk(node.tensor),))                            # its tensor, a number back)
         leaves.append(node)
         return _LEAF
 
@@ -92,6 +94,8 @@ def unflatten(treedef, leaves):
         if td.kind == "const":
             return td.meta
         kids = [build(c) for c in td.children]
+        if td.kind == "item":
+            return _number(kids[0])
         if td.kind == "dict":
             return (OrderedDict if isinstance(td.meta, _Ordered) else dict)(zip(td.meta, kids))
         if td.kind == "list":
@@ -105,6 +109,18 @@ def unflatten(treedef, leaves):
     if rest:
         raise ValueError(f"unflatten was given {len(rest)} leaves too many")
     return out
+
+
+def _number(value):
+    """What x.item() gives for a value a program returned (a Python number), or, for a traced
+    tensor (the tree rebuilt inside a trace), the deferred number again."""
+    from .tensor import Deferred, Tensor
+
+    if isinstance(value, Tensor):
+        return Deferred(value)
+    import numpy as np
+
+    return np.asarray(value).item()
 
 
 def tree_map(fn, tree, *rest, is_leaf=None):

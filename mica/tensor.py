@@ -426,7 +426,16 @@ class Tensor:
         raise TraceError("a traced Tensor has no value while tracing, so float()/int()/.item()/.tolist()/.numpy() "
                          "cannot read it; return it from the traced function to see its value", user_location())
 
-    __int__ = __index__ = item = tolist = numpy = __float__
+    __int__ = __index__ = tolist = numpy = __float__
+
+    def item(self):
+        """torch's x.item(): inside a trace, a number the program gives back. Returned from the
+        traced function (the char-RNN tutorial's `return output, loss.item()`), it is the call's
+        Python number; read while tracing (an `if`, arithmetic with Python numbers), a sentence."""
+        if self.numel() != 1:
+            raise TraceError(f"a Tensor with {self.numel()} elements cannot be converted to a number (.item() takes "
+                             "one element, as torch's)", user_location())
+        return Deferred(F.reshape(self, ()))
 
     @property
     def grad(self):
@@ -877,3 +886,25 @@ _OPERATOR_UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "true_di
                     "less_equal": "le", "greater": "gt", "greater_equal": "ge", "equal": "eq", "not_equal": "ne"}
 
 __all__ = ["Tensor", "TraceContext", "emit", "current", "user_location", "fail", "MicaError"]
+
+
+class Deferred:
+    """x.item() of a traced tensor: its value is known when the program runs, so it may only be
+    returned (pytree.py gives the call's Python number in its place); any other use is a sentence."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def _refuse(self, *args, **kwargs):
+        raise TraceError("x.item() inside a traced step has no value while tracing, so Python cannot compute with it, "
+                         "compare it or print it there; return it from the step (its value comes back as a Python "
+                         "number), or keep computing with the tensor x", user_location())
+
+    __float__ = __int__ = __index__ = __bool__ = __format__ = __add__ = __radd__ = __sub__ = __rsub__ = _refuse
+    __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _refuse
+    __pow__ = __rpow__ = __floordiv__ = __rfloordiv__ = __mod__ = __abs__ = __round__ = _refuse
+
+    def __repr__(self):
+        return f"<the number {self.tensor.dtype.name} x.item() gives when the program runs>"

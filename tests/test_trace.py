@@ -429,3 +429,42 @@ def test_python_numbers_a_compiled_function_returns_come_back_as_they_are():
             warnings.simplefilter("ignore")
             assert forward(x)[1] is want
     assert mica.trace(lambda a: (a * 2, 3), mica.f32[3]).outputs[1].shape == ()
+
+
+def test_item_returned_from_a_compiled_step_is_the_calls_python_number():
+    """The char-RNN tutorial's `train()` ends `return output, loss.item()`: inside a trace .item() is
+    the number the program gives back, a Python number after the call (float, int or bool as the
+    tensor's type); meeting a verb it is the value without a gradient; used as a Python number while
+    tracing, one sentence."""
+    import torch
+
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    nets = []
+    for lib in (torch, mica):
+        lib.manual_seed(0)
+        nets.append(lib.nn.Linear(3, 2))
+    nets[1].load_state_dict(nets[0].state_dict())
+    opts = [torch.optim.SGD(nets[0].parameters(), lr=0.1), mica.optim.SGD(nets[1].parameters(), lr=0.1)]
+
+    def train(lib, net, opt, x):
+        out = net(x)
+        loss = out.square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return out, loss.item(), (out > 0).sum().item(), (out > -100).all().item(), out * loss.item()
+
+    mnet, mopt = nets[1], opts[1]  # (the step reads Mica's objects only: torch's change at each of its steps)
+    step = mica.compile(lambda x: train(mica, mnet, mopt, x))
+    for _ in range(3):
+        got, want = step(mica.tensor(x)), train(torch, nets[0], opts[0], torch.tensor(x))
+        assert type(got[1]) is float and type(got[2]) is int and got[3] is True
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+        assert got[2] == want[2]
+        np.testing.assert_allclose(np.asarray(got[4]), want[4].detach().numpy(), rtol=1e-5)
+    assert len({id(p) for p in step.built.values()}) == 1
+    with pytest.raises(mica.MicaError, match=r"^x\.item\(\) inside a traced step has no value while tracing"):
+        mica.compile(lambda x: x * 2 if x.sum().item() > 0 else x)(x)
+    with pytest.raises(mica.MicaError, match=r"^a Tensor with 12 elements cannot be converted to a number"):
+        mica.compile(lambda x: x.item())(x)

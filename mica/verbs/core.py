@@ -81,6 +81,8 @@ def _live_parameter(x):
         live = x._live()
         if live is not None:
             return live
+    if type(x).__name__ == "Deferred":  # (x.item() inside a trace, met by a verb: its number, no gradient)
+        return detach(x.tensor)
     return getattr(x, "_mica_tensor", x)
 
 
