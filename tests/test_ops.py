@@ -787,7 +787,10 @@ def test_einsum_pad_and_repeat_interleave_compute_as_torchs():
     for bad, says in ((lambda a: mica.einsum("ii->i", a[0, :, :2]), r"^einsum: letter 'i' stands for sizes 3 and 2 in "
                                                                      r"one operand"),
                       (lambda a: mica.einsum("ij,jk->ik", a, a), r"^einsum: operand 'ij' names 2 dims"),
-                      (lambda a: mica.nn.functional.pad(a, (1, 1), mode="reflect"), r"^pad: mode 'reflect'"),
+                      (lambda a: mica.nn.functional.pad(a, (1, 1), mode="mirror"), r"^pad: mode 'mirror' is not one of "
+                                                                                         r"torch's"),
+                      (lambda a: mica.nn.functional.pad(a, (3, 1), mode="reflect"), r"^pad: reflect padding of 3 on a "
+                                                                                     r"dim of size 3"),
                       (lambda a: a.repeat_interleave([1, 2], dim=0), r"^repeat_interleave: 2 counts for dim 0")):
         with pytest.raises(mica.MicaError, match=says + r".*\(.*test_ops.py:\d+\)$"):
             mica.trace(bad, mica.f32[3, 3, 3])
