@@ -510,3 +510,56 @@ def test_pixel_shuffle_and_data_parallel_are_torchs():
     model.load_state_dict(theirs.state_dict())
     np.testing.assert_allclose(np.asarray(model(mica.tensor(x[0, 0]))), theirs(torch.tensor(x[0, 0])).detach().numpy(),
                                rtol=1e-6)
+
+
+_LOSSES = [
+    ("margin_ranking_loss", lambda r, f, s: (f(6), f(6), s), dict(margin=0.3)),
+    ("hinge_embedding_loss", lambda r, f, s: (f(6, 4), np.sign(f(6, 4))), dict(margin=0.7)),
+    ("soft_margin_loss", lambda r, f, s: (f(6, 4), np.sign(f(6, 4))), {}),
+    ("cosine_embedding_loss", lambda r, f, s: (f(6, 5), f(6, 5), s), dict(margin=0.2)),
+    ("triplet_margin_loss", lambda r, f, s: (f(6, 5), f(6, 5), f(6, 5)), dict(margin=0.5)),
+    ("triplet_margin_loss", lambda r, f, s: (f(6, 5), f(6, 5), f(6, 5)), dict(margin=0.5, p=1, swap=True)),
+    ("gaussian_nll_loss", lambda r, f, s: (f(6, 4), f(6, 4), np.abs(f(6, 4)) + 1e-7), dict(full=True)),
+    ("gaussian_nll_loss", lambda r, f, s: (f(6, 4), f(6, 4), np.abs(f(6))), {}),
+    ("poisson_nll_loss", lambda r, f, s: (f(6, 4), r.integers(0, 4, (6, 4)).astype(np.float32)), dict(full=True)),
+    ("poisson_nll_loss", lambda r, f, s: (np.abs(f(6, 4)), r.integers(0, 4, (6, 4)).astype(np.float32)),
+     dict(log_input=False)),
+    ("multilabel_soft_margin_loss", lambda r, f, s: (f(6, 4), (r.random((6, 4)) > 0.5).astype(np.float32)), {}),
+    ("multi_margin_loss", lambda r, f, s: (f(6, 4), r.integers(0, 4, 6)), dict(p=2, margin=0.8)),
+    ("multi_margin_loss", lambda r, f, s: (f(6, 4), r.integers(0, 4, 6)),
+     dict(weight=np.array([0.5, 1.0, 2.0, 0.25], np.float32))),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_LOSSES)), ids=[f"{c[0]}{i}" for i, c in enumerate(_LOSSES)])
+def test_margin_embedding_and_likelihood_losses_are_torchs_with_gradients(case):
+    import torch
+
+    name, make, settings = _LOSSES[case]
+    rng = np.random.default_rng(40 + case)
+    args = make(rng, lambda *s: rng.standard_normal(s).astype(np.float32),
+                np.where(rng.random(6) > 0.5, 1.0, -1.0).astype(np.float32))
+    for reduction in ("mean", "sum", "none"):
+        targs = [torch.tensor(a, requires_grad=i == 0) for i, a in enumerate(args)]
+        tkw = {k: torch.tensor(v) if isinstance(v, np.ndarray) else v for k, v in settings.items()}
+        want = getattr(torch.nn.functional, name)(*targs, reduction=reduction, **tkw)
+        w = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+        (want * torch.tensor(w)).sum().backward()
+        mkw = {k: mica.tensor(v) if isinstance(v, np.ndarray) else v for k, v in settings.items()}
+
+        def loss_and_grad(*a):
+            out = getattr(mica.nn.functional, name)(*a, reduction=reduction, **mkw)
+            return out, mica.grad((out * mica.tensor(w)).sum(), a[0])
+
+        got, grad = mica.compile(loss_and_grad)(*[mica.tensor(a) for a in args])
+        np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(grad), targs[0].grad.numpy(), rtol=1e-5, atol=1e-6)
+    module = {"margin_ranking_loss": "MarginRankingLoss", "hinge_embedding_loss": "HingeEmbeddingLoss",
+              "soft_margin_loss": "SoftMarginLoss", "cosine_embedding_loss": "CosineEmbeddingLoss",
+              "triplet_margin_loss": "TripletMarginLoss", "gaussian_nll_loss": "GaussianNLLLoss",
+              "poisson_nll_loss": "PoissonNLLLoss", "multilabel_soft_margin_loss": "MultiLabelSoftMarginLoss",
+              "multi_margin_loss": "MultiMarginLoss"}[name]
+    ours = getattr(nn, module)(**mkw)
+    assert repr(ours) == repr(getattr(torch.nn, module)(**tkw)) == f"{module}()"
+    np.testing.assert_allclose(np.asarray(ours(*[mica.tensor(a) for a in args])),
+                               getattr(torch.nn, module)(**tkw)(*[torch.tensor(a) for a in args]).numpy(), rtol=1e-5)

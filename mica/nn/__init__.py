@@ -23,7 +23,8 @@ from .stateless import (  # noqa: F401
     CELU, ELU, GLU, SELU, BCELoss, BCEWithLogitsLoss, CosineSimilarity, CrossEntropyLoss, Flatten, Hardshrink,
     Hardsigmoid, Hardswish, Hardtanh, HuberLoss, KLDivLoss, L1Loss, LeakyReLU, LogSigmoid, LogSoftmax, Mish, MSELoss,
     NLLLoss, PairwiseDistance, PixelShuffle, PixelUnshuffle, ReLU6, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softmin, Softplus, Softshrink,
-    Softsign, Tanh, Tanhshrink, Threshold, Unflatten,
+    Softsign, Tanh, Tanhshrink, Threshold, Unflatten, MarginRankingLoss, HingeEmbeddingLoss, SoftMarginLoss,
+    CosineEmbeddingLoss, TripletMarginLoss, GaussianNLLLoss, PoissonNLLLoss, MultiLabelSoftMarginLoss, MultiMarginLoss,
 )
 
 

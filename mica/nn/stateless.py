@@ -27,6 +27,8 @@ class _Verb(Module):
         return getattr(F, self.verb)(*inputs, **self.settings)
 
     def extra_repr(self):
+        if type(self).__name__.endswith("Loss"):  # (torch's losses print their name alone: HuberLoss())
+            return ""
         return ", ".join(f"{k}={v!r}" for k, v in self.settings.items()
                          if k not in self.unshown and (k != "inplace" or v))  # (as torch's)
 
@@ -76,6 +78,22 @@ CrossEntropyLoss = _module("CrossEntropyLoss", "cross_entropy", weight=None, siz
 NLLLoss = _module("NLLLoss", "nll_loss", weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean")
 KLDivLoss = _module("KLDivLoss", "kl_div", size_average=None, reduce=None, reduction="mean", log_target=False)
+MarginRankingLoss = _module("MarginRankingLoss", "margin_ranking_loss", margin=0.0, size_average=None, reduce=None,
+                            reduction="mean")
+HingeEmbeddingLoss = _module("HingeEmbeddingLoss", "hinge_embedding_loss", margin=1.0, size_average=None, reduce=None,
+                             reduction="mean")
+SoftMarginLoss = _module("SoftMarginLoss", "soft_margin_loss", size_average=None, reduce=None, reduction="mean")
+CosineEmbeddingLoss = _module("CosineEmbeddingLoss", "cosine_embedding_loss", margin=0.0, size_average=None,
+                              reduce=None, reduction="mean")
+TripletMarginLoss = _module("TripletMarginLoss", "triplet_margin_loss", margin=1.0, p=2.0, eps=1e-6, swap=False,
+                            size_average=None, reduce=None, reduction="mean")
+GaussianNLLLoss = _module("GaussianNLLLoss", "gaussian_nll_loss", full=False, eps=1e-6, reduction="mean")
+PoissonNLLLoss = _module("PoissonNLLLoss", "poisson_nll_loss", log_input=True, full=False, size_average=None,
+                         eps=1e-8, reduce=None, reduction="mean")
+MultiLabelSoftMarginLoss = _module("MultiLabelSoftMarginLoss", "multilabel_soft_margin_loss", weight=None,
+                                   size_average=None, reduce=None, reduction="mean")
+MultiMarginLoss = _module("MultiMarginLoss", "multi_margin_loss", p=1, margin=1.0, weight=None, size_average=None,
+                          reduce=None, reduction="mean")
 CosineSimilarity = _module("CosineSimilarity", "cosine_similarity", dim=1, eps=1e-8)
 
 
