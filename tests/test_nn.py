@@ -563,3 +563,24 @@ def test_margin_embedding_and_likelihood_losses_are_torchs_with_gradients(case):
     assert repr(ours) == repr(getattr(torch.nn, module)(**tkw)) == f"{module}()"
     np.testing.assert_allclose(np.asarray(ours(*[mica.tensor(a) for a in args])),
                                getattr(torch.nn, module)(**tkw)(*[torch.tensor(a) for a in args]).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_pad_sequence_is_torchs_eagerly_and_in_a_trace(batch_first):
+    import torch
+
+    from mica.nn.utils.rnn import pad_sequence
+
+    rng = np.random.default_rng(50)
+    seqs = [rng.standard_normal((n, 3)).astype(np.float32) for n in (2, 5, 1)]
+    for side in ("right", "left"):
+        want = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in seqs], batch_first=batch_first,
+                                               padding_value=-1.0, padding_side=side).numpy()
+        eager = pad_sequence([mica.tensor(s) for s in seqs], batch_first=batch_first, padding_value=-1.0,
+                             padding_side=side)
+        traced = mica.compile(lambda *x: pad_sequence(list(x), batch_first=batch_first, padding_value=-1.0,
+                                                      padding_side=side))(*[mica.tensor(s) for s in seqs])
+        np.testing.assert_array_equal(np.asarray(eager), want)
+        np.testing.assert_array_equal(np.asarray(traced), want)
+    with pytest.raises(mica.MicaError, match="pad_sequence takes tensors"):
+        pad_sequence([mica.zeros(2, 3), mica.zeros(2, 4)])

@@ -105,6 +105,53 @@ def parameters_to_vector(parameters):
     return mica.cat([mica.reshape(p, (-1,)) for p in parameters], 0)
 
 
+def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
+    """torch.nn.utils.rnn.pad_sequence: tensors [L_i, *] padded with padding_value to the longest
+    and stacked, [L, B, *] (or [B, L, *] with batch_first); padding_side "left" pads before."""
+    import mica
+    from ..tensor import user_location
+
+    sequences = list(sequences)
+    if not sequences:
+        raise MicaError("pad_sequence takes at least one tensor", user_location())
+    if padding_side not in ("left", "right"):
+        raise MicaError(f"pad_sequence: padding_side must be 'left' or 'right', got {padding_side!r}", user_location())
+    rest = {tuple(s.shape[1:]) for s in sequences}
+    if len(rest) > 1 or any(s.ndim == 0 for s in sequences):
+        raise MicaError(f"pad_sequence takes tensors [L, *] that differ only in L, got shapes "
+                        f"{[tuple(s.shape) for s in sequences]}", user_location())
+    longest = max(s.shape[0] for s in sequences)
+    padded = []
+    for s in sequences:
+        missing = longest - s.shape[0]
+        counts = [0, 0] * (s.ndim - 1) + ([missing, 0] if padding_side == "left" else [0, missing])
+        padded.append(mica.nn.functional.pad(s, tuple(counts), value=padding_value) if missing else s)
+    return mica.stack(padded, 0 if batch_first else 1)
+
+
+def _rnn_module():
+    """torch.nn.utils.rnn: pad_sequence; packed sequences are a sentence (Mica's recurrent modules
+    take padded batches: mask the padded steps' outputs instead)."""
+    import sys
+    import types
+
+    module = types.ModuleType(__name__ + ".rnn", _rnn_module.__doc__)
+    module.pad_sequence = pad_sequence
+
+    def _missing(name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from ..errors import missing_verb
+
+        raise missing_verb("mica.nn.utils.rnn.", name, "torch.nn.utils.rnn.")
+    module.__getattr__ = _missing
+    sys.modules[module.__name__] = module
+    return module
+
+
+rnn = _rnn_module()
+
+
 def __getattr__(name):  # (torch.nn.utils's other functions: Mica's sentence, not an AttributeError)
     if name.startswith("_"):
         raise AttributeError(name)
