@@ -167,7 +167,7 @@ class Categorical(Distribution):
                 drawn = (cdf < u).long().sum(-1).clamp(max=self._num_events - 1)
             else:
                 drawn = m.multinomial(probs, n, True).t()
-            return drawn.reshape(*(shape + self._batch_shape))
+            return m.reshape(drawn, shape + self._batch_shape)
 
     def log_prob(self, value):
         m = _m()

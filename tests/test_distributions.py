@@ -136,3 +136,14 @@ def test_samples_follow_their_distributions_and_repeat_from_a_seed():
         md.Categorical(probs=mica.tensor(probs), logits=mica.tensor(probs))
     with pytest.raises(mica.MicaError, match="Mica has no mica.distributions.Dirichlet"):
         md.Dirichlet(mica.ones(3))
+
+
+def test_an_unbatched_categorical_samples_a_0d_index_as_torchs():
+    """actor_critic.py's select_action: probs of one state, [2], sample a 0-d action."""
+    probs = mica.tensor([0.3, 0.7])
+    for shape, want in (((), ()), ((4,), (4,)), ((2, 3), (2, 3))):
+        drawn = md.Categorical(probs).sample(shape)
+        assert tuple(drawn.shape) == want == tuple(td.Categorical(torch.tensor([0.3, 0.7])).sample(shape).shape)
+        assert np.asarray(drawn).dtype == np.int64
+    traced = mica.compile(lambda p: md.Categorical(p).sample())(probs)
+    assert tuple(traced.shape) == () and int(traced) in (0, 1)

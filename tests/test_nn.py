@@ -584,3 +584,24 @@ def test_pad_sequence_is_torchs_eagerly_and_in_a_trace(batch_first):
         np.testing.assert_array_equal(np.asarray(traced), want)
     with pytest.raises(mica.MicaError, match="pad_sequence takes tensors"):
         pad_sequence([mica.zeros(2, 3), mica.zeros(2, 4)])
+
+
+def test_calculate_gain_eye_and_dirac_are_torchs():
+    """super_resolution's `init.orthogonal_(w, init.calculate_gain('relu'))`."""
+    import torch
+
+    for nonlinearity, param in (("relu", None), ("leaky_relu", 0.2), ("leaky_relu", None), ("tanh", None),
+                                ("selu", None), ("conv2d", None), ("sigmoid", None)):
+        assert nn.init.calculate_gain(nonlinearity, param) == torch.nn.init.calculate_gain(nonlinearity, param)
+    with pytest.raises(mica.MicaError, match="calculate_gain: unsupported nonlinearity 'swish'"):
+        nn.init.calculate_gain("swish")
+    w = nn.Parameter(mica.zeros(4, 3))
+    nn.init.eye_(w)
+    np.testing.assert_array_equal(np.asarray(w), torch.nn.init.eye_(torch.zeros(4, 3)).numpy())
+    conv = nn.Conv2d(4, 6, 3, groups=2)
+    nn.init.dirac_(conv.weight, 2)
+    np.testing.assert_array_equal(np.asarray(conv.weight), torch.nn.init.dirac_(torch.zeros(6, 2, 3, 3), 2).numpy())
+    x = np.random.default_rng(60).standard_normal((1, 3, 5)).astype(np.float32)
+    same = nn.Conv1d(3, 3, 3, padding=1, bias=False)
+    nn.init.dirac_(same.weight)
+    np.testing.assert_allclose(np.asarray(same(mica.tensor(x))), x, rtol=1e-6)  # (dirac: the identity convolution)

@@ -945,3 +945,21 @@ def test_amsgrad_is_torchs_in_float64_and_in_a_compiled_loop_with_torchs_state_d
         make(lr=0.1, maximize=True)
     with pytest.raises(mica.MicaError, match="RAdam: amsgrad=True is torch's option Mica does not have"):
         mica.optim.RAdam(lr=0.1, amsgrad=True)  # (torch's RAdam has none either)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam", "Adamax", "Adadelta"])
+def test_settings_given_by_position_are_torchs(name):
+    """fast_neural_style's `Adam(transformer.parameters(), args.lr)`: settings after the parameters
+    by position, in torch's order (a TypeError naming AdamW for Adam was a traceback)."""
+    m = mica.nn.Linear(2, 2)
+    t = torch.nn.Linear(2, 2)
+    order = list(getattr(mica.optim, name).defaults)
+    values = {"lr": 0.05, "momentum": 0.5, "dampening": 0.0, "weight_decay": 0.01, "betas": (0.8, 0.9), "eps": 1e-6,
+              "alpha": 0.9, "rho": 0.8, "lr_decay": 0.01}
+    args = tuple(values[k] for k in order[:3] if k in values)
+    args = args[:next((i for i, k in enumerate(order[:3]) if k not in values), len(args))]
+    ours, theirs = getattr(mica.optim, name)(m.parameters(), *args), getattr(torch.optim, name)(t.parameters(), *args)
+    for k in order[:len(args)]:
+        assert ours.param_groups[0][k] == theirs.param_groups[0][k], k
+    with pytest.raises(mica.MicaError, match=f"{name} got lr both by position and by keyword"):
+        getattr(mica.optim, name)(m.parameters(), 0.1, lr=0.2)

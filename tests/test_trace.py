@@ -468,3 +468,33 @@ def test_item_returned_from_a_compiled_step_is_the_calls_python_number():
         mica.compile(lambda x: x * 2 if x.sum().item() > 0 else x)(x)
     with pytest.raises(mica.MicaError, match=r"^a Tensor with 12 elements cannot be converted to a number"):
         mica.compile(lambda x: x.item())(x)
+
+
+def test_tensor_of_traced_values_is_their_detached_copy_as_torchs():
+    """actor_critic.py's `F.smooth_l1_loss(value, torch.tensor([R]))`, R an element of a traced
+    tensor: torch.tensor copies the values, without their history."""
+    import torch
+
+    returns, value = np.array([1.0, 2.0, 2.5], np.float32), np.array([0.5], np.float32)
+
+    def f(lib, returns, value):
+        R = returns[2]
+        loss = lib.nn.functional.smooth_l1_loss(value, lib.tensor([R]))
+        mixed = lib.tensor([[R, 1.0], [2, R * 2]])
+        counted = lib.tensor([(returns > 1.5).sum(), 3])
+        return loss, mixed, counted, (lib.tensor([R]) * returns[2]).sum() + returns.sum()
+
+    def with_grads(returns, value):
+        loss, mixed, counted, total = f(mica, returns, value)
+        return loss, mixed, counted, mica.grad(loss, value), mica.grad(total, returns)
+
+    got = mica.compile(with_grads)(mica.tensor(returns), mica.tensor(value))
+    tr, tv = torch.tensor(returns, requires_grad=True), torch.tensor(value, requires_grad=True)
+    loss, mixed, counted, total = f(torch, tr, tv)
+    loss.backward()
+    total.backward()
+    for g, w in zip(got[:3], (loss, mixed, counted)):
+        np.testing.assert_array_equal(np.asarray(g), w.detach().numpy())
+        assert np.asarray(g).dtype == w.detach().numpy().dtype
+    np.testing.assert_array_equal(np.asarray(got[3]), tv.grad.numpy())
+    np.testing.assert_array_equal(np.asarray(got[4]), tr.grad.numpy())

@@ -178,6 +178,67 @@ def _gain(nonlinearity, a):
     raise ValueError(f"unsupported nonlinearity {nonlinearity!r}")
 
 
+def calculate_gain(nonlinearity, param=None):
+    """torch's: the gain recommended for a nonlinearity (leaky_relu's slope `param`, 0.01 by default)."""
+    try:
+        return _gain(nonlinearity, param)
+    except ValueError:
+        from ..errors import MicaError
+        from ..tensor import user_location
+
+        raise MicaError(f"calculate_gain: unsupported nonlinearity {nonlinearity!r}; give linear, conv1d, conv2d, "
+                        "conv3d, sigmoid, tanh, relu, leaky_relu or selu (as torch's)", user_location()) from None
+
+
+class Eye(Initializer):
+    """torch.nn.init.eye_'s: the identity matrix (2-d)."""
+
+    def sample(self, shape, rng):
+        return np.eye(shape[0], shape[1])
+
+    def __repr__(self):
+        return "eye"
+
+
+class Dirac(Initializer):
+    """torch.nn.init.dirac_'s: a convolution weight [out, in, *k] that passes each of the first
+    min(out / groups, in) channels of every group through unchanged (a 1 at the kernel's centre)."""
+
+    def __init__(self, groups=1):
+        self.groups = int(groups)
+
+    def sample(self, shape, rng):
+        out = np.zeros(shape)
+        per_group = shape[0] // self.groups
+        centre = tuple(k // 2 for k in shape[2:])
+        for g in range(self.groups):
+            for d in range(min(per_group, shape[1])):
+                out[(g * per_group + d, d) + centre] = 1
+        return out
+
+    def __repr__(self):
+        return f"dirac(groups={self.groups})"
+
+
+def eye_(param):
+    if len(param.shape) != 2:
+        from ..errors import MicaError
+        from ..tensor import user_location
+
+        raise MicaError(f"eye_: only 2-d tensors are supported (as torch's), got {list(param.shape)}", user_location())
+    return _set(param, Eye())
+
+
+def dirac_(param, groups=1):
+    if len(param.shape) not in (3, 4, 5) or param.shape[0] % groups:
+        from ..errors import MicaError
+        from ..tensor import user_location
+
+        raise MicaError(f"dirac_: takes a 3-, 4- or 5-d convolution weight whose first dim divides by groups={groups}, "
+                        f"got {list(param.shape)}", user_location())
+    return _set(param, Dirac(groups))
+
+
 def xavier_uniform_(param, gain=1.0):
     fan_in, fan_out = _fans(param, "xavier_uniform_")
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))

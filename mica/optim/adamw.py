@@ -20,7 +20,8 @@ class AdamW(Optimizer):
     live = ("betas",)
     optional_state = ("max_exp_avg_sq",)  # (amsgrad's running maximum of exp_avg_sq, per group as torch's)
 
-    def __init__(self, param_groups=None, **hyper):
+    def __init__(self, param_groups=None, *args, **hyper):
+        hyper = self._positional(args, hyper)
         self.fused = bool(hyper.get("fused"))  # (torch's fused kernel: another rounding of a half parameter)
         super().__init__(param_groups, **hyper)
 

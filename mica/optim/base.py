@@ -75,9 +75,10 @@ class Optimizer:
     # the learning rate: what OneCycleLR moves at every step ("betas": its first, beta1)
     live = ()
 
-    def __init__(self, param_groups=None, **hyper):
+    def __init__(self, param_groups=None, *args, **hyper):
         from ..tensor import user_location
 
+        hyper = self._positional(args, hyper)  # (torch's Adam(params, 1e-3): the settings in torch's order)
         for name, value in list(hyper.items()):  # (torch's implementation choices: the same step here)
             if name in _SAME_STEP:
                 hyper.pop(name)
@@ -124,6 +125,20 @@ class Optimizer:
         self._check(self.hyper, "")
         for i, g in enumerate(param_groups or ()):
             self._check(self._hyper_of(g), f"group {i}: ")
+
+    def _positional(self, args, hyper):
+        """Settings given by position, named in torch's order (the class's defaults keep it)."""
+        from ..tensor import user_location
+
+        names = list(type(self).defaults)
+        if len(args) > len(names):
+            raise MicaError(f"{type(self).__name__} takes at most {len(names)} settings after the parameters "
+                            f"({', '.join(names)}), got {len(args)}", user_location())
+        for name, value in zip(names, args):
+            if name in hyper:
+                raise MicaError(f"{type(self).__name__} got {name} both by position and by keyword", user_location())
+            hyper[name] = value
+        return hyper
 
     def _hyper_of(self, group):
         """A group's hyperparameters: the optimizer's, overridden by the group's own."""

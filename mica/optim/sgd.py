@@ -10,8 +10,8 @@ class SGD(Optimizer):
     defaults = dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)
     live = ("momentum",)
 
-    def __init__(self, param_groups=None, **hyper):
-        super().__init__(param_groups, **hyper)
+    def __init__(self, param_groups=None, *args, **hyper):
+        super().__init__(param_groups, *args, **hyper)
         if self.hyper["nesterov"] and (self.hyper["momentum"] <= 0 or self.hyper["dampening"] != 0):
             from ..tensor import user_location
 

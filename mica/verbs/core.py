@@ -1375,6 +1375,8 @@ def in_dtype(values, dtype, copy=True):
 def tensor(data, dtype=None, *, _copy=True, **_device):
     """A literal constant from numpy data, stored in the program (outside a trace, with `_copy` False,
     the data itself where it has the type already: as_tensor's)."""
+    if in_trace() and isinstance(data, (list, tuple)) and _holds_traced(data):
+        return _stacked(data, dtype)  # (torch.tensor([R]), R a traced value: a copy of its value, detached)
     try:
         arr = np.asarray(data)
     except ValueError:  # (ragged nested lists: numpy's inhomogeneous shape)
@@ -1389,6 +1391,48 @@ def tensor(data, dtype=None, *, _copy=True, **_device):
     shape = tuple(arr.shape)  # (before ascontiguousarray, which makes a 0-d array 1-d)
     arr = np.ascontiguousarray(in_dtype(arr, dt))  # (bfloat16's values rounded to it, held as float32)
     return emit("literal", [], data=arr.tobytes(), shape=shape, dtype=dt)
+
+
+def _holds_traced(data):
+    return builtins.any(isinstance(x, Tensor) or type(x).__name__ == "Deferred" or
+               (isinstance(x, (list, tuple)) and _holds_traced(x)) for x in data)
+
+
+def _stacked(data, dtype):
+    """torch.tensor of nested lists holding traced values (0-d tensors, x.item()s) and numbers: the
+    values stacked into one tensor, detached (torch's tensor() copies data, with no history), in
+    dtype or the type torch's inference gives (a float among them: the default float; else an int
+    among them: int64; else bool)."""
+    from .shape import stack
+
+    leaves = []
+
+    def walk(x):
+        for v in x:
+            walk(v) if isinstance(v, (list, tuple)) else leaves.append(v)
+    walk(data)
+    traced = [as_tensor(v) for v in leaves if isinstance(v, Tensor) or type(v).__name__ == "Deferred"]
+    numbers = [v for v in leaves if not (isinstance(v, Tensor) or type(v).__name__ == "Deferred")]
+    if dtype is not None:
+        dt = as_dtype(dtype)
+    elif builtins.any(t.dtype.kind == "float" for t in traced) or builtins.any(isinstance(v, float) for v in numbers):
+        dt = dtypes.DEFAULT_FLOAT
+    elif builtins.all(t.dtype is dtypes.bool_ for t in traced) and builtins.all(isinstance(v, bool) for v in numbers):
+        dt = dtypes.bool_
+    else:
+        dt = dtypes.DEFAULT_INT
+
+    def build(x):
+        if isinstance(x, (list, tuple)):
+            if not x:
+                fail("tensor: an empty list among traced values has no shape to stack; give values")
+            return stack([build(v) for v in x], 0)
+        t = as_tensor(x, dt)
+        if t.ndim:
+            fail(f"tensor: takes numbers and 0-d tensors (one element each), got a {t.value.spec!r} tensor; use "
+                 "torch.stack or torch.cat to join tensors")
+        return t
+    return detach(build(data))
 
 
 def _complex_data(data, arr, wanted):
