@@ -32,7 +32,7 @@ def _tensor(x):
     m = _m()
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return m.tensor(float(x))
-    if isinstance(x, np.ndarray) and not isinstance(x, m.Tensor):
+    if isinstance(x, (list, tuple)) or isinstance(x, np.ndarray) and not isinstance(x, m.Tensor):
         return m.tensor(x)
     return x
 

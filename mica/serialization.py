@@ -112,8 +112,9 @@ class _Writer(pickle._Pickler):
                 strides.insert(0, step)
                 step *= n
             strides = tuple(strides)
+        leaf = type(a).__name__ == "LeafTensor" and bool(a.requires_grad)  # (a tensor made a leaf: torch's keeps it)
         return (_Global("torch._utils", "_rebuild_tensor_v2"),
-                (storage, int(offset), tuple(int(n) for n in a.shape), strides, False, collections.OrderedDict()))
+                (storage, int(offset), tuple(int(n) for n in a.shape), strides, leaf, collections.OrderedDict()))
 
     def save_global_name(self, obj):
         self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
@@ -214,7 +215,10 @@ def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=No
         raise ValueError("a tensor that reaches past its storage's end")
     view = np.lib.stride_tricks.as_strided(storage[offset:], shape=size,
                                            strides=tuple(int(s) * storage.itemsize for s in stride))
-    return view.view(HostTensor)  # (a view of its storage: tensors saved sharing one, tied weights, still share it)
+    out = view.view(HostTensor)  # (a view of its storage: tensors saved sharing one, tied weights, still share it)
+    if requires_grad and out.dtype.kind == "f":
+        out.requires_grad = True  # (a leaf, as torch's loads it)
+    return out
 
 
 def _rebuild_parameter(data, requires_grad, hooks, state=None):

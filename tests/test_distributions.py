@@ -147,3 +147,8 @@ def test_an_unbatched_categorical_samples_a_0d_index_as_torchs():
         assert np.asarray(drawn).dtype == np.int64
     traced = mica.compile(lambda p: md.Categorical(p).sample())(probs)
     assert tuple(traced.shape) == () and int(traced) in (0, 1)
+
+
+def test_parameters_given_as_lists_and_numbers_are_tensors_as_torchs_broadcast():
+    np.testing.assert_allclose(float(md.Categorical(probs=[0.2, 0.8]).log_prob(1)), np.log(0.8), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(md.Normal([0.0, 1.0], 1.0).mean), [0.0, 1.0])

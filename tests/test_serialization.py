@@ -174,3 +174,18 @@ def test_views_of_one_tensor_share_one_storage_after_loading_as_torchs(tmp_path)
         assert float(got["rows"][0, 1]) == 100 and float(got["t"][1, 1]) == 100 and float(got["column"][1]) == 100
     with zipfile.ZipFile(tmp_path / "views.pt") as z:
         assert len([n for n in z.namelist() if "/data/" in n]) == 1
+
+
+def test_a_leaf_tensor_keeps_requires_grad_through_a_file_as_torchs(tmp_path):
+    """makemore's parameters are plain tensors made leaves (`p.requires_grad = True`): saved, torch
+    loads them as leaves, and so does Mica (and a torch leaf comes back a leaf)."""
+    w = mica.tensor(np.arange(6, dtype=np.float32).reshape(3, 2))
+    w.requires_grad = True
+    mica.save({"w": w, "x": mica.ones(2)}, tmp_path / "leaf.pt")
+    theirs = torch.load(tmp_path / "leaf.pt")
+    assert theirs["w"].requires_grad and not theirs["x"].requires_grad
+    ours = mica.load(tmp_path / "leaf.pt")
+    assert ours["w"].requires_grad and ours["w"].is_leaf and not ours["x"].requires_grad
+    np.testing.assert_array_equal(np.asarray(ours["w"]), np.asarray(w))
+    torch.save({"p": torch.ones(2, requires_grad=True)}, tmp_path / "torch_leaf.pt")
+    assert mica.load(tmp_path / "torch_leaf.pt")["p"].requires_grad
