@@ -605,3 +605,39 @@ def test_calculate_gain_eye_and_dirac_are_torchs():
     same = nn.Conv1d(3, 3, 3, padding=1, bias=False)
     nn.init.dirac_(same.weight)
     np.testing.assert_allclose(np.asarray(same(mica.tensor(x))), x, rtol=1e-6)  # (dirac: the identity convolution)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_affine_grid_and_grid_sample_are_torchs_with_gradients(align_corners):
+    """The spatial transformer tutorial's `F.grid_sample(x, F.affine_grid(theta, x.size()))`: values
+    and the gradients reaching the image and theta, bilinear and nearest, zeros and border padding."""
+    import torch
+
+    rng = np.random.default_rng(61)
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    theta = (np.eye(2, 3)[None] + 0.3 * rng.standard_normal((2, 2, 3))).astype(np.float32)
+    size = (2, 3, 4, 7)
+    np.testing.assert_allclose(
+        np.asarray(mica.nn.functional.affine_grid(mica.tensor(theta), size, align_corners=align_corners)),
+        torch.nn.functional.affine_grid(torch.tensor(theta), size, align_corners=align_corners).numpy(), atol=1e-6)
+    for mode in ("bilinear", "nearest"):
+        for padding in ("zeros", "border"):
+            tx, tt = torch.tensor(x, requires_grad=True), torch.tensor(theta, requires_grad=True)
+            grid = torch.nn.functional.affine_grid(tt, size, align_corners=align_corners)
+            want = torch.nn.functional.grid_sample(tx, grid, mode=mode, padding_mode=padding, align_corners=align_corners)
+            w = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+            (want * torch.tensor(w)).sum().backward()
+
+            def f(x, th):
+                g = mica.nn.functional.affine_grid(th, size, align_corners=align_corners)
+                out = mica.nn.functional.grid_sample(x, g, mode=mode, padding_mode=padding,
+                                                     align_corners=align_corners)
+                loss = (out * mica.tensor(w)).sum()
+                return out, mica.grad(loss, x), mica.grad(loss, th)
+
+            out, gx, gt = mica.compile(f)(mica.tensor(x), mica.tensor(theta))
+            np.testing.assert_allclose(np.asarray(out), want.detach().numpy(), atol=3e-6)
+            np.testing.assert_allclose(np.asarray(gx), tx.grad.numpy(), atol=3e-6)
+            np.testing.assert_allclose(np.asarray(gt), tt.grad.numpy(), rtol=1e-5, atol=2e-5)
+    with pytest.raises(mica.MicaError, match="padding_mode 'reflection' is not one Mica has"):
+        mica.nn.functional.grid_sample(mica.tensor(x), mica.zeros(2, 4, 7, 2), padding_mode="reflection")
