@@ -19,6 +19,22 @@ def _reshape_infer(specs, shape):
     return [(shape, x.dtype)]
 
 
+def _custom_grad_infer(specs, key, count):
+    return [(specs[-1].shape, specs[-1].dtype)]
+
+
+def _custom_grad_vjp(cts, outs, ins, attrs, need):
+    from ..autograd import custom_vjp
+
+    return custom_vjp(attrs["key"], cts[0], outs[0], ins, need)
+
+
+# a torch.autograd.Function's output: its value (the last input, the forward's result detached), its
+# gradient the user's backward() for the Function's tensor arguments (the other inputs); an identity
+# that simplify removes once the gradients are taken, so no target lowers it
+defop("custom_grad", infer=_custom_grad_infer, ref=lambda a, at, run: a[-1], vjp=_custom_grad_vjp, family="shape")
+
+
 defop("reshape", infer=_reshape_infer, ref=lambda a, at, run: a[0].reshape(at["shape"]),
       vjp=lambda c, o, i, a, n: [F.reshape(c[0], i[0].shape)], family="shape")
 

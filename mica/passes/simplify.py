@@ -126,6 +126,8 @@ class _Rebuilder:
                 return [back]
         if op in ("reshape", "expand") and ins[0].shape == out.shape:
             return [ins[0]]
+        if op == "custom_grad":  # (a torch.autograd.Function's result: its value, once its gradient is taken)
+            return [ins[-1]]
         if op == "reshape" and ins[0].node.op == "reshape":
             return self.add(node, "reshape", ins[0].node.inputs, a, loc)
         if op == "permute":
