@@ -641,3 +641,45 @@ def test_affine_grid_and_grid_sample_are_torchs_with_gradients(align_corners):
             np.testing.assert_allclose(np.asarray(gt), tt.grad.numpy(), rtol=1e-5, atol=2e-5)
     with pytest.raises(mica.MicaError, match="padding_mode 'reflection' is not one Mica has"):
         mica.nn.functional.grid_sample(mica.tensor(x), mica.zeros(2, 4, 7, 2), padding_mode="reflection")
+
+
+_BAGS = [
+    (np.array([[1, 4, 4, 0, 9], [3, 3, 8, 2, 7]]), None, {}),
+    (np.array([5, 1, 4, 4, 0, 9, 3, 3, 8]), np.array([0, 2, 2, 6]), {}),  # (an empty bag: zeros)
+    (np.array([5, 1, 4, 4, 0, 9, 3, 3, 8]), np.array([0, 3, 7, 9]), dict(include_last_offset=True)),
+    (np.array([1, 2, 2, 4, 2, 0]), np.array([0, 3]), dict(padding_idx=2)),
+    (np.array([[1, 2, 2], [2, 2, 2]]), None, dict(padding_idx=2)),  # (a bag of padding only: zeros)
+]
+
+
+@pytest.mark.parametrize("case", range(len(_BAGS)))
+def test_embedding_bag_is_torchs_with_gradients(case):
+    """The torchtext classification tutorial's `nn.EmbeddingBag(vocab, dim)(text, offsets)`."""
+    import torch
+
+    idx, offsets, settings = _BAGS[case]
+    rng = np.random.default_rng(70 + case)
+    weight = rng.standard_normal((10, 3)).astype(np.float32)
+    for mode in ("sum", "mean", "max"):
+        if mode == "max" and offsets is not None:
+            continue
+        scale = rng.standard_normal(idx.shape).astype(np.float32) if mode == "sum" else None
+        tw = torch.tensor(weight, requires_grad=True)
+        want = torch.nn.functional.embedding_bag(torch.tensor(idx), tw, None if offsets is None else torch.tensor(offsets),
+                                                 mode=mode, per_sample_weights=None if scale is None else
+                                                 torch.tensor(scale), **settings)
+        g = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+        (want * torch.tensor(g)).sum().backward()
+
+        def f(w, i, *o):
+            out = mica.nn.functional.embedding_bag(i, w, o[0] if o else None, mode=mode, per_sample_weights=None
+                                                   if scale is None else mica.tensor(scale), **settings)
+            return out, mica.grad((out * mica.tensor(g)).sum(), w)
+
+        args = [mica.tensor(weight), mica.tensor(idx)] + ([] if offsets is None else [mica.tensor(offsets)])
+        out, grad = mica.compile(f)(*args)
+        np.testing.assert_allclose(np.asarray(out), want.detach().numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(grad), tw.grad.numpy(), rtol=1e-6, atol=1e-6)
+    bag = nn.EmbeddingBag(10, 3, mode="sum", **{k: v for k, v in settings.items() if k == "padding_idx"})
+    assert repr(bag) == repr(torch.nn.EmbeddingBag(10, 3, mode="sum",
+                                                   **{k: v for k, v in settings.items() if k == "padding_idx"}))

@@ -1,7 +1,7 @@
 """Modules, parameters and initializers, named as torch.nn's."""
 from . import functional, init, utils  # noqa: F401
 from .modules import (  # noqa: F401
-    BatchNorm1d, BatchNorm2d, BatchNorm3d, DataParallel, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, GELU, Dropout, Dropout1d, Dropout2d, Dropout3d, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
+    BatchNorm1d, BatchNorm2d, BatchNorm3d, DataParallel, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, EmbeddingBag, GELU, Dropout, Dropout1d, Dropout2d, Dropout3d, Embedding, GroupNorm, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ParameterDict,
     ParameterList, PReLU, ReLU, RMSNorm, Sequential, functional_call,
 )
 from .conv import (  # noqa: F401

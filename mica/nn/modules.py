@@ -1182,6 +1182,43 @@ class Embedding(Module):
             f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
 
 
+class EmbeddingBag(Module):
+    """torch.nn.EmbeddingBag: an Embedding's table (N(0, 1), padding_idx's row zero) whose rows are
+    summed, averaged or maxed per bag (F.embedding_bag): bags are a 2-d input's rows, or a 1-d input's
+    runs started by offsets, as the torchtext classification tutorial's model gives them."""
+
+    def __init__(self, num_embeddings, embedding_dim, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                 mode="mean", sparse=False, _weight=None, include_last_offset=False, padding_idx=None, device=None,
+                 dtype=None):
+        super().__init__()
+        _device(device)
+        if max_norm is not None or scale_grad_by_freq or sparse:
+            raise MicaError("EmbeddingBag: max_norm, scale_grad_by_freq and sparse=True are not supported; leave them "
+                            "at torch's defaults", user_location())
+        if mode not in ("sum", "mean", "max"):
+            raise MicaError(f"EmbeddingBag: mode must be 'sum', 'mean' or 'max', got {mode!r}", user_location())
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise MicaError(f"EmbeddingBag: padding_idx {padding_idx} is not a row of {num_embeddings}",
+                                user_location())
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
+        self.include_last_offset, self.padding_idx = include_last_offset, padding_idx
+        init = initializers.normal() if padding_idx is None else initializers.RowZeroed(initializers.normal(),
+                                                                                          padding_idx)
+        if _weight is not None:
+            init = initializers.Constant(np.asarray(_weight, np.float32))
+        self.weight = Parameter(shape=(num_embeddings, embedding_dim), dtype=dtype, init=init)
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        return F.embedding_bag(input, self.weight, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}" + (
+            f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+
+
 def _shape(normalized_shape):
     return _sizes(tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,))
 

@@ -526,6 +526,67 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     return where(unsqueeze(eq(idx, int(padding_idx) % rows), -1), detach(out), out)
 
 
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
+                  sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """torch.nn.functional.embedding_bag: each bag's rows of `weight` summed, averaged or maxed (the
+    torchtext classification tutorial's). Bags are input's rows (2-d input), or the runs of a 1-d input
+    that `offsets` start (a traced input: each position's bag found by comparing with the offsets, its
+    rows added into the bag's). padding_idx's rows count in no bag; an empty bag gives zeros, as
+    torch's; per_sample_weights (mode "sum") weight each row."""
+    from .core import amax, arange, clamp, div, eq, full, le, ne, zeros
+    from .core import sum as _total
+    from .positions import index_add
+
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise TraceError("embedding_bag: max_norm, scale_grad_by_freq and sparse=True are not supported",
+                         user_location())
+    if mode not in ("sum", "mean", "max"):
+        fail(f"embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+    idx, w = as_tensor(input), as_tensor(weight)
+    if per_sample_weights is not None and mode != "sum":
+        fail(f"embedding_bag: per_sample_weights is only supported for mode='sum' (got mode={mode!r}), as torch's")
+    rows = embedding(idx, w)
+    keep = ne(idx, int(padding_idx) % w.shape[0]) if padding_idx is not None else None
+    scale = None if per_sample_weights is None else to(as_tensor(per_sample_weights), rows.dtype)
+    if keep is not None:
+        kept = to(keep, rows.dtype)
+        scale = kept if scale is None else mul(scale, kept)
+    if idx.ndim == 2:
+        if offsets is not None:
+            fail("embedding_bag: with a 2-d input each row is a bag; offsets must be None (as torch's)")
+        if mode == "max":
+            if keep is not None:
+                rows = where(unsqueeze(keep, -1), rows, full(rows.shape, float("-inf"), dtype=rows.dtype))
+            top = amax(rows, 1)
+            return where(eq(top, float("-inf")), zeros(top.shape, dtype=top.dtype), top) if keep is not None else top
+        summed = _total(rows if scale is None else mul(rows, unsqueeze(scale, -1)), 1)
+        if mode == "sum":
+            return summed
+        count = _total(scale, 1) if keep is not None else full((idx.shape[0],), float(idx.shape[1]), dtype=rows.dtype)
+        return div(summed, unsqueeze(clamp(count, min=1.0), -1))
+    if idx.ndim != 1 or offsets is None:
+        fail(f"embedding_bag: takes a 2-d input of bags, or a 1-d input with offsets, got {idx.value.spec!r}")
+    if mode == "max":
+        fail("embedding_bag: mode='max' with offsets is not one Mica has; give a 2-d input of equal bags, or mode "
+             "'sum' or 'mean'")
+    starts = to(as_tensor(offsets), dtypes.int64)
+    if starts.ndim != 1:
+        fail(f"embedding_bag: offsets must be 1-d, got {starts.value.spec!r}")
+    if include_last_offset:
+        starts = starts[:-1]
+    bags = starts.shape[0]
+    n = idx.shape[0]
+    bag = _total(to(le(reshape(starts, (1, bags)), reshape(arange(n), (n, 1))), dtypes.int64), 1) - 1
+    bag = clamp(bag, min=0)
+    weighted = rows if scale is None else mul(rows, unsqueeze(scale, -1))
+    summed = index_add(zeros((bags, w.shape[1]), dtype=rows.dtype), 0, bag, weighted)
+    if mode == "sum":
+        return summed
+    ones_ = full((n,), 1.0, dtype=rows.dtype) if scale is None else scale
+    count = index_add(zeros((bags,), dtype=rows.dtype), 0, bag, ones_)
+    return div(summed, unsqueeze(clamp(count, min=1.0), -1))
+
+
 def _class_rows(verb, x, t, reduction):
     """Logits or log-probabilities `x` of shape (N, C), (C,) or (N, C, d1, ...) and class indices `t`
     of shape (N,), () or (N, d1, ...), as torch takes them: returned as rows (M, C) and targets (M,),
