@@ -52,7 +52,7 @@ from . import verbs as _verbs  # noqa: E402
 from .complex import (  # noqa: E402,A004  (torch's names; each takes host tensors and traced ones)
     cdouble, cfloat, complex, complex64, complex128, imag, is_complex, polar, real, view_as_complex, view_as_real,
 )
-from .histograms import histc, histogram  # noqa: E402  (on host tensors: plots)
+from .histograms import bincount, histc, histogram  # noqa: E402  (on host tensors: plots; bincount traced too)
 from .host import HostTensor, eager as _eager, _add_torch_methods, from_numpy  # noqa: E402
 from .host import _Device as device  # noqa: E402  (torch.device: kept, and ignored)
 from .random import (  # noqa: E402  (host draws, outside a trace)
@@ -106,6 +106,21 @@ def is_floating_point(input):
         raise MicaError(f"is_floating_point takes a tensor, got {type(input).__name__} (as torch's)")
     return _np.asarray(input).dtype.kind == "f"
 
+
+class memory_format:  # noqa: N801  (torch's name)
+    """torch's memory formats (channels_last, contiguous_format, ...): taken where torch takes them
+    (x.contiguous(memory_format=...), x.to(memory_format=...), model.to(memory_format=...)) and
+    changing nothing: how a program lays out memory is its own plan."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"mica.{self.name}"
+
+
+channels_last, channels_last_3d = memory_format("channels_last"), memory_format("channels_last_3d")
+contiguous_format, preserve_format = memory_format("contiguous_format"), memory_format("preserve_format")
 
 bool = bool_  # noqa: A001  (mica.bool, like torch.bool)
 f32, bf16, f16, f64, i32, i64, b8 = float32, bfloat16, float16, float64, int32, int64, bool_

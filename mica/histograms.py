@@ -95,3 +95,26 @@ def histogram(input, bins=100, *, range=None, weight=None, density=False):  # no
         total = hist.sum()
         hist = hist / (total * np.diff(edges.astype(np.float64))) if total else hist * np.nan
     return host(hist.astype(a.dtype)), host(edges)
+
+
+def bincount(input, weights=None, minlength=0):
+    """torch.bincount: the count of each value of a 1-d non-negative int tensor (weights: their sum),
+    max(input) + 1 or minlength bins; inside a trace verbs.positions.bincount (minlength bins)."""
+    from .tensor import in_trace, user_location
+
+    if in_trace():
+        from .verbs.positions import bincount as traced
+
+        return traced(input, weights, minlength)
+    from .errors import MicaError
+    from .host import host
+
+    x = np.asarray(input)
+    if x.ndim != 1 or x.dtype.kind not in "iu" or (x.size and x.min() < 0):
+        raise MicaError("bincount: takes a 1-d tensor of non-negative integers (as torch's)", user_location())
+    w = None if weights is None else np.asarray(weights)
+    counts = np.bincount(x, weights=w, minlength=int(minlength))
+    if w is None:
+        return host(counts.astype(np.int64))
+    return host(counts.astype(w.dtype if w.dtype.kind == "f" else np.float64))
+

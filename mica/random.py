@@ -93,7 +93,8 @@ def _rng(verb, generator):
     if in_trace():
         raise TraceError(f"mica.{verb} draws random numbers on the host, outside a traced step; inside one, "
                          "randomness is the program's, as dropout's (rand, randn, rand_like, randn_like, bernoulli, "
-                         "normal and randint draw there; draw the rest outside and pass them in as an input)",
+                         "normal, randint and a tensor's bernoulli_, uniform_ and normal_ draw there; draw the rest "
+                         "outside and pass them in as an input)",
                          user_location())
     return (generator or default_generator)._rng
 

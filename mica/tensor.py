@@ -482,10 +482,39 @@ class Tensor:
             fail("backward() in a compiled step takes a scalar loss alone (no gradient=, create_graph=, inputs=)")
         return stateful.backward(self, retain_graph)
 
+    # torch's in-place draws, inside a trace the program's own (the rand primitive, keyed as dropout's):
+    # timm's drop_path, `x.new_empty(shape).bernoulli_(keep_prob)`
+    def bernoulli(self, p=None, generator=None):
+        from .random import bernoulli
+
+        return bernoulli(self, p, generator)
+
+    def bernoulli_(self, p=0.5, generator=None):
+        from .random import bernoulli
+
+        probs = F.as_tensor(p, self.dtype) if isinstance(p, Tensor) else F.full(self.shape, float(p), dtype=self.dtype)
+        if probs.shape != self.shape:
+            probs = F.expand(probs, self.shape)
+        return self.copy_(bernoulli(probs, None, generator))
+
+    def uniform_(self, a=0.0, b=1.0, generator=None):
+        from .random import _traced
+        from .verbs.nn import uniform_draw
+
+        _traced("Tensor.uniform_", generator)
+        return self.copy_(uniform_draw(self.shape, self.dtype, "uniform_") * (b - a) + a)
+
+    def normal_(self, mean=0.0, std=1.0, generator=None):
+        from .random import _traced
+        from .verbs.nn import normal_draw
+
+        _traced("Tensor.normal_", generator)
+        return self.copy_(normal_draw(self.shape, self.dtype, "normal_") * std + mean)
+
     def __getattr__(self, name):  # (only for names Tensor lacks: a method torch.Tensor has and Mica does not)
         if name.startswith("_"):
             raise AttributeError(name)
-        if name in ("normal_", "uniform_", "bernoulli", "bernoulli_", "random_", "exponential_", "multinomial"):
+        if name in ("random_", "exponential_", "multinomial"):
             from .random import _rng
 
             _rng(f"Tensor.{name}", None)  # (a random draw in a traced step: its sentence)

@@ -85,3 +85,28 @@ def test_the_cuda_sources_draws_on_the_simulator_are_the_cpus():
     sim = program.lower("cuda", simulate=True).build()(x, seed=9, offset=2)
     for a, b in zip(cpu, sim):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_tensors_in_place_draws_inside_a_step_are_the_programs():
+    """timm's drop_path, `x.new_empty(shape).bernoulli_(keep_prob)`, and `empty(...).uniform_()` /
+    `.normal_()` inside a compiled step were sentences: each draws from the program's stream, fresh
+    at each call and repeated from mica.manual_seed."""
+    def drop_path(x, keep=0.75):
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask.div_(keep)
+
+    step = mica.compile(lambda x: (drop_path(x), mica.empty(3, 4).uniform_(-1, 1), mica.zeros(4000).normal_(2.0, 0.5),
+                                   x.bernoulli()))
+    mica.manual_seed(3)
+    first = [np.asarray(t) for t in step(np.full((4000, 2), 0.25, np.float32))]
+    kept = first[0][:, 0]
+    np.testing.assert_allclose(np.unique(kept), [0.0, 0.25 / 0.75], rtol=1e-6)
+    assert abs((kept > 0).mean() - 0.75) < 0.03
+    assert np.all(first[0][:, 0] == first[0][:, 1])  # (one draw per sample, broadcast over its row)
+    assert first[1].min() >= -1 and first[1].max() < 1 and len(np.unique(first[1])) == 12
+    assert abs(first[2].mean() - 2.0) < 0.05 and abs(first[2].std() - 0.5) < 0.05
+    assert abs(first[3].mean() - 0.25) < 0.03
+    again = [np.asarray(t) for t in step(np.full((4000, 2), 0.25, np.float32))]
+    assert not np.array_equal(again[0], first[0])
+    mica.manual_seed(3)
+    np.testing.assert_array_equal(np.asarray(step(np.full((4000, 2), 0.25, np.float32))[0]), first[0])

@@ -655,3 +655,30 @@ def test_a_masked_assignment_whose_mask_holds_another_count_stops_with_a_sentenc
             run(np.array(mask, bool), values)
     with pytest.raises(mica.MicaError, match=r"the mask selects 1 elements and values holds 3"):
         mica.reference.run(program, np.array([1, 0, 0, 0, 0], bool), values)
+
+
+def test_bincount_and_memory_formats_are_torchs():
+    """An MoE's tokens per expert, `torch.bincount(indices, minlength=E)` (in a trace minlength is
+    the static length, a larger value a sentence when the program runs), and torchvision's
+    `--channels-last` lines, which change nothing here."""
+    import torch
+
+    rng = np.random.default_rng(22)
+    idx, w = rng.integers(0, 5, 12), rng.random(12).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(mica.bincount(mica.tensor(idx))), torch.bincount(torch.tensor(idx)).numpy())
+    np.testing.assert_allclose(np.asarray(mica.bincount(mica.tensor(idx), mica.tensor(w), minlength=7)),
+                               torch.bincount(torch.tensor(idx), torch.tensor(w), minlength=7).numpy(), rtol=1e-6)
+    counts, weighted = mica.compile(lambda i, w: (mica.bincount(i, minlength=6), mica.bincount(i, w, minlength=6)))(
+        mica.tensor(idx), mica.tensor(w))
+    np.testing.assert_array_equal(np.asarray(counts), torch.bincount(torch.tensor(idx), minlength=6).numpy())
+    np.testing.assert_allclose(np.asarray(weighted), torch.bincount(torch.tensor(idx), torch.tensor(w), minlength=6),
+                               rtol=1e-6)
+    with pytest.raises(mica.MicaError, match="an index tensor holds 9, out of range for a dim of 6 elements"):
+        mica.compile(lambda i: mica.bincount(i, minlength=6))(mica.tensor(np.array([0, 9, 1])))
+    with pytest.raises(mica.MicaError, match="bincount inside a trace counts into minlength bins"):
+        mica.compile(lambda i: mica.bincount(i))(mica.tensor(idx))
+    x = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    conv = mica.nn.Conv2d(3, 2, 3).to(memory_format=mica.channels_last)
+    out = mica.compile(lambda x: conv(x.contiguous(memory_format=mica.channels_last)).to(
+        memory_format=mica.contiguous_format))(mica.tensor(x))
+    assert tuple(out.shape) == (2, 2, 2, 2) and repr(mica.channels_last) == "mica.channels_last"

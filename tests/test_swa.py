@@ -128,3 +128,43 @@ def test_update_bn_recomputes_the_running_statistics_over_a_loader_as_torchs():
     for k in want:
         np.testing.assert_allclose(np.asarray(got[k]), want[k].numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
     assert int(np.asarray(got["2.num_batches_tracked"])) == 3
+
+
+def test_a_timm_style_ema_through_state_dict_inside_the_step_is_torchs():
+    """timm's ModelEmaV2 updates `ema_v.copy_(decay * ema_v + (1 - decay) * model_v)` over
+    zip(ema.state_dict().values(), model.state_dict().values()); inside a compiled step state_dict()
+    gave the initial values as constants, so the EMA never moved (silently). Its values are the
+    step's live ones now, and the copy writes the EMA's parameters and buffers."""
+    import copy
+
+    rng = np.random.default_rng(8)
+    tm, mm = _net(torch), _net(mica)
+    mm.load_state_dict({k: mica.tensor(v.numpy()) for k, v in tm.state_dict().items()})
+    tema, mema = copy.deepcopy(tm), copy.deepcopy(mm)
+    topt, mopt = torch.optim.SGD(tm.parameters(), lr=0.1), mica.optim.SGD(mm.parameters(), lr=0.1)
+
+    def update(lib, ema, model, decay=0.75):
+        with lib.no_grad():
+            for ema_v, model_v in zip(ema.state_dict().values(), model.state_dict().values()):
+                ema_v.copy_(decay * ema_v + (1.0 - decay) * model_v)
+
+    @mica.compile
+    def step(x, y):
+        loss = mica.nn.functional.cross_entropy(mm(x), y)
+        mopt.zero_grad()
+        loss.backward()
+        mopt.step()
+        update(mica, mema, mm)
+        return loss
+
+    for _ in range(3):
+        x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6)
+        loss = torch.nn.functional.cross_entropy(tm(torch.tensor(x)), torch.tensor(y))
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+        update(torch, tema, tm)
+        np.testing.assert_allclose(float(step(mica.tensor(x), mica.tensor(y))), float(loss), rtol=1e-5)
+    for k, v in tema.state_dict().items():
+        np.testing.assert_allclose(np.asarray(mema.state_dict()[k]), v.numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+    assert len({id(p) for p in step.built.values()}) == 1

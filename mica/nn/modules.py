@@ -683,7 +683,12 @@ class Module:
     def _state_dict(self, params, keep_vars):
         by_id = {id(p): n for n, p in self.named_parameters()}
         held = params is None
-        if held:  # (host tensors over the values it holds, as torch's state_dict shares its tensors' memory)
+        if held and F.in_trace() and all(p._live() is not None for _, p in self.named_parameters()):
+            # (inside a torch-style compiled step: each parameter's current value, detached and sharing it, so
+            # an EMA's `ema_v.copy_(...)` through its state_dict() writes the parameter, as torch's)
+            params = {n: F.detach(p._live()) for n, p in self.named_parameters()}
+            held = False
+        elif held:  # (host tensors over the values it holds, as torch's state_dict shares its tensors' memory)
             from ..host import host
 
             params = {n: host(_held(p, n)) for n, p in self.named_parameters()}

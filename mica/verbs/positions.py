@@ -555,6 +555,25 @@ def index_add(input, dim, index, source, *, alpha=1):
     return out if x.ndim else reshape(out, ())
 
 
+def bincount(input, weights=None, minlength=0):
+    """torch.bincount: how often each value of a 1-d non-negative int tensor occurs (weights: their
+    sum). In a trace the count's length is static: minlength, which every value must stay below
+    (checked when the program runs, a sentence, as an index out of range; an MoE's tokens per
+    expert: bincount(indices, minlength=E))."""
+    from .core import full, zeros
+
+    x = as_tensor(input)
+    if x.ndim != 1 or x.dtype.kind != "int":
+        fail(f"bincount: takes a 1-d tensor of non-negative integers, got {x.value.spec!r}")
+    if not isinstance(minlength, (int, np.integer)) or isinstance(minlength, bool) or minlength <= 0:
+        fail(f"bincount inside a trace counts into minlength bins, which must be a positive int, got {minlength!r} "
+             "(the largest value is not known when the step is traced)")
+    dt = dtypes.int64 if weights is None else (as_tensor(weights).dtype if as_tensor(weights).dtype.kind == "float"
+                                               else dtypes.float64)
+    source = full((x.shape[0],), 1, dtype=dtypes.int64) if weights is None else to(as_tensor(weights), dt)
+    return index_add(zeros((int(minlength),), dtype=dt), 0, _checked(x, minlength, negative=False), source)
+
+
 def _write_along(verb, input, dim, index, values):
     x, index = as_tensor(input), as_tensor(index)
     if index.ndim > 1:
