@@ -31,7 +31,9 @@ FLOAT32 = {  # (torch 2.13's lists, restricted to Mica's verbs; tests/test_mixed
     "cpu": _LOSSES | {"binary_cross_entropy", "prod", "adaptive_avg_pool3d"},
     "cuda": _LOSSES | {"softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "norm", "cosine_similarity", "sum", "prod",
                        "cumsum", "cumprod", "logsumexp", "exp", "expm1", "log", "log1p", "log2", "log10", "rsqrt", "pow",
-                       "softplus", "cdist", "reciprocal", "interpolate"},
+                       "softplus", "cdist", "reciprocal", "interpolate", "margin_ranking_loss", "hinge_embedding_loss",
+                       "soft_margin_loss", "cosine_embedding_loss", "triplet_margin_loss", "poisson_nll_loss",
+                       "multi_margin_loss"},
 }
 _DEFAULT_DTYPE = {"cpu": dtypes.bfloat16, "cuda": dtypes.float16}  # torch.get_autocast_dtype's defaults
 
