@@ -198,6 +198,8 @@ class RandomSampler(Sampler):
         from .. import randint, randperm
 
         n = len(self.data_source)
+        if n == 0:  # (an empty dataset: no samples, not a division by zero)
+            return
         if self.replacement:
             yield from (int(i) for i in np.asarray(randint(0, n, (self.num_samples,), generator=self.generator)))
             return
