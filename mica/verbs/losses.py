@@ -17,23 +17,24 @@ __all__ = ["margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss", "c
 
 
 def _float(verb, x):
+    """x as a floating Tensor (an integer one refused), in float32 where it is half and `verb` is on
+    autocast's float32 list (amp.float32)."""
     t = as_tensor(x)
     if t.dtype.kind != "float":
         fail(f"{verb}: takes floating tensors, got {t.value.spec!r}")
-    return t
+    return amp.float32(verb, t)[0]
 
 
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     """torch's: max(0, -target * (input1 - input2) + margin)."""
-    a, b = amp.float32("margin_ranking_loss", _float("margin_ranking_loss", input1),
-                       _float("margin_ranking_loss", input2))
+    a, b = _float("margin_ranking_loss", input1), _float("margin_ranking_loss", input2)
     y = to(as_tensor(target), a.dtype)
     return _reduced("margin_ranking_loss", clamp(add(mul(neg(y), sub(a, b)), margin), min=0), reduction)
 
 
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
     """torch's: x where the target is 1, max(0, margin - x) where it is -1 (both where neither)."""
-    (x,) = amp.float32("hinge_embedding_loss", _float("hinge_embedding_loss", input))
+    x = _float("hinge_embedding_loss", input)
     y = as_tensor(target)
     kept = where(ne(y, -1), x, zeros_like(x))
     margined = where(ne(y, 1), clamp(sub(margin, x), min=0), zeros_like(x))
@@ -42,15 +43,14 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
 
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """torch's: log(1 + exp(-target * input))."""
-    (x,) = amp.float32("soft_margin_loss", _float("soft_margin_loss", input))
+    x = _float("soft_margin_loss", input)
     return _reduced("soft_margin_loss", log1p(exp(mul(neg(x), to(as_tensor(target), x.dtype)))), reduction)
 
 
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     """torch's: 1 - cos(x1, x2) where the target is 1, max(0, cos - margin) where it is -1 (the
     squared norms each + 1e-12, as torch's EPSILON)."""
-    a, b = amp.float32("cosine_embedding_loss", _float("cosine_embedding_loss", input1),
-                       _float("cosine_embedding_loss", input2))
+    a, b = _float("cosine_embedding_loss", input1), _float("cosine_embedding_loss", input2)
     if a.shape != b.shape or a.ndim not in (1, 2):
         fail(f"cosine_embedding_loss: takes two [N, D] (or [D]) inputs of one shape, got {a.value.spec!r} and "
              f"{b.value.spec!r}")
@@ -67,8 +67,7 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
                         reduce=None, reduction="mean"):
     """torch's: max(0, margin + d(a, p) - d(a, n)), d pairwise_distance (swap: the nearer of
     d(a, n) and d(p, n))."""
-    a, pos, neg_ = amp.float32("triplet_margin_loss", *(_float("triplet_margin_loss", t)
-                                                         for t in (anchor, positive, negative)))
+    a, pos, neg_ = (_float("triplet_margin_loss", t) for t in (anchor, positive, negative))
     if not (a.ndim == pos.ndim == neg_.ndim):
         fail(f"triplet_margin_loss: anchor, positive and negative must have one number of dims, got "
              f"{a.value.spec!r}, {pos.value.spec!r} and {neg_.value.spec!r}")
@@ -104,7 +103,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
                      reduction="mean"):
     """torch's: exp(input) - target * input (log_input), or input - target * log(input + eps); with
     full, Stirling's term where the target is above 1."""
-    (x,) = amp.float32("poisson_nll_loss", _float("poisson_nll_loss", input))
+    x = _float("poisson_nll_loss", input)
     t = to(as_tensor(target), x.dtype)
     loss = sub(exp(x), mul(t, x)) if log_input else sub(x, mul(t, log(add(x, eps))))
     if full:  # (the term's log is taken of 2 where the target is at most 1, and the term is 0 there)
@@ -131,7 +130,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     (times weight[y]), over the class count."""
     from .positions import gather, index_select
 
-    (x,) = amp.float32("multi_margin_loss", _float("multi_margin_loss", input))
+    x = _float("multi_margin_loss", input)
     if p not in (1, 2):
         fail(f"multi_margin_loss: only p == 1 and p == 2 supported (as torch's), got {p!r}")
     x2 = reshape(x, (1, -1)) if x.ndim == 1 else x
